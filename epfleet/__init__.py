@@ -1,0 +1,8 @@
+"""epfleet: ONNX models compiled for the execution provider each device really has."""
+
+__version__ = "0.1.0"
+
+# Bumped whenever the compile recipe changes in a way that changes artifacts
+# (shape fixing, metadata stamping, compile flags): it is part of every pair's
+# fingerprint, so a new recipe recompiles the fleet.
+RECIPE_VERSION = "1"

@@ -1,0 +1,161 @@
+"""The ``epfleet`` command line.
+
+    epfleet compile SPEC --store URI [--workers N] [--force] [--model M ...] [--target T ...] [--json]
+    epfleet manifest show --store URI [--json]
+    epfleet manifest schema
+
+Exit codes: 0 every pair ok or up to date; 1 a pair failed (the rest still
+published) or the store failed; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from epfleet.errors import BadInputError, EpfleetError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    from epfleet.fleet import DEFAULT_STORE
+
+    parser = argparse.ArgumentParser(prog="epfleet", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    compile_ = commands.add_parser("compile", help="compile every model for every target, publish")
+    compile_.add_argument("spec", type=Path, help="fleet spec YAML")
+    compile_.add_argument("--store", default=DEFAULT_STORE,
+                          help=f"directory, file:///abs/dir or s3://bucket/prefix (default {DEFAULT_STORE})")
+    compile_.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 8),
+                          help="compiles in parallel (default: the CPU count)")
+    compile_.add_argument("--force", action="store_true", help="recompile up-to-date pairs")
+    compile_.add_argument("--model", action="append", dest="models", metavar="NAME",
+                          help="only this model (repeatable)")
+    compile_.add_argument("--target", action="append", dest="targets", metavar="NAME",
+                          help="only this target (repeatable)")
+    compile_.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    manifest = commands.add_parser("manifest", help="inspect the published manifest")
+    manifest_commands = manifest.add_subparsers(dest="manifest_command", required=True)
+    show = manifest_commands.add_parser("show", help="print the manifest as a table or JSON")
+    show.add_argument("--store", default=DEFAULT_STORE)
+    show.add_argument("--json", action="store_true")
+    manifest_commands.add_parser("schema", help="print the manifest's JSON Schema")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "compile":
+            return _compile(args)
+        if args.manifest_command == "schema":
+            from epfleet.manifest import json_schema
+
+            sys.stdout.write(json_schema())
+            return EXIT_OK
+        return _show(args)
+    except BadInputError as exc:
+        print(f"epfleet: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except EpfleetError as exc:
+        print(f"epfleet: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from epfleet.fleet import PairResult, RunReport, plan_run
+    from epfleet.report import render_report
+
+    if args.workers < 1:
+        raise BadInputError(f"--workers must be at least 1, got {args.workers}")
+    plan = plan_run(args.spec, args.store, args.models, args.targets, args.force)
+    if plan.is_noop:
+        # Up to date: answer without starting a Prefect flow run (that costs seconds).
+        report = RunReport(
+            generation=plan.generation,
+            published=False,
+            compiled=0,
+            skipped=len(plan.pairs),
+            failed=0,
+            variants=[
+                PairResult(model=p.request.model, target=p.request.target, ep=p.request.ep,
+                           status="skipped")
+                for p in plan.pairs
+            ],
+        )
+    else:
+        print(
+            f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs to compile "
+            f"with {args.workers} workers",
+            file=sys.stderr,
+        )
+        report = _run_flow(args)
+    if args.json:
+        print(json.dumps(_json_report(report)))
+    else:
+        print(render_report(report))
+    return report.exit_code
+
+
+def _run_flow(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from flows.fleet_compile import fleet_compile
+
+    flow = fleet_compile.with_options(task_runner=ThreadPoolTaskRunner(max_workers=args.workers))
+    return flow(
+        spec=str(args.spec.resolve()),
+        store=args.store,
+        workers=args.workers,
+        force=args.force,
+        models=args.models,
+        targets=args.targets,
+    )
+
+
+def _json_report(report) -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "generation": report.generation,
+        "compiled": report.compiled,
+        "skipped": report.skipped,
+        "failed": report.failed,
+        "variants": [
+            {
+                "model": v.model,
+                "target": v.target,
+                "ep": v.ep,
+                "status": v.status,
+                "compatibility_string": v.compatibility_string,
+                "artifact_uri": v.artifact_uri,
+                "seconds": v.seconds,
+                "error": v.error,
+            }
+            for v in report.variants
+        ],
+    }
+
+
+def _show(args: argparse.Namespace) -> int:
+    from epfleet.fleet import read_manifest
+    from epfleet.report import render_manifest
+    from epfleet.stores import open_store
+
+    manifest, _ = read_manifest(open_store(args.store))
+    if manifest is None:
+        raise BadInputError(f"no manifest at {args.store}/manifest.json: run epfleet compile first")
+    if args.json:
+        sys.stdout.write(manifest.to_json().decode())
+    else:
+        print(render_manifest(manifest, args.store))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

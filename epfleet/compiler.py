@@ -1,0 +1,137 @@
+"""Compile one model for one target: prepare the source, let the EP module build the
+variant, then stamp the compatibility string and provenance into its metadata.
+
+This runs in a compile worker process (see ``epfleet.pool``); it never branches
+on the EP's name: every EP fact comes from the EP's module.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+from pydantic import BaseModel
+
+import eps
+from epfleet import RECIPE_VERSION
+from epfleet.errors import CompileError
+from epfleet.fsutil import atomic_write_bytes
+from epfleet.hashing import sha256_bytes
+from epfleet.shapes import prepare_model
+
+COMPATIBILITY_KEY_PREFIX = "ep_compatibility_info."
+
+
+class CompileJob(BaseModel):
+    model: str
+    target: str
+    ep: str
+    device: str
+    provider_options: dict[str, str]
+    input_shapes: dict[str, list[int]]
+    source_path: str
+    source_sha256: str
+    fingerprint: str
+    workdir: str
+
+
+class CompileOutput(BaseModel):
+    artifact_path: str
+    sha256: str
+    size: int
+    compatibility_string: str
+    compatibility_written_by: str  # "ep" or "epfleet"
+    seconds: float
+
+
+def compatibility_key(ep_name: str) -> str:
+    return COMPATIBILITY_KEY_PREFIX + ep_name
+
+
+def prepared_source(job: CompileJob, require_static: bool) -> Path:
+    """The source with input shapes fixed and checked, cached per source and shapes so
+    several targets of one model prepare it once per worker."""
+    key = sha256_bytes(
+        f"{job.source_sha256}|{sorted(job.input_shapes.items())}|{require_static}".encode()
+    )[:24]
+    path = Path(job.workdir) / "prepared" / f"{key}.onnx"
+    if path.exists():
+        return path
+    model = onnx.load(job.source_path)
+    try:
+        prepare_model(model, job.input_shapes, require_static, job.ep)
+    except ValueError as exc:
+        raise CompileError(f"model {job.model!r}: {exc}") from None
+    atomic_write_bytes(path, model.SerializeToString())
+    return path
+
+
+def compile_job(job: CompileJob) -> CompileOutput:
+    started = time.perf_counter()
+    module = eps.load(job.ep)
+    src = prepared_source(job, module.requires_static_shapes)
+    out_dir = Path(job.workdir) / "variants"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as scratch:
+        raw = Path(scratch) / "raw.onnx"
+        try:
+            module.build(src, raw, job.provider_options, job.device)  # type: ignore[arg-type]
+        except CompileError:
+            raise
+        except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidArgument subclasses
+            raise CompileError(f"{job.ep} failed to compile {job.model!r}: {_summary(exc)}") from None
+        if not raw.exists():
+            raise CompileError(f"{job.ep} wrote no model for {job.model!r}")
+        data, string, written_by = _stamp(job, module, raw)
+    artifact = out_dir / f"{job.fingerprint}.onnx"
+    atomic_write_bytes(artifact, data)
+    return CompileOutput(
+        artifact_path=str(artifact),
+        sha256=sha256_bytes(data),
+        size=len(data),
+        compatibility_string=string,
+        compatibility_written_by=written_by,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+
+
+def _stamp(job: CompileJob, module: eps.ExecutionProvider, raw: Path) -> tuple[bytes, str, str]:
+    from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
+
+    raw_bytes = raw.read_bytes()
+    string = get_compatibility_info_from_model_bytes(raw_bytes, job.ep)
+    written_by = "ep"
+    if not string:
+        string = module.generate_compatibility_string(raw)
+        written_by = "epfleet"
+    if not string:
+        raise CompileError(
+            f"{job.ep} wrote no compatibility string and its epfleet module generates none"
+        )
+    model = onnx.load_from_string(raw_bytes)
+    props = {p.key: p.value for p in model.metadata_props}
+    props.update(
+        {
+            compatibility_key(job.ep): string,
+            "epfleet.model": job.model,
+            "epfleet.target": job.target,
+            "epfleet.source_sha256": job.source_sha256,
+            "epfleet.fingerprint": job.fingerprint,
+            "epfleet.recipe": RECIPE_VERSION,
+            "epfleet.ort_version": importlib.metadata.version("onnxruntime"),
+            "epfleet.ep_version": module.build_identity()["version"],
+            "epfleet.compatibility_written_by": written_by,
+        }
+    )
+    del model.metadata_props[:]
+    for key in sorted(props):
+        model.metadata_props.add(key=key, value=props[key])
+    return model.SerializeToString(), string, written_by
+
+
+def _summary(exc: BaseException, limit: int = 600) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

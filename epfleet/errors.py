@@ -1,0 +1,37 @@
+"""Errors epfleet raises on purpose, each with a message that names the offending input."""
+
+
+class EpfleetError(Exception):
+    """Base class for errors epfleet reports to users."""
+
+
+class BadInputError(EpfleetError):
+    """The user's input (spec, URI, option) is wrong; nothing was compiled or published."""
+
+
+class MissingExtraError(BadInputError):
+    """An execution provider's pip package is not installed."""
+
+
+class CompileError(EpfleetError):
+    """Compiling one model for one target failed."""
+
+
+class NoDeviceError(CompileError):
+    """The EP is installed but enumerates no device on this worker."""
+
+
+class StoreError(EpfleetError):
+    """A store operation failed for a reason that retrying will not fix."""
+
+
+class TransientStoreError(StoreError):
+    """A store operation failed for a reason that may go away (network, throttling, 5xx)."""
+
+
+class PreconditionFailed(StoreError):
+    """A conditional write lost a race: the object changed since it was read."""
+
+
+class IntegrityError(StoreError):
+    """Downloaded or stored bytes do not match the expected sha256 or size."""

@@ -1,0 +1,214 @@
+"""Fleet compile steps that are not Prefect tasks: staging sources, planning, publishing.
+
+The flow calls these from its tasks, and the CLI calls ``plan_run`` directly to
+answer an up-to-date fleet without starting a flow run.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal
+
+import onnx
+from pydantic import BaseModel, ValidationError
+
+import eps
+from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.hashing import sha256_file
+from epfleet.manifest import Manifest, SourceEntry, VariantEntry, merge
+from epfleet.plan import PlannedPair, plan_pairs, source_key
+from epfleet.shapes import prepare_model
+from epfleet.spec import FleetSpec, ModelSpec, load_spec
+from epfleet.stores import MANIFEST_KEY, Store, open_store, split_uri
+
+DEFAULT_STORE = "./epfleet-store"
+PUBLISH_ATTEMPTS = 20
+
+
+def cache_dir() -> Path:
+    """Worker-local scratch for fetched sources and fresh artifacts."""
+    return Path(os.environ.get("EPFLEET_CACHE", Path.home() / ".cache" / "epfleet"))
+
+
+def ort_version() -> str:
+    return importlib.metadata.version("onnxruntime")
+
+
+class RunPlan(BaseModel):
+    store: str
+    sources: dict[str, SourceEntry]
+    pairs: list[PlannedPair]
+    generation: int
+    sources_published: bool
+
+    @property
+    def to_compile(self) -> list[PlannedPair]:
+        return [p for p in self.pairs if p.action == "compile"]
+
+    @property
+    def is_noop(self) -> bool:
+        """Nothing to compile and nothing new to publish: the fleet is up to date."""
+        return not self.to_compile and self.sources_published
+
+
+class PairResult(BaseModel):
+    model: str
+    target: str
+    ep: str
+    status: Literal["ok", "skipped", "failed"]
+    compatibility_string: str | None = None
+    artifact_uri: str | None = None
+    size: int | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
+class RunReport(BaseModel):
+    generation: int
+    published: bool
+    compiled: int
+    skipped: int
+    failed: int
+    variants: list[PairResult]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+
+# --- sources ---------------------------------------------------------------------------
+
+
+def resolve_source(spec_path: Path, source: str) -> str:
+    """A model's source as a URI or absolute path; relative paths are relative to the spec."""
+    if "://" in source:
+        return source
+    return str((spec_path.parent / source).resolve())
+
+
+def fetch_source(uri: str) -> Path:
+    """A local path holding the source: the file itself, or a download into the cache."""
+    if uri.startswith("file://") or "://" not in uri:
+        path = Path(uri.removeprefix("file://"))
+        if not path.is_file():
+            raise BadInputError(f"source {uri} does not exist")
+        return path
+    parent, key = split_uri(uri)
+    downloads = cache_dir() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    dest = Path(tempfile.mkdtemp(dir=downloads)) / Path(key).name
+    try:
+        open_store(parent).download(key, dest)
+    except StoreError as exc:
+        raise BadInputError(f"source {uri} cannot be fetched: {exc}") from None
+    return dest
+
+
+def stage_source(model: ModelSpec, uri: str, require_static: set[bool], store: Store) -> SourceEntry:
+    """Hash the source, check its input_shapes apply for every EP that will compile it,
+    and upload it content-addressed (once)."""
+    path = fetch_source(uri)
+    sha256, size = sha256_file(path)
+    try:
+        loaded = onnx.load(str(path))
+    except Exception as exc:
+        raise BadInputError(f"models[{model.name}].source {uri} is not an ONNX model: {exc}") from None
+    for static in sorted(require_static):
+        candidate = onnx.ModelProto()
+        candidate.CopyFrom(loaded)
+        try:
+            prepare_model(candidate, model.input_shapes, static, "an NPU execution provider")
+        except ValueError as exc:
+            raise BadInputError(f"models[{model.name}] ({uri}): {exc}") from None
+    key = source_key(sha256)
+    if store.size(key) != size:
+        store.upload(key, path, sha256)
+    return SourceEntry(uri=key, sha256=sha256, size=size, input_shapes=model.input_shapes)
+
+
+# --- manifest --------------------------------------------------------------------------
+
+
+def read_manifest(store: Store) -> tuple[Manifest | None, str | None]:
+    found = store.read(MANIFEST_KEY)
+    if found is None:
+        return None, None
+    try:
+        return Manifest.from_json(found.data), found.etag
+    except ValidationError as exc:
+        raise StoreError(
+            f"{store.uri}/{MANIFEST_KEY} fails validation, refusing to publish over it: "
+            f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+        ) from None
+
+
+def publish(
+    store: Store,
+    sources: dict[str, SourceEntry],
+    variants: dict[tuple[str, str], VariantEntry],
+) -> tuple[Manifest | None, bool]:
+    """Read-modify-write the manifest with compare-and-swap, retrying lost races.
+
+    Returns the manifest now in the store and whether this call changed it.
+    """
+    for attempt in range(PUBLISH_ATTEMPTS):
+        current, etag = read_manifest(store)
+        updated = merge(current, sources, variants)
+        if updated is None:
+            return current, False
+        try:
+            if etag is None:
+                store.write(MANIFEST_KEY, updated.to_json(), if_none_match=True)
+            else:
+                store.write(MANIFEST_KEY, updated.to_json(), if_match=etag)
+            return updated, True
+        except PreconditionFailed:
+            time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+    raise StoreError(
+        f"could not publish {store.uri}/{MANIFEST_KEY}: lost the race {PUBLISH_ATTEMPTS} times"
+    )
+
+
+# --- planning --------------------------------------------------------------------------
+
+
+def plan_run(
+    spec_path: Path,
+    store_uri: str,
+    models: list[str] | None = None,
+    targets: list[str] | None = None,
+    force: bool = False,
+) -> RunPlan:
+    """Load and check the spec, stage the sources and decide which pairs to compile.
+    Raises BadInputError before anything compiles."""
+    spec: FleetSpec = load_spec(spec_path)
+    pairs = spec.pairs(models, targets)
+    if not pairs:
+        raise BadInputError("the selected models and targets form no pair to compile")
+    store = open_store(store_uri)
+    identities = {target.ep: eps.load(target.ep).build_identity() for _, target in pairs}
+    static_by_model: dict[str, set[bool]] = {}
+    for model, target in pairs:
+        static_by_model.setdefault(model.name, set()).add(eps.load(target.ep).requires_static_shapes)
+    sources = {
+        name: stage_source(spec.model(name), resolve_source(spec_path, spec.model(name).source), static, store)
+        for name, static in static_by_model.items()
+    }
+    manifest, _ = read_manifest(store)
+    planned = plan_pairs(pairs, sources, manifest, ort_version(), identities, force, store.size)
+    return RunPlan(
+        store=store_uri,
+        sources=sources,
+        pairs=planned,
+        generation=manifest.generation if manifest else 0,
+        sources_published=manifest is not None
+        and all(
+            name in manifest.models and manifest.models[name].source == source
+            for name, source in sources.items()
+        ),
+    )

@@ -1,0 +1,118 @@
+"""Which pairs need compiling (pure: every fact it needs is passed in)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel
+
+from epfleet import RECIPE_VERSION
+from epfleet.hashing import sha256_bytes
+from epfleet.manifest import Manifest, SourceEntry
+from epfleet.spec import ModelSpec, TargetSpec
+
+
+def source_key(sha256: str) -> str:
+    return f"sources/{sha256}.onnx"
+
+
+def variant_key(model: str, target: str, sha256: str) -> str:
+    return f"variants/{model}/{target}/{sha256}.onnx"
+
+
+def fingerprint(
+    model: ModelSpec,
+    target: TargetSpec,
+    source_sha256: str,
+    ort_version: str,
+    build_identity: dict[str, str],
+) -> str:
+    """Everything that decides a pair's artifact. Same fingerprint, same artifact."""
+    payload = {
+        "recipe": RECIPE_VERSION,
+        "source_sha256": source_sha256,
+        "input_shapes": model.input_shapes,
+        "ep": target.ep,
+        "device": target.device,
+        "provider_options": target.provider_options,
+        "ort_version": ort_version,
+        "build": build_identity,
+    }
+    return sha256_bytes(json.dumps(payload, sort_keys=True).encode())
+
+
+class CompileRequest(BaseModel):
+    """What a compile task needs: names, store keys and digests, never a loaded model."""
+
+    model: str
+    target: str
+    ep: str
+    device: str
+    provider_options: dict[str, str]
+    input_shapes: dict[str, list[int]]
+    source_key: str
+    source_sha256: str
+    source_size: int
+    fingerprint: str
+
+
+class PlannedPair(BaseModel):
+    request: CompileRequest
+    action: Literal["compile", "skip"]
+    reason: str
+
+
+def plan_pairs(
+    pairs: list[tuple[ModelSpec, TargetSpec]],
+    sources: dict[str, SourceEntry],
+    manifest: Manifest | None,
+    ort_version: str,
+    build_identities: dict[str, dict[str, str]],
+    force: bool,
+    stored_size: Callable[[str], int | None],
+) -> list[PlannedPair]:
+    """Decide compile or skip for each pair. A pair is skipped when the manifest holds an
+    ok build with the same fingerprint whose artifact is still in the store at its size."""
+    planned = []
+    for model, target in pairs:
+        source = sources[model.name]
+        request = CompileRequest(
+            model=model.name,
+            target=target.name,
+            ep=target.ep,
+            device=target.device or "",
+            provider_options=target.provider_options,
+            input_shapes=model.input_shapes,
+            source_key=source.uri,
+            source_sha256=source.sha256,
+            source_size=source.size,
+            fingerprint=fingerprint(
+                model, target, source.sha256, ort_version, build_identities[target.ep]
+            ),
+        )
+        action, reason = _decide(request, manifest, force, stored_size)
+        planned.append(PlannedPair(request=request, action=action, reason=reason))
+    return planned
+
+
+def _decide(
+    request: CompileRequest,
+    manifest: Manifest | None,
+    force: bool,
+    stored_size: Callable[[str], int | None],
+) -> tuple[Literal["compile", "skip"], str]:
+    if force:
+        return "compile", "forced"
+    entry = manifest.models.get(request.model) if manifest else None
+    previous = entry.variants.get(request.target) if entry else None
+    if previous is None:
+        return "compile", "new pair"
+    if previous.fingerprint != request.fingerprint:
+        return "compile", "inputs changed (source, target, shapes, ORT/EP version or recipe)"
+    if previous.status != "ok" or previous.artifact is None:
+        return "compile", "previous compile failed"
+    if stored_size(previous.artifact.uri) != previous.artifact.size:
+        return "compile", f"artifact {previous.artifact.uri} is missing from the store"
+    return "skip", "up to date"

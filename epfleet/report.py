@@ -1,0 +1,85 @@
+"""Readable renderings of run reports and manifests: CLI tables and Prefect artifact rows."""
+
+from __future__ import annotations
+
+from epfleet.fleet import PairResult, RunReport
+from epfleet.manifest import Manifest
+
+
+def format_bytes(size: int | None) -> str:
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def cell(result: PairResult) -> str:
+    parts = [result.status]
+    if result.seconds is not None:
+        parts.append(f"{result.seconds:.2f} s")
+    if result.size is not None:
+        parts.append(format_bytes(result.size))
+    return " · ".join(parts)
+
+
+def matrix_rows(report: RunReport) -> list[dict[str, str]]:
+    """One row per model, one column per target: the compile matrix."""
+    targets = list(dict.fromkeys(r.target for r in report.variants))
+    rows: dict[str, dict[str, str]] = {}
+    for result in report.variants:
+        row = rows.setdefault(result.model, {"model": result.model} | dict.fromkeys(targets, ""))
+        row[result.target] = cell(result)
+    return list(rows.values())
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def render_report(report: RunReport) -> str:
+    rows = matrix_rows(report)
+    headers = list(rows[0]) if rows else ["model"]
+    out = [table(headers, [[row[h] for h in headers] for row in rows])]
+    for result in report.variants:
+        if result.status == "failed":
+            out.append(f"FAILED {result.model} × {result.target}: {result.error}")
+    out.append(
+        f"{report.compiled} compiled, {report.skipped} up to date, {report.failed} failed; "
+        f"manifest generation {report.generation}"
+        + (" (published)" if report.published else " (unchanged)")
+    )
+    return "\n".join(out)
+
+
+def render_manifest(manifest: Manifest, store: str) -> str:
+    rows = []
+    for model_name, model in sorted(manifest.models.items()):
+        for target, v in model.variants.items():
+            rows.append(
+                [
+                    model_name,
+                    target,
+                    v.ep.removesuffix("ExecutionProvider"),
+                    v.device,
+                    v.status,
+                    format_bytes(v.artifact.size if v.artifact else None),
+                    v.compiled_at.strftime("%Y-%m-%d %H:%M"),
+                    v.compatibility_string or (v.error or "")[:60],
+                ]
+            )
+    header = (
+        f"{store}/manifest.json  generation {manifest.generation}  "
+        f"published {manifest.published_at:%Y-%m-%d %H:%M:%S %Z}"
+        if manifest.published_at
+        else f"{store}/manifest.json  generation {manifest.generation}"
+    )
+    headers = ["model", "target", "ep", "device", "status", "size", "compiled", "compatibility"]
+    return header + "\n" + table(headers, rows)

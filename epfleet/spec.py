@@ -1,0 +1,184 @@
+"""The fleet spec: which models to compile for which EP targets (pure: no I/O but reading YAML)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+import eps
+from epfleet.errors import BadInputError
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+DeviceType = Literal["cpu", "gpu", "npu"]
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="Unique model name, e.g. ocr-det")
+    source: str = Field(
+        min_length=1,
+        description="ONNX file: a path relative to the spec file, a file:// or an s3:// URI",
+    )
+    input_shapes: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Fixed shape per input name, for symbolic or unknown dims",
+    )
+
+    @field_validator("input_shapes")
+    @classmethod
+    def _positive_dims(cls, shapes: dict[str, list[int]]) -> dict[str, list[int]]:
+        for input_name, dims in shapes.items():
+            if not dims:
+                raise ValueError(f"input {input_name!r}: shape is empty")
+            bad = [d for d in dims if d <= 0]
+            if bad:
+                raise ValueError(
+                    f"input {input_name!r}: every dim must be a positive integer, got {dims}"
+                )
+        return shapes
+
+
+class TargetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="Unique target name; the variant name")
+    ep: str = Field(description="ORT execution provider name, e.g. QNNExecutionProvider")
+    device: DeviceType | None = Field(
+        default=None, description="cpu, gpu or npu; the EP module's default when omitted"
+    )
+    provider_options: dict[str, str] = Field(default_factory=dict)
+    models: list[str] | None = Field(
+        default=None, description="Subset of model names; every model when omitted"
+    )
+
+    @field_validator("provider_options", mode="before")
+    @classmethod
+    def _stringify(cls, options: Any) -> Any:
+        # ORT takes string options; YAML turns `htp_arch: 75` into an int and `x: true` into a bool.
+        if not isinstance(options, dict):
+            return options
+        return {
+            str(k): ("1" if v is True else "0" if v is False else str(v))
+            for k, v in options.items()
+        }
+
+    @field_validator("ep")
+    @classmethod
+    def _known_ep(cls, ep_name: str) -> str:
+        if ep_name not in eps.EP_MODULES:
+            raise ValueError(f"unknown execution provider {ep_name!r}; known: {eps.describe_known()}")
+        return ep_name
+
+    @model_validator(mode="after")
+    def _ep_facts(self) -> TargetSpec:
+        module = eps.load(self.ep)
+        try:
+            module.check_options(self.provider_options)
+        except ValueError as exc:
+            raise ValueError(f"provider_options: {exc}") from None
+        if self.device is None:
+            self.device = module.default_device(self.provider_options)
+        return self
+
+
+class FleetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[ModelSpec] = Field(min_length=1)
+    targets: list[TargetSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _names(self) -> FleetSpec:
+        _require_unique("models", [m.name for m in self.models])
+        _require_unique("targets", [t.name for t in self.targets])
+        model_names = {m.name for m in self.models}
+        for target in self.targets:
+            unknown = sorted(set(target.models or ()) - model_names)
+            if unknown:
+                raise ValueError(
+                    f"target {target.name!r} names unknown models {unknown}; "
+                    f"the spec's models are {sorted(model_names)}"
+                )
+        return self
+
+    def model(self, name: str) -> ModelSpec:
+        return next(m for m in self.models if m.name == name)
+
+    def pairs(
+        self, models: list[str] | None = None, targets: list[str] | None = None
+    ) -> list[tuple[ModelSpec, TargetSpec]]:
+        """Every (model, target) pair, optionally narrowed to named models and targets."""
+        _require_known("model", models, [m.name for m in self.models])
+        _require_known("target", targets, [t.name for t in self.targets])
+        chosen = []
+        for model in self.models:
+            if models and model.name not in models:
+                continue
+            for target in self.targets:
+                if targets and target.name not in targets:
+                    continue
+                if target.models is not None and model.name not in target.models:
+                    continue
+                chosen.append((model, target))
+        return chosen
+
+
+def _require_unique(field: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{field}: duplicate name {name!r}")
+        seen.add(name)
+
+
+def _require_known(kind: str, asked: list[str] | None, known: list[str]) -> None:
+    unknown = sorted(set(asked or ()) - set(known))
+    if unknown:
+        raise BadInputError(f"unknown {kind} {', '.join(unknown)}; the spec has {', '.join(known)}")
+
+
+def _location(loc: tuple[int | str, ...], data: Any) -> str:
+    """Render a pydantic error location as models[ocr-det].input_shapes.x, naming list items."""
+    parts: list[str] = []
+    node = data
+    for item in loc:
+        if isinstance(item, int):
+            name = node[item].get("name") if isinstance(node, list) and item < len(node) and isinstance(node[item], dict) else None
+            parts[-1:] = [f"{parts[-1] if parts else ''}[{name or item}]"]
+        else:
+            parts.append(str(item))
+        try:
+            node = node[item]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return ".".join(parts) or "spec"
+
+
+def parse_spec(data: Any, origin: str = "spec") -> FleetSpec:
+    """Validate a parsed YAML document; BadInputError naming each offending field."""
+    if not isinstance(data, dict):
+        raise BadInputError(f"{origin}: expected a mapping with 'models' and 'targets'")
+    try:
+        return FleetSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            f"{_location(tuple(err['loc']), data)}: {err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
+        ]
+        raise BadInputError(f"{origin} is invalid:\n  " + "\n  ".join(problems)) from None
+
+
+def load_spec(path: Path) -> FleetSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise BadInputError(f"cannot read spec {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise BadInputError(f"{path} is not valid YAML: {exc}") from None
+    return parse_spec(data, origin=str(path))

@@ -1,0 +1,46 @@
+"""Stores: where sources, variants and the manifest live.
+
+``open_store`` maps a URI's scheme to a backend module (its ``from_uri``) through the explicit
+table below, importing only the one asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from urllib.parse import urlparse
+
+from epfleet.errors import BadInputError
+from epfleet.stores.base import MANIFEST_KEY, Store, Versioned, check_key
+
+__all__ = ["MANIFEST_KEY", "Store", "Versioned", "check_key", "open_store", "split_uri"]
+
+BACKENDS: dict[str, str] = {
+    "file": "epfleet.stores.local",
+    "s3": "epfleet.stores.s3",
+}
+
+
+def open_store(uri: str) -> Store:
+    """A store for ``file:///abs/dir``, a plain path, or ``s3://bucket/prefix``."""
+    scheme = urlparse(uri).scheme if "://" in uri else "file"
+    try:
+        module = importlib.import_module(BACKENDS[scheme])
+    except KeyError:
+        raise BadInputError(
+            f"store URI {uri!r} has unknown scheme {scheme!r}; known: "
+            f"{', '.join(f'{s}://' for s in BACKENDS)} or a plain path"
+        ) from None
+    store: Store = module.from_uri(uri)
+    return store
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """Split a file's URI into (parent store URI, key): s3://b/p/x.onnx -> (s3://b/p, x.onnx)."""
+    if "://" not in uri:
+        path = Path(uri).resolve()
+        return str(path.parent), path.name
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    if not name or parent.endswith(":/"):
+        raise BadInputError(f"{uri!r} does not name a file")
+    return parent, name

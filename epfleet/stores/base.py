@@ -1,0 +1,54 @@
+"""The one small interface every store backend implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+MANIFEST_KEY = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """An object's bytes and the opaque version token a conditional write compares."""
+
+    data: bytes
+    etag: str
+
+
+class Store(Protocol):
+    uri: str
+    """Where the store's root is, as the user wrote it (``file:///dir``, ``s3://bucket/prefix``)."""
+
+    def read(self, key: str) -> Versioned | None:
+        """The object's bytes and version, or None when there is no such object."""
+        ...
+
+    def write(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+    ) -> str:
+        """Write atomically and return the new version. With ``if_match`` the write happens
+        only if the object is still at that version, with ``if_none_match`` only if there
+        is no object yet; otherwise PreconditionFailed, and nothing is written."""
+        ...
+
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes, or None when there is no such object."""
+        ...
+
+    def upload(self, key: str, path: Path, sha256: str) -> None:
+        """Store a local file under ``key`` atomically (readers never see a partial object)."""
+        ...
+
+    def download(self, key: str, dest: Path) -> None:
+        """Copy the object to ``dest`` atomically; StoreError when there is no such object."""
+        ...
+
+
+def check_key(key: str) -> str:
+    """Keys are relative POSIX paths that stay inside the store."""
+    path = PurePosixPath(key)
+    if not key or path.is_absolute() or ".." in path.parts or "\\" in key:
+        raise ValueError(f"store key {key!r} must be a relative POSIX path inside the store")
+    return key

@@ -1,0 +1,93 @@
+"""A store in a local directory: the embedded default.
+
+Writes are atomic (temp file, fsync, rename). Conditional writes hold an
+exclusive ``flock`` on ``.epfleet.lock`` across compare and swap, so concurrent
+publishers on one machine (or on a shared filesystem with working locks)
+serialise. The version token is the content's sha256.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.fsutil import atomic_copy, atomic_write_bytes
+from epfleet.hashing import sha256_bytes
+from epfleet.stores.base import Versioned, check_key
+
+LOCK_NAME = ".epfleet.lock"
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.uri = root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK_NAME, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def read(self, key: str) -> Versioned | None:
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        return Versioned(data, sha256_bytes(data))
+
+    def write(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+    ) -> str:
+        path = self._path(key)
+        if if_match is None and not if_none_match:
+            atomic_write_bytes(path, data)
+            return sha256_bytes(data)
+        with self._locked():
+            current = self.read(key)
+            if if_none_match and current is not None:
+                raise PreconditionFailed(f"{self.uri}/{key} already exists")
+            if if_match is not None and (current is None or current.etag != if_match):
+                raise PreconditionFailed(f"{self.uri}/{key} changed since it was read")
+            atomic_write_bytes(path, data)
+        return sha256_bytes(data)
+
+    def size(self, key: str) -> int | None:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def upload(self, key: str, path: Path, sha256: str) -> None:
+        atomic_copy(path, self._path(key))
+
+    def download(self, key: str, dest: Path) -> None:
+        src = self._path(key)
+        if not src.exists():
+            raise StoreError(f"{self.uri}/{key} does not exist")
+        atomic_copy(src, dest)
+
+
+def from_uri(uri: str) -> LocalStore:
+    if uri.startswith("file://"):
+        parsed = urlparse(uri)
+        if parsed.netloc not in ("", "localhost"):
+            raise BadInputError(f"store URI {uri!r}: file:// URIs must be local (file:///abs/dir)")
+        root = Path(unquote(parsed.path))
+    else:
+        root = Path(uri).expanduser()
+    if root.exists() and not root.is_dir():
+        raise BadInputError(f"store {uri!r} is a file, not a directory")
+    return LocalStore(Path(os.path.abspath(root)))

@@ -1,0 +1,282 @@
+"""A store in an S3 bucket (or anything that speaks S3): ``s3://bucket/prefix``.
+
+Consistency rules:
+
+- Every PUT is atomic: readers see the old object or the new one, never a part.
+  ``upload`` goes through boto3's transfer manager (multipart above a threshold);
+  a multipart object appears only when the upload completes.
+- Conditional writes use S3's own compare-and-swap: ``If-Match: <etag>`` (replace
+  only that version) or ``If-None-Match: *`` (create only). S3 answers 412 when the
+  condition fails and 409 ``ConditionalRequestConflict`` when a concurrent
+  conditional write to the same key raced ours; both raise PreconditionFailed and
+  the caller re-reads and retries.
+- A retried PUT whose first attempt succeeded but whose response was lost gets 412
+  (the object is no longer at the version it names). So on 412 we read the object
+  back: if it is our write -- same sha256 and the same random write id, which every
+  retry of one ``write`` call carries -- the write succeeded. Comparing bytes alone
+  is not enough: two writers racing to store identical bytes would both "succeed"
+  and one compare-and-swap would be lost.
+- ETags are opaque version tokens, not content hashes (multipart uploads and
+  SSE-KMS change them), so every object carries its sha256 in user metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import urlparse
+
+import boto3
+import botocore.exceptions as bce
+from boto3.exceptions import RetriesExceededError, S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+from epfleet.errors import BadInputError, PreconditionFailed, StoreError, TransientStoreError
+from epfleet.hashing import sha256_bytes
+from epfleet.stores.base import Versioned, check_key
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
+
+MiB = 1 << 20
+DEFAULT_REGION = "us-east-1"
+SHA256_META = "sha256"
+WRITE_ID_META = "epfleet-write-id"
+
+THROTTLING_CODES = frozenset(
+    {
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "InternalError",
+        "ServiceUnavailable",
+    }
+)
+MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+CREDENTIAL_CODES = frozenset(
+    {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+)
+
+
+def _status(exc: bce.ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _code(exc: bce.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+class S3Store:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        max_attempts: int = 5,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        multipart_threshold: int = 64 * MiB,
+        multipart_chunksize: int = 16 * MiB,
+        max_concurrency: int = 4,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._config = Config(
+            retries={"mode": "standard", "max_attempts": max_attempts},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+        self._transfer = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=multipart_chunksize,
+            max_concurrency=max_concurrency,
+            preferred_transfer_client="classic",
+        )
+        self._client: S3Client | None = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def client(self) -> S3Client:
+        """One client per store, made on first use (clients are thread-safe, sessions not)."""
+        with self._client_lock:
+            if self._client is None:
+                session = boto3.session.Session()
+                region = session.region_name or DEFAULT_REGION
+                self._client = session.client("s3", region_name=region, config=self._config)
+            return self._client
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    def _raise(self, exc: BaseException, key: str, action: str) -> NoReturn:
+        """Turn a boto3/botocore failure into TransientStoreError or StoreError."""
+        where = self._where(key)
+        if isinstance(exc, S3UploadFailedError) and isinstance(exc.__context__, bce.ClientError):
+            exc = exc.__context__
+        if isinstance(exc, RetriesExceededError):
+            exc = getattr(exc, "last_exception", None) or exc
+        if isinstance(exc, bce.SSLError):
+            raise StoreError(
+                f"{action} {where}: TLS error ({exc}); check AWS_ENDPOINT_URL and CA settings"
+            ) from exc
+        if isinstance(exc, (bce.ConnectionError, bce.HTTPClientError)):
+            raise TransientStoreError(
+                f"{action} {where}: cannot reach the S3 endpoint ({exc}); "
+                "check network and AWS_ENDPOINT_URL"
+            ) from exc
+        if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
+            raise StoreError(
+                f"{action} {where}: no usable AWS credentials ({exc}); "
+                "check AWS_ACCESS_KEY_ID / AWS_PROFILE"
+            ) from exc
+        if isinstance(exc, bce.ClientError):
+            status, code = _status(exc), _code(exc)
+            if status >= 500 or status == 429 or code in THROTTLING_CODES:
+                raise TransientStoreError(
+                    f"{action} {where}: S3 answered {status} {code}; retry later"
+                ) from exc
+            if code == "NoSuchBucket":
+                raise StoreError(
+                    f"{action} {where}: bucket {self.bucket!r} does not exist; "
+                    "check the store URI and AWS_ENDPOINT_URL"
+                ) from exc
+            if code in MISSING_CODES:
+                raise StoreError(
+                    f"{action} {where}: no such object (check the key and that "
+                    f"bucket {self.bucket!r} exists)"
+                ) from exc
+            if code in CREDENTIAL_CODES:
+                raise StoreError(
+                    f"{action} {where}: access denied ({code}); check credentials, "
+                    "bucket policy and AWS_ENDPOINT_URL"
+                ) from exc
+            raise StoreError(f"{action} {where}: S3 answered {status} {code}: {exc}") from exc
+        if isinstance(exc, bce.BotoCoreError):
+            raise StoreError(f"{action} {where}: {exc}") from exc
+        raise exc
+
+    def _get(self, key: str) -> tuple[Versioned, dict[str, str]] | None:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            data = resp["Body"].read()
+        except bce.ClientError as exc:
+            if _code(exc) in MISSING_CODES:
+                return None
+            self._raise(exc, key, "reading")
+        except bce.BotoCoreError as exc:
+            self._raise(exc, key, "reading")
+        return Versioned(data, resp["ETag"]), resp.get("Metadata", {})
+
+    def read(self, key: str) -> Versioned | None:
+        got = self._get(key)
+        return None if got is None else got[0]
+
+    def write(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+    ) -> str:
+        sha256 = sha256_bytes(data)
+        write_id = uuid.uuid4().hex
+        args: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self._key(key),
+            "Body": data,
+            "Metadata": {SHA256_META: sha256, WRITE_ID_META: write_id},
+        }
+        if if_match is not None:
+            args["IfMatch"] = if_match
+        if if_none_match:
+            args["IfNoneMatch"] = "*"
+        try:
+            return self.client.put_object(**args)["ETag"]
+        except bce.ClientError as exc:
+            status, code = _status(exc), _code(exc)
+            if status == 412:
+                return self._after_412(key, sha256, write_id, exc)
+            if status == 409:
+                raise PreconditionFailed(
+                    f"{self._where(key)}: a concurrent conditional write conflicted ({code})"
+                ) from exc
+            if if_match is not None and code == "NoSuchKey":
+                raise PreconditionFailed(
+                    f"{self._where(key)} no longer exists (it was deleted since it was read)"
+                ) from exc
+            self._raise(exc, key, "writing")
+        except bce.BotoCoreError as exc:
+            self._raise(exc, key, "writing")
+
+    def _after_412(self, key: str, sha256: str, write_id: str, exc: bce.ClientError) -> str:
+        """A 412 may answer the retry of a PUT that already succeeded: read back and see."""
+        got = self._get(key)
+        if got is not None:
+            current, meta = got
+            if meta.get(WRITE_ID_META) == write_id and sha256_bytes(current.data) == sha256:
+                return current.etag
+        raise PreconditionFailed(
+            f"{self._where(key)} changed since it was read (or already exists)"
+        ) from exc
+
+    def size(self, key: str) -> int | None:
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
+        except bce.ClientError as exc:
+            if _code(exc) in MISSING_CODES:
+                return None
+            self._raise(exc, key, "checking")
+        except bce.BotoCoreError as exc:
+            self._raise(exc, key, "checking")
+
+    def upload(self, key: str, path: Path, sha256: str) -> None:
+        try:
+            self.client.upload_file(
+                str(path),
+                self.bucket,
+                self._key(key),
+                ExtraArgs={"Metadata": {SHA256_META: sha256}},
+                Config=self._transfer,
+            )
+        except (bce.BotoCoreError, bce.ClientError, S3UploadFailedError) as exc:
+            self._raise(exc, key, f"uploading {path} to")
+
+    def download(self, key: str, dest: Path) -> None:
+        where = self._key(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            try:
+                self.client.download_file(self.bucket, where, tmp, Config=self._transfer)
+            except (bce.BotoCoreError, bce.ClientError, RetriesExceededError) as exc:
+                self._raise(exc, key, "downloading")
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def from_uri(uri: str) -> S3Store:
+    """The backend table's entry point: ``s3://bucket`` or ``s3://bucket/prefix``."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise BadInputError(f"store URI {uri!r} names no bucket; write s3://bucket/prefix")
+    return S3Store(parsed.netloc, parsed.path)

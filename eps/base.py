@@ -1,0 +1,78 @@
+"""The one small interface every execution-provider module implements.
+
+An EP module holds every fact about its EP (package, extra, devices, how a
+target becomes session options, how a variant is built, how its compatibility
+string is made and judged) so that shared compile code never branches on the
+EP's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+DeviceType = Literal["cpu", "gpu", "npu"]
+
+
+class Verdict(str, Enum):
+    """How well a compiled variant suits this machine (ORT's OrtCompiledModelCompatibility)."""
+
+    OPTIMAL = "optimal"
+    PREFER_RECOMPILATION = "prefer_recompilation"
+    UNSUPPORTED = "unsupported"
+    UNKNOWN = "unknown"  # ORT's EP_NOT_APPLICABLE: the EP has no opinion; never treated as OK
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    reason: str
+
+
+class ExecutionProvider(Protocol):
+    name: str
+    """ORT's EP name, e.g. ``QNNExecutionProvider``; the key of ``ep_compatibility_info.<name>``."""
+
+    extra: str | None
+    """The epfleet pip extra that installs this EP, or None when onnxruntime has it built in."""
+
+    requires_static_shapes: bool
+    """True when every model input must have fixed dims before compiling (NPU EPs)."""
+
+    def default_device(self, provider_options: Mapping[str, str]) -> DeviceType:
+        """Device type a target runs on when the spec does not say."""
+        ...
+
+    def check_options(self, provider_options: Mapping[str, str]) -> None:
+        """Raise ValueError naming the option when a provider option is invalid."""
+        ...
+
+    def build_identity(self) -> dict[str, str]:
+        """What, besides the inputs, decides the artifact: at least ``package`` and
+        ``version``. Part of every pair's fingerprint. Raises MissingExtraError."""
+        ...
+
+    def devices(self) -> list[onnxruntime.OrtEpDevice]:
+        """This EP's devices on this machine, registering its plugin library first."""
+        ...
+
+    def build(
+        self, src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType
+    ) -> None:
+        """Turn the prepared model at ``src`` into a single-file variant for ``device`` at
+        ``dst``. Raises NoDeviceError when this worker has no device to compile with."""
+        ...
+
+    def generate_compatibility_string(self, artifact: Path) -> str | None:
+        """The string epfleet writes when the EP wrote none; None when the EP writes its own."""
+        ...
+
+    def judge(self, compatibility_string: str) -> Judgement | None:
+        """epfleet's own verdict for strings it generates; None defers to ORT's validator."""
+        ...

@@ -1,0 +1,182 @@
+"""ORT's built-in CPU EP: the variant is an offline ORT-optimised model.
+
+The CPU EP has no EPContext compile and answers NOT_APPLICABLE to every
+compatibility string, so epfleet writes and judges its own. An ORT_ENABLE_ALL
+model is hardware specific: its ``com.microsoft.nchwc`` ops carry a channel
+block size that follows the CPU's vector ISA (16 for AVX-512, 8 for AVX2/AVX,
+NEON on arm64), and it may use contrib ops of the ORT version that wrote it.
+The string records exactly those facts:
+
+    epfleet-cpu/1;ort=1.32.0;arch=x86_64;isa=avx512;nchwc=1
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eps.base import DeviceType, Judgement, Verdict
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+name = "CPUExecutionProvider"
+extra: str | None = None
+requires_static_shapes = False
+
+STRING_PREFIX = "epfleet-cpu/1"
+NCHWC_DOMAIN = "com.microsoft.nchwc"
+_FIELDS = ("ort", "arch", "isa", "nchwc")
+
+
+def default_device(provider_options: Mapping[str, str]) -> DeviceType:
+    return "cpu"
+
+
+def check_options(provider_options: Mapping[str, str]) -> None:
+    if provider_options:
+        raise ValueError(
+            f"CPUExecutionProvider variants take no provider options, got {sorted(provider_options)}"
+        )
+
+
+def _ort_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("onnxruntime")
+
+
+def machine_arch() -> str:
+    arch = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
+
+
+@functools.cache
+def isa_class() -> str:
+    """The vector ISA class that decides MLAS's NCHWc block size on this CPU."""
+    arch = machine_arch()
+    if arch == "aarch64":
+        return "neon"
+    if arch != "x86_64":
+        return arch
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        return "unknown"
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags and "fma" in flags:
+        return "avx2"
+    if "avx" in flags:
+        return "avx"
+    return "sse"
+
+
+def build_identity() -> dict[str, str]:
+    return {
+        "package": "onnxruntime",
+        "version": _ort_version(),
+        "arch": machine_arch(),
+        "isa": isa_class(),
+    }
+
+
+def devices() -> list[onnxruntime.OrtEpDevice]:
+    import onnxruntime as ort
+
+    return [d for d in ort.get_ep_devices() if d.ep_name == name]
+
+
+def build(
+    src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType
+) -> None:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(dst)
+    ort.InferenceSession(str(src), options, providers=[name])
+
+
+def make_string(ort_version: str, arch: str, isa: str, uses_nchwc: bool) -> str:
+    return (
+        f"{STRING_PREFIX};ort={ort_version};arch={arch};isa={isa};nchwc={int(uses_nchwc)}"
+    )
+
+
+def generate_compatibility_string(artifact: Path) -> str | None:
+    import onnx
+
+    model = onnx.load(str(artifact), load_external_data=False)
+    uses_nchwc = any(node.domain == NCHWC_DOMAIN for node in model.graph.node)
+    return make_string(_ort_version(), machine_arch(), isa_class(), uses_nchwc)
+
+
+def parse_string(compatibility_string: str) -> dict[str, str]:
+    """Split a string made by ``make_string``; ValueError when it is not one."""
+    prefix, _, rest = compatibility_string.partition(";")
+    if prefix != STRING_PREFIX:
+        raise ValueError(f"not an {STRING_PREFIX} string: {compatibility_string!r}")
+    fields = dict(item.partition("=")[::2] for item in rest.split(";") if item)
+    missing = [f for f in _FIELDS if f not in fields]
+    if missing:
+        raise ValueError(f"{compatibility_string!r} lacks {', '.join(missing)}")
+    return fields
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for part in version.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def judge_against(
+    compatibility_string: str, *, ort_version: str, arch: str, isa: str
+) -> Judgement:
+    """Judge a CPU string against a described machine (pure; ``judge`` uses this machine)."""
+    try:
+        built = parse_string(compatibility_string)
+    except ValueError as exc:
+        return Judgement(Verdict.UNSUPPORTED, str(exc))
+    if built["arch"] != arch:
+        return Judgement(
+            Verdict.UNSUPPORTED, f"optimised for {built['arch']}, this machine is {arch}"
+        )
+    if built["nchwc"] == "1" and built["isa"] != isa:
+        return Judgement(
+            Verdict.UNSUPPORTED,
+            f"uses NCHWc kernels laid out for {built['isa']}, this CPU runs {isa}",
+        )
+    built_ort, local_ort = _version_tuple(built["ort"]), _version_tuple(ort_version)
+    if built_ort > local_ort:
+        return Judgement(
+            Verdict.UNSUPPORTED,
+            f"written by ORT {built['ort']}, newer than this ORT {ort_version}",
+        )
+    if built_ort < local_ort:
+        return Judgement(
+            Verdict.PREFER_RECOMPILATION,
+            f"written by ORT {built['ort']}; this ORT {ort_version} may optimise better",
+        )
+    if built["isa"] != isa:
+        return Judgement(
+            Verdict.PREFER_RECOMPILATION,
+            f"optimised on a {built['isa']} CPU without NCHWc; this {isa} CPU may do better",
+        )
+    return Judgement(Verdict.OPTIMAL, f"ORT {ort_version}, {arch}/{isa}")
+
+
+def judge(compatibility_string: str) -> Judgement | None:
+    return judge_against(
+        compatibility_string, ort_version=_ort_version(), arch=machine_arch(), isa=isa_class()
+    )

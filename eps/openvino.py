@@ -1,0 +1,72 @@
+"""Intel OpenVINO EP (onnxruntime-ep-openvino plugin).
+
+The plugin enumerates one OrtEpDevice per OpenVINO device (``ep_metadata
+ov_device`` = CPU, GPU or NPU) plus an ``OpenVINOExecutionProvider.AUTO``
+meta-device that cannot produce EPContext models. In plugin mode the
+``device_type`` provider option is ignored: the device is chosen by picking the
+OrtEpDevice, so a target's ``device`` decides it. The EP writes its own
+compatibility string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eps import _plugin
+from eps.base import DeviceType, Judgement
+from epfleet.errors import NoDeviceError
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+name = "OpenVINOExecutionProvider"
+extra: str | None = "openvino"
+requires_static_shapes = True
+
+_PACKAGE = "onnxruntime-ep-openvino"
+_MODULE = "onnxruntime_ep_openvino"
+_IGNORED_IN_PLUGIN_MODE = ("device_type", "precision")
+
+
+def default_device(provider_options: Mapping[str, str]) -> DeviceType:
+    return "npu"
+
+
+def check_options(provider_options: Mapping[str, str]) -> None:
+    ignored = [key for key in _IGNORED_IN_PLUGIN_MODE if key in provider_options]
+    if ignored:
+        raise ValueError(
+            f"{', '.join(ignored)} is ignored by the OpenVINO plugin EP: choose the device with "
+            "the target's 'device' field and the precision with load_config "
+            '(e.g. {"INFERENCE_PRECISION_HINT": "F32"})'
+        )
+
+
+def build_identity() -> dict[str, str]:
+    return {"package": _PACKAGE, "version": _plugin.package_version(name, "openvino", _PACKAGE)}
+
+
+def devices() -> list[onnxruntime.OrtEpDevice]:
+    plugin = _plugin.import_plugin(name, _MODULE, "openvino", _PACKAGE)
+    _plugin.register(name, plugin.get_library_path())
+    return _plugin.devices_of(name)
+
+
+def build(
+    src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType
+) -> None:
+    wanted = device.upper()
+    found = [d for d in devices() if d.ep_metadata.get("ov_device") == wanted]
+    if not found:
+        raise NoDeviceError(f"no {name} {wanted} device on this worker")
+    _plugin.compile_ep_context(found, src, dst, provider_options)
+
+
+def generate_compatibility_string(artifact: Path) -> str | None:
+    return None
+
+
+def judge(compatibility_string: str) -> Judgement | None:
+    return None

@@ -1,0 +1,71 @@
+"""Qualcomm QNN EP (onnxruntime-qnn plugin): HTP context binaries for Snapdragon NPUs.
+
+Compiling is offline: on an x86 host the plugin enumerates a CPU-typed device
+and still emits HTP context binaries for whatever ``htp_arch``/``soc_model`` the
+target names. Its compatibility string looks like
+``v2:6:2.51.0:5.51.0:75:57:0:0`` and is written by the EP itself. Its validator
+only accepts NPU devices, so judging a string is ORT's business on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eps import _plugin
+from eps.base import DeviceType, Judgement
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+name = "QNNExecutionProvider"
+extra: str | None = "qnn"
+requires_static_shapes = True
+
+_PACKAGE = "onnxruntime-qnn"
+_MODULE = "onnxruntime_qnn"
+_BACKENDS = {"htp", "cpu", "gpu", "saver"}
+_HTP_ARCHS = {"68", "69", "73", "75", "79", "81"}
+
+
+def default_device(provider_options: Mapping[str, str]) -> DeviceType:
+    return "gpu" if provider_options.get("backend_type") == "gpu" else "npu"
+
+
+def check_options(provider_options: Mapping[str, str]) -> None:
+    backend = provider_options.get("backend_type")
+    if backend is not None and backend not in _BACKENDS:
+        raise ValueError(f"backend_type {backend!r} is not one of {sorted(_BACKENDS)}")
+    arch = provider_options.get("htp_arch")
+    if arch is not None and arch not in _HTP_ARCHS:
+        raise ValueError(f"htp_arch {arch!r} is not one of {sorted(_HTP_ARCHS)}")
+    soc = provider_options.get("soc_model")
+    if soc is not None and not soc.isdigit():
+        raise ValueError(f"soc_model {soc!r} must be a Qualcomm SoC model number, e.g. '57'")
+
+
+def build_identity() -> dict[str, str]:
+    return {"package": _PACKAGE, "version": _plugin.package_version(name, "qnn", _PACKAGE)}
+
+
+def devices() -> list[onnxruntime.OrtEpDevice]:
+    plugin = _plugin.import_plugin(name, _MODULE, "qnn", _PACKAGE)
+    _plugin.register(name, plugin.get_library_path())
+    return _plugin.devices_of(name)
+
+
+def build(
+    src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType
+) -> None:
+    found = devices()
+    _plugin.require_devices(name, found)
+    _plugin.compile_ep_context(found, src, dst, provider_options)
+
+
+def generate_compatibility_string(artifact: Path) -> str | None:
+    return None
+
+
+def judge(compatibility_string: str) -> Judgement | None:
+    return None

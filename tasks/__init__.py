@@ -1,0 +1,1 @@
+"""Prefect tasks of epfleet's flows."""

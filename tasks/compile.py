@@ -1,0 +1,150 @@
+"""Prefect tasks of the fleet compile: plan, compile one pair, publish."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import Task, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import TaskRun
+from prefect.states import State
+from pydantic import BaseModel
+
+from epfleet.compiler import CompileJob
+from epfleet.errors import IntegrityError, TransientStoreError
+from epfleet.fleet import RunPlan, cache_dir, ort_version, plan_run, publish
+from epfleet.hashing import sha256_file
+from epfleet.manifest import ArtifactRef, Manifest, SourceEntry, VariantEntry, utcnow
+from epfleet.plan import CompileRequest, variant_key
+from epfleet.pool import shared_pool
+from epfleet.stores import Store, open_store
+
+import eps
+
+
+class CompiledVariant(BaseModel):
+    entry: VariantEntry
+    seconds: float
+
+
+def retry_transient_only(task: Task, task_run: TaskRun, state: State) -> bool:
+    """Retry store hiccups; a compile error or bad input fails the same way every time."""
+    try:
+        state.result()
+    except (TransientStoreError, IntegrityError):
+        return True
+    except Exception:
+        return False
+    return False
+
+
+# Incremental builds are decided by epfleet's own fingerprints against the manifest
+# (the cache keys we control), so Prefect's result cache stays off for these tasks.
+
+
+@task(name="plan", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
+      retry_condition_fn=retry_transient_only)
+def plan_task(
+    spec: str, store: str, models: list[str] | None, targets: list[str] | None, force: bool
+) -> RunPlan:
+    plan = plan_run(Path(spec), store, models, targets, force)
+    logger = get_run_logger()
+    logger.info(
+        "%d pairs: %d to compile, %d up to date", len(plan.pairs), len(plan.to_compile),
+        len(plan.pairs) - len(plan.to_compile),
+    )
+    return plan
+
+
+def local_source(store: Store, request: CompileRequest) -> Path:
+    """The source in this worker's cache, fetched from the store and verified by sha256."""
+    path = cache_dir() / "sources" / f"{request.source_sha256}.onnx"
+    if path.exists() and path.stat().st_size == request.source_size:
+        return path
+    store.download(request.source_key, path)
+    sha256, size = sha256_file(path)
+    if (sha256, size) != (request.source_sha256, request.source_size):
+        path.unlink()
+        raise IntegrityError(
+            f"{store.uri}/{request.source_key} has sha256 {sha256} ({size} bytes), "
+            f"expected {request.source_sha256} ({request.source_size} bytes)"
+        )
+    return path
+
+
+@task(name="compile", cache_policy=NO_CACHE, task_run_name="{request.model} × {request.target}",
+      retries=2, retry_delay_seconds=2, retry_condition_fn=retry_transient_only)
+def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledVariant:
+    """Compile one pair in a worker process and upload its artifact content-addressed."""
+    target_store = open_store(store)
+    job = CompileJob(
+        model=request.model,
+        target=request.target,
+        ep=request.ep,
+        device=request.device,
+        provider_options=request.provider_options,
+        input_shapes=request.input_shapes,
+        source_path=str(local_source(target_store, request)),
+        source_sha256=request.source_sha256,
+        fingerprint=request.fingerprint,
+        workdir=str(cache_dir() / "work"),
+    )
+    output = shared_pool(workers).run(job)
+    artifact = Path(output.artifact_path)
+    key = variant_key(request.model, request.target, output.sha256)
+    if target_store.size(key) != output.size:
+        target_store.upload(key, artifact, output.sha256)
+    artifact.unlink(missing_ok=True)
+    get_run_logger().info(
+        "%s × %s: compiled in %.2f s, %d bytes, %s", request.model, request.target,
+        output.seconds, output.size, output.compatibility_string,
+    )
+    entry = VariantEntry(
+        ep=request.ep,
+        device=request.device,  # type: ignore[arg-type]
+        compatibility_string=output.compatibility_string,
+        provider_options=request.provider_options,
+        artifact=ArtifactRef(uri=key, sha256=output.sha256, size=output.size),
+        ort_version=ort_version(),
+        ep_version=eps.load(request.ep).build_identity()["version"],
+        compiled_at=utcnow(),
+        status="ok",
+        source_sha256=request.source_sha256,
+        fingerprint=request.fingerprint,
+    )
+    return CompiledVariant(entry=entry, seconds=output.seconds)
+
+
+def failed_entry(request: CompileRequest, error: str) -> VariantEntry:
+    try:
+        ep_version: str | None = eps.load(request.ep).build_identity()["version"]
+    except Exception:
+        ep_version = None
+    return VariantEntry(
+        ep=request.ep,
+        device=request.device,  # type: ignore[arg-type]
+        provider_options=request.provider_options,
+        ort_version=ort_version(),
+        ep_version=ep_version,
+        compiled_at=utcnow(),
+        status="failed",
+        error=error,
+        source_sha256=request.source_sha256,
+        fingerprint=request.fingerprint,
+    )
+
+
+@task(name="publish", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
+      retry_condition_fn=retry_transient_only)
+def publish_task(
+    store: str, sources: dict[str, SourceEntry], variants: list[tuple[str, str, VariantEntry]]
+) -> tuple[Manifest | None, bool]:
+    manifest, published = publish(
+        open_store(store), sources, {(m, t): v for m, t, v in variants}
+    )
+    logger = get_run_logger()
+    if published and manifest is not None:
+        logger.info("published %s/manifest.json generation %d", store, manifest.generation)
+    else:
+        logger.info("manifest unchanged; nothing published")
+    return manifest, published
