@@ -1,6 +1,7 @@
 """The ``epfleet`` command line.
 
-    epfleet compile SPEC --store URI [--workers N] [--force] [--model M ...] [--target T ...] [--json]
+    epfleet compile SPEC --store URI [--workers N] [--force] [--model M ...]
+                    [--target T ...] [--json]
     epfleet manifest show --store URI [--json]
     epfleet manifest schema
 
@@ -15,8 +16,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from epfleet.errors import BadInputError, EpfleetError
+
+if TYPE_CHECKING:
+    from epfleet.fleet import RunReport
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -29,15 +34,32 @@ def _parser() -> argparse.ArgumentParser:
 
     compile_ = commands.add_parser("compile", help="compile every model for every target, publish")
     compile_.add_argument("spec", type=Path, help="fleet spec YAML")
-    compile_.add_argument("--store", default=DEFAULT_STORE,
-                          help=f"directory, file:///abs/dir or s3://bucket/prefix (default {DEFAULT_STORE})")
-    compile_.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 8),
-                          help="compiles in parallel (default: the CPU count)")
+    compile_.add_argument(
+        "--store",
+        default=DEFAULT_STORE,
+        help=f"directory, file:///abs/dir or s3://bucket/prefix (default {DEFAULT_STORE})",
+    )
+    compile_.add_argument(
+        "--workers",
+        type=int,
+        default=min(os.cpu_count() or 1, 8),
+        help="compiles in parallel (default: the CPU count)",
+    )
     compile_.add_argument("--force", action="store_true", help="recompile up-to-date pairs")
-    compile_.add_argument("--model", action="append", dest="models", metavar="NAME",
-                          help="only this model (repeatable)")
-    compile_.add_argument("--target", action="append", dest="targets", metavar="NAME",
-                          help="only this target (repeatable)")
+    compile_.add_argument(
+        "--model",
+        action="append",
+        dest="models",
+        metavar="NAME",
+        help="only this model (repeatable)",
+    )
+    compile_.add_argument(
+        "--target",
+        action="append",
+        dest="targets",
+        metavar="NAME",
+        help="only this target (repeatable)",
+    )
     compile_.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     manifest = commands.add_parser("manifest", help="inspect the published manifest")
@@ -84,8 +106,12 @@ def _compile(args: argparse.Namespace) -> int:
             skipped=len(plan.pairs),
             failed=0,
             variants=[
-                PairResult(model=p.request.model, target=p.request.target, ep=p.request.ep,
-                           status="skipped")
+                PairResult(
+                    model=p.request.model,
+                    target=p.request.target,
+                    ep=p.request.ep,
+                    status="skipped",
+                )
                 for p in plan.pairs
             ],
         )
@@ -103,13 +129,14 @@ def _compile(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def _run_flow(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _run_flow(args: argparse.Namespace) -> RunReport:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.task_runners import ThreadPoolTaskRunner
 
     from flows.fleet_compile import fleet_compile
 
-    flow = fleet_compile.with_options(task_runner=ThreadPoolTaskRunner(max_workers=args.workers))
+    runner = ThreadPoolTaskRunner[Any](max_workers=args.workers)
+    flow = fleet_compile.with_options(task_runner=runner)  # type: ignore[arg-type]  # invariant generic
     return flow(
         spec=str(args.spec.resolve()),
         store=args.store,
@@ -120,7 +147,7 @@ def _run_flow(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     )
 
 
-def _json_report(report) -> dict:  # type: ignore[no-untyped-def]
+def _json_report(report: RunReport) -> dict[str, object]:
     return {
         "generation": report.generation,
         "compiled": report.compiled,

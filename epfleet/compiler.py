@@ -82,7 +82,9 @@ def compile_job(job: CompileJob) -> CompileOutput:
         except CompileError:
             raise
         except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidArgument subclasses
-            raise CompileError(f"{job.ep} failed to compile {job.model!r}: {_summary(exc)}") from None
+            raise CompileError(
+                f"{job.ep} failed to compile {job.model!r}: {_summary(exc)}"
+            ) from None
         if not raw.exists():
             raise CompileError(f"{job.ep} wrote no model for {job.model!r}")
         data, string, written_by = _stamp(job, module, raw)

@@ -109,7 +109,9 @@ def fetch_source(uri: str) -> Path:
     return dest
 
 
-def stage_source(model: ModelSpec, uri: str, require_static: set[bool], store: Store) -> SourceEntry:
+def stage_source(
+    model: ModelSpec, uri: str, require_static: set[bool], store: Store
+) -> SourceEntry:
     """Hash the source, check its input_shapes apply for every EP that will compile it,
     and upload it content-addressed (once)."""
     path = fetch_source(uri)
@@ -117,7 +119,9 @@ def stage_source(model: ModelSpec, uri: str, require_static: set[bool], store: S
     try:
         loaded = onnx.load(str(path))
     except Exception as exc:
-        raise BadInputError(f"models[{model.name}].source {uri} is not an ONNX model: {exc}") from None
+        raise BadInputError(
+            f"models[{model.name}].source {uri} is not an ONNX model: {exc}"
+        ) from None
     for static in sorted(require_static):
         candidate = onnx.ModelProto()
         candidate.CopyFrom(loaded)
@@ -194,9 +198,13 @@ def plan_run(
     identities = {target.ep: eps.load(target.ep).build_identity() for _, target in pairs}
     static_by_model: dict[str, set[bool]] = {}
     for model, target in pairs:
-        static_by_model.setdefault(model.name, set()).add(eps.load(target.ep).requires_static_shapes)
+        static_by_model.setdefault(model.name, set()).add(
+            eps.load(target.ep).requires_static_shapes
+        )
     sources = {
-        name: stage_source(spec.model(name), resolve_source(spec_path, spec.model(name).source), static, store)
+        name: stage_source(
+            spec.model(name), resolve_source(spec_path, spec.model(name).source), static, store
+        )
         for name, static in static_by_model.items()
     }
     manifest, _ = read_manifest(store)

@@ -14,7 +14,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SCHEMA_VERSION = "1.0"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
@@ -74,7 +73,7 @@ class ModelEntry(_Strict):
 
 
 class Manifest(_Strict):
-    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    schema_version: Literal["1.0"] = "1.0"
     generation: int = Field(default=0, ge=0, description="+1 on every publish")
     published_at: datetime | None = None
     models: dict[str, ModelEntry] = Field(default_factory=dict)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -40,13 +41,15 @@ class CompilePool:
             initializer=_warm_up,
         )
 
-    def run(self, job: CompileJob) -> CompileOutput:
-        """Compile in a worker. A crashed worker breaks every compile in flight, so each
-        is tried once more on a fresh pool; a job that crashes twice is the culprit."""
+    def run(
+        self, job: CompileJob, fn: Callable[[CompileJob], CompileOutput] = compile_job
+    ) -> CompileOutput:
+        """Run ``fn(job)`` in a worker. A crashed worker breaks every job in flight, so
+        each is tried once more on a fresh pool; a job that crashes twice is the culprit."""
         for attempt in range(2):
             executor = self._executor
             try:
-                return executor.submit(compile_job, job).result()
+                return executor.submit(fn, job).result()
             except BrokenProcessPool:
                 with self._lock:
                     if self._executor is executor:
@@ -54,7 +57,8 @@ class CompilePool:
                 if attempt == 1:
                     raise CompileError(
                         f"the compile process crashed while compiling {job.model!r} for "
-                        f"{job.target!r} ({job.ep}); the EP's native code died, see the worker's stderr"
+                        f"{job.target!r} ({job.ep}); the EP's native code died, "
+                        "see the worker's stderr"
                     ) from None
         raise AssertionError("unreachable")
 

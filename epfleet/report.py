@@ -18,7 +18,7 @@ def format_bytes(size: int | None) -> str:
 
 
 def cell(result: PairResult) -> str:
-    parts = [result.status]
+    parts: list[str] = [result.status]
     if result.seconds is not None:
         parts.append(f"{result.seconds:.2f} s")
     if result.size is not None:
@@ -37,7 +37,9 @@ def matrix_rows(report: RunReport) -> list[dict[str, str]]:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -70,7 +70,9 @@ class TargetSpec(BaseModel):
     @classmethod
     def _known_ep(cls, ep_name: str) -> str:
         if ep_name not in eps.EP_MODULES:
-            raise ValueError(f"unknown execution provider {ep_name!r}; known: {eps.describe_known()}")
+            raise ValueError(
+                f"unknown execution provider {ep_name!r}; known: {eps.describe_known()}"
+            )
         return ep_name
 
     @model_validator(mode="after")
@@ -147,7 +149,11 @@ def _location(loc: tuple[int | str, ...], data: Any) -> str:
     node = data
     for item in loc:
         if isinstance(item, int):
-            name = node[item].get("name") if isinstance(node, list) and item < len(node) and isinstance(node[item], dict) else None
+            name = (
+                node[item].get("name")
+                if isinstance(node, list) and item < len(node) and isinstance(node[item], dict)
+                else None
+            )
             parts[-1:] = [f"{parts[-1] if parts else ''}[{name or item}]"]
         else:
             parts.append(str(item))

@@ -18,6 +18,7 @@ EP_MODULES: dict[str, str] = {
     "NvTensorRTRTXExecutionProvider": "eps.trt_rtx",
 }
 
+
 def known() -> list[str]:
     return sorted(EP_MODULES)
 
@@ -37,5 +38,7 @@ def load(ep_name: str) -> ExecutionProvider:
     try:
         module_name = EP_MODULES[ep_name]
     except KeyError:
-        raise KeyError(f"unknown execution provider {ep_name!r}; known: {describe_known()}") from None
+        raise KeyError(
+            f"unknown execution provider {ep_name!r}; known: {describe_known()}"
+        ) from None
     return cast(ExecutionProvider, importlib.import_module(module_name))

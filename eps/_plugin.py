@@ -60,7 +60,9 @@ def devices_of(ep_name: str) -> list[onnxruntime.OrtEpDevice]:
 
 def require_devices(ep_name: str, devices: list[onnxruntime.OrtEpDevice]) -> None:
     if not devices:
-        raise NoDeviceError(f"no {ep_name} device on this worker (the EP registered but enumerated none)")
+        raise NoDeviceError(
+            f"no {ep_name} device on this worker (the EP registered but enumerated none)"
+        )
 
 
 def compile_ep_context(

@@ -39,7 +39,8 @@ def default_device(provider_options: Mapping[str, str]) -> DeviceType:
 def check_options(provider_options: Mapping[str, str]) -> None:
     if provider_options:
         raise ValueError(
-            f"CPUExecutionProvider variants take no provider options, got {sorted(provider_options)}"
+            "CPUExecutionProvider variants take no provider options, "
+            f"got {sorted(provider_options)}"
         )
 
 
@@ -95,9 +96,7 @@ def devices() -> list[onnxruntime.OrtEpDevice]:
     return [d for d in ort.get_ep_devices() if d.ep_name == name]
 
 
-def build(
-    src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType
-) -> None:
+def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -107,9 +106,7 @@ def build(
 
 
 def make_string(ort_version: str, arch: str, isa: str, uses_nchwc: bool) -> str:
-    return (
-        f"{STRING_PREFIX};ort={ort_version};arch={arch};isa={isa};nchwc={int(uses_nchwc)}"
-    )
+    return f"{STRING_PREFIX};ort={ort_version};arch={arch};isa={isa};nchwc={int(uses_nchwc)}"
 
 
 def generate_compatibility_string(artifact: Path) -> str | None:
@@ -140,9 +137,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def judge_against(
-    compatibility_string: str, *, ort_version: str, arch: str, isa: str
-) -> Judgement:
+def judge_against(compatibility_string: str, *, ort_version: str, arch: str, isa: str) -> Judgement:
     """Judge a CPU string against a described machine (pure; ``judge`` uses this machine)."""
     try:
         built = parse_string(compatibility_string)

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from epfleet.errors import NoDeviceError
 from eps import _plugin
 from eps.base import DeviceType, Judgement
-from epfleet.errors import NoDeviceError
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -54,9 +54,7 @@ def devices() -> list[onnxruntime.OrtEpDevice]:
     return _plugin.devices_of(name)
 
 
-def build(
-    src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType
-) -> None:
+def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
     wanted = device.upper()
     found = [d for d in devices() if d.ep_metadata.get("ov_device") == wanted]
     if not found:

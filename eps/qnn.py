@@ -55,9 +55,7 @@ def devices() -> list[onnxruntime.OrtEpDevice]:
     return _plugin.devices_of(name)
 
 
-def build(
-    src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType
-) -> None:
+def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
     found = devices()
     _plugin.require_devices(name, found)
     _plugin.compile_ep_context(found, src, dst, provider_options)

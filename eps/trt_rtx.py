@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from epfleet.errors import NoDeviceError
 from eps import _plugin
 from eps.base import DeviceType, Judgement
-from epfleet.errors import NoDeviceError
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -50,9 +50,7 @@ def devices() -> list[onnxruntime.OrtEpDevice]:
     return _plugin.devices_of(name)
 
 
-def build(
-    src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType
-) -> None:
+def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
     found = devices()
     _plugin.require_devices(name, found)
     _plugin.compile_ep_context(found, src, dst, provider_options)

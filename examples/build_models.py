@@ -39,7 +39,9 @@ def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
 
 def tiny_cls(width: int = 16, seed: int = 0) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["p2o.DynamicDimension.0", 3, "?", "?"])
+    x = helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["p2o.DynamicDimension.0", 3, "?", "?"]
+    )
     y = helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["p2o.DynamicDimension.1", 4])
     c1, i1 = _conv("c1", "x", 3, width, rng)
     r1 = helper.make_node("Relu", ["c1"], ["r1"])
@@ -64,7 +66,9 @@ def tiny_det(width: int = 16, depth: int = 3, seed: int = 1) -> onnx.ModelProto:
         "image", TensorProto.FLOAT, ["batch", 3, "height", "width"]
     )
     gain = helper.make_tensor_value_info("gain", TensorProto.FLOAT, ["batch", 1, 1, 1])
-    out = helper.make_tensor_value_info("heatmap", TensorProto.FLOAT, ["batch", 1, "height", "width"])
+    out = helper.make_tensor_value_info(
+        "heatmap", TensorProto.FLOAT, ["batch", 1, "height", "width"]
+    )
     nodes, inits, prev, cin = [], [], "image", 3
     for layer in range(depth):
         conv, params = _conv(f"c{layer}", prev, cin, width, rng)
@@ -79,6 +83,14 @@ def tiny_det(width: int = 16, depth: int = 3, seed: int = 1) -> onnx.ModelProto:
         helper.make_node("Sigmoid", ["scaled"], ["heatmap"]),
     ]
     graph = helper.make_graph(nodes, "tiny_det", [image, gain], [out], inits)
+    return _model(graph)
+
+
+def npu_unfriendly() -> onnx.ModelProto:
+    """A model no NPU EP can take a node of (NonZero has a data-dependent output shape)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [2, "k"])
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["y"])], "nonzero", [x], [y])
     return _model(graph)
 
 

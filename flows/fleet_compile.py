@@ -1,12 +1,12 @@
 """The ``fleet-compile`` flow: compile every model for every EP target and publish.
 
-    python flows/fleet_compile.py examples/fleet.yaml --store ./epfleet-store
+python flows/fleet_compile.py examples/fleet.yaml --store ./epfleet-store
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -24,7 +24,7 @@ from tasks.compile import compile_task, failed_entry, plan_task, publish_task
     name="fleet-compile",
     description="Compile every model for every EP target, stamp compatibility strings, "
     "upload the artifacts and publish the manifest with compare-and-swap.",
-    task_runner=ThreadPoolTaskRunner(max_workers=8),
+    task_runner=ThreadPoolTaskRunner[Any](max_workers=8),  # type: ignore[arg-type]
 )
 def fleet_compile(
     spec: Annotated[str, Field(description="Path of the fleet spec YAML on the worker")],
@@ -59,7 +59,11 @@ def fleet_compile(
             request.model, request.target, entry, seconds=seconds
         )
         logger.info(
-            "[%d/%d] %s × %s: %s", done, len(todo), request.model, request.target,
+            "[%d/%d] %s × %s: %s",
+            done,
+            len(todo),
+            request.model,
+            request.target,
             "ok" if entry.status == "ok" else f"FAILED: {entry.error}",
         )
     order = {(p.request.model, p.request.target): i for i, p in enumerate(plan.pairs)}

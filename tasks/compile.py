@@ -10,6 +10,7 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 from pydantic import BaseModel
 
+import eps
 from epfleet.compiler import CompileJob
 from epfleet.errors import IntegrityError, TransientStoreError
 from epfleet.fleet import RunPlan, cache_dir, ort_version, plan_run, publish
@@ -18,8 +19,6 @@ from epfleet.manifest import ArtifactRef, Manifest, SourceEntry, VariantEntry, u
 from epfleet.plan import CompileRequest, variant_key
 from epfleet.pool import shared_pool
 from epfleet.stores import Store, open_store
-
-import eps
 
 
 class CompiledVariant(BaseModel):
@@ -42,15 +41,22 @@ def retry_transient_only(task: Task, task_run: TaskRun, state: State) -> bool:
 # (the cache keys we control), so Prefect's result cache stays off for these tasks.
 
 
-@task(name="plan", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
-      retry_condition_fn=retry_transient_only)
+@task(
+    name="plan",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_transient_only,
+)
 def plan_task(
     spec: str, store: str, models: list[str] | None, targets: list[str] | None, force: bool
 ) -> RunPlan:
     plan = plan_run(Path(spec), store, models, targets, force)
     logger = get_run_logger()
     logger.info(
-        "%d pairs: %d to compile, %d up to date", len(plan.pairs), len(plan.to_compile),
+        "%d pairs: %d to compile, %d up to date",
+        len(plan.pairs),
+        len(plan.to_compile),
         len(plan.pairs) - len(plan.to_compile),
     )
     return plan
@@ -72,8 +78,14 @@ def local_source(store: Store, request: CompileRequest) -> Path:
     return path
 
 
-@task(name="compile", cache_policy=NO_CACHE, task_run_name="{request.model} × {request.target}",
-      retries=2, retry_delay_seconds=2, retry_condition_fn=retry_transient_only)
+@task(
+    name="compile",
+    cache_policy=NO_CACHE,
+    task_run_name="{request.model} × {request.target}",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_transient_only,
+)
 def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledVariant:
     """Compile one pair in a worker process and upload its artifact content-addressed."""
     target_store = open_store(store)
@@ -96,8 +108,12 @@ def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledV
         target_store.upload(key, artifact, output.sha256)
     artifact.unlink(missing_ok=True)
     get_run_logger().info(
-        "%s × %s: compiled in %.2f s, %d bytes, %s", request.model, request.target,
-        output.seconds, output.size, output.compatibility_string,
+        "%s × %s: compiled in %.2f s, %d bytes, %s",
+        request.model,
+        request.target,
+        output.seconds,
+        output.size,
+        output.compatibility_string,
     )
     entry = VariantEntry(
         ep=request.ep,
@@ -134,14 +150,17 @@ def failed_entry(request: CompileRequest, error: str) -> VariantEntry:
     )
 
 
-@task(name="publish", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
-      retry_condition_fn=retry_transient_only)
+@task(
+    name="publish",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_transient_only,
+)
 def publish_task(
     store: str, sources: dict[str, SourceEntry], variants: list[tuple[str, str, VariantEntry]]
 ) -> tuple[Manifest | None, bool]:
-    manifest, published = publish(
-        open_store(store), sources, {(m, t): v for m, t, v in variants}
-    )
+    manifest, published = publish(open_store(store), sources, {(m, t): v for m, t, v in variants})
     logger = get_run_logger()
     if published and manifest is not None:
         logger.info("published %s/manifest.json generation %d", store, manifest.generation)

@@ -206,7 +206,7 @@ class S3Store:
         if if_none_match:
             args["IfNoneMatch"] = "*"
         try:
-            return self.client.put_object(**args)["ETag"]
+            return str(self.client.put_object(**args)["ETag"])
         except bce.ClientError as exc:
             status, code = _status(exc), _code(exc)
             if status == 412:
@@ -236,7 +236,8 @@ class S3Store:
 
     def size(self, key: str) -> int | None:
         try:
-            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return int(head["ContentLength"])
         except bce.ClientError as exc:
             if _code(exc) in MISSING_CODES:
                 return None

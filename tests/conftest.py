@@ -1,0 +1,135 @@
+"""Shared fixtures: generated models, spec files, a real S3 server (moto over HTTP), and
+an isolated Prefect API (Prefect's SQLite-backed test harness)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import onnx
+import pytest
+import yaml
+from moto.server import ThreadedMotoServer
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+from examples.build_models import npu_unfriendly, tiny_cls, tiny_det
+
+HTP_TARGETS = [
+    {
+        "name": "sd8g3-htp",
+        "ep": "QNNExecutionProvider",
+        "provider_options": {
+            "backend_type": "htp",
+            "htp_arch": 75,
+            "soc_model": 57,
+            "enable_htp_fp16_precision": 1,
+        },
+    },
+    {
+        "name": "sd8g2-htp",
+        "ep": "QNNExecutionProvider",
+        "provider_options": {
+            "backend_type": "htp",
+            "htp_arch": 73,
+            "soc_model": 43,
+            "enable_htp_fp16_precision": 1,
+        },
+    },
+]
+CPU_TARGET = {"name": "x86-cpu", "ep": "CPUExecutionProvider"}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models")
+    onnx.save(tiny_cls(), out / "tiny-cls.onnx")
+    onnx.save(tiny_det(), out / "tiny-det.onnx")
+    onnx.save(npu_unfriendly(), out / "nonzero.onnx")
+    return out
+
+
+def write_spec(
+    directory: Path, models: list[dict], targets: list[dict], name: str = "fleet.yaml"
+) -> Path:
+    path = directory / name
+    path.write_text(yaml.safe_dump({"models": models, "targets": targets}, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def fleet_spec(tmp_path: Path, model_dir: Path) -> Path:
+    """Two models with symbolic dims × two HTP targets and one CPU target."""
+    return write_spec(
+        tmp_path,
+        [
+            {
+                "name": "tiny-cls",
+                "source": str(model_dir / "tiny-cls.onnx"),
+                "input_shapes": {"x": [1, 3, 48, 192]},
+            },
+            {
+                "name": "tiny-det",
+                "source": str(model_dir / "tiny-det.onnx"),
+                "input_shapes": {"image": [1, 3, 64, 64]},
+            },
+        ],
+        [*HTP_TARGETS, CPU_TARGET],
+    )
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """A moto S3 server on loopback for the whole session; yields its endpoint URL."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """Fake credentials and the moto endpoint, isolated from any real AWS config."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    return moto_server
+
+
+@pytest.fixture
+def s3_bucket(aws_env: str) -> str:
+    """A fresh, empty bucket on the moto server."""
+    name = f"epfleet-test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=aws_env, region_name="us-east-1").create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def s3_store_uri(s3_bucket: str) -> str:
+    return f"s3://{s3_bucket}/fleet"
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[None]:
+    """An isolated SQLite-backed Prefect API for flow tests."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

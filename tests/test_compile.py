@@ -1,0 +1,122 @@
+"""Real compiles with ONNX Runtime: QNN HTP context binaries and CPU-optimised models."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
+
+import eps
+from epfleet.compiler import CompileJob, CompileOutput, compile_job
+from epfleet.errors import CompileError, MissingExtraError
+from epfleet.hashing import sha256_file
+from epfleet.pool import CompilePool
+
+HTP = {"backend_type": "htp", "enable_htp_fp16_precision": "1"}
+
+
+def job(model_dir: Path, tmp_path: Path, ep: str, options: dict, **overrides) -> CompileJob:
+    src = model_dir / "tiny-cls.onnx"
+    fields = dict(
+        model="tiny-cls",
+        target=f"t-{options.get('htp_arch', 'cpu')}",
+        ep=ep,
+        device="npu" if ep.startswith("QNN") else "cpu",
+        provider_options=options,
+        input_shapes={"x": [1, 3, 48, 192]},
+        source_path=str(src),
+        source_sha256=sha256_file(src)[0],
+        fingerprint=f"fp-{ep}-{options.get('htp_arch', 'cpu')}",
+        workdir=str(tmp_path),
+    )
+    return CompileJob(**(fields | overrides))
+
+
+@pytest.mark.parametrize(("arch", "soc"), [("75", "57"), ("73", "43"), ("79", "69")])
+def test_qnn_htp_compile_stamps_the_ep_string(
+    model_dir: Path, tmp_path: Path, arch: str, soc: str
+) -> None:
+    out = compile_job(
+        job(model_dir, tmp_path, "QNNExecutionProvider", HTP | {"htp_arch": arch, "soc_model": soc})
+    )
+    data = Path(out.artifact_path).read_bytes()
+    read_back = get_compatibility_info_from_model_bytes(data, "QNNExecutionProvider")
+    assert read_back == out.compatibility_string
+    assert out.compatibility_written_by == "ep"
+    # QNN string: v2:<backend 6 = HTP>:<sdk>:<api>:<htp_arch>:<soc_model>:...
+    fields = read_back.split(":")
+    assert fields[1] == "6" and fields[4:6] == [arch, soc]
+    model = onnx.load_from_string(data)
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props["ep_compatibility_info.QNNExecutionProvider"] == read_back
+    assert props["epfleet.source_sha256"] == sha256_file(model_dir / "tiny-cls.onnx")[0]
+    assert props["epfleet.target"] == f"t-{arch}"
+    assert (
+        props["epfleet.ep_version"] == eps.load("QNNExecutionProvider").build_identity()["version"]
+    )
+    assert any(node.op_type == "EPContext" for node in model.graph.node)
+    assert (out.sha256, out.size) == sha256_file(Path(out.artifact_path))
+
+
+def test_cpu_variant_gets_an_epfleet_string(model_dir: Path, tmp_path: Path) -> None:
+    out = compile_job(job(model_dir, tmp_path, "CPUExecutionProvider", {}))
+    data = Path(out.artifact_path).read_bytes()
+    assert out.compatibility_written_by == "epfleet"
+    assert (
+        get_compatibility_info_from_model_bytes(data, "CPUExecutionProvider")
+        == out.compatibility_string
+    )
+    assert out.compatibility_string.startswith("epfleet-cpu/1;ort=")
+
+
+def test_model_no_node_of_which_the_npu_takes_fails_clearly(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    bad = job(
+        model_dir,
+        tmp_path,
+        "QNNExecutionProvider",
+        HTP | {"htp_arch": "75", "soc_model": "57"},
+        model="nonzero",
+        source_path=str(model_dir / "nonzero.onnx"),
+        input_shapes={"x": [1, 8]},
+    )
+    with pytest.raises(
+        CompileError,
+        match=r"QNNExecutionProvider failed to compile 'nonzero'.*Unable to compile any nodes",
+    ):
+        compile_job(bad)
+
+
+def test_missing_plugin_package_names_the_extra() -> None:
+    if importlib.util.find_spec("onnxruntime_ep_openvino") is not None:
+        assert (
+            eps.load("OpenVINOExecutionProvider").build_identity()["package"]
+            == "onnxruntime-ep-openvino"
+        )
+        return
+    with pytest.raises(MissingExtraError, match=r"pip install 'epfleet\[openvino\]'"):
+        eps.load("OpenVINOExecutionProvider").build_identity()
+
+
+def crash_or_compile(j: CompileJob) -> CompileOutput:
+    """Stands in for an EP whose native code segfaults: no real EP crashes on demand."""
+    if j.model == "crash":
+        os.abort()
+    return compile_job(j)
+
+
+def test_a_crashing_compile_fails_alone(model_dir: Path, tmp_path: Path) -> None:
+    pool = CompilePool(workers=2)
+    try:
+        good = job(model_dir, tmp_path, "CPUExecutionProvider", {})
+        with pytest.raises(CompileError, match="compile process crashed while compiling 'crash'"):
+            pool.run(good.model_copy(update={"model": "crash"}), crash_or_compile)
+        out = pool.run(good, crash_or_compile)
+        assert Path(out.artifact_path).exists()
+    finally:
+        pool.shutdown()

@@ -1,0 +1,65 @@
+"""The CPU module's own compatibility string and judge (ORT answers NOT_APPLICABLE for CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import pytest
+from onnxruntime.capi._pybind_state import (
+    OrtCompiledModelCompatibility,
+    get_model_compatibility_for_ep_devices,
+)
+
+from eps import cpu
+from eps.base import Verdict
+from examples.build_models import tiny_det
+
+HERE = {"ort_version": "1.32.0", "arch": "x86_64", "isa": "avx2"}
+
+
+def string(**fields) -> str:
+    base = {"ort_version": "1.32.0", "arch": "x86_64", "isa": "avx2", "uses_nchwc": True}
+    return cpu.make_string(**(base | fields))
+
+
+@pytest.mark.parametrize(
+    ("compatibility", "verdict", "reason"),
+    [
+        (string(), Verdict.OPTIMAL, "ORT 1.32.0"),
+        (string(arch="aarch64", isa="neon"), Verdict.UNSUPPORTED, "optimised for aarch64"),
+        (string(isa="avx512"), Verdict.UNSUPPORTED, "NCHWc kernels laid out for avx512"),
+        (string(isa="avx512", uses_nchwc=False), Verdict.PREFER_RECOMPILATION, "without NCHWc"),
+        (string(ort_version="1.31.1"), Verdict.PREFER_RECOMPILATION, "written by ORT 1.31.1"),
+        (string(ort_version="1.33.0"), Verdict.UNSUPPORTED, "newer than this ORT"),
+        ("v2:6:2.51.0:5.51.0:75:57:0:0", Verdict.UNSUPPORTED, "not an epfleet-cpu/1 string"),
+        ("epfleet-cpu/1;ort=1.32.0", Verdict.UNSUPPORTED, "lacks arch, isa, nchwc"),
+    ],
+)
+def test_judge_rules(compatibility: str, verdict: Verdict, reason: str) -> None:
+    judgement = cpu.judge_against(compatibility, **HERE)
+    assert judgement.verdict == verdict
+    assert reason in judgement.reason
+
+
+def test_ort_itself_has_no_opinion_on_cpu_strings() -> None:
+    """Why epfleet judges CPU strings itself: ORT answers NOT_APPLICABLE for anything."""
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == "CPUExecutionProvider"]
+    answer = get_model_compatibility_for_ep_devices(devices, string())
+    assert answer == OrtCompiledModelCompatibility.EP_NOT_APPLICABLE
+
+
+def test_real_build_records_nchwc_and_judges_optimal_here(tmp_path: Path) -> None:
+    src = tmp_path / "det.onnx"
+    onnx.save(tiny_det(), src)
+    dst = tmp_path / "det.opt.onnx"
+    cpu.build(src, dst, {}, "cpu")
+    compiled = cpu.generate_compatibility_string(dst)
+    assert compiled is not None
+    fields = cpu.parse_string(compiled)
+    assert fields["ort"] == ort.__version__ and fields["isa"] == cpu.isa_class()
+    uses_nchwc = any(n.domain == cpu.NCHWC_DOMAIN for n in onnx.load(str(dst)).graph.node)
+    assert fields["nchwc"] == str(int(uses_nchwc))
+    judgement = cpu.judge(compiled)
+    assert judgement is not None and judgement.verdict == Verdict.OPTIMAL

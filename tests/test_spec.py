@@ -1,0 +1,118 @@
+"""Fleet spec validation: bad input is refused with an error naming the field, before compiling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from epfleet.errors import BadInputError
+from epfleet.fleet import plan_run
+from epfleet.spec import load_spec, parse_spec
+
+QNN = {"name": "htp", "ep": "QNNExecutionProvider", "provider_options": {"htp_arch": 75}}
+
+
+def spec(models=None, targets=None) -> dict:
+    return {
+        "models": models if models is not None else [{"name": "m", "source": "m.onnx"}],
+        "targets": targets if targets is not None else [QNN],
+    }
+
+
+def test_valid_spec_fills_defaults_and_stringifies_options() -> None:
+    parsed = parse_spec(spec(targets=[QNN, {"name": "cpu", "ep": "CPUExecutionProvider"}]))
+    assert parsed.targets[0].device == "npu"
+    assert parsed.targets[0].provider_options == {"htp_arch": "75"}
+    assert parsed.targets[1].device == "cpu"
+    assert [(m.name, t.name) for m, t in parsed.pairs()] == [("m", "htp"), ("m", "cpu")]
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (
+            spec(models=[{"name": "m", "source": "a"}, {"name": "m", "source": "b"}]),
+            "models: duplicate name 'm'",
+        ),
+        (spec(targets=[QNN, QNN]), "targets: duplicate name 'htp'"),
+        (
+            spec(targets=[{"name": "t", "ep": "FancyExecutionProvider"}]),
+            "targets[t].ep: unknown execution provider 'FancyExecutionProvider'",
+        ),
+        (
+            spec(models=[{"name": "m", "source": "m.onnx", "input_shapes": {"x": [1, -1, 3]}}]),
+            "models[m].input_shapes",
+        ),
+        (
+            spec(models=[{"name": "m", "source": "m.onnx", "input_shapes": {"x": [1, "?"]}}]),
+            "models[m].input_shapes.x[1]",
+        ),
+        (spec(models=[{"name": "Bad Name", "source": "m.onnx"}]), "models[Bad Name].name"),
+        (
+            spec(models=[{"name": "m", "source": "m.onnx", "colour": "red"}]),
+            "models[m].colour: Extra inputs are not permitted",
+        ),
+        (
+            spec(targets=[{**QNN, "provider_options": {"htp_arch": "42"}}]),
+            "htp_arch '42' is not one of",
+        ),
+        (spec(targets=[{**QNN, "models": ["nope"]}]), "target 'htp' names unknown models ['nope']"),
+        (spec(targets=[{**QNN, "device": "tpu"}]), "targets[htp].device"),
+        ({"models": []}, "models: List should have at least 1 item"),
+    ],
+)
+def test_bad_spec_names_the_offending_field(document: dict, expected: str) -> None:
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(document)
+    assert expected in str(raised.value)
+
+
+def test_unknown_subset_names_are_refused() -> None:
+    parsed = parse_spec(spec())
+    with pytest.raises(BadInputError, match="unknown target nope; the spec has htp"):
+        parsed.pairs(targets=["nope"])
+
+
+def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match="cannot read spec"):
+        load_spec(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models: [\n")
+    with pytest.raises(BadInputError, match="not valid YAML"):
+        load_spec(broken)
+
+
+def test_missing_source_is_refused_before_compiling(tmp_path: Path) -> None:
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(
+        "models: [{name: m, source: nowhere.onnx}]\n"
+        "targets: [{name: cpu, ep: CPUExecutionProvider}]\n"
+    )
+    store = tmp_path / "store"
+    with pytest.raises(BadInputError, match=r"source .*nowhere.onnx does not exist"):
+        plan_run(spec_path, str(store))
+    assert not (store / "manifest.json").exists()
+
+
+def test_shape_that_does_not_fit_the_model_is_refused(tmp_path: Path, model_dir: Path) -> None:
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(
+        f"models: [{{name: m, source: {model_dir / 'tiny-cls.onnx'}, "
+        "input_shapes: {x: [1, 4, 8, 8]}}]\n"
+        "targets: [{name: cpu, ep: CPUExecutionProvider}]\n"
+    )
+    with pytest.raises(BadInputError, match=r"models\[m\].*x\[1\] is fixed at 3 in the model"):
+        plan_run(spec_path, str(tmp_path / "store"))
+
+
+def test_npu_target_requires_static_shapes(tmp_path: Path, model_dir: Path) -> None:
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(
+        f"models: [{{name: m, source: {model_dir / 'tiny-cls.onnx'}}}]\n"
+        "targets: [{name: htp, ep: QNNExecutionProvider}]\n"
+    )
+    with pytest.raises(
+        BadInputError, match=r"needs static input shapes.*give them in the model's input_shapes"
+    ):
+        plan_run(spec_path, str(tmp_path / "store"))

@@ -1,0 +1,170 @@
+"""The Store contract for the local-directory backend."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.stores import open_store
+from epfleet.stores.local import LOCK_NAME, LocalStore
+
+
+@pytest.fixture(params=["path", "file-uri"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> LocalStore:
+    root = tmp_path / "store"
+    uri = str(root) if request.param == "path" else root.as_uri()
+    s = open_store(uri)
+    assert isinstance(s, LocalStore)
+    assert s.root == root and s.uri == root.as_uri()
+    return s
+
+
+def leftovers(root: Path) -> list[str]:
+    """Files under root that are neither objects we wrote nor the lock file."""
+    return sorted(p.name for p in root.rglob(".*") if p.name != LOCK_NAME)
+
+
+# --- URIs -------------------------------------------------------------------------------
+
+
+def test_unknown_scheme_lists_known_ones() -> None:
+    with pytest.raises(BadInputError, match=r"'gs'.*file://.*s3://"):
+        open_store("gs://bucket/prefix")
+
+
+def test_remote_file_uri_is_bad_input() -> None:
+    with pytest.raises(BadInputError, match="must be local"):
+        open_store("file://otherhost/dir")
+
+
+def test_store_on_a_file_is_bad_input(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"")
+    with pytest.raises(BadInputError, match="not a directory"):
+        open_store(str(tmp_path / "f"))
+
+
+@pytest.mark.parametrize("key", ["../escape", "/abs/key", "a/../../b", "a\\b", ""])
+def test_bad_keys(store: LocalStore, key: str) -> None:
+    with pytest.raises(ValueError):
+        store.write(key, b"x")
+    with pytest.raises(ValueError):
+        store.read(key)
+
+
+# --- contract ---------------------------------------------------------------------------
+
+
+def test_roundtrip(store: LocalStore) -> None:
+    assert store.read("a/b.json") is None
+    etag = store.write("a/b.json", b'{"x": 1}')
+    got = store.read("a/b.json")
+    assert got is not None and got.data == b'{"x": 1}' and got.etag == etag
+    assert (store.root / "a" / "b.json").read_bytes() == b'{"x": 1}'
+
+
+def test_if_none_match_on_existing_object(store: LocalStore) -> None:
+    store.write("m.json", b"one", if_none_match=True)
+    with pytest.raises(PreconditionFailed, match=r"m\.json"):
+        store.write("m.json", b"two", if_none_match=True)
+    got = store.read("m.json")
+    assert got is not None and got.data == b"one"
+
+
+def test_if_match(store: LocalStore) -> None:
+    stale = store.write("m.json", b"v1")
+    current = store.write("m.json", b"v2")
+    with pytest.raises(PreconditionFailed):
+        store.write("m.json", b"v3", if_match=stale)
+    got = store.read("m.json")
+    assert got is not None and (got.data, got.etag) == (b"v2", current)
+    new = store.write("m.json", b"v3", if_match=current)
+    got = store.read("m.json")
+    assert got is not None and (got.data, got.etag) == (b"v3", new)
+
+
+def test_if_match_on_missing_object(store: LocalStore) -> None:
+    with pytest.raises(PreconditionFailed):
+        store.write("gone.json", b"x", if_match=sha256_bytes(b"x"))
+
+
+def test_no_temp_files_left_behind(store: LocalStore) -> None:
+    store.write("a.json", b"1")
+    store.write("a.json", b"2", if_match=sha256_bytes(b"1"))
+    store.write("d/b.json", b"3", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        store.write("a.json", b"4", if_match="stale")
+    assert leftovers(store.root) == []
+    assert sorted(str(p.relative_to(store.root)) for p in store.root.rglob("*.json")) == [
+        "a.json",
+        "d/b.json",
+    ]
+
+
+def test_size(store: LocalStore) -> None:
+    store.write("s.bin", b"12345")
+    assert store.size("s.bin") == 5
+    assert store.size("missing.bin") is None
+
+
+def test_upload_and_download(store: LocalStore, tmp_path: Path) -> None:
+    src = tmp_path / "model.onnx"
+    src.write_bytes(os.urandom(3 << 20))
+    sha, size = sha256_file(src)
+    store.upload("models/model.onnx", src, sha)
+    assert store.size("models/model.onnx") == size
+    dest = tmp_path / "out" / "model.onnx"
+    store.download("models/model.onnx", dest)
+    assert sha256_file(dest) == (sha, size)
+    assert leftovers(store.root) == [] and sorted(os.listdir(dest.parent)) == ["model.onnx"]
+
+
+def test_download_missing_key(store: LocalStore, tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match=r"nope\.onnx"):
+        store.download("nope.onnx", tmp_path / "nope.onnx")
+    assert not (tmp_path / "nope.onnx").exists()
+
+
+# --- concurrency ------------------------------------------------------------------------
+
+
+def _increment_in_process(uri: str, key: str, times: int, start: Any) -> None:
+    """Run in a spawned process: a compare-and-swap loop on a JSON counter."""
+    store = open_store(uri)
+    start.wait(30)  # both processes are up: they really race
+    for _ in range(times):
+        while True:
+            current = store.read(key)
+            assert current is not None
+            value = json.loads(current.data)["n"] + 1
+            try:
+                store.write(key, json.dumps({"n": value}).encode(), if_match=current.etag)
+                break
+            except PreconditionFailed:
+                pass
+
+
+def test_concurrent_compare_and_swap_across_processes(tmp_path: Path) -> None:
+    uri = str(tmp_path / "store")
+    store = open_store(uri)
+    store.write("counter.json", b'{"n": 0}', if_none_match=True)
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(2)
+    procs = [
+        ctx.Process(target=_increment_in_process, args=(uri, "counter.json", 20, start))
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    got = store.read("counter.json")
+    assert got is not None and json.loads(got.data) == {"n": 40}
+    assert leftovers(tmp_path / "store") == []
