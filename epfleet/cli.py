@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from epfleet.errors import BadInputError, EpfleetError
 
 if TYPE_CHECKING:
-    from epfleet.fleet import RunReport
+    from epfleet.fleet import RunPlan, RunReport
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -121,12 +121,26 @@ def _compile(args: argparse.Namespace) -> int:
             f"with {args.workers} workers",
             file=sys.stderr,
         )
+        _prestart(plan, args.store, args.workers)
         report = _run_flow(args)
     if args.json:
         print(json.dumps(_json_report(report)))
     else:
         print(render_report(report))
     return report.exit_code
+
+
+def _prestart(plan: RunPlan, store_uri: str, workers: int) -> None:
+    """Start the compiles before the flow run: importing Prefect and starting its API take
+    seconds, and the flow's compile tasks collect these same jobs from the shared pool."""
+    from epfleet.fleet import compile_job_for
+    from epfleet.pool import shared_pool
+    from epfleet.stores import open_store
+
+    store = open_store(store_uri)
+    pool = shared_pool(workers)
+    for pair in plan.to_compile:
+        pool.prestart(compile_job_for(pair.request, store))
 
 
 def _run_flow(args: argparse.Namespace) -> RunReport:

