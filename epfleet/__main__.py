@@ -1,0 +1,7 @@
+"""``python -m epfleet``: the same as the ``epfleet`` command."""
+
+import sys
+
+from epfleet.cli import main
+
+sys.exit(main())
