@@ -145,23 +145,16 @@ def _require_known(kind: str, asked: list[str] | None, known: list[str]) -> None
 
 def _location(loc: tuple[int | str, ...], data: Any) -> str:
     """Render a pydantic error location as models[ocr-det].input_shapes.x, naming list items."""
-    parts: list[str] = []
-    node = data
+    path, node = "", data
     for item in loc:
         if isinstance(item, int):
-            name = (
-                node[item].get("name")
-                if isinstance(node, list) and item < len(node) and isinstance(node[item], dict)
-                else None
-            )
-            parts[-1:] = [f"{parts[-1] if parts else ''}[{name or item}]"]
+            node = node[item] if isinstance(node, list) and item < len(node) else None
+            label = node.get("name") if isinstance(node, dict) else None
+            path += f"[{label or item}]"
         else:
-            parts.append(str(item))
-        try:
-            node = node[item]
-        except (KeyError, IndexError, TypeError):
-            node = None
-    return ".".join(parts) or "spec"
+            path += f".{item}" if path else str(item)
+            node = node.get(item) if isinstance(node, dict) else None
+    return path or "spec"
 
 
 def parse_spec(data: Any, origin: str = "spec") -> FleetSpec:
