@@ -12,6 +12,8 @@ import random
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -93,47 +95,47 @@ def resolve_source(spec_path: Path, source: str) -> str:
     return str((spec_path.parent / source).resolve())
 
 
-def fetch_source(uri: str) -> Path:
-    """A local path holding the source: the file itself, or a download into the cache."""
+@contextmanager
+def local_source(uri: str) -> Iterator[Path]:
+    """A local path holding the source: the file itself, or a temporary download."""
     if uri.startswith("file://") or "://" not in uri:
         path = Path(uri.removeprefix("file://"))
         if not path.is_file():
             raise BadInputError(f"source {uri} does not exist")
-        return path
+        yield path
+        return
     parent, key = split_uri(uri)
     downloads = cache_dir() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
-    dest = Path(tempfile.mkdtemp(dir=downloads)) / Path(key).name
-    try:
-        open_store(parent).download(key, dest)
-    except StoreError as exc:
-        raise BadInputError(f"source {uri} cannot be fetched: {exc}") from None
-    return dest
-
-
-def stage_source(
-    model: ModelSpec, uri: str, require_static: set[bool], store: Store
-) -> SourceEntry:
-    """Hash the source, check its input_shapes apply for every EP that will compile it,
-    and upload it content-addressed (once)."""
-    path = fetch_source(uri)
-    sha256, size = sha256_file(path)
-    try:
-        loaded = onnx.load(str(path))
-    except Exception as exc:
-        raise BadInputError(
-            f"models[{model.name}].source {uri} is not an ONNX model: {exc}"
-        ) from None
-    for static in sorted(require_static):
-        candidate = onnx.ModelProto()
-        candidate.CopyFrom(loaded)
+    with tempfile.TemporaryDirectory(dir=downloads) as scratch:
+        dest = Path(scratch) / Path(key).name
         try:
-            prepare_model(candidate, model.input_shapes, static, "an NPU execution provider")
+            open_store(parent).download(key, dest)
+        except StoreError as exc:
+            raise BadInputError(f"source {uri} cannot be fetched: {exc}") from None
+        yield dest
+
+
+def stage_source(model: ModelSpec, uri: str, static_eps: set[str], store: Store) -> SourceEntry:
+    """Hash the source, check that its input_shapes apply (and leave every input static
+    when an EP in ``static_eps`` needs that), and upload it content-addressed, once."""
+    with local_source(uri) as path:
+        sha256, size = sha256_file(path)
+        try:
+            loaded = onnx.load(str(path))
+        except Exception as exc:
+            raise BadInputError(
+                f"models[{model.name}].source {uri} is not an ONNX model: {exc}"
+            ) from None
+        try:
+            prepare_model(
+                loaded, model.input_shapes, bool(static_eps), " and ".join(sorted(static_eps))
+            )
         except ValueError as exc:
             raise BadInputError(f"models[{model.name}] ({uri}): {exc}") from None
-    key = source_key(sha256)
-    if store.size(key) != size:
-        store.upload(key, path, sha256)
+        key = source_key(sha256)
+        if store.size(key) != size:
+            store.upload(key, path, sha256)
     return SourceEntry(uri=key, sha256=sha256, size=size, input_shapes=model.input_shapes)
 
 
@@ -237,16 +239,15 @@ def plan_run(
         raise BadInputError("the selected models and targets form no pair to compile")
     store = open_store(store_uri)
     identities = {target.ep: eps.load(target.ep).build_identity() for _, target in pairs}
-    static_by_model: dict[str, set[bool]] = {}
+    static_eps: dict[str, set[str]] = {}
     for model, target in pairs:
-        static_by_model.setdefault(model.name, set()).add(
-            eps.load(target.ep).requires_static_shapes
-        )
+        needs_static = eps.load(target.ep).requires_static_shapes
+        static_eps.setdefault(model.name, set()).update([target.ep] if needs_static else [])
     sources = {
         name: stage_source(
             spec.model(name), resolve_source(spec_path, spec.model(name).source), static, store
         )
-        for name, static in static_by_model.items()
+        for name, static in static_eps.items()
     }
     manifest, _ = read_manifest(store)
     planned = plan_pairs(pairs, sources, manifest, ort_version(), identities, force, store.size)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from epfleet.errors import NoDeviceError
 from eps.base import DeviceType, Judgement, Verdict
 
 if TYPE_CHECKING:
@@ -36,12 +37,22 @@ def default_device(provider_options: Mapping[str, str]) -> DeviceType:
     return "cpu"
 
 
+# Not ORT options: they pin the machine class a CPU variant is built for, since the
+# optimised model follows the compiling worker's CPU. A worker of another class refuses.
+PIN_OPTIONS = ("arch", "isa")
+ISA_CLASSES = ("avx512", "avx2", "avx", "sse", "neon")
+
+
 def check_options(provider_options: Mapping[str, str]) -> None:
-    if provider_options:
+    unknown = sorted(set(provider_options) - set(PIN_OPTIONS))
+    if unknown:
         raise ValueError(
-            "CPUExecutionProvider variants take no provider options, "
-            f"got {sorted(provider_options)}"
+            f"CPUExecutionProvider takes only {', '.join(PIN_OPTIONS)} (to pin the machine "
+            f"class it is built for), got {', '.join(unknown)}"
         )
+    isa = provider_options.get("isa")
+    if isa is not None and isa not in ISA_CLASSES:
+        raise ValueError(f"isa {isa!r} is not one of {', '.join(ISA_CLASSES)}")
 
 
 def _ort_version() -> str:
@@ -99,6 +110,14 @@ def devices() -> list[onnxruntime.OrtEpDevice]:
 def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
     import onnxruntime as ort
 
+    here = {"arch": machine_arch(), "isa": isa_class()}
+    for key in PIN_OPTIONS:
+        wanted = provider_options.get(key)
+        if wanted is not None and wanted != here[key]:
+            raise NoDeviceError(
+                f"no {name} device with {key} {wanted} on this worker (it is "
+                f"{here['arch']}/{here['isa']}); compile this target on a matching worker"
+            )
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(dst)

@@ -12,6 +12,7 @@ from onnxruntime.capi._pybind_state import (
     get_model_compatibility_for_ep_devices,
 )
 
+from epfleet.errors import NoDeviceError
 from eps import cpu
 from eps.base import Verdict
 from examples.build_models import tiny_det
@@ -63,3 +64,26 @@ def test_real_build_records_nchwc_and_judges_optimal_here(tmp_path: Path) -> Non
     assert fields["nchwc"] == str(int(uses_nchwc))
     judgement = cpu.judge(compiled)
     assert judgement is not None and judgement.verdict == Verdict.OPTIMAL
+
+
+def test_pinned_machine_class_is_refused_on_another_worker(tmp_path: Path) -> None:
+    src = tmp_path / "det.onnx"
+    onnx.save(tiny_det(), src)
+    other = "neon" if cpu.isa_class() != "neon" else "avx2"
+    with pytest.raises(NoDeviceError, match=f"no CPUExecutionProvider device with isa {other}"):
+        cpu.build(src, tmp_path / "a.onnx", {"isa": other}, "cpu")
+    assert not (tmp_path / "a.onnx").exists()
+    cpu.build(src, tmp_path / "b.onnx", {"isa": cpu.isa_class(), "arch": cpu.machine_arch()}, "cpu")
+    assert (tmp_path / "b.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"intra_op_num_threads": "2"}, "takes only arch, isa"),
+        ({"isa": "avx1024"}, "isa 'avx1024'"),
+    ],
+)
+def test_cpu_options_are_checked(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cpu.check_options(options)
