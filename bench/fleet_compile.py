@@ -24,17 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from examples import paddle_ocr  # noqa: E402
+
 CACHE = ROOT / "bench" / ".cache"
-WHEEL = "rapidocr_onnxruntime==1.4.4"
-MODELS = {
-    "ocr-det": ("ch_PP-OCRv4_det_infer.onnx", [1, 3, 640, 640]),
-    "ocr-rec": ("ch_PP-OCRv4_rec_infer.onnx", [1, 3, 48, 320]),
-    "ocr-cls": ("ch_ppocr_mobile_v2.0_cls_infer.onnx", [1, 3, 48, 192]),
-}
+MODELS = paddle_ocr.MODELS
 # Snapdragon HTP targets (name: htp_arch, soc_model); --htp N takes the first N.
 # (v68 is left out: QNN 2.51 fails to finalize these fp16 graphs for it, MEM_ALLOC.)
 ALL_HTP = {
@@ -46,21 +43,6 @@ ALL_HTP = {
     "htp-v73-soc53": ("73", "53"),
 }
 HTP = dict(list(ALL_HTP.items())[:3])
-
-
-def fetch_models() -> dict[str, Path]:
-    paths = {name: CACHE / file for name, (file, _) in MODELS.items()}
-    if not all(p.exists() for p in paths.values()):
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(CACHE), WHEEL],
-            check=True,
-        )
-        with zipfile.ZipFile(next(CACHE.glob("rapidocr_onnxruntime-*.whl"))) as wheel:
-            for member in wheel.namelist():
-                if member.endswith(".onnx"):
-                    (CACHE / Path(member).name).write_bytes(wheel.read(member))
-    return paths
 
 
 def write_spec(directory: Path, models: dict[str, Path]) -> Path:
@@ -245,7 +227,7 @@ def main() -> None:
     HTP.clear()
     HTP.update(list(ALL_HTP.items())[: args.htp])
 
-    models = fetch_models()
+    models = paddle_ocr.fetch(CACHE)
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false")
     work = Path(tempfile.mkdtemp(prefix="epfleet-bench-"))
     cleanup: list[subprocess.Popen[bytes]] = []

@@ -93,6 +93,26 @@ def fleet_spec(tmp_path: Path, model_dir: Path) -> Path:
     )
 
 
+def with_npu_unfriendly_model(directory: Path, model_dir: Path, targets: list[dict]) -> Path:
+    """A spec whose `nonzero` model no NPU EP can compile, beside `tiny-cls`, which any can."""
+    return write_spec(
+        directory,
+        [
+            {
+                "name": "tiny-cls",
+                "source": str(model_dir / "tiny-cls.onnx"),
+                "input_shapes": {"x": [1, 3, 32, 32]},
+            },
+            {
+                "name": "nonzero",
+                "source": str(model_dir / "nonzero.onnx"),
+                "input_shapes": {"x": [1, 8]},
+            },
+        ],
+        targets,
+    )
+
+
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[str]:
     """A moto S3 server on loopback for the whole session; yields its endpoint URL."""

@@ -12,7 +12,13 @@ from pathlib import Path
 import boto3
 
 from epfleet.manifest import Manifest
-from tests.conftest import CPU_TARGET, HTP_TARGETS, assert_variants_match_store, write_spec
+from tests.conftest import (
+    CPU_TARGET,
+    HTP_TARGETS,
+    assert_variants_match_store,
+    with_npu_unfriendly_model,
+    write_spec,
+)
 
 VARIANT_KEYS = {
     "model",
@@ -90,22 +96,7 @@ def test_exit_codes(tmp_path: Path, model_dir: Path, cli_env: dict[str, str]) ->
     unknown = epfleet("compile", str(bad), "--store", "ftp://host/x", env=cli_env)
     assert unknown.returncode == 2 and "unknown scheme 'ftp'" in unknown.stderr
 
-    mixed = write_spec(
-        tmp_path,
-        [
-            {
-                "name": "tiny-cls",
-                "source": str(model_dir / "tiny-cls.onnx"),
-                "input_shapes": {"x": [1, 3, 32, 32]},
-            },
-            {
-                "name": "nonzero",
-                "source": str(model_dir / "nonzero.onnx"),
-                "input_shapes": {"x": [1, 8]},
-            },
-        ],
-        [HTP_TARGETS[0]],
-    )
+    mixed = with_npu_unfriendly_model(tmp_path, model_dir, [HTP_TARGETS[0]])
     result = epfleet("compile", str(mixed), "--store", store, "--json", env=cli_env)
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)

@@ -12,7 +12,12 @@ from prefect.artifacts import Artifact
 from epfleet.hashing import sha256_file
 from epfleet.manifest import Manifest
 from flows.fleet_compile import fleet_compile
-from tests.conftest import CPU_TARGET, HTP_TARGETS, assert_variants_match_store, write_spec
+from tests.conftest import (
+    CPU_TARGET,
+    HTP_TARGETS,
+    assert_variants_match_store,
+    with_npu_unfriendly_model,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -48,22 +53,7 @@ def test_compile_publish_and_incremental_rerun(fleet_spec: Path, tmp_path: Path)
 
 
 def test_failing_pair_does_not_block_the_others(tmp_path: Path, model_dir: Path) -> None:
-    spec = write_spec(
-        tmp_path,
-        [
-            {
-                "name": "tiny-cls",
-                "source": str(model_dir / "tiny-cls.onnx"),
-                "input_shapes": {"x": [1, 3, 32, 32]},
-            },
-            {
-                "name": "nonzero",
-                "source": str(model_dir / "nonzero.onnx"),
-                "input_shapes": {"x": [1, 8]},
-            },
-        ],
-        [HTP_TARGETS[0], CPU_TARGET],
-    )
+    spec = with_npu_unfriendly_model(tmp_path, model_dir, [HTP_TARGETS[0], CPU_TARGET])
     store = tmp_path / "store"
     report = fleet_compile(spec=str(spec), store=str(store), workers=2)
     by_pair = {(v.model, v.target): v for v in report.variants}

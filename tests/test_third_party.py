@@ -5,53 +5,24 @@ Only the wheel's .onnx files are used; it is fetched once into tests/.cache."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import onnx
 import pytest
 
 from epfleet.shapes import graph_inputs
+from examples import paddle_ocr
 from tests.conftest import assert_variants_match_store, write_spec
 from tests.test_cli import epfleet, s3_manifest, s3_reader
 
-WHEEL = "rapidocr_onnxruntime==1.4.4"
 CACHE = Path(__file__).parent / ".cache" / "rapidocr"
-MODELS = {
-    "ocr-cls": ("ch_ppocr_mobile_v2.0_cls_infer.onnx", [1, 3, 48, 192]),
-    "ocr-rec": ("ch_PP-OCRv4_rec_infer.onnx", [1, 3, 48, 320]),
-}
+MODELS = {name: paddle_ocr.MODELS[name] for name in ("ocr-cls", "ocr-rec")}
 HTP = [("sd8g3", 75, 57), ("sd8g2", 73, 43), ("sd8e", 79, 69)]
 
 
 @pytest.fixture(scope="session")
 def paddle_ocr_models() -> dict[str, Path]:
-    wanted = {name: CACHE / file for name, (file, _) in MODELS.items()}
-    if not all(path.exists() for path in wanted.values()):
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--quiet",
-                "-d",
-                str(CACHE),
-                WHEEL,
-            ],
-            check=True,
-            timeout=600,
-        )
-        wheel = next(CACHE.glob("rapidocr_onnxruntime-*.whl"))
-        with zipfile.ZipFile(wheel) as archive:
-            for member in archive.namelist():
-                if member.endswith(".onnx"):
-                    (CACHE / Path(member).name).write_bytes(archive.read(member))
-    return wanted
+    return paddle_ocr.fetch(CACHE, list(MODELS))
 
 
 def test_paddle_ocr_models_compile_for_three_htp_targets_and_cpu(
