@@ -5,6 +5,12 @@ and still emits HTP context binaries for whatever ``htp_arch``/``soc_model`` the
 target names. Its compatibility string looks like
 ``v2:6:2.51.0:5.51.0:75:57:0:0`` and is written by the EP itself. Its validator
 only accepts NPU devices, so judging a string is ORT's business on the device.
+
+Measured here (onnxruntime 1.32.0, onnxruntime-qnn 2.7.0): on a host without an
+NPU, ``get_model_compatibility_for_ep_devices`` with the QNN device raises
+RuntimeError, as documented, but only until a QNN compile has run in the same
+process; after one, the same call segfaults. Compiles therefore run in worker
+processes (``epfleet.pool``), and a validator must run in one that has not compiled.
 """
 
 from __future__ import annotations
