@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from epfleet.fleet import PairResult, RunReport, plan_run
+    from epfleet.fleet import plan_run
     from epfleet.report import render_report
 
     if args.workers < 1:
@@ -99,22 +99,7 @@ def _compile(args: argparse.Namespace) -> int:
     plan = plan_run(args.spec, args.store, args.models, args.targets, args.force)
     if plan.is_noop:
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
-        report = RunReport(
-            generation=plan.generation,
-            published=False,
-            compiled=0,
-            skipped=len(plan.pairs),
-            failed=0,
-            variants=[
-                PairResult(
-                    model=p.request.model,
-                    target=p.request.target,
-                    ep=p.request.ep,
-                    status="skipped",
-                )
-                for p in plan.pairs
-            ],
-        )
+        report = plan.report({}, plan.generation, published=False)
     else:
         print(
             f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs to compile "

@@ -8,6 +8,7 @@ on the EP's name: every EP fact comes from the EP's module.
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -20,21 +21,17 @@ from epfleet import RECIPE_VERSION
 from epfleet.errors import CompileError
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
+from epfleet.plan import CompileRequest
 from epfleet.shapes import prepare_model
 
 COMPATIBILITY_KEY_PREFIX = "ep_compatibility_info."
 
 
 class CompileJob(BaseModel):
-    model: str
-    target: str
-    ep: str
-    device: str
-    provider_options: dict[str, str]
-    input_shapes: dict[str, list[int]]
+    """One planned pair plus where this worker finds its source and keeps its scratch."""
+
+    request: CompileRequest
     source_path: str
-    source_sha256: str
-    fingerprint: str
     workdir: str
 
 
@@ -52,44 +49,54 @@ def compatibility_key(ep_name: str) -> str:
 
 
 def prepared_source(job: CompileJob, require_static: bool) -> Path:
-    """The source with input shapes fixed and checked, cached per source and shapes so
-    several targets of one model prepare it once per worker."""
+    """The source with input shapes fixed and checked, cached per source, shapes and recipe
+    so that several targets of one model prepare it once per worker."""
+    request = job.request
     key = sha256_bytes(
-        f"{job.source_sha256}|{sorted(job.input_shapes.items())}|{require_static}".encode()
+        f"{RECIPE_VERSION}|{onnx.__version__}|{request.source_sha256}|"
+        f"{sorted(request.input_shapes.items())}|{require_static}".encode()
     )[:24]
     path = Path(job.workdir) / "prepared" / f"{key}.onnx"
     if path.exists():
         return path
     model = onnx.load(job.source_path)
     try:
-        prepare_model(model, job.input_shapes, require_static, job.ep)
+        prepare_model(model, request.input_shapes, require_static, request.ep)
     except ValueError as exc:
-        raise CompileError(f"model {job.model!r}: {exc}") from None
+        raise CompileError(f"model {request.model!r}: {exc}") from None
     atomic_write_bytes(path, model.SerializeToString())
     return path
 
 
 def compile_job(job: CompileJob) -> CompileOutput:
+    """Compile one pair into its own scratch directory; ``discard`` removes it once the
+    artifact is stored."""
     started = time.perf_counter()
-    module = eps.load(job.ep)
+    request = job.request
+    module = eps.load(request.ep)
     src = prepared_source(job, module.requires_static_shapes)
-    out_dir = Path(job.workdir) / "variants"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as scratch:
-        raw = Path(scratch) / "raw.onnx"
+    variants = Path(job.workdir) / "variants"
+    variants.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=variants, prefix=f"{request.model}.{request.target}."))
+    try:
+        raw = scratch / "raw.onnx"
         try:
-            module.build(src, raw, job.provider_options, job.device)  # type: ignore[arg-type]
+            module.build(src, raw, request.provider_options, request.device)
         except CompileError:
             raise
         except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidArgument subclasses
             raise CompileError(
-                f"{job.ep} failed to compile {job.model!r}: {_summary(exc)}"
+                f"{request.ep} failed to compile {request.model!r}: {_summary(exc)}"
             ) from None
         if not raw.exists():
-            raise CompileError(f"{job.ep} wrote no model for {job.model!r}")
-        data, string, written_by = _stamp(job, module, raw)
-    artifact = out_dir / f"{job.fingerprint}.onnx"
-    atomic_write_bytes(artifact, data)
+            raise CompileError(f"{request.ep} wrote no model for {request.model!r}")
+        data, string, written_by = _stamp(request, module, raw)
+        raw.unlink()
+        artifact = scratch / "artifact.onnx"
+        atomic_write_bytes(artifact, data)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     return CompileOutput(
         artifact_path=str(artifact),
         sha256=sha256_bytes(data),
@@ -100,28 +107,35 @@ def compile_job(job: CompileJob) -> CompileOutput:
     )
 
 
-def _stamp(job: CompileJob, module: eps.ExecutionProvider, raw: Path) -> tuple[bytes, str, str]:
+def discard(output: CompileOutput) -> None:
+    """Remove a compile's scratch directory and the artifact in it."""
+    shutil.rmtree(Path(output.artifact_path).parent, ignore_errors=True)
+
+
+def _stamp(
+    request: CompileRequest, module: eps.ExecutionProvider, raw: Path
+) -> tuple[bytes, str, str]:
     from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
 
     raw_bytes = raw.read_bytes()
-    string = get_compatibility_info_from_model_bytes(raw_bytes, job.ep)
+    string = get_compatibility_info_from_model_bytes(raw_bytes, request.ep)
     written_by = "ep"
     if not string:
         string = module.generate_compatibility_string(raw)
         written_by = "epfleet"
     if not string:
         raise CompileError(
-            f"{job.ep} wrote no compatibility string and its epfleet module generates none"
+            f"{request.ep} wrote no compatibility string and its epfleet module generates none"
         )
     model = onnx.load_from_string(raw_bytes)
     props = {p.key: p.value for p in model.metadata_props}
     props.update(
         {
-            compatibility_key(job.ep): string,
-            "epfleet.model": job.model,
-            "epfleet.target": job.target,
-            "epfleet.source_sha256": job.source_sha256,
-            "epfleet.fingerprint": job.fingerprint,
+            compatibility_key(request.ep): string,
+            "epfleet.model": request.model,
+            "epfleet.target": request.target,
+            "epfleet.source_sha256": request.source_sha256,
+            "epfleet.fingerprint": request.fingerprint,
             "epfleet.recipe": RECIPE_VERSION,
             "epfleet.ort_version": importlib.metadata.version("onnxruntime"),
             "epfleet.ep_version": module.build_identity()["version"],

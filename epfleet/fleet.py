@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import onnx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 import eps
 from epfleet.compiler import CompileJob
@@ -48,16 +48,36 @@ class RunPlan(BaseModel):
     sources: dict[str, SourceEntry]
     pairs: list[PlannedPair]
     generation: int
-    sources_published: bool
+    published_sources: dict[str, SourceEntry | None] = Field(
+        description="Each model's source entry in the manifest when this run planned"
+    )
 
     @property
     def to_compile(self) -> list[PlannedPair]:
         return [p for p in self.pairs if p.action == "compile"]
 
+    def report(
+        self, results: dict[tuple[str, str], PairResult], generation: int, published: bool
+    ) -> RunReport:
+        """The run's report in spec order; pairs without a result were up to date."""
+        ordered = [
+            results.get((p.request.model, p.request.target))
+            or PairResult.of(p.request, p.previous, "skipped", None)
+            for p in self.pairs
+        ]
+        return RunReport(
+            generation=generation,
+            published=published,
+            compiled=sum(r.status == "ok" for r in ordered),
+            skipped=sum(r.status == "skipped" for r in ordered),
+            failed=sum(r.status == "failed" for r in ordered),
+            variants=ordered,
+        )
+
     @property
     def is_noop(self) -> bool:
         """Nothing to compile and nothing new to publish: the fleet is up to date."""
-        return not self.to_compile and self.sources_published
+        return not self.to_compile and self.published_sources == self.sources
 
 
 class PairResult(BaseModel):
@@ -70,6 +90,27 @@ class PairResult(BaseModel):
     size: int | None = None
     seconds: float | None = None
     error: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        pair: CompileRequest,
+        entry: VariantEntry | None,
+        status: Literal["ok", "skipped", "failed"],
+        seconds: float | None,
+    ) -> PairResult:
+        artifact = entry.artifact if entry else None
+        return cls(
+            model=pair.model,
+            target=pair.target,
+            ep=pair.ep,
+            status=status,
+            compatibility_string=entry.compatibility_string if entry else None,
+            artifact_uri=artifact.uri if artifact else None,
+            size=artifact.size if artifact else None,
+            seconds=seconds,
+            error=entry.error if entry and status == "failed" else None,
+        )
 
 
 class RunReport(BaseModel):
@@ -162,20 +203,8 @@ def fetch_verified(store: Store, key: str, sha256: str, size: int) -> Path:
 
 def compile_job_for(request: CompileRequest, store: Store) -> CompileJob:
     """The job a compile worker runs for one planned pair, with the source cached locally."""
-    return CompileJob(
-        model=request.model,
-        target=request.target,
-        ep=request.ep,
-        device=request.device,
-        provider_options=request.provider_options,
-        input_shapes=request.input_shapes,
-        source_path=str(
-            fetch_verified(store, request.source_key, request.source_sha256, request.source_size)
-        ),
-        source_sha256=request.source_sha256,
-        fingerprint=request.fingerprint,
-        workdir=str(cache_dir() / "work"),
-    )
+    source = fetch_verified(store, request.source_key, request.source_sha256, request.source_size)
+    return CompileJob(request=request, source_path=str(source), workdir=str(cache_dir() / "work"))
 
 
 # --- manifest --------------------------------------------------------------------------
@@ -194,26 +223,34 @@ def read_manifest(store: Store) -> tuple[Manifest | None, str | None]:
         ) from None
 
 
+class Published(BaseModel):
+    manifest: Manifest | None = Field(description="The manifest now in the store")
+    published: bool = Field(description="Whether this call changed it")
+    conflicts: list[str] = Field(
+        default_factory=list, description="Models left alone: their source changed meanwhile"
+    )
+
+
 def publish(
     store: Store,
     sources: dict[str, SourceEntry],
+    planned_on: dict[str, SourceEntry | None],
     variants: dict[tuple[str, str], VariantEntry],
-) -> tuple[Manifest | None, bool]:
-    """Read-modify-write the manifest with compare-and-swap, retrying lost races.
-
-    Returns the manifest now in the store and whether this call changed it.
-    """
+) -> Published:
+    """Read-modify-write the manifest with compare-and-swap, retrying lost races
+    (see ``merge`` for what a run may change)."""
     for attempt in range(PUBLISH_ATTEMPTS):
         current, etag = read_manifest(store)
-        updated = merge(current, sources, variants)
-        if updated is None:
-            return current, False
+        merged = merge(current, sources, planned_on, variants)
+        if merged.manifest is None:
+            return Published(manifest=current, published=False, conflicts=merged.conflicts)
+        data = merged.manifest.to_json()
         try:
             if etag is None:
-                store.write(MANIFEST_KEY, updated.to_json(), if_none_match=True)
+                store.write(MANIFEST_KEY, data, if_none_match=True)
             else:
-                store.write(MANIFEST_KEY, updated.to_json(), if_match=etag)
-            return updated, True
+                store.write(MANIFEST_KEY, data, if_match=etag)
+            return Published(manifest=merged.manifest, published=True, conflicts=merged.conflicts)
         except PreconditionFailed:
             time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
     raise StoreError(
@@ -251,14 +288,13 @@ def plan_run(
     }
     manifest, _ = read_manifest(store)
     planned = plan_pairs(pairs, sources, manifest, ort_version(), identities, force, store.size)
+    published = manifest.models if manifest else {}
     return RunPlan(
         store=store_uri,
         sources=sources,
         pairs=planned,
         generation=manifest.generation if manifest else 0,
-        sources_published=manifest is not None
-        and all(
-            name in manifest.models and manifest.models[name].source == source
-            for name, source in sources.items()
-        ),
+        published_sources={
+            name: published[name].source if name in published else None for name in sources
+        },
     )

@@ -90,46 +90,56 @@ def json_schema() -> str:
     return json.dumps(Manifest.model_json_schema(), indent=2, sort_keys=True) + "\n"
 
 
+class Merged(BaseModel):
+    manifest: Manifest | None = Field(description="The next manifest; None when unchanged")
+    conflicts: list[str] = Field(
+        default_factory=list,
+        description="Models whose source another publisher changed since this run planned",
+    )
+
+
 def merge(
     current: Manifest | None,
     sources: dict[str, SourceEntry],
+    planned_on: dict[str, SourceEntry | None],
     variants: dict[tuple[str, str], VariantEntry],
-) -> Manifest | None:
+) -> Merged:
     """Apply one run's sources and (model, target) results to ``current``.
 
-    Returns the next manifest (generation + 1), or None when nothing would change.
-    Entries this run did not touch are kept, so concurrent runs on different
-    models never drop each other's work, and a failed compile never replaces a
-    working build. When a model's source changes, variants
-    built from the old source are dropped: a device must never pair a source with
-    a variant compiled from something else.
+    ``planned_on`` holds each model's source entry as the run found it when it planned.
+    The rules:
+
+    - Entries this run did not touch are kept: concurrent runs on different models
+      never drop each other's work.
+    - A model whose source entry (sha256 or input shapes) changes loses the variants
+      built for the old one: a device must never pair a source with a variant of
+      something else.
+    - If another publisher changed a model's source since this run planned, that model
+      is left as they published it and reported in ``conflicts``.
+    - A failed compile never replaces a working build. If the failure was for other
+      inputs (a new fingerprint), the working entry records it in ``error``.
     """
     base = current or Manifest()
     models = {name: entry.model_copy(deep=True) for name, entry in base.models.items()}
+    conflicts = []
     changed = False
     for name, source in sources.items():
-        entry = models.get(name)
-        if entry is None:
-            models[name] = ModelEntry(source=source)
-            changed = True
-        elif entry.source != source:
-            kept = {
-                target: variant
-                for target, variant in entry.variants.items()
-                if variant.source_sha256 == source.sha256
-            }
-            models[name] = ModelEntry(source=source, variants=kept)
-            changed = True
+        published = models[name].source if name in models else None
+        if published == source:
+            continue
+        if published != planned_on.get(name):
+            conflicts.append(name)
+            continue
+        models[name] = ModelEntry(source=source)
+        changed = True
     for (model_name, target), variant in variants.items():
-        entry = models.get(model_name)
-        if entry is None:
-            raise ValueError(f"variant for {model_name!r} without a source entry")
-        if variant.source_sha256 != entry.source.sha256:
-            continue  # compiled from a source another publisher has since replaced
+        if model_name in conflicts:
+            continue
+        entry = models[model_name]
         previous = entry.variants.get(target)
         if previous is not None and previous.status == "ok" and variant.status == "failed":
-            # Never replace a working build with a failure: devices keep their variant, and
-            # the entry records why it could not be refreshed.
+            if previous.fingerprint == variant.fingerprint:
+                continue  # the same build failed again here (e.g. no device on this worker)
             variant = previous.model_copy(
                 update={"error": f"kept this build; a newer compile failed: {variant.error}"}
             )
@@ -138,5 +148,6 @@ def merge(
         entry.variants[target] = variant
         changed = True
     if not changed:
-        return None
-    return Manifest(generation=base.generation + 1, published_at=utcnow(), models=models)
+        return Merged(manifest=None, conflicts=conflicts)
+    manifest = Manifest(generation=base.generation + 1, published_at=utcnow(), models=models)
+    return Merged(manifest=manifest, conflicts=conflicts)

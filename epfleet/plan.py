@@ -6,12 +6,13 @@ import json
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from epfleet import RECIPE_VERSION
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Manifest, SourceEntry
+from epfleet.manifest import Manifest, SourceEntry, VariantEntry
 from epfleet.spec import ModelSpec, TargetSpec
+from eps.base import DeviceType
 
 
 def source_key(sha256: str) -> str:
@@ -49,7 +50,7 @@ class CompileRequest(BaseModel):
     model: str
     target: str
     ep: str
-    device: str
+    device: DeviceType
     provider_options: dict[str, str]
     input_shapes: dict[str, list[int]]
     source_key: str
@@ -62,6 +63,9 @@ class PlannedPair(BaseModel):
     request: CompileRequest
     action: Literal["compile", "skip"]
     reason: str
+    previous: VariantEntry | None = Field(
+        default=None, description="The pair's manifest entry when the run planned"
+    )
 
 
 def plan_pairs(
@@ -82,7 +86,7 @@ def plan_pairs(
             model=model.name,
             target=target.name,
             ep=target.ep,
-            device=target.device or "",
+            device=target.device_type,
             provider_options=target.provider_options,
             input_shapes=model.input_shapes,
             source_key=source.uri,
@@ -92,21 +96,23 @@ def plan_pairs(
                 model, target, source.sha256, ort_version, build_identities[target.ep]
             ),
         )
-        action, reason = _decide(request, manifest, force, stored_size)
-        planned.append(PlannedPair(request=request, action=action, reason=reason))
+        entry = manifest.models.get(model.name) if manifest else None
+        previous = entry.variants.get(target.name) if entry else None
+        action, reason = _decide(request, previous, force, stored_size)
+        planned.append(
+            PlannedPair(request=request, action=action, reason=reason, previous=previous)
+        )
     return planned
 
 
 def _decide(
     request: CompileRequest,
-    manifest: Manifest | None,
+    previous: VariantEntry | None,
     force: bool,
     stored_size: Callable[[str], int | None],
 ) -> tuple[Literal["compile", "skip"], str]:
     if force:
         return "compile", "forced"
-    entry = manifest.models.get(request.model) if manifest else None
-    previous = entry.variants.get(request.target) if entry else None
     if previous is None:
         return "compile", "new pair"
     if previous.fingerprint != request.fingerprint:

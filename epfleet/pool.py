@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from epfleet.compiler import CompileJob, CompileOutput, compile_job
+from epfleet.compiler import CompileJob, CompileOutput, compile_job, discard
 from epfleet.errors import CompileError
 
 
@@ -32,12 +32,13 @@ class CompilePool:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._lock = threading.Lock()
-        self._executor = self._new_executor()
-        self._early: dict[str, tuple[ProcessPoolExecutor, Future[CompileOutput]]] = {}
+        self._executor = self._new_executor(workers)
+        self._early: dict[str, Future[CompileOutput]] = {}
 
-    def _new_executor(self) -> ProcessPoolExecutor:
+    @staticmethod
+    def _new_executor(workers: int) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
-            max_workers=self.workers,
+            max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_warm_up,
         )
@@ -47,32 +48,54 @@ class CompilePool:
     ) -> None:
         """Start ``fn(job)`` now; a later ``run`` of the same job collects it. The CLI uses
         this to compile while Prefect's API is still starting."""
+        key = job.model_dump_json()
         with self._lock:
-            key = job.model_dump_json()
             if key not in self._early:
-                self._early[key] = (self._executor, self._executor.submit(fn, job))
+                self._early[key] = self._executor.submit(fn, job)
 
     def run(
         self, job: CompileJob, fn: Callable[[CompileJob], CompileOutput] = compile_job
     ) -> CompileOutput:
-        """Run ``fn(job)`` in a worker. A crashed worker breaks every job in flight, so
-        each is tried once more on a fresh pool; a job that crashes twice is the culprit."""
-        for attempt in range(2):
-            with self._lock:
-                executor, future = self._early.pop(job.model_dump_json(), (self._executor, None))
-            try:
-                return (future or executor.submit(fn, job)).result()
-            except BrokenProcessPool:
-                with self._lock:
-                    if self._executor is executor:
-                        self._executor = self._new_executor()
-                if attempt == 1:
-                    raise CompileError(
-                        f"the compile process crashed while compiling {job.model!r} for "
-                        f"{job.target!r} ({job.ep}); the EP's native code died, "
-                        "see the worker's stderr"
-                    ) from None
-        raise AssertionError("unreachable")
+        """Run ``fn(job)`` in a worker.
+
+        A worker that dies breaks every job in flight on the pool, and nothing says
+        which one killed it. So the pool is replaced, and each broken job is run once
+        more alone in a worker of its own: only the job that kills that worker too is
+        reported as the crash.
+        """
+        with self._lock:
+            executor = self._executor
+            future = self._early.pop(job.model_dump_json(), None) or executor.submit(fn, job)
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            self._replace(executor)
+        alone = self._new_executor(1)
+        try:
+            return alone.submit(fn, job).result()
+        except BrokenProcessPool:
+            request = job.request
+            raise CompileError(
+                f"the compile process crashed while compiling {request.model!r} for "
+                f"{request.target!r} ({request.ep}): the EP's native code died "
+                "(its message, if any, is on the worker's stderr)"
+            ) from None
+        finally:
+            alone.shutdown(wait=False)
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._executor is broken:
+                self._executor = self._new_executor(self.workers)
+        broken.shutdown(wait=False)
+
+    def drop_unclaimed(self) -> None:
+        """Cancel prestarted jobs nobody collected and remove what they produced."""
+        with self._lock:
+            unclaimed, self._early = list(self._early.values()), {}
+        for future in unclaimed:
+            if not future.cancel() and future.exception() is None:
+                discard(future.result())
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

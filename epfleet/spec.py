@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import eps
 from epfleet.errors import BadInputError
+from eps.base import DeviceType
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
-DeviceType = Literal["cpu", "gpu", "npu"]
 
 
 class ModelSpec(BaseModel):
@@ -54,6 +54,12 @@ class TargetSpec(BaseModel):
     models: list[str] | None = Field(
         default=None, description="Subset of model names; every model when omitted"
     )
+
+    @property
+    def device_type(self) -> DeviceType:
+        """The target's device; validation fills in the EP module's default."""
+        assert self.device is not None
+        return self.device
 
     @field_validator("provider_options", mode="before")
     @classmethod

@@ -44,71 +44,42 @@ def fleet_compile(
     plan: RunPlan = plan_task(spec, store, models or None, targets or None, force)
     todo = plan.to_compile
     futures = {compile_task.submit(p.request, store, workers): p.request for p in todo}
-    entries: list[tuple[str, str, VariantEntry]] = []
+    entries: dict[tuple[str, str], VariantEntry] = {}
     results: dict[tuple[str, str], PairResult] = {}
     for done, future in enumerate(as_completed(list(futures)), start=1):
         request = futures[future]
-        seconds: float | None = None
+        key = (request.model, request.target)
         try:
             compiled = future.result()
-            entry, seconds = compiled.entry, compiled.seconds
+            entries[key] = compiled.entry
+            results[key] = PairResult.of(request, compiled.entry, "ok", compiled.seconds)
         except Exception as exc:
-            entry = failed_entry(request, str(exc))
-        entries.append((request.model, request.target, entry))
-        results[(request.model, request.target)] = _pair_result(
-            request.model, request.target, entry, seconds=seconds
-        )
+            entries[key] = failed_entry(request, str(exc))
+            results[key] = PairResult.of(request, entries[key], "failed", None)
         logger.info(
             "[%d/%d] %s × %s: %s",
             done,
             len(todo),
             request.model,
             request.target,
-            "ok" if entry.status == "ok" else f"FAILED: {entry.error}",
+            results[key].status if results[key].status == "ok" else f"FAILED: {entries[key].error}",
         )
-    order = {(p.request.model, p.request.target): i for i, p in enumerate(plan.pairs)}
-    entries.sort(key=lambda e: order[(e[0], e[1])])  # manifest order follows the spec
-    manifest, published = publish_task(store, plan.sources, entries)
-    for pair in plan.pairs:
-        key = (pair.request.model, pair.request.target)
-        if key not in results:
-            variant = manifest.models[key[0]].variants[key[1]] if manifest else None
-            results[key] = _pair_result(key[0], key[1], variant, skipped=True, ep=pair.request.ep)
-    ordered = [results[(p.request.model, p.request.target)] for p in plan.pairs]
-    report = RunReport(
-        generation=manifest.generation if manifest else 0,
-        published=published,
-        compiled=sum(r.status == "ok" for r in ordered),
-        skipped=sum(r.status == "skipped" for r in ordered),
-        failed=sum(r.status == "failed" for r in ordered),
-        variants=ordered,
-    )
+    keys = [(p.request.model, p.request.target) for p in plan.pairs]
+    in_spec_order = [(*key, entries[key]) for key in keys if key in entries]
+    outcome = publish_task(store, plan.sources, plan.published_sources, in_spec_order)
+    for key, result in results.items():
+        if key[0] in outcome.conflicts and result.status == "ok":
+            results[key] = result.model_copy(
+                update={
+                    "status": "failed",
+                    "error": f"not published: the source of model {key[0]!r} changed in the store "
+                    "while this run compiled (another publisher); run again to compile it",
+                }
+            )
+    manifest = outcome.manifest
+    report = plan.report(results, manifest.generation if manifest else 0, outcome.published)
     _publish_artifacts(report, store)
     return report
-
-
-def _pair_result(
-    model: str,
-    target: str,
-    entry: VariantEntry | None,
-    skipped: bool = False,
-    ep: str = "",
-    seconds: float | None = None,
-) -> PairResult:
-    if entry is None:
-        return PairResult(model=model, target=target, ep=ep, status="skipped")
-    failed = entry.status == "failed"
-    return PairResult(
-        model=model,
-        target=target,
-        ep=entry.ep,
-        status="failed" if failed else "skipped" if skipped else "ok",
-        compatibility_string=entry.compatibility_string,
-        artifact_uri=entry.artifact.uri if entry.artifact else None,
-        size=entry.artifact.size if entry.artifact else None,
-        seconds=seconds,
-        error=entry.error if failed else None,
-    )
 
 
 def _publish_artifacts(report: RunReport, store: str) -> None:

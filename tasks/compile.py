@@ -11,9 +11,10 @@ from prefect.states import State
 from pydantic import BaseModel
 
 import eps
+from epfleet.compiler import discard
 from epfleet.errors import IntegrityError, TransientStoreError
-from epfleet.fleet import RunPlan, compile_job_for, ort_version, plan_run, publish
-from epfleet.manifest import ArtifactRef, Manifest, SourceEntry, VariantEntry, utcnow
+from epfleet.fleet import Published, RunPlan, compile_job_for, ort_version, plan_run, publish
+from epfleet.manifest import ArtifactRef, SourceEntry, VariantEntry, utcnow
 from epfleet.plan import CompileRequest, variant_key
 from epfleet.pool import shared_pool
 from epfleet.stores import open_store
@@ -72,11 +73,12 @@ def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledV
     """Compile one pair in a worker process and upload its artifact content-addressed."""
     target_store = open_store(store)
     output = shared_pool(workers).run(compile_job_for(request, target_store))
-    artifact = Path(output.artifact_path)
     key = variant_key(request.model, request.target, output.sha256)
-    if target_store.size(key) != output.size:
-        target_store.upload(key, artifact, output.sha256)
-    artifact.unlink(missing_ok=True)
+    try:
+        if target_store.size(key) != output.size:
+            target_store.upload(key, Path(output.artifact_path), output.sha256)
+    finally:
+        discard(output)
     get_run_logger().info(
         "%s × %s: compiled in %.2f s, %d bytes, %s",
         request.model,
@@ -87,7 +89,7 @@ def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledV
     )
     entry = VariantEntry(
         ep=request.ep,
-        device=request.device,  # type: ignore[arg-type]
+        device=request.device,
         compatibility_string=output.compatibility_string,
         provider_options=request.provider_options,
         artifact=ArtifactRef(uri=key, sha256=output.sha256, size=output.size),
@@ -108,7 +110,7 @@ def failed_entry(request: CompileRequest, error: str) -> VariantEntry:
         ep_version = None
     return VariantEntry(
         ep=request.ep,
-        device=request.device,  # type: ignore[arg-type]
+        device=request.device,
         provider_options=request.provider_options,
         ort_version=ort_version(),
         ep_version=ep_version,
@@ -128,12 +130,17 @@ def failed_entry(request: CompileRequest, error: str) -> VariantEntry:
     retry_condition_fn=retry_transient_only,
 )
 def publish_task(
-    store: str, sources: dict[str, SourceEntry], variants: list[tuple[str, str, VariantEntry]]
-) -> tuple[Manifest | None, bool]:
-    manifest, published = publish(open_store(store), sources, {(m, t): v for m, t, v in variants})
+    store: str,
+    sources: dict[str, SourceEntry],
+    planned_on: dict[str, SourceEntry | None],
+    variants: list[tuple[str, str, VariantEntry]],
+) -> Published:
+    outcome = publish(open_store(store), sources, planned_on, {(m, t): v for m, t, v in variants})
     logger = get_run_logger()
-    if published and manifest is not None:
-        logger.info("published %s/manifest.json generation %d", store, manifest.generation)
+    if outcome.published and outcome.manifest is not None:
+        logger.info("published %s/manifest.json generation %d", store, outcome.manifest.generation)
     else:
         logger.info("manifest unchanged; nothing published")
-    return manifest, published
+    for model in outcome.conflicts:
+        logger.warning("model %s: its source changed in the store meanwhile; left as is", model)
+    return outcome

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import onnx
@@ -14,13 +15,22 @@ import eps
 from epfleet.compiler import CompileJob, CompileOutput, compile_job
 from epfleet.errors import CompileError, MissingExtraError
 from epfleet.hashing import sha256_file
+from epfleet.plan import CompileRequest
 from epfleet.pool import CompilePool
+from eps import _plugin
 
 HTP = {"backend_type": "htp", "enable_htp_fp16_precision": "1"}
 
 
-def job(model_dir: Path, tmp_path: Path, ep: str, options: dict, **overrides) -> CompileJob:
-    src = model_dir / "tiny-cls.onnx"
+def job(
+    model_dir: Path,
+    tmp_path: Path,
+    ep: str,
+    options: dict,
+    source: str = "tiny-cls.onnx",
+    **overrides,
+) -> CompileJob:
+    src = model_dir / source
     fields = dict(
         model="tiny-cls",
         target=f"t-{options.get('htp_arch', 'cpu')}",
@@ -28,12 +38,13 @@ def job(model_dir: Path, tmp_path: Path, ep: str, options: dict, **overrides) ->
         device="npu" if ep.startswith("QNN") else "cpu",
         provider_options=options,
         input_shapes={"x": [1, 3, 48, 192]},
-        source_path=str(src),
+        source_key="sources/x.onnx",
         source_sha256=sha256_file(src)[0],
+        source_size=src.stat().st_size,
         fingerprint=f"fp-{ep}-{options.get('htp_arch', 'cpu')}",
-        workdir=str(tmp_path),
     )
-    return CompileJob(**(fields | overrides))
+    request = CompileRequest(**(fields | overrides))
+    return CompileJob(request=request, source_path=str(src), workdir=str(tmp_path))
 
 
 @pytest.mark.parametrize(("arch", "soc"), [("75", "57"), ("73", "43"), ("79", "69")])
@@ -81,8 +92,8 @@ def test_model_no_node_of_which_the_npu_takes_fails_clearly(
         tmp_path,
         "QNNExecutionProvider",
         HTP | {"htp_arch": "75", "soc_model": "57"},
+        source="nonzero.onnx",
         model="nonzero",
-        source_path=str(model_dir / "nonzero.onnx"),
         input_shapes={"x": [1, 8]},
     )
     with pytest.raises(
@@ -93,30 +104,37 @@ def test_model_no_node_of_which_the_npu_takes_fails_clearly(
 
 
 def test_missing_plugin_package_names_the_extra() -> None:
-    if importlib.util.find_spec("onnxruntime_ep_openvino") is not None:
-        assert (
-            eps.load("OpenVINOExecutionProvider").build_identity()["package"]
-            == "onnxruntime-ep-openvino"
+    with pytest.raises(MissingExtraError, match=r"pip install 'epfleet\[fancy\]'"):
+        _plugin.package_version("FancyExecutionProvider", "fancy", "onnxruntime-ep-fancy")
+    with pytest.raises(MissingExtraError, match="'onnxruntime-ep-fancy', which is not installed"):
+        _plugin.import_plugin(
+            "FancyExecutionProvider", "onnxruntime_ep_fancy", "fancy", "onnxruntime-ep-fancy"
         )
-        return
-    with pytest.raises(MissingExtraError, match=r"pip install 'epfleet\[openvino\]'"):
-        eps.load("OpenVINOExecutionProvider").build_identity()
 
 
 def crash_or_compile(j: CompileJob) -> CompileOutput:
     """Stands in for an EP whose native code segfaults: no real EP crashes on demand."""
-    if j.model == "crash":
+    if j.request.model == "crash":
+        time.sleep(0.5)  # let the innocent jobs get going on the pool first
         os.abort()
     return compile_job(j)
 
 
 def test_a_crashing_compile_fails_alone(model_dir: Path, tmp_path: Path) -> None:
     pool = CompilePool(workers=2)
+    good = [
+        job(model_dir, tmp_path, "CPUExecutionProvider", {}, target=f"cpu-{i}") for i in range(3)
+    ]
+    crash = good[0].model_copy(
+        update={"request": good[0].request.model_copy(update={"model": "crash"})}
+    )
     try:
-        good = job(model_dir, tmp_path, "CPUExecutionProvider", {})
+        with ThreadPoolExecutor(4) as threads:
+            outcomes = [threads.submit(pool.run, j, crash_or_compile) for j in [crash, *good]]
         with pytest.raises(CompileError, match="compile process crashed while compiling 'crash'"):
-            pool.run(good.model_copy(update={"model": "crash"}), crash_or_compile)
-        out = pool.run(good, crash_or_compile)
-        assert Path(out.artifact_path).exists()
+            outcomes[0].result()
+        for outcome in outcomes[1:]:
+            assert Path(outcome.result().artifact_path).exists()  # innocent jobs all compiled
+        assert Path(pool.run(good[0], crash_or_compile).artifact_path).exists()  # pool still works
     finally:
         pool.shutdown()

@@ -39,41 +39,80 @@ def variant(status: str = "ok", fingerprint: str = "f1", src: str = SHA_A, **ext
     return VariantEntry(**(fields | extra))
 
 
+def run(current: Manifest | None, sources: dict, variants: dict, planned_on: dict | None = None):
+    """Merge as a run that planned on ``current`` (unless told otherwise) would."""
+    if planned_on is None:
+        published = current.models if current else {}
+        planned_on = {
+            name: published[name].source if name in published else None for name in sources
+        }
+    return merge(current, sources, planned_on, variants)
+
+
 def test_first_publish_creates_generation_one() -> None:
-    manifest = merge(None, {"m": source()}, {("m", "t"): variant()})
+    manifest = run(None, {"m": source()}, {("m", "t"): variant()}).manifest
     assert manifest is not None
     assert manifest.generation == 1 and manifest.published_at is not None
     assert manifest.models["m"].variants["t"].compatibility_string.startswith("v2:6")
 
 
 def test_unchanged_results_publish_nothing() -> None:
-    first = merge(None, {"m": source()}, {("m", "t"): variant()})
+    first = run(None, {"m": source()}, {("m", "t"): variant()}).manifest
     recompiled_later = variant(compiled_at=datetime(2026, 11, 2, tzinfo=timezone.utc))
-    assert merge(first, {"m": source()}, {("m", "t"): recompiled_later}) is None
+    assert run(first, {"m": source()}, {("m", "t"): recompiled_later}).manifest is None
 
 
 def test_entries_of_other_publishers_are_kept() -> None:
-    first = merge(None, {"m": source()}, {("m", "t"): variant()})
-    second = merge(first, {"n": source(SHA_B)}, {("n", "t"): variant(src=SHA_B)})
+    first = run(None, {"m": source()}, {("m", "t"): variant()}).manifest
+    second = run(first, {"n": source(SHA_B)}, {("n", "t"): variant(src=SHA_B)}).manifest
     assert second is not None and second.generation == 2
     assert set(second.models) == {"m", "n"}
 
 
 def test_failure_never_replaces_a_working_build() -> None:
-    first = merge(None, {"m": source()}, {("m", "t"): variant()})
-    second = merge(first, {"m": source()}, {("m", "t"): variant("failed", fingerprint="f2")})
+    first = run(None, {"m": source()}, {("m", "t"): variant()}).manifest
+    second = run(first, {"m": source()}, {("m", "t"): variant("failed", fingerprint="f2")}).manifest
     assert second is not None
     kept = second.models["m"].variants["t"]
     assert kept.status == "ok" and kept.fingerprint == "f1"
     assert "newer compile failed: boom" in (kept.error or "")
+    # The same build failing again on some worker changes nothing at all.
+    assert run(first, {"m": source()}, {("m", "t"): variant("failed")}).manifest is None
 
 
 def test_new_source_drops_variants_built_from_the_old_one() -> None:
-    first = merge(None, {"m": source()}, {("m", "t"): variant(), ("m", "u"): variant()})
-    second = merge(first, {"m": source(SHA_B)}, {("m", "t"): variant(src=SHA_B, fingerprint="f9")})
+    first = run(None, {"m": source()}, {("m", "t"): variant(), ("m", "u"): variant()}).manifest
+    second = run(
+        first, {"m": source(SHA_B)}, {("m", "t"): variant(src=SHA_B, fingerprint="f9")}
+    ).manifest
     assert second is not None
     assert list(second.models["m"].variants) == ["t"]
     assert second.models["m"].variants["t"].source_sha256 == SHA_B
+
+
+def test_new_input_shapes_drop_variants_built_with_the_old_ones() -> None:
+    first = run(None, {"m": source()}, {("m", "t"): variant(), ("m", "u"): variant()}).manifest
+    reshaped = source().model_copy(update={"input_shapes": {"x": [1, 3, 64, 64]}})
+    second = run(first, {"m": reshaped}, {("m", "t"): variant(fingerprint="f5")}).manifest
+    assert second is not None
+    assert second.models["m"].source.input_shapes == {"x": [1, 3, 64, 64]}
+    assert list(second.models["m"].variants) == ["t"]
+
+
+def test_a_stale_run_never_reverts_a_newer_source() -> None:
+    v1 = run(None, {"m": source()}, {("m", "t"): variant()}).manifest
+    v2 = run(v1, {"m": source(SHA_B)}, {("m", "t"): variant(src=SHA_B, fingerprint="f2")}).manifest
+    # A run that planned on v1 (source A) publishes after v2 landed:
+    stale = run(
+        v2,
+        {"m": source(), "n": source(SHA_C)},
+        {("m", "u"): variant(), ("n", "t"): variant(src=SHA_C)},
+        planned_on={"m": source(), "n": None},
+    )
+    assert stale.conflicts == ["m"]
+    assert stale.manifest is not None
+    assert stale.manifest.models["m"] == v2.models["m"]  # v2's source and variants stand
+    assert "n" in stale.manifest.models  # the rest of the run still lands
 
 
 def test_status_fields_are_enforced() -> None:

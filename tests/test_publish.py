@@ -10,7 +10,7 @@ import pytest
 from s3proxy import FaultProxy
 
 from epfleet.errors import StoreError
-from epfleet.fleet import publish, read_manifest
+from epfleet.fleet import Published, publish, read_manifest
 from epfleet.manifest import ArtifactRef, SourceEntry, VariantEntry
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 
@@ -34,6 +34,12 @@ def one_model(index: int) -> tuple[dict[str, SourceEntry], dict[tuple[str, str],
     return {name: source}, {(name, "cpu"): variant}
 
 
+def publish_new(store: Store, index: int) -> Published:
+    """Publish model ``index`` as a run that found no entry for it."""
+    sources, variants = one_model(index)
+    return publish(store, sources, dict.fromkeys(sources), variants)
+
+
 def race(store_uri: str, publishers: int = 2, each: int = 8) -> None:
     barrier = threading.Barrier(publishers)
     errors: list[BaseException] = []
@@ -43,7 +49,7 @@ def race(store_uri: str, publishers: int = 2, each: int = 8) -> None:
         barrier.wait()
         try:
             for i in range(each):
-                publish(store, *one_model(offset * each + i))
+                publish_new(store, offset * each + i)
         except BaseException as exc:
             errors.append(exc)
 
@@ -74,19 +80,19 @@ def test_race_on_s3(s3_store_uri: str) -> None:
 
 def test_s3_409_conflicts_are_retried(s3_bucket: str, s3_proxy: FaultProxy) -> None:
     store = open_store(f"s3://{s3_bucket}/fleet")
-    publish(store, *one_model(0))
+    publish_new(store, 0)
     s3_proxy.conflict_next_conditional_puts(3)
-    manifest, published = publish(store, *one_model(1))
-    assert published and manifest is not None and manifest.generation == 2
+    outcome = publish_new(store, 1)
+    assert outcome.published and outcome.manifest is not None and outcome.manifest.generation == 2
     check_all_landed(store, 2)
 
 
 def test_lost_publish_response_is_not_a_conflict(s3_bucket: str, s3_proxy: FaultProxy) -> None:
     store = open_store(f"s3://{s3_bucket}/fleet")
-    publish(store, *one_model(0))
+    publish_new(store, 0)
     s3_proxy.lose_next_put_responses(f"/{s3_bucket}/fleet/{MANIFEST_KEY}", 1)
-    manifest, published = publish(store, *one_model(1))
-    assert published and manifest is not None and manifest.generation == 2
+    outcome = publish_new(store, 1)
+    assert outcome.published and outcome.manifest is not None and outcome.manifest.generation == 2
     check_all_landed(store, 2)
 
 
@@ -94,7 +100,7 @@ def test_invalid_manifest_is_never_published_over(tmp_path: Path) -> None:
     store = open_store(str(tmp_path))
     store.write(MANIFEST_KEY, b'{"schema_version": "1.0", "generation": "lots"}')
     with pytest.raises(StoreError, match="fails validation, refusing to publish over it"):
-        publish(store, *one_model(0))
+        publish_new(store, 0)
     assert (
         tmp_path / MANIFEST_KEY
     ).read_bytes() == b'{"schema_version": "1.0", "generation": "lots"}'
