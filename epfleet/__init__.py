@@ -6,3 +6,13 @@ __version__ = "0.1.0"
 # (shape fixing, metadata stamping, compile flags): it is part of every pair's
 # fingerprint, so a new recipe recompiles the fleet.
 RECIPE_VERSION = "1"
+
+# Compiles run in worker processes; more than this on one machine is a typo.
+MAX_WORKERS = 64
+
+
+def ort_version() -> str:
+    """The installed onnxruntime's version, without importing it."""
+    import importlib.metadata
+
+    return importlib.metadata.version("onnxruntime")

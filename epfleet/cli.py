@@ -18,10 +18,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from epfleet import MAX_WORKERS
 from epfleet.errors import BadInputError, EpfleetError
 
 if TYPE_CHECKING:
     from epfleet.fleet import RunPlan, RunReport
+    from epfleet.pool import CompilePool
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -42,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     compile_.add_argument(
         "--workers",
         type=int,
-        default=min(os.cpu_count() or 1, 8),
+        default=os.cpu_count() or 1,
         help="compiles in parallel (default: the CPU count)",
     )
     compile_.add_argument("--force", action="store_true", help="recompile up-to-date pairs")
@@ -94,8 +96,8 @@ def _compile(args: argparse.Namespace) -> int:
     from epfleet.fleet import plan_run
     from epfleet.report import render_report
 
-    if args.workers < 1:
-        raise BadInputError(f"--workers must be at least 1, got {args.workers}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {args.workers}")
     plan = plan_run(args.spec, args.store, args.models, args.targets, args.force)
     if plan.is_noop:
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
@@ -106,8 +108,11 @@ def _compile(args: argparse.Namespace) -> int:
             f"with {args.workers} workers",
             file=sys.stderr,
         )
-        _prestart(plan, args.store, args.workers)
-        report = _run_flow(args)
+        pool = _prestart(plan, args.store, args.workers)
+        try:
+            report = _run_flow(args)
+        finally:
+            pool.drop_unclaimed()
     if args.json:
         print(json.dumps(_json_report(report)))
     else:
@@ -115,7 +120,7 @@ def _compile(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def _prestart(plan: RunPlan, store_uri: str, workers: int) -> None:
+def _prestart(plan: RunPlan, store_uri: str, workers: int) -> CompilePool:
     """Start the compiles before the flow run: importing Prefect and starting its API take
     seconds, and the flow's compile tasks collect these same jobs from the shared pool."""
     from epfleet.fleet import compile_job_for
@@ -126,6 +131,7 @@ def _prestart(plan: RunPlan, store_uri: str, workers: int) -> None:
     pool = shared_pool(workers)
     for pair in plan.to_compile:
         pool.prestart(compile_job_for(pair.request, store))
+    return pool
 
 
 def _run_flow(args: argparse.Namespace) -> RunReport:

@@ -7,7 +7,6 @@ on the EP's name: every EP fact comes from the EP's module.
 
 from __future__ import annotations
 
-import importlib.metadata
 import shutil
 import tempfile
 import time
@@ -17,7 +16,7 @@ import onnx
 from pydantic import BaseModel
 
 import eps
-from epfleet import RECIPE_VERSION
+from epfleet import RECIPE_VERSION, ort_version
 from epfleet.errors import CompileError
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
@@ -137,7 +136,7 @@ def _stamp(
             "epfleet.source_sha256": request.source_sha256,
             "epfleet.fingerprint": request.fingerprint,
             "epfleet.recipe": RECIPE_VERSION,
-            "epfleet.ort_version": importlib.metadata.version("onnxruntime"),
+            "epfleet.ort_version": ort_version(),
             "epfleet.ep_version": module.build_identity()["version"],
             "epfleet.compatibility_written_by": written_by,
         }

@@ -6,7 +6,6 @@ answer an up-to-date fleet without starting a flow run.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import random
 import tempfile
@@ -21,14 +20,16 @@ import onnx
 from pydantic import BaseModel, Field, ValidationError
 
 import eps
+from epfleet import ort_version
 from epfleet.compiler import CompileJob
 from epfleet.errors import BadInputError, IntegrityError, PreconditionFailed, StoreError
 from epfleet.hashing import sha256_file
 from epfleet.manifest import Manifest, SourceEntry, VariantEntry, merge
 from epfleet.plan import CompileRequest, PlannedPair, plan_pairs, source_key
-from epfleet.shapes import prepare_model
+from epfleet.shapes import prepare_model, uses_external_data
 from epfleet.spec import FleetSpec, ModelSpec, load_spec
 from epfleet.stores import MANIFEST_KEY, Store, open_store, split_uri
+from epfleet.stores.local import local_path
 
 DEFAULT_STORE = "./epfleet-store"
 PUBLISH_ATTEMPTS = 20
@@ -37,10 +38,6 @@ PUBLISH_ATTEMPTS = 20
 def cache_dir() -> Path:
     """Worker-local scratch for fetched sources and fresh artifacts."""
     return Path(os.environ.get("EPFLEET_CACHE", Path.home() / ".cache" / "epfleet"))
-
-
-def ort_version() -> str:
-    return importlib.metadata.version("onnxruntime")
 
 
 class RunPlan(BaseModel):
@@ -140,7 +137,7 @@ def resolve_source(spec_path: Path, source: str) -> str:
 def local_source(uri: str) -> Iterator[Path]:
     """A local path holding the source: the file itself, or a temporary download."""
     if uri.startswith("file://") or "://" not in uri:
-        path = Path(uri.removeprefix("file://"))
+        path = local_path(uri)
         if not path.is_file():
             raise BadInputError(f"source {uri} does not exist")
         yield path
@@ -163,11 +160,17 @@ def stage_source(model: ModelSpec, uri: str, static_eps: set[str], store: Store)
     with local_source(uri) as path:
         sha256, size = sha256_file(path)
         try:
-            loaded = onnx.load(str(path))
+            loaded = onnx.load(str(path), load_external_data=False)
         except Exception as exc:
             raise BadInputError(
                 f"models[{model.name}].source {uri} is not an ONNX model: {exc}"
             ) from None
+        if uses_external_data(loaded):
+            raise BadInputError(
+                f"models[{model.name}].source {uri} keeps tensors in external data files, "
+                "which epfleet does not stage; save it as one file first "
+                "(onnx.save(model, path, save_as_external_data=False), up to 2 GB)"
+            )
         try:
             prepare_model(
                 loaded, model.input_shapes, bool(static_eps), " and ".join(sorted(static_eps))

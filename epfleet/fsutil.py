@@ -2,35 +2,50 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
-import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
+
+from epfleet.errors import IntegrityError
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+@contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """Write ``path`` through a temporary file that replaces it only once complete and
+    synced; on any error the temporary file is removed and ``path`` is untouched."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def atomic_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    directory = os.open(path.parent, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        os.fsync(directory)  # the rename itself survives a power cut
+    finally:
+        os.close(directory)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+def atomic_copy(src: Path, dst: Path, sha256: str | None = None) -> None:
+    """Copy ``src`` to ``dst`` atomically; with ``sha256``, only if the bytes match it."""
+    digest = hashlib.sha256()
+    with atomic_file(dst) as out, open(src, "rb") as inp:
+        while chunk := inp.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise IntegrityError(f"{src} has sha256 {digest.hexdigest()}, expected {sha256}")

@@ -9,7 +9,7 @@ inputs (a batch dim, say). A named symbol is fixed everywhere it appears
 from __future__ import annotations
 
 import onnx
-from onnx import ModelProto, TensorShapeProto
+from onnx import ModelProto, TensorShapeProto, external_data_helper
 
 ANONYMOUS_SYMBOLS = {"", "?"}
 
@@ -22,6 +22,17 @@ def describe_dim(dim: TensorShapeProto.Dimension) -> Dim:
     if dim.HasField("dim_param") and dim.dim_param:
         return dim.dim_param
     return "?" if not dim.HasField("dim_value") else dim.dim_value
+
+
+def uses_external_data(model: ModelProto) -> bool:
+    """Whether any initializer lives in a file beside the model (not loaded here)."""
+    tensors = list(model.graph.initializer) + [
+        attribute.t
+        for node in model.graph.node
+        for attribute in node.attribute
+        if attribute.HasField("t")
+    ]
+    return any(external_data_helper.uses_external_data(tensor) for tensor in tensors)
 
 
 def graph_inputs(model: ModelProto) -> dict[str, list[Dim]]:

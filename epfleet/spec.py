@@ -67,10 +67,14 @@ class TargetSpec(BaseModel):
         # ORT takes string options; YAML turns `htp_arch: 75` into an int and `x: true` into a bool.
         if not isinstance(options, dict):
             return options
-        return {
-            str(k): ("1" if v is True else "0" if v is False else str(v))
-            for k, v in options.items()
-        }
+        stringified = {}
+        for key, value in options.items():
+            if value is None or isinstance(value, (list, dict)):
+                raise ValueError(
+                    f"provider option {key!r} must be a string, number or boolean, got {value!r}"
+                )
+            stringified[str(key)] = "1" if value is True else "0" if value is False else str(value)
+        return stringified
 
     @field_validator("ep")
     @classmethod
@@ -90,6 +94,9 @@ class TargetSpec(BaseModel):
             raise ValueError(f"provider_options: {exc}") from None
         if self.device is None:
             self.device = module.default_device(self.provider_options)
+        elif self.device not in module.device_types:
+            supported = ", ".join(sorted(module.device_types))
+            raise ValueError(f"device {self.device!r}: {self.ep} targets {supported}")
         return self
 
 

@@ -45,6 +45,9 @@ class ExecutionProvider(Protocol):
     requires_static_shapes: bool
     """True when every model input must have fixed dims before compiling (NPU EPs)."""
 
+    device_types: frozenset[DeviceType]
+    """The device types a variant of this EP can target."""
+
     def default_device(self, provider_options: Mapping[str, str]) -> DeviceType:
         """Device type a target runs on when the spec does not say."""
         ...

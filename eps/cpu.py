@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from epfleet import ort_version
 from epfleet.errors import NoDeviceError
 from eps.base import DeviceType, Judgement, Verdict
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 name = "CPUExecutionProvider"
 extra: str | None = None
 requires_static_shapes = False
+device_types: frozenset[DeviceType] = frozenset({"cpu"})
 
 STRING_PREFIX = "epfleet-cpu/1"
 NCHWC_DOMAIN = "com.microsoft.nchwc"
@@ -53,12 +55,6 @@ def check_options(provider_options: Mapping[str, str]) -> None:
     isa = provider_options.get("isa")
     if isa is not None and isa not in ISA_CLASSES:
         raise ValueError(f"isa {isa!r} is not one of {', '.join(ISA_CLASSES)}")
-
-
-def _ort_version() -> str:
-    import importlib.metadata
-
-    return importlib.metadata.version("onnxruntime")
 
 
 def machine_arch() -> str:
@@ -95,7 +91,7 @@ def isa_class() -> str:
 def build_identity() -> dict[str, str]:
     return {
         "package": "onnxruntime",
-        "version": _ort_version(),
+        "version": ort_version(),
         "arch": machine_arch(),
         "isa": isa_class(),
     }
@@ -133,7 +129,7 @@ def generate_compatibility_string(artifact: Path) -> str | None:
 
     model = onnx.load(str(artifact), load_external_data=False)
     uses_nchwc = any(node.domain == NCHWC_DOMAIN for node in model.graph.node)
-    return make_string(_ort_version(), machine_arch(), isa_class(), uses_nchwc)
+    return make_string(ort_version(), machine_arch(), isa_class(), uses_nchwc)
 
 
 def parse_string(compatibility_string: str) -> dict[str, str]:
@@ -192,5 +188,5 @@ def judge_against(compatibility_string: str, *, ort_version: str, arch: str, isa
 
 def judge(compatibility_string: str) -> Judgement | None:
     return judge_against(
-        compatibility_string, ort_version=_ort_version(), arch=machine_arch(), isa=isa_class()
+        compatibility_string, ort_version=ort_version(), arch=machine_arch(), isa=isa_class()
     )

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 name = "OpenVINOExecutionProvider"
 extra: str | None = "openvino"
 requires_static_shapes = True
+device_types: frozenset[DeviceType] = frozenset({"npu", "gpu", "cpu"})
 
 _PACKAGE = "onnxruntime-ep-openvino"
 _MODULE = "onnxruntime_ep_openvino"

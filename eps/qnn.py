@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 name = "QNNExecutionProvider"
 extra: str | None = "qnn"
 requires_static_shapes = True
+device_types: frozenset[DeviceType] = frozenset({"npu", "gpu", "cpu"})  # HTP, GPU, CPU backends
 
 _PACKAGE = "onnxruntime-qnn"
 _MODULE = "onnxruntime_qnn"
@@ -35,8 +36,11 @@ _BACKENDS = {"htp", "cpu", "gpu", "saver"}
 _HTP_ARCHS = {"68", "69", "73", "75", "79", "81"}
 
 
+_DEVICE_OF_BACKEND: dict[str, DeviceType] = {"htp": "npu", "gpu": "gpu", "cpu": "cpu"}
+
+
 def default_device(provider_options: Mapping[str, str]) -> DeviceType:
-    return "gpu" if provider_options.get("backend_type") == "gpu" else "npu"
+    return _DEVICE_OF_BACKEND.get(provider_options.get("backend_type", "htp"), "npu")
 
 
 def check_options(provider_options: Mapping[str, str]) -> None:

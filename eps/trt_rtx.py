@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 name = "NvTensorRTRTXExecutionProvider"
 extra: str | None = "trt-rtx"
 requires_static_shapes = False
+device_types: frozenset[DeviceType] = frozenset({"gpu"})
 
 _PACKAGE = "onnxruntime-ep-nv-tensorrt-rtx"
 _MODULE = "onnxruntime_ep_nv_tensorrt_rtx"

@@ -14,6 +14,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
+from epfleet import MAX_WORKERS
 from epfleet.fleet import DEFAULT_STORE, PairResult, RunPlan, RunReport
 from epfleet.manifest import VariantEntry
 from epfleet.report import matrix_rows
@@ -31,7 +32,9 @@ def fleet_compile(
     store: Annotated[
         str, Field(description="Store URI: a directory, file:///abs/dir or s3://bucket/prefix")
     ] = DEFAULT_STORE,
-    workers: Annotated[int, Field(ge=1, le=64, description="Compiles run in parallel")] = 2,
+    workers: Annotated[
+        int, Field(ge=1, le=MAX_WORKERS, description="Compiles run in parallel")
+    ] = 2,
     force: Annotated[bool, Field(description="Recompile pairs that are up to date")] = False,
     models: Annotated[
         list[str] | None, Field(description="Only these models (default: all)")

@@ -93,6 +93,10 @@ def test_exit_codes(tmp_path: Path, model_dir: Path, cli_env: dict[str, str]) ->
     assert "missing.onnx does not exist" in result.stderr and result.stdout == ""
     assert not Path(store, "manifest.json").exists()
 
+    for workers in ("0", "65"):
+        refused = epfleet("compile", str(bad), "--workers", workers, env=cli_env)
+        assert refused.returncode == 2 and "--workers must be from 1 to 64" in refused.stderr
+
     unknown = epfleet("compile", str(bad), "--store", "ftp://host/x", env=cli_env)
     assert unknown.returncode == 2 and "unknown scheme 'ftp'" in unknown.stderr
 

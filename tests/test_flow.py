@@ -17,6 +17,7 @@ from tests.conftest import (
     HTP_TARGETS,
     assert_variants_match_store,
     with_npu_unfriendly_model,
+    write_spec,
 )
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -119,3 +120,29 @@ def test_force_and_subsets(fleet_spec: Path, tmp_path: Path) -> None:
         str(store / read_manifest(store).models["tiny-det"].variants["x86-cpu"].artifact.uri)
     )
     assert any(p.key == "ep_compatibility_info.CPUExecutionProvider" for p in stored.metadata_props)
+
+
+def test_pairs_with_identical_inputs_keep_their_own_artifacts(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Two models from one source × two identical targets: four distinct artifacts, each
+    stored under its own sha256 and naming its own pair."""
+    source = str(model_dir / "tiny-det.onnx")
+    spec = write_spec(
+        tmp_path,
+        [{"name": "det-a", "source": source}, {"name": "det-b", "source": source}],
+        [
+            {"name": "cpu-a", "ep": "CPUExecutionProvider"},
+            {"name": "cpu-b", "ep": "CPUExecutionProvider"},
+        ],
+    )
+    store = tmp_path / "store"
+    report = fleet_compile(spec=str(spec), store=str(store), workers=4)
+    assert (report.compiled, report.failed) == (4, 0)
+    manifest = read_manifest(store)
+    assert assert_variants_match_store(manifest, lambda key: (store / key).read_bytes()) == 4
+    for model_name, model in manifest.models.items():
+        for target, variant in model.variants.items():
+            stored = onnx.load(str(store / variant.artifact.uri))
+            props = {p.key: p.value for p in stored.metadata_props}
+            assert (props["epfleet.model"], props["epfleet.target"]) == (model_name, target)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
 import pytest
 
 from epfleet.errors import BadInputError
@@ -60,6 +61,14 @@ def test_valid_spec_fills_defaults_and_stringifies_options() -> None:
         (spec(targets=[{**QNN, "models": ["nope"]}]), "target 'htp' names unknown models ['nope']"),
         (spec(targets=[{**QNN, "device": "tpu"}]), "targets[htp].device"),
         ({"models": []}, "models: List should have at least 1 item"),
+        (
+            spec(targets=[{"name": "c", "ep": "CPUExecutionProvider", "device": "npu"}]),
+            "targets[c]: device 'npu': CPUExecutionProvider targets cpu",
+        ),
+        (
+            spec(targets=[{**QNN, "provider_options": {"htp_arch": None}}]),
+            "provider option 'htp_arch' must be a string, number or boolean, got None",
+        ),
     ],
 )
 def test_bad_spec_names_the_offending_field(document: dict, expected: str) -> None:
@@ -115,4 +124,23 @@ def test_npu_target_requires_static_shapes(tmp_path: Path, model_dir: Path) -> N
     with pytest.raises(
         BadInputError, match=r"needs static input shapes.*give them in the model's input_shapes"
     ):
+        plan_run(spec_path, str(tmp_path / "store"))
+
+
+def test_external_data_sources_are_refused(tmp_path: Path, model_dir: Path) -> None:
+    model = onnx.load(str(model_dir / "tiny-cls.onnx"))
+    onnx.save(
+        model,
+        tmp_path / "split.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="split.data",
+        size_threshold=0,
+    )
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(
+        "models: [{name: m, source: split.onnx}]\n"
+        "targets: [{name: cpu, ep: CPUExecutionProvider}]\n"
+    )
+    with pytest.raises(BadInputError, match=r"models\[m\].*keeps tensors in external data files"):
         plan_run(spec_path, str(tmp_path / "store"))

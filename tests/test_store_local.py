@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.errors import BadInputError, IntegrityError, PreconditionFailed, StoreError
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.stores import open_store
 from epfleet.stores.local import LOCK_NAME, LocalStore
@@ -168,3 +168,22 @@ def test_concurrent_compare_and_swap_across_processes(tmp_path: Path) -> None:
     got = store.read("counter.json")
     assert got is not None and json.loads(got.data) == {"n": 40}
     assert leftovers(tmp_path / "store") == []
+
+
+def test_upload_with_the_wrong_sha256_stores_nothing(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "store"))
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"payload")
+    with pytest.raises(IntegrityError):
+        store.upload("variants/a.bin", src, "0" * 64)
+    assert store.size("variants/a.bin") is None
+    assert list((tmp_path / "store" / "variants").iterdir()) == []
+
+
+def test_os_errors_become_store_errors_naming_the_store(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    store = open_store(str(tmp_path / "file-parent"))
+    (tmp_path / "file-parent").symlink_to(blocker)
+    with pytest.raises(StoreError, match="check the store directory and its permissions"):
+        store.write("manifest.json", b"{}")

@@ -42,15 +42,20 @@ class LocalStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def read(self, key: str) -> Versioned | None:
-        try:
-            data = self._path(key).read_bytes()
-        except FileNotFoundError:
-            return None
+        with self._os_errors("reading", key):
+            try:
+                data = self._path(key).read_bytes()
+            except FileNotFoundError:
+                return None
         return Versioned(data, sha256_bytes(data))
 
     def write(
         self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
     ) -> str:
+        with self._os_errors("writing", key):
+            return self._write(key, data, if_match, if_none_match)
+
+    def _write(self, key: str, data: bytes, if_match: str | None, if_none_match: bool) -> str:
         path = self._path(key)
         if if_match is None and not if_none_match:
             atomic_write_bytes(path, data)
@@ -65,29 +70,46 @@ class LocalStore:
         return sha256_bytes(data)
 
     def size(self, key: str) -> int | None:
-        try:
-            return self._path(key).stat().st_size
-        except FileNotFoundError:
-            return None
+        with self._os_errors("checking", key):
+            try:
+                return self._path(key).stat().st_size
+            except FileNotFoundError:
+                return None
 
     def upload(self, key: str, path: Path, sha256: str) -> None:
-        atomic_copy(path, self._path(key))
+        with self._os_errors("uploading to", key):
+            atomic_copy(path, self._path(key), sha256)
 
     def download(self, key: str, dest: Path) -> None:
         src = self._path(key)
         if not src.exists():
             raise StoreError(f"{self.uri}/{key} does not exist")
-        atomic_copy(src, dest)
+        with self._os_errors("downloading", key):
+            atomic_copy(src, dest)
+
+    @contextmanager
+    def _os_errors(self, action: str, key: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            raise StoreError(
+                f"{action} {self.uri}/{key}: {exc.strerror or exc} "
+                f"({exc.filename or self.root}); check the store directory and its permissions"
+            ) from exc
+
+
+def local_path(uri: str) -> Path:
+    """The path a ``file://`` URI or plain path names (``file://localhost/x`` included)."""
+    if not uri.startswith("file://"):
+        return Path(uri).expanduser()
+    parsed = urlparse(uri)
+    if parsed.netloc not in ("", "localhost"):
+        raise BadInputError(f"{uri!r}: file:// URIs must be local (file:///abs/path)")
+    return Path(unquote(parsed.path))
 
 
 def from_uri(uri: str) -> LocalStore:
-    if uri.startswith("file://"):
-        parsed = urlparse(uri)
-        if parsed.netloc not in ("", "localhost"):
-            raise BadInputError(f"store URI {uri!r}: file:// URIs must be local (file:///abs/dir)")
-        root = Path(unquote(parsed.path))
-    else:
-        root = Path(uri).expanduser()
+    root = local_path(uri)
     if root.exists() and not root.is_dir():
         raise BadInputError(f"store {uri!r} is a file, not a directory")
     return LocalStore(Path(os.path.abspath(root)))
