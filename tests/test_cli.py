@@ -72,6 +72,9 @@ def test_compile_to_s3_then_rerun_compiles_nothing(
         manifest.models["tiny-cls"].variants["sd8g3-htp"].compatibility_string
     )
 
+    scratch = Path(cli_env["EPFLEET_CACHE"]) / "work" / "variants"
+    assert list(scratch.iterdir()) == []  # every compile's scratch was cleaned up
+
     second = epfleet("compile", str(fleet_spec), "--store", store, "--json", env=cli_env)
     assert second.returncode == 0, second.stderr
     again = json.loads(second.stdout)
