@@ -6,8 +6,8 @@ import importlib
 import importlib.metadata
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 from epfleet.errors import MissingExtraError, NoDeviceError
@@ -19,50 +19,55 @@ _registered: set[str] = set()
 _lock = threading.Lock()
 
 
-def missing_extra(ep_name: str, extra: str, package: str) -> MissingExtraError:
-    return MissingExtraError(
-        f"{ep_name} needs the pip package {package!r}, which is not installed here: "
-        f"pip install 'epfleet[{extra}]'"
-    )
+@dataclass(frozen=True)
+class Plugin:
+    """An EP that ships as a pip package exposing ``get_library_path()``."""
 
+    ep_name: str
+    module: str
+    extra: str
+    package: str
 
-def import_plugin(ep_name: str, module: str, extra: str, package: str) -> ModuleType:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise missing_extra(ep_name, extra, package) from exc
-
-
-def package_version(ep_name: str, extra: str, package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise missing_extra(ep_name, extra, package) from exc
-
-
-def register(ep_name: str, library_path: str) -> None:
-    """Register a plugin library once per process (ORT refuses a second registration)."""
-    import onnxruntime as ort
-
-    with _lock:
-        if ep_name in _registered:
-            return
-        if not any(d.ep_name == ep_name for d in ort.get_ep_devices()):
-            ort.register_execution_provider_library(ep_name, library_path)
-        _registered.add(ep_name)
-
-
-def devices_of(ep_name: str) -> list[onnxruntime.OrtEpDevice]:
-    import onnxruntime as ort
-
-    return [d for d in ort.get_ep_devices() if d.ep_name == ep_name]
-
-
-def require_devices(ep_name: str, devices: list[onnxruntime.OrtEpDevice]) -> None:
-    if not devices:
-        raise NoDeviceError(
-            f"no {ep_name} device on this worker (the EP registered but enumerated none)"
+    def missing(self) -> MissingExtraError:
+        return MissingExtraError(
+            f"{self.ep_name} needs the pip package {self.package!r}, which is not installed "
+            f"here: pip install 'epfleet[{self.extra}]'"
         )
+
+    def identity(self) -> dict[str, str]:
+        try:
+            version = importlib.metadata.version(self.package)
+        except importlib.metadata.PackageNotFoundError as exc:
+            raise self.missing() from exc
+        return {"package": self.package, "version": version}
+
+    def devices(self) -> list[onnxruntime.OrtEpDevice]:
+        """This EP's devices here, registering its library once per process (ORT refuses a
+        second registration). A library that does not load means no usable device here."""
+        import onnxruntime as ort
+
+        try:
+            plugin = importlib.import_module(self.module)
+        except ImportError as exc:
+            raise self.missing() from exc
+        with _lock:
+            if self.ep_name not in _registered:
+                try:
+                    ort.register_execution_provider_library(self.ep_name, plugin.get_library_path())
+                except (RuntimeError, OSError) as exc:
+                    raise NoDeviceError(
+                        f"no {self.ep_name} device on this worker: its library did not load ({exc})"
+                    ) from exc
+                _registered.add(self.ep_name)
+        return [d for d in ort.get_ep_devices() if d.ep_name == self.ep_name]
+
+    def require_devices(self) -> list[onnxruntime.OrtEpDevice]:
+        found = self.devices()
+        if not found:
+            raise NoDeviceError(
+                f"no {self.ep_name} device on this worker (the EP registered but enumerated none)"
+            )
+        return found
 
 
 def compile_ep_context(

@@ -26,8 +26,9 @@ extra: str | None = "openvino"
 requires_static_shapes = True
 device_types: frozenset[DeviceType] = frozenset({"npu", "gpu", "cpu"})
 
-_PACKAGE = "onnxruntime-ep-openvino"
-_MODULE = "onnxruntime_ep_openvino"
+_PLUGIN = _plugin.Plugin(
+    name, module="onnxruntime_ep_openvino", extra="openvino", package="onnxruntime-ep-openvino"
+)
 _IGNORED_IN_PLUGIN_MODE = ("device_type", "precision")
 
 
@@ -46,13 +47,11 @@ def check_options(provider_options: Mapping[str, str]) -> None:
 
 
 def build_identity() -> dict[str, str]:
-    return {"package": _PACKAGE, "version": _plugin.package_version(name, "openvino", _PACKAGE)}
+    return _PLUGIN.identity()
 
 
 def devices() -> list[onnxruntime.OrtEpDevice]:
-    plugin = _plugin.import_plugin(name, _MODULE, "openvino", _PACKAGE)
-    _plugin.register(name, plugin.get_library_path())
-    return _plugin.devices_of(name)
+    return _PLUGIN.devices()
 
 
 def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:

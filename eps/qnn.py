@@ -30,8 +30,7 @@ extra: str | None = "qnn"
 requires_static_shapes = True
 device_types: frozenset[DeviceType] = frozenset({"npu", "gpu", "cpu"})  # HTP, GPU, CPU backends
 
-_PACKAGE = "onnxruntime-qnn"
-_MODULE = "onnxruntime_qnn"
+_PLUGIN = _plugin.Plugin(name, module="onnxruntime_qnn", extra="qnn", package="onnxruntime-qnn")
 _BACKENDS = {"htp", "cpu", "gpu", "saver"}
 _HTP_ARCHS = {"68", "69", "73", "75", "79", "81"}
 
@@ -56,19 +55,15 @@ def check_options(provider_options: Mapping[str, str]) -> None:
 
 
 def build_identity() -> dict[str, str]:
-    return {"package": _PACKAGE, "version": _plugin.package_version(name, "qnn", _PACKAGE)}
+    return _PLUGIN.identity()
 
 
 def devices() -> list[onnxruntime.OrtEpDevice]:
-    plugin = _plugin.import_plugin(name, _MODULE, "qnn", _PACKAGE)
-    _plugin.register(name, plugin.get_library_path())
-    return _plugin.devices_of(name)
+    return _PLUGIN.devices()
 
 
 def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
-    found = devices()
-    _plugin.require_devices(name, found)
-    _plugin.compile_ep_context(found, src, dst, provider_options)
+    _plugin.compile_ep_context(_PLUGIN.require_devices(), src, dst, provider_options)
 
 
 def generate_compatibility_string(artifact: Path) -> str | None:

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epfleet.errors import NoDeviceError
 from eps import _plugin
 from eps.base import DeviceType, Judgement
 
@@ -24,8 +23,12 @@ extra: str | None = "trt-rtx"
 requires_static_shapes = False
 device_types: frozenset[DeviceType] = frozenset({"gpu"})
 
-_PACKAGE = "onnxruntime-ep-nv-tensorrt-rtx"
-_MODULE = "onnxruntime_ep_nv_tensorrt_rtx"
+_PLUGIN = _plugin.Plugin(
+    name,
+    module="onnxruntime_ep_nv_tensorrt_rtx",
+    extra="trt-rtx",
+    package="onnxruntime-ep-nv-tensorrt-rtx",
+)
 
 
 def default_device(provider_options: Mapping[str, str]) -> DeviceType:
@@ -39,22 +42,15 @@ def check_options(provider_options: Mapping[str, str]) -> None:
 
 
 def build_identity() -> dict[str, str]:
-    return {"package": _PACKAGE, "version": _plugin.package_version(name, "trt-rtx", _PACKAGE)}
+    return _PLUGIN.identity()
 
 
 def devices() -> list[onnxruntime.OrtEpDevice]:
-    plugin = _plugin.import_plugin(name, _MODULE, "trt-rtx", _PACKAGE)
-    try:
-        _plugin.register(name, plugin.get_library_path())
-    except (RuntimeError, OSError) as exc:
-        raise NoDeviceError(f"no {name} device on this worker: {exc}") from exc
-    return _plugin.devices_of(name)
+    return _PLUGIN.devices()
 
 
 def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
-    found = devices()
-    _plugin.require_devices(name, found)
-    _plugin.compile_ep_context(found, src, dst, provider_options)
+    _plugin.compile_ep_context(_PLUGIN.require_devices(), src, dst, provider_options)
 
 
 def generate_compatibility_string(artifact: Path) -> str | None:

@@ -104,12 +104,18 @@ def test_model_no_node_of_which_the_npu_takes_fails_clearly(
 
 
 def test_missing_plugin_package_names_the_extra() -> None:
-    with pytest.raises(MissingExtraError, match=r"pip install 'epfleet\[fancy\]'"):
-        _plugin.package_version("FancyExecutionProvider", "fancy", "onnxruntime-ep-fancy")
-    with pytest.raises(MissingExtraError, match="'onnxruntime-ep-fancy', which is not installed"):
-        _plugin.import_plugin(
-            "FancyExecutionProvider", "onnxruntime_ep_fancy", "fancy", "onnxruntime-ep-fancy"
-        )
+    fancy = _plugin.Plugin(
+        "FancyExecutionProvider",
+        module="onnxruntime_ep_fancy",
+        extra="fancy",
+        package="onnxruntime-ep-fancy",
+    )
+    for call in (fancy.identity, fancy.devices):
+        with pytest.raises(
+            MissingExtraError,
+            match=r"'onnxruntime-ep-fancy', which is not installed here: pip install 'epfleet\[fancy\]'",
+        ):
+            call()
 
 
 def crash_or_compile(j: CompileJob) -> CompileOutput:
