@@ -144,3 +144,27 @@ def test_external_data_sources_are_refused(tmp_path: Path, model_dir: Path) -> N
     )
     with pytest.raises(BadInputError, match=r"models\[m\].*keeps tensors in external data files"):
         plan_run(spec_path, str(tmp_path / "store"))
+
+
+def test_sources_can_live_in_s3(tmp_path: Path, model_dir: Path, s3_bucket: str) -> None:
+    import boto3
+
+    from epfleet.hashing import sha256_file
+
+    boto3.client("s3").upload_file(str(model_dir / "tiny-det.onnx"), s3_bucket, "models/det.onnx")
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(
+        f"models: [{{name: det, source: 's3://{s3_bucket}/models/det.onnx'}}]\n"
+        "targets: [{name: cpu, ep: CPUExecutionProvider}]\n"
+    )
+    store = tmp_path / "store"
+    plan = plan_run(spec_path, str(store))
+    sha256, size = sha256_file(model_dir / "tiny-det.onnx")
+    assert (plan.sources["det"].sha256, plan.sources["det"].size) == (sha256, size)
+    assert sha256_file(store / plan.sources["det"].uri) == (sha256, size)
+    missing = spec_path.read_text().replace("det.onnx'", "gone.onnx'")
+    spec_path.write_text(missing)
+    with pytest.raises(
+        BadInputError, match=f"source s3://{s3_bucket}/models/gone.onnx cannot be fetched"
+    ):
+        plan_run(spec_path, str(store))
