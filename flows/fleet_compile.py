@@ -25,7 +25,8 @@ from tasks.compile import compile_task, failed_entry, plan_task, publish_task
     name="fleet-compile",
     description="Compile every model for every EP target, stamp compatibility strings, "
     "upload the artifacts and publish the manifest with compare-and-swap.",
-    task_runner=ThreadPoolTaskRunner[Any](max_workers=8),  # type: ignore[arg-type]
+    # Task threads only wait on the compile worker processes, whose number `workers` sets.
+    task_runner=ThreadPoolTaskRunner[Any](max_workers=MAX_WORKERS),  # type: ignore[arg-type]
 )
 def fleet_compile(
     spec: Annotated[str, Field(description="Path of the fleet spec YAML on the worker")],

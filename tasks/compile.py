@@ -11,9 +11,10 @@ from prefect.states import State
 from pydantic import BaseModel
 
 import eps
+from epfleet import ort_version
 from epfleet.compiler import discard
 from epfleet.errors import IntegrityError, TransientStoreError
-from epfleet.fleet import Published, RunPlan, compile_job_for, ort_version, plan_run, publish
+from epfleet.fleet import Published, RunPlan, compile_job_for, plan_run, publish
 from epfleet.manifest import ArtifactRef, SourceEntry, VariantEntry, utcnow
 from epfleet.plan import CompileRequest, variant_key
 from epfleet.pool import shared_pool
