@@ -69,31 +69,6 @@ def test_roundtrip(store: LocalStore) -> None:
     assert (store.root / "a" / "b.json").read_bytes() == b'{"x": 1}'
 
 
-def test_if_none_match_on_existing_object(store: LocalStore) -> None:
-    store.write("m.json", b"one", if_none_match=True)
-    with pytest.raises(PreconditionFailed, match=r"m\.json"):
-        store.write("m.json", b"two", if_none_match=True)
-    got = store.read("m.json")
-    assert got is not None and got.data == b"one"
-
-
-def test_if_match(store: LocalStore) -> None:
-    stale = store.write("m.json", b"v1")
-    current = store.write("m.json", b"v2")
-    with pytest.raises(PreconditionFailed):
-        store.write("m.json", b"v3", if_match=stale)
-    got = store.read("m.json")
-    assert got is not None and (got.data, got.etag) == (b"v2", current)
-    new = store.write("m.json", b"v3", if_match=current)
-    got = store.read("m.json")
-    assert got is not None and (got.data, got.etag) == (b"v3", new)
-
-
-def test_if_match_on_missing_object(store: LocalStore) -> None:
-    with pytest.raises(PreconditionFailed):
-        store.write("gone.json", b"x", if_match=sha256_bytes(b"x"))
-
-
 def test_no_temp_files_left_behind(store: LocalStore) -> None:
     store.write("a.json", b"1")
     store.write("a.json", b"2", if_match=sha256_bytes(b"1"))

@@ -66,31 +66,6 @@ def test_roundtrip_and_metadata(store: S3Store, s3_bucket: str) -> None:
     assert head["Metadata"]["sha256"] == sha256_bytes(b'{"x": 1}')
 
 
-def test_if_none_match_on_existing_object(store: S3Store) -> None:
-    store.write("m.json", b"one", if_none_match=True)
-    with pytest.raises(PreconditionFailed, match=r"s3://.*/some/prefix/m\.json"):
-        store.write("m.json", b"two", if_none_match=True)
-    got = store.read("m.json")
-    assert got is not None and got.data == b"one"
-
-
-def test_if_match(store: S3Store) -> None:
-    stale = store.write("m.json", b"v1")
-    current = store.write("m.json", b"v2")
-    with pytest.raises(PreconditionFailed):
-        store.write("m.json", b"v3", if_match=stale)
-    got = store.read("m.json")
-    assert got is not None and (got.data, got.etag) == (b"v2", current)
-    new = store.write("m.json", b"v3", if_match=current)
-    got = store.read("m.json")
-    assert got is not None and (got.data, got.etag) == (b"v3", new)
-
-
-def test_if_match_on_missing_object(store: S3Store) -> None:
-    with pytest.raises(PreconditionFailed):
-        store.write("gone.json", b"x", if_match='"0123"')
-
-
 def _increment(store: S3Store, key: str, times: int) -> int:
     conflicts = 0
     for _ in range(times):
