@@ -4,9 +4,12 @@
                     [--target T ...] [--json]
     epfleet manifest show --store URI [--json]
     epfleet manifest schema
+    epfleet sync --store URI --cache DIR [--model NAME ...] [--no-recompile]
+                 [--prefer npu,gpu,cpu] [--device-id ID] [--json]
 
-Exit codes: 0 every pair ok or up to date; 1 a pair failed (the rest still
-published) or the store failed; 2 bad input.
+Exit codes: compile: 0 every pair ok or up to date; 1 a pair failed (the rest
+still published) or the store failed. sync: 0 every wanted model kept,
+downloaded or recompiled; 1 one fell back or failed. 2 bad input.
 """
 
 from __future__ import annotations
@@ -70,6 +73,34 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--store", default=DEFAULT_STORE)
     show.add_argument("--json", action="store_true")
     manifest_commands.add_parser("schema", help="print the manifest's JSON Schema")
+
+    sync = commands.add_parser(
+        "sync",
+        help="on a device: judge the published variants here, then keep, download, "
+        "recompile or fall back",
+    )
+    sync.add_argument("--store", default=DEFAULT_STORE, help="the fleet's store URI")
+    sync.add_argument(
+        "--cache", type=Path, required=True, help="device cache directory (an ORT model package)"
+    )
+    sync.add_argument(
+        "--model", action="append", dest="models", metavar="NAME", help="only this model"
+    )
+    sync.add_argument(
+        "--no-recompile",
+        action="store_false",
+        dest="recompile",
+        help="never compile on this device",
+    )
+    sync.add_argument(
+        "--prefer",
+        default="npu,gpu,cpu",
+        help="device types in order of preference (default npu,gpu,cpu)",
+    )
+    sync.add_argument(
+        "--device-id", help="this device's id in reports (default $EPFLEET_DEVICE_ID or hostname)"
+    )
+    sync.add_argument("--json", action="store_true", help="print the device report as JSON")
     return parser
 
 
@@ -78,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "compile":
             return _compile(args)
+        if args.command == "sync":
+            return _sync(args)
         if args.manifest_command == "schema":
             from epfleet.manifest import json_schema
 
@@ -172,6 +205,27 @@ def _json_report(report: RunReport) -> dict[str, object]:
             for v in report.variants
         ],
     }
+
+
+def _sync(args: argparse.Namespace) -> int:
+    from epfleet.report import render_device_report
+    from epfleet.sync import SyncPolicy, sync
+
+    prefer = [p.strip() for p in args.prefer.split(",") if p.strip()]
+    bad = [p for p in prefer if p not in ("npu", "gpu", "cpu")]
+    if bad or not prefer:
+        raise BadInputError(f"--prefer takes device types npu, gpu, cpu; got {args.prefer!r}")
+    policy = SyncPolicy(models=args.models, recompile=args.recompile, prefer=prefer)
+
+    def progress(message: str) -> None:
+        print(f"epfleet: {message}", file=sys.stderr)
+
+    report = sync(args.store, args.cache, policy, args.device_id, log=progress)
+    if args.json:
+        print(report.model_dump_json())
+    else:
+        print(render_device_report(report))
+    return report.exit_code
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -21,6 +21,14 @@ class NoDeviceError(CompileError):
     """The EP is installed but enumerates no device on this worker."""
 
 
+class WorkerCrashed(EpfleetError):
+    """A worker process died in native code (a compile or a health check)."""
+
+
+class HealthCheckError(EpfleetError):
+    """A variant did not load or run on its EP here."""
+
+
 class StoreError(EpfleetError):
     """A store operation failed for a reason that retrying will not fix."""
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+"""Model and target names: safe as file and directory names on every device."""
 
 
 def utcnow() -> datetime:
@@ -67,7 +70,7 @@ class VariantEntry(_Strict):
 
 class ModelEntry(_Strict):
     source: SourceEntry
-    variants: dict[str, VariantEntry] = Field(
+    variants: dict[Name, VariantEntry] = Field(
         default_factory=dict, description="Keyed by target name"
     )
 
@@ -76,7 +79,7 @@ class Manifest(_Strict):
     schema_version: Literal["1.0"] = "1.0"
     generation: int = Field(default=0, ge=0, description="+1 on every publish")
     published_at: datetime | None = None
-    models: dict[str, ModelEntry] = Field(default_factory=dict)
+    models: dict[Name, ModelEntry] = Field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return (self.model_dump_json(indent=2) + "\n").encode()

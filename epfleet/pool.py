@@ -14,9 +14,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import TypeVar
 
 from epfleet.compiler import CompileJob, CompileOutput, compile_job, discard
-from epfleet.errors import CompileError
+from epfleet.errors import CompileError, WorkerCrashed
+
+Arg = TypeVar("Arg")
+Result = TypeVar("Result")
 
 
 def _warm_up() -> None:
@@ -82,6 +86,19 @@ class CompilePool:
             ) from None
         finally:
             alone.shutdown(wait=False)
+
+    def call(self, fn: Callable[[Arg], Result], arg: Arg, doing: str) -> Result:
+        """Run ``fn(arg)`` in a worker; WorkerCrashed names ``doing`` if the worker dies."""
+        with self._lock:
+            executor = self._executor
+        try:
+            return executor.submit(fn, arg).result()
+        except BrokenProcessPool:
+            self._replace(executor)
+            raise WorkerCrashed(
+                f"the worker process crashed while {doing}: the EP's native code died "
+                "(its message, if any, is on stderr)"
+            ) from None
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         with self._lock:

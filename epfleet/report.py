@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from epfleet.fleet import PairResult, RunReport
 from epfleet.manifest import Manifest
+
+if TYPE_CHECKING:
+    from epfleet.sync import DeviceReport
 
 
 def format_bytes(size: int | None) -> str:
@@ -85,3 +90,65 @@ def render_manifest(manifest: Manifest, store: str) -> str:
     )
     headers = ["model", "target", "ep", "device", "status", "size", "compiled", "compatibility"]
     return header + "\n" + table(headers, rows)
+
+
+def device_rows(report: DeviceReport) -> list[dict[str, str]]:
+    """One row per model: what the sync did and why."""
+    return [
+        {
+            "model": m.model,
+            "action": m.action,
+            "variant": m.variant or "-",
+            "ep": (m.ep or "-").removesuffix("ExecutionProvider"),
+            "verdict": m.verdict.value if m.verdict else "-",
+            "downloaded": format_bytes(m.bytes_downloaded),
+            "reason": m.reason,
+        }
+        for m in report.models
+    ]
+
+
+def verdict_rows(report: DeviceReport) -> list[dict[str, str]]:
+    """One row per published variant considered: how this device judged it."""
+    return [
+        {
+            "model": m.model,
+            "target": v.target,
+            "ep": v.ep.removesuffix("ExecutionProvider"),
+            "device": v.device,
+            "verdict": v.verdict.value,
+            "reason": v.reason,
+        }
+        for m in report.models
+        for v in m.considered
+    ]
+
+
+def render_device_report(report: DeviceReport) -> str:
+    devices = ", ".join(
+        f"{d.ep.removesuffix('ExecutionProvider')}:{d.type}" for d in report.devices
+    )
+    manifest = report.manifest
+    out = [
+        f"device {report.device_id}  ORT {report.ort_version}  devices: {devices}",
+        f"manifest: {manifest.status} (generation {manifest.generation}, "
+        f"{format_bytes(manifest.body_bytes)})"
+        + (f": {manifest.reason}" if manifest.reason else ""),
+    ]
+    verdicts = verdict_rows(report)
+    if verdicts:
+        headers = list(verdicts[0])
+        out.append(table(headers, [[_clip(row[h]) for h in headers] for row in verdicts]))
+    rows = device_rows(report)
+    if rows:
+        headers = list(rows[0])
+        out.append(table(headers, [[_clip(row[h]) for h in headers] for row in rows]))
+    served = sum(m.action in ("kept", "downloaded", "recompiled") for m in report.models)
+    out.append(f"{served} of {len(report.models)} models served in {report.seconds:.2f} s")
+    if report.report_uploaded is False:
+        out.append(f"report not uploaded: {report.report_error}")
+    return "\n".join(out)
+
+
+def _clip(text: str, limit: int = 90) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

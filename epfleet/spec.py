@@ -10,9 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 import eps
 from epfleet.errors import BadInputError
+from epfleet.manifest import NAME_PATTERN
 from eps.base import DeviceType
-
-NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 
 
 class ModelSpec(BaseModel):

@@ -70,6 +70,19 @@ class Plugin:
         return found
 
 
+def add_devices(
+    options: onnxruntime.SessionOptions,
+    devices: list[onnxruntime.OrtEpDevice],
+    provider_options: Mapping[str, str],
+) -> None:
+    options.add_provider_for_devices(devices, dict(provider_options))
+
+
+def has_device_type(devices: list[onnxruntime.OrtEpDevice], device: str) -> bool:
+    """Whether one of ``devices`` is hardware of type ``device`` (cpu, gpu, npu)."""
+    return any(d.device.type.name.lower() == device for d in devices)
+
+
 def compile_ep_context(
     devices: list[onnxruntime.OrtEpDevice],
     src: Path,

@@ -35,6 +35,14 @@ class Judgement:
     reason: str
 
 
+@dataclass(frozen=True)
+class LocalTarget:
+    """What a device compiles for when it recompiles a model for its own hardware."""
+
+    device: DeviceType
+    provider_options: dict[str, str]
+
+
 class ExecutionProvider(Protocol):
     name: str
     """ORT's EP name, e.g. ``QNNExecutionProvider``; the key of ``ep_compatibility_info.<name>``."""
@@ -78,4 +86,19 @@ class ExecutionProvider(Protocol):
 
     def judge(self, compatibility_string: str) -> Judgement | None:
         """epfleet's own verdict for strings it generates; None defers to ORT's validator."""
+        ...
+
+    def configure_session(
+        self,
+        options: onnxruntime.SessionOptions,
+        provider_options: Mapping[str, str],
+        device: DeviceType,
+    ) -> None:
+        """Make ``options`` run a variant of this EP on this machine's ``device``.
+        Raises NoDeviceError when there is no such device here."""
+        ...
+
+    def local_target(self, devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:
+        """How a device with these of this EP's devices recompiles a model for itself,
+        or None when this EP does not build for the hardware it finds here."""
         ...

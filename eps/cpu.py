@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from epfleet import ort_version
 from epfleet.errors import NoDeviceError
-from eps.base import DeviceType, Judgement, Verdict
+from eps.base import DeviceType, Judgement, LocalTarget, Verdict
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -190,3 +190,13 @@ def judge(compatibility_string: str) -> Judgement | None:
     return judge_against(
         compatibility_string, ort_version=ort_version(), arch=machine_arch(), isa=isa_class()
     )
+
+
+def configure_session(
+    options: onnxruntime.SessionOptions, provider_options: Mapping[str, str], device: DeviceType
+) -> None:
+    """Nothing to add: a session runs on the CPU EP when no other EP is configured."""
+
+
+def local_target(devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:
+    return LocalTarget(device="cpu", provider_options={}) if devices else None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from epfleet.errors import NoDeviceError
 from eps import _plugin
-from eps.base import DeviceType, Judgement
+from eps.base import DeviceType, Judgement, LocalTarget
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -54,12 +54,16 @@ def devices() -> list[onnxruntime.OrtEpDevice]:
     return _PLUGIN.devices()
 
 
-def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
+def _devices_of_type(device: DeviceType) -> list[onnxruntime.OrtEpDevice]:
     wanted = device.upper()
     found = [d for d in devices() if d.ep_metadata.get("ov_device") == wanted]
     if not found:
         raise NoDeviceError(f"no {name} {wanted} device on this worker")
-    _plugin.compile_ep_context(found, src, dst, provider_options)
+    return found
+
+
+def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
+    _plugin.compile_ep_context(_devices_of_type(device), src, dst, provider_options)
 
 
 def generate_compatibility_string(artifact: Path) -> str | None:
@@ -67,4 +71,19 @@ def generate_compatibility_string(artifact: Path) -> str | None:
 
 
 def judge(compatibility_string: str) -> Judgement | None:
+    return None
+
+
+def configure_session(
+    options: onnxruntime.SessionOptions, provider_options: Mapping[str, str], device: DeviceType
+) -> None:
+    _plugin.add_devices(options, _devices_of_type(device), provider_options)
+
+
+def local_target(devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:
+    """A local OpenVINO build only for an Intel NPU or GPU: its CPU device is left to the CPU
+    EP's variant, which every machine can build for itself."""
+    for device in ("npu", "gpu"):
+        if any(d.ep_metadata.get("ov_device") == device.upper() for d in devices):
+            return LocalTarget(device=device, provider_options={})
     return None

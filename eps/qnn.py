@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eps import _plugin
-from eps.base import DeviceType, Judgement
+from eps.base import DeviceType, Judgement, LocalTarget
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -72,3 +72,19 @@ def generate_compatibility_string(artifact: Path) -> str | None:
 
 def judge(compatibility_string: str) -> Judgement | None:
     return None
+
+
+def configure_session(
+    options: onnxruntime.SessionOptions, provider_options: Mapping[str, str], device: DeviceType
+) -> None:
+    _plugin.add_devices(options, _PLUGIN.require_devices(), provider_options)
+
+
+def local_target(devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:
+    """On a Snapdragon the HTP backend compiles for the SoC it runs on (no htp_arch needed);
+    a host without an NPU (this x86 machine) gets no local QNN build."""
+    if not _plugin.has_device_type(devices, "npu"):
+        return None
+    return LocalTarget(
+        device="npu", provider_options={"backend_type": "htp", "enable_htp_fp16_precision": "1"}
+    )

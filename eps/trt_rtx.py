@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eps import _plugin
-from eps.base import DeviceType, Judgement
+from eps.base import DeviceType, Judgement, LocalTarget
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -59,3 +59,14 @@ def generate_compatibility_string(artifact: Path) -> str | None:
 
 def judge(compatibility_string: str) -> Judgement | None:
     return None
+
+
+def configure_session(
+    options: onnxruntime.SessionOptions, provider_options: Mapping[str, str], device: DeviceType
+) -> None:
+    _plugin.add_devices(options, _PLUGIN.require_devices(), provider_options)
+
+
+def local_target(devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:
+    """TensorRT-RTX builds engines for the GPU it runs on."""
+    return LocalTarget(device="gpu", provider_options={}) if devices else None

@@ -11,9 +11,17 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from epfleet.errors import BadInputError
-from epfleet.stores.base import MANIFEST_KEY, Store, Versioned, check_key
+from epfleet.stores.base import MANIFEST_KEY, UNCHANGED, Store, Versioned, check_key
 
-__all__ = ["MANIFEST_KEY", "Store", "Versioned", "check_key", "open_store", "split_uri"]
+__all__ = [
+    "MANIFEST_KEY",
+    "UNCHANGED",
+    "Store",
+    "Versioned",
+    "check_key",
+    "open_store",
+    "split_uri",
+]
 
 BACKENDS: dict[str, str] = {
     "file": "epfleet.stores.local",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import Literal, Protocol
 
 MANIFEST_KEY = "manifest.json"
+UNCHANGED: Literal["unchanged"] = "unchanged"
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,16 @@ class Store(Protocol):
 
     def read(self, key: str) -> Versioned | None:
         """The object's bytes and version, or None when there is no such object."""
+        ...
+
+    def read_if_changed(self, key: str, etag: str) -> Versioned | Literal["unchanged"] | None:
+        """Like ``read``, but ``UNCHANGED`` (and no body transferred) when the object is
+        still at version ``etag``: a conditional GET."""
+        ...
+
+    def read_range(self, key: str, start: int) -> Iterator[bytes]:
+        """The object's bytes from offset ``start`` to its end, in chunks: a ranged GET,
+        so an interrupted download resumes where it stopped. StoreError when missing."""
         ...
 
     def write(

@@ -13,12 +13,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 from urllib.parse import unquote, urlparse
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.fsutil import atomic_copy, atomic_write_bytes
-from epfleet.hashing import sha256_bytes
-from epfleet.stores.base import Versioned, check_key
+from epfleet.hashing import CHUNK, sha256_bytes
+from epfleet.stores.base import UNCHANGED, Versioned, check_key
 
 LOCK_NAME = ".epfleet.lock"
 
@@ -48,6 +49,19 @@ class LocalStore:
             except FileNotFoundError:
                 return None
         return Versioned(data, sha256_bytes(data))
+
+    def read_if_changed(self, key: str, etag: str) -> Versioned | Literal["unchanged"] | None:
+        found = self.read(key)
+        return UNCHANGED if found is not None and found.etag == etag else found
+
+    def read_range(self, key: str, start: int) -> Iterator[bytes]:
+        path = self._path(key)
+        if not path.exists():
+            raise StoreError(f"{self.uri}/{key} does not exist")
+        with self._os_errors("reading", key), open(path, "rb") as f:
+            f.seek(start)
+            while chunk := f.read(CHUNK):
+                yield chunk
 
     def write(
         self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False

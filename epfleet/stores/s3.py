@@ -26,8 +26,9 @@ import os
 import tempfile
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.parse import urlparse
 
 import boto3
@@ -38,12 +39,13 @@ from botocore.config import Config
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError, TransientStoreError
 from epfleet.hashing import sha256_bytes
-from epfleet.stores.base import Versioned, check_key
+from epfleet.stores.base import UNCHANGED, Versioned, check_key
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
 
 MiB = 1 << 20
+STREAM_CHUNK = 1 * MiB
 DEFAULT_REGION = "us-east-1"
 SHA256_META = "sha256"
 WRITE_ID_META = "epfleet-write-id"
@@ -174,13 +176,20 @@ class S3Store:
             raise StoreError(f"{action} {where}: {exc}") from exc
         raise exc
 
-    def _get(self, key: str) -> tuple[Versioned, dict[str, str]] | None:
+    def _get(
+        self, key: str, if_none_match: str | None = None
+    ) -> tuple[Versioned, dict[str, str]] | Literal["unchanged"] | None:
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        if if_none_match is not None:
+            args["IfNoneMatch"] = if_none_match
         try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            resp = self.client.get_object(**args)
             data = resp["Body"].read()
         except bce.ClientError as exc:
             if _code(exc) in MISSING_CODES:
                 return None
+            if _status(exc) == 304:
+                return UNCHANGED
             self._raise(exc, key, "reading")
         except bce.BotoCoreError as exc:
             self._raise(exc, key, "reading")
@@ -188,7 +197,23 @@ class S3Store:
 
     def read(self, key: str) -> Versioned | None:
         got = self._get(key)
+        assert got != UNCHANGED
         return None if got is None else got[0]
+
+    def read_if_changed(self, key: str, etag: str) -> Versioned | Literal["unchanged"] | None:
+        got = self._get(key, if_none_match=etag)
+        return got if got is None or got == UNCHANGED else got[0]
+
+    def read_range(self, key: str, start: int) -> Iterator[bytes]:
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        if start:
+            args["Range"] = f"bytes={start}-"
+        try:
+            body = self.client.get_object(**args)["Body"]
+            with body:
+                yield from body.iter_chunks(STREAM_CHUNK)
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, key, f"reading (from byte {start})")
 
     def write(
         self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
@@ -226,7 +251,7 @@ class S3Store:
     def _after_412(self, key: str, sha256: str, write_id: str, exc: bce.ClientError) -> str:
         """A 412 may answer the retry of a PUT that already succeeded: read back and see."""
         got = self._get(key)
-        if got is not None:
+        if got is not None and got != UNCHANGED:
             current, meta = got
             if meta.get(WRITE_ID_META) == write_id and sha256_bytes(current.data) == sha256:
                 return current.etag

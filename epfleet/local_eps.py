@@ -1,0 +1,146 @@
+"""The execution providers this device has, and how they judge a compatibility string.
+
+Discovery registers every plugin EP whose package is installed (through the
+``eps`` registry), enumerates ``onnxruntime.get_ep_devices()`` and groups the
+devices by EP. Judging needs only the string, never the model:
+
+- an EP module that generates its own strings (CPU) judges them itself;
+- otherwise ORT's validator, ``get_model_compatibility_for_ep_devices``, answers
+  for this EP's devices. A validator that raises (QNN on a host without an NPU)
+  means unsupported here, with ORT's reason; EP_NOT_APPLICABLE means unknown,
+  which is never treated as compatible.
+
+QNN's validator segfaults in a process that has run a QNN compile (see
+``eps/qnn.py``), so judging must happen in a process that compiles nothing: the
+sync engine compiles and health-checks in a worker process.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+import eps
+from epfleet.errors import MissingExtraError, NoDeviceError
+from eps.base import Judgement, Verdict
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+
+class DeviceInfo(BaseModel):
+    """One OrtEpDevice, as a device report lists it."""
+
+    ep: str
+    type: str
+    vendor: str
+    vendor_id: int
+    device_id: int
+    ep_vendor: str
+
+
+class LocalEps:
+    def __init__(
+        self, devices: dict[str, list[onnxruntime.OrtEpDevice]], absent: dict[str, str]
+    ) -> None:
+        self.devices = devices
+        """EP name -> this machine's devices for it (only EPs with at least one)."""
+        self.absent = absent
+        """EP name -> why it cannot run here (package missing, library or device absent)."""
+        self._judged: dict[tuple[str, str], Judgement] = {}
+
+    def present(self, ep: str) -> bool:
+        return ep in self.devices
+
+    def describe(self) -> list[DeviceInfo]:
+        return [
+            DeviceInfo(
+                ep=ep,
+                type=d.device.type.name.lower(),
+                vendor=d.device.vendor,
+                vendor_id=d.device.vendor_id,
+                device_id=d.device.device_id,
+                ep_vendor=d.ep_vendor,
+            )
+            for ep, found in self.devices.items()
+            for d in found
+        ]
+
+    def judge(self, ep: str, compatibility_string: str) -> Judgement:
+        """This device's verdict on a variant of ``ep`` with that string (memoised: a
+        manifest repeats strings across models)."""
+        key = (ep, compatibility_string)
+        judged = self._judged.get(key)
+        if judged is None:
+            judged = self._judged[key] = self._judge(ep, compatibility_string)
+        return judged
+
+    def _judge(self, ep: str, compatibility_string: str) -> Judgement:
+        if ep not in self.devices:
+            why = self.absent.get(ep, f"{ep} is not an execution provider epfleet knows")
+            return Judgement(Verdict.UNSUPPORTED, f"{ep} cannot run here: {why}")
+        own = eps.load(ep).judge(compatibility_string)
+        if own is not None:
+            return own
+        return ort_judgement(self.devices[ep], ep, compatibility_string)
+
+
+def ort_judgement(
+    devices: list[onnxruntime.OrtEpDevice], ep: str, compatibility_string: str
+) -> Judgement:
+    from onnxruntime.capi._pybind_state import (
+        OrtCompiledModelCompatibility,
+        get_model_compatibility_for_ep_devices,
+    )
+
+    try:
+        answer = get_model_compatibility_for_ep_devices(devices, compatibility_string)
+    except RuntimeError as exc:
+        return Judgement(Verdict.UNSUPPORTED, f"{ep}'s validator refused this device: {exc}")
+    verdicts = {
+        OrtCompiledModelCompatibility.EP_SUPPORTED_OPTIMAL: Verdict.OPTIMAL,
+        OrtCompiledModelCompatibility.EP_SUPPORTED_PREFER_RECOMPILATION: (
+            Verdict.PREFER_RECOMPILATION
+        ),
+        OrtCompiledModelCompatibility.EP_UNSUPPORTED: Verdict.UNSUPPORTED,
+    }
+    verdict = verdicts.get(answer, Verdict.UNKNOWN)
+    if verdict is Verdict.UNKNOWN:
+        return Judgement(verdict, f"{ep} has no opinion on this string ({answer.name})")
+    return Judgement(verdict, f"ORT: {ep} answered {answer.name}")
+
+
+def discover() -> LocalEps:
+    """Register the installed plugin EPs and group this machine's devices by EP."""
+    found: dict[str, list[onnxruntime.OrtEpDevice]] = {}
+    absent: dict[str, str] = {}
+    for ep in eps.known():
+        module = eps.load(ep)
+        try:
+            devices = module.devices()
+        except MissingExtraError as exc:
+            absent[ep] = str(exc)
+            continue
+        except NoDeviceError as exc:
+            absent[ep] = str(exc)
+            continue
+        if devices:
+            found[ep] = devices
+        else:
+            absent[ep] = f"{ep} is installed but enumerates no device here"
+    return LocalEps(found, absent)
+
+
+@functools.cache
+def ep_versions() -> dict[str, str]:
+    """Package -> version of ORT and of every installed EP package."""
+    versions: dict[str, str] = {}
+    for ep in eps.known():
+        try:
+            identity = eps.load(ep).build_identity()
+        except MissingExtraError:
+            continue
+        versions[identity["package"]] = identity["version"]
+    return versions

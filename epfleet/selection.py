@@ -1,0 +1,114 @@
+"""What a device does about one model (pure: every verdict and fact is passed in).
+
+Given the verdicts on the published variants, what is active in the device cache
+and whether a local recompile is allowed, ``decide`` returns the steps to try in
+order; the sync engine runs them until one succeeds. The rules:
+
+1. Usable variants are those judged optimal or prefer-recompilation; unsupported
+   and unknown (ORT's EP_NOT_APPLICABLE) never are. They rank by verdict, then by
+   the device's preference of device type (npu, gpu, cpu unless configured), then
+   by manifest order.
+2. If some published variant is optimal: keep the active one when it is the first
+   choice, otherwise download the optimal ones in rank order.
+3. Otherwise, a locally built variant of the published source that still judges
+   optimal is kept. Failing that, recompile locally (when allowed, the source is
+   published and the same local build has not already failed), then take the best
+   prefer-recompilation variant, and last run the source itself on the CPU EP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel
+
+from eps.base import DeviceType, Verdict
+
+DEFAULT_PREFERENCE: tuple[DeviceType, ...] = ("npu", "gpu", "cpu")
+USABLE = (Verdict.OPTIMAL, Verdict.PREFER_RECOMPILATION)
+
+
+class Considered(BaseModel):
+    """One published variant and how this device judged it."""
+
+    target: str
+    ep: str
+    device: DeviceType
+    sha256: str
+    compatibility_string: str
+    verdict: Verdict
+    reason: str
+
+
+class ActiveVariant(BaseModel):
+    """What the device cache runs now, as far as choosing is concerned."""
+
+    origin: Literal["published", "local", "fallback"]
+    target: str | None
+    sha256: str
+    source_sha256: str
+    verdict: Verdict
+
+
+class Step(BaseModel):
+    kind: Literal["keep", "download", "recompile", "fallback"]
+    target: str | None = None
+    """The published variant to keep or download."""
+
+
+def rank(considered: Sequence[Considered], preference: Sequence[DeviceType]) -> list[Considered]:
+    """The usable variants, best first (see the module's rules); manifest order breaks ties."""
+    usable = [c for c in considered if c.verdict in USABLE]
+    order = {device: i for i, device in enumerate(preference)}
+    return sorted(
+        usable,
+        key=lambda c: (USABLE.index(c.verdict), order.get(c.device, len(order))),
+    )
+
+
+def _is_active(active: ActiveVariant | None, variant: Considered) -> bool:
+    return (
+        active is not None
+        and active.origin == "published"
+        and active.target == variant.target
+        and active.sha256 == variant.sha256
+    )
+
+
+def decide(
+    considered: Sequence[Considered],
+    active: ActiveVariant | None,
+    source_sha256: str | None,
+    *,
+    recompile: bool,
+    recompile_failed_before: bool,
+    preference: Sequence[DeviceType] = DEFAULT_PREFERENCE,
+) -> list[Step]:
+    """The steps to try, in order. ``source_sha256`` is the published source (None when
+    the manifest has none to offer)."""
+    ranked = rank(considered, preference)
+    optimal = [c for c in ranked if c.verdict == Verdict.OPTIMAL]
+    if optimal:
+        if _is_active(active, optimal[0]):
+            return [Step(kind="keep", target=optimal[0].target)]
+        return [Step(kind="download", target=c.target) for c in optimal]
+
+    if (
+        active is not None
+        and active.origin == "local"
+        and active.source_sha256 == source_sha256
+        and active.verdict == Verdict.OPTIMAL
+    ):
+        return [Step(kind="keep")]
+
+    steps: list[Step] = []
+    if recompile and source_sha256 is not None and not recompile_failed_before:
+        steps.append(Step(kind="recompile"))
+    if ranked and _is_active(active, ranked[0]):
+        steps.append(Step(kind="keep", target=ranked[0].target))
+    else:
+        steps.extend(Step(kind="download", target=c.target) for c in ranked)
+    if source_sha256 is not None:
+        steps.append(Step(kind="fallback"))
+    return steps

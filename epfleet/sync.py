@@ -1,0 +1,779 @@
+"""Device sync: fetch the manifest, judge the published variants here, then keep, download,
+recompile or fall back, and activate atomically in the device cache.
+
+Nothing is downloaded to decide: verdicts come from compatibility strings alone
+(``epfleet.local_eps``) and the choice from ``epfleet.selection``. Anything that
+runs an EP's native code on an artifact (a local compile, a health check) runs in
+a worker process. A failure at any step keeps the previous active variant.
+
+The steps are plain functions so that the CLI runs them without Prefect and the
+``device-sync`` flow runs them as tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+import eps
+from epfleet import RECIPE_VERSION, ort_version
+from epfleet.compiler import CompileJob, discard
+from epfleet.devicecache import CacheState, DeviceCache, Installed, ModelState
+from epfleet.errors import (
+    BadInputError,
+    EpfleetError,
+    HealthCheckError,
+    IntegrityError,
+    StoreError,
+    TransientStoreError,
+)
+from epfleet.hashing import CHUNK, sha256_bytes
+from epfleet.health import Health, HealthJob, check_health
+from epfleet.local_eps import DeviceInfo, LocalEps, discover, ep_versions
+from epfleet.manifest import NAME_PATTERN, Manifest, ModelEntry, VariantEntry, utcnow
+from epfleet.plan import CompileRequest
+from epfleet.pool import CompilePool
+from epfleet.selection import DEFAULT_PREFERENCE, ActiveVariant, Considered, Step, decide
+from epfleet.stores import MANIFEST_KEY, UNCHANGED, Store, open_store
+from eps.base import DeviceType, Judgement, LocalTarget, Verdict
+
+DOWNLOAD_ATTEMPTS = 3
+REPORTS_PREFIX = "reports/devices"
+
+Log = Callable[[str], None]
+Action = Literal["kept", "downloaded", "recompiled", "fallback", "failed"]
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+# --- reports ---------------------------------------------------------------------------
+
+
+class ManifestStatus(BaseModel):
+    status: Literal["fetched", "unchanged", "offline", "rejected"]
+    generation: int | None = Field(description="Generation of the manifest in force")
+    body_bytes: int = Field(description="Manifest bytes transferred by this fetch")
+    reason: str | None = None
+
+    @property
+    def offline(self) -> bool:
+        return self.status == "offline"
+
+
+class VariantVerdict(BaseModel):
+    target: str
+    ep: str
+    device: DeviceType
+    verdict: Verdict
+    reason: str
+
+
+class ModelReport(BaseModel):
+    model: str
+    action: Action
+    variant: str | None = Field(description="The active variant's name in the device cache")
+    target: str | None = Field(description="The fleet target it was published for")
+    ep: str | None
+    verdict: Verdict | None
+    bytes_downloaded: int
+    reason: str
+    considered: list[VariantVerdict]
+    seconds: float
+
+
+class DeviceReport(BaseModel):
+    device_id: str
+    generated_at: str
+    ort_version: str
+    ep_packages: dict[str, str]
+    devices: list[DeviceInfo]
+    store: str
+    cache: str
+    manifest: ManifestStatus
+    models: list[ModelReport]
+    seconds: float
+    report_uploaded: bool | None = None
+    report_error: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        served = {"kept", "downloaded", "recompiled"}
+        return 0 if all(m.action in served for m in self.models) else 1
+
+
+class SyncPolicy(BaseModel):
+    models: list[str] | None = Field(default=None, description="Only these (default: all)")
+    recompile: bool = Field(
+        default=True, description="Recompile locally when nothing published is optimal here"
+    )
+    prefer: list[DeviceType] = Field(
+        default=list(DEFAULT_PREFERENCE), description="Device types, most preferred first"
+    )
+
+
+# --- manifest --------------------------------------------------------------------------
+
+
+def fetch_manifest(store_uri: str, cache_dir: Path) -> ManifestStatus:
+    """Fetch the manifest with a conditional GET on the cached ETag, and keep the last valid
+    one in the cache. An unreachable store or an invalid manifest leaves the cached one in
+    force."""
+    store = open_store(store_uri)
+    cache = DeviceCache(cache_dir)
+    with cache.locked():
+        state = cache.load_state()
+        cached = cache.cached_manifest() if state.store == store.uri else None
+        in_force = _parse(cached) if cached else None
+        generation = in_force.generation if in_force else None
+        try:
+            if cached and state.manifest_etag:
+                got = store.read_if_changed(MANIFEST_KEY, state.manifest_etag)
+            else:
+                got = store.read(MANIFEST_KEY)
+        except StoreError as exc:
+            return ManifestStatus(
+                status="offline", generation=generation, body_bytes=0, reason=str(exc)
+            )
+        if got == UNCHANGED:
+            return ManifestStatus(status="unchanged", generation=generation, body_bytes=0)
+        if got is None:
+            raise BadInputError(
+                f"no manifest at {store.uri}/{MANIFEST_KEY}: publish one with epfleet compile"
+            )
+        try:
+            manifest = Manifest.from_json(got.data)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            return ManifestStatus(
+                status="rejected",
+                generation=generation,
+                body_bytes=len(got.data),
+                reason=f"{store.uri}/{MANIFEST_KEY} fails validation at "
+                f"{'.'.join(map(str, error['loc']))}: {error['msg']}; "
+                + ("the cached manifest stays in force" if cached else "no manifest cached"),
+            )
+        cache.save_manifest(got.data)
+        state.store, state.manifest_etag = store.uri, got.etag
+        state.manifest_generation = manifest.generation
+        cache.save_state(state)
+        return ManifestStatus(
+            status="fetched", generation=manifest.generation, body_bytes=len(got.data)
+        )
+
+
+def _parse(data: bytes) -> Manifest | None:
+    try:
+        return Manifest.from_json(data)
+    except ValidationError:
+        return None
+
+
+def manifest_in_force(cache_dir: Path) -> Manifest:
+    data = DeviceCache(cache_dir).cached_manifest()
+    manifest = _parse(data) if data else None
+    if manifest is None:
+        raise StoreError(
+            "no usable manifest: the store could not be read and none is cached "
+            f"in {cache_dir}; sync again once the store is reachable"
+        )
+    return manifest
+
+
+def wanted_models(manifest: Manifest, models: list[str] | None) -> list[str]:
+    if not models:
+        return list(manifest.models)
+    unknown = [m for m in models if m not in manifest.models]
+    if unknown:
+        raise BadInputError(
+            f"model {', '.join(map(repr, unknown))} is not in the manifest; "
+            f"it has: {', '.join(manifest.models) or 'no models'}"
+        )
+    return list(dict.fromkeys(models))
+
+
+# --- one model -------------------------------------------------------------------------
+
+
+def variant_name(prefix: str, sha256: str) -> str:
+    return f"{prefix}-{sha256[:12]}"
+
+
+def local_target_name(ep: str) -> str:
+    return "local-" + ep.lower().removesuffix("executionprovider")
+
+
+class _Done(BaseModel):
+    installed: Installed
+    action: Action
+    verdict: Verdict | None
+    bytes_downloaded: int = 0
+    reason: str
+
+
+class ModelSync:
+    """Everything one model's sync needs: the store, the cache, the local EPs, a worker."""
+
+    def __init__(
+        self,
+        store: Store,
+        cache: DeviceCache,
+        local: LocalEps,
+        policy: SyncPolicy,
+        offline: bool,
+        log: Log = _quiet,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.local = local
+        self.policy = policy
+        self.offline = offline
+        self.log = log
+        self._worker: CompilePool | None = None
+
+    @property
+    def worker(self) -> CompilePool:
+        if self._worker is None:
+            self._worker = CompilePool(1)
+        return self._worker
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+
+    # -- judging --
+
+    def considered(self, entry: ModelEntry) -> list[Considered]:
+        judged = []
+        for target, variant in entry.variants.items():
+            if variant.status != "ok" or variant.artifact is None:
+                continue
+            string = variant.compatibility_string or ""
+            judgement = self.local.judge(variant.ep, string)
+            judged.append(
+                Considered(
+                    target=target,
+                    ep=variant.ep,
+                    device=variant.device,
+                    sha256=variant.artifact.sha256,
+                    compatibility_string=string,
+                    verdict=judgement.verdict,
+                    reason=judgement.reason,
+                )
+            )
+        return judged
+
+    def judge_installed(self, installed: Installed) -> Judgement:
+        if installed.compatibility_string is None:
+            return Judgement(Verdict.UNKNOWN, "the source model, not compiled for any EP")
+        return self.local.judge(installed.ep, installed.compatibility_string)
+
+    # -- the whole model --
+
+    def sync(self, model: str, entry: ModelEntry, state: CacheState) -> ModelReport:
+        started = time.perf_counter()
+        mstate = state.models.setdefault(model, ModelState())
+        considered = self.considered(entry)
+        notes: list[str] = []
+        if mstate.active is not None and not self.cache.intact(model, mstate.active):
+            previous = mstate.previous
+            usable = previous is not None and self.cache.intact(model, previous)
+            notes.append(
+                f"active variant {mstate.active.name} changed on disk"
+                + (f"; rolled back to {previous.name}" if usable and previous else "")
+            )
+            mstate.active, mstate.previous = (previous if usable else None), None
+        active = mstate.active
+        active_view = (
+            ActiveVariant(
+                origin=active.origin,
+                target=active.target,
+                sha256=active.sha256,
+                source_sha256=active.source_sha256,
+                verdict=self.judge_installed(active).verdict,
+            )
+            if active is not None
+            else None
+        )
+        build_key = self._build_key(entry)
+        steps = decide(
+            considered,
+            active_view,
+            entry.source.sha256,
+            recompile=self.policy.recompile,
+            recompile_failed_before=build_key in mstate.recompile_failed,
+            preference=self.policy.prefer,
+        )
+        failures: list[str] = []
+        done: _Done | None = None
+        for step in steps:
+            try:
+                done = self._run(step, model, entry, mstate, active, considered)
+                break
+            except EpfleetError as exc:
+                failures.append(f"{_describe(step)}: {exc}")
+                self.log(f"{model}: {_describe(step)} failed: {exc}")
+                if step.kind == "recompile":
+                    mstate.recompile_failed[build_key] = str(exc)
+        verdicts = [
+            VariantVerdict(
+                target=c.target, ep=c.ep, device=c.device, verdict=c.verdict, reason=c.reason
+            )
+            for c in considered
+        ]
+        seconds = round(time.perf_counter() - started, 3)
+        if done is None:
+            kept = mstate.active
+            reason = "; ".join(notes + failures) or "nothing published can run here"
+            if kept is not None and self.cache.intact(model, kept):
+                reason += f" (still running {kept.name})"
+            return ModelReport(
+                model=model,
+                action="failed",
+                variant=kept.name if kept else None,
+                target=kept.target if kept else None,
+                ep=kept.ep if kept else None,
+                verdict=None,
+                bytes_downloaded=0,
+                reason=reason,
+                considered=verdicts,
+                seconds=seconds,
+            )
+        if done.installed is not mstate.active:
+            self._activate(model, mstate, done.installed, state)
+        return ModelReport(
+            model=model,
+            action=done.action,
+            variant=done.installed.name,
+            target=done.installed.target,
+            ep=done.installed.ep,
+            verdict=done.verdict,
+            bytes_downloaded=done.bytes_downloaded,
+            reason="; ".join([*notes, *failures, done.reason]),
+            considered=verdicts,
+            seconds=seconds,
+        )
+
+    def _build_key(self, entry: ModelEntry) -> str:
+        """Identifies a local build: a new source, ORT or EP package retries a failed one."""
+        return sha256_bytes(
+            json.dumps([RECIPE_VERSION, entry.source.sha256, ort_version(), ep_versions()]).encode()
+        )[:16]
+
+    def _run(
+        self,
+        step: Step,
+        model: str,
+        entry: ModelEntry,
+        mstate: ModelState,
+        active: Installed | None,
+        considered: list[Considered],
+    ) -> _Done:
+        if step.kind == "keep":
+            assert active is not None
+            verdict = self.judge_installed(active)
+            return _Done(
+                installed=active,
+                action="kept",
+                verdict=verdict.verdict,
+                reason=f"{active.name} is still the best choice here ({verdict.reason})",
+            )
+        if self.offline and step.kind != "fallback":
+            raise TransientStoreError("the store is unreachable (offline)")
+        if step.kind == "download":
+            assert step.target is not None
+            chosen = next(c for c in considered if c.target == step.target)
+            return self._download(model, entry, step.target, chosen, mstate)
+        if step.kind == "recompile":
+            return self._recompile(model, entry)
+        return self._fallback(model, entry, active)
+
+    # -- steps --
+
+    def _download(
+        self,
+        model: str,
+        entry: ModelEntry,
+        target: str,
+        chosen: Considered,
+        mstate: ModelState,
+    ) -> _Done:
+        variant = entry.variants[target]
+        artifact = variant.artifact
+        assert artifact is not None and variant.compatibility_string is not None
+        installed = Installed(
+            name=variant_name(target, artifact.sha256),
+            origin="published",
+            target=target,
+            ep=variant.ep,
+            device=variant.device,
+            compatibility_string=variant.compatibility_string,
+            provider_options=variant.provider_options,
+            sha256=artifact.sha256,
+            size=artifact.size,
+            source_sha256=variant.source_sha256,
+            activated_at=utcnow(),
+            mtime_ns=0,
+        )
+        previous = mstate.previous
+        if (
+            previous is not None
+            and previous.name == installed.name
+            and self.cache.intact(model, previous)
+        ):
+            return _Done(
+                installed=previous,
+                action="downloaded",
+                verdict=chosen.verdict,
+                reason=f"rolled back to {previous.name}, kept in the cache: {chosen.reason}",
+            )
+        if self.offline:
+            raise TransientStoreError("the store is unreachable (offline)")
+        part = self.cache.partial(artifact.sha256)
+        moved = self.download(artifact.uri, artifact.sha256, artifact.size, part)
+        self._check_string(part, variant)
+        self._health(part, installed, entry.source.input_shapes)
+        installed = self.cache.install(model, installed, part)
+        self.log(f"{model}: downloaded {installed.name} ({moved} bytes), health check passed")
+        return _Done(
+            installed=installed,
+            action="downloaded",
+            verdict=chosen.verdict,
+            bytes_downloaded=moved,
+            reason=chosen.reason,
+        )
+
+    def download(self, key: str, sha256: str, size: int, part: Path) -> int:
+        """Download ``key`` into ``part``, resuming from what ``part`` already holds with a
+        ranged GET, and verify size and sha256. Returns the bytes moved. A file that fails
+        verification is deleted; ``part`` is never used unverified."""
+        moved = 0
+        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+            try:
+                moved += self._fetch_rest(key, size, part)
+                break
+            except TransientStoreError as exc:
+                if attempt == DOWNLOAD_ATTEMPTS:
+                    raise
+                self.log(f"{key}: {exc}; resuming (attempt {attempt + 1})")
+        digest = hashlib.sha256()
+        with open(part, "rb") as f:
+            while chunk := f.read(CHUNK):
+                digest.update(chunk)
+        got_size = part.stat().st_size
+        if (digest.hexdigest(), got_size) != (sha256, size):
+            part.unlink(missing_ok=True)
+            raise IntegrityError(
+                f"{self.store.uri}/{key} has sha256 {digest.hexdigest()} ({got_size} bytes), "
+                f"the manifest says {sha256} ({size} bytes); not activated"
+            )
+        return moved
+
+    def _fetch_rest(self, key: str, size: int, part: Path) -> int:
+        have = part.stat().st_size if part.exists() else 0
+        if have > size:
+            part.unlink()
+            have = 0
+        if have == size:
+            return 0
+        moved = 0
+        with open(part, "ab") as f:
+            for chunk in self.store.read_range(key, have):
+                f.write(chunk)
+                moved += len(chunk)
+                if have + moved > size:
+                    break  # longer than the manifest says: verification will refuse it
+            f.flush()
+            os.fsync(f.fileno())
+        return moved
+
+    def _check_string(self, path: Path, variant: VariantEntry) -> None:
+        from onnxruntime.capi._pybind_state import get_compatibility_info_from_model
+
+        try:
+            embedded = get_compatibility_info_from_model(str(path), variant.ep)
+        except Exception as exc:
+            path.unlink(missing_ok=True)
+            raise IntegrityError(f"the artifact is not a model ORT reads: {exc}") from None
+        if embedded != variant.compatibility_string:
+            path.unlink(missing_ok=True)
+            raise IntegrityError(
+                f"the artifact's ep_compatibility_info.{variant.ep} is {embedded!r}, "
+                f"the manifest says {variant.compatibility_string!r}; not activated"
+            )
+
+    def _health(
+        self, path: Path, installed: Installed, input_shapes: dict[str, list[int]]
+    ) -> Health:
+        job = HealthJob(
+            path=str(path),
+            ep=installed.ep,
+            device=installed.device,
+            provider_options=installed.provider_options,
+            input_shapes=input_shapes,
+        )
+        try:
+            return self.worker.call(check_health, job, f"health-checking {installed.name}")
+        except HealthCheckError:
+            raise
+        except EpfleetError as exc:
+            raise HealthCheckError(str(exc)) from None
+
+    def _source(self, entry: ModelEntry) -> Path:
+        source = entry.source
+        part = self.cache.partial(source.sha256)
+        self.download(source.uri, source.sha256, source.size, part)
+        return part
+
+    def _recompile(self, model: str, entry: ModelEntry) -> _Done:
+        targets = self._local_targets()
+        if not targets:
+            raise EpfleetError("no EP here builds for this device's hardware")
+        source = self._source(entry)
+        failures = []
+        try:
+            for ep, local in targets:
+                try:
+                    return self._build_locally(model, entry, source, ep, local)
+                except EpfleetError as exc:
+                    failures.append(f"{ep}: {exc}")
+        finally:
+            source.unlink(missing_ok=True)
+        raise EpfleetError("; ".join(failures))
+
+    def _local_targets(self) -> list[tuple[str, LocalTarget]]:
+        order = {device: i for i, device in enumerate(self.policy.prefer)}
+        found = []
+        for ep, devices in self.local.devices.items():
+            local = eps.load(ep).local_target(devices)
+            if local is not None and local.device in order:
+                found.append((ep, local))
+        return sorted(found, key=lambda pair: order[pair[1].device])
+
+    def _build_locally(
+        self, model: str, entry: ModelEntry, source: Path, ep: str, local: LocalTarget
+    ) -> _Done:
+        target = local_target_name(ep)
+        identity = eps.load(ep).build_identity()
+        source_entry = entry.source
+        fingerprinted = [RECIPE_VERSION, source_entry.sha256, source_entry.input_shapes, ep]
+        fingerprinted += [local.provider_options, ort_version(), identity]
+        request = CompileRequest(
+            model=model,
+            target=target,
+            ep=ep,
+            device=local.device,
+            provider_options=local.provider_options,
+            input_shapes=entry.source.input_shapes,
+            source_key=entry.source.uri,
+            source_sha256=entry.source.sha256,
+            source_size=entry.source.size,
+            fingerprint=sha256_bytes(json.dumps(fingerprinted, sort_keys=True).encode()),
+        )
+        self.log(f"{model}: recompiling locally for {ep} ({local.device})")
+        workdir = str(self.cache.scratch())
+        job = CompileJob(request=request, source_path=str(source), workdir=workdir)
+        output = self.worker.run(job)
+        try:
+            judged = self.local.judge(ep, output.compatibility_string)
+            if judged.verdict != Verdict.OPTIMAL:
+                raise EpfleetError(
+                    f"the local build judges {judged.verdict.value} here ({judged.reason})"
+                )
+            installed = Installed(
+                name=variant_name(target, output.sha256),
+                origin="local",
+                target=None,
+                ep=ep,
+                device=local.device,
+                compatibility_string=output.compatibility_string,
+                provider_options=local.provider_options,
+                sha256=output.sha256,
+                size=output.size,
+                source_sha256=entry.source.sha256,
+                activated_at=utcnow(),
+                mtime_ns=0,
+            )
+            artifact = Path(output.artifact_path)
+            self._health(artifact, installed, entry.source.input_shapes)
+            installed = self.cache.install(model, installed, artifact)
+        finally:
+            discard(output)
+        return _Done(
+            installed=installed,
+            action="recompiled",
+            verdict=judged.verdict,
+            reason=f"nothing published is optimal here; built locally for {ep} in "
+            f"{output.seconds:.2f} s ({judged.reason})",
+        )
+
+    def _fallback(self, model: str, entry: ModelEntry, active: Installed | None) -> _Done:
+        source = entry.source
+        reason = "nothing published or built here runs on this device's EPs; running the "
+        reason += "source model on the CPU EP"
+        if active is not None and active.origin == "fallback" and active.sha256 == source.sha256:
+            return _Done(installed=active, action="fallback", verdict=None, reason=reason)
+        if self.offline:
+            raise TransientStoreError("the store is unreachable (offline)")
+        installed = Installed(
+            name=variant_name("fallback", source.sha256),
+            origin="fallback",
+            target=None,
+            ep="CPUExecutionProvider",
+            device="cpu",
+            compatibility_string=None,
+            sha256=source.sha256,
+            size=source.size,
+            source_sha256=source.sha256,
+            activated_at=utcnow(),
+            mtime_ns=0,
+        )
+        part = self.cache.partial(source.sha256)
+        moved = self.download(source.uri, source.sha256, source.size, part)
+        self._health(part, installed, source.input_shapes)
+        installed = self.cache.install(model, installed, part)
+        return _Done(
+            installed=installed,
+            action="fallback",
+            verdict=None,
+            bytes_downloaded=moved,
+            reason=reason,
+        )
+
+    # -- activation --
+
+    def _activate(
+        self, model: str, mstate: ModelState, installed: Installed, state: CacheState
+    ) -> None:
+        """Make ``installed`` active, keep the old active for rollback, write the state and
+        then the package manifest, and only then remove what neither references."""
+        old = mstate.active
+        if old is not None and old.name != installed.name:
+            mstate.previous = old
+        elif mstate.previous is not None and mstate.previous.name == installed.name:
+            mstate.previous = None
+        mstate.active = installed
+        self.cache.save_state(state)
+        outvoted = self.cache.write_package(state)
+        if model in outvoted:
+            self.log(f"{model}: ORT would select the rollback variant; listing the active alone")
+        self.cache.prune(model, mstate)
+
+
+def _describe(step: Step) -> str:
+    return f"{step.kind} {step.target}" if step.target else step.kind
+
+
+# --- the whole sync ----------------------------------------------------------------------
+
+
+def sync_models(
+    store_uri: str,
+    cache_dir: Path,
+    policy: SyncPolicy,
+    offline: bool,
+    local: LocalEps | None = None,
+    log: Log = _quiet,
+) -> list[ModelReport]:
+    """Sync every wanted model against the manifest in force in the cache."""
+    cache = DeviceCache(cache_dir)
+    with cache.locked():
+        manifest = manifest_in_force(cache_dir)
+        wanted = wanted_models(manifest, policy.models)
+        state = cache.load_state()
+        runner = ModelSync(open_store(store_uri), cache, local or discover(), policy, offline, log)
+        reports = []
+        try:
+            for model in wanted:
+                report = runner.sync(model, manifest.models[model], state)
+                log(f"{model}: {report.action} {report.variant or ''} ({report.reason})")
+                reports.append(report)
+        finally:
+            runner.close()
+            cache.save_state(state)
+            cache.write_package(state)
+        return reports
+
+
+def device_id(given: str | None) -> str:
+    """The device's id in reports: ``given``, else $EPFLEET_DEVICE_ID, else the host name."""
+    chosen = given or os.environ.get("EPFLEET_DEVICE_ID")
+    if chosen:
+        if not re.match(NAME_PATTERN, chosen):
+            raise BadInputError(
+                f"device id {chosen!r} must match {NAME_PATTERN} (lowercase letters, digits, "
+                "'.', '_' and '-')"
+            )
+        return chosen
+    host = re.sub(r"[^a-z0-9._-]+", "-", socket.gethostname().lower()).strip("-._")
+    return host or "device"
+
+
+def upload_report(store_uri: str, report: DeviceReport) -> DeviceReport:
+    """Put the report at reports/devices/<id>.json when the store accepts writes."""
+    if report.manifest.offline:
+        return report.model_copy(
+            update={"report_uploaded": False, "report_error": "offline: not uploaded"}
+        )
+    data = report.model_dump_json(indent=2, exclude={"report_uploaded", "report_error"})
+    try:
+        open_store(store_uri).write(f"{REPORTS_PREFIX}/{report.device_id}.json", data.encode())
+    except StoreError as exc:
+        return report.model_copy(update={"report_uploaded": False, "report_error": str(exc)})
+    return report.model_copy(update={"report_uploaded": True})
+
+
+def build_report(
+    device: str,
+    store_uri: str,
+    cache_dir: Path,
+    local: LocalEps,
+    manifest: ManifestStatus,
+    models: list[ModelReport],
+    seconds: float,
+) -> DeviceReport:
+    return DeviceReport(
+        device_id=device,
+        generated_at=utcnow().isoformat(),
+        ort_version=ort_version(),
+        ep_packages=ep_versions(),
+        devices=local.describe(),
+        store=store_uri,
+        cache=str(cache_dir.resolve()),
+        manifest=manifest,
+        models=models,
+        seconds=round(seconds, 3),
+    )
+
+
+def sync(
+    store_uri: str,
+    cache_dir: Path,
+    policy: SyncPolicy,
+    device: str | None = None,
+    log: Log = _quiet,
+) -> DeviceReport:
+    """One whole device sync, without Prefect (the ``device-sync`` flow runs these same
+    steps as tasks)."""
+    started = time.perf_counter()
+    identity = device_id(device)
+    status = fetch_manifest(store_uri, cache_dir)
+    log(f"manifest: {status.status} (generation {status.generation}, {status.body_bytes} bytes)")
+    local = discover()
+    models = sync_models(store_uri, cache_dir, policy, status.offline, local, log)
+    report = build_report(
+        identity, store_uri, cache_dir, local, status, models, time.perf_counter() - started
+    )
+    report = upload_report(store_uri, report)
+    DeviceCache(cache_dir).save_last_report(report.model_dump_json(indent=2).encode())
+    return report
