@@ -457,45 +457,43 @@ class ModelSync:
         """Download ``key`` into ``part``, resuming from what ``part`` already holds with a
         ranged GET, and verify size and sha256. Returns the bytes moved. A file that fails
         verification is deleted; ``part`` is never used unverified."""
-        moved = 0
+        held = part.stat().st_size if part.exists() else 0
+        if held > size:
+            part.unlink()
+            held = 0
         for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
             try:
-                moved += self._fetch_rest(key, size, part)
+                self._fetch_rest(key, size, part)
                 break
             except TransientStoreError as exc:
                 if attempt == DOWNLOAD_ATTEMPTS:
                     raise
                 self.log(f"{key}: {exc}; resuming (attempt {attempt + 1})")
+        got_size = part.stat().st_size
         digest = hashlib.sha256()
         with open(part, "rb") as f:
             while chunk := f.read(CHUNK):
                 digest.update(chunk)
-        got_size = part.stat().st_size
         if (digest.hexdigest(), got_size) != (sha256, size):
             part.unlink(missing_ok=True)
             raise IntegrityError(
                 f"{self.store.uri}/{key} has sha256 {digest.hexdigest()} ({got_size} bytes), "
                 f"the manifest says {sha256} ({size} bytes); not activated"
             )
-        return moved
+        return got_size - held
 
-    def _fetch_rest(self, key: str, size: int, part: Path) -> int:
+    def _fetch_rest(self, key: str, size: int, part: Path) -> None:
         have = part.stat().st_size if part.exists() else 0
-        if have > size:
-            part.unlink()
-            have = 0
-        if have == size:
-            return 0
-        moved = 0
+        if have >= size:
+            return
         with open(part, "ab") as f:
             for chunk in self.store.read_range(key, have):
                 f.write(chunk)
-                moved += len(chunk)
-                if have + moved > size:
+                have += len(chunk)
+                if have > size:
                     break  # longer than the manifest says: verification will refuse it
             f.flush()
             os.fsync(f.fileno())
-        return moved
 
     def _check_string(self, path: Path, variant: VariantEntry) -> None:
         from onnxruntime.capi._pybind_state import get_compatibility_info_from_model
@@ -529,26 +527,23 @@ class ModelSync:
         except EpfleetError as exc:
             raise HealthCheckError(str(exc)) from None
 
-    def _source(self, entry: ModelEntry) -> Path:
-        source = entry.source
-        part = self.cache.partial(source.sha256)
-        self.download(source.uri, source.sha256, source.size, part)
-        return part
-
     def _recompile(self, model: str, entry: ModelEntry) -> _Done:
         targets = self._local_targets()
         if not targets:
             raise EpfleetError("no EP here builds for this device's hardware")
-        source = self._source(entry)
+        source = entry.source
+        part = self.cache.partial(source.sha256)
+        moved = self.download(source.uri, source.sha256, source.size, part)
         failures = []
         try:
             for ep, local in targets:
                 try:
-                    return self._build_locally(model, entry, source, ep, local)
+                    done = self._build_locally(model, entry, part, ep, local)
+                    return done.model_copy(update={"bytes_downloaded": moved})
                 except EpfleetError as exc:
                     failures.append(f"{ep}: {exc}")
         finally:
-            source.unlink(missing_ok=True)
+            part.unlink(missing_ok=True)
         raise EpfleetError("; ".join(failures))
 
     def _local_targets(self) -> list[tuple[str, LocalTarget]]:

@@ -13,7 +13,12 @@ with Content-Length). Faults, armed at runtime by the test:
   (``/bucket/key``) are forwarded, so they take effect, and then the client
   connection is closed without a response, as if the network dropped it.
 
-``counts`` tallies requests by method. Loopback only; bodies are bounded.
+- ``cut_next_get_responses(path, after, n)``: the next ``n`` GETs of ``path`` send the
+  status line, headers and the first ``after`` body bytes, then close the connection,
+  as a network drop mid-download does.
+
+``counts`` tallies requests by method; ``log`` records every request as a ``Seen``
+(method, path, Range header, status, body bytes sent). Loopback only; bodies are bounded.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import http.client
 import socket
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -36,6 +42,15 @@ CONFLICT_XML = (
 )
 
 
+@dataclass(frozen=True)
+class Seen:
+    method: str
+    path: str
+    range: str | None
+    status: int
+    body_bytes: int
+
+
 class FaultProxy:
     def __init__(self, upstream_port: int, *, upstream_host: str = "127.0.0.1") -> None:
         if upstream_host not in ("127.0.0.1", "localhost", "::1"):
@@ -43,9 +58,11 @@ class FaultProxy:
         self.upstream = (upstream_host, upstream_port)
         self.counts: Counter[str] = Counter()
         self.lost: list[str] = []  # paths whose response was dropped, in order
+        self.log: list[Seen] = []
         self._lock = threading.Lock()
         self._conflicts = 0
         self._lose: dict[str, int] = {}
+        self._cut: dict[str, tuple[int, int]] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -66,6 +83,14 @@ class FaultProxy:
         with self._lock:
             self._lose[path] = n
 
+    def cut_next_get_responses(self, path: str, after: int, n: int = 1) -> None:
+        with self._lock:
+            self._cut[path] = (after, n)
+
+    def seen(self, path_suffix: str, method: str = "GET") -> list[Seen]:
+        with self._lock:
+            return [s for s in self.log if s.method == method and s.path.endswith(path_suffix)]
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -81,6 +106,20 @@ class FaultProxy:
                 self._conflicts -= 1
                 return True
             return False
+
+    def _take_cut(self, method: str, path: str) -> int | None:
+        if method != "GET":
+            return None
+        with self._lock:
+            after, n = self._cut.get(path, (0, 0))
+            if n <= 0:
+                return None
+            self._cut[path] = (after, n - 1)
+            return after
+
+    def _record(self, seen: Seen) -> None:
+        with self._lock:
+            self.log.append(seen)
 
     def _take_lose(self, method: str, path: str) -> bool:
         if method != "PUT":
@@ -152,6 +191,12 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
+            full_length = len(data)
+            cut = proxy._take_cut(self.command, path)
+            if cut is not None:
+                data = data[:cut]
+            sent = 0 if self.command == "HEAD" else len(data)
+            proxy._record(Seen(self.command, path, self.headers.get("Range"), status, sent))
             self.send_response_only(status, reason)
             chunked = False
             for name, value in headers:
@@ -160,10 +205,14 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                     continue
                 self.send_header(name, value)
             if chunked:
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", str(full_length))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+            if cut is not None:
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _proxy
 

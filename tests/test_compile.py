@@ -1,9 +1,15 @@
-"""Real compiles with ONNX Runtime: QNN HTP context binaries and CPU-optimised models."""
+"""Real compiles with ONNX Runtime: QNN HTP context binaries and CPU-optimised models.
+
+QNN compiles run in a worker process, as they do in epfleet: after a QNN compile,
+QNN's validator segfaults in the same process (see eps/qnn.py), and the device sync
+tests judge QNN strings in this test process.
+"""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +26,13 @@ from epfleet.pool import CompilePool
 from eps import _plugin
 
 HTP = {"backend_type": "htp", "enable_htp_fp16_precision": "1"}
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[CompilePool]:
+    pool = CompilePool(workers=1)
+    yield pool
+    pool.shutdown()
 
 
 def job(
@@ -49,9 +62,9 @@ def job(
 
 @pytest.mark.parametrize(("arch", "soc"), [("75", "57"), ("73", "43"), ("79", "69")])
 def test_qnn_htp_compile_stamps_the_ep_string(
-    model_dir: Path, tmp_path: Path, arch: str, soc: str
+    model_dir: Path, tmp_path: Path, arch: str, soc: str, worker: CompilePool
 ) -> None:
-    out = compile_job(
+    out = worker.run(
         job(model_dir, tmp_path, "QNNExecutionProvider", HTP | {"htp_arch": arch, "soc_model": soc})
     )
     data = Path(out.artifact_path).read_bytes()
@@ -85,7 +98,7 @@ def test_cpu_variant_gets_an_epfleet_string(model_dir: Path, tmp_path: Path) -> 
 
 
 def test_model_no_node_of_which_the_npu_takes_fails_clearly(
-    model_dir: Path, tmp_path: Path
+    model_dir: Path, tmp_path: Path, worker: CompilePool
 ) -> None:
     bad = job(
         model_dir,
@@ -100,7 +113,7 @@ def test_model_no_node_of_which_the_npu_takes_fails_clearly(
         CompileError,
         match=r"QNNExecutionProvider failed to compile 'nonzero'.*Unable to compile any nodes",
     ):
-        compile_job(bad)
+        worker.run(bad)
 
 
 def test_missing_plugin_package_names_the_extra() -> None:

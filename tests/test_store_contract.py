@@ -1,5 +1,6 @@
-"""Compare-and-swap, the part of the Store contract the manifest relies on, checked
-against both backends: a local directory and S3 (moto over HTTP)."""
+"""The parts of the Store contract the manifest and devices rely on (compare-and-swap,
+conditional GET, ranged reads), checked against both backends: a local directory
+and S3 (moto over HTTP)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.errors import PreconditionFailed
-from epfleet.stores import Store, open_store
+from epfleet.errors import PreconditionFailed, StoreError
+from epfleet.stores import UNCHANGED, Store, open_store
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -42,3 +43,22 @@ def test_if_match(store: Store) -> None:
 def test_if_match_on_missing_object(store: Store) -> None:
     with pytest.raises(PreconditionFailed):
         store.write("gone.json", b"x", if_match='"0123"')
+
+
+def test_conditional_read(store: Store) -> None:
+    etag = store.write("m.json", b"v1")
+    assert store.read_if_changed("m.json", etag) == UNCHANGED
+    newer = store.write("m.json", b"v2")
+    got = store.read_if_changed("m.json", etag)
+    assert got != UNCHANGED and got is not None
+    assert (got.data, got.etag) == (b"v2", newer)
+    assert store.read_if_changed("missing.json", etag) is None
+
+
+def test_read_range(store: Store) -> None:
+    data = bytes(range(256)) * 8192  # 2 MiB: more than one chunk
+    store.write("blob", data)
+    assert b"".join(store.read_range("blob", 0)) == data
+    assert b"".join(store.read_range("blob", 1_000_001)) == data[1_000_001:]
+    with pytest.raises(StoreError, match="missing"):
+        list(store.read_range("missing", 0))

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 STREAM_CHUNK = 1 * MiB
 DEFAULT_REGION = "us-east-1"
+DEFAULT_MAX_ATTEMPTS = 5
 SHA256_META = "sha256"
 WRITE_ID_META = "epfleet-write-id"
 
@@ -88,7 +89,7 @@ class S3Store:
         bucket: str,
         prefix: str = "",
         *,
-        max_attempts: int = 5,
+        max_attempts: int | None = None,
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
         multipart_threshold: int = 64 * MiB,
@@ -99,7 +100,7 @@ class S3Store:
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._config = Config(
-            retries={"mode": "standard", "max_attempts": max_attempts},
+            retries={"mode": "standard", "max_attempts": max_attempts or _env_attempts()},
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
@@ -145,6 +146,8 @@ class S3Store:
                 f"{action} {where}: cannot reach the S3 endpoint ({exc}); "
                 "check network and AWS_ENDPOINT_URL"
             ) from exc
+        if isinstance(exc, bce.IncompleteReadError):
+            raise TransientStoreError(f"{action} {where}: the connection dropped ({exc})") from exc
         if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
             raise StoreError(
                 f"{action} {where}: no usable AWS credentials ({exc}); "
@@ -298,6 +301,14 @@ class S3Store:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _env_attempts() -> int:
+    """AWS_MAX_ATTEMPTS, as boto3 reads it, else 5 (a device on a flaky link may want fewer)."""
+    value = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    if not value.isdigit() or int(value) < 1:
+        return DEFAULT_MAX_ATTEMPTS
+    return int(value)
 
 
 def from_uri(uri: str) -> S3Store:

@@ -1,0 +1,101 @@
+"""The ``device-sync`` flow: keep a device's cache supplied with the best variant of every
+model for the EPs it really has.
+
+    python flows/device_sync.py --store s3://bucket/fleet --cache /var/lib/epfleet
+
+runs it once as a Prefect flow (Prefect's ephemeral API when no server is configured);
+``epfleet sync`` runs the same steps without Prefect.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import Field
+
+from epfleet.fleet import DEFAULT_STORE
+from epfleet.report import device_rows, format_bytes, verdict_rows
+from epfleet.sync import DeviceReport, ModelReport, SyncPolicy, device_id
+from tasks.sync import fetch_manifest_task, report_task, sync_model_task, wanted_models_task
+
+
+@flow(
+    name="device-sync",
+    description="Fetch the fleet manifest, judge every published variant with ONNX Runtime "
+    "on this device, then keep, download, recompile or fall back, and report.",
+)
+def device_sync(
+    cache: Annotated[str, Field(description="Device cache directory (an ORT model package)")],
+    store: Annotated[
+        str, Field(description="The fleet's store: a directory, file:///abs/dir or s3://bucket/p")
+    ] = DEFAULT_STORE,
+    policy: Annotated[
+        SyncPolicy, Field(description="Which models, whether to recompile, device preference")
+    ] = SyncPolicy(),  # noqa: B008 (a pydantic default is immutable enough for Prefect)
+    device: Annotated[
+        str | None, Field(description="Device id in reports (default $EPFLEET_DEVICE_ID or host)")
+    ] = None,
+) -> DeviceReport:
+    started = time.perf_counter()
+    identity = device_id(device)
+    manifest = fetch_manifest_task(store, cache)
+    models: list[ModelReport] = []
+    for model in wanted_models_task(cache, policy.models):
+        models.append(sync_model_task(store, cache, model, policy, manifest.offline))
+    report = report_task(identity, store, cache, manifest, models, time.perf_counter() - started)
+    _publish_artifacts(report)
+    served = sum(m.action in ("kept", "downloaded", "recompiled") for m in report.models)
+    get_run_logger().info("%d of %d models served", served, len(report.models))
+    return report
+
+
+def _publish_artifacts(report: DeviceReport) -> None:
+    key = f"device-sync-{report.device_id}".replace(".", "-").replace("_", "-")
+    create_table_artifact(
+        key=key,
+        table=device_rows(report),
+        description=f"What device {report.device_id} runs, and why",
+    )
+    create_table_artifact(
+        key=f"{key}-verdicts",
+        table=verdict_rows(report),
+        description=f"How device {report.device_id} judged each published variant",
+    )
+    moved = sum(m.bytes_downloaded for m in report.models)
+    create_markdown_artifact(
+        key=f"{key}-summary",
+        markdown=(
+            f"**{report.device_id}**: manifest {report.manifest.status} "
+            f"(generation {report.manifest.generation}) · {format_bytes(moved)} downloaded · "
+            + ", ".join(f"`{m.model}` {m.action}" for m in report.models)
+            + "\n\n"
+            + "\n".join(
+                f"- `{m.model}` {m.action}: {m.reason}"
+                for m in report.models
+                if m.action in ("fallback", "failed")
+            )
+        ),
+    )
+
+
+if __name__ == "__main__":
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", default=DEFAULT_STORE)
+    parser.add_argument("--cache", type=Path, required=True)
+    parser.add_argument("--model", action="append", dest="models")
+    parser.add_argument("--no-recompile", action="store_false", dest="recompile")
+    args = parser.parse_args()
+    result = device_sync(
+        cache=str(args.cache),
+        store=args.store,
+        policy=SyncPolicy(models=args.models, recompile=args.recompile),
+    )
+    print(result.model_dump_json(indent=2))
+    sys.exit(result.exit_code)

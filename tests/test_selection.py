@@ -1,0 +1,149 @@
+"""The device's choice rules (pure): every verdict combination, preference and tie-breaks."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from epfleet.selection import ActiveVariant, Considered, Step, decide, rank
+from eps.base import DeviceType, Verdict
+
+SOURCE = "5" * 64
+V = Verdict
+
+
+def variant(target: str, verdict: Verdict, device: DeviceType = "npu") -> Considered:
+    return Considered(
+        target=target,
+        ep="CPUExecutionProvider" if device == "cpu" else "QNNExecutionProvider",
+        device=device,
+        sha256=(target.encode().hex() * 64)[:64],
+        compatibility_string=f"s-{target}",
+        verdict=verdict,
+        reason=verdict.value,
+    )
+
+
+def active_of(c: Considered, verdict: Verdict | None = None) -> ActiveVariant:
+    return ActiveVariant(
+        origin="published",
+        target=c.target,
+        sha256=c.sha256,
+        source_sha256=SOURCE,
+        verdict=verdict or c.verdict,
+    )
+
+
+def steps(*pairs: tuple[str, str | None]) -> list[Step]:
+    return [Step(kind=kind, target=target) for kind, target in pairs]  # type: ignore[arg-type]
+
+
+def test_rank_orders_by_verdict_then_preference_then_manifest_order() -> None:
+    considered = [
+        variant("cpu-prefer", V.PREFER_RECOMPILATION, "cpu"),
+        variant("npu-prefer", V.PREFER_RECOMPILATION, "npu"),
+        variant("cpu-a", V.OPTIMAL, "cpu"),
+        variant("gpu", V.OPTIMAL, "gpu"),
+        variant("cpu-b", V.OPTIMAL, "cpu"),
+        variant("bad", V.UNSUPPORTED, "npu"),
+        variant("unknown", V.UNKNOWN, "npu"),
+    ]
+    ranked = [c.target for c in rank(considered, ("npu", "gpu", "cpu"))]
+    assert ranked == ["gpu", "cpu-a", "cpu-b", "npu-prefer", "cpu-prefer"]
+    assert [c.target for c in rank(considered, ("cpu", "gpu", "npu"))][:3] == [
+        "cpu-a",
+        "cpu-b",
+        "gpu",
+    ]
+
+
+@pytest.mark.parametrize("verdicts", list(itertools.product(list(Verdict), repeat=2)))
+def test_every_pair_of_verdicts(verdicts: tuple[Verdict, Verdict]) -> None:
+    """Two published variants (npu then cpu), nothing active, recompiling allowed."""
+    npu, cpu = variant("npu", verdicts[0], "npu"), variant("cpu", verdicts[1], "cpu")
+    got = decide([npu, cpu], None, SOURCE, recompile=True, recompile_failed_before=False)
+    optimal = [c for c in (npu, cpu) if c.verdict == V.OPTIMAL]
+    prefer = [c for c in (npu, cpu) if c.verdict == V.PREFER_RECOMPILATION]
+    if optimal:
+        assert got == [Step(kind="download", target=c.target) for c in optimal]
+    else:
+        expected = [Step(kind="recompile")]
+        expected += [Step(kind="download", target=c.target) for c in prefer]
+        expected += [Step(kind="fallback")]
+        assert got == expected
+    # Unknown (EP_NOT_APPLICABLE) and unsupported are never downloaded.
+    downloaded = {s.target for s in got if s.kind == "download"}
+    assert all(
+        c.verdict in (V.OPTIMAL, V.PREFER_RECOMPILATION)
+        for c in (npu, cpu)
+        if c.target in downloaded
+    )
+
+
+def test_active_optimal_choice_is_kept() -> None:
+    npu, cpu = variant("npu", V.OPTIMAL, "npu"), variant("cpu", V.OPTIMAL, "cpu")
+    got = decide([npu, cpu], active_of(npu), SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("keep", "npu"))
+
+
+def test_active_but_not_first_choice_switches() -> None:
+    npu, cpu = variant("npu", V.OPTIMAL, "npu"), variant("cpu", V.OPTIMAL, "cpu")
+    got = decide([npu, cpu], active_of(cpu), SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("download", "npu"), ("download", "cpu"))
+
+
+def test_same_target_new_artifact_is_downloaded() -> None:
+    cpu = variant("cpu", V.OPTIMAL, "cpu")
+    stale = active_of(cpu).model_copy(update={"sha256": "0" * 64})
+    got = decide([cpu], stale, SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("download", "cpu"))
+
+
+def test_only_htp_published_recompiles_then_falls_back() -> None:
+    htp = [variant("v75", V.UNSUPPORTED), variant("v73", V.UNSUPPORTED)]
+    got = decide(htp, None, SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("recompile", None), ("fallback", None))
+
+
+def test_no_recompile_policy_or_failed_before_goes_to_fallback() -> None:
+    htp = [variant("v75", V.UNSUPPORTED)]
+    assert decide(htp, None, SOURCE, recompile=False, recompile_failed_before=False) == steps(
+        ("fallback", None)
+    )
+    assert decide(htp, None, SOURCE, recompile=True, recompile_failed_before=True) == steps(
+        ("fallback", None)
+    )
+
+
+def test_local_build_kept_until_an_optimal_variant_is_published() -> None:
+    local = ActiveVariant(
+        origin="local", target=None, sha256="1" * 64, source_sha256=SOURCE, verdict=V.OPTIMAL
+    )
+    htp = variant("v75", V.UNSUPPORTED)
+    got = decide([htp], local, SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("keep", None))
+    published = variant("cpu", V.OPTIMAL, "cpu")
+    got = decide([htp, published], local, SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("download", "cpu"))
+
+
+def test_local_build_of_an_old_source_is_rebuilt() -> None:
+    local = ActiveVariant(
+        origin="local", target=None, sha256="1" * 64, source_sha256="9" * 64, verdict=V.OPTIMAL
+    )
+    got = decide([], local, SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("recompile", None), ("fallback", None))
+
+
+def test_prefer_recompilation_active_is_kept_when_recompiling_is_off() -> None:
+    cpu = variant("cpu", V.PREFER_RECOMPILATION, "cpu")
+    got = decide([cpu], active_of(cpu), SOURCE, recompile=False, recompile_failed_before=False)
+    assert got == steps(("keep", "cpu"), ("fallback", None))
+
+
+def test_nothing_and_no_source_means_no_step() -> None:
+    assert (
+        decide([variant("x", V.UNKNOWN)], None, None, recompile=True, recompile_failed_before=False)
+        == []
+    )

@@ -1,0 +1,478 @@
+"""Device sync for real: a fleet compiled by `epfleet compile` (QNN HTP + CPU), published to
+S3 on loopback (moto over HTTP, through a fault-injecting proxy where a test needs one),
+judged here by ONNX Runtime, downloaded, health-checked and activated in a cache that
+ORT opens as a model package.
+
+This host has no NPU: QNN's validator raises for it, so every HTP variant is
+unsupported here and the CPU variant (or a local CPU build) is what a device gets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import CPU_TARGET, HTP_TARGETS, write_spec
+from s3proxy import FaultProxy
+
+from epfleet.devicecache import DeviceCache
+from epfleet.errors import BadInputError, StoreError
+from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.manifest import Manifest
+from epfleet.sync import DeviceReport, ModelReport, SyncPolicy, sync
+
+DEVICE = "test-device"
+
+
+def compile_fleet(directory: Path, model_dir: Path, targets: list[dict], prefect_api: str) -> Path:
+    spec = write_spec(
+        directory,
+        [
+            {
+                "name": "tiny-cls",
+                "source": str(model_dir / "tiny-cls.onnx"),
+                "input_shapes": {"x": [1, 3, 48, 192]},
+            },
+            {
+                "name": "tiny-det",
+                "source": str(model_dir / "tiny-det.onnx"),
+                "input_shapes": {"image": [1, 3, 64, 64]},
+            },
+        ],
+        targets,
+    )
+    store = directory / "store"
+    env = dict(os.environ, PREFECT_API_URL=prefect_api, EPFLEET_CACHE=str(directory / "cache"))
+    done = subprocess.run(
+        [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return store
+
+
+@pytest.fixture(scope="session")
+def fleet_store(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, prefect_api: str
+) -> Path:
+    """tiny-cls and tiny-det × two HTP targets and one CPU target, in a local store."""
+    return compile_fleet(
+        tmp_path_factory.mktemp("fleet"), model_dir, [*HTP_TARGETS, CPU_TARGET], prefect_api
+    )
+
+
+@pytest.fixture(scope="session")
+def htp_only_store(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, prefect_api: str
+) -> Path:
+    return compile_fleet(tmp_path_factory.mktemp("htp-only"), model_dir, HTP_TARGETS, prefect_api)
+
+
+def publish_to_s3(store: Path, bucket: str, prefix: str = "fleet") -> str:
+    """Copy a local store into S3 as is (its keys are relative paths)."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    for path in sorted(store.rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            s3.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(store).as_posix()}")
+    return f"s3://{bucket}/{prefix}"
+
+
+def run_sync(store: str, cache: Path, **policy: object) -> DeviceReport:
+    return sync(store, cache, SyncPolicy(**policy), device=DEVICE)  # type: ignore[arg-type]
+
+
+def by_model(report: DeviceReport) -> dict[str, ModelReport]:
+    return {m.model: m for m in report.models}
+
+
+def assert_package_runs(cache: Path, expected: dict[str, str]) -> None:
+    """The cache opens as an ORT model package with no epfleet code, selects the variant
+    epfleet activated for each model, and runs it."""
+    context = ort.ModelPackageContext(str(cache))
+    assert sorted(context.get_component_names()) == sorted(expected)
+    for model, variant in expected.items():
+        chosen = context.select_component(model, ort.ModelPackageOptions(ort.SessionOptions()))
+        assert chosen.get_selected_variant_name() == variant
+        session = chosen.create_session()
+        feeds = {
+            i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32)
+            for i in session.get_inputs()
+        }
+        outputs = session.run(None, feeds)
+        assert outputs and all(np.isfinite(o).all() for o in outputs)
+
+
+def read_manifest(store: Path) -> Manifest:
+    return Manifest.from_json((store / "manifest.json").read_bytes())
+
+
+def copy_store(source: Path, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(source, dest)
+    return dest
+
+
+# --- the acceptance path: S3, CPU activated, HTP unsupported, second sync moves nothing ---
+
+
+def test_sync_activates_cpu_and_reports_htp_unsupported(
+    fleet_store: Path, s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    uri = publish_to_s3(fleet_store, s3_bucket)
+    cache = tmp_path / "device"
+    manifest = read_manifest(fleet_store)
+
+    report = run_sync(uri, cache)
+
+    assert report.exit_code == 0
+    assert report.manifest.status == "fetched" and report.manifest.body_bytes > 0
+    models = by_model(report)
+    assert sorted(models) == ["tiny-cls", "tiny-det"]
+    for name, result in models.items():
+        cpu = manifest.models[name].variants["x86-cpu"]
+        assert cpu.artifact is not None
+        assert (result.action, result.target, result.ep) == (
+            "downloaded",
+            "x86-cpu",
+            "CPUExecutionProvider",
+        )
+        assert result.verdict == "optimal"
+        assert result.bytes_downloaded == cpu.artifact.size
+        verdicts = {v.target: v for v in result.considered}
+        assert verdicts["x86-cpu"].verdict == "optimal"
+        for htp in ("sd8g3-htp", "sd8g2-htp"):
+            assert verdicts[htp].verdict == "unsupported"
+            assert "NPU" in verdicts[htp].reason  # ORT's own reason, from QNN's validator
+        # Deciding downloaded nothing: only the chosen artifact was fetched.
+        assert [s.status for s in s3_proxy.seen(cpu.artifact.uri)] == [200]
+        for htp in ("sd8g3-htp", "sd8g2-htp"):
+            variant = manifest.models[name].variants[htp]
+            assert variant.artifact is not None
+            assert s3_proxy.seen(variant.artifact.uri) == []
+    assert {d.ep for d in report.devices} >= {"CPUExecutionProvider", "QNNExecutionProvider"}
+    assert report.ep_packages["onnxruntime"] == ort.__version__
+
+    active = {name: m.variant for name, m in models.items() if m.variant}
+    assert_package_runs(cache, active)
+    uploaded = boto3.client("s3").get_object(
+        Bucket=s3_bucket, Key=f"fleet/reports/devices/{DEVICE}.json"
+    )
+    assert json.loads(uploaded["Body"].read())["models"][0]["action"] == "downloaded"
+    assert report.report_uploaded is True
+
+    # Second sync: conditional GET answered 304, nothing downloaded, everything kept.
+    before = len(s3_proxy.log)
+    again = run_sync(uri, cache)
+    assert again.exit_code == 0
+    assert (again.manifest.status, again.manifest.body_bytes) == ("unchanged", 0)
+    assert [m.action for m in again.models] == ["kept", "kept"]
+    assert sum(m.bytes_downloaded for m in again.models) == 0
+    gets = [s for s in s3_proxy.log[before:] if s.method == "GET"]
+    assert [(s.path.rsplit("/", 1)[-1], s.status, s.body_bytes) for s in gets] == [
+        ("manifest.json", 304, 0)
+    ]
+    assert_package_runs(cache, active)
+
+
+def test_cli_sync_json(fleet_store: Path, s3_bucket: str, tmp_path: Path, aws_env: str) -> None:
+    uri = publish_to_s3(fleet_store, s3_bucket)
+    cache = tmp_path / "device"
+    done = subprocess.run(
+        [sys.executable, "-m", "epfleet", "sync", "--store", uri, "--cache", str(cache), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [(m["model"], m["action"]) for m in report["models"]] == [
+        ("tiny-cls", "downloaded"),
+        ("tiny-det", "downloaded"),
+    ]
+    assert set(report["models"][0]) >= {
+        "model",
+        "action",
+        "variant",
+        "ep",
+        "verdict",
+        "bytes_downloaded",
+        "reason",
+    }
+    bad = subprocess.run(
+        [
+            *(sys.executable, "-m", "epfleet", "sync", "--store", uri, "--cache", str(cache)),
+            *("--model", "nope"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert "'nope' is not in the manifest; it has: tiny-cls, tiny-det" in bad.stderr
+
+
+# --- recompile, fallback, switching --------------------------------------------------------
+
+
+def test_only_htp_published_recompiles_for_cpu_then_switches_to_a_published_cpu_variant(
+    htp_only_store: Path, model_dir: Path, prefect_api: str, tmp_path: Path
+) -> None:
+    store = copy_store(htp_only_store, tmp_path / "store")
+    cache = tmp_path / "device"
+
+    first = run_sync(str(store), cache)
+    assert first.exit_code == 0
+    for result in first.models:
+        assert (result.action, result.ep, result.target) == (
+            "recompiled",
+            "CPUExecutionProvider",
+            None,
+        )
+        assert result.variant is not None and result.variant.startswith("local-cpu-")
+        assert result.bytes_downloaded > 0  # the source
+        assert all(v.verdict == "unsupported" for v in result.considered)
+    local = {m.model: m.variant for m in first.models if m.variant}
+    assert_package_runs(cache, local)
+
+    second = run_sync(str(store), cache)
+    assert [m.action for m in second.models] == ["kept", "kept"]
+    assert {m.model: m.variant for m in second.models} == local
+
+    # The fleet now publishes a CPU variant too: the next sync switches to it and keeps
+    # the local build for rollback.
+    spec = write_spec(
+        tmp_path,
+        [
+            {
+                "name": "tiny-cls",
+                "source": str(model_dir / "tiny-cls.onnx"),
+                "input_shapes": {"x": [1, 3, 48, 192]},
+            },
+            {
+                "name": "tiny-det",
+                "source": str(model_dir / "tiny-det.onnx"),
+                "input_shapes": {"image": [1, 3, 64, 64]},
+            },
+        ],
+        [*HTP_TARGETS, CPU_TARGET],
+    )
+    env = dict(os.environ, PREFECT_API_URL=prefect_api)
+    done = subprocess.run(
+        [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    third = run_sync(str(store), cache)
+    assert [(m.action, m.target) for m in third.models] == [("downloaded", "x86-cpu")] * 2
+    package = json.loads((cache / "manifest.json").read_text())
+    for result in third.models:
+        listed = list(package["components"][result.model]["variants"])
+        assert listed == [result.variant, local[result.model]]  # active first, then rollback
+    assert_package_runs(cache, {m.model: m.variant for m in third.models if m.variant})
+
+
+def test_no_recompile_falls_back_to_the_source_on_cpu(htp_only_store: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "device"
+    report = run_sync(str(htp_only_store), cache, recompile=False)
+    assert report.exit_code == 1
+    manifest = read_manifest(htp_only_store)
+    for result in report.models:
+        assert result.action == "fallback"
+        assert result.bytes_downloaded == manifest.models[result.model].source.size
+        assert "source model on the CPU EP" in result.reason
+    assert_package_runs(cache, {m.model: m.variant for m in report.models if m.variant})
+    again = run_sync(str(htp_only_store), cache, recompile=False)
+    assert [(m.action, m.bytes_downloaded) for m in again.models] == [("fallback", 0)] * 2
+
+
+# --- integrity: nothing unverified is ever activated ----------------------------------------
+
+
+def republish_cpu_variant(store: Path, model: str, data: bytes, claimed_sha256: str) -> None:
+    """Point the model's CPU variant at new bytes in the store, claiming ``claimed_sha256``."""
+    manifest = read_manifest(store)
+    variant = manifest.models[model].variants["x86-cpu"]
+    key = f"variants/{model}/x86-cpu/{claimed_sha256}.onnx"
+    (store / key).write_bytes(data)
+    assert variant.artifact is not None
+    variant.artifact = variant.artifact.model_copy(
+        update={"uri": key, "sha256": claimed_sha256, "size": len(data)}
+    )
+    manifest.generation += 1
+    (store / "manifest.json").write_bytes(manifest.to_json())
+
+
+def test_tampered_artifact_is_never_activated(fleet_store: Path, tmp_path: Path) -> None:
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = tmp_path / "device"
+    first = run_sync(str(store), cache, models=["tiny-cls"])
+    [good] = first.models
+    assert good.action == "downloaded" and good.variant
+
+    original = read_manifest(store).models["tiny-cls"].variants["x86-cpu"]
+    assert original.artifact is not None
+    data = bytearray((store / original.artifact.uri).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, the size unchanged
+    republish_cpu_variant(store, "tiny-cls", bytes(data), sha256_bytes(b"a new build"))
+
+    report = run_sync(str(store), cache, models=["tiny-cls"])
+    [result] = report.models
+    assert report.exit_code == 1
+    assert result.action == "failed"
+    assert "sha256" in result.reason and "not activated" in result.reason
+    assert result.variant == good.variant  # the previous variant stays active ...
+    assert_package_runs(cache, {"tiny-cls": good.variant})  # ... and still runs
+    assert list((cache / ".epfleet" / "partial").iterdir()) == []  # the bad bytes are gone
+
+
+def test_artifact_whose_string_differs_from_the_manifest_is_not_activated(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    store = copy_store(fleet_store, tmp_path / "store")
+    original = read_manifest(store).models["tiny-cls"].variants["x86-cpu"]
+    assert original.artifact is not None
+    model = onnx.load_from_string((store / original.artifact.uri).read_bytes())
+    for prop in model.metadata_props:
+        if prop.key == "ep_compatibility_info.CPUExecutionProvider":
+            prop.value = prop.value.replace("nchwc=1", "nchwc=0").replace("nchwc=0;", "nchwc=1;")
+            prop.value += ";forged"
+    data = model.SerializeToString()
+    republish_cpu_variant(store, "tiny-cls", data, sha256_bytes(data))
+
+    report = run_sync(str(store), tmp_path / "device", models=["tiny-cls"])
+    [result] = report.models
+    assert result.action == "failed" and result.variant is None
+    assert "ep_compatibility_info.CPUExecutionProvider" in result.reason
+    assert not (tmp_path / "device" / "models" / "tiny-cls").exists()
+
+
+def test_variant_that_does_not_run_fails_its_health_check(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = tmp_path / "device"
+    [good] = run_sync(str(store), cache, models=["tiny-cls"]).models
+    original = read_manifest(store).models["tiny-cls"].variants["x86-cpu"]
+    assert original.artifact is not None
+    model = onnx.load_from_string((store / original.artifact.uri).read_bytes())
+    model.graph.node[0].op_type = "NoSuchOperator"  # loads as ONNX, cannot run anywhere
+    data = model.SerializeToString()
+    republish_cpu_variant(store, "tiny-cls", data, sha256_bytes(data))
+
+    [result] = run_sync(str(store), cache, models=["tiny-cls"]).models
+    assert result.action == "failed"
+    assert "CPUExecutionProvider cannot load" in result.reason
+    assert result.variant == good.variant
+    assert_package_runs(cache, {"tiny-cls": good.variant})
+
+
+def test_active_file_changed_on_disk_is_replaced(fleet_store: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "device"
+    [first] = run_sync(str(fleet_store), cache, models=["tiny-cls"]).models
+    assert first.variant
+    active = cache / "models" / "tiny-cls" / first.variant / "model.onnx"
+    active.write_bytes(active.read_bytes() + b"\0")
+    [again] = run_sync(str(fleet_store), cache, models=["tiny-cls"]).models
+    assert again.action == "downloaded" and again.variant == first.variant
+    assert "changed on disk" in again.reason
+    cpu = read_manifest(fleet_store).models["tiny-cls"].variants["x86-cpu"]
+    assert cpu.artifact is not None
+    assert sha256_file(active) == (cpu.artifact.sha256, cpu.artifact.size)
+
+
+# --- resuming, offline, bad manifests ----------------------------------------------------
+
+
+def test_interrupted_download_resumes_with_a_range_request(
+    fleet_store: Path, s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    uri = publish_to_s3(fleet_store, s3_bucket)
+    cpu = read_manifest(fleet_store).models["tiny-cls"].variants["x86-cpu"]
+    assert cpu.artifact is not None
+    path = f"/{s3_bucket}/fleet/{cpu.artifact.uri}"
+    cut = cpu.artifact.size // 3
+    s3_proxy.cut_next_get_responses(path, after=cut)
+
+    [result] = run_sync(uri, tmp_path / "device", models=["tiny-cls"]).models
+
+    assert result.action == "downloaded", result.reason
+    gets = s3_proxy.seen(cpu.artifact.uri)
+    assert [(g.range, g.body_bytes) for g in gets] == [
+        (None, cut),
+        (f"bytes={cut}-", cpu.artifact.size - cut),
+    ]
+    assert result.bytes_downloaded == cpu.artifact.size
+
+
+def test_partial_download_left_by_an_earlier_sync_is_resumed(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "device"
+    cpu = read_manifest(fleet_store).models["tiny-cls"].variants["x86-cpu"]
+    assert cpu.artifact is not None
+    half = (fleet_store / cpu.artifact.uri).read_bytes()[: cpu.artifact.size // 2]
+    DeviceCache(cache).partial(cpu.artifact.sha256).write_bytes(half)
+
+    [result] = run_sync(str(fleet_store), cache, models=["tiny-cls"]).models
+
+    assert result.action == "downloaded"
+    assert result.bytes_downloaded == cpu.artifact.size - len(half)
+
+
+def test_offline_device_keeps_what_it_runs(
+    fleet_store: Path, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = publish_to_s3(fleet_store, s3_bucket)
+    cache = tmp_path / "device"
+    first = run_sync(uri, cache)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+
+    report = run_sync(uri, cache)
+
+    assert report.manifest.status == "offline"
+    assert "cannot reach the S3 endpoint" in (report.manifest.reason or "")
+    assert report.manifest.generation == first.manifest.generation
+    assert [m.action for m in report.models] == ["kept", "kept"]
+    assert report.exit_code == 0
+    assert report.report_uploaded is False
+    with pytest.raises(StoreError, match="no usable manifest"):
+        run_sync(uri, tmp_path / "fresh-device")
+
+
+def test_invalid_manifest_is_rejected_whole(fleet_store: Path, tmp_path: Path) -> None:
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = tmp_path / "device"
+    first = run_sync(str(store), cache)
+    document = json.loads((store / "manifest.json").read_text())
+    document["models"]["../../escape"] = document["models"]["tiny-cls"]
+    document["generation"] += 1
+    (store / "manifest.json").write_text(json.dumps(document))
+
+    report = run_sync(str(store), cache)
+
+    assert report.manifest.status == "rejected"
+    assert "models" in (report.manifest.reason or "")
+    assert report.manifest.generation == first.manifest.generation
+    assert [m.action for m in report.models] == ["kept", "kept"]
+    assert not (tmp_path / "escape").exists()
+
+
+def test_unknown_model_is_bad_input(fleet_store: Path, tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match="'nope' is not in the manifest"):
+        run_sync(str(fleet_store), tmp_path / "device", models=["nope"])
