@@ -476,3 +476,35 @@ def test_invalid_manifest_is_rejected_whole(fleet_store: Path, tmp_path: Path) -
 def test_unknown_model_is_bad_input(fleet_store: Path, tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="'nope' is not in the manifest"):
         run_sync(str(fleet_store), tmp_path / "device", models=["nope"])
+
+
+# --- the Prefect flow ------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_device_sync_flow(htp_only_store: Path, tmp_path: Path) -> None:
+    """The same sync as a Prefect flow run: typed parameters, one task per model, and the
+    device's choices as table artifacts."""
+    from prefect.artifacts import Artifact
+
+    from flows.device_sync import device_sync
+
+    cache = tmp_path / "device"
+    report = device_sync(
+        cache=str(cache),
+        store=str(htp_only_store),
+        policy=SyncPolicy(models=["tiny-cls"]),
+        device="flow-device",
+    )
+    [result] = report.models
+    assert (result.model, result.action, result.ep) == (
+        "tiny-cls",
+        "recompiled",
+        "CPUExecutionProvider",
+    )
+    assert_package_runs(cache, {"tiny-cls": result.variant or ""})
+    table = Artifact.get("device-sync-flow-device")
+    assert table is not None and "recompiled" in str(table.data)
+    verdicts = Artifact.get("device-sync-flow-device-verdicts")
+    assert verdicts is not None and "unsupported" in str(verdicts.data)
+    assert (htp_only_store / "reports" / "devices" / "flow-device.json").exists()
