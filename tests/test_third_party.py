@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from epfleet.shapes import graph_inputs
@@ -25,7 +27,7 @@ def paddle_ocr_models() -> dict[str, Path]:
     return paddle_ocr.fetch(CACHE, list(MODELS))
 
 
-def test_paddle_ocr_models_compile_for_three_htp_targets_and_cpu(
+def test_paddle_ocr_compiled_for_three_htp_targets_and_cpu_then_synced_to_this_host(
     paddle_ocr_models: dict[str, Path], tmp_path: Path, s3_bucket: str, cli_env: dict[str, str]
 ) -> None:
     rec_inputs = graph_inputs(
@@ -73,3 +75,29 @@ def test_paddle_ocr_models_compile_for_three_htp_targets_and_cpu(
         epfleet("compile", str(spec), "--store", store, "--json", env=cli_env).stdout
     )
     assert again["compiled"] == 0 and again["generation"] == report["generation"]
+
+    # This host as a device: no NPU, so QNN's validator refuses the HTP variants and the
+    # CPU ones are downloaded, verified, health-checked and activated.
+    cache = tmp_path / "device"
+    synced = epfleet("sync", "--store", store, "--cache", str(cache), "--json", env=cli_env)
+    assert synced.returncode == 0, synced.stderr
+    device = json.loads(synced.stdout)
+    for result in device["models"]:
+        assert (result["action"], result["target"]) == ("downloaded", "cpu")
+        cpu = manifest.models[result["model"]].variants["cpu"]
+        assert cpu.artifact is not None and result["bytes_downloaded"] == cpu.artifact.size
+        verdicts = {v["target"]: v for v in result["considered"]}
+        assert {verdicts[name]["verdict"] for name, _, _ in HTP} == {"unsupported"}
+        assert all("NPU" in verdicts[name]["reason"] for name, _, _ in HTP)
+    context = ort.ModelPackageContext(str(cache))
+    for name, (_, shape) in MODELS.items():
+        options = ort.ModelPackageOptions(ort.SessionOptions())
+        session = context.select_component(name, options).create_session()
+        outputs = session.run(None, {"x": np.zeros(shape, np.float32)})
+        assert np.isfinite(outputs[0]).all()
+
+    kept = json.loads(
+        epfleet("sync", "--store", store, "--cache", str(cache), "--json", env=cli_env).stdout
+    )
+    assert kept["manifest"]["status"] == "unchanged" and kept["manifest"]["body_bytes"] == 0
+    assert [(m["action"], m["bytes_downloaded"]) for m in kept["models"]] == [("kept", 0)] * 2
