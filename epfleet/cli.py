@@ -5,7 +5,7 @@
     epfleet manifest show --store URI [--json]
     epfleet manifest schema
     epfleet sync --store URI --cache DIR [--model NAME ...] [--no-recompile]
-                 [--prefer npu,gpu,cpu] [--device-id ID] [--json]
+                 [--prefer npu,gpu,cpu] [--device-id ID] [--verify] [--json]
 
 Exit codes: compile: 0 every pair ok or up to date; 1 a pair failed (the rest
 still published) or the store failed. sync: 0 every wanted model kept,
@@ -99,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     sync.add_argument(
         "--device-id", help="this device's id in reports (default $EPFLEET_DEVICE_ID or hostname)"
+    )
+    sync.add_argument(
+        "--verify",
+        action="store_true",
+        help="re-hash the active files (default: trust size and mtime as activated)",
     )
     sync.add_argument("--json", action="store_true", help="print the device report as JSON")
     return parser
@@ -215,7 +220,9 @@ def _sync(args: argparse.Namespace) -> int:
     bad = [p for p in prefer if p not in ("npu", "gpu", "cpu")]
     if bad or not prefer:
         raise BadInputError(f"--prefer takes device types npu, gpu, cpu; got {args.prefer!r}")
-    policy = SyncPolicy(models=args.models, recompile=args.recompile, prefer=prefer)
+    policy = SyncPolicy(
+        models=args.models, recompile=args.recompile, prefer=prefer, verify=args.verify
+    )
 
     def progress(message: str) -> None:
         print(f"epfleet: {message}", file=sys.stderr)

@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -42,6 +43,7 @@ PACKAGE_MANIFEST = "manifest.json"
 PACKAGE_NAME = "epfleet-device-cache"
 MODEL_FILE = "model.onnx"
 STATE_DIR = ".epfleet"
+PARTIAL_MAX_AGE = 7 * 24 * 3600.0
 
 
 class CacheBusy(EpfleetError):
@@ -182,13 +184,27 @@ class DeviceCache:
                     removed.append(child.name)
         return removed
 
+    def tidy(self, max_age_seconds: float = PARTIAL_MAX_AGE) -> None:
+        """Remove compile scratch, and partial downloads nobody resumed for a while."""
+        shutil.rmtree(self.meta / "scratch", ignore_errors=True)
+        cutoff = time.time() - max_age_seconds
+        partial = self.meta / "partial"
+        if partial.is_dir():
+            for path in partial.iterdir():
+                if path.stat().st_mtime < cutoff:
+                    path.unlink(missing_ok=True)
+
     # --- the ORT model package ----------------------------------------------------------
 
     def package_json(self, state: CacheState, *, rollback: bool = True) -> bytes:
         components = {}
         for model, entry in sorted(state.models.items()):
             listed = [entry.active, entry.previous if rollback else None]
-            variants = {v.name: _package_variant(model, v) for v in listed if v is not None}
+            variants = {
+                v.name: _package_variant(model, v)
+                for v in listed
+                if v is not None and self.model_file(model, v).exists()
+            }  # a missing directory would make ORT refuse the whole package
             if variants:
                 components[model] = {"variants": variants}
         document = {
@@ -212,7 +228,7 @@ class DeviceCache:
             for model, entry in state.models.items()
             if entry.active is not None
             and entry.previous is not None
-            and self.selected(model) != entry.active.name
+            and self.selected(model) not in (None, entry.active.name)
         ]
         if outvoted:
             alone = state.model_copy(

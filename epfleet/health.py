@@ -8,7 +8,6 @@ bad artifact takes down the worker, not the device's sync.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -34,6 +33,8 @@ NUMPY_TYPES = {
 
 
 class HealthJob(BaseModel):
+    label: str
+    """The variant's name, for messages."""
     path: str
     ep: str
     device: DeviceType
@@ -54,7 +55,7 @@ def check_health(job: HealthJob) -> Health:
     import onnxruntime as ort
 
     started = time.perf_counter()
-    name = Path(job.path).name
+    name = job.label
     options = ort.SessionOptions()
     try:
         eps.load(job.ep).configure_session(options, job.provider_options, job.device)

@@ -12,7 +12,16 @@ import json
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from epfleet.stores.base import check_key
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
@@ -32,6 +41,11 @@ class ArtifactRef(_Strict):
     uri: str = Field(description="Key of the file, relative to the store root")
     sha256: str = Field(pattern=SHA256_PATTERN)
     size: int = Field(ge=0)
+
+    @field_validator("uri")
+    @classmethod
+    def _inside_the_store(cls, uri: str) -> str:
+        return check_key(uri)
 
 
 class SourceEntry(ArtifactRef):

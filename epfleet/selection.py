@@ -8,12 +8,15 @@ order; the sync engine runs them until one succeeds. The rules:
    and unknown (ORT's EP_NOT_APPLICABLE) never are. They rank by verdict, then by
    the device's preference of device type (npu, gpu, cpu unless configured), then
    by manifest order.
-2. If some published variant is optimal: keep the active one when it is the first
-   choice, otherwise download the optimal ones in rank order.
+2. If some published variant is optimal: download the optimal ones in rank order,
+   except that the active variant is kept rather than fetched again (and nothing
+   ranked below it is tried). If all fail, a device that runs something keeps it;
+   a fresh device goes on to rule 3.
 3. Otherwise, a locally built variant of the published source that still judges
    optimal is kept. Failing that, recompile locally (when allowed, the source is
-   published and the same local build has not already failed), then take the best
-   prefer-recompilation variant, and last run the source itself on the CPU EP.
+   published and the same local build has not already failed), then take the
+   prefer-recompilation variants in rank order (keeping the active one), and last
+   run the source itself on the CPU EP.
 """
 
 from __future__ import annotations
@@ -89,12 +92,25 @@ def decide(
     the manifest has none to offer)."""
     ranked = rank(considered, preference)
     optimal = [c for c in ranked if c.verdict == Verdict.OPTIMAL]
-    if optimal:
-        if _is_active(active, optimal[0]):
-            return [Step(kind="keep", target=optimal[0].target)]
-        return [Step(kind="download", target=c.target) for c in optimal]
+    prefer = [c for c in ranked if c.verdict == Verdict.PREFER_RECOMPILATION]
 
-    if (
+    def fetch(variants: list[Considered]) -> list[Step]:
+        # The active variant further down the list is kept, not downloaded again.
+        return [
+            Step(kind="keep" if _is_active(active, c) else "download", target=c.target)
+            for c in variants
+        ]
+
+    steps: list[Step] = []
+    if optimal:
+        steps = fetch(optimal)
+        keeps = [i for i, step in enumerate(steps) if step.kind == "keep"]
+        if keeps:
+            return steps[: keeps[0] + 1]
+        if active is not None:
+            return steps
+        # A fresh device whose optimal variants all fail still gets something to run.
+    elif (
         active is not None
         and active.origin == "local"
         and active.source_sha256 == source_sha256
@@ -102,13 +118,9 @@ def decide(
     ):
         return [Step(kind="keep")]
 
-    steps: list[Step] = []
     if recompile and source_sha256 is not None and not recompile_failed_before:
         steps.append(Step(kind="recompile"))
-    if ranked and _is_active(active, ranked[0]):
-        steps.append(Step(kind="keep", target=ranked[0].target))
-    else:
-        steps.extend(Step(kind="download", target=c.target) for c in ranked)
+    steps.extend(fetch(prefer))
     if source_sha256 is not None:
         steps.append(Step(kind="fallback"))
     return steps

@@ -120,6 +120,10 @@ class SyncPolicy(BaseModel):
     prefer: list[DeviceType] = Field(
         default=list(DEFAULT_PREFERENCE), description="Device types, most preferred first"
     )
+    verify: bool = Field(
+        default=False,
+        description="Re-hash active files (default: trust size and mtime as activated)",
+    )
 
 
 # --- manifest --------------------------------------------------------------------------
@@ -137,7 +141,7 @@ def fetch_manifest(store_uri: str, cache_dir: Path) -> ManifestStatus:
         in_force = _parse(cached) if cached else None
         generation = in_force.generation if in_force else None
         try:
-            if cached and state.manifest_etag:
+            if in_force is not None and state.manifest_etag:
                 got = store.read_if_changed(MANIFEST_KEY, state.manifest_etag)
             else:
                 got = store.read(MANIFEST_KEY)
@@ -155,13 +159,17 @@ def fetch_manifest(store_uri: str, cache_dir: Path) -> ManifestStatus:
             manifest = Manifest.from_json(got.data)
         except ValidationError as exc:
             error = exc.errors()[0]
+            reason = (
+                f"{store.uri}/{MANIFEST_KEY} fails validation at "
+                f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
+            )
+            if in_force is None:
+                raise StoreError(f"{reason}; no valid manifest is cached to fall back on") from None
             return ManifestStatus(
                 status="rejected",
                 generation=generation,
                 body_bytes=len(got.data),
-                reason=f"{store.uri}/{MANIFEST_KEY} fails validation at "
-                f"{'.'.join(map(str, error['loc']))}: {error['msg']}; "
-                + ("the cached manifest stays in force" if cached else "no manifest cached"),
+                reason=f"{reason}; the cached manifest (generation {generation}) stays in force",
             )
         cache.save_manifest(got.data)
         state.store, state.manifest_etag = store.uri, got.etag
@@ -179,13 +187,15 @@ def _parse(data: bytes) -> Manifest | None:
         return None
 
 
-def manifest_in_force(cache_dir: Path) -> Manifest:
-    data = DeviceCache(cache_dir).cached_manifest()
+def manifest_in_force(store_uri: str, cache_dir: Path) -> Manifest:
+    """The last valid manifest fetched from this store into this cache."""
+    cache = DeviceCache(cache_dir)
+    data = cache.cached_manifest()
     manifest = _parse(data) if data else None
-    if manifest is None:
+    if manifest is None or cache.load_state().store != open_store(store_uri).uri:
         raise StoreError(
-            "no usable manifest: the store could not be read and none is cached "
-            f"in {cache_dir}; sync again once the store is reachable"
+            f"no usable manifest: {store_uri} could not be read and no manifest from it is "
+            f"cached in {cache_dir}; sync again once the store is reachable"
         )
     return manifest
 
@@ -217,7 +227,6 @@ class _Done(BaseModel):
     installed: Installed
     action: Action
     verdict: Verdict | None
-    bytes_downloaded: int = 0
     reason: str
 
 
@@ -240,6 +249,8 @@ class ModelSync:
         self.offline = offline
         self.log = log
         self._worker: CompilePool | None = None
+        self.moved = 0
+        """Bytes downloaded so far by this sync, failed attempts included."""
 
     @property
     def worker(self) -> CompilePool:
@@ -281,13 +292,14 @@ class ModelSync:
     # -- the whole model --
 
     def sync(self, model: str, entry: ModelEntry, state: CacheState) -> ModelReport:
-        started = time.perf_counter()
+        started, moved_before = time.perf_counter(), self.moved
         mstate = state.models.setdefault(model, ModelState())
         considered = self.considered(entry)
         notes: list[str] = []
-        if mstate.active is not None and not self.cache.intact(model, mstate.active):
+        verify = self.policy.verify
+        if mstate.active is not None and not self.cache.intact(model, mstate.active, rehash=verify):
             previous = mstate.previous
-            usable = previous is not None and self.cache.intact(model, previous)
+            usable = previous is not None and self.cache.intact(model, previous, rehash=True)
             notes.append(
                 f"active variant {mstate.active.name} changed on disk"
                 + (f"; rolled back to {previous.name}" if usable and previous else "")
@@ -323,8 +335,8 @@ class ModelSync:
             except EpfleetError as exc:
                 failures.append(f"{_describe(step)}: {exc}")
                 self.log(f"{model}: {_describe(step)} failed: {exc}")
-                if step.kind == "recompile":
-                    mstate.recompile_failed[build_key] = str(exc)
+                if step.kind == "recompile" and not isinstance(exc, StoreError):
+                    mstate.recompile_failed[build_key] = str(exc)  # a build that cannot work
         verdicts = [
             VariantVerdict(
                 target=c.target, ep=c.ep, device=c.device, verdict=c.verdict, reason=c.reason
@@ -344,7 +356,7 @@ class ModelSync:
                 target=kept.target if kept else None,
                 ep=kept.ep if kept else None,
                 verdict=None,
-                bytes_downloaded=0,
+                bytes_downloaded=self.moved - moved_before,
                 reason=reason,
                 considered=verdicts,
                 seconds=seconds,
@@ -358,10 +370,25 @@ class ModelSync:
             target=done.installed.target,
             ep=done.installed.ep,
             verdict=done.verdict,
-            bytes_downloaded=done.bytes_downloaded,
+            bytes_downloaded=self.moved - moved_before,
             reason="; ".join([*notes, *failures, done.reason]),
             considered=verdicts,
             seconds=seconds,
+        )
+
+    def unexpected(self, model: str, state: CacheState, exc: Exception) -> ModelReport:
+        kept = state.models.get(model, ModelState()).active
+        return ModelReport(
+            model=model,
+            action="failed",
+            variant=kept.name if kept else None,
+            target=kept.target if kept else None,
+            ep=kept.ep if kept else None,
+            verdict=None,
+            bytes_downloaded=0,
+            reason=f"unexpected {type(exc).__name__}: {exc}",
+            considered=[],
+            seconds=0.0,
         )
 
     def _build_key(self, entry: ModelEntry) -> str:
@@ -449,7 +476,6 @@ class ModelSync:
             installed=installed,
             action="downloaded",
             verdict=chosen.verdict,
-            bytes_downloaded=moved,
             reason=chosen.reason,
         )
 
@@ -467,9 +493,11 @@ class ModelSync:
                 break
             except TransientStoreError as exc:
                 if attempt == DOWNLOAD_ATTEMPTS:
+                    self.moved += (part.stat().st_size if part.exists() else 0) - held
                     raise
                 self.log(f"{key}: {exc}; resuming (attempt {attempt + 1})")
         got_size = part.stat().st_size
+        self.moved += got_size - held
         digest = hashlib.sha256()
         with open(part, "rb") as f:
             while chunk := f.read(CHUNK):
@@ -514,6 +542,7 @@ class ModelSync:
         self, path: Path, installed: Installed, input_shapes: dict[str, list[int]]
     ) -> Health:
         job = HealthJob(
+            label=installed.name,
             path=str(path),
             ep=installed.ep,
             device=installed.device,
@@ -522,9 +551,10 @@ class ModelSync:
         )
         try:
             return self.worker.call(check_health, job, f"health-checking {installed.name}")
-        except HealthCheckError:
-            raise
         except EpfleetError as exc:
+            path.unlink(missing_ok=True)  # verified bytes, but they do not run here
+            if isinstance(exc, HealthCheckError):
+                raise
             raise HealthCheckError(str(exc)) from None
 
     def _recompile(self, model: str, entry: ModelEntry) -> _Done:
@@ -533,13 +563,12 @@ class ModelSync:
             raise EpfleetError("no EP here builds for this device's hardware")
         source = entry.source
         part = self.cache.partial(source.sha256)
-        moved = self.download(source.uri, source.sha256, source.size, part)
+        self.download(source.uri, source.sha256, source.size, part)
         failures = []
         try:
             for ep, local in targets:
                 try:
-                    done = self._build_locally(model, entry, part, ep, local)
-                    return done.model_copy(update={"bytes_downloaded": moved})
+                    return self._build_locally(model, entry, part, ep, local)
                 except EpfleetError as exc:
                     failures.append(f"{ep}: {exc}")
         finally:
@@ -634,14 +663,13 @@ class ModelSync:
             mtime_ns=0,
         )
         part = self.cache.partial(source.sha256)
-        moved = self.download(source.uri, source.sha256, source.size, part)
+        self.download(source.uri, source.sha256, source.size, part)
         self._health(part, installed, source.input_shapes)
         installed = self.cache.install(model, installed, part)
         return _Done(
             installed=installed,
             action="fallback",
             verdict=None,
-            bytes_downloaded=moved,
             reason=reason,
         )
 
@@ -683,20 +711,24 @@ def sync_models(
     """Sync every wanted model against the manifest in force in the cache."""
     cache = DeviceCache(cache_dir)
     with cache.locked():
-        manifest = manifest_in_force(cache_dir)
+        manifest = manifest_in_force(store_uri, cache_dir)
         wanted = wanted_models(manifest, policy.models)
         state = cache.load_state()
         runner = ModelSync(open_store(store_uri), cache, local or discover(), policy, offline, log)
         reports = []
         try:
             for model in wanted:
-                report = runner.sync(model, manifest.models[model], state)
+                try:
+                    report = runner.sync(model, manifest.models[model], state)
+                except Exception as exc:  # one model's surprise must not starve the others
+                    report = runner.unexpected(model, state, exc)
                 log(f"{model}: {report.action} {report.variant or ''} ({report.reason})")
                 reports.append(report)
         finally:
             runner.close()
             cache.save_state(state)
             cache.write_package(state)
+            cache.tidy()
         return reports
 
 
@@ -704,7 +736,7 @@ def device_id(given: str | None) -> str:
     """The device's id in reports: ``given``, else $EPFLEET_DEVICE_ID, else the host name."""
     chosen = given or os.environ.get("EPFLEET_DEVICE_ID")
     if chosen:
-        if not re.match(NAME_PATTERN, chosen):
+        if not re.fullmatch(NAME_PATTERN, chosen):
             raise BadInputError(
                 f"device id {chosen!r} must match {NAME_PATTERN} (lowercase letters, digits, "
                 "'.', '_' and '-')"
@@ -763,7 +795,10 @@ def sync(
     started = time.perf_counter()
     identity = device_id(device)
     status = fetch_manifest(store_uri, cache_dir)
-    log(f"manifest: {status.status} (generation {status.generation}, {status.body_bytes} bytes)")
+    log(
+        f"manifest: {status.status} (generation {status.generation}, {status.body_bytes} bytes)"
+        + (f": {status.reason}" if status.reason else "")
+    )
     local = discover()
     models = sync_models(store_uri, cache_dir, policy, status.offline, local, log)
     report = build_report(

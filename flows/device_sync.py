@@ -44,7 +44,7 @@ def device_sync(
     identity = device_id(device)
     manifest = fetch_manifest_task(store, cache)
     models: list[ModelReport] = []
-    for model in wanted_models_task(cache, policy.models):
+    for model in wanted_models_task(store, cache, policy.models):
         models.append(sync_model_task(store, cache, model, policy, manifest.offline))
     report = report_task(identity, store, cache, manifest, models, time.perf_counter() - started)
     _publish_artifacts(report)

@@ -44,8 +44,8 @@ def fetch_manifest_task(store: str, cache: str) -> ManifestStatus:
 
 
 @task(name="wanted-models", cache_policy=NO_CACHE)
-def wanted_models_task(cache: str, models: list[str] | None) -> list[str]:
-    return wanted_models(manifest_in_force(Path(cache)), models)
+def wanted_models_task(store: str, cache: str, models: list[str] | None) -> list[str]:
+    return wanted_models(manifest_in_force(store, Path(cache)), models)
 
 
 @task(name="sync-model", cache_policy=NO_CACHE, task_run_name="sync {model}")

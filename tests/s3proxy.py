@@ -17,6 +17,9 @@ with Content-Length). Faults, armed at runtime by the test:
   status line, headers and the first ``after`` body bytes, then close the connection,
   as a network drop mid-download does.
 
+- ``ignore_range = True``: forward GETs without their Range header, as a server or
+  cache that does not do ranges answers them (200 and the whole object).
+
 ``counts`` tallies requests by method; ``log`` records every request as a ``Seen``
 (method, path, Range header, status, body bytes sent). Loopback only; bodies are bounded.
 """
@@ -63,6 +66,7 @@ class FaultProxy:
         self._conflicts = 0
         self._lose: dict[str, int] = {}
         self._cut: dict[str, tuple[int, int]] = {}
+        self.ignore_range = False
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -167,6 +171,8 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             try:
                 conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
                 for name, value in self.headers.items():
+                    if name.lower() == "range" and proxy.ignore_range:
+                        continue
                     conn.putheader(name, value)
                 conn.endheaders()
                 if body:

@@ -65,13 +65,12 @@ def test_every_pair_of_verdicts(verdicts: tuple[Verdict, Verdict]) -> None:
     got = decide([npu, cpu], None, SOURCE, recompile=True, recompile_failed_before=False)
     optimal = [c for c in (npu, cpu) if c.verdict == V.OPTIMAL]
     prefer = [c for c in (npu, cpu) if c.verdict == V.PREFER_RECOMPILATION]
-    if optimal:
-        assert got == [Step(kind="download", target=c.target) for c in optimal]
-    else:
-        expected = [Step(kind="recompile")]
-        expected += [Step(kind="download", target=c.target) for c in prefer]
-        expected += [Step(kind="fallback")]
-        assert got == expected
+    # A fresh device: the optimal variants first, then the rest of the ladder.
+    expected = [Step(kind="download", target=c.target) for c in optimal]
+    expected += [Step(kind="recompile")]
+    expected += [Step(kind="download", target=c.target) for c in prefer]
+    expected += [Step(kind="fallback")]
+    assert got == expected
     # Unknown (EP_NOT_APPLICABLE) and unsupported are never downloaded.
     downloaded = {s.target for s in got if s.kind == "download"}
     assert all(
@@ -87,17 +86,37 @@ def test_active_optimal_choice_is_kept() -> None:
     assert got == steps(("keep", "npu"))
 
 
-def test_active_but_not_first_choice_switches() -> None:
+def test_active_but_not_first_choice_switches_or_keeps_the_active_one() -> None:
     npu, cpu = variant("npu", V.OPTIMAL, "npu"), variant("cpu", V.OPTIMAL, "cpu")
-    got = decide([npu, cpu], active_of(cpu), SOURCE, recompile=True, recompile_failed_before=False)
-    assert got == steps(("download", "npu"), ("download", "cpu"))
+    gpu = variant("gpu", V.OPTIMAL, "gpu")
+    got = decide(
+        [npu, gpu, cpu], active_of(gpu), SOURCE, recompile=True, recompile_failed_before=False
+    )
+    # If the npu variant cannot be fetched, the active gpu one is kept, not downloaded again.
+    assert got == steps(("download", "npu"), ("keep", "gpu"))
+
+
+def test_device_running_something_does_not_recompile_when_optimal_downloads_fail() -> None:
+    cpu = variant("cpu", V.OPTIMAL, "cpu")
+    fallback = ActiveVariant(
+        origin="fallback", target=None, sha256=SOURCE, source_sha256=SOURCE, verdict=V.UNKNOWN
+    )
+    got = decide([cpu], fallback, SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("download", "cpu"))
+
+
+def test_prefer_recompilation_active_ranked_second_is_kept() -> None:
+    npu = variant("npu", V.PREFER_RECOMPILATION, "npu")
+    cpu = variant("cpu", V.PREFER_RECOMPILATION, "cpu")
+    got = decide([npu, cpu], active_of(cpu), SOURCE, recompile=False, recompile_failed_before=False)
+    assert got == steps(("download", "npu"), ("keep", "cpu"), ("fallback", None))
 
 
 def test_same_target_new_artifact_is_downloaded() -> None:
     cpu = variant("cpu", V.OPTIMAL, "cpu")
     stale = active_of(cpu).model_copy(update={"sha256": "0" * 64})
     got = decide([cpu], stale, SOURCE, recompile=True, recompile_failed_before=False)
-    assert got == steps(("download", "cpu"))
+    assert got == steps(("download", "cpu"))  # a failure keeps the stale one running
 
 
 def test_only_htp_published_recompiles_then_falls_back() -> None:

@@ -356,9 +356,12 @@ def test_artifact_whose_string_differs_from_the_manifest_is_not_activated(
 
     report = run_sync(str(store), tmp_path / "device", models=["tiny-cls"])
     [result] = report.models
-    assert result.action == "failed" and result.variant is None
     assert "ep_compatibility_info.CPUExecutionProvider" in result.reason
-    assert not (tmp_path / "device" / "models" / "tiny-cls").exists()
+    # Never activated: this fresh device built its own CPU variant instead.
+    assert result.action == "recompiled" and result.target is None
+    assert [p.name for p in (tmp_path / "device" / "models" / "tiny-cls").iterdir()] == [
+        result.variant
+    ]
 
 
 def test_variant_that_does_not_run_fails_its_health_check(
@@ -508,3 +511,115 @@ def test_device_sync_flow(htp_only_store: Path, tmp_path: Path) -> None:
     verdicts = Artifact.get("device-sync-flow-device-verdicts")
     assert verdicts is not None and "unsupported" in str(verdicts.data)
     assert (htp_only_store / "reports" / "devices" / "flow-device.json").exists()
+
+
+# --- what review found: each of these once went wrong -------------------------------------
+
+
+def make_unreadable(store: Path) -> Path:
+    """A local store whose manifest cannot be read: a stand-in for a store gone offline."""
+    manifest = store / "manifest.json"
+    held = manifest.rename(store / "manifest.held")
+    manifest.mkdir()
+    return held
+
+
+def make_readable(store: Path, held: Path) -> None:
+    (store / "manifest.json").rmdir()
+    held.rename(store / "manifest.json")
+
+
+def test_being_offline_does_not_block_a_later_recompile(
+    htp_only_store: Path, tmp_path: Path
+) -> None:
+    store = copy_store(htp_only_store, tmp_path / "store")
+    cache = tmp_path / "device"
+    first = run_sync(str(store), cache, models=["tiny-cls"], recompile=False)
+    assert [m.action for m in first.models] == ["fallback"]
+    held = make_unreadable(store)
+    offline = run_sync(str(store), cache, models=["tiny-cls"])
+    assert offline.manifest.status == "offline"
+    assert [m.action for m in offline.models] == ["fallback"]  # still runs the source
+    make_readable(store, held)
+    online = run_sync(str(store), cache, models=["tiny-cls"])
+    assert [m.action for m in online.models] == ["recompiled"]
+
+
+def test_a_cached_manifest_that_no_longer_validates_is_fetched_again(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "device"
+    run_sync(str(fleet_store), cache)
+    cached = cache / ".epfleet" / "fleet-manifest.json"
+    document = json.loads(cached.read_text())
+    document["models"]["Tiny-Old"] = document["models"]["tiny-cls"]  # e.g. an older rule
+    cached.write_text(json.dumps(document))
+    report = run_sync(str(fleet_store), cache)
+    assert report.manifest.status == "fetched"
+    assert [m.action for m in report.models] == ["kept", "kept"]
+
+
+def test_artifact_uri_outside_the_store_rejects_the_manifest(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = tmp_path / "device"
+    run_sync(str(store), cache)
+    document = json.loads((store / "manifest.json").read_text())
+    variant = document["models"]["tiny-cls"]["variants"]["x86-cpu"]
+    variant["artifact"]["uri"] = "../elsewhere/model.onnx"
+    document["generation"] += 1
+    (store / "manifest.json").write_text(json.dumps(document))
+    report = run_sync(str(store), cache)
+    assert report.manifest.status == "rejected"
+    assert "relative POSIX path inside the store" in (report.manifest.reason or "")
+    assert [m.action for m in report.models] == ["kept", "kept"]
+    with pytest.raises(StoreError, match="no valid manifest is cached"):
+        run_sync(str(store), tmp_path / "fresh-device")
+
+
+def test_a_fresh_device_whose_optimal_variant_fails_still_gets_a_model(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    store = copy_store(fleet_store, tmp_path / "store")
+    original = read_manifest(store).models["tiny-cls"].variants["x86-cpu"]
+    assert original.artifact is not None
+    model = onnx.load_from_string((store / original.artifact.uri).read_bytes())
+    model.graph.node[0].op_type = "NoSuchOperator"
+    data = model.SerializeToString()
+    republish_cpu_variant(store, "tiny-cls", data, sha256_bytes(data))
+    cache = tmp_path / "device"
+    report = run_sync(str(store), cache, models=["tiny-cls"])
+    [result] = report.models
+    assert result.action == "recompiled"
+    assert "download x86-cpu: " in result.reason and "cannot load" in result.reason
+    assert (
+        result.bytes_downloaded == len(data) + read_manifest(store).models["tiny-cls"].source.size
+    )
+    assert list((cache / ".epfleet" / "partial").iterdir()) == []
+    assert_package_runs(cache, {"tiny-cls": result.variant or ""})
+
+
+def test_a_manifest_cached_from_another_store_is_not_used(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "device"
+    run_sync(str(fleet_store), cache)
+    other = tmp_path / "other-store"
+    other.mkdir()
+    (other / "manifest.json").mkdir()  # unreadable: offline
+    with pytest.raises(StoreError, match="no usable manifest"):
+        run_sync(str(other), cache)
+
+
+def test_resume_against_a_server_that_ignores_range(
+    fleet_store: Path, s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    uri = publish_to_s3(fleet_store, s3_bucket)
+    cpu = read_manifest(fleet_store).models["tiny-cls"].variants["x86-cpu"]
+    assert cpu.artifact is not None
+    s3_proxy.ignore_range = True
+    s3_proxy.cut_next_get_responses(f"/{s3_bucket}/fleet/{cpu.artifact.uri}", after=5000)
+    [result] = run_sync(uri, tmp_path / "device", models=["tiny-cls"]).models
+    assert result.action == "downloaded", result.reason
+    assert [g.body_bytes for g in s3_proxy.seen(cpu.artifact.uri)] == [5000, cpu.artifact.size]

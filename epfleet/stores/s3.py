@@ -212,9 +212,17 @@ class S3Store:
         if start:
             args["Range"] = f"bytes={start}-"
         try:
-            body = self.client.get_object(**args)["Body"]
+            resp = self.client.get_object(**args)
+            body = resp["Body"]
+            # A server or proxy that ignores Range sends the whole object: skip to `start`.
+            skip = start if start and not resp.get("ContentRange") else 0
             with body:
-                yield from body.iter_chunks(STREAM_CHUNK)
+                for chunk in body.iter_chunks(STREAM_CHUNK):
+                    if skip:
+                        dropped = min(skip, len(chunk))
+                        chunk, skip = chunk[dropped:], skip - dropped
+                    if chunk:
+                        yield chunk
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, key, f"reading (from byte {start})")
 
