@@ -4,11 +4,13 @@ model for the EPs it really has.
     python flows/device_sync.py --store s3://bucket/fleet --cache /var/lib/epfleet
 
 runs it once as a Prefect flow (Prefect's ephemeral API when no server is configured);
-``epfleet sync`` runs the same steps without Prefect.
+with ``--serve SECONDS`` it serves a ``periodic`` deployment that syncs on that
+interval. ``epfleet sync`` runs the same steps without Prefect.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Prefect builds each flow's parameter model
+# from its annotations when it loads the flow from this file (deployments), and string
+# annotations do not resolve there.
 import sys
 import time
 from typing import Annotated
@@ -91,11 +93,30 @@ if __name__ == "__main__":
     parser.add_argument("--cache", type=Path, required=True)
     parser.add_argument("--model", action="append", dest="models")
     parser.add_argument("--no-recompile", action="store_false", dest="recompile")
-    args = parser.parse_args()
-    result = device_sync(
-        cache=str(args.cache),
-        store=args.store,
-        policy=SyncPolicy(models=args.models, recompile=args.recompile),
+    parser.add_argument("--device-id", dest="device")
+    parser.add_argument(
+        "--serve",
+        type=float,
+        metavar="SECONDS",
+        help="serve a 'periodic' deployment that syncs every SECONDS instead of syncing once",
     )
+    args = parser.parse_args()
+    parameters = {
+        "cache": str(args.cache.resolve()),
+        "store": args.store,
+        "policy": SyncPolicy(models=args.models, recompile=args.recompile),
+        "device": args.device,
+    }
+    if args.serve:
+        # pause_on_shutdown=False: a device that restarts keeps its schedule.
+        device_sync.serve(
+            name="periodic",
+            interval=args.serve,
+            parameters=parameters,
+            pause_on_shutdown=False,
+            limit=1,  # one sync of this cache at a time; late runs wait their turn
+        )
+        sys.exit(0)
+    result = device_sync(**parameters)
     print(result.model_dump_json(indent=2))
     sys.exit(result.exit_code)

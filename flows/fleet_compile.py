@@ -3,8 +3,9 @@
 python flows/fleet_compile.py examples/fleet.yaml --store ./epfleet-store
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Prefect builds each flow's parameter model
+# from its annotations when it loads the flow from this file (deployments), and string
+# annotations do not resolve there.
 import sys
 from typing import Annotated, Any
 

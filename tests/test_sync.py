@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import boto3
@@ -623,3 +624,45 @@ def test_resume_against_a_server_that_ignores_range(
     [result] = run_sync(uri, tmp_path / "device", models=["tiny-cls"]).models
     assert result.action == "downloaded", result.reason
     assert [g.body_bytes for g in s3_proxy.seen(cpu.artifact.uri)] == [5000, cpu.artifact.size]
+
+
+def test_device_sync_served_as_a_deployment(
+    fleet_store: Path, prefect_api: str, tmp_path: Path
+) -> None:
+    """`python flows/device_sync.py --serve N` serves a `periodic` deployment on a real Prefect
+    API; a run of it, started through the API, syncs the device."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = tmp_path / "device"
+    report = store / "reports" / "devices" / "served-device.json"
+    env = dict(os.environ, PREFECT_API_URL=prefect_api, PREFECT_LOGGING_LEVEL="WARNING")
+    flow_file = Path(__file__).parents[1] / "flows" / "device_sync.py"
+    server = subprocess.Popen(
+        [
+            *(sys.executable, str(flow_file), "--store", str(store), "--cache", str(cache)),
+            *("--device-id", "served-device", "--serve", "5"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        run = None
+        while run is None and time.monotonic() < deadline and server.poll() is None:
+            try:  # the test API schedules nothing by itself: start a run as the UI would
+                run = run_deployment("device-sync/periodic", timeout=0)
+            except ObjectNotFound:
+                time.sleep(0.5)  # not served yet
+        while not report.exists() and time.monotonic() < deadline and server.poll() is None:
+            time.sleep(0.5)
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=30)
+    assert report.exists(), stderr[-2000:]
+    served = json.loads(report.read_text())
+    assert [m["action"] for m in served["models"]] == ["downloaded", "downloaded"]
+    assert_package_runs(cache, {m["model"]: m["variant"] for m in served["models"]})
