@@ -1,5 +1,7 @@
 """epfleet: ONNX models compiled for the execution provider each device really has."""
 
+import functools
+
 __version__ = "0.1.0"
 
 # Bumped whenever the compile recipe changes in a way that changes artifacts
@@ -11,6 +13,7 @@ RECIPE_VERSION = "1"
 MAX_WORKERS = 64
 
 
+@functools.cache
 def ort_version() -> str:
     """The installed onnxruntime's version, without importing it."""
     import importlib.metadata

@@ -80,6 +80,12 @@ class CacheState(BaseModel):
     store: str | None = None
     manifest_etag: str | None = None
     manifest_generation: int | None = None
+    manifest_sha256: str | None = Field(
+        default=None, description="Of the cached manifest, as validated when it was fetched"
+    )
+    manifest_rules: str | None = Field(
+        default=None, description="epfleet's validation rules it was validated under"
+    )
     models: dict[Name, ModelState] = Field(default_factory=dict)
 
 
@@ -121,7 +127,10 @@ class DeviceCache:
             ) from None
 
     def save_state(self, state: CacheState) -> None:
-        atomic_write_bytes(self.meta / "state.json", state.model_dump_json(indent=2).encode())
+        data = state.model_dump_json(indent=2).encode()
+        path = self.meta / "state.json"
+        if _read(path) != data:
+            atomic_write_bytes(path, data)
 
     def cached_manifest(self) -> bytes | None:
         try:
@@ -221,8 +230,9 @@ class DeviceCache:
         models whose rollback entry had to be left out."""
         path = self.root / PACKAGE_MANIFEST
         data = self.package_json(state)
-        if _read(path) != data:
-            atomic_write_bytes(path, data)
+        if _read(path) == data:
+            return []  # checked with ORT when it was written
+        atomic_write_bytes(path, data)
         outvoted = [
             model
             for model, entry in state.models.items()

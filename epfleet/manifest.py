@@ -23,6 +23,10 @@ from pydantic import (
 
 from epfleet.stores.base import check_key
 
+# Bump whenever validation tightens: a device then re-fetches, and so re-validates, the
+# manifest it cached under the older rules instead of trusting it.
+VALIDATION_RULES = "2"
+
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]

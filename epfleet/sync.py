@@ -12,6 +12,7 @@ The steps are plain functions so that the CLI runs them without Prefect and the
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -39,7 +40,14 @@ from epfleet.errors import (
 from epfleet.hashing import CHUNK, sha256_bytes
 from epfleet.health import Health, HealthJob, check_health
 from epfleet.local_eps import DeviceInfo, LocalEps, discover, ep_versions
-from epfleet.manifest import NAME_PATTERN, Manifest, ModelEntry, VariantEntry, utcnow
+from epfleet.manifest import (
+    NAME_PATTERN,
+    VALIDATION_RULES,
+    Manifest,
+    ModelEntry,
+    VariantEntry,
+    utcnow,
+)
 from epfleet.plan import CompileRequest
 from epfleet.pool import CompilePool
 from epfleet.selection import DEFAULT_PREFERENCE, ActiveVariant, Considered, Step, decide
@@ -132,16 +140,17 @@ class SyncPolicy(BaseModel):
 def fetch_manifest(store_uri: str, cache_dir: Path) -> ManifestStatus:
     """Fetch the manifest with a conditional GET on the cached ETag, and keep the last valid
     one in the cache. An unreachable store or an invalid manifest leaves the cached one in
-    force."""
+    force. A fetched manifest is validated whole; the cached copy is trusted afterwards only
+    while its bytes and epfleet's validation rules are the ones it was validated with."""
     store = open_store(store_uri)
     cache = DeviceCache(cache_dir)
     with cache.locked():
         state = cache.load_state()
         cached = cache.cached_manifest() if state.store == store.uri else None
-        in_force = _parse(cached) if cached else None
-        generation = in_force.generation if in_force else None
+        trusted = cached is not None and _trusted(state, cached)
+        generation = state.manifest_generation if trusted else None
         try:
-            if in_force is not None and state.manifest_etag:
+            if trusted and state.manifest_etag:
                 got = store.read_if_changed(MANIFEST_KEY, state.manifest_etag)
             else:
                 got = store.read(MANIFEST_KEY)
@@ -163,7 +172,7 @@ def fetch_manifest(store_uri: str, cache_dir: Path) -> ManifestStatus:
                 f"{store.uri}/{MANIFEST_KEY} fails validation at "
                 f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
             )
-            if in_force is None:
+            if not trusted:
                 raise StoreError(f"{reason}; no valid manifest is cached to fall back on") from None
             return ManifestStatus(
                 status="rejected",
@@ -174,40 +183,57 @@ def fetch_manifest(store_uri: str, cache_dir: Path) -> ManifestStatus:
         cache.save_manifest(got.data)
         state.store, state.manifest_etag = store.uri, got.etag
         state.manifest_generation = manifest.generation
+        state.manifest_sha256, state.manifest_rules = sha256_bytes(got.data), VALIDATION_RULES
         cache.save_state(state)
         return ManifestStatus(
             status="fetched", generation=manifest.generation, body_bytes=len(got.data)
         )
 
 
-def _parse(data: bytes) -> Manifest | None:
-    try:
-        return Manifest.from_json(data)
-    except ValidationError:
-        return None
+def _trusted(state: CacheState, cached: bytes) -> bool:
+    return state.manifest_rules == VALIDATION_RULES and state.manifest_sha256 == sha256_bytes(
+        cached
+    )
 
 
-def manifest_in_force(store_uri: str, cache_dir: Path) -> Manifest:
-    """The last valid manifest fetched from this store into this cache."""
+def manifest_in_force(store_uri: str, cache_dir: Path, models: list[str] | None) -> Manifest:
+    """The wanted models' part of the last valid manifest fetched from this store.
+
+    Only the wanted entries are validated again (the whole manifest was when it was
+    fetched): a device that wants 20 models of a 1,000-model manifest should not pay for
+    the other 980 on every sync."""
     cache = DeviceCache(cache_dir)
+    state = cache.load_state()
     data = cache.cached_manifest()
-    manifest = _parse(data) if data else None
-    if manifest is None or cache.load_state().store != open_store(store_uri).uri:
+    if data is None or state.store != open_store(store_uri).uri or not _trusted(state, data):
         raise StoreError(
             f"no usable manifest: {store_uri} could not be read and no manifest from it is "
             f"cached in {cache_dir}; sync again once the store is reachable"
         )
-    return manifest
+    gc.disable()  # json.loads of a large manifest makes ~100k objects: no cyclic garbage
+    try:
+        document = json.loads(data)
+    finally:
+        gc.enable()
+    entries = document["models"]
+    try:
+        wanted = {
+            name: ModelEntry.model_validate(entries[name])
+            for name in wanted_models(list(entries), models)
+        }
+    except ValidationError as exc:
+        raise StoreError(f"the cached manifest in {cache_dir} is damaged: {exc}") from None
+    return Manifest.model_construct(generation=document["generation"], models=wanted)
 
 
-def wanted_models(manifest: Manifest, models: list[str] | None) -> list[str]:
+def wanted_models(available: list[str], models: list[str] | None) -> list[str]:
     if not models:
-        return list(manifest.models)
-    unknown = [m for m in models if m not in manifest.models]
+        return available
+    unknown = [m for m in models if m not in available]
     if unknown:
         raise BadInputError(
             f"model {', '.join(map(repr, unknown))} is not in the manifest; "
-            f"it has: {', '.join(manifest.models) or 'no models'}"
+            f"it has: {', '.join(available) or 'no models'}"
         )
     return list(dict.fromkeys(models))
 
@@ -481,47 +507,56 @@ class ModelSync:
 
     def download(self, key: str, sha256: str, size: int, part: Path) -> int:
         """Download ``key`` into ``part``, resuming from what ``part`` already holds with a
-        ranged GET, and verify size and sha256. Returns the bytes moved. A file that fails
-        verification is deleted; ``part`` is never used unverified."""
+        ranged GET, hashing as the bytes arrive, and verify size and sha256. Returns the
+        bytes moved. A file that fails verification is deleted; ``part`` is never used
+        unverified."""
         held = part.stat().st_size if part.exists() else 0
         if held > size:
             part.unlink()
             held = 0
+        digest = hashlib.sha256()
+        if held:
+            with open(part, "rb") as f:  # the bytes an earlier attempt left
+                while chunk := f.read(CHUNK):
+                    digest.update(chunk)
+        have = held
         for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
             try:
-                self._fetch_rest(key, size, part)
+                have = self._fetch_rest(key, size, part, have, digest)
                 break
             except TransientStoreError as exc:
+                have = part.stat().st_size
                 if attempt == DOWNLOAD_ATTEMPTS:
-                    self.moved += (part.stat().st_size if part.exists() else 0) - held
+                    self.moved += have - held
                     raise
-                self.log(f"{key}: {exc}; resuming (attempt {attempt + 1})")
-        got_size = part.stat().st_size
-        self.moved += got_size - held
-        digest = hashlib.sha256()
-        with open(part, "rb") as f:
-            while chunk := f.read(CHUNK):
-                digest.update(chunk)
-        if (digest.hexdigest(), got_size) != (sha256, size):
+                self.log(f"{key}: {exc}; resuming from byte {have} (attempt {attempt + 1})")
+        self.moved += have - held
+        if (digest.hexdigest(), have) != (sha256, size):
             part.unlink(missing_ok=True)
             raise IntegrityError(
-                f"{self.store.uri}/{key} has sha256 {digest.hexdigest()} ({got_size} bytes), "
+                f"{self.store.uri}/{key} has sha256 {digest.hexdigest()} ({have} bytes), "
                 f"the manifest says {sha256} ({size} bytes); not activated"
             )
-        return got_size - held
+        return have - held
 
-    def _fetch_rest(self, key: str, size: int, part: Path) -> None:
-        have = part.stat().st_size if part.exists() else 0
+    def _fetch_rest(self, key: str, size: int, part: Path, have: int, digest: Any) -> int:
+        """Append the object's bytes from ``have`` on to ``part``, feeding ``digest``. On a
+        dropped connection the file keeps what arrived (synced), and ``digest`` has hashed
+        exactly that."""
         if have >= size:
-            return
+            return have
         with open(part, "ab") as f:
-            for chunk in self.store.read_range(key, have):
-                f.write(chunk)
-                have += len(chunk)
-                if have > size:
-                    break  # longer than the manifest says: verification will refuse it
-            f.flush()
-            os.fsync(f.fileno())
+            try:
+                for chunk in self.store.read_range(key, have):
+                    f.write(chunk)
+                    digest.update(chunk)
+                    have += len(chunk)
+                    if have > size:
+                        break  # longer than the manifest says: verification will refuse it
+            finally:
+                f.flush()
+                os.fsync(f.fileno())
+        return have
 
     def _check_string(self, path: Path, variant: VariantEntry) -> None:
         from onnxruntime.capi._pybind_state import get_compatibility_info_from_model
@@ -711,8 +746,8 @@ def sync_models(
     """Sync every wanted model against the manifest in force in the cache."""
     cache = DeviceCache(cache_dir)
     with cache.locked():
-        manifest = manifest_in_force(store_uri, cache_dir)
-        wanted = wanted_models(manifest, policy.models)
+        manifest = manifest_in_force(store_uri, cache_dir, policy.models)
+        wanted = list(manifest.models)
         state = cache.load_state()
         runner = ModelSync(open_store(store_uri), cache, local or discover(), policy, offline, log)
         reports = []

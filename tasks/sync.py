@@ -19,7 +19,6 @@ from epfleet.sync import (
     manifest_in_force,
     sync_models,
     upload_report,
-    wanted_models,
 )
 
 # Every task here reads or changes the device cache, so Prefect's result cache stays off:
@@ -45,7 +44,7 @@ def fetch_manifest_task(store: str, cache: str) -> ManifestStatus:
 
 @task(name="wanted-models", cache_policy=NO_CACHE)
 def wanted_models_task(store: str, cache: str, models: list[str] | None) -> list[str]:
-    return wanted_models(manifest_in_force(store, Path(cache)), models)
+    return list(manifest_in_force(store, Path(cache), models).models)
 
 
 @task(name="sync-model", cache_policy=NO_CACHE, task_run_name="sync {model}")
