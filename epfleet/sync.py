@@ -13,16 +13,14 @@ The steps are plain functions so that the CLI runs them without Prefect and the
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import os
 import re
 import socket
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -30,6 +28,7 @@ import eps
 from epfleet import RECIPE_VERSION, ort_version
 from epfleet.compiler import CompileJob, discard
 from epfleet.devicecache import CacheState, DeviceCache, Installed, ModelState
+from epfleet.download import Transfer
 from epfleet.errors import (
     BadInputError,
     EpfleetError,
@@ -38,7 +37,7 @@ from epfleet.errors import (
     StoreError,
     TransientStoreError,
 )
-from epfleet.hashing import CHUNK, sha256_bytes
+from epfleet.hashing import sha256_bytes
 from epfleet.health import Health, HealthJob, check_health
 from epfleet.local_eps import DeviceInfo, LocalEps, discover, ep_versions
 from epfleet.manifest import (
@@ -507,64 +506,13 @@ class ModelSync:
         )
 
     def download(self, key: str, sha256: str, size: int, part: Path) -> int:
-        """Download ``key`` into ``part``, resuming from what ``part`` already holds with a
-        ranged GET, hashing as the bytes arrive, and verify size and sha256. Returns the
-        bytes moved. A file that fails verification is deleted; ``part`` is never used
-        unverified."""
-        held = part.stat().st_size if part.exists() else 0
-        if held > size:
-            part.unlink()
-            held = 0
-        digest = hashlib.sha256()
-        if held:
-            with open(part, "rb") as f:  # the bytes an earlier attempt left
-                while chunk := f.read(CHUNK):
-                    digest.update(chunk)
-        have = held
-        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
-            try:
-                have = self._fetch_rest(key, size, part, have, digest)
-                break
-            except TransientStoreError as exc:
-                have = part.stat().st_size
-                if attempt == DOWNLOAD_ATTEMPTS:
-                    self.moved += have - held
-                    raise
-                self.log(f"{key}: {exc}; resuming from byte {have} (attempt {attempt + 1})")
-        self.moved += have - held
-        if (digest.hexdigest(), have) != (sha256, size):
-            part.unlink(missing_ok=True)
-            raise IntegrityError(
-                f"{self.store.uri}/{key} has sha256 {digest.hexdigest()} ({have} bytes), "
-                f"the manifest says {sha256} ({size} bytes); not activated"
-            )
-        return have - held
-
-    def _fetch_rest(self, key: str, size: int, part: Path, have: int, digest: Any) -> int:
-        """Append the object's bytes from ``have`` on to ``part``, feeding ``digest``. On a
-        dropped connection the file keeps what arrived (synced), and ``digest`` has hashed
-        exactly that."""
-        if have >= size:
-            return have
-        # Hash each chunk on another thread while the next one arrives (hashlib releases
-        # the GIL): on a fast link, hashing in line would cost a third of the throughput.
-        hashing: Future[None] | None = None
-        with open(part, "ab") as f, ThreadPoolExecutor(1) as hasher:
-            try:
-                for chunk in self.store.read_range(key, have):
-                    f.write(chunk)
-                    if hashing is not None:
-                        hashing.result()
-                    hashing = hasher.submit(digest.update, chunk)
-                    have += len(chunk)
-                    if have > size:
-                        break  # longer than the manifest says: verification will refuse it
-            finally:
-                if hashing is not None:
-                    hashing.result()
-                f.flush()
-                os.fsync(f.fileno())
-        return have
+        """Download ``key`` into ``part`` (resumable, parallel ranged GETs) and verify size
+        and sha256 (see ``epfleet.download``). Returns the bytes moved."""
+        transfer = Transfer(self.store, key, sha256, size, part, self.log)
+        try:
+            return transfer.run()
+        finally:
+            self.moved += transfer.moved
 
     def _check_string(self, path: Path, variant: VariantEntry) -> None:
         from onnxruntime.capi._pybind_state import get_compatibility_info_from_model

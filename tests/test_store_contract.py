@@ -60,5 +60,7 @@ def test_read_range(store: Store) -> None:
     store.write("blob", data)
     assert b"".join(store.read_range("blob", 0)) == data
     assert b"".join(store.read_range("blob", 1_000_001)) == data[1_000_001:]
+    assert b"".join(store.read_range("blob", 5, 1_500_000)) == data[5:1_500_000]
+    assert b"".join(store.read_range("blob", 0, 1)) == data[:1]
     with pytest.raises(StoreError, match="missing"):
         list(store.read_range("missing", 0))

@@ -157,7 +157,7 @@ def test_sync_activates_cpu_and_reports_htp_unsupported(
             assert verdicts[htp].verdict == "unsupported"
             assert "NPU" in verdicts[htp].reason  # ORT's own reason, from QNN's validator
         # Deciding downloaded nothing: only the chosen artifact was fetched.
-        assert [s.status for s in s3_proxy.seen(cpu.artifact.uri)] == [200]
+        assert [s.status for s in s3_proxy.seen(cpu.artifact.uri)] == [206]
         for htp in ("sd8g3-htp", "sd8g2-htp"):
             variant = manifest.models[name].variants[htp]
             assert variant.artifact is not None
@@ -416,10 +416,38 @@ def test_interrupted_download_resumes_with_a_range_request(
 
     assert result.action == "downloaded", result.reason
     gets = s3_proxy.seen(cpu.artifact.uri)
+    last = cpu.artifact.size - 1
     assert [(g.range, g.body_bytes) for g in gets] == [
-        (None, cut),
-        (f"bytes={cut}-", cpu.artifact.size - cut),
+        (f"bytes=0-{last}", cut),
+        (f"bytes={cut}-{last}", cpu.artifact.size - cut),
     ]
+    assert result.bytes_downloaded == cpu.artifact.size
+
+
+def test_parallel_segments_resume_each_where_it_stopped(
+    fleet_store: Path,
+    s3_bucket: str,
+    s3_proxy: FaultProxy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Large artifacts come down in parallel ranged segments (4 KiB ones here, so that a
+    small model has several); a segment cut mid-way resumes from its own last byte."""
+    monkeypatch.setattr("epfleet.download.SEGMENT", 4096)
+    uri = publish_to_s3(fleet_store, s3_bucket)
+    cpu = read_manifest(fleet_store).models["tiny-cls"].variants["x86-cpu"]
+    assert cpu.artifact is not None and cpu.artifact.size > 3 * 4096
+    s3_proxy.cut_next_get_responses(f"/{s3_bucket}/fleet/{cpu.artifact.uri}", after=1000)
+
+    [result] = run_sync(uri, tmp_path / "device", models=["tiny-cls"]).models
+
+    assert result.action == "downloaded", result.reason
+    gets = s3_proxy.seen(cpu.artifact.uri)
+    segments = -(-cpu.artifact.size // 4096)
+    assert len(gets) == segments + 1  # one resumed request
+    assert sum(g.body_bytes for g in gets) == cpu.artifact.size  # no byte fetched twice
+    starts = sorted(int((g.range or "").split("=")[1].split("-")[0]) for g in gets)
+    assert sum(start % 4096 == 1000 for start in starts) == 1
     assert result.bytes_downloaded == cpu.artifact.size
 
 

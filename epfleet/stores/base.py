@@ -32,9 +32,10 @@ class Store(Protocol):
         still at version ``etag``: a conditional GET."""
         ...
 
-    def read_range(self, key: str, start: int) -> Iterator[bytes]:
-        """The object's bytes from offset ``start`` to its end, in chunks: a ranged GET,
-        so an interrupted download resumes where it stopped. StoreError when missing."""
+    def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
+        """The object's bytes from offset ``start`` up to ``end`` (exclusive; default its
+        end), in chunks: a ranged GET, so downloads run in parallel segments and resume
+        where they stopped. StoreError when missing."""
         ...
 
     def write(

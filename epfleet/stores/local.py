@@ -54,13 +54,19 @@ class LocalStore:
         found = self.read(key)
         return UNCHANGED if found is not None and found.etag == etag else found
 
-    def read_range(self, key: str, start: int) -> Iterator[bytes]:
+    def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
         path = self._path(key)
         if not path.exists():
             raise StoreError(f"{self.uri}/{key} does not exist")
         with self._os_errors("reading", key), open(path, "rb") as f:
             f.seek(start)
-            while chunk := f.read(CHUNK):
+            left = None if end is None else end - start
+            while left is None or left > 0:
+                chunk = f.read(CHUNK if left is None else min(CHUNK, left))
+                if not chunk:
+                    return
+                if left is not None:
+                    left -= len(chunk)
                 yield chunk
 
     def write(

@@ -209,22 +209,28 @@ class S3Store:
         got = self._get(key, if_none_match=etag)
         return got if got is None or got == UNCHANGED else got[0]
 
-    def read_range(self, key: str, start: int) -> Iterator[bytes]:
+    def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
         args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
-        if start:
-            args["Range"] = f"bytes={start}-"
+        if start or end is not None:
+            args["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         try:
             resp = self.client.get_object(**args)
             body = resp["Body"]
             # A server or proxy that ignores Range sends the whole object: skip to `start`.
             skip = start if start and not resp.get("ContentRange") else 0
+            left = None if end is None else end - start
             with body:
                 for chunk in body.iter_chunks(STREAM_CHUNK):
                     if skip:
                         dropped = min(skip, len(chunk))
                         chunk, skip = chunk[dropped:], skip - dropped
+                    if left is not None:
+                        chunk = chunk[:left]
+                        left -= len(chunk)
                     if chunk:
                         yield chunk
+                    if left == 0:
+                        return
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, key, f"reading (from byte {start})")
 
