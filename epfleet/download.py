@@ -1,11 +1,13 @@
 """Resumable, verified downloads from a store onto a device.
 
-An object is fetched in segments of ``SEGMENT`` bytes, ``PARALLEL`` at a time, each a
-ranged GET written in place (one TCP stream rarely fills a fast link; boto3's own
-``download_file`` does the same). What each segment holds is recorded beside the
-partial file, so an interrupted download resumes where every segment stopped, in this
-sync or a later one. Only when every byte is there is the file hashed and compared
-with the manifest's size and sha256; a mismatch deletes it.
+An object is fetched in ``PARALLEL`` segments of at least ``SEGMENT`` bytes, all at
+once, each a ranged GET written in place (one TCP stream rarely fills a fast link;
+boto3's own ``download_file`` does the same with 8 MiB parts). Few large segments
+rather than many small ones: every GET costs the server something (moto even reads the
+whole object for each). What each segment holds is recorded beside the partial file,
+so an interrupted download resumes where every segment stopped, in this sync or a later
+one. Only when every byte is there is the file hashed and compared with the manifest's
+size and sha256; a mismatch deletes it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class Transfer:
     ) -> None:
         self.store, self.key, self.sha256, self.size, self.part = store, key, sha256, size, part
         self.log = log
-        self.segments = [(s, min(s + SEGMENT, size)) for s in range(0, size, SEGMENT)]
+        self.segment = max(SEGMENT, -(-size // PARALLEL))
+        self.segments = [(s, min(s + self.segment, size)) for s in range(0, size, self.segment)]
         self.progress = part.with_name(part.name + ".progress")
         self.done = self._resume()
         self.moved = 0
@@ -52,7 +55,7 @@ class Transfer:
         partial file read as a prefix (a download that began sequentially)."""
         try:
             record = json.loads(self.progress.read_text())
-            if record["size"] == self.size and record["segment"] == SEGMENT:
+            if record["size"] == self.size and record["segment"] == self.segment:
                 return [int(n) for n in record["done"]]
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -133,5 +136,5 @@ class Transfer:
     def _save_progress(self, fd: int) -> None:
         with self._lock:
             os.fsync(fd)  # the record never claims bytes the disk may not have
-            record = {"size": self.size, "segment": SEGMENT, "done": list(self.done)}
+            record = {"size": self.size, "segment": self.segment, "done": list(self.done)}
             atomic_write_bytes(self.progress, json.dumps(record).encode())
