@@ -556,14 +556,16 @@ class ModelSync:
         part = self.cache.partial(source.sha256)
         self.download(source.uri, source.sha256, source.size, part)
         failures = []
-        try:
-            for ep, local in targets:
-                try:
-                    return self._build_locally(model, entry, part, ep, local)
-                except EpfleetError as exc:
-                    failures.append(f"{ep}: {exc}")
-        finally:
+        for ep, local in targets:
+            try:
+                done = self._build_locally(model, entry, part, ep, local)
+            except EpfleetError as exc:
+                failures.append(f"{ep}: {exc}")
+                continue
             part.unlink(missing_ok=True)
+            return done
+        # The verified source stays in partial/: the fallback step runs it without a
+        # second download (and tidy() removes it if nothing does).
         raise EpfleetError("; ".join(failures))
 
     def _local_targets(self) -> list[tuple[str, LocalTarget]]:
