@@ -1,0 +1,412 @@
+"""Benchmark: the device side of epfleet against a 1,000-model fleet on a loopback S3 (moto).
+
+    python bench/device_sync.py [--reps 20] [--size-mib 256] [--rounds 3] [--link-mbit 800]
+                                [--link-size-mib 64] [--profile]
+
+Fleet: 20 tiny CNNs (examples/build_models.py tiny_cls, one seed each) compiled for this
+machine's CPU by `epfleet compile` into s3://bench/fleet; the manifest is then padded to
+1,000 models x 10 variants (6 QNN HTP, 2 OpenVINO, this CPU and another CPU ISA). The 980
+padding models have no artifacts: a device that wants only the 20 never downloads them.
+
+It prints this machine's verdict on each target, MB/s per download round, then a table
+(metric, value, target, met) of
+  fetch     fetch_manifest into an empty cache, and of an unchanged manifest (a conditional
+            GET; target 0 body bytes), with the HTTP bytes a TCP relay counts on the wire;
+  first     the first sync of the 20 models into an empty cache (20 downloads);
+  decide    sync_models with nothing to download, median and p90 of --reps runs (target
+            median < 200 ms), after the first sync and again after a fleet update (a new
+            build of the 20 variants, so each model lists a rollback variant too); EP
+            discovery, done once before, is timed apart;
+  download  one --size-mib object: boto3 download_file (default TransferConfig) against
+            ModelSync.download (up to 4 parallel ranged GETs, fsync, sha256), alternating, best
+            and median MB/s, and the ratio of medians epfleet/raw (target >= 0.9); also
+            against download_file in one GET (multipart off), since moto reads the whole
+            object for every ranged GET, which penalises the default's parallel ranged GETs.
+            Once on raw loopback (CPU-bound: moto, the client and hashing share 2 cores),
+            once through a relay paced at --link-mbit (default 800 Mbit/s), as on a device.
+--profile adds cProfile's top entries for one decide (after the update) and one unchanged fetch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+if TYPE_CHECKING:
+    from epfleet.local_eps import LocalEps
+
+T = TypeVar("T")
+Row = tuple[str, str, str, bool | None]  # metric, value, target, met (None: no target)
+
+BUCKET, STORE = "bench", "s3://bench/fleet"
+MiB = 1 << 20
+N_MODELS, N_REAL = 1000, 20
+QNN, OPENVINO = "QNNExecutionProvider", "OpenVINOExecutionProvider"
+OV = '{"ovep_compat_ver":"1.0","ovep_ver":"1.8.1","ovep_bin_ver":"1.1","ov_compat_string":"%s"}'
+HTP = "sd8g3:75:57 sd8g2:73:43 sd8e:79:69 sd8e-g5:81:87 sd8g1:69:36 sc8280x:68:53"
+SYNTHETIC = {  # target: ep, device, compatibility string, provider options
+    f"{name}-htp": (QNN, "npu", f"v2:6:2.51.0:5.51.0:{a}:{s}:0:0", {"htp_arch": a, "soc_model": s})
+    for name, a, s in (target.split(":") for target in HTP.split())
+} | {  # Intel NPU and GPU, which this machine lacks
+    "ov-npu": (OPENVINO, "npu", OV % "meta=1.0;ov=2026.4.1;npu_platform=4000", {}),
+    "ov-gpu": (OPENVINO, "gpu", OV % "meta=1.0;ov=2026.4.1;gpu_arch=xe-lpg", {}),
+}
+
+MOTO = """if True:
+    import logging, sys
+    from moto.server import ThreadedMotoServer
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    print(server.get_host_and_port()[1], flush=True)
+    sys.stdin.read()  # until the benchmark closes it
+    server.stop()
+"""
+
+
+class Relay:
+    """A TCP relay on loopback that counts the bytes each way (HTTP headers included) and,
+    with ``rate`` (bytes/s), paces the downstream of all connections like one network link."""
+
+    def __init__(self, upstream_port: int, rate: float | None = None) -> None:
+        self.bytes = [0, 0]  # client to server, server to client
+        self.rate = rate
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, args=(upstream_port,), daemon=True).start()
+
+    def _accept(self, port: int) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", port))
+            for way, src, dst in ((0, client, upstream), (1, upstream, client)):
+                threading.Thread(target=self._pipe, args=(way, src, dst), daemon=True).start()
+
+    def _pace(self, size: int) -> None:
+        """One link shared by every connection: each chunk waits for its slot on it."""
+        assert self.rate
+        with self._lock:
+            now = time.perf_counter()
+            self._free_at = max(self._free_at, now) + size / self.rate
+            wait = self._free_at - now
+        time.sleep(wait)
+
+    def _pipe(self, way: int, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                self.bytes[way] += len(data)  # counted before the peer can see it
+                if self.rate and way == 1:
+                    self._pace(len(data))
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def fake_sha(*parts: object) -> str:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
+
+
+def compile_real_models(work: Path, cpu_target: str) -> list[str]:
+    """20 tiny_cls models x this machine's CPU, published by the real CLI."""
+    import onnx
+    import yaml
+
+    from examples.build_models import tiny_cls
+
+    (work / "models").mkdir()
+    names = [f"cls-{i:02d}" for i in range(N_REAL)]
+    for seed, name in enumerate(names):
+        onnx.save(tiny_cls(seed=seed), str(work / "models" / f"{name}.onnx"))
+    models = [
+        {"name": n, "source": f"models/{n}.onnx", "input_shapes": {"x": [1, 3, 48, 192]}}
+        for n in names
+    ]
+    spec = {"models": models, "targets": [{"name": cpu_target, "ep": "CPUExecutionProvider"}]}
+    (work / "fleet.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env |= {"PREFECT_HOME": str(work / "prefect"), "EPFLEET_CACHE": str(work / "compile-cache")}
+    command = [sys.executable, "-m", "epfleet", "compile", str(work / "fleet.yaml")]
+    started = time.perf_counter()
+    done = subprocess.run(
+        [*command, "--store", STORE, "--json"], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    if done.returncode != 0:
+        sys.exit(f"epfleet compile failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    print(f"epfleet compile: {N_REAL} CPU variants in {time.perf_counter() - started:.1f} s")
+    return names
+
+
+def pad_manifest(real: list[str], cpu_target: str) -> int:
+    """Give each real model 9 synthetic variants, add 980 synthetic models, publish."""
+    import eps.cpu as cpu
+    from epfleet import ort_version
+    from epfleet.manifest import Manifest, ModelEntry, SourceEntry, VariantEntry, utcnow
+    from epfleet.stores import MANIFEST_KEY, open_store
+
+    store, now, ort, arch = open_store(STORE), utcnow(), ort_version(), cpu.machine_arch()
+    got = store.read(MANIFEST_KEY)
+    assert got is not None
+    manifest = Manifest.from_json(got.data)
+    targets = dict(SYNTHETIC)
+    for isa in (cpu.isa_class(), "avx2" if cpu.isa_class() != "avx2" else "avx512"):
+        string = cpu.make_string(ort, arch, isa, True)
+        targets[f"cpu-{isa}"] = ("CPUExecutionProvider", "cpu", string, {})
+
+    def variant(model: str, target: str, source_sha: str) -> VariantEntry:
+        ep, device, string, options = targets[target]
+        sha, size = fake_sha(model, target), 2 * MiB + int(fake_sha(target)[:5], 16) * 64
+        artifact = {"uri": f"variants/{model}/{target}/{sha}.onnx", "sha256": sha, "size": size}
+        fingerprint = fake_sha("fingerprint", model, target)[:32]
+        return VariantEntry.model_validate(
+            {"ep": ep, "device": device, "compatibility_string": string, "status": "ok"}
+            | {"provider_options": options, "artifact": artifact, "ort_version": ort}
+            | {"compiled_at": now, "source_sha256": source_sha, "fingerprint": fingerprint}
+        )
+
+    for name in real:
+        entry = manifest.models[name]
+        for target in targets:
+            if target != cpu_target:  # the real, compiled CPU variant stays
+                entry.variants[target] = variant(name, target, entry.source.sha256)
+    for i in range(N_REAL, N_MODELS):
+        name, sha = f"model-{i:04d}", fake_sha("source", i)
+        uri, shapes = f"sources/{sha}.onnx", {"x": [1, 3, 224, 224]}
+        source = SourceEntry(uri=uri, sha256=sha, size=4 * MiB, input_shapes=shapes)
+        variants = {target: variant(name, target, sha) for target in targets}
+        manifest.models[name] = ModelEntry(source=source, variants=variants)
+    padded = manifest.model_copy(update={"generation": manifest.generation + 1})
+    data = Manifest.from_json(padded.to_json()).to_json()  # validated as a device will
+    store.write(MANIFEST_KEY, data)
+    return len(data)
+
+
+def publish_revision(wanted: list[str], cpu_target: str) -> None:
+    """A fleet update: a new build (one more metadata entry) of each real CPU variant."""
+    import onnx
+
+    from epfleet.manifest import Manifest
+    from epfleet.stores import MANIFEST_KEY, open_store
+
+    store = open_store(STORE)
+    manifest = Manifest.from_json(getattr(store.read(MANIFEST_KEY), "data", b""))
+    for name in wanted:
+        variant = manifest.models[name].variants[cpu_target]
+        assert variant.artifact is not None
+        model = onnx.load_from_string(getattr(store.read(variant.artifact.uri), "data", b""))
+        model.metadata_props.add(key="bench_revision", value="2")
+        data = model.SerializeToString()
+        sha = hashlib.sha256(data).hexdigest()
+        store.write(uri := f"variants/{name}/{cpu_target}/{sha}.onnx", data)
+        update = {"uri": uri, "sha256": sha, "size": len(data)}
+        variant.artifact = variant.artifact.model_copy(update=update)
+    update = {"generation": manifest.generation + 1}
+    store.write(MANIFEST_KEY, manifest.model_copy(update=update).to_json())
+
+
+def timed(call: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
+    started = time.perf_counter()
+    return call(*args, **kwargs), time.perf_counter() - started
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def p90(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
+
+
+def measure_sync(args: argparse.Namespace, work: Path, port: int, local: LocalEps) -> list[Row]:
+    import eps.cpu as cpu
+    from epfleet.devicecache import DeviceCache
+    from epfleet.manifest import Manifest
+    from epfleet.sync import SyncPolicy, fetch_manifest, sync_models
+
+    wanted = compile_real_models(work, cpu_target := f"cpu-{cpu.isa_class()}")
+    size = pad_manifest(wanted, cpu_target)
+    fresh = [timed(fetch_manifest, STORE, work / f"fresh-{i}")[1] for i in range(5)]
+    cache, policy = work / "device-cache", SyncPolicy(models=wanted)
+    status = fetch_manifest(STORE, cache)
+    assert status.status == "fetched" and status.body_bytes == size, status
+    first, first_s = timed(sync_models, STORE, cache, policy, offline=False, local=local)
+    assert [r.action for r in first] == ["downloaded"] * N_REAL, [r.reason for r in first]
+    verdicts = sorted({c.target: c.verdict.value for c in first[0].considered}.items())
+    print(f"verdicts here: {', '.join(f'{t}={v}' for t, v in verdicts)}")
+
+    def repeat() -> tuple[list[float], list[float]]:  # fetch, then decide, --reps times
+        fetches, decides = [], []
+        for _ in range(args.reps):
+            status, seconds = timed(fetch_manifest, STORE, cache)
+            assert status.status == "unchanged" and status.body_bytes == 0, status
+            fetches.append(seconds)
+            reports, seconds = timed(sync_models, STORE, cache, policy, offline=False, local=local)
+            assert [r.action for r in reports] == ["kept"] * N_REAL, [r.reason for r in reports]
+            decides.append(seconds)
+        return fetches, decides
+
+    unchanged, decide = repeat()
+    cached = DeviceCache(cache).cached_manifest()
+    assert cached is not None
+    parse = [timed(Manifest.from_json, cached)[1] for _ in range(5)]
+
+    relay = Relay(port)  # HTTP bytes on the wire: one fetch of each kind
+    os.environ["AWS_ENDPOINT_URL"] = relay.endpoint_url
+    wire = []
+    for into in (work / "fresh-wire", cache):
+        before = list(relay.bytes)
+        status = fetch_manifest(STORE, into)
+        wire.append(f"{relay.bytes[0] - before[0]} / {relay.bytes[1] - before[1]} B")
+    os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
+    assert status.status == "unchanged"
+    publish_revision(wanted, cpu_target)  # then every model keeps a rollback variant
+    assert fetch_manifest(STORE, cache).status == "fetched"
+    again = sync_models(STORE, cache, policy, offline=False, local=local)
+    assert [r.action for r in again] == ["downloaded"] * N_REAL, [r.reason for r in again]
+    updated = repeat()[1]
+    if args.profile:
+        import cProfile
+        import pstats
+
+        for call, a in ((sync_models, (policy, False, local)), (fetch_manifest, ())):
+            profiler = cProfile.Profile()
+            profiler.runcall(call, STORE, cache, *a)
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(14)
+    decide_s, upd_s = statistics.median(decide), statistics.median(updated)
+    return [
+        ("manifest (1,000 models x 10 variants)", f"{size / 1e6:.2f} MB", "", None),
+        ("fetch_manifest, empty cache (median of 5)", ms(statistics.median(fresh)), "", None),
+        ("  HTTP bytes on the wire (up / down)", wire[0], "", None),
+        ("fetch_manifest, unchanged (median)", ms(statistics.median(unchanged)), "", None),
+        ("  body_bytes", "0", "0", True),  # asserted on every run above
+        ("  HTTP bytes on the wire (up / down)", wire[1], "", None),
+        (f"first sync, {N_REAL} downloads", f"{first_s:.2f} s", "", None),
+        ("decide, nothing to download (median)", ms(decide_s), "< 200 ms", decide_s < 0.2),
+        ("decide, nothing to download (p90)", ms(p90(decide)), "", None),
+        ("decide after an update, rollbacks kept (median)", ms(upd_s), "< 200 ms", upd_s < 0.2),
+        ("decide after an update, rollbacks kept (p90)", ms(p90(updated)), "", None),
+        ("  parsing the cached manifest alone (median)", ms(statistics.median(parse)), "", None),
+    ]
+
+
+def measure_download(
+    args: argparse.Namespace, work: Path, local: LocalEps, size_mib: int, link: str
+) -> list[Row]:
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+
+    from epfleet.devicecache import DeviceCache
+    from epfleet.stores import open_store
+    from epfleet.sync import ModelSync, SyncPolicy
+
+    client, key, size = boto3.client("s3"), f"blobs/big-{size_mib}.bin", size_mib * MiB
+    blob, digest = work / "blob.bin", hashlib.sha256()
+    with open(blob, "wb") as f:
+        for _ in range(size_mib):
+            digest.update(chunk := os.urandom(MiB))
+            f.write(chunk)
+    client.upload_file(str(blob), BUCKET, f"fleet/{key}")
+    blob.unlink()
+    sync = ModelSync(open_store(STORE), DeviceCache(work / "dl"), local, SyncPolicy(), False)
+    assert sync.store.size(key) == size  # its client is made here, outside the timings
+    one_get = {"Config": TransferConfig(multipart_threshold=size + 1)}
+    raw: dict[str, Any] = {"boto3 download_file": {}, "boto3 download_file, one GET": one_get}
+    speed: dict[str, list[float]] = {name: [] for name in [*raw, "ModelSync.download"]}
+    for _ in range(args.rounds):
+        for name, kwargs in raw.items():
+            where = str(work / "raw")
+            os.sync()  # every download starts with no dirty pages of the previous one
+            _, seconds = timed(client.download_file, BUCKET, f"fleet/{key}", where, **kwargs)
+            speed[name].append(size / seconds / 1e6)
+            os.unlink(where)
+        os.sync()
+        moved, seconds = timed(sync.download, key, digest.hexdigest(), size, work / "ours")
+        assert moved == size
+        speed["ModelSync.download"].append(size / seconds / 1e6)
+        (work / "ours").unlink()
+    for name, values in speed.items():
+        figures = ", ".join(f"{v:.0f}" for v in values)
+        print(f"download {size_mib} MiB over {link}, {name}: {figures} MB/s")
+    ours = statistics.median(speed["ModelSync.download"])
+    rows: list[Row] = [
+        (f"download ({link}): {name} best / median", mbs(v), "", None) for name, v in speed.items()
+    ]
+    for name in raw:
+        ratio = ours / statistics.median(speed[name])
+        rows.append((f"  ratio epfleet/{name}", f"{ratio:.2f}", ">= 0.9", ratio >= 0.9))
+    return rows
+
+
+def mbs(values: list[float]) -> str:
+    return f"{max(values):.0f} / {statistics.median(values):.0f} MB/s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=20, help="decide and fetch repetitions")
+    parser.add_argument("--size-mib", type=int, default=256, help="download test object size")
+    parser.add_argument("--rounds", type=int, default=3, help="download rounds per client")
+    parser.add_argument(
+        "--link-mbit", type=float, default=800, help="paced link for the second download test"
+    )
+    parser.add_argument("--link-size-mib", type=int, default=64, help="object size on the link")
+    parser.add_argument("--profile", action="store_true", help="cProfile decide and fetch")
+    args = parser.parse_args()
+
+    import boto3
+
+    from epfleet.local_eps import discover
+
+    # The S3 server runs in a child process: a device does not share its GIL and heap.
+    moto = subprocess.Popen(
+        [sys.executable, "-c", MOTO], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert moto.stdout is not None and moto.stdin is not None
+    port = int(moto.stdout.readline())
+    os.environ |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    os.environ |= {"AWS_DEFAULT_REGION": "us-east-1"}
+    os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
+    work = Path(tempfile.mkdtemp(prefix="epfleet-bench-sync-"))
+    try:
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        local, discover_s = timed(discover)
+        rows: list[Row] = [("EP discovery (once, outside decide)", ms(discover_s), "", None)]
+        rows += measure_sync(args, work, port, local)
+        rows += measure_download(args, work, local, args.size_mib, "loopback")
+        # A device's real link, paced by a relay: there the network, not the CPU, limits.
+        link = Relay(port, rate=args.link_mbit * 1e6 / 8)
+        os.environ["AWS_ENDPOINT_URL"] = link.endpoint_url
+        label = f"a {args.link_mbit:.0f} Mbit/s link"
+        rows += measure_download(args, work, local, args.link_size_mib, label)
+    finally:
+        moto.stdin.close()
+        moto.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\ndevice sync benchmark ({os.cpu_count()} cores, moto S3 on loopback)")
+    print(f"  {'metric':<52} {'value':>20}  {'target':>8}  met")
+    for metric, value, target, met in rows:
+        verdict = "-" if met is None else "yes" if met else "NO"
+        print(f"  {metric:<52} {value:>20}  {target:>8}  {verdict}")
+
+
+if __name__ == "__main__":
+    main()
