@@ -375,18 +375,7 @@ class ModelSync:
             reason = "; ".join(notes + failures) or "nothing published can run here"
             if kept is not None and self.cache.intact(model, kept):
                 reason += f" (still running {kept.name})"
-            return ModelReport(
-                model=model,
-                action="failed",
-                variant=kept.name if kept else None,
-                target=kept.target if kept else None,
-                ep=kept.ep if kept else None,
-                verdict=None,
-                bytes_downloaded=self.moved - moved_before,
-                reason=reason,
-                considered=verdicts,
-                seconds=seconds,
-            )
+            return _failed(model, kept, reason, verdicts, self.moved - moved_before, seconds)
         if done.installed is not mstate.active:
             self._activate(model, mstate, done.installed, state)
         return ModelReport(
@@ -404,18 +393,7 @@ class ModelSync:
 
     def unexpected(self, model: str, state: CacheState, exc: Exception) -> ModelReport:
         kept = state.models.get(model, ModelState()).active
-        return ModelReport(
-            model=model,
-            action="failed",
-            variant=kept.name if kept else None,
-            target=kept.target if kept else None,
-            ep=kept.ep if kept else None,
-            verdict=None,
-            bytes_downloaded=0,
-            reason=f"unexpected {type(exc).__name__}: {exc}",
-            considered=[],
-            seconds=0.0,
-        )
+        return _failed(model, kept, f"unexpected {type(exc).__name__}: {exc}", [], 0, 0.0)
 
     def _build_key(self, entry: ModelEntry) -> str:
         """Identifies a local build: a new source, ORT or EP package retries a failed one."""
@@ -684,6 +662,29 @@ class ModelSync:
         if model in outvoted:
             self.log(f"{model}: ORT would select the rollback variant; listing the active alone")
         self.cache.prune(model, mstate)
+
+
+def _failed(
+    model: str,
+    kept: Installed | None,
+    reason: str,
+    considered: list[VariantVerdict],
+    moved: int,
+    seconds: float,
+) -> ModelReport:
+    """A model nothing could be done for; ``kept`` (if any) is still what runs."""
+    return ModelReport(
+        model=model,
+        action="failed",
+        variant=kept.name if kept else None,
+        target=kept.target if kept else None,
+        ep=kept.ep if kept else None,
+        verdict=None,
+        bytes_downloaded=moved,
+        reason=reason,
+        considered=considered,
+        seconds=seconds,
+    )
 
 
 def _describe(step: Step) -> str:

@@ -72,25 +72,26 @@ def write_spec(
     return path
 
 
+def tiny_models(model_dir: Path) -> list[dict]:
+    """The spec entries of the two small models, with symbolic dims fixed."""
+    return [
+        {
+            "name": "tiny-cls",
+            "source": str(model_dir / "tiny-cls.onnx"),
+            "input_shapes": {"x": [1, 3, 48, 192]},
+        },
+        {
+            "name": "tiny-det",
+            "source": str(model_dir / "tiny-det.onnx"),
+            "input_shapes": {"image": [1, 3, 64, 64]},
+        },
+    ]
+
+
 @pytest.fixture
 def fleet_spec(tmp_path: Path, model_dir: Path) -> Path:
     """Two models with symbolic dims × two HTP targets and one CPU target."""
-    return write_spec(
-        tmp_path,
-        [
-            {
-                "name": "tiny-cls",
-                "source": str(model_dir / "tiny-cls.onnx"),
-                "input_shapes": {"x": [1, 3, 48, 192]},
-            },
-            {
-                "name": "tiny-det",
-                "source": str(model_dir / "tiny-det.onnx"),
-                "input_shapes": {"image": [1, 3, 64, 64]},
-            },
-        ],
-        [*HTP_TARGETS, CPU_TARGET],
-    )
+    return write_spec(tmp_path, tiny_models(model_dir), [*HTP_TARGETS, CPU_TARGET])
 
 
 def with_npu_unfriendly_model(directory: Path, model_dir: Path, targets: list[dict]) -> Path:

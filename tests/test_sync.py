@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import CPU_TARGET, HTP_TARGETS, write_spec
+from conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 from s3proxy import FaultProxy
 
 from epfleet.devicecache import DeviceCache
@@ -34,22 +34,8 @@ DEVICE = "test-device"
 
 
 def compile_fleet(directory: Path, model_dir: Path, targets: list[dict], prefect_api: str) -> Path:
-    spec = write_spec(
-        directory,
-        [
-            {
-                "name": "tiny-cls",
-                "source": str(model_dir / "tiny-cls.onnx"),
-                "input_shapes": {"x": [1, 3, 48, 192]},
-            },
-            {
-                "name": "tiny-det",
-                "source": str(model_dir / "tiny-det.onnx"),
-                "input_shapes": {"image": [1, 3, 64, 64]},
-            },
-        ],
-        targets,
-    )
+    """`epfleet compile` of the two small models into ``directory``/store."""
+    spec = write_spec(directory, tiny_models(model_dir), targets)
     store = directory / "store"
     env = dict(os.environ, PREFECT_API_URL=prefect_api, EPFLEET_CACHE=str(directory / "cache"))
     done = subprocess.run(
@@ -253,31 +239,7 @@ def test_only_htp_published_recompiles_for_cpu_then_switches_to_a_published_cpu_
 
     # The fleet now publishes a CPU variant too: the next sync switches to it and keeps
     # the local build for rollback.
-    spec = write_spec(
-        tmp_path,
-        [
-            {
-                "name": "tiny-cls",
-                "source": str(model_dir / "tiny-cls.onnx"),
-                "input_shapes": {"x": [1, 3, 48, 192]},
-            },
-            {
-                "name": "tiny-det",
-                "source": str(model_dir / "tiny-det.onnx"),
-                "input_shapes": {"image": [1, 3, 64, 64]},
-            },
-        ],
-        [*HTP_TARGETS, CPU_TARGET],
-    )
-    env = dict(os.environ, PREFECT_API_URL=prefect_api)
-    done = subprocess.run(
-        [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+    assert compile_fleet(tmp_path, model_dir, [*HTP_TARGETS, CPU_TARGET], prefect_api) == store
     third = run_sync(str(store), cache)
     assert [(m.action, m.target) for m in third.models] == [("downloaded", "x86-cpu")] * 2
     package = json.loads((cache / "manifest.json").read_text())
