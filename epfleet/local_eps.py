@@ -98,7 +98,7 @@ def ort_judgement(
     try:
         answer = get_model_compatibility_for_ep_devices(devices, compatibility_string)
     except RuntimeError as exc:
-        return Judgement(Verdict.UNSUPPORTED, f"{ep}'s validator refused this device: {exc}")
+        return Judgement(Verdict.UNSUPPORTED, f"its validator refused this device: {exc}")
     verdicts = {
         OrtCompiledModelCompatibility.EP_SUPPORTED_OPTIMAL: Verdict.OPTIMAL,
         OrtCompiledModelCompatibility.EP_SUPPORTED_PREFER_RECOMPILATION: (

@@ -150,5 +150,5 @@ def render_device_report(report: DeviceReport) -> str:
     return "\n".join(out)
 
 
-def _clip(text: str, limit: int = 90) -> str:
+def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
