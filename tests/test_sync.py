@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -280,6 +281,22 @@ def republish_cpu_variant(store: Path, model: str, data: bytes, claimed_sha256: 
     (store / "manifest.json").write_bytes(manifest.to_json())
 
 
+def republish_edited_cpu_variant(store: Path, edit: Callable[[onnx.ModelProto], None]) -> bytes:
+    """Publish a new build of tiny-cls's CPU variant: the current one edited, with its true
+    sha256 and size in the manifest. Returns its bytes."""
+    original = read_manifest(store).models["tiny-cls"].variants["x86-cpu"]
+    assert original.artifact is not None
+    model = onnx.load_from_string((store / original.artifact.uri).read_bytes())
+    edit(model)
+    data = model.SerializeToString()
+    republish_cpu_variant(store, "tiny-cls", data, sha256_bytes(data))
+    return data
+
+
+def unrunnable(model: onnx.ModelProto) -> None:
+    model.graph.node[0].op_type = "NoSuchOperator"  # loads as ONNX, cannot run anywhere
+
+
 def test_tampered_artifact_is_never_activated(fleet_store: Path, tmp_path: Path) -> None:
     store = copy_store(fleet_store, tmp_path / "store")
     cache = tmp_path / "device"
@@ -307,15 +324,13 @@ def test_artifact_whose_string_differs_from_the_manifest_is_not_activated(
     fleet_store: Path, tmp_path: Path
 ) -> None:
     store = copy_store(fleet_store, tmp_path / "store")
-    original = read_manifest(store).models["tiny-cls"].variants["x86-cpu"]
-    assert original.artifact is not None
-    model = onnx.load_from_string((store / original.artifact.uri).read_bytes())
-    for prop in model.metadata_props:
-        if prop.key == "ep_compatibility_info.CPUExecutionProvider":
-            prop.value = prop.value.replace("nchwc=1", "nchwc=0").replace("nchwc=0;", "nchwc=1;")
-            prop.value += ";forged"
-    data = model.SerializeToString()
-    republish_cpu_variant(store, "tiny-cls", data, sha256_bytes(data))
+
+    def forge(model: onnx.ModelProto) -> None:
+        for prop in model.metadata_props:
+            if prop.key == "ep_compatibility_info.CPUExecutionProvider":
+                prop.value += ";forged"
+
+    republish_edited_cpu_variant(store, forge)
 
     report = run_sync(str(store), tmp_path / "device", models=["tiny-cls"])
     [result] = report.models
@@ -333,12 +348,7 @@ def test_variant_that_does_not_run_fails_its_health_check(
     store = copy_store(fleet_store, tmp_path / "store")
     cache = tmp_path / "device"
     [good] = run_sync(str(store), cache, models=["tiny-cls"]).models
-    original = read_manifest(store).models["tiny-cls"].variants["x86-cpu"]
-    assert original.artifact is not None
-    model = onnx.load_from_string((store / original.artifact.uri).read_bytes())
-    model.graph.node[0].op_type = "NoSuchOperator"  # loads as ONNX, cannot run anywhere
-    data = model.SerializeToString()
-    republish_cpu_variant(store, "tiny-cls", data, sha256_bytes(data))
+    republish_edited_cpu_variant(store, unrunnable)
 
     [result] = run_sync(str(store), cache, models=["tiny-cls"]).models
     assert result.action == "failed"
@@ -574,12 +584,7 @@ def test_a_fresh_device_whose_optimal_variant_fails_still_gets_a_model(
     fleet_store: Path, tmp_path: Path
 ) -> None:
     store = copy_store(fleet_store, tmp_path / "store")
-    original = read_manifest(store).models["tiny-cls"].variants["x86-cpu"]
-    assert original.artifact is not None
-    model = onnx.load_from_string((store / original.artifact.uri).read_bytes())
-    model.graph.node[0].op_type = "NoSuchOperator"
-    data = model.SerializeToString()
-    republish_cpu_variant(store, "tiny-cls", data, sha256_bytes(data))
+    data = republish_edited_cpu_variant(store, unrunnable)
     cache = tmp_path / "device"
     report = run_sync(str(store), cache, models=["tiny-cls"])
     [result] = report.models
