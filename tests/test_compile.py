@@ -19,7 +19,7 @@ from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_byt
 
 import eps
 from epfleet.compiler import CompileJob, CompileOutput, compile_job
-from epfleet.errors import CompileError, MissingExtraError
+from epfleet.errors import CompileError, MissingExtraError, WorkerCrashed
 from epfleet.hashing import sha256_file
 from epfleet.plan import CompileRequest
 from epfleet.pool import CompilePool
@@ -155,5 +155,22 @@ def test_a_crashing_compile_fails_alone(model_dir: Path, tmp_path: Path) -> None
         for outcome in outcomes[1:]:
             assert Path(outcome.result().artifact_path).exists()  # innocent jobs all compiled
         assert Path(pool.run(good[0], crash_or_compile).artifact_path).exists()  # pool still works
+    finally:
+        pool.shutdown()
+
+
+def abort_on_crash(word: str) -> str:
+    """Stands in for native code that dies in a health check: no real EP crashes on demand."""
+    if word == "crash":
+        os.abort()
+    return word.upper()
+
+
+def test_a_crash_in_an_isolated_call_is_reported_and_the_worker_replaced() -> None:
+    pool = CompilePool(workers=1)
+    try:
+        with pytest.raises(WorkerCrashed, match="crashed while health-checking v1"):
+            pool.call(abort_on_crash, "crash", "health-checking v1")
+        assert pool.call(abort_on_crash, "fine", "health-checking v2") == "FINE"
     finally:
         pool.shutdown()
