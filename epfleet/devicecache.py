@@ -33,9 +33,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from epfleet import ort_version
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_file
+from epfleet.local_eps import ep_versions
 from epfleet.manifest import Name
 from eps.base import DeviceType
 
@@ -85,6 +87,9 @@ class CacheState(BaseModel):
     )
     manifest_rules: str | None = Field(
         default=None, description="epfleet's validation rules it was validated under"
+    )
+    package_checked_with: str | None = Field(
+        default=None, description="ORT and EP versions the package's selection was checked with"
     )
     models: dict[Name, ModelState] = Field(default_factory=dict)
 
@@ -230,8 +235,10 @@ class DeviceCache:
         models whose rollback entry had to be left out."""
         path = self.root / PACKAGE_MANIFEST
         data = self.package_json(state)
-        if _read(path) == data:
-            return []  # checked with ORT when it was written
+        runtime = json.dumps([ort_version(), ep_versions()], sort_keys=True)
+        if _read(path) == data and state.package_checked_with == runtime:
+            return []  # checked with this ORT and these EPs when it was written
+        state.package_checked_with = runtime
         atomic_write_bytes(path, data)
         outvoted = [
             model

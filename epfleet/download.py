@@ -16,7 +16,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from epfleet.errors import IntegrityError, TransientStoreError
@@ -28,6 +28,7 @@ MiB = 1 << 20
 SEGMENT = 16 * MiB
 PARALLEL = 4
 ATTEMPTS = 3
+PROGRESS_EVERY = 8 * MiB
 
 
 class Transfer:
@@ -45,23 +46,35 @@ class Transfer:
         self.segment = max(SEGMENT, -(-size // PARALLEL))
         self.segments = [(s, min(s + self.segment, size)) for s in range(0, size, self.segment)]
         self.progress = part.with_name(part.name + ".progress")
-        self.done = self._resume()
         self.moved = 0
         """Bytes this transfer moved, failed attempts included."""
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.done = self._resume()
 
     def _resume(self) -> list[int]:
-        """Bytes already held per segment: from the progress record, or, without one, the
-        partial file read as a prefix (a download that began sequentially)."""
-        try:
-            record = json.loads(self.progress.read_text())
-            if record["size"] == self.size and record["segment"] == self.segment:
-                return [int(n) for n in record["done"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        """Bytes already held per segment. A download in several segments always has a
+        progress record (written before its first byte); a partial file without one was
+        written by a single stream, so it is a prefix (and verification catches the rest).
+        A record that does not fit this object is not trusted: the partial file goes."""
+        if self.progress.exists():
+            try:
+                record = json.loads(self.progress.read_text())
+                done = [int(n) for n in record["done"]]
+                fits = (record["size"], record["segment"]) == (self.size, self.segment)
+                if fits and len(done) == len(self.segments) and self.part.exists():
+                    return [
+                        max(0, min(n, end - start))
+                        for n, (start, end) in zip(done, self.segments, strict=True)
+                    ]
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            self.progress.unlink(missing_ok=True)
+            self.part.unlink(missing_ok=True)
+            return [0] * len(self.segments)
         held = self.part.stat().st_size if self.part.exists() else 0
         if held > self.size:
-            self.part.unlink()
+            self.part.unlink(missing_ok=True)
             held = 0
         return [max(0, min(held - start, end - start)) for start, end in self.segments]
 
@@ -69,24 +82,24 @@ class Transfer:
         """Fetch what is missing, verify, and return the bytes moved. Raises
         TransientStoreError when the store stays unreachable (progress is kept) and
         IntegrityError when the bytes are not the manifest's (nothing is kept). Resumed
-        bytes that do not verify (say, a record lost in a crash) get one fresh download."""
+        bytes that do not verify get one fresh download."""
         resumed = sum(self.done) > 0
         try:
-            return self._run_once()
+            self._run_once()
         except IntegrityError:
             if not resumed:
                 raise
             self.log(f"{self.key}: the resumed download did not verify; starting over")
             self.done = [0] * len(self.segments)
-            moved = self.moved
-            result = self._run_once()
-            self.moved += moved
-            return result
+            self._run_once()
+        return self.moved
 
-    def _run_once(self) -> int:
+    def _run_once(self) -> None:
         before = sum(self.done)
         fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o644)
         try:
+            if len(self.segments) > 1:
+                self._save_progress(fd)  # before the first byte: see _resume
             for attempt in range(1, ATTEMPTS + 1):
                 try:
                     self._fetch_missing(fd)
@@ -97,8 +110,8 @@ class Transfer:
                     self.log(f"{self.key}: {exc}; resuming (attempt {attempt + 1})")
             os.fsync(fd)
         finally:
-            self.moved = sum(self.done) - before
-            if sum(self.done) < self.size:
+            self.moved += sum(self.done) - before
+            if sum(self.done) < self.size and len(self.segments) > 1:
                 self._save_progress(fd)
             os.close(fd)
         self.progress.unlink(missing_ok=True)
@@ -109,32 +122,54 @@ class Transfer:
                 f"{self.store.uri}/{self.key} has sha256 {got[0]} ({got[1]} bytes), "
                 f"the manifest says {self.sha256} ({self.size} bytes); not activated"
             )
-        return self.moved
 
     def _fetch_missing(self, fd: int) -> None:
+        """Fetch every unfinished segment at once. A dropped connection ends its own segment
+        (the caller retries what is missing); any other error, or Ctrl-C, stops the others
+        at their next chunk. Every worker has stopped before this returns, so none writes to
+        ``fd`` after it is closed."""
         todo = [i for i, (s, e) in enumerate(self.segments) if self.done[i] < e - s]
         if not todo:
             return
-        with ThreadPoolExecutor(min(PARALLEL, len(todo))) as pool:
-            fetches = [pool.submit(self._fetch_segment, fd, i) for i in todo]
-            for fetch in fetches:  # every segment runs to its end or its error first
-                fetch.result()
+        self._stop.clear()
+        pool = ThreadPoolExecutor(min(PARALLEL, len(todo)))
+        try:
+            dropped: list[TransientStoreError] = []
+            for fetch in as_completed([pool.submit(self._fetch_segment, fd, i) for i in todo]):
+                error = fetch.exception()
+                if isinstance(error, TransientStoreError):
+                    dropped.append(error)
+                elif error is not None:
+                    raise error
+            if dropped:
+                raise dropped[0]
+        except BaseException:
+            self._stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True)
 
     def _fetch_segment(self, fd: int, index: int) -> None:
         start, end = self.segments[index]
         offset = start + self.done[index]
+        saved = offset
         for chunk in self.store.read_range(self.key, offset, end):
-            chunk = chunk[: end - offset]  # a server that ignores the range's end
-            os.pwrite(fd, chunk, offset)
-            offset += len(chunk)
-            self.done[index] += len(chunk)
+            if self._stop.is_set():
+                return
+            view = memoryview(chunk)[: end - offset]  # a server that ignores the range's end
+            while view:
+                written = os.pwrite(fd, view, offset)
+                view, offset = view[written:], offset + written
+                self.done[index] += written
+            if len(self.segments) > 1 and offset - saved >= PROGRESS_EVERY:
+                self._save_progress(fd)  # a crash loses at most this much of the segment
+                saved = offset
             if offset >= end:
                 break
-        if len(self.segments) > 1:
-            self._save_progress(fd)  # a crash from here on loses no finished segment
 
     def _save_progress(self, fd: int) -> None:
         with self._lock:
+            done = list(self.done)  # copied first: the fsync below covers these bytes
             os.fsync(fd)  # the record never claims bytes the disk may not have
-            record = {"size": self.size, "segment": self.segment, "done": list(self.done)}
+            record = {"size": self.size, "segment": self.segment, "done": done}
             atomic_write_bytes(self.progress, json.dumps(record).encode())

@@ -146,8 +146,7 @@ def fetch_manifest(store_uri: str, cache_dir: Path) -> ManifestStatus:
     cache = DeviceCache(cache_dir)
     with cache.locked():
         state = cache.load_state()
-        cached = cache.cached_manifest() if state.store == store.uri else None
-        trusted = cached is not None and _trusted(state, cached)
+        trusted = _cached_manifest(cache, state, store.uri) is not None
         generation = state.manifest_generation if trusted else None
         try:
             if trusted and state.manifest_etag:
@@ -190,10 +189,25 @@ def fetch_manifest(store_uri: str, cache_dir: Path) -> ManifestStatus:
         )
 
 
-def _trusted(state: CacheState, cached: bytes) -> bool:
-    return state.manifest_rules == VALIDATION_RULES and state.manifest_sha256 == sha256_bytes(
-        cached
-    )
+def _cached_manifest(cache: DeviceCache, state: CacheState, store_uri: str) -> bytes | None:
+    """The manifest cached from this store, if it is valid under today's rules: trusted by
+    its sha256 when it was validated under them, else validated whole again now (a cache
+    from an older epfleet, or a crash between writing it and the state)."""
+    data = cache.cached_manifest() if state.store == store_uri else None
+    if data is None:
+        return None
+    digest = sha256_bytes(data)
+    if state.manifest_rules == VALIDATION_RULES and state.manifest_sha256 == digest:
+        return data
+    try:
+        manifest = Manifest.from_json(data)
+    except ValidationError:
+        return None
+    state.manifest_sha256, state.manifest_rules = digest, VALIDATION_RULES
+    state.manifest_generation = manifest.generation
+    state.manifest_etag = None  # it may be the ETag of another copy: fetch whole next time
+    cache.save_state(state)
+    return data
 
 
 def manifest_in_force(store_uri: str, cache_dir: Path, models: list[str] | None) -> Manifest:
@@ -203,9 +217,8 @@ def manifest_in_force(store_uri: str, cache_dir: Path, models: list[str] | None)
     fetched): a device that wants 20 models of a 1,000-model manifest should not pay for
     the other 980 on every sync."""
     cache = DeviceCache(cache_dir)
-    state = cache.load_state()
-    data = cache.cached_manifest()
-    if data is None or state.store != open_store(store_uri).uri or not _trusted(state, data):
+    data = _cached_manifest(cache, cache.load_state(), open_store(store_uri).uri)
+    if data is None:
         raise StoreError(
             f"no usable manifest: {store_uri} could not be read and no manifest from it is "
             f"cached in {cache_dir}; sync again once the store is reachable"
@@ -215,7 +228,7 @@ def manifest_in_force(store_uri: str, cache_dir: Path, models: list[str] | None)
         document = json.loads(data)
     finally:
         gc.enable()
-    entries = document["models"]
+    entries = document.get("models", {})
     try:
         wanted = {
             name: ModelEntry.model_validate(entries[name])
@@ -223,7 +236,7 @@ def manifest_in_force(store_uri: str, cache_dir: Path, models: list[str] | None)
         }
     except ValidationError as exc:
         raise StoreError(f"the cached manifest in {cache_dir} is damaged: {exc}") from None
-    return Manifest.model_construct(generation=document["generation"], models=wanted)
+    return Manifest.model_construct(generation=document.get("generation", 0), models=wanted)
 
 
 def wanted_models(available: list[str], models: list[str] | None) -> list[str]:
@@ -720,8 +733,8 @@ def sync_models(
                 reports.append(report)
         finally:
             runner.close()
-            cache.save_state(state)
             cache.write_package(state)
+            cache.save_state(state)
             cache.tidy()
         return reports
 

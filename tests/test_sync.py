@@ -662,3 +662,32 @@ def test_device_sync_served_as_a_deployment(
     served = json.loads(report.read_text())
     assert [m["action"] for m in served["models"]] == ["downloaded", "downloaded"]
     assert_package_runs(cache, {m["model"]: m["variant"] for m in served["models"]})
+
+
+def test_a_manifest_relying_on_defaults_syncs(fleet_store: Path, tmp_path: Path) -> None:
+    store = copy_store(fleet_store, tmp_path / "store")
+    document = json.loads((store / "manifest.json").read_text())
+    for field in ("generation", "published_at"):
+        document.pop(field)  # both have defaults in the schema
+    (store / "manifest.json").write_text(json.dumps(document))
+    report = run_sync(str(store), tmp_path / "device")
+    assert report.manifest.generation == 0
+    assert [m.action for m in report.models] == ["downloaded", "downloaded"]
+
+
+def test_a_valid_cached_manifest_from_an_older_epfleet_is_validated_again(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    """A state written before the cached manifest's sha256 and rules were recorded (or a
+    crash between the two writes): the cached manifest is validated whole and used."""
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = tmp_path / "device"
+    run_sync(str(store), cache)
+    state_file = cache / ".epfleet" / "state.json"
+    state = json.loads(state_file.read_text())
+    del state["manifest_sha256"], state["manifest_rules"]
+    state_file.write_text(json.dumps(state))
+    make_unreadable(store)
+    offline = run_sync(str(store), cache)
+    assert offline.manifest.status == "offline"
+    assert [m.action for m in offline.models] == ["kept", "kept"]

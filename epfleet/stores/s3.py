@@ -332,7 +332,12 @@ _CLIENT_ENV = (
     "AWS_REGION",
     "AWS_CONFIG_FILE",
     "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
 )
+MAX_SHARED_CLIENTS = 8  # rotating session tokens must not grow the cache without bound
 
 
 def _shared_client(config: Config, settings: tuple[object, ...]) -> S3Client:
@@ -340,6 +345,8 @@ def _shared_client(config: Config, settings: tuple[object, ...]) -> S3Client:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
+            if len(_clients) >= MAX_SHARED_CLIENTS:
+                _clients.clear()
             session = boto3.session.Session()
             region = session.region_name or DEFAULT_REGION
             client = _clients[key] = session.client("s3", region_name=region, config=config)

@@ -1,0 +1,136 @@
+"""Resumable segmented downloads (epfleet.download) against a real local store, with a
+wrapper that cuts the byte streams: the only double here stands in for a network that
+drops connections, which nothing on loopback does on demand."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from epfleet.download import Transfer
+from epfleet.errors import IntegrityError, StoreError, TransientStoreError
+from epfleet.hashing import sha256_bytes
+from epfleet.stores.local import LocalStore
+
+SIZE = 10_000  # with SEGMENT at 1,000: four segments of 2,500 bytes
+
+
+class Cutting:
+    """A store whose ranged reads stop with a transient error after ``budget`` bytes."""
+
+    def __init__(self, store: LocalStore, budget: int, slow: float = 0.0) -> None:
+        self.store, self.budget, self.slow = store, budget, slow
+        self.uri = store.uri
+
+    def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
+        sent = 0
+        for chunk in self.store.read_range(key, start, end):
+            for i in range(0, len(chunk), 100):
+                if sent >= self.budget:
+                    raise TransientStoreError("connection dropped")
+                time.sleep(self.slow)
+                sent += len(chunk[i : i + 100])
+                yield chunk[i : i + 100]
+
+
+@pytest.fixture
+def blob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LocalStore, bytes]:
+    monkeypatch.setattr("epfleet.download.SEGMENT", 1000)
+    store = LocalStore(tmp_path / "store")
+    data = os.urandom(SIZE)
+    store.write("blob", data)
+    return store, data
+
+
+def transfer(store: object, data: bytes, part: Path) -> Transfer:
+    digest = sha256_bytes(data)
+    return Transfer(store, "blob", digest, len(data), part, lambda _: None)  # type: ignore[arg-type]
+
+
+def test_segments_resume_where_each_stopped(blob: tuple[LocalStore, bytes], tmp_path: Path) -> None:
+    store, data = blob
+    part = tmp_path / "blob.part"
+    first = transfer(Cutting(store, budget=600), data, part)
+    assert len(first.segments) == 4
+    with pytest.raises(TransientStoreError):
+        first.run()  # three attempts, 600 bytes per segment each
+    assert first.moved == 4 * 1800
+    record = json.loads(part.with_name("blob.part.progress").read_text())
+    assert record["done"] == [1800] * 4
+
+    second = transfer(store, data, part)
+    assert second.run() == SIZE - 4 * 1800  # only the missing bytes move
+    assert part.read_bytes() == data
+    assert not part.with_name("blob.part.progress").exists()
+
+
+def test_a_record_that_does_not_fit_discards_the_partial_file(
+    blob: tuple[LocalStore, bytes], tmp_path: Path
+) -> None:
+    store, data = blob
+    part = tmp_path / "blob.part"
+    part.write_bytes(b"\0" * 5000)
+    part.with_name("blob.part.progress").write_text(
+        json.dumps({"size": SIZE, "segment": 999, "done": [999] * 5})
+    )
+    assert transfer(store, data, part).run() == SIZE
+    assert part.read_bytes() == data
+
+
+def test_resumed_bytes_that_do_not_verify_are_fetched_again(
+    blob: tuple[LocalStore, bytes], tmp_path: Path
+) -> None:
+    store, data = blob
+    part = tmp_path / "blob.part"
+    part.write_bytes(b"\0" * 5000)
+    part.with_name("blob.part.progress").write_text(
+        json.dumps({"size": SIZE, "segment": 2500, "done": [2500, 2500, 0, 0]})
+    )
+    moved = transfer(store, data, part).run()
+    assert moved == 5000 + SIZE  # the rest, then everything once more
+    assert part.read_bytes() == data
+
+
+def test_wrong_bytes_are_never_kept(blob: tuple[LocalStore, bytes], tmp_path: Path) -> None:
+    store, _ = blob
+    part = tmp_path / "blob.part"
+    wrong = Transfer(store, "blob", sha256_bytes(b"other"), SIZE, part, lambda _: None)
+    with pytest.raises(IntegrityError, match="not activated"):
+        wrong.run()
+    assert not part.exists()
+
+
+def test_an_empty_object(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    store.write("empty", b"")
+    part = tmp_path / "empty.part"
+    got = Transfer(store, "empty", sha256_bytes(b""), 0, part, lambda _: None)
+    assert got.run() == 0 and part.read_bytes() == b""
+
+
+class Failing(Cutting):
+    """One segment fails for good at once; the others are slow."""
+
+    def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
+        if start == 0:
+            raise StoreError("access denied")
+        yield from super().read_range(key, start, end)
+
+
+def test_a_hard_error_stops_the_other_segments(
+    blob: tuple[LocalStore, bytes], tmp_path: Path
+) -> None:
+    store, data = blob
+    part = tmp_path / "blob.part"
+    slow = Failing(store, budget=SIZE, slow=0.05)  # 25 chunks a segment: 1.25 s if unstopped
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="access denied"):
+        transfer(slow, data, part).run()
+    assert time.monotonic() - started < 0.8
+    record = json.loads(part.with_name("blob.part.progress").read_text())
+    assert record["done"][0] == 0 and sum(record["done"]) < 3 * 2500
