@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -29,6 +30,7 @@ SEGMENT = 16 * MiB
 PARALLEL = 4
 ATTEMPTS = 3
 PROGRESS_EVERY = 8 * MiB
+REPORT_EVERY = 5.0  # seconds
 
 
 class Transfer:
@@ -50,7 +52,10 @@ class Transfer:
         """Bytes this transfer moved, failed attempts included."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._reported = self._started
         self.done = self._resume()
+        self._initial = sum(self.done)
 
     def _resume(self) -> list[int]:
         """Bytes already held per segment. A download in several segments always has a
@@ -164,8 +169,24 @@ class Transfer:
             if len(self.segments) > 1 and offset - saved >= PROGRESS_EVERY:
                 self._save_progress(fd)  # a crash loses at most this much of the segment
                 saved = offset
+                self._report()
             if offset >= end:
                 break
+
+    def _report(self) -> None:
+        """A progress line every REPORT_EVERY seconds: large models take minutes on a slow
+        link, and a device should not look hung."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._reported < REPORT_EVERY:
+                return
+            self._reported = now
+        held = sum(self.done)
+        rate = (held - self._initial) / max(now - self._started, 1e-3) / 1e6
+        self.log(
+            f"{self.key}: {held * 100 // self.size}% ({held / 1e6:.0f} of "
+            f"{self.size / 1e6:.0f} MB, {rate:.0f} MB/s)"
+        )
 
     def _save_progress(self, fd: int) -> None:
         with self._lock:

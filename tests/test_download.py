@@ -134,3 +134,15 @@ def test_a_hard_error_stops_the_other_segments(
     assert time.monotonic() - started < 0.8
     record = json.loads(part.with_name("blob.part.progress").read_text())
     assert record["done"][0] == 0 and sum(record["done"]) < 3 * 2500
+
+
+def test_long_downloads_report_progress(
+    blob: tuple[LocalStore, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("epfleet.download.PROGRESS_EVERY", 500)
+    monkeypatch.setattr("epfleet.download.REPORT_EVERY", 0.0)
+    store, data = blob
+    lines: list[str] = []
+    digest = sha256_bytes(data)
+    Transfer(store, "blob", digest, SIZE, tmp_path / "blob.part", lines.append).run()
+    assert lines and all(line.startswith("blob: ") and "% (" in line for line in lines)
