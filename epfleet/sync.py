@@ -432,8 +432,6 @@ class ModelSync:
                 verdict=verdict.verdict,
                 reason=f"{active.name} is still the best choice here ({verdict.reason})",
             )
-        if self.offline and step.kind != "fallback":
-            raise TransientStoreError("the store is unreachable (offline)")
         if step.kind == "download":
             assert step.target is not None
             chosen = next(c for c in considered if c.target == step.target)
@@ -481,8 +479,7 @@ class ModelSync:
                 verdict=chosen.verdict,
                 reason=f"rolled back to {previous.name}, kept in the cache: {chosen.reason}",
             )
-        if self.offline:
-            raise TransientStoreError("the store is unreachable (offline)")
+        self._require_store()
         part = self.cache.partial(artifact.sha256)
         moved = self.download(artifact.uri, artifact.sha256, artifact.size, part)
         self._check_string(part, variant)
@@ -539,7 +536,14 @@ class ModelSync:
                 raise
             raise HealthCheckError(str(exc)) from None
 
+    def _require_store(self) -> None:
+        """Each step checks this where it first needs the store, after what the cache alone
+        can do (a rollback, an already active fallback)."""
+        if self.offline:
+            raise TransientStoreError("the store is unreachable (offline)")
+
     def _recompile(self, model: str, entry: ModelEntry) -> _Done:
+        self._require_store()
         targets = self._local_targets()
         if not targets:
             raise EpfleetError("no EP here builds for this device's hardware")
@@ -631,8 +635,7 @@ class ModelSync:
         reason += "source model on the CPU EP"
         if active is not None and active.origin == "fallback" and active.sha256 == source.sha256:
             return _Done(installed=active, action="fallback", verdict=None, reason=reason)
-        if self.offline:
-            raise TransientStoreError("the store is unreachable (offline)")
+        self._require_store()
         installed = Installed(
             name=variant_name("fallback", source.sha256),
             origin="fallback",
