@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 import eps
 from epfleet import RECIPE_VERSION, ort_version
-from epfleet.errors import CompileError
+from epfleet.errors import CompileError, summarize
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
 from epfleet.plan import CompileRequest
@@ -85,7 +85,7 @@ def compile_job(job: CompileJob) -> CompileOutput:
             raise
         except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidArgument subclasses
             raise CompileError(
-                f"{request.ep} failed to compile {request.model!r}: {_summary(exc)}"
+                f"{request.ep} failed to compile {request.model!r}: {summarize(exc, 600)}"
             ) from None
         if not raw.exists():
             raise CompileError(f"{request.ep} wrote no model for {request.model!r}")
@@ -145,8 +145,3 @@ def _stamp(
     for key in sorted(props):
         model.metadata_props.add(key=key, value=props[key])
     return model.SerializeToString(), string, written_by
-
-
-def _summary(exc: BaseException, limit: int = 600) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."

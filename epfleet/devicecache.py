@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from epfleet import ort_version
 from epfleet.errors import BadInputError, EpfleetError
-from epfleet.fsutil import atomic_write_bytes
+from epfleet.fsutil import atomic_write_bytes, fsync_dir
 from epfleet.hashing import sha256_file
 from epfleet.local_eps import ep_versions
 from epfleet.manifest import Name
@@ -169,7 +169,7 @@ class DeviceCache:
         dest = self.model_file(model, variant)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(verified, dest)
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
         return variant.model_copy(update={"mtime_ns": dest.stat().st_mtime_ns})
 
     def intact(self, model: str, variant: Installed, *, rehash: bool = False) -> bool:
@@ -210,10 +210,10 @@ class DeviceCache:
 
     # --- the ORT model package ----------------------------------------------------------
 
-    def package_json(self, state: CacheState, *, rollback: bool = True) -> bytes:
+    def package_json(self, state: CacheState) -> bytes:
         components = {}
         for model, entry in sorted(state.models.items()):
-            listed = [entry.active, entry.previous if rollback else None]
+            listed = [entry.active, entry.previous]
             variants = {
                 v.name: _package_variant(model, v)
                 for v in listed
@@ -285,11 +285,3 @@ def _read(path: Path) -> bytes | None:
         return path.read_bytes()
     except FileNotFoundError:
         return None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

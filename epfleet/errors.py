@@ -43,3 +43,10 @@ class PreconditionFailed(StoreError):
 
 class IntegrityError(StoreError):
     """Downloaded or stored bytes do not match the expected sha256 or size."""
+
+
+def summarize(exc: BaseException, limit: int) -> str:
+    """An exception's message on one line, cut to ``limit`` characters (native EP errors
+    can run to pages)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -28,9 +28,14 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)  # the rename itself survives a power cut
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (a rename into it, say) durable."""
+    directory = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(directory)  # the rename itself survives a power cut
+        os.fsync(directory)
     finally:
         os.close(directory)
 

@@ -12,7 +12,7 @@ import time
 from pydantic import BaseModel
 
 import eps
-from epfleet.errors import EpfleetError, HealthCheckError
+from epfleet.errors import EpfleetError, HealthCheckError, summarize
 from eps.base import DeviceType
 
 # ORT's element type names -> numpy dtype names, for the zero inputs.
@@ -63,7 +63,7 @@ def check_health(job: HealthJob) -> Health:
     except EpfleetError:
         raise
     except Exception as exc:
-        raise HealthCheckError(f"{job.ep} cannot load {name}: {_summary(exc)}") from None
+        raise HealthCheckError(f"{job.ep} cannot load {name}: {summarize(exc, 400)}") from None
     feeds = {}
     for arg in session.get_inputs():
         dtype = NUMPY_TYPES.get(arg.type)
@@ -76,15 +76,10 @@ def check_health(job: HealthJob) -> Health:
         outputs = session.run(None, feeds)
     except Exception as exc:
         raise HealthCheckError(
-            f"{job.ep} loaded {name} but running it on zero inputs failed: {_summary(exc)}"
+            f"{job.ep} loaded {name} but running it on zero inputs failed: {summarize(exc, 400)}"
         ) from None
     return Health(
         seconds=round(time.perf_counter() - started, 3),
         providers=list(session.get_providers()),
         outputs=len(outputs),
     )
-
-
-def _summary(exc: BaseException, limit: int = 400) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
