@@ -1,7 +1,8 @@
 """The ``epfleet`` command line.
 
     epfleet compile SPEC --store URI [--workers N] [--force] [--model M ...]
-                    [--target T ...] [--json]
+                    [--target T ...] [--task-runner threads|dask [--dask-address A]]
+                    [--json]
     epfleet manifest show --store URI [--json]
     epfleet manifest schema
     epfleet sync --store URI --cache DIR [--model NAME ...] [--no-recompile]
@@ -25,6 +26,8 @@ from epfleet import MAX_WORKERS
 from epfleet.errors import BadInputError, EpfleetError
 
 if TYPE_CHECKING:
+    from prefect.task_runners import TaskRunner
+
     from epfleet.fleet import RunPlan, RunReport
     from epfleet.pool import CompilePool
 
@@ -33,6 +36,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 def _parser() -> argparse.ArgumentParser:
     from epfleet.fleet import DEFAULT_STORE
+    from epfleet.runners import TASK_RUNNERS
 
     parser = argparse.ArgumentParser(prog="epfleet", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +68,16 @@ def _parser() -> argparse.ArgumentParser:
         dest="targets",
         metavar="NAME",
         help="only this target (repeatable)",
+    )
+    compile_.add_argument(
+        "--task-runner",
+        default="threads",
+        choices=sorted(TASK_RUNNERS),
+        help="where compile tasks run: threads (this machine, default) or dask "
+        "(a Dask cluster: --dask-address, or a local one of --workers processes)",
+    )
+    compile_.add_argument(
+        "--dask-address", metavar="ADDR", help="Dask scheduler, e.g. tcp://10.0.0.5:8786"
     )
     compile_.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
@@ -133,9 +147,12 @@ def main(argv: list[str] | None = None) -> int:
 def _compile(args: argparse.Namespace) -> int:
     from epfleet.fleet import plan_run
     from epfleet.report import render_report
+    from epfleet.runners import task_runner
 
     if not 1 <= args.workers <= MAX_WORKERS:
         raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {args.workers}")
+    if args.dask_address and args.task_runner != "dask":
+        raise BadInputError("--dask-address needs --task-runner dask")
     plan = plan_run(args.spec, args.store, args.models, args.targets, args.force)
     if plan.is_noop:
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
@@ -146,11 +163,13 @@ def _compile(args: argparse.Namespace) -> int:
             f"with {args.workers} workers",
             file=sys.stderr,
         )
-        pool = _prestart(plan, args.store, args.workers)
+        # Compiles start at once in this machine's workers, unless Dask runs them.
+        pool = _prestart(plan, args.store, args.workers) if args.task_runner == "threads" else None
         try:
-            report = _run_flow(args)
+            report = _run_flow(args, task_runner(args.task_runner, args.dask_address, args.workers))
         finally:
-            pool.drop_unclaimed()
+            if pool is not None:
+                pool.drop_unclaimed()
     if args.json:
         print(json.dumps(_json_report(report)))
     else:
@@ -168,18 +187,16 @@ def _prestart(plan: RunPlan, store_uri: str, workers: int) -> CompilePool:
     store = open_store(store_uri)
     pool = shared_pool(workers)
     for pair in plan.to_compile:
-        pool.prestart(compile_job_for(pair.request, store))
+        if pair.work_pool is None:  # the others compile on their work pool
+            pool.prestart(compile_job_for(pair.request, store))
     return pool
 
 
-def _run_flow(args: argparse.Namespace) -> RunReport:
+def _run_flow(args: argparse.Namespace, runner: TaskRunner[Any]) -> RunReport:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect.task_runners import ThreadPoolTaskRunner
-
     from flows.fleet_compile import fleet_compile
 
-    runner = ThreadPoolTaskRunner[Any](max_workers=args.workers)
-    flow = fleet_compile.with_options(task_runner=runner)  # type: ignore[arg-type]  # invariant generic
+    flow = fleet_compile.with_options(task_runner=runner)
     return flow(
         spec=str(args.spec.resolve()),
         store=args.store,

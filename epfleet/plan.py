@@ -66,6 +66,9 @@ class PlannedPair(BaseModel):
     previous: VariantEntry | None = Field(
         default=None, description="The pair's manifest entry when the run planned"
     )
+    work_pool: str | None = Field(
+        default=None, description="Where it compiles: a work pool, or None for the flow's own"
+    )
 
 
 def plan_pairs(
@@ -100,7 +103,13 @@ def plan_pairs(
         previous = entry.variants.get(target.name) if entry else None
         action, reason = _decide(request, previous, force, stored_size)
         planned.append(
-            PlannedPair(request=request, action=action, reason=reason, previous=previous)
+            PlannedPair(
+                request=request,
+                action=action,
+                reason=reason,
+                previous=previous,
+                work_pool=target.work_pool,
+            )
         )
     return planned
 

@@ -13,6 +13,8 @@ from epfleet.errors import BadInputError
 from epfleet.manifest import NAME_PATTERN
 from eps.base import DeviceType
 
+WORK_POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
 
 class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -52,6 +54,13 @@ class TargetSpec(BaseModel):
     provider_options: dict[str, str] = Field(default_factory=dict)
     models: list[str] | None = Field(
         default=None, description="Subset of model names; every model when omitted"
+    )
+    work_pool: str | None = Field(
+        default=None,
+        pattern=WORK_POOL_PATTERN,
+        description="Prefect work pool whose workers compile this target (hardware-bound "
+        "EPs); the fleet flow runs deployment compile-pairs/<work_pool> for its pairs. "
+        "Omitted: the pairs compile where the fleet flow runs",
     )
 
     @property

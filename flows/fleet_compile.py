@@ -7,27 +7,27 @@ python flows/fleet_compile.py examples/fleet.yaml --store ./epfleet-store
 # from its annotations when it loads the flow from this file (deployments), and string
 # annotations do not resolve there.
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.futures import as_completed
-from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
 from epfleet import MAX_WORKERS
-from epfleet.fleet import DEFAULT_STORE, PairResult, RunPlan, RunReport
-from epfleet.manifest import VariantEntry
+from epfleet.fleet import DEFAULT_STORE, RunPlan, RunReport
+from epfleet.plan import CompileRequest
 from epfleet.report import matrix_rows
-from tasks.compile import compile_task, failed_entry, plan_task, publish_task
+from epfleet.runners import from_environment
+from tasks.compile import PairOutcome, compile_all, plan_task, publish_task
+from tasks.dispatch import collect, dispatch
+from tasks.events import emit_variant_events
 
 
 @flow(
     name="fleet-compile",
     description="Compile every model for every EP target, stamp compatibility strings, "
     "upload the artifacts and publish the manifest with compare-and-swap.",
-    # Task threads only wait on the compile worker processes, whose number `workers` sets.
-    task_runner=ThreadPoolTaskRunner[Any](max_workers=MAX_WORKERS),  # type: ignore[arg-type]
+    task_runner=from_environment(),
 )
 def fleet_compile(
     spec: Annotated[str, Field(description="Path of the fleet spec YAML on the worker")],
@@ -44,34 +44,38 @@ def fleet_compile(
     targets: Annotated[
         list[str] | None, Field(description="Only these targets (default: all)")
     ] = None,
+    work_pool_timeout: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Seconds to wait for pairs sent to a target's work pool",
+        ),
+    ] = 3600,
 ) -> RunReport:
-    logger = get_run_logger()
     plan: RunPlan = plan_task(spec, store, models or None, targets or None, force)
-    todo = plan.to_compile
-    futures = {compile_task.submit(p.request, store, workers): p.request for p in todo}
-    entries: dict[tuple[str, str], VariantEntry] = {}
-    results: dict[tuple[str, str], PairResult] = {}
-    for done, future in enumerate(as_completed(list(futures)), start=1):
-        request = futures[future]
-        key = (request.model, request.target)
-        try:
-            compiled = future.result()
-            entries[key] = compiled.entry
-            results[key] = PairResult.of(request, compiled.entry, "ok", compiled.seconds)
-        except Exception as exc:
-            entries[key] = failed_entry(request, str(exc))
-            results[key] = PairResult.of(request, entries[key], "failed", None)
-        logger.info(
-            "[%d/%d] %s × %s: %s",
-            done,
-            len(todo),
-            request.model,
-            request.target,
-            results[key].status if results[key].status == "ok" else f"FAILED: {entries[key].error}",
-        )
+    by_pool: dict[str, list[CompileRequest]] = {}
+    here = []
+    for pair in plan.to_compile:
+        if pair.work_pool:
+            by_pool.setdefault(pair.work_pool, []).append(pair.request)
+        else:
+            here.append(pair.request)
+    sent = [dispatch(pool, requests, store, workers) for pool, requests in by_pool.items()]
+    outcomes = compile_all(here, store, workers)
+    if sent:
+        outcomes += collect(sent, store, work_pool_timeout)
+    report = _publish(plan, outcomes, store)
+    _publish_artifacts(report, store)
+    emit_variant_events(report.variants, store, report.generation)
+    return report
+
+
+def _publish(plan: RunPlan, outcomes: list[PairOutcome], store: str) -> RunReport:
+    by_key = {o.key: o for o in outcomes}
     keys = [(p.request.model, p.request.target) for p in plan.pairs]
-    in_spec_order = [(*key, entries[key]) for key in keys if key in entries]
+    in_spec_order = [(*key, by_key[key].entry) for key in keys if key in by_key]
     outcome = publish_task(store, plan.sources, plan.published_sources, in_spec_order)
+    results = {key: o.result for key, o in by_key.items()}
     for key, result in results.items():
         if key[0] in outcome.conflicts and result.status == "ok":
             results[key] = result.model_copy(
@@ -81,10 +85,9 @@ def fleet_compile(
                     "while this run compiled (another publisher); run again to compile it",
                 }
             )
+            get_run_logger().warning("%s × %s: %s", *key, results[key].error)
     manifest = outcome.manifest
-    report = plan.report(results, manifest.generation if manifest else 0, outcome.published)
-    _publish_artifacts(report, store)
-    return report
+    return plan.report(results, manifest.generation if manifest else 0, outcome.published)
 
 
 def _publish_artifacts(report: RunReport, store: str) -> None:

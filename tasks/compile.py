@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
+from prefect.futures import as_completed
 from prefect.states import State
 from pydantic import BaseModel
 
@@ -14,7 +15,7 @@ import eps
 from epfleet import ort_version
 from epfleet.compiler import discard
 from epfleet.errors import IntegrityError, TransientStoreError
-from epfleet.fleet import Published, RunPlan, compile_job_for, plan_run, publish
+from epfleet.fleet import PairResult, Published, RunPlan, compile_job_for, plan_run, publish
 from epfleet.manifest import ArtifactRef, SourceEntry, VariantEntry, utcnow
 from epfleet.plan import CompileRequest, variant_key
 from epfleet.pool import shared_pool
@@ -24,6 +25,17 @@ from epfleet.stores import open_store
 class CompiledVariant(BaseModel):
     entry: VariantEntry
     seconds: float
+
+
+class PairOutcome(BaseModel):
+    """One pair's compile, as it goes into the manifest (entry) and the report (result)."""
+
+    entry: VariantEntry
+    result: PairResult
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.result.model, self.result.target)
 
 
 def retry_transient_only(task: Task, task_run: TaskRun, state: State) -> bool:
@@ -145,3 +157,37 @@ def publish_task(
     for model in outcome.conflicts:
         logger.warning("model %s: its source changed in the store meanwhile; left as is", model)
     return outcome
+
+
+def failed_outcome(request: CompileRequest, error: str) -> PairOutcome:
+    entry = failed_entry(request, error)
+    return PairOutcome(entry=entry, result=PairResult.of(request, entry, "failed", None))
+
+
+def compile_all(requests: list[CompileRequest], store: str, workers: int) -> list[PairOutcome]:
+    """Run ``compile_task`` for every request on the flow's task runner, logging progress
+    as each finishes. A failed pair becomes a failed outcome; it never stops the others.
+    Call from inside a flow."""
+    logger = get_run_logger()
+    futures = {compile_task.submit(request, store, workers): request for request in requests}
+    outcomes = []
+    for done, future in enumerate(as_completed(list(futures)), start=1):
+        request = futures[future]
+        try:
+            compiled = future.result()
+            outcome = PairOutcome(
+                entry=compiled.entry,
+                result=PairResult.of(request, compiled.entry, "ok", compiled.seconds),
+            )
+        except Exception as exc:
+            outcome = failed_outcome(request, str(exc))
+        outcomes.append(outcome)
+        logger.info(
+            "[%d/%d] %s × %s: %s",
+            done,
+            len(futures),
+            request.model,
+            request.target,
+            "ok" if outcome.result.status == "ok" else f"FAILED: {outcome.entry.error}",
+        )
+    return outcomes

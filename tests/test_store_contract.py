@@ -64,3 +64,20 @@ def test_read_range(store: Store) -> None:
     assert b"".join(store.read_range("blob", 0, 1)) == data[:1]
     with pytest.raises(StoreError, match="missing"):
         list(store.read_range("missing", 0))
+
+
+def test_list_keys_and_delete(store: Store) -> None:
+    assert store.list_keys("reports/devices/") == []
+    store.write("reports/devices/b.json", b"{}")
+    store.write("reports/devices/a.json", b"{}")
+    store.write("reports/other.json", b"{}")
+    store.write("manifest.json", b"{}")
+    assert store.list_keys("reports/devices/") == [
+        "reports/devices/a.json",
+        "reports/devices/b.json",
+    ]
+    assert "manifest.json" in store.list_keys("")
+    store.delete("reports/devices/a.json")
+    store.delete("reports/devices/a.json")  # already gone: not an error
+    assert store.list_keys("reports/devices/") == ["reports/devices/b.json"]
+    assert store.read("reports/devices/a.json") is None

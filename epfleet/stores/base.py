@@ -58,6 +58,14 @@ class Store(Protocol):
         """Copy the object to ``dest`` atomically; StoreError when there is no such object."""
         ...
 
+    def list_keys(self, prefix: str) -> list[str]:
+        """The keys under ``prefix`` (a folder, ending in ``/``), sorted; [] when none."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object; nothing happens when there is no such object."""
+        ...
+
 
 def check_key(key: str) -> str:
     """Keys are relative POSIX paths that stay inside the store. (String tests, not PurePath:

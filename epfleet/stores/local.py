@@ -107,6 +107,21 @@ class LocalStore:
         with self._os_errors("downloading", key):
             atomic_copy(src, dest)
 
+    def list_keys(self, prefix: str) -> list[str]:
+        folder = self._path(prefix) if prefix else self.root
+        with self._os_errors("listing", prefix):
+            if not folder.is_dir():
+                return []
+            return sorted(
+                path.relative_to(self.root).as_posix()
+                for path in folder.rglob("*")
+                if path.is_file() and not path.name.startswith(".")
+            )
+
+    def delete(self, key: str) -> None:
+        with self._os_errors("deleting", key):
+            self._path(key).unlink(missing_ok=True)
+
     @contextmanager
     def _os_errors(self, action: str, key: str) -> Iterator[None]:
         try:

@@ -318,6 +318,27 @@ class S3Store:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def list_keys(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        root = f"{self.prefix}/" if self.prefix else ""
+        strip = len(root)
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix) if prefix else root
+            )
+            for page in pages:
+                keys.extend(item["Key"][strip:] for item in page.get("Contents", []))
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, prefix, "listing")
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            if not isinstance(exc, bce.ClientError) or _code(exc) not in MISSING_CODES:
+                self._raise(exc, key, "deleting")
+
 
 _clients: dict[tuple[object, ...], S3Client] = {}
 _clients_lock = threading.Lock()

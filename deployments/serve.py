@@ -1,0 +1,53 @@
+"""Serve epfleet's deployments from one process, without a work pool: for a single machine
+that compiles the fleet and keeps its own device cache.
+
+    python deployments/serve.py [--spec examples/fleet.yaml] [--store ./epfleet-store]
+                                [--cache ./epfleet-device] [--nightly "0 2 * * *"]
+                                [--sync-every 900] [--watch-every 3600]
+
+The same deployments as deployments/prefect.yaml (fleet-compile/nightly,
+fleet-compile/on-demand, runtime-watch/hourly, device-sync/periodic), run in this
+process's subprocesses while it lives. Schedules are not paused when it stops, so a
+machine that restarts keeps them.
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+from prefect import serve
+
+from epfleet.fleet import DEFAULT_STORE
+from flows.device_sync import device_sync
+from flows.fleet_compile import fleet_compile
+from flows.runtime_watch import runtime_watch
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python deployments/serve.py", description=__doc__)
+    parser.add_argument("--spec", type=Path, default=Path("examples/fleet.yaml"))
+    parser.add_argument("--store", default=DEFAULT_STORE)
+    parser.add_argument("--cache", type=Path, default=Path("epfleet-device"))
+    parser.add_argument("--nightly", default="0 2 * * *", help="cron of fleet-compile/nightly")
+    parser.add_argument("--sync-every", type=float, default=900, help="seconds between syncs")
+    parser.add_argument("--watch-every", type=float, default=3600, help="seconds between watches")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Flow runs start in subprocesses: local paths are made absolute here.
+    store = args.store if "://" in args.store else str(Path(args.store).resolve())
+    fleet = {"spec": str(args.spec.resolve()), "store": store}
+    serve(
+        fleet_compile.to_deployment("nightly", cron=args.nightly, parameters=fleet),
+        fleet_compile.to_deployment("on-demand", parameters=fleet),
+        runtime_watch.to_deployment("hourly", interval=args.watch_every, parameters=fleet),
+        device_sync.to_deployment(
+            "periodic",
+            interval=args.sync_every,
+            parameters={"cache": str(args.cache.resolve()), "store": store},
+        ),
+        pause_on_shutdown=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Where a flow's compile tasks run: one explicit name -> factory table.
+
+- ``threads`` (default): task threads in the flow's process, each waiting on a compile
+  worker process of its own machine.
+- ``dask``: prefect-dask's ``DaskTaskRunner``, for fleets that outgrow one machine:
+  tasks go to the Dask scheduler at ``address``, or to a local cluster of
+  ``workers`` single-threaded worker processes when no address is given.
+
+A deployment picks its runner through its workers' environment
+(``EPFLEET_TASK_RUNNER``, ``EPFLEET_DASK_ADDRESS``, e.g. job_variables.env in
+``deployments/prefect.yaml``); the CLI through ``--task-runner`` and ``--dask-address``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from epfleet import MAX_WORKERS
+from epfleet.errors import BadInputError, MissingExtraError
+
+if TYPE_CHECKING:
+    from prefect.task_runners import TaskRunner
+
+
+def _threads(address: str | None, workers: int) -> TaskRunner[Any]:
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    if address:
+        raise BadInputError("--dask-address needs --task-runner dask")
+    # Task threads only wait on compile worker processes, whose number `workers` sets.
+    return ThreadPoolTaskRunner(max_workers=MAX_WORKERS)
+
+
+def _dask(address: str | None, workers: int) -> TaskRunner[Any]:
+    try:
+        import dask
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        raise MissingExtraError(
+            "task runner 'dask' needs prefect-dask: pip install 'epfleet[dask]'"
+        ) from None
+    # Compiles run in child processes of the Dask worker (a crash in an EP's native code
+    # must not kill the worker), and daemonic processes may not have children.
+    dask.config.set({"distributed.worker.daemon": False})
+    if address:
+        return DaskTaskRunner(address=address)
+    return DaskTaskRunner(
+        cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True}
+    )
+
+
+# Prefect is imported only when a runner is made: the CLI answers an up-to-date fleet
+# without it.
+TASK_RUNNERS: dict[str, Callable[[str | None, int], TaskRunner[Any]]] = {
+    "threads": _threads,
+    "dask": _dask,
+}
+
+
+def task_runner(name: str, address: str | None = None, workers: int = 2) -> TaskRunner[Any]:
+    try:
+        factory = TASK_RUNNERS[name]
+    except KeyError:
+        raise BadInputError(
+            f"unknown task runner {name!r}; known: threads (built in), dask (epfleet[dask])"
+        ) from None
+    return factory(address, workers)
+
+
+def from_environment() -> TaskRunner[Any]:
+    """The runner a deployment's workers ask for (threads when they ask for none)."""
+    return task_runner(
+        os.environ.get("EPFLEET_TASK_RUNNER", "threads"),
+        os.environ.get("EPFLEET_DASK_ADDRESS") or None,
+        int(os.environ.get("EPFLEET_DASK_WORKERS", "2")),
+    )

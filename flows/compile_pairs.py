@@ -1,0 +1,36 @@
+"""The ``compile-pairs`` flow: compile given pairs on this work pool's workers.
+
+The fleet flow starts it, as deployment ``compile-pairs/<pool>``, for the pairs whose
+target names that work pool (``work_pool: gpu-compilers``: an EP that compiles only on
+its own hardware). It uploads the artifacts and leaves its outcomes at ``results_key``
+in the store; the fleet flow merges them into its own publish.
+"""
+
+# No `from __future__ import annotations`: see flows/fleet_compile.py.
+from typing import Annotated
+
+from prefect import flow
+from pydantic import Field
+
+from epfleet import MAX_WORKERS
+from epfleet.plan import CompileRequest
+from epfleet.runners import from_environment
+from tasks.compile import compile_all
+from tasks.dispatch import write_results
+
+
+@flow(
+    name="compile-pairs",
+    description="Compile pairs sent by fleet-compile to this work pool and hand back the "
+    "outcomes through the store (started by fleet-compile, not by hand).",
+    task_runner=from_environment(),
+)
+def compile_pairs(
+    requests: Annotated[list[CompileRequest], Field(description="The pairs, as planned")],
+    store: Annotated[str, Field(description="Store URI of the fleet")],
+    results_key: Annotated[str, Field(description="Store key for the outcomes")],
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 2,
+) -> int:
+    outcomes = compile_all(requests, store, workers)
+    write_results(store, results_key, outcomes)
+    return sum(o.result.status == "ok" for o in outcomes)

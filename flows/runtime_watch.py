@@ -1,0 +1,107 @@
+"""The ``runtime-watch`` flow: recompile when the compile workers' runtime moves on.
+
+It compares the ORT and EP package versions installed where it runs (deploy it on the
+compile workers' pool) with those each published variant was compiled with, reads the
+device reports for device profiles the fleet does not serve, and starts fleet-compile
+for the stale and missing pairs.
+
+python flows/runtime_watch.py examples/fleet.yaml --store ./epfleet-store [--dry-run]
+"""
+
+# No `from __future__ import annotations`: see flows/fleet_compile.py.
+import argparse
+import sys
+from typing import Annotated
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import Field
+
+from epfleet.fleet import DEFAULT_STORE
+from epfleet.watch import WatchPlan
+from tasks.events import emit_unserved_events
+from tasks.watch import trigger_compile, watch_task
+
+
+@flow(
+    name="runtime-watch",
+    description="Compare the compile workers' ORT and EP versions with the manifest's, "
+    "read device reports for unserved device profiles, and start fleet-compile for stale "
+    "or missing pairs.",
+)
+def runtime_watch(
+    spec: Annotated[str, Field(description="Path of the fleet spec YAML on the worker")],
+    store: Annotated[
+        str, Field(description="Store URI: a directory, file:///abs/dir or s3://bucket/prefix")
+    ] = DEFAULT_STORE,
+    compile_deployment: Annotated[
+        str, Field(description="Deployment started for stale or missing pairs")
+    ] = "fleet-compile/on-demand",
+    trigger: Annotated[bool, Field(description="Start the compile (off: only report)")] = True,
+    report_max_age_days: Annotated[
+        int, Field(ge=1, description="Ignore device reports older than this")
+    ] = 30,
+) -> WatchPlan:
+    logger = get_run_logger()
+    plan, generation = watch_task(spec, store, report_max_age_days)
+    todo = plan.to_compile
+    for pair in todo:
+        logger.info("%s × %s: %s (%s)", pair.model, pair.target, pair.status, pair.reason)
+    for profile in plan.unserved:
+        logger.warning(
+            "unserved: %d devices (%s) for %s",
+            len(profile.devices),
+            profile.label,
+            ", ".join(f"{m}: {why}" for m, why in profile.models.items()),
+        )
+    emit_unserved_events(plan.unserved, store)
+    started = None
+    if todo and trigger:
+        started = trigger_compile(compile_deployment, spec, store, plan, generation)
+        logger.info(
+            "%d pairs to compile: started %s run %s", len(todo), compile_deployment, started
+        )
+    elif not todo:
+        logger.info("every published pair matches the compile workers' runtime")
+    _artifacts(plan, store, compile_deployment, started)
+    return plan
+
+
+def _artifacts(plan: WatchPlan, store: str, deployment: str, started: str | None) -> None:
+    create_table_artifact(
+        key="runtime-watch-pairs",
+        table=[
+            {"model": p.model, "target": p.target, "ep": p.ep, "status": p.status, "why": p.reason}
+            for p in plan.pairs
+        ],
+        description=f"Published pairs vs the compile workers' runtime, {store}",
+    )
+    lines = [
+        f"**{len(plan.to_compile)} pairs to compile**"
+        + (f" · started `{deployment}` run `{started}`" if started else "")
+        + f" · {plan.reports_read} device reports read"
+    ]
+    lines += [
+        f"- unserved: {len(u.devices)} devices ({u.label}): "
+        + "; ".join(f"`{m}` {why}" for m, why in u.models.items())
+        for u in plan.unserved
+    ]
+    create_markdown_artifact(key="runtime-watch-summary", markdown="\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python flows/runtime_watch.py")
+    parser.add_argument("spec")
+    parser.add_argument("--store", default=DEFAULT_STORE)
+    parser.add_argument("--dry-run", action="store_true", help="report only; start nothing")
+    args = parser.parse_args(argv)
+    plan = runtime_watch(args.spec, args.store, trigger=not args.dry_run)
+    for pair in plan.pairs:
+        print(f"{pair.model:24} {pair.target:20} {pair.status:8} {pair.reason}")
+    for profile in plan.unserved:
+        print(f"unserved: {', '.join(profile.devices)} ({profile.label}): {profile.models}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

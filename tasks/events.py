@@ -1,0 +1,70 @@
+"""Prefect events epfleet emits, for automations built in the UI.
+
+- ``epfleet.variant.published``: a freshly compiled variant is in the published manifest.
+- ``epfleet.variant.failed``: a pair failed to compile (or to be published).
+- ``epfleet.device.unserved``: devices of one hardware profile run a model on no
+  variant the fleet published for them (runtime-watch, from the device reports).
+
+Resources are ``epfleet.variant.<model>.<target>`` and
+``epfleet.device-profile.<profile>``, with the names as labels to match on.
+"""
+
+from __future__ import annotations
+
+from prefect.events import emit_event
+
+from epfleet.fleet import PairResult
+from epfleet.watch import UnservedProfile
+
+
+def variant_resource(result: PairResult, store: str) -> dict[str, str]:
+    return {
+        "prefect.resource.id": f"epfleet.variant.{result.model}.{result.target}",
+        "prefect.resource.name": f"{result.model} × {result.target}",
+        "epfleet.model": result.model,
+        "epfleet.target": result.target,
+        "epfleet.ep": result.ep,
+        "epfleet.store": store,
+    }
+
+
+def emit_variant_events(results: list[PairResult], store: str, generation: int) -> int:
+    """One event per pair compiled this run (skipped pairs emit nothing); returns how many."""
+    emitted = 0
+    for result in results:
+        if result.status == "ok":
+            emit_event(
+                event="epfleet.variant.published",
+                resource=variant_resource(result, store),
+                payload={
+                    "generation": generation,
+                    "artifact_uri": result.artifact_uri,
+                    "size": result.size,
+                    "compatibility_string": result.compatibility_string,
+                    "seconds": result.seconds,
+                },
+            )
+        elif result.status == "failed":
+            emit_event(
+                event="epfleet.variant.failed",
+                resource=variant_resource(result, store),
+                payload={"error": result.error},
+            )
+        else:
+            continue
+        emitted += 1
+    return emitted
+
+
+def emit_unserved_events(profiles: list[UnservedProfile], store: str) -> None:
+    for profile in profiles:
+        emit_event(
+            event="epfleet.device.unserved",
+            resource={
+                "prefect.resource.id": f"epfleet.device-profile.{profile.profile_id}",
+                "prefect.resource.name": profile.label,
+                "epfleet.eps": ",".join(profile.eps),
+                "epfleet.store": store,
+            },
+            payload=profile.model_dump(mode="json"),
+        )

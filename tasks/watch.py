@@ -1,0 +1,113 @@
+"""Prefect tasks of runtime-watch: read what the watch compares, start the compile."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import FlowRun
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from pydantic import ValidationError
+
+import eps
+from epfleet import ort_version
+from epfleet.errors import BadInputError, MissingExtraError
+from epfleet.fleet import read_manifest
+from epfleet.manifest import utcnow
+from epfleet.spec import FleetSpec, load_spec
+from epfleet.stores import Store, open_store
+from epfleet.sync import REPORTS_PREFIX, DeviceReport
+from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved
+from tasks.compile import retry_transient_only
+
+
+def compile_worker_runtime(spec: FleetSpec) -> Runtime:
+    """The versions installed where this runs: the compile workers' when the watch runs on
+    their work pool, as its deployment does."""
+    versions: dict[str, str | None] = {}
+    packages: dict[str, str | None] = {}
+    for ep in {t.ep for t in spec.targets}:
+        try:
+            identity = eps.load(ep).build_identity()
+        except MissingExtraError:
+            versions[ep] = packages[ep] = None
+            continue
+        versions[ep], packages[ep] = identity["version"], identity["package"]
+    return Runtime(ort_version=ort_version(), ep_versions=versions, ep_packages=packages)
+
+
+def read_reports(store: Store) -> tuple[list[DeviceReport], list[str]]:
+    """Every device report in the store, and the keys of those that do not parse."""
+    reports, skipped = [], []
+    for key in store.list_keys(f"{REPORTS_PREFIX}/"):
+        found = store.read(key)
+        if found is None:
+            continue  # removed since listed
+        try:
+            reports.append(DeviceReport.model_validate_json(found.data))
+        except ValidationError as exc:
+            skipped.append(f"{key}: {exc.errors()[0]['msg']}")
+    return reports, skipped
+
+
+@task(
+    name="watch",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_transient_only,
+)
+def watch_task(spec: str, store: str, report_max_age_days: int) -> tuple[WatchPlan, int]:
+    """The watch's findings and the manifest generation they were made on."""
+    fleet = load_spec(Path(spec))
+    target_store = open_store(store)
+    manifest, _ = read_manifest(target_store)
+    runtime = compile_worker_runtime(fleet)
+    checks = check_pairs(fleet, manifest, runtime)
+    reports, skipped = read_reports(target_store)
+    unserved, quiet = find_unserved(
+        reports, fleet, checks, runtime, utcnow(), timedelta(days=report_max_age_days)
+    )
+    logger = get_run_logger()
+    for problem in skipped:
+        logger.warning("device report ignored: %s", problem)
+    if quiet:
+        logger.info("%d device reports older than %d days ignored", len(quiet), report_max_age_days)
+    plan = WatchPlan(
+        pairs=checks, unserved=unserved, reports_read=len(reports), reports_skipped=skipped
+    )
+    return plan, manifest.generation if manifest else 0
+
+
+def trigger_key(plan: WatchPlan, generation: int, runtime_note: str) -> str:
+    """The same findings on the same manifest start one compile, however often the watch
+    runs while that compile is queued or running."""
+    todo = [(p.model, p.target, p.reason) for p in plan.to_compile]
+    digest = hashlib.sha256(json.dumps([generation, runtime_note, todo]).encode()).hexdigest()
+    return f"runtime-watch:{digest[:32]}"
+
+
+def trigger_compile(
+    deployment: str, spec: str, store: str, plan: WatchPlan, generation: int
+) -> str:
+    """Start ``deployment`` for the pairs to compile; the flow run's name."""
+    models, targets = plan.compile_subset()
+    try:
+        run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync when called here
+            deployment,
+            parameters={"spec": spec, "store": store, "models": models, "targets": targets},
+            timeout=0,
+            idempotency_key=trigger_key(plan, generation, ort_version()),
+            tags=["runtime-watch"],
+        )
+    except ObjectNotFound:
+        raise BadInputError(
+            f"no deployment {deployment!r} to trigger: deploy deployments/prefect.yaml or "
+            "serve deployments/serve.py, or pass compile_deployment"
+        ) from None
+    return run.name

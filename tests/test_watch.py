@@ -1,0 +1,251 @@
+"""runtime-watch's decisions (pure): stale and missing pairs, unserved device profiles."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from epfleet.local_eps import DeviceInfo
+from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
+from epfleet.spec import parse_spec
+from epfleet.sync import DeviceReport, ManifestStatus, ModelReport, VariantVerdict
+from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved
+from eps.base import Verdict
+
+NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
+SHA = "c" * 64
+QNN, CPU = "QNNExecutionProvider", "CPUExecutionProvider"
+RUNTIME = Runtime(
+    ort_version="1.32.0",
+    ep_versions={QNN: "2.7.0", CPU: "1.32.0"},
+    ep_packages={QNN: "onnxruntime-qnn", CPU: "onnxruntime"},
+)
+SPEC = parse_spec(
+    {
+        "models": [{"name": "det", "source": "det.onnx"}, {"name": "cls", "source": "cls.onnx"}],
+        "targets": [
+            {"name": "sd8g3-htp", "ep": QNN, "provider_options": {"soc_model": 57}},
+            {"name": "x86-cpu", "ep": CPU},
+            {"name": "cloud-gpu", "ep": CPU, "work_pool": "gpu-compilers", "models": ["det"]},
+        ],
+    }
+)
+
+
+def variant(
+    ep: str, ort: str = "1.32.0", ep_version: str = "2.7.0", status: str = "ok"
+) -> VariantEntry:
+    ok = status == "ok"
+    return VariantEntry(
+        ep=ep,
+        device="npu" if ep == QNN else "cpu",
+        compatibility_string="s" if ok else None,
+        artifact=ArtifactRef(uri=f"variants/m/t/{SHA}.onnx", sha256=SHA, size=5) if ok else None,
+        ort_version=ort,
+        ep_version=ep_version,
+        compiled_at=NOW,
+        status=status,  # type: ignore[arg-type]
+        error=None if ok else "QNN said no",
+        source_sha256=SHA,
+        fingerprint="f",
+    )
+
+
+def manifest(**variants: dict[str, VariantEntry]) -> Manifest:
+    source = SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=10)
+    return Manifest(
+        generation=3,
+        models={name: ModelEntry(source=source, variants=v) for name, v in variants.items()},
+    )
+
+
+def current_fleet() -> Manifest:
+    return manifest(
+        det={
+            "sd8g3-htp": variant(QNN),
+            "x86-cpu": variant(CPU, ep_version="1.32.0"),
+            "cloud-gpu": variant(CPU, ep_version="0.1"),
+        },
+        cls={"sd8g3-htp": variant(QNN), "x86-cpu": variant(CPU, ep_version="1.32.0")},
+    )
+
+
+def statuses(m: Manifest | None) -> dict[tuple[str, str], str]:
+    return {(c.model, c.target): c.status for c in check_pairs(SPEC, m, RUNTIME)}
+
+
+def test_current_fleet_needs_nothing() -> None:
+    got = statuses(current_fleet())
+    assert got[("det", "sd8g3-htp")] == "current"
+    # a pool-bound target's versions live on that pool: never called stale from here
+    assert got[("det", "cloud-gpu")] == "unknown"
+    assert "stale" not in got.values() and "missing" not in got.values()
+
+
+def test_older_ep_version_is_stale_and_names_both_versions() -> None:
+    fleet = current_fleet()
+    fleet.models["det"].variants["sd8g3-htp"] = variant(QNN, ep_version="2.6.0")
+    checks = {(c.model, c.target): c for c in check_pairs(SPEC, fleet, RUNTIME)}
+    stale = checks[("det", "sd8g3-htp")]
+    assert stale.status == "stale" and stale.needs_compile
+    assert "onnxruntime-qnn 2.6.0 -> 2.7.0" in stale.reason
+    assert checks[("cls", "sd8g3-htp")].status == "current"
+
+
+def test_older_ort_makes_every_local_pair_stale() -> None:
+    fleet = current_fleet()
+    for entry in fleet.models.values():
+        for name, v in entry.variants.items():
+            entry.variants[name] = v.model_copy(update={"ort_version": "1.31.0"})
+    got = statuses(fleet)
+    assert [k for k, s in got.items() if s == "stale"] == [
+        ("det", "sd8g3-htp"),
+        ("det", "x86-cpu"),
+        ("cls", "sd8g3-htp"),
+        ("cls", "x86-cpu"),
+    ]
+
+
+def test_missing_pairs_and_no_manifest() -> None:
+    fleet = current_fleet()
+    del fleet.models["cls"].variants["x86-cpu"]
+    assert statuses(fleet)[("cls", "x86-cpu")] == "missing"
+    assert set(statuses(None).values()) == {"missing"}
+
+
+def test_failed_with_same_versions_is_not_retried_but_with_new_ones_is() -> None:
+    fleet = current_fleet()
+    fleet.models["det"].variants["sd8g3-htp"] = variant(QNN, status="failed")
+    fleet.models["cls"].variants["sd8g3-htp"] = variant(QNN, ep_version="2.6.0", status="failed")
+    checks = {(c.model, c.target): c for c in check_pairs(SPEC, fleet, RUNTIME)}
+    assert checks[("det", "sd8g3-htp")].status == "failing"
+    assert "QNN said no" in checks[("det", "sd8g3-htp")].reason
+    assert checks[("cls", "sd8g3-htp")].status == "stale"
+
+
+def test_uninstalled_ep_is_unknown_not_stale() -> None:
+    runtime = RUNTIME.model_copy(update={"ep_versions": {QNN: None, CPU: "1.32.0"}})
+    checks = {(c.model, c.target): c for c in check_pairs(SPEC, current_fleet(), runtime)}
+    assert checks[("det", "sd8g3-htp")].status == "unknown"
+
+
+def test_compile_subset_covers_every_pair_to_compile() -> None:
+    fleet = current_fleet()
+    fleet.models["det"].variants["sd8g3-htp"] = variant(QNN, ep_version="2.6.0")
+    del fleet.models["cls"].variants["x86-cpu"]
+    plan = WatchPlan(pairs=check_pairs(SPEC, fleet, RUNTIME), unserved=[], reports_read=0)
+    assert plan.compile_subset() == (["cls", "det"], ["sd8g3-htp", "x86-cpu"])
+
+
+def report(
+    device_id: str,
+    devices: list[tuple[str, str, int]],
+    actions: dict[str, str],
+    age: timedelta = timedelta(hours=1),
+    considered: list[VariantVerdict] | None = None,
+    ep_packages: dict[str, str] | None = None,
+) -> DeviceReport:
+    return DeviceReport(
+        device_id=device_id,
+        generated_at=(NOW - age).isoformat(),
+        ort_version="1.32.0",
+        ep_packages=ep_packages or {"onnxruntime": "1.32.0"},
+        devices=[
+            DeviceInfo(ep=ep, type=kind, vendor="v", vendor_id=vid, device_id=1, ep_vendor="x")
+            for ep, kind, vid in devices
+        ],
+        store="s3://b",
+        cache="/c",
+        manifest=ManifestStatus(status="fetched", generation=3, body_bytes=1),
+        models=[
+            ModelReport(
+                model=model,
+                action=action,  # type: ignore[arg-type]
+                variant=None,
+                target=None,
+                ep=None,
+                verdict=None,
+                bytes_downloaded=0,
+                reason="",
+                considered=considered or [],
+                seconds=0.1,
+            )
+            for model, action in actions.items()
+        ],
+        seconds=1.0,
+    )
+
+
+def unserved(reports: list[DeviceReport], fleet: Manifest | None = None):
+    checks = check_pairs(SPEC, fleet or current_fleet(), RUNTIME)
+    return find_unserved(reports, SPEC, checks, RUNTIME, NOW, timedelta(days=30))
+
+
+def test_devices_without_a_target_for_their_ep_form_one_unserved_profile() -> None:
+    ov = [("OpenVINOExecutionProvider", "npu", 0x8086), (CPU, "cpu", 0x8086)]
+    profiles, quiet = unserved(
+        [
+            report("pc-1", ov, {"det": "fallback", "cls": "kept"}),
+            report("pc-2", ov, {"det": "recompiled"}),
+            report("phone", [(QNN, "npu", 0x5143)], {"det": "kept", "cls": "downloaded"}),
+        ]
+    )
+    assert quiet == []
+    assert len(profiles) == 1
+    profile = profiles[0]
+    assert profile.devices == ["pc-1", "pc-2"] and list(profile.models) == ["det"]
+    # the CPU targets match the CPU EP they also have; the reason names the accelerator
+    assert profile.targets == ["cloud-gpu", "x86-cpu"]
+    assert "OpenVINOExecutionProvider" in profile.label
+    assert profile.models["det"].startswith("no target in the spec for OpenVINOExecutionProvider")
+
+
+def test_no_target_at_all_is_named_in_the_reason() -> None:
+    profiles, _ = unserved(
+        [report("npu-box", [("OpenVINOExecutionProvider", "npu", 0x8086)], {"det": "fallback"})]
+    )
+    assert profiles[0].targets == []
+    assert "no target in the spec for OpenVINOExecutionProvider" in profiles[0].models["det"]
+
+
+def test_current_variants_judged_not_optimal_name_the_newer_device_runtime() -> None:
+    considered = [
+        VariantVerdict(
+            target="sd8g3-htp",
+            ep=QNN,
+            device="npu",
+            verdict=Verdict.PREFER_RECOMPILATION,
+            reason="",
+        )
+    ]
+    profiles, _ = unserved(
+        [
+            report(
+                "phone",
+                [(QNN, "npu", 0x5143)],
+                {"det": "recompiled"},
+                considered=considered,
+                ep_packages={"onnxruntime-qnn": "2.8.0"},
+            )
+        ]
+    )
+    why = profiles[0].models["det"]
+    assert "sd8g3-htp: prefer_recompilation" in why
+    assert "onnxruntime-qnn 2.8.0 on the device, 2.7.0 on the compile workers" in why
+
+
+def test_a_device_whose_pair_will_be_compiled_is_not_unserved() -> None:
+    fleet = current_fleet()
+    del fleet.models["det"].variants["sd8g3-htp"]
+    profiles, _ = unserved([report("phone", [(QNN, "npu", 0x5143)], {"det": "fallback"})], fleet)
+    assert profiles == []
+
+
+def test_old_reports_are_ignored() -> None:
+    old = report(
+        "gone",
+        [("OpenVINOExecutionProvider", "npu", 1)],
+        {"det": "fallback"},
+        age=timedelta(days=31),
+    )
+    profiles, quiet = unserved([old])
+    assert profiles == [] and [r.device_id for r in quiet] == ["gone"]
