@@ -26,11 +26,19 @@ from tasks.dispatch import write_results
     task_runner=from_environment(),
 )
 def compile_pairs(
-    requests: Annotated[list[CompileRequest], Field(description="The pairs, as planned")],
-    store: Annotated[str, Field(description="Store URI of the fleet")],
-    results_key: Annotated[str, Field(description="Store key for the outcomes")],
+    requests: list[CompileRequest],
+    store: str,
+    results_key: str,
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 2,
 ) -> int:
+    """Compile pairs sent by fleet-compile and leave their outcomes in the store.
+
+    Args:
+        requests: The pairs, as fleet-compile planned them.
+        store: Store URI of the fleet.
+        results_key: Store key where the outcomes go.
+        workers: Compiles run in parallel on this machine.
+    """
     outcomes = compile_all(requests, store, workers)
     write_results(store, results_key, outcomes)
     return sum(o.result.status == "ok" for o in outcomes)

@@ -13,11 +13,9 @@ interval. ``epfleet sync`` runs the same steps without Prefect.
 # annotations do not resolve there.
 import sys
 import time
-from typing import Annotated
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from pydantic import Field
 
 from epfleet.fleet import DEFAULT_STORE
 from epfleet.report import device_rows, format_bytes, verdict_rows
@@ -31,17 +29,19 @@ from tasks.sync import fetch_manifest_task, report_task, sync_model_task, wanted
     "on this device, then keep, download, recompile or fall back, and report.",
 )
 def device_sync(
-    cache: Annotated[str, Field(description="Device cache directory (an ORT model package)")],
-    store: Annotated[
-        str, Field(description="The fleet's store: a directory, file:///abs/dir or s3://bucket/p")
-    ] = DEFAULT_STORE,
-    policy: Annotated[
-        SyncPolicy, Field(description="Which models, whether to recompile, device preference")
-    ] = SyncPolicy(),  # noqa: B008 (a pydantic default is immutable enough for Prefect)
-    device: Annotated[
-        str | None, Field(description="Device id in reports (default $EPFLEET_DEVICE_ID or host)")
-    ] = None,
+    cache: str,
+    store: str = DEFAULT_STORE,
+    policy: SyncPolicy = SyncPolicy(),  # noqa: B008 (a pydantic default is immutable enough for Prefect)
+    device: str | None = None,
 ) -> DeviceReport:
+    """Sync this device's cache with the fleet manifest.
+
+    Args:
+        cache: Device cache directory (an ORT model package).
+        store: The fleet's store: a directory, file:///abs/dir or s3://bucket/prefix.
+        policy: Which models, whether to recompile, device preference.
+        device: Device id in reports (default $EPFLEET_DEVICE_ID or the host name).
+    """
     started = time.perf_counter()
     identity = device_id(device)
     manifest = fetch_manifest_task(store, cache)

@@ -30,28 +30,25 @@ from tasks.events import emit_variant_events
     task_runner=from_environment(),
 )
 def fleet_compile(
-    spec: Annotated[str, Field(description="Path of the fleet spec YAML on the worker")],
-    store: Annotated[
-        str, Field(description="Store URI: a directory, file:///abs/dir or s3://bucket/prefix")
-    ] = DEFAULT_STORE,
-    workers: Annotated[
-        int, Field(ge=1, le=MAX_WORKERS, description="Compiles run in parallel")
-    ] = 2,
-    force: Annotated[bool, Field(description="Recompile pairs that are up to date")] = False,
-    models: Annotated[
-        list[str] | None, Field(description="Only these models (default: all)")
-    ] = None,
-    targets: Annotated[
-        list[str] | None, Field(description="Only these targets (default: all)")
-    ] = None,
-    work_pool_timeout: Annotated[
-        int,
-        Field(
-            ge=1,
-            description="Seconds to wait for pairs sent to a target's work pool",
-        ),
-    ] = 3600,
+    spec: str,
+    store: str = DEFAULT_STORE,
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 2,
+    force: bool = False,
+    models: list[str] | None = None,
+    targets: list[str] | None = None,
+    work_pool_timeout: Annotated[int, Field(ge=1)] = 3600,
 ) -> RunReport:
+    """Compile every model for every EP target and publish the manifest.
+
+    Args:
+        spec: Path of the fleet spec YAML on the worker (relative to its working directory).
+        store: Store URI: a directory, file:///abs/dir or s3://bucket/prefix.
+        workers: Compiles run in parallel on this machine.
+        force: Recompile pairs that are up to date.
+        models: Only these models (default: all).
+        targets: Only these targets (default: all).
+        work_pool_timeout: Seconds to wait for pairs sent to a target's work pool.
+    """
     plan: RunPlan = plan_task(spec, store, models or None, targets or None, force)
     by_pool: dict[str, list[CompileRequest]] = {}
     here = []

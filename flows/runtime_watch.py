@@ -30,18 +30,21 @@ from tasks.watch import trigger_compile, watch_task
     "or missing pairs.",
 )
 def runtime_watch(
-    spec: Annotated[str, Field(description="Path of the fleet spec YAML on the worker")],
-    store: Annotated[
-        str, Field(description="Store URI: a directory, file:///abs/dir or s3://bucket/prefix")
-    ] = DEFAULT_STORE,
-    compile_deployment: Annotated[
-        str, Field(description="Deployment started for stale or missing pairs")
-    ] = "fleet-compile/on-demand",
-    trigger: Annotated[bool, Field(description="Start the compile (off: only report)")] = True,
-    report_max_age_days: Annotated[
-        int, Field(ge=1, description="Ignore device reports older than this")
-    ] = 30,
+    spec: str,
+    store: str = DEFAULT_STORE,
+    compile_deployment: str = "fleet-compile/on-demand",
+    trigger: bool = True,
+    report_max_age_days: Annotated[int, Field(ge=1)] = 30,
 ) -> WatchPlan:
+    """Start fleet-compile for pairs compiled with an older runtime, or missing.
+
+    Args:
+        spec: Path of the fleet spec YAML on the worker (relative to its working directory).
+        store: Store URI: a directory, file:///abs/dir or s3://bucket/prefix.
+        compile_deployment: The deployment started for stale or missing pairs.
+        trigger: Start the compile (off: only report).
+        report_max_age_days: Ignore device reports older than this.
+    """
     logger = get_run_logger()
     plan, generation = watch_task(spec, store, report_max_age_days)
     todo = plan.to_compile

@@ -1,0 +1,384 @@
+"""epfleet as operators run it: a real `prefect server` on loopback, the `epfleet` and
+`gpu-compilers` process work pools, `prefect deploy --all --prefect-file
+deployments/prefect.yaml` from this checkout, process workers, runs started through the
+API as the UI starts them, and the events epfleet emits read back from the server.
+
+The `gpu-compilers` pool stands in for a pool of GPU machines: its target compiles for the
+CPU EP here (this host has no GPU), which is all the routing and merging needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from epfleet.local_eps import DeviceInfo
+from epfleet.manifest import Manifest, utcnow
+from epfleet.sync import DeviceReport, ManifestStatus, ModelReport
+from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
+
+REPO = Path(__file__).resolve().parents[1]
+POOL_TARGET = {"name": "pool-cpu", "ep": "CPUExecutionProvider", "work_pool": "gpu-compilers"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Server:
+    """A `prefect server start` process and the environment that points clients at it."""
+
+    def __init__(self, home: Path) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}/api"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
+            "PREFECT_HOME": str(home),
+            "PREFECT_API_URL": self.url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_LOGGING_LEVEL": "WARNING",
+        }
+        server_env = self.env | {
+            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db",
+            "PREFECT_SERVER_UI_ENABLED": "false",
+            "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+            "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "0.5",
+        }
+        self.log = open(home / "server.log", "wb")  # noqa: SIM115
+        # No scheduler: the interval schedules would start runs of their own mid-test.
+        # Tests read the schedules and start runs as the UI's "Run" button does.
+        self.process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "prefect", "server", "start"),
+                *("--host", "127.0.0.1", "--port", str(port), "--no-scheduler"),
+            ],
+            env=server_env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+        def healthy() -> bool:
+            assert self.process.poll() is None, (home / "server.log").read_text()[-3000:]
+            try:
+                return self.http.get("/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(healthy, 120, "prefect server to answer")
+
+    def prefect(self, *args: str, cwd: Path = REPO) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "prefect", *args],
+            env=self.env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        got = self.http.get(f"/deployments/name/{name}")
+        assert got.status_code == 200, f"{name}: {got.text}"
+        return dict(got.json())
+
+    def start_run(self, deployment: str, parameters: dict[str, Any]) -> str:
+        got = self.http.post(
+            f"/deployments/{self.deployment(deployment)['id']}/create_flow_run",
+            json={"parameters": parameters},
+        )
+        assert got.status_code == 201, got.text
+        return str(got.json()["id"])
+
+    def flow_run(self, run_id: str) -> dict[str, Any]:
+        return dict(self.http.get(f"/flow_runs/{run_id}").json())
+
+    def wait_for_run(self, run_id: str, timeout: float = 300) -> dict[str, Any]:
+        def final() -> dict[str, Any] | None:
+            run = self.flow_run(run_id)
+            state = run.get("state") or {}
+            return run if state.get("type") in FINAL_STATES else None
+
+        return dict(wait_until(final, timeout, f"flow run {run_id} to end", interval=1))
+
+    def flow_runs(self, deployment: str) -> list[dict[str, Any]]:
+        got = self.http.post(
+            "/flow_runs/filter",
+            json={"deployments": {"id": {"any_": [self.deployment(deployment)["id"]]}}},
+        )
+        return list(got.json())
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        got = self.http.post(
+            "/events/filter",
+            json={
+                "filter": {
+                    "event": {"name": [name]},
+                    "occurred": {"since": "2020-01-01T00:00:00Z"},
+                    "order": "ASC",
+                },
+                "limit": 50,
+            },
+        )
+        assert got.status_code == 200, got.text
+        return list(got.json()["events"])
+
+    def stop(self) -> None:
+        self.http.close()
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = Server(tmp_path_factory.mktemp("prefect-server"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def deployed(server: Server) -> Server:
+    """The README's Operate steps: create the pools, deploy everything from this clone."""
+    server.prefect("work-pool", "create", "epfleet", "--type", "process")
+    server.prefect("work-pool", "create", "gpu-compilers", "--type", "process")
+    server.prefect("--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
+    return server
+
+
+class Workers:
+    """`prefect worker start --pool P` processes, started outside the checkout (the pull
+    step moves each flow run into it)."""
+
+    def __init__(self, server: Server, where: Path, env: dict[str, str]) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.server, self.where, self.env = server, where, env
+
+    def start(self, pool: str) -> None:
+        log = open(self.where / f"worker-{pool}.log", "wb")  # noqa: SIM115
+        self.processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
+                env=self.server.env | self.env | {"PREFECT_WORKER_QUERY_SECONDS": "1"},
+                cwd=self.where,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text()[-3000:] for p in self.where.glob("worker-*.log"))
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.send_signal(signal.SIGINT)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture
+def workers(deployed: Server, tmp_path: Path) -> Iterator[Workers]:
+    running = Workers(deployed, tmp_path, {"EPFLEET_CACHE": str(tmp_path / "worker-cache")})
+    running.start("epfleet")
+    running.start("gpu-compilers")
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def unserved_report(device_id: str) -> str:
+    """The report `epfleet sync` uploads from a PC whose OpenVINO NPU no target is for."""
+    report = DeviceReport(
+        device_id=device_id,
+        generated_at=utcnow().isoformat(),
+        ort_version="1.32.0",
+        ep_packages={"onnxruntime": "1.32.0", "onnxruntime-ep-openvino": "1.8.1"},
+        devices=[
+            DeviceInfo(
+                ep="OpenVINOExecutionProvider",
+                type="npu",
+                vendor="Intel",
+                vendor_id=0x8086,
+                device_id=0x643E,
+                ep_vendor="Intel",
+            )
+        ],
+        store="s3://fleet",
+        cache="/var/lib/app/models",
+        manifest=ManifestStatus(status="fetched", generation=1, body_bytes=100),
+        models=[
+            ModelReport(
+                model="tiny-det",
+                action="fallback",
+                variant="source",
+                target=None,
+                ep="CPUExecutionProvider",
+                verdict=None,
+                bytes_downloaded=0,
+                reason="no published variant is optimal here",
+                considered=[],
+                seconds=0.2,
+            )
+        ],
+        seconds=0.5,
+    )
+    return report.model_dump_json()
+
+
+def read_manifest(store: Path) -> Manifest:
+    return Manifest.from_json((store / "manifest.json").read_bytes())
+
+
+def test_deployments_have_the_schedules_and_forms_of_prefect_yaml(deployed: Server) -> None:
+    nightly = deployed.deployment("fleet-compile/nightly")
+    assert [s["schedule"] for s in nightly["schedules"]] == [
+        {"cron": "0 2 * * *", "timezone": "UTC", "day_or": True}
+    ]
+    assert nightly["parameters"] == {"spec": "examples/fleet.yaml", "store": "./epfleet-store"}
+    assert nightly["work_pool_name"] == "epfleet"
+    periodic = deployed.deployment("device-sync/periodic")
+    assert [s["schedule"]["interval"] for s in periodic["schedules"]] == [900.0]
+    assert all(s["active"] for s in periodic["schedules"] + nightly["schedules"])
+    hourly = deployed.deployment("runtime-watch/hourly")
+    assert [s["schedule"]["interval"] for s in hourly["schedules"]] == [3600.0]
+    on_demand = deployed.deployment("fleet-compile/on-demand")
+    assert on_demand["schedules"] == []
+    form = on_demand["parameter_openapi_schema"]
+    assert {"spec", "store", "models", "targets", "force"} <= set(form["properties"])
+    assert form["properties"]["models"]["description"] == "Only these models (default: all)."
+    assert form["required"] == ["spec"]
+    assert deployed.deployment("compile-pairs/gpu-compilers")["work_pool_name"] == "gpu-compilers"
+    # the pull step runs each flow in this checkout, as recorded when it was deployed
+    assert nightly["pull_steps"] == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
+    ]
+
+
+def test_on_demand_run_compiles_on_both_pools_and_publishes(
+    deployed: Server, workers: Workers, model_dir: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, tiny_models(model_dir), [HTP_TARGETS[0], CPU_TARGET, POOL_TARGET])
+    store = tmp_path / "store"
+    run_id = deployed.start_run(
+        "fleet-compile/on-demand", {"spec": str(spec), "store": str(store), "workers": 2}
+    )
+    run = deployed.wait_for_run(run_id)
+    assert run["state"]["type"] == "COMPLETED", workers.logs()
+    manifest = read_manifest(store)
+    assert manifest.generation == 1
+    for model in ("tiny-cls", "tiny-det"):
+        variants = manifest.models[model].variants
+        assert sorted(variants) == ["pool-cpu", "sd8g3-htp", "x86-cpu"]
+        assert all(v.status == "ok" for v in variants.values()), variants
+        for v in variants.values():
+            assert v.artifact is not None
+            assert (store / v.artifact.uri).stat().st_size == v.artifact.size
+    # the pool-bound pairs were compiled by a compile-pairs run on the gpu-compilers pool,
+    # a child of this run, whose hand-over file was removed after the merge
+    children = deployed.flow_runs("compile-pairs/gpu-compilers")
+    assert [c["state"]["type"] for c in children] == ["COMPLETED"]
+    assert children[0]["work_pool_name"] == "gpu-compilers"
+    assert children[0]["parent_task_run_id"] is not None
+    assert not (store / "runs").exists() or not any((store / "runs").rglob("*.json"))
+
+    published = wait_until(
+        lambda: (e := deployed.events("epfleet.variant.published")) and len(e) >= 6 and e,
+        30,
+        "six epfleet.variant.published events",
+    )
+    resources = sorted(e["resource"]["prefect.resource.id"] for e in published)
+    assert resources == sorted(
+        f"epfleet.variant.{m}.{t}"
+        for m in ("tiny-cls", "tiny-det")
+        for t in ("pool-cpu", "sd8g3-htp", "x86-cpu")
+    )
+    assert {e["resource"]["epfleet.store"] for e in published} == {str(store)}
+
+    # runtime-watch: the manifest now says one pair was compiled with an older QNN EP (as
+    # workers with onnxruntime-qnn 2.6.0 would have published it: its fingerprint differs too)
+    document = json.loads((store / "manifest.json").read_text())
+    older = document["models"]["tiny-det"]["variants"]["sd8g3-htp"]
+    older["ep_version"], older["fingerprint"] = "2.6.0", "0" * 64
+    (store / "manifest.json").write_text(json.dumps(document))
+    # and a device whose NPU no target is for runs det on the CPU fallback
+    (store / "reports" / "devices").mkdir(parents=True)
+    (store / "reports" / "devices" / "npu-pc-1.json").write_text(unserved_report("npu-pc-1"))
+
+    watch_id = deployed.start_run("runtime-watch/hourly", {"spec": str(spec), "store": str(store)})
+    watch = deployed.wait_for_run(watch_id)
+    assert watch["state"]["type"] == "COMPLETED", workers.logs()
+    triggered = [
+        r for r in deployed.flow_runs("fleet-compile/on-demand") if "runtime-watch" in r["tags"]
+    ]
+    assert len(triggered) == 1
+    assert triggered[0]["parameters"]["models"] == ["tiny-det"]
+    assert triggered[0]["parameters"]["targets"] == ["sd8g3-htp"]
+    assert deployed.wait_for_run(triggered[0]["id"])["state"]["type"] == "COMPLETED"
+    recompiled = read_manifest(store)
+    fresh = recompiled.models["tiny-det"].variants["sd8g3-htp"]
+    assert fresh.ep_version == manifest.models["tiny-det"].variants["sd8g3-htp"].ep_version
+    changed = [
+        (m, t)
+        for m, entry in recompiled.models.items()
+        for t, v in entry.variants.items()
+        if v.compiled_at != manifest.models[m].variants[t].compiled_at
+    ]
+    assert changed == [("tiny-det", "sd8g3-htp")]
+
+    unserved = wait_until(
+        lambda: deployed.events("epfleet.device.unserved"), 30, "an epfleet.device.unserved event"
+    )
+    assert unserved[0]["payload"]["devices"] == ["npu-pc-1"]
+    assert unserved[0]["payload"]["models"]["tiny-det"].startswith(
+        "no target in the spec for OpenVINOExecutionProvider"
+    )
+
+    # the next watch finds every pair current and starts nothing
+    again = deployed.start_run("runtime-watch/hourly", {"spec": str(spec), "store": str(store)})
+    assert deployed.wait_for_run(again)["state"]["type"] == "COMPLETED"
+    assert (
+        len(
+            [
+                r
+                for r in deployed.flow_runs("fleet-compile/on-demand")
+                if "runtime-watch" in r["tags"]
+            ]
+        )
+        == 1
+    )
