@@ -382,3 +382,59 @@ def test_on_demand_run_compiles_on_both_pools_and_publishes(
         )
         == 1
     )
+
+
+def test_serve_py_serves_every_deployment_and_keeps_schedules_on_shutdown(
+    prefect_api: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """`python deployments/serve.py`: one process, no work pool. A compile and a device sync
+    started through the API run in it; after SIGTERM the schedules are still active."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    spec = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET])
+    store, cache = tmp_path / "store", tmp_path / "device"
+    env = dict(os.environ, PREFECT_API_URL=prefect_api, PREFECT_LOGGING_LEVEL="WARNING")
+    served = subprocess.Popen(
+        [
+            *(sys.executable, str(REPO / "deployments" / "serve.py")),
+            *("--spec", str(spec), "--store", str(store), "--cache", str(cache)),
+            *("--nightly", "30 3 * * *", "--sync-every", "600"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def started(name: str) -> Any:
+        assert served.poll() is None, served.communicate()[1][-3000:]
+        try:  # the test API schedules nothing by itself: start runs as the UI would
+            return run_deployment(name, timeout=0)
+        except ObjectNotFound:
+            return None  # not served yet
+
+    try:
+        wait_until(lambda: started("fleet-compile/on-demand"), 120, "fleet-compile/on-demand")
+        wait_until(lambda: (store / "manifest.json").exists(), 120, "the compile to publish")
+        wait_until(lambda: started("device-sync/periodic"), 30, "device-sync/periodic")
+        report = store / "reports" / "devices"
+        wait_until(lambda: report.exists() and any(report.iterdir()), 120, "a device report")
+    finally:
+        served.send_signal(signal.SIGTERM)
+        _, stderr = served.communicate(timeout=60)  # it exits: no hang on shutdown
+    assert (store / "manifest.json").exists(), stderr[-3000:]
+    assert sorted(read_manifest(store).models) == ["tiny-cls", "tiny-det"]
+    assert (cache / "manifest.json").exists()
+
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("fleet-compile/nightly")
+        periodic = client.read_deployment_by_name("device-sync/periodic")
+        hourly = client.read_deployment_by_name("runtime-watch/hourly")
+    assert nightly.schedules[0].schedule.cron == "30 3 * * *"  # type: ignore[union-attr]
+    assert periodic.schedules[0].schedule.interval.total_seconds() == 600  # type: ignore[union-attr]
+    assert hourly.schedules[0].schedule.interval.total_seconds() == 3600  # type: ignore[union-attr]
+    assert not periodic.paused and periodic.schedules[0].active, "schedule paused on shutdown"
+    assert nightly.parameters["store"] == str(store)
