@@ -186,11 +186,11 @@ class Workers:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.server, self.where, self.env = server, where, env
 
-    def start(self, pool: str) -> None:
+    def start(self, pool: str, *options: str) -> None:
         log = open(self.where / f"worker-{pool}.log", "wb")  # noqa: SIM115
         self.processes.append(
             subprocess.Popen(
-                [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
+                [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, *options],
                 env=self.server.env | self.env | {"PREFECT_WORKER_QUERY_SECONDS": "1"},
                 cwd=self.where,
                 stdout=log,
@@ -214,7 +214,8 @@ class Workers:
 @pytest.fixture
 def workers(deployed: Server, tmp_path: Path) -> Iterator[Workers]:
     running = Workers(deployed, tmp_path, {"EPFLEET_CACHE": str(tmp_path / "worker-cache")})
-    running.start("epfleet")
+    # compile workers: the `devices` queue (device-sync) is for the machine that syncs
+    running.start("epfleet", "--work-queue", "default")
     running.start("gpu-compilers")
     try:
         yield running
@@ -329,6 +330,17 @@ def test_on_demand_run_compiles_on_both_pools_and_publishes(
         for t in ("pool-cpu", "sd8g3-htp", "x86-cpu")
     )
     assert {e["resource"]["epfleet.store"] for e in published} == {str(store)}
+
+    # the automation prefect.yaml attaches to device-sync/periodic: six published variants
+    # start one sync (at most one a minute), of the store that published them
+    syncs = wait_until(
+        lambda: deployed.flow_runs("device-sync/periodic"), 30, "the automation's device sync"
+    )
+    time.sleep(2)  # any second run would have been created with the first
+    syncs = deployed.flow_runs("device-sync/periodic")
+    assert len(syncs) == 1
+    assert syncs[0]["parameters"]["store"] == str(store)
+    assert syncs[0]["parameters"]["cache"] == "./epfleet-device"
 
     # runtime-watch: the manifest now says one pair was compiled with an older QNN EP (as
     # workers with onnxruntime-qnn 2.6.0 would have published it: its fingerprint differs too)
