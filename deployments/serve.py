@@ -5,17 +5,20 @@ that compiles the fleet and keeps its own device cache.
                                 [--cache ./epfleet-device] [--nightly "0 2 * * *"]
                                 [--sync-every 900] [--watch-every 3600]
 
-The same deployments as deployments/prefect.yaml (fleet-compile/nightly,
+Four of the deployments of deployments/prefect.yaml (fleet-compile/nightly,
 fleet-compile/on-demand, runtime-watch/hourly, device-sync/periodic), run in this
-process's subprocesses while it lives. Schedules are not paused when it stops, so a
-machine that restarts keeps them.
+process's subprocesses while it lives. Not served: compile-pairs (targets bound to a
+work pool need workers of that pool) and the automation. Schedules are not paused when
+it stops, so a machine that restarts keeps them.
 """
 
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
-from prefect import serve
+from prefect import Flow, serve
+from prefect.deployments.runner import RunnerDeployment
 
 from epfleet.fleet import DEFAULT_STORE
 from flows.device_sync import device_sync
@@ -37,16 +40,23 @@ def main(argv: list[str] | None = None) -> None:
     store = args.store if "://" in args.store else str(Path(args.store).resolve())
     fleet = {"spec": str(args.spec.resolve()), "store": store}
     serve(
-        fleet_compile.to_deployment("nightly", cron=args.nightly, parameters=fleet),
-        fleet_compile.to_deployment("on-demand", parameters=fleet),
-        runtime_watch.to_deployment("hourly", interval=args.watch_every, parameters=fleet),
-        device_sync.to_deployment(
+        _deployment(fleet_compile, "nightly", cron=args.nightly, parameters=fleet),
+        _deployment(fleet_compile, "on-demand", parameters=fleet),
+        _deployment(runtime_watch, "hourly", interval=args.watch_every, parameters=fleet),
+        _deployment(
+            device_sync,
             "periodic",
             interval=args.sync_every,
             parameters={"cache": str(args.cache.resolve()), "store": store},
         ),
         pause_on_shutdown=False,
     )
+
+
+def _deployment(flow: Flow[Any, Any], name: str, **options: Any) -> RunnerDeployment:
+    made = flow.to_deployment(name, **options)
+    assert isinstance(made, RunnerDeployment)  # called outside an event loop: never a coroutine
+    return made
 
 
 if __name__ == "__main__":

@@ -22,12 +22,18 @@ from pydantic import BaseModel, Field, ValidationError
 import eps
 from epfleet import ort_version
 from epfleet.compiler import CompileJob
-from epfleet.errors import BadInputError, IntegrityError, PreconditionFailed, StoreError
+from epfleet.errors import (
+    BadInputError,
+    IntegrityError,
+    MissingExtraError,
+    PreconditionFailed,
+    StoreError,
+)
 from epfleet.hashing import sha256_file
 from epfleet.manifest import Manifest, SourceEntry, VariantEntry, merge
 from epfleet.plan import CompileRequest, PlannedPair, plan_pairs, source_key
 from epfleet.shapes import prepare_model, uses_external_data
-from epfleet.spec import FleetSpec, ModelSpec, load_spec
+from epfleet.spec import FleetSpec, ModelSpec, TargetSpec, load_spec
 from epfleet.stores import MANIFEST_KEY, Store, open_store, split_uri
 from epfleet.stores.local import local_path
 
@@ -264,6 +270,16 @@ def publish(
 # --- planning --------------------------------------------------------------------------
 
 
+def _identity(target: TargetSpec) -> dict[str, str]:
+    try:
+        return eps.load(target.ep).build_identity()
+    except MissingExtraError:
+        if target.work_pool is None:
+            raise
+        # It compiles on its work pool: the flow's own machine need not have the package.
+        return {"package": target.ep, "version": "not installed here", "pool": target.work_pool}
+
+
 def plan_run(
     spec_path: Path,
     store_uri: str,
@@ -278,7 +294,7 @@ def plan_run(
     if not pairs:
         raise BadInputError("the selected models and targets form no pair to compile")
     store = open_store(store_uri)
-    identities = {target.ep: eps.load(target.ep).build_identity() for _, target in pairs}
+    identities = {target.ep: _identity(target) for _, target in pairs}
     static_eps: dict[str, set[str]] = {}
     for model, target in pairs:
         needs_static = eps.load(target.ep).requires_static_shapes

@@ -71,8 +71,16 @@ def task_runner(name: str, address: str | None = None, workers: int = 2) -> Task
 
 def from_environment() -> TaskRunner[Any]:
     """The runner a deployment's workers ask for (threads when they ask for none)."""
-    return task_runner(
-        os.environ.get("EPFLEET_TASK_RUNNER", "threads"),
-        os.environ.get("EPFLEET_DASK_ADDRESS") or None,
-        int(os.environ.get("EPFLEET_DASK_WORKERS", "2")),
-    )
+    name = os.environ.get("EPFLEET_TASK_RUNNER", "threads")
+    address = os.environ.get("EPFLEET_DASK_ADDRESS") or None
+    workers = os.environ.get("EPFLEET_DASK_WORKERS", "2")
+    if not workers.isdigit() or not 1 <= int(workers) <= MAX_WORKERS:
+        raise BadInputError(f"EPFLEET_DASK_WORKERS={workers!r}: expected 1 to {MAX_WORKERS}")
+    if address and name != "dask":
+        raise BadInputError(
+            f"EPFLEET_DASK_ADDRESS is set but EPFLEET_TASK_RUNNER is {name!r}: set it to dask"
+        )
+    try:
+        return task_runner(name, address, int(workers))
+    except BadInputError as exc:
+        raise BadInputError(f"EPFLEET_TASK_RUNNER={name!r}: {exc}") from None

@@ -94,10 +94,14 @@ def check_pairs(spec: FleetSpec, manifest: Manifest | None, runtime: Runtime) ->
             )
             continue
         worker_ep = runtime.ep_versions.get(target.ep)
+        if worker_ep is None:
+            # A compile started from here could not build it: never trigger one.
+            checks.append(check(status="unknown", reason=f"{target.ep} is not installed here"))
+            continue
         changes = []
         if variant.ort_version != runtime.ort_version:
             changes.append(f"ORT {variant.ort_version} -> {runtime.ort_version}")
-        if worker_ep is not None and variant.ep_version != worker_ep:
+        if variant.ep_version != worker_ep:
             package = runtime.ep_packages.get(target.ep) or target.ep
             changes.append(f"{package} {variant.ep_version} -> {worker_ep}")
         if changes:
@@ -112,11 +116,17 @@ def check_pairs(spec: FleetSpec, manifest: Manifest | None, runtime: Runtime) ->
                     reason=f"failed with these very versions: {variant.error or '?'}",
                 )
             )
-        elif worker_ep is None:
-            checks.append(check(status="unknown", reason=f"{target.ep} is not installed here"))
         else:
             checks.append(check(status="current", reason="compiled with the workers' versions"))
     return checks
+
+
+def report_time(report: DeviceReport) -> datetime:
+    """When the device made the report; ValueError unless an ISO time with its UTC offset."""
+    made = datetime.fromisoformat(report.generated_at)
+    if made.tzinfo is None:
+        raise ValueError(f"generated_at {report.generated_at!r} has no UTC offset")
+    return made
 
 
 def profile_of(report: DeviceReport) -> tuple[str, str, list[str]]:
@@ -141,8 +151,7 @@ def find_unserved(
     fresh: list[DeviceReport] = []
     stale_reports: list[DeviceReport] = []
     for report in reports:
-        made = datetime.fromisoformat(report.generated_at)
-        (fresh if now - made <= max_age else stale_reports).append(report)
+        (fresh if now - report_time(report) <= max_age else stale_reports).append(report)
     profiles: dict[str, UnservedProfile] = {}
     for report in fresh:
         ident, label, device_eps = profile_of(report)
@@ -179,7 +188,7 @@ def find_unserved(
 def _unserved_reason(
     report: DeviceReport, model: str, targets: list[str], spec: FleetSpec, runtime: Runtime
 ) -> str:
-    accelerators = sorted({d.ep for d in report.devices} - {"CPUExecutionProvider"})
+    accelerators = sorted({d.ep for d in report.devices if d.type != "cpu"})
     by_name = {t.name: t for t in spec.targets}
     model_report = next(m for m in report.models if m.model == model)
     verdicts = sorted(

@@ -19,7 +19,7 @@ from epfleet.plan import CompileRequest
 from epfleet.report import matrix_rows
 from epfleet.runners import from_environment
 from tasks.compile import PairOutcome, compile_all, plan_task, publish_task
-from tasks.dispatch import collect, dispatch
+from tasks.dispatch import collect, discard_results, dispatch
 from tasks.events import emit_variant_events
 
 
@@ -47,7 +47,8 @@ def fleet_compile(
         force: Recompile pairs that are up to date.
         models: Only these models (default: all).
         targets: Only these targets (default: all).
-        work_pool_timeout: Seconds to wait for pairs sent to a target's work pool.
+        work_pool_timeout: Seconds from dispatch to wait for pairs sent to a target's work
+            pool.
     """
     plan: RunPlan = plan_task(spec, store, models or None, targets or None, force)
     by_pool: dict[str, list[CompileRequest]] = {}
@@ -57,11 +58,15 @@ def fleet_compile(
             by_pool.setdefault(pair.work_pool, []).append(pair.request)
         else:
             here.append(pair.request)
-    sent = [dispatch(pool, requests, store, workers) for pool, requests in by_pool.items()]
+    sent = [
+        dispatch(pool, requests, store, workers, work_pool_timeout)
+        for pool, requests in by_pool.items()
+    ]
     outcomes = compile_all(here, store, workers)
     if sent:
-        outcomes += collect(sent, store, work_pool_timeout)
+        outcomes += collect(sent, store)
     report = _publish(plan, outcomes, store)
+    discard_results(store, sent)
     _publish_artifacts(report, store)
     emit_variant_events(report.variants, store, report.generation)
     return report

@@ -42,7 +42,7 @@ def runtime_watch(
         spec: Path of the fleet spec YAML on the worker (relative to its working directory).
         store: Store URI: a directory, file:///abs/dir or s3://bucket/prefix.
         compile_deployment: The deployment started for stale or missing pairs.
-        trigger: Start the compile (off: only report).
+        trigger: Start the compile and emit events (off: only report).
         report_max_age_days: Ignore device reports older than this.
     """
     logger = get_run_logger()
@@ -57,7 +57,8 @@ def runtime_watch(
             profile.label,
             ", ".join(f"{m}: {why}" for m, why in profile.models.items()),
         )
-    emit_unserved_events(plan.unserved, store)
+    if trigger:  # a dry run starts nothing, automations included
+        emit_unserved_events(plan.unserved, store)
     started = None
     if todo and trigger:
         started = trigger_compile(compile_deployment, spec, store, plan, generation)

@@ -10,15 +10,16 @@ this needs no shared Prefect result storage.
 from __future__ import annotations
 
 import time
-from uuid import UUID
+from uuid import UUID, uuid4
 
+import httpx
 from prefect import get_client, get_run_logger
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.runtime import flow_run
-from prefect.states import Cancelled
-from pydantic import BaseModel, ValidationError
+from prefect.states import Cancelled, Cancelling
+from pydantic import BaseModel, Field, ValidationError
 
 from epfleet.errors import StoreError
 from epfleet.plan import CompileRequest
@@ -33,8 +34,8 @@ def pool_deployment(pool: str) -> str:
     return f"{COMPILE_PAIRS_FLOW}/{pool}"
 
 
-def results_key(parent_run_id: str, pool: str) -> str:
-    return f"runs/{parent_run_id}/{pool}.json"
+def results_key(attempt: str, pool: str) -> str:
+    return f"runs/{attempt}/{pool}.json"
 
 
 class PoolResults(BaseModel):
@@ -45,26 +46,34 @@ class Dispatched(BaseModel):
     pool: str
     requests: list[CompileRequest]
     results_key: str
+    deadline: float = Field(description="time.time() after which the fleet run stops waiting")
     flow_run_id: UUID | None = None
     error: str | None = None
 
 
-def dispatch(pool: str, requests: list[CompileRequest], store: str, workers: int) -> Dispatched:
+def dispatch(
+    pool: str, requests: list[CompileRequest], store: str, workers: int, timeout: float
+) -> Dispatched:
     """Start ``compile-pairs/<pool>`` for these pairs without waiting for it."""
-    parent = str(flow_run.get_id() or "local")
-    key = results_key(parent, pool)
-    sent = Dispatched(pool=pool, requests=requests, results_key=key)
+    # Each attempt of the fleet run (a retry included) starts its own child and hands
+    # over through its own key: a retry never collects an earlier attempt's outcomes.
+    attempt = f"{flow_run.get_id() or 'local'}-{flow_run.get_run_count()}-{uuid4().hex[:8]}"
+    key = results_key(attempt, pool)
+    # The child may run on another machine: give it the store's full URI, not a path
+    # relative to this run's working directory.
+    store_uri = open_store(store).uri
+    sent = Dispatched(pool=pool, requests=requests, results_key=key, deadline=time.time() + timeout)
     try:
         child: FlowRun = run_deployment(  # type: ignore[assignment]  # sync when called here
             pool_deployment(pool),
             parameters={
                 "requests": [r.model_dump(mode="json") for r in requests],
-                "store": store,
+                "store": store_uri,
                 "results_key": key,
                 "workers": workers,
             },
             timeout=0,
-            idempotency_key=f"{parent}:{pool}",
+            idempotency_key=attempt + f":{pool}",
         )
     except ObjectNotFound:
         targets = sorted({r.target for r in requests})
@@ -81,11 +90,11 @@ def dispatch(pool: str, requests: list[CompileRequest], store: str, workers: int
     return sent
 
 
-def collect(dispatched: list[Dispatched], store: str, timeout: float) -> list[PairOutcome]:
-    """Wait for the child runs, then read (and delete) their outcomes. Pairs of a child that
-    failed, timed out or left no outcome are failed outcomes naming the reason."""
+def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
+    """Wait for the child runs, then read their outcomes. Pairs of a child that failed,
+    timed out or left no outcome for them are failed outcomes naming the reason. An
+    outcome counts only for the very request sent (same fingerprint and source)."""
     logger = get_run_logger()
-    finals = _wait([d.flow_run_id for d in dispatched if d.flow_run_id], timeout)
     target_store = open_store(store)
     outcomes: list[PairOutcome] = []
     for sent in dispatched:
@@ -93,26 +102,45 @@ def collect(dispatched: list[Dispatched], store: str, timeout: float) -> list[Pa
         got: dict[tuple[str, str], PairOutcome] = {}
         if reason is None:
             assert sent.flow_run_id is not None
-            state = finals.get(sent.flow_run_id)
-            if state is None:
-                reason = (
-                    f"no worker of work pool {sent.pool!r} finished flow run {sent.flow_run_id} "
-                    f"within {timeout:.0f} s (is one running? prefect worker start --pool "
-                    f"{sent.pool}); the run was cancelled"
-                )
-            elif state != "COMPLETED":
-                reason = f"flow run {sent.flow_run_id} on work pool {sent.pool!r} ended {state}"
-            else:
+            state = _wait(sent.flow_run_id, sent.deadline)
+            if state == "COMPLETED":
                 got, reason = _read_results(target_store, sent)
-        for request in sent.requests:
-            key = (request.model, request.target)
-            if key in got:
-                outcomes.append(got[key])
+            elif state in ("SCHEDULED", "PENDING", "LATE", "PAUSED"):
+                reason = (
+                    f"no worker of work pool {sent.pool!r} started flow run {sent.flow_run_id} "
+                    f"in time (is one running? prefect worker start --pool {sent.pool}); "
+                    "the run was cancelled"
+                )
+            elif state in ("RUNNING", "CANCELLING"):
+                reason = (
+                    f"flow run {sent.flow_run_id} on work pool {sent.pool!r} was still running "
+                    "at work_pool_timeout; it was asked to cancel"
+                )
             else:
-                outcomes.append(failed_outcome(request, reason or "no outcome reported"))
-        if reason:
-            logger.error("work pool %s: %s", sent.pool, reason)
+                reason = f"flow run {sent.flow_run_id} on work pool {sent.pool!r} ended {state}"
+        for request in sent.requests:
+            outcome = got.get((request.model, request.target))
+            if outcome is not None and (
+                outcome.entry.fingerprint != request.fingerprint
+                or outcome.entry.source_sha256 != request.source_sha256
+            ):
+                outcome = None  # not the build this run asked for
+            if outcome is None:
+                why = reason or f"flow run {sent.flow_run_id} reported no outcome for this pair"
+                outcome = failed_outcome(request, why)
+                logger.error("%s × %s on work pool %s: %s", *outcome.key, sent.pool, why)
+            outcomes.append(outcome)
     return outcomes
+
+
+def discard_results(store: str, dispatched: list[Dispatched]) -> None:
+    """Remove the hand-over files once their outcomes are published (best effort)."""
+    target_store = open_store(store)
+    for sent in dispatched:
+        try:
+            target_store.delete(sent.results_key)
+        except StoreError as exc:
+            get_run_logger().warning("could not remove %s: %s", sent.results_key, exc)
 
 
 def _read_results(
@@ -123,9 +151,8 @@ def _read_results(
         if found is None:
             return {}, f"the run left no outcomes at {target_store.uri}/{sent.results_key}"
         results = PoolResults.model_validate_json(found.data)
-        target_store.delete(sent.results_key)
     except (StoreError, ValidationError) as exc:
-        return {}, f"cannot read its outcomes at {sent.results_key}: {exc}"
+        return {}, f"cannot read its outcomes at {target_store.uri}/{sent.results_key}: {exc}"
     return {o.key: o for o in results.outcomes}, None
 
 
@@ -133,24 +160,34 @@ def write_results(store: str, key: str, outcomes: list[PairOutcome]) -> None:
     open_store(store).write(key, PoolResults(outcomes=outcomes).model_dump_json().encode())
 
 
-def _wait(run_ids: list[UUID], timeout: float) -> dict[UUID, str]:
-    """Each run's final state type, for the runs that ended within ``timeout``; the others
-    are cancelled so that a worker that comes up later does not compile for nobody."""
-    finals: dict[UUID, str] = {}
-    deadline = time.monotonic() + timeout
+def _wait(run_id: UUID, deadline: float) -> str:
+    """The run's state type once final, or at the deadline. A run no worker started by then
+    is cancelled (so a worker that comes up later does not compile for nobody); a running
+    one is asked to cancel, which its worker carries out. An API hiccup is retried until
+    the deadline: the pairs compiled here meanwhile must still be published."""
     with get_client(sync_client=True) as client:
-        pending = set(run_ids)
-        while pending:
-            for run_id in list(pending):
+        state_type = "UNKNOWN"
+        while True:
+            try:
                 state = client.read_flow_run(run_id).state
+                state_type = state.type.value if state else state_type
                 if state is not None and state.is_final():
-                    finals[run_id] = state.type.value
-                    pending.discard(run_id)
-            if not pending or time.monotonic() > deadline:
+                    return state_type
+            except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
+                get_run_logger().warning("reading flow run %s: %s; retrying", run_id, exc)
+            if time.time() > deadline:
                 break
             time.sleep(POLL_SECONDS)
-        for run_id in pending:
-            client.set_flow_run_state(
-                run_id, Cancelled(message="the fleet compile stopped waiting"), force=True
-            )
-    return finals
+        try:
+            if state_type in ("SCHEDULED", "PENDING"):
+                client.set_flow_run_state(
+                    run_id, Cancelled(message="the fleet compile stopped waiting")
+                )
+            elif state_type == "RUNNING":
+                client.set_flow_run_state(
+                    run_id, Cancelling(message="the fleet compile stopped waiting")
+                )
+            state = client.read_flow_run(run_id).state
+        except (httpx.HTTPError, PrefectHTTPStatusError):
+            return state_type
+        return state.type.value if state else state_type

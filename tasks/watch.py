@@ -22,7 +22,7 @@ from epfleet.manifest import utcnow
 from epfleet.spec import FleetSpec, load_spec
 from epfleet.stores import Store, open_store
 from epfleet.sync import REPORTS_PREFIX, DeviceReport
-from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved
+from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved, report_time
 from tasks.compile import retry_transient_only
 
 
@@ -49,9 +49,16 @@ def read_reports(store: Store) -> tuple[list[DeviceReport], list[str]]:
         if found is None:
             continue  # removed since listed
         try:
-            reports.append(DeviceReport.model_validate_json(found.data))
+            report = DeviceReport.model_validate_json(found.data)
+            report_time(report)
         except ValidationError as exc:
-            skipped.append(f"{key}: {exc.errors()[0]['msg']}")
+            error = exc.errors()[0]
+            skipped.append(f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}")
+            continue
+        except ValueError as exc:
+            skipped.append(f"{key}: {exc}")
+            continue
+        reports.append(report)
     return reports, skipped
 
 

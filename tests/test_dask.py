@@ -84,3 +84,19 @@ def test_dask_without_an_address_starts_a_local_cluster_of_the_asked_size() -> N
 
     # compiles are child processes of the Dask worker: a daemonic worker could not start them
     assert dask.config.get("distributed.worker.daemon") is False
+
+
+def test_environment_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from epfleet.runners import from_environment
+
+    monkeypatch.setenv("EPFLEET_TASK_RUNNER", "ray")
+    with pytest.raises(BadInputError, match="EPFLEET_TASK_RUNNER='ray': unknown task runner"):
+        from_environment()
+    monkeypatch.setenv("EPFLEET_TASK_RUNNER", "threads")
+    monkeypatch.setenv("EPFLEET_DASK_ADDRESS", "tcp://127.0.0.1:8786")
+    with pytest.raises(BadInputError, match="EPFLEET_DASK_ADDRESS is set but"):
+        from_environment()
+    monkeypatch.setenv("EPFLEET_TASK_RUNNER", "dask")
+    monkeypatch.setenv("EPFLEET_DASK_WORKERS", "two")
+    with pytest.raises(BadInputError, match="EPFLEET_DASK_WORKERS='two'"):
+        from_environment()

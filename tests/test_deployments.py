@@ -441,10 +441,12 @@ def test_serve_py_serves_every_deployment_and_keeps_schedules_on_shutdown(
     assert sorted(read_manifest(store).models) == ["tiny-cls", "tiny-det"]
     assert (cache / "manifest.json").exists()
 
+    names = ["fleet-compile/nightly", "fleet-compile/on-demand", "device-sync/periodic"]
+    names.append("runtime-watch/hourly")
     with get_client(sync_client=True) as client:
-        nightly = client.read_deployment_by_name("fleet-compile/nightly")
-        periodic = client.read_deployment_by_name("device-sync/periodic")
-        hourly = client.read_deployment_by_name("runtime-watch/hourly")
+        nightly, _, periodic, hourly = (client.read_deployment_by_name(n) for n in names)
+        for name in names:  # other tests of this API serve deployments of these names
+            client.delete_deployment(client.read_deployment_by_name(name).id)
     assert nightly.schedules[0].schedule.cron == "30 3 * * *"  # type: ignore[union-attr]
     assert periodic.schedules[0].schedule.interval.total_seconds() == 600  # type: ignore[union-attr]
     assert hourly.schedules[0].schedule.interval.total_seconds() == 3600  # type: ignore[union-attr]

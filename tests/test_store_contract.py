@@ -81,3 +81,8 @@ def test_list_keys_and_delete(store: Store) -> None:
     store.delete("reports/devices/a.json")  # already gone: not an error
     assert store.list_keys("reports/devices/") == ["reports/devices/b.json"]
     assert store.read("reports/devices/a.json") is None
+    store.write("reportsx/other.json", b"{}")
+    store.write("reports/devices/.hidden/c.json", b"{}")
+    assert store.list_keys("reports/") == ["reports/devices/b.json", "reports/other.json"]
+    with pytest.raises(ValueError, match="'reports' must be empty or end with '/'"):
+        store.list_keys("reports")

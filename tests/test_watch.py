@@ -122,10 +122,14 @@ def test_failed_with_same_versions_is_not_retried_but_with_new_ones_is() -> None
     assert checks[("cls", "sd8g3-htp")].status == "stale"
 
 
-def test_uninstalled_ep_is_unknown_not_stale() -> None:
-    runtime = RUNTIME.model_copy(update={"ep_versions": {QNN: None, CPU: "1.32.0"}})
+def test_uninstalled_ep_is_unknown_not_stale_even_after_an_ort_upgrade() -> None:
+    """A compile started from here could not build it, so nothing is triggered for it."""
+    runtime = RUNTIME.model_copy(
+        update={"ort_version": "1.33.0", "ep_versions": {QNN: None, CPU: "1.32.0"}}
+    )
     checks = {(c.model, c.target): c for c in check_pairs(SPEC, current_fleet(), runtime)}
     assert checks[("det", "sd8g3-htp")].status == "unknown"
+    assert checks[("det", "x86-cpu")].status == "stale"
 
 
 def test_compile_subset_covers_every_pair_to_compile() -> None:
@@ -249,3 +253,21 @@ def test_old_reports_are_ignored() -> None:
     )
     profiles, quiet = unserved([old])
     assert profiles == [] and [r.device_id for r in quiet] == ["gone"]
+
+
+def test_a_report_without_utc_offset_is_skipped_by_the_reader(tmp_path) -> None:
+    from epfleet.stores import open_store
+    from tasks.watch import read_reports
+
+    store = open_store(str(tmp_path / "store"))
+    good = report("ok", [(CPU, "cpu", 1)], {"det": "kept"})
+    naive = good.model_copy(update={"device_id": "naive", "generated_at": "2026-11-29T10:00:00"})
+    store.write("reports/devices/ok.json", good.model_dump_json().encode())
+    store.write("reports/devices/naive.json", naive.model_dump_json().encode())
+    store.write("reports/devices/junk.json", b"{not json")
+    reports, skipped = read_reports(store)
+    assert [r.device_id for r in reports] == ["ok"]
+    assert len(skipped) == 2
+    assert any(
+        "naive.json: generated_at '2026-11-29T10:00:00' has no UTC offset" in s for s in skipped
+    )

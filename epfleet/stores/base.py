@@ -59,7 +59,8 @@ class Store(Protocol):
         ...
 
     def list_keys(self, prefix: str) -> list[str]:
-        """The keys under ``prefix`` (a folder, ending in ``/``), sorted; [] when none."""
+        """The keys under ``prefix`` (``""`` or a folder ending in ``/``), sorted, without
+        hidden names (a part starting with ``.``); [] when none."""
         ...
 
     def delete(self, key: str) -> None:
@@ -73,3 +74,15 @@ def check_key(key: str) -> str:
     if not key or key.startswith("/") or "\\" in key or ".." in key.split("/"):
         raise ValueError(f"store key {key!r} must be a relative POSIX path inside the store")
     return key
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing prefix is the whole store (``""``) or a folder (``reports/devices/``)."""
+    if prefix and not prefix.endswith("/"):
+        raise ValueError(f"list prefix {prefix!r} must be empty or end with '/'")
+    return check_key(prefix) if prefix else prefix
+
+
+def is_hidden(key: str) -> bool:
+    """Temporary and lock files of the local backend; never listed by either backend."""
+    return any(part.startswith(".") for part in key.split("/"))

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlparse
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.fsutil import atomic_copy, atomic_write_bytes
 from epfleet.hashing import CHUNK, sha256_bytes
-from epfleet.stores.base import UNCHANGED, Versioned, check_key
+from epfleet.stores.base import UNCHANGED, Versioned, check_key, check_prefix, is_hidden
 
 LOCK_NAME = ".epfleet.lock"
 
@@ -108,15 +108,12 @@ class LocalStore:
             atomic_copy(src, dest)
 
     def list_keys(self, prefix: str) -> list[str]:
-        folder = self._path(prefix) if prefix else self.root
+        folder = self.root / check_prefix(prefix)
         with self._os_errors("listing", prefix):
             if not folder.is_dir():
                 return []
-            return sorted(
-                path.relative_to(self.root).as_posix()
-                for path in folder.rglob("*")
-                if path.is_file() and not path.name.startswith(".")
-            )
+            keys = (p.relative_to(self.root).as_posix() for p in folder.rglob("*") if p.is_file())
+            return sorted(key for key in keys if not is_hidden(key))
 
     def delete(self, key: str) -> None:
         with self._os_errors("deleting", key):

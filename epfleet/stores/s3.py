@@ -39,7 +39,7 @@ from botocore.config import Config
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError, TransientStoreError
 from epfleet.hashing import sha256_bytes
-from epfleet.stores.base import UNCHANGED, Versioned, check_key
+from epfleet.stores.base import UNCHANGED, Versioned, check_key, check_prefix, is_hidden
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -321,16 +321,16 @@ class S3Store:
     def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []
         root = f"{self.prefix}/" if self.prefix else ""
-        strip = len(root)
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self._key(prefix) if prefix else root
+                Bucket=self.bucket, Prefix=root + check_prefix(prefix)
             )
             for page in pages:
-                keys.extend(item["Key"][strip:] for item in page.get("Contents", []))
+                keys.extend(item["Key"][len(root) :] for item in page.get("Contents", []))
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, prefix, "listing")
-        return sorted(keys)
+        # folder markers (keys ending in "/") are not objects a store wrote
+        return sorted(key for key in keys if not key.endswith("/") and not is_hidden(key))
 
     def delete(self, key: str) -> None:
         try:

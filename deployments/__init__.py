@@ -1,0 +1,1 @@
+"""Prefect deployment definitions: prefect.yaml (work pools) and serve.py (one process)."""
