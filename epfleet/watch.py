@@ -152,9 +152,11 @@ def find_unserved(
     stale_reports: list[DeviceReport] = []
     for report in reports:
         (fresh if now - report_time(report) <= max_age else stale_reports).append(report)
+    by_name = {t.name: t for t in spec.targets}
     profiles: dict[str, UnservedProfile] = {}
     for report in fresh:
         ident, label, device_eps = profile_of(report)
+        accelerator_eps = {d.ep for d in report.devices if d.type != "cpu"}
         for model_report in report.models:
             if model_report.action not in UNSERVED_ACTIONS:
                 continue
@@ -163,9 +165,12 @@ def find_unserved(
                 for t in spec.targets
                 if t.ep in device_eps and (t.models is None or model_report.model in t.models)
             ]
-            pending = [by_pair.get((model_report.model, t)) for t in targets]
+            # A compile the watch starts may serve it: one for its accelerators, when it has
+            # any (a pending CPU pair does not help a device whose NPU variant is refused).
+            accelerated = [t for t in targets if by_name[t].ep in accelerator_eps]
+            pending = [by_pair.get((model_report.model, t)) for t in accelerated or targets]
             if any(check is not None and check.needs_compile for check in pending):
-                continue  # a compile the watch starts may serve it
+                continue
             reason = _unserved_reason(report, model_report.model, targets, spec, runtime)
             profile = profiles.setdefault(
                 ident,

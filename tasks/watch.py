@@ -102,19 +102,30 @@ def trigger_key(plan: WatchPlan, generation: int, runtime_note: str) -> str:
 def trigger_compile(
     deployment: str, spec: str, store: str, plan: WatchPlan, generation: int
 ) -> str:
-    """Start ``deployment`` for the pairs to compile; the flow run's name."""
+    """Start ``deployment`` for the pairs to compile, unless a run for the same findings is
+    queued, running or completed; the flow run's name. A run for them that failed, crashed
+    or was cancelled (a worker or store outage: failed compiles still complete) is followed
+    by a new one."""
     models, targets = plan.compile_subset()
-    try:
-        run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync when called here
-            deployment,
-            parameters={"spec": spec, "store": store, "models": models, "targets": targets},
-            timeout=0,
-            idempotency_key=trigger_key(plan, generation, ort_version()),
-            tags=["runtime-watch"],
+    first = key = trigger_key(plan, generation, ort_version())
+    while True:
+        try:
+            run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync when called here
+                deployment,
+                parameters={"spec": spec, "store": store, "models": models, "targets": targets},
+                timeout=0,
+                idempotency_key=key,
+                tags=["runtime-watch"],
+            )
+        except ObjectNotFound:
+            raise BadInputError(
+                f"no deployment {deployment!r} to trigger: deploy deployments/prefect.yaml or "
+                "serve deployments/serve.py, or pass compile_deployment"
+            ) from None
+        ended = run.state.type.value if run.state and run.state.is_final() else None
+        if ended not in ("FAILED", "CRASHED", "CANCELLED"):
+            return run.name
+        get_run_logger().warning(
+            "%s run %s ended %s: starting another", deployment, run.name, ended
         )
-    except ObjectNotFound:
-        raise BadInputError(
-            f"no deployment {deployment!r} to trigger: deploy deployments/prefect.yaml or "
-            "serve deployments/serve.py, or pass compile_deployment"
-        ) from None
-    return run.name
+        key = f"{first}:after:{run.id}"
