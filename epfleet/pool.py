@@ -9,6 +9,7 @@ each plugin are imported and registered once per worker.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import os
 import threading
 from collections.abc import Callable
@@ -41,11 +42,18 @@ class CompilePool:
 
     @staticmethod
     def _new_executor(workers: int) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
+        executor = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_warm_up,
         )
+        # Shut the workers down before multiprocessing's own exit handlers (priority 10)
+        # wait on them: in a Dask worker that wait hung until the nanny killed the worker,
+        # leaving the compile processes orphaned.
+        multiprocessing.util.Finalize(
+            None, executor.shutdown, kwargs={"cancel_futures": True}, exitpriority=100
+        )
+        return executor
 
     def prestart(
         self, job: CompileJob, fn: Callable[[CompileJob], CompileOutput] = compile_job

@@ -34,6 +34,9 @@ def _threads(address: str | None, workers: int) -> TaskRunner[Any]:
 
 
 def _dask(address: str | None, workers: int) -> TaskRunner[Any]:
+    # distributed logs ~70 INFO lines per run from the scheduler, nannies and workers; this
+    # is read when dask is first imported, in this process and in the workers it spawns.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     try:
         import dask
         from prefect_dask import DaskTaskRunner

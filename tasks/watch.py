@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from epfleet.sync import REPORTS_PREFIX, DeviceReport
 from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved, report_time
 from tasks.compile import retry_transient_only
 
+READ_THREADS = 16
+
 
 def compile_worker_runtime(spec: FleetSpec) -> Runtime:
     """The versions installed where this runs: the compile workers' when the watch runs on
@@ -41,25 +44,29 @@ def compile_worker_runtime(spec: FleetSpec) -> Runtime:
     return Runtime(ort_version=ort_version(), ep_versions=versions, ep_packages=packages)
 
 
-def read_reports(store: Store) -> tuple[list[DeviceReport], list[str]]:
-    """Every device report in the store, and the keys of those that do not parse."""
-    reports, skipped = [], []
-    for key in store.list_keys(f"{REPORTS_PREFIX}/"):
+def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[DeviceReport], list[str]]:
+    """Every device report in the store, and the keys of those that do not parse. Reports
+    are small and many (one per device), so they are read ``threads`` at a time."""
+
+    def read_one(key: str) -> DeviceReport | str | None:
         found = store.read(key)
         if found is None:
-            continue  # removed since listed
+            return None  # removed since listed
         try:
             report = DeviceReport.model_validate_json(found.data)
             report_time(report)
         except ValidationError as exc:
             error = exc.errors()[0]
-            skipped.append(f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}")
-            continue
+            return f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}"
         except ValueError as exc:
-            skipped.append(f"{key}: {exc}")
-            continue
-        reports.append(report)
-    return reports, skipped
+            return f"{key}: {exc}"
+        return report
+
+    keys = store.list_keys(f"{REPORTS_PREFIX}/")
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        results = list(pool.map(read_one, keys))
+    reports = [r for r in results if isinstance(r, DeviceReport)]
+    return reports, [r for r in results if isinstance(r, str)]
 
 
 @task(

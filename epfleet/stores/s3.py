@@ -105,6 +105,9 @@ class S3Store:
             retries={"mode": "standard", "max_attempts": attempts},
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            # one shared client serves threaded reads (runtime-watch reads 16 reports at
+            # a time, a download 4 segments): botocore's default keeps 10 connections
+            max_pool_connections=32,
         )
         self._transfer = TransferConfig(
             multipart_threshold=multipart_threshold,
