@@ -25,7 +25,6 @@ from epfleet.compiler import CompileJob
 from epfleet.errors import (
     BadInputError,
     IntegrityError,
-    MissingExtraError,
     PreconditionFailed,
     StoreError,
 )
@@ -271,13 +270,10 @@ def publish(
 
 
 def _identity(target: TargetSpec) -> dict[str, str]:
-    try:
-        return eps.load(target.ep).build_identity()
-    except MissingExtraError:
-        if target.work_pool is None:
-            raise
-        # It compiles on its work pool: the flow's own machine need not have the package.
-        return {"package": target.ep, "version": "not installed here", "pool": target.work_pool}
+    if target.work_pool:
+        # Its pool decides (tasks.dispatch): this machine need not even have the package.
+        return {"package": target.ep, "version": "decided on the pool", "pool": target.work_pool}
+    return eps.load(target.ep).build_identity()
 
 
 def plan_run(

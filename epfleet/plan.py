@@ -31,13 +31,33 @@ def fingerprint(
     build_identity: dict[str, str],
 ) -> str:
     """Everything that decides a pair's artifact. Same fingerprint, same artifact."""
+    return _fingerprint(
+        source_sha256,
+        model.input_shapes,
+        target.ep,
+        target.device_type,
+        target.provider_options,
+        ort_version,
+        build_identity,
+    )
+
+
+def _fingerprint(
+    source_sha256: str,
+    input_shapes: dict[str, list[int]],
+    ep: str,
+    device: str,
+    provider_options: dict[str, str],
+    ort_version: str,
+    build_identity: dict[str, str],
+) -> str:
     payload = {
         "recipe": RECIPE_VERSION,
         "source_sha256": source_sha256,
-        "input_shapes": model.input_shapes,
-        "ep": target.ep,
-        "device": target.device,
-        "provider_options": target.provider_options,
+        "input_shapes": input_shapes,
+        "ep": ep,
+        "device": device,
+        "provider_options": provider_options,
         "ort_version": ort_version,
         "build": build_identity,
     }
@@ -57,6 +77,26 @@ class CompileRequest(BaseModel):
     source_sha256: str
     source_size: int
     fingerprint: str
+
+
+def rebased(
+    request: CompileRequest, ort_version: str, build_identity: dict[str, str]
+) -> CompileRequest:
+    """The request as a machine with these versions would build it: the fingerprint of a
+    pair bound to a work pool is decided there, by the pool's ORT and EP packages."""
+    return request.model_copy(
+        update={
+            "fingerprint": _fingerprint(
+                request.source_sha256,
+                request.input_shapes,
+                request.ep,
+                request.device,
+                request.provider_options,
+                ort_version,
+                build_identity,
+            )
+        }
+    )
 
 
 class PlannedPair(BaseModel):
@@ -101,7 +141,11 @@ def plan_pairs(
         )
         entry = manifest.models.get(model.name) if manifest else None
         previous = entry.variants.get(target.name) if entry else None
-        action, reason = _decide(request, previous, force, stored_size)
+        action: Literal["compile", "skip"]
+        if target.work_pool:
+            action, reason = "compile", f"planned on work pool {target.work_pool}"
+        else:
+            action, reason = decide_pair(request, previous, force, stored_size)
         planned.append(
             PlannedPair(
                 request=request,
@@ -114,7 +158,7 @@ def plan_pairs(
     return planned
 
 
-def _decide(
+def decide_pair(
     request: CompileRequest,
     previous: VariantEntry | None,
     force: bool,

@@ -9,14 +9,13 @@ in the store; the fleet flow merges them into its own publish.
 # No `from __future__ import annotations`: see flows/fleet_compile.py.
 from typing import Annotated
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from pydantic import Field
 
 from epfleet import MAX_WORKERS
-from epfleet.plan import CompileRequest
 from epfleet.runners import from_environment
 from tasks.compile import compile_all
-from tasks.dispatch import write_results
+from tasks.dispatch import PoolPair, plan_on_pool, write_results
 
 
 @flow(
@@ -26,19 +25,25 @@ from tasks.dispatch import write_results
     task_runner=from_environment(),
 )
 def compile_pairs(
-    requests: list[CompileRequest],
+    pairs: list[PoolPair],
     store: str,
     results_key: str,
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 2,
+    force: bool = False,
 ) -> int:
     """Compile pairs sent by fleet-compile and leave their outcomes in the store.
 
     Args:
-        requests: The pairs, as fleet-compile planned them.
+        pairs: The pairs, with their manifest entries when fleet-compile planned.
         store: Store URI of the fleet.
         results_key: Store key where the outcomes go.
         workers: Compiles run in parallel on this machine.
+        force: Recompile pairs that are up to date.
     """
-    outcomes = compile_all(requests, store, workers)
-    write_results(store, results_key, outcomes)
+    todo, skipped = plan_on_pool(pairs, store, force)
+    get_run_logger().info(
+        "%d pairs: %d to compile, %d up to date on this pool", len(pairs), len(todo), len(skipped)
+    )
+    outcomes = compile_all(todo, store, workers)
+    write_results(store, results_key, outcomes, skipped)
     return sum(o.result.status == "ok" for o in outcomes)

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from epfleet import MAX_WORKERS
 from epfleet.fleet import DEFAULT_STORE, RunPlan, RunReport
-from epfleet.plan import CompileRequest
+from epfleet.plan import PlannedPair
 from epfleet.report import matrix_rows
 from epfleet.runners import from_environment
 from tasks.compile import PairOutcome, compile_all, plan_task, publish_task
@@ -51,16 +51,16 @@ def fleet_compile(
             pool.
     """
     plan: RunPlan = plan_task(spec, store, models or None, targets or None, force)
-    by_pool: dict[str, list[CompileRequest]] = {}
+    by_pool: dict[str, list[PlannedPair]] = {}
     here = []
     for pair in plan.to_compile:
         if pair.work_pool:
-            by_pool.setdefault(pair.work_pool, []).append(pair.request)
+            by_pool.setdefault(pair.work_pool, []).append(pair)
         else:
             here.append(pair.request)
     sent = [
-        dispatch(pool, requests, store, workers, work_pool_timeout)
-        for pool, requests in by_pool.items()
+        dispatch(pool, pairs, store, workers, work_pool_timeout, force)
+        for pool, pairs in by_pool.items()
     ]
     outcomes = compile_all(here, store, workers)
     if sent:

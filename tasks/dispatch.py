@@ -21,8 +21,11 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Cancelling
 from pydantic import BaseModel, Field, ValidationError
 
+import eps
+from epfleet import ort_version
 from epfleet.errors import StoreError
-from epfleet.plan import CompileRequest
+from epfleet.manifest import VariantEntry
+from epfleet.plan import CompileRequest, PlannedPair, decide_pair, rebased
 from epfleet.stores import Store, open_store
 from tasks.compile import PairOutcome, failed_outcome
 
@@ -38,8 +41,19 @@ def results_key(attempt: str, pool: str) -> str:
     return f"runs/{attempt}/{pool}.json"
 
 
+class PoolPair(BaseModel):
+    """A pair sent to a work pool, with its manifest entry when the fleet run planned: the
+    pool decides whether it is up to date, by its own ORT and EP package versions."""
+
+    request: CompileRequest
+    previous: VariantEntry | None = None
+
+
 class PoolResults(BaseModel):
     outcomes: list[PairOutcome]
+    skipped: list[tuple[str, str]] = Field(
+        default_factory=list, description="(model, target) pairs the pool found up to date"
+    )
 
 
 class Dispatched(BaseModel):
@@ -52,7 +66,7 @@ class Dispatched(BaseModel):
 
 
 def dispatch(
-    pool: str, requests: list[CompileRequest], store: str, workers: int, timeout: float
+    pool: str, pairs: list[PlannedPair], store: str, workers: int, timeout: float, force: bool
 ) -> Dispatched:
     """Start ``compile-pairs/<pool>`` for these pairs without waiting for it."""
     # Each attempt of the fleet run (a retry included) starts its own child and hands
@@ -62,15 +76,20 @@ def dispatch(
     # The child may run on another machine: give it the store's full URI, not a path
     # relative to this run's working directory.
     store_uri = open_store(store).uri
+    requests = [p.request for p in pairs]
     sent = Dispatched(pool=pool, requests=requests, results_key=key, deadline=time.time() + timeout)
     try:
         child: FlowRun = run_deployment(  # type: ignore[assignment]  # sync when called here
             pool_deployment(pool),
             parameters={
-                "requests": [r.model_dump(mode="json") for r in requests],
+                "pairs": [
+                    PoolPair(request=p.request, previous=p.previous).model_dump(mode="json")
+                    for p in pairs
+                ],
                 "store": store_uri,
                 "results_key": key,
                 "workers": workers,
+                "force": force,
             },
             timeout=0,
             idempotency_key=attempt + f":{pool}",
@@ -100,11 +119,12 @@ def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
     for sent in dispatched:
         reason = sent.error
         got: dict[tuple[str, str], PairOutcome] = {}
+        skipped: set[tuple[str, str]] = set()
         if reason is None:
             assert sent.flow_run_id is not None
             state = _wait(sent.flow_run_id, sent.deadline)
             if state == "COMPLETED":
-                got, reason = _read_results(target_store, sent)
+                got, skipped, reason = _read_results(target_store, sent)
             elif state in ("SCHEDULED", "PENDING", "LATE", "PAUSED"):
                 reason = (
                     f"no worker of work pool {sent.pool!r} started flow run {sent.flow_run_id} "
@@ -119,12 +139,11 @@ def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
             else:
                 reason = f"flow run {sent.flow_run_id} on work pool {sent.pool!r} ended {state}"
         for request in sent.requests:
+            if (request.model, request.target) in skipped:
+                continue  # up to date on the pool: reported as skipped
             outcome = got.get((request.model, request.target))
-            if outcome is not None and (
-                outcome.entry.fingerprint != request.fingerprint
-                or outcome.entry.source_sha256 != request.source_sha256
-            ):
-                outcome = None  # not the build this run asked for
+            if outcome is not None and outcome.entry.source_sha256 != request.source_sha256:
+                outcome = None  # not a build of the source this run planned
             if outcome is None:
                 why = reason or f"flow run {sent.flow_run_id} reported no outcome for this pair"
                 outcome = failed_outcome(request, why)
@@ -145,19 +164,40 @@ def discard_results(store: str, dispatched: list[Dispatched]) -> None:
 
 def _read_results(
     target_store: Store, sent: Dispatched
-) -> tuple[dict[tuple[str, str], PairOutcome], str | None]:
+) -> tuple[dict[tuple[str, str], PairOutcome], set[tuple[str, str]], str | None]:
+    where = f"{target_store.uri}/{sent.results_key}"
     try:
         found = target_store.read(sent.results_key)
         if found is None:
-            return {}, f"the run left no outcomes at {target_store.uri}/{sent.results_key}"
+            return {}, set(), f"the run left no outcomes at {where}"
         results = PoolResults.model_validate_json(found.data)
     except (StoreError, ValidationError) as exc:
-        return {}, f"cannot read its outcomes at {target_store.uri}/{sent.results_key}: {exc}"
-    return {o.key: o for o in results.outcomes}, None
+        return {}, set(), f"cannot read its outcomes at {where}: {exc}"
+    return {o.key: o for o in results.outcomes}, set(results.skipped), None
 
 
-def write_results(store: str, key: str, outcomes: list[PairOutcome]) -> None:
-    open_store(store).write(key, PoolResults(outcomes=outcomes).model_dump_json().encode())
+def plan_on_pool(
+    pairs: list[PoolPair], store: str, force: bool
+) -> tuple[list[CompileRequest], list[tuple[str, str]]]:
+    """On the pool's worker: fingerprint each pair with this machine's ORT and EP packages
+    and decide, as the fleet flow does for its own pairs, which to compile."""
+    target_store = open_store(store)
+    todo, skipped = [], []
+    for pair in pairs:
+        request = rebased(pair.request, ort_version(), eps.load(pair.request.ep).build_identity())
+        action, _ = decide_pair(request, pair.previous, force, target_store.size)
+        if action == "compile":
+            todo.append(request)
+        else:
+            skipped.append((request.model, request.target))
+    return todo, skipped
+
+
+def write_results(
+    store: str, key: str, outcomes: list[PairOutcome], skipped: list[tuple[str, str]]
+) -> None:
+    results = PoolResults(outcomes=outcomes, skipped=skipped)
+    open_store(store).write(key, results.model_dump_json().encode())
 
 
 def _wait(run_id: UUID, deadline: float) -> str:

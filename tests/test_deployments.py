@@ -342,6 +342,16 @@ def test_on_demand_run_compiles_on_both_pools_and_publishes(
     assert syncs[0]["parameters"]["store"] == str(store)
     assert syncs[0]["parameters"]["cache"] == "./epfleet-device"
 
+    # unchanged inputs: the pool finds its pairs up to date by its own packages, so nothing
+    # compiles anywhere and nothing is published
+    again = deployed.wait_for_run(
+        deployed.start_run("fleet-compile/on-demand", {"spec": str(spec), "store": str(store)})
+    )
+    assert again["state"]["type"] == "COMPLETED", workers.logs()
+    children = deployed.flow_runs("compile-pairs/gpu-compilers")
+    assert sorted(c["state"]["type"] for c in children) == ["COMPLETED", "COMPLETED"]
+    assert read_manifest(store) == manifest
+
     # runtime-watch: the manifest now says one pair was compiled with an older QNN EP (as
     # workers with onnxruntime-qnn 2.6.0 would have published it: its fingerprint differs too)
     document = json.loads((store / "manifest.json").read_text())
