@@ -2,9 +2,10 @@
 
 The fleet flow starts one run of deployment ``compile-pairs/<pool>`` per pool (a child
 run, linked to it in the UI), compiles its own pairs meanwhile, then waits. The child
-uploads its artifacts to the store like any compile and leaves its outcomes at a store
-key the parent reads and deletes: every compile worker can already reach the store, so
-this needs no shared Prefect result storage.
+decides which pairs are up to date by its own ORT and EP packages, uploads its artifacts
+to the store like any compile and leaves its outcomes at a store key the parent reads (and
+deletes once published): every compile worker can already reach the store, so this needs
+no shared Prefect result storage.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
         skipped: set[tuple[str, str]] = set()
         if reason is None:
             assert sent.flow_run_id is not None
-            state = _wait(sent.flow_run_id, sent.deadline)
+            state, message = _wait(sent.flow_run_id, sent.deadline)
             if state == "COMPLETED":
                 got, skipped, reason = _read_results(target_store, sent)
             elif state in ("SCHEDULED", "PENDING", "LATE", "PAUSED"):
@@ -137,7 +138,9 @@ def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
                     "at work_pool_timeout; it was asked to cancel"
                 )
             else:
-                reason = f"flow run {sent.flow_run_id} on work pool {sent.pool!r} ended {state}"
+                reason = f"flow run {sent.flow_run_id} on work pool {sent.pool!r} ended {state}" + (
+                    f": {message}" if message else ""
+                )
         for request in sent.requests:
             if (request.model, request.target) in skipped:
                 continue  # up to date on the pool: reported as skipped
@@ -200,19 +203,21 @@ def write_results(
     open_store(store).write(key, results.model_dump_json().encode())
 
 
-def _wait(run_id: UUID, deadline: float) -> str:
-    """The run's state type once final, or at the deadline. A run no worker started by then
-    is cancelled (so a worker that comes up later does not compile for nobody); a running
-    one is asked to cancel, which its worker carries out. An API hiccup is retried until
-    the deadline: the pairs compiled here meanwhile must still be published."""
+def _wait(run_id: UUID, deadline: float) -> tuple[str, str | None]:
+    """The run's state type and message once final, or as it was at the deadline. A run no worker
+    started by then is cancelled (so a worker that comes up later does not compile for
+    nobody); a running one is asked to cancel, which its worker carries out. An API hiccup
+    is retried until the deadline: the pairs compiled here meanwhile must still be
+    published."""
     with get_client(sync_client=True) as client:
-        state_type = "UNKNOWN"
+        state_type, message = "UNKNOWN", None
         while True:
             try:
                 state = client.read_flow_run(run_id).state
-                state_type = state.type.value if state else state_type
-                if state is not None and state.is_final():
-                    return state_type
+                if state is not None:
+                    state_type, message = state.type.value, state.message
+                    if state.is_final():
+                        return state_type, message
             except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
                 get_run_logger().warning("reading flow run %s: %s; retrying", run_id, exc)
             if time.time() > deadline:
@@ -229,5 +234,7 @@ def _wait(run_id: UUID, deadline: float) -> str:
                 )
             state = client.read_flow_run(run_id).state
         except (httpx.HTTPError, PrefectHTTPStatusError):
-            return state_type
-        return state.type.value if state else state_type
+            return state_type, message
+        if state is not None and state.type.value == "COMPLETED":
+            return "COMPLETED", state.message  # it finished as the wait ended: collect it
+        return state_type, message  # what kept it from finishing in time

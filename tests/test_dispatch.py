@@ -68,3 +68,41 @@ def test_the_pool_skips_what_it_built_and_rebuilds_after_its_own_upgrade(tmp_pat
     store.delete(f"variants/det/pool-cpu/{SHA}.onnx")  # artifact gone from the store
     todo, _ = plan_on_pool([PoolPair(request=request(), previous=built(here))], store.uri, False)
     assert len(todo) == 1
+
+
+def test_pool_pairs_without_a_deployment_or_a_worker_fail_alone(
+    prefect_api: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """On the Prefect test API (no workers): one target names a pool with no compile-pairs
+    deployment, another a deployment nobody runs. Their pairs fail, each saying why, the
+    idle child run is cancelled, and the local pairs are still published."""
+    from prefect.client.orchestration import get_client
+
+    from flows.compile_pairs import compile_pairs
+    from flows.fleet_compile import fleet_compile
+    from tests.conftest import CPU_TARGET, tiny_models, write_spec
+
+    idle = compile_pairs.to_deployment("idle-pool").apply()
+    targets = [
+        CPU_TARGET,
+        {"name": "nowhere-cpu", "ep": CPU, "work_pool": "nowhere"},
+        {"name": "idle-cpu", "ep": CPU, "work_pool": "idle-pool"},
+    ]
+    spec = write_spec(tmp_path, tiny_models(model_dir)[:1], targets)
+    store = tmp_path / "store"
+    try:
+        report = fleet_compile(str(spec), str(store), workers=1, work_pool_timeout=3)
+        with get_client(sync_client=True) as client:
+            children = [r for r in client.read_flow_runs() if r.deployment_id == idle]
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_deployment(idle)
+    by_target = {v.target: v for v in report.variants}
+    assert by_target["x86-cpu"].status == "ok"
+    assert by_target["nowhere-cpu"].status == "failed"
+    assert "no deployment compile-pairs/nowhere" in (by_target["nowhere-cpu"].error or "")
+    assert by_target["idle-cpu"].status == "failed"
+    assert "no worker of work pool 'idle-pool' started" in (by_target["idle-cpu"].error or "")
+    assert [c.state.type.value for c in children if c.state] == ["CANCELLED"]
+    published = open_store(str(store)).read("manifest.json")
+    assert published is not None and b'"x86-cpu"' in published.data
