@@ -170,11 +170,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def deployed(server: Server) -> Server:
-    """The README's Operate steps: create the pools, deploy everything from this clone."""
+def fleet_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fleet") / "store"
+
+
+@pytest.fixture(scope="module")
+def deployed(server: Server, fleet_store: Path) -> Server:
+    """The README's Operate steps: set the store in deployments/prefect.yaml (a copy: the
+    checkout is left alone), create the pools, deploy everything from this clone."""
+    shipped = (REPO / "deployments" / "prefect.yaml").read_text()
+    assert shipped.count("./epfleet-store") == 1, "the store is set in one place"
+    edited = fleet_store.parent / "prefect.yaml"
+    edited.write_text(shipped.replace("./epfleet-store", str(fleet_store)))
     server.prefect("work-pool", "create", "epfleet", "--type", "process")
     server.prefect("work-pool", "create", "gpu-compilers", "--type", "process")
-    server.prefect("--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
+    server.prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(edited))
     return server
 
 
@@ -266,12 +276,14 @@ def read_manifest(store: Path) -> Manifest:
     return Manifest.from_json((store / "manifest.json").read_bytes())
 
 
-def test_deployments_have_the_schedules_and_forms_of_prefect_yaml(deployed: Server) -> None:
+def test_deployments_have_the_schedules_and_forms_of_prefect_yaml(
+    deployed: Server, fleet_store: Path
+) -> None:
     nightly = deployed.deployment("fleet-compile/nightly")
     assert [s["schedule"] for s in nightly["schedules"]] == [
         {"cron": "0 2 * * *", "timezone": "UTC", "day_or": True}
     ]
-    assert nightly["parameters"] == {"spec": "examples/fleet.yaml", "store": "./epfleet-store"}
+    assert nightly["parameters"] == {"spec": "examples/fleet.yaml", "store": str(fleet_store)}
     assert nightly["work_pool_name"] == "epfleet"
     periodic = deployed.deployment("device-sync/periodic")
     assert [s["schedule"]["interval"] for s in periodic["schedules"]] == [900.0]
@@ -292,13 +304,11 @@ def test_deployments_have_the_schedules_and_forms_of_prefect_yaml(deployed: Serv
 
 
 def test_on_demand_run_compiles_on_both_pools_and_publishes(
-    deployed: Server, workers: Workers, model_dir: Path, tmp_path: Path
+    deployed: Server, workers: Workers, fleet_store: Path, model_dir: Path, tmp_path: Path
 ) -> None:
     spec = write_spec(tmp_path, tiny_models(model_dir), [HTP_TARGETS[0], CPU_TARGET, POOL_TARGET])
-    store = tmp_path / "store"
-    run_id = deployed.start_run(
-        "fleet-compile/on-demand", {"spec": str(spec), "store": str(store), "workers": 2}
-    )
+    store = fleet_store  # the deployment's own: the form's store left as it is
+    run_id = deployed.start_run("fleet-compile/on-demand", {"spec": str(spec), "workers": 2})
     run = deployed.wait_for_run(run_id)
     assert run["state"]["type"] == "COMPLETED", workers.logs()
     manifest = read_manifest(store)
@@ -331,8 +341,8 @@ def test_on_demand_run_compiles_on_both_pools_and_publishes(
     )
     assert {e["resource"]["epfleet.store"] for e in published} == {str(store)}
 
-    # the automation prefect.yaml attaches to device-sync/periodic: six published variants
-    # start one sync (at most one a minute), of the store that published them
+    # the automation prefect.yaml attaches to device-sync/periodic: six variants published to
+    # its store start one sync (at most one a minute)
     syncs = wait_until(
         lambda: deployed.flow_runs("device-sync/periodic"), 30, "the automation's device sync"
     )
@@ -345,7 +355,7 @@ def test_on_demand_run_compiles_on_both_pools_and_publishes(
     # unchanged inputs: the pool finds its pairs up to date by its own packages, so nothing
     # compiles anywhere and nothing is published
     again = deployed.wait_for_run(
-        deployed.start_run("fleet-compile/on-demand", {"spec": str(spec), "store": str(store)})
+        deployed.start_run("fleet-compile/on-demand", {"spec": str(spec)})
     )
     assert again["state"]["type"] == "COMPLETED", workers.logs()
     children = deployed.flow_runs("compile-pairs/gpu-compilers")
