@@ -27,10 +27,20 @@ from flows.runtime_watch import runtime_watch
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python deployments/serve.py", description=__doc__)
-    parser.add_argument("--spec", type=Path, default=Path("examples/fleet.yaml"))
-    parser.add_argument("--store", default=DEFAULT_STORE)
-    parser.add_argument("--cache", type=Path, default=Path("epfleet-device"))
+    parser = argparse.ArgumentParser(
+        prog="python deployments/serve.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--spec", type=Path, default=Path("examples/fleet.yaml"), help="fleet spec YAML"
+    )
+    parser.add_argument(
+        "--store", default=DEFAULT_STORE, help="directory, file:///abs/dir or s3://bucket/prefix"
+    )
+    parser.add_argument(
+        "--cache", type=Path, default=Path("epfleet-device"), help="this machine's device cache"
+    )
     parser.add_argument("--nightly", default="0 2 * * *", help="cron of fleet-compile/nightly")
     parser.add_argument("--sync-every", type=float, default=900, help="seconds between syncs")
     parser.add_argument("--watch-every", type=float, default=3600, help="seconds between watches")

@@ -14,7 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from epfleet import MAX_WORKERS
-from epfleet.fleet import DEFAULT_STORE, RunPlan, RunReport
+from epfleet.fleet import DEFAULT_STORE, PairResult, RunPlan, RunReport
 from epfleet.plan import PlannedPair
 from epfleet.report import matrix_rows
 from epfleet.runners import from_environment
@@ -68,7 +68,7 @@ def fleet_compile(
     report = _publish(plan, outcomes, store)
     discard_results(store, sent)
     _publish_artifacts(report, store)
-    emit_variant_events(report.variants, store, report.generation)
+    emit_variant_events(_news(plan, report), store, report.generation)
     return report
 
 
@@ -90,6 +90,26 @@ def _publish(plan: RunPlan, outcomes: list[PairOutcome], store: str) -> RunRepor
             get_run_logger().warning("%s × %s: %s", *key, results[key].error)
     manifest = outcome.manifest
     return plan.report(results, manifest.generation if manifest else 0, outcome.published)
+
+
+def _news(plan: RunPlan, report: RunReport) -> list[PairResult]:
+    """The results worth an event: failures, and builds that changed what is published (a
+    forced rebuild that produced the same bytes publishes nothing new)."""
+    before = {
+        (p.request.model, p.request.target): p.previous.artifact.uri
+        for p in plan.pairs
+        if p.previous is not None and p.previous.artifact is not None
+    }
+    return [
+        r
+        for r in report.variants
+        if r.status == "failed"
+        or (
+            r.status == "ok"
+            and report.published
+            and r.artifact_uri != before.get((r.model, r.target))
+        )
+    ]
 
 
 def _publish_artifacts(report: RunReport, store: str) -> None:

@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="report only; start nothing")
     args = parser.parse_args(argv)
     plan = runtime_watch(args.spec, args.store, trigger=not args.dry_run)
+    print(f"{'model':24} {'target':20} {'status':8} why")
     for pair in plan.pairs:
         print(f"{pair.model:24} {pair.target:20} {pair.status:8} {pair.reason}")
     for profile in plan.unserved:

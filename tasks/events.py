@@ -29,7 +29,7 @@ def variant_resource(result: PairResult, store: str) -> dict[str, str]:
 
 
 def emit_variant_events(results: list[PairResult], store: str, generation: int) -> int:
-    """One event per pair compiled this run (skipped pairs emit nothing); returns how many."""
+    """One event per ok or failed result (others emit nothing); returns how many."""
     emitted = 0
     for result in results:
         if result.status == "ok":

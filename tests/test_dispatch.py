@@ -106,3 +106,44 @@ def test_pool_pairs_without_a_deployment_or_a_worker_fail_alone(
     assert [c.state.type.value for c in children if c.state] == ["CANCELLED"]
     published = open_store(str(store)).read("manifest.json")
     assert published is not None and b'"x86-cpu"' in published.data
+
+
+def test_events_name_only_failures_and_builds_that_changed_the_manifest() -> None:
+    from epfleet.fleet import PairResult, RunPlan, RunReport
+    from epfleet.plan import PlannedPair
+    from flows.fleet_compile import _news
+
+    same, new = (
+        built("f1"),
+        built("f2").model_copy(
+            update={"artifact": ArtifactRef(uri="variants/det/x/new.onnx", sha256="b" * 64, size=3)}
+        ),
+    )
+    pairs = [
+        PlannedPair(
+            request=request().model_copy(update={"target": t}),
+            action="compile",
+            reason="",
+            previous=same,
+        )
+        for t in ("rebuilt-same", "rebuilt-new", "broken")
+    ]
+    plan = RunPlan(store="s", sources={}, pairs=pairs, generation=1, published_sources={})
+    results = [
+        PairResult.of(pairs[0].request, same, "ok", 1.0),
+        PairResult.of(pairs[1].request, new, "ok", 1.0),
+        PairResult.of(
+            pairs[2].request,
+            built("f3").model_copy(update={"status": "failed", "error": "x"}),
+            "failed",
+            None,
+        ),
+    ]
+
+    def report(published: bool) -> RunReport:
+        return RunReport(
+            generation=2, published=published, compiled=2, skipped=0, failed=1, variants=results
+        )
+
+    assert [r.target for r in _news(plan, report(True))] == ["rebuilt-new", "broken"]
+    assert [r.target for r in _news(plan, report(False))] == ["broken"]
