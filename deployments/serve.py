@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     store = args.store if "://" in args.store else str(Path(args.store).resolve())
     fleet = {"spec": str(args.spec.resolve()), "store": store}
     serve(
-        _deployment(fleet_compile, "nightly", cron=args.nightly, parameters=fleet),
+        _deployment(
+            fleet_compile, "nightly", cron=args.nightly, parameters=fleet, concurrency_limit=1
+        ),
         _deployment(fleet_compile, "on-demand", parameters=fleet),
         _deployment(runtime_watch, "hourly", interval=args.watch_every, parameters=fleet),
         _deployment(

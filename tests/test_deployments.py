@@ -285,6 +285,7 @@ def test_deployments_have_the_schedules_and_forms_of_prefect_yaml(
     ]
     assert nightly["parameters"] == {"spec": "examples/fleet.yaml", "store": str(fleet_store)}
     assert nightly["work_pool_name"] == "epfleet"
+    assert nightly["global_concurrency_limit"]["limit"] == 1  # one nightly at a time
     periodic = deployed.deployment("device-sync/periodic")
     assert [s["schedule"]["interval"] for s in periodic["schedules"]] == [900.0]
     assert all(s["active"] for s in periodic["schedules"] + nightly["schedules"])
@@ -468,6 +469,8 @@ def test_serve_py_serves_every_deployment_and_keeps_schedules_on_shutdown(
         for name in names:  # other tests of this API serve deployments of these names
             client.delete_deployment(client.read_deployment_by_name(name).id)
     assert nightly.schedules[0].schedule.cron == "30 3 * * *"  # type: ignore[union-attr]
+    assert nightly.global_concurrency_limit is not None
+    assert nightly.global_concurrency_limit.limit == 1
     assert periodic.schedules[0].schedule.interval.total_seconds() == 600  # type: ignore[union-attr]
     assert hourly.schedules[0].schedule.interval.total_seconds() == 3600  # type: ignore[union-attr]
     assert not periodic.paused and periodic.schedules[0].active, "schedule paused on shutdown"
