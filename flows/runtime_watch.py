@@ -11,14 +11,17 @@ python flows/runtime_watch.py examples/fleet.yaml --store ./epfleet-store [--dry
 # No `from __future__ import annotations`: see flows/fleet_compile.py.
 import argparse
 import sys
+from datetime import timedelta
 from typing import Annotated
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
+from epfleet.errors import StoreError
 from epfleet.fleet import DEFAULT_STORE
 from epfleet.watch import WatchPlan
+from tasks.dispatch import sweep_results
 from tasks.events import emit_unserved_events
 from tasks.watch import trigger_compile, watch_task
 
@@ -57,8 +60,13 @@ def runtime_watch(
             profile.label,
             ", ".join(f"{m}: {why}" for m, why in profile.models.items()),
         )
-    if trigger:  # a dry run starts nothing, automations included
+    if trigger:  # a dry run starts nothing, automations included, and removes nothing
         emit_unserved_events(plan.unserved, store)
+        try:
+            for key in sweep_results(store, timedelta(hours=1)):
+                logger.info("removed %s: its fleet run ended without collecting it", key)
+        except StoreError as exc:  # housekeeping: never fails the watch
+            logger.warning("could not sweep hand-over files: %s", exc)
     started = None
     if todo and trigger:
         started = trigger_compile(compile_deployment, spec, store, plan, generation)

@@ -11,6 +11,7 @@ no shared Prefect result storage.
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta, timezone
 from uuid import UUID, uuid4
 
 import httpx
@@ -38,8 +39,11 @@ def pool_deployment(pool: str) -> str:
     return f"{COMPILE_PAIRS_FLOW}/{pool}"
 
 
+RUNS_PREFIX = "runs/"
+
+
 def results_key(attempt: str, pool: str) -> str:
-    return f"runs/{attempt}/{pool}.json"
+    return f"{RUNS_PREFIX}{attempt}/{pool}.json"
 
 
 class PoolPair(BaseModel):
@@ -238,3 +242,30 @@ def _wait(run_id: UUID, deadline: float) -> tuple[str, str | None]:
         if state is not None and state.type.value == "COMPLETED":
             return "COMPLETED", state.message  # it finished as the wait ended: collect it
         return state_type, message  # what kept it from finishing in time
+
+
+def sweep_results(store: str, older_than: timedelta) -> list[str]:
+    """Remove hand-over files whose fleet run is gone or ended more than ``older_than``
+    ago (a fleet run that died between its child's hand-over and its publish leaves one);
+    the keys removed."""
+    target_store = open_store(store)
+    removed = []
+    with get_client(sync_client=True) as client:
+        for key in target_store.list_keys(RUNS_PREFIX):
+            attempt = key[len(RUNS_PREFIX) :].split("/", 1)[0]
+            try:
+                parent = UUID(attempt[:36])
+            except ValueError:
+                continue  # not a fleet run's attempt
+            try:
+                run = client.read_flow_run(parent)
+            except ObjectNotFound:
+                run = None
+            if run is not None:
+                ended = run.end_time or run.expected_start_time
+                final = run.state is not None and run.state.is_final()
+                if not final or ended is None or ended > datetime.now(timezone.utc) - older_than:
+                    continue
+            target_store.delete(key)
+            removed.append(key)
+    return removed

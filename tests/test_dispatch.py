@@ -147,3 +147,36 @@ def test_events_name_only_failures_and_builds_that_changed_the_manifest() -> Non
 
     assert [r.target for r in _news(plan, report(True))] == ["rebuilt-new", "broken"]
     assert [r.target for r in _news(plan, report(False))] == ["broken"]
+
+
+def test_sweep_removes_hand_overs_of_ended_or_unknown_fleet_runs_only(
+    prefect_api: str, tmp_path: Path
+) -> None:
+    from datetime import timedelta
+    from uuid import uuid4
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    from tasks.dispatch import results_key, sweep_results
+
+    @flow
+    def ended() -> None:
+        pass
+
+    state = ended(return_state=True)
+    done_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        running = client.create_flow_run(ended, state=Running())
+    store = open_store(str(tmp_path))
+    keys = {
+        "ended": results_key(f"{done_id}-1-abcd1234", "gpu"),
+        "running": results_key(f"{running.id}-1-abcd1234", "gpu"),
+        "unknown": results_key(f"{uuid4()}-1-abcd1234", "gpu"),
+    }
+    for key in keys.values():
+        store.write(key, b"{}")
+    assert sweep_results(store.uri, timedelta(hours=1)) == [keys["unknown"]]
+    assert sorted(sweep_results(store.uri, timedelta(0))) == [keys["ended"]]
+    assert store.list_keys("runs/") == [keys["running"]]
