@@ -39,21 +39,18 @@ class CompilePool:
         self._lock = threading.Lock()
         self._executor = self._new_executor(workers)
         self._early: dict[str, Future[CompileOutput]] = {}
+        # Shut the workers down before multiprocessing's own exit handlers (priority 10)
+        # wait on them: in a Dask worker that wait hung until the nanny killed the worker,
+        # leaving the compile processes orphaned.
+        self._at_exit = multiprocessing.util.Finalize(None, self._shutdown_now, exitpriority=100)
 
     @staticmethod
     def _new_executor(workers: int) -> ProcessPoolExecutor:
-        executor = ProcessPoolExecutor(
+        return ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_warm_up,
         )
-        # Shut the workers down before multiprocessing's own exit handlers (priority 10)
-        # wait on them: in a Dask worker that wait hung until the nanny killed the worker,
-        # leaving the compile processes orphaned.
-        multiprocessing.util.Finalize(
-            None, executor.shutdown, kwargs={"cancel_futures": True}, exitpriority=100
-        )
-        return executor
 
     def prestart(
         self, job: CompileJob, fn: Callable[[CompileJob], CompileOutput] = compile_job
@@ -123,6 +120,10 @@ class CompilePool:
                 discard(future.result())
 
     def shutdown(self) -> None:
+        self._at_exit.cancel()  # releases this pool for the garbage collector
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _shutdown_now(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 

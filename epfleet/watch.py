@@ -156,19 +156,26 @@ def find_unserved(
     profiles: dict[str, UnservedProfile] = {}
     for report in fresh:
         ident, label, device_eps = profile_of(report)
-        accelerator_eps = {d.ep for d in report.devices if d.type != "cpu"}
+        hardware = {(d.ep, d.type) for d in report.devices}
+        accelerators = {(ep, kind) for ep, kind in hardware if kind != "cpu"}
         for model_report in report.models:
             if model_report.action not in UNSERVED_ACTIONS:
                 continue
             targets = [
                 t.name
                 for t in spec.targets
-                if t.ep in device_eps and (t.models is None or model_report.model in t.models)
+                if (t.ep, t.device_type) in hardware
+                and (t.models is None or model_report.model in t.models)
             ]
             # A compile the watch starts may serve it: one for its accelerators, when it has
             # any (a pending CPU pair does not help a device whose NPU variant is refused).
-            accelerated = [t for t in targets if by_name[t].ep in accelerator_eps]
-            pending = [by_pair.get((model_report.model, t)) for t in accelerated or targets]
+            accelerated = [
+                t for t in targets if (by_name[t].ep, by_name[t].device_type) in accelerators
+            ]
+            pending = [
+                by_pair.get((model_report.model, t))
+                for t in (accelerated if accelerators else targets)
+            ]
             if any(check is not None and check.needs_compile for check in pending):
                 continue
             reason = _unserved_reason(report, model_report.model, targets, spec, runtime)
@@ -193,15 +200,15 @@ def find_unserved(
 def _unserved_reason(
     report: DeviceReport, model: str, targets: list[str], spec: FleetSpec, runtime: Runtime
 ) -> str:
-    accelerators = sorted({d.ep for d in report.devices if d.type != "cpu"})
+    accelerators = {(d.ep, d.type) for d in report.devices if d.type != "cpu"}
     by_name = {t.name: t for t in spec.targets}
     model_report = next(m for m in report.models if m.model == model)
     verdicts = sorted(
         {f"{v.target}: {v.verdict.value}" for v in model_report.considered if v.target in targets}
     )
     judged = f"published variants judged {'; '.join(verdicts) or 'not optimal'}"
-    if not any(by_name[t].ep in accelerators for t in targets):
-        missing = ", ".join(accelerators) or "its EPs"
+    if not any((by_name[t].ep, by_name[t].device_type) in accelerators for t in targets):
+        missing = ", ".join(f"{ep} {kind}" for ep, kind in sorted(accelerators)) or "its EPs"
         return f"no target in the spec for {missing}" + (f" ({judged})" if targets else "")
     newer = []
     for name in targets:

@@ -75,7 +75,9 @@ def fleet_compile(
 def _publish(plan: RunPlan, outcomes: list[PairOutcome], store: str) -> RunReport:
     by_key = {o.key: o for o in outcomes}
     keys = [(p.request.model, p.request.target) for p in plan.pairs]
-    in_spec_order = [(*key, by_key[key].entry) for key in keys if key in by_key]
+    in_spec_order = [
+        (*key, by_key[key].entry) for key in keys if key in by_key and by_key[key].publish
+    ]
     outcome = publish_task(store, plan.sources, plan.published_sources, in_spec_order)
     results = {key: o.result for key, o in by_key.items()}
     for key, result in results.items():

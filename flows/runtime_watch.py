@@ -18,7 +18,6 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from epfleet.errors import StoreError
 from epfleet.fleet import DEFAULT_STORE
 from epfleet.watch import WatchPlan
 from tasks.dispatch import sweep_results
@@ -65,7 +64,7 @@ def runtime_watch(
         try:
             for key in sweep_results(store, timedelta(hours=1)):
                 logger.info("removed %s: its fleet run ended without collecting it", key)
-        except StoreError as exc:  # housekeeping: never fails the watch
+        except Exception as exc:  # housekeeping (store or API trouble) never fails the watch
             logger.warning("could not sweep hand-over files: %s", exc)
     started = None
     if todo and trigger:

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import TaskRun
 from prefect.futures import as_completed
 from prefect.states import State
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import eps
 from epfleet import ort_version
@@ -32,6 +32,11 @@ class PairOutcome(BaseModel):
 
     entry: VariantEntry
     result: PairResult
+    publish: bool = Field(
+        default=True,
+        description="False for a pair its work pool never decided (the pool did not run): "
+        "the run reports it failed, the manifest keeps the entry it has",
+    )
 
     @property
     def key(self) -> tuple[str, str]:

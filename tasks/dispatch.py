@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import httpx
 from prefect import get_client, get_run_logger
@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 import eps
 from epfleet import ort_version
-from epfleet.errors import StoreError
+from epfleet.errors import StoreError, summarize
 from epfleet.manifest import VariantEntry
 from epfleet.plan import CompileRequest, PlannedPair, decide_pair, rebased
 from epfleet.stores import Store, open_store
@@ -63,7 +63,7 @@ class PoolResults(BaseModel):
 
 class Dispatched(BaseModel):
     pool: str
-    requests: list[CompileRequest]
+    pairs: list[PoolPair]
     results_key: str
     deadline: float = Field(description="time.time() after which the fleet run stops waiting")
     flow_run_id: UUID | None = None
@@ -73,25 +73,26 @@ class Dispatched(BaseModel):
 def dispatch(
     pool: str, pairs: list[PlannedPair], store: str, workers: int, timeout: float, force: bool
 ) -> Dispatched:
-    """Start ``compile-pairs/<pool>`` for these pairs without waiting for it."""
-    # Each attempt of the fleet run (a retry included) starts its own child and hands
-    # over through its own key: a retry never collects an earlier attempt's outcomes.
-    attempt = f"{flow_run.get_id() or 'local'}-{flow_run.get_run_count()}-{uuid4().hex[:8]}"
+    """Start ``compile-pairs/<pool>`` for these pairs without waiting for it. A failure to
+    start it fails that pool's pairs, never the fleet run."""
+    # Each attempt of the fleet run (a retry included) starts its own child and hands over
+    # through its own key, stamped with the time (runtime-watch sweeps old ones).
+    attempt = f"{flow_run.get_id() or 'local'}-{flow_run.get_run_count()}-{int(time.time())}"
     key = results_key(attempt, pool)
-    # The child may run on another machine: give it the store's full URI, not a path
-    # relative to this run's working directory.
-    store_uri = open_store(store).uri
-    requests = [p.request for p in pairs]
-    sent = Dispatched(pool=pool, requests=requests, results_key=key, deadline=time.time() + timeout)
+    sent = Dispatched(
+        pool=pool,
+        pairs=[PoolPair(request=p.request, previous=p.previous) for p in pairs],
+        results_key=key,
+        deadline=time.time() + timeout,
+    )
     try:
+        # The child may run on another machine: it gets the store's full URI, not a path
+        # relative to this run's working directory.
         child: FlowRun = run_deployment(  # type: ignore[assignment]  # sync when called here
             pool_deployment(pool),
             parameters={
-                "pairs": [
-                    PoolPair(request=p.request, previous=p.previous).model_dump(mode="json")
-                    for p in pairs
-                ],
-                "store": store_uri,
+                "pairs": [p.model_dump(mode="json") for p in sent.pairs],
+                "store": open_store(store).uri,
                 "results_key": key,
                 "workers": workers,
                 "force": force,
@@ -100,52 +101,39 @@ def dispatch(
             idempotency_key=attempt + f":{pool}",
         )
     except ObjectNotFound:
-        targets = sorted({r.target for r in requests})
+        targets = sorted({p.request.target for p in sent.pairs})
         sent.error = (
             f"target {', '.join(targets)} names work pool {pool!r}, but there is no "
             f"deployment {pool_deployment(pool)}: deploy one on that pool (see "
             "deployments/prefect.yaml) or remove work_pool from the target"
         )
         return sent
+    except Exception as exc:  # a stale deployment's schema, the API: this pool only
+        sent.error = f"could not start {pool_deployment(pool)}: {summarize(exc, 500)}"
+        return sent
     sent.flow_run_id = child.id
     get_run_logger().info(
-        "%d pairs sent to work pool %s: flow run %s", len(requests), pool, child.name
+        "%d pairs sent to work pool %s: flow run %s", len(sent.pairs), pool, child.name
     )
     return sent
 
 
 def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
     """Wait for the child runs, then read their outcomes. Pairs of a child that failed,
-    timed out or left no outcome for them are failed outcomes naming the reason. An
-    outcome counts only for the very request sent (same fingerprint and source)."""
+    timed out or left no outcome for them are failed outcomes naming the reason; those the
+    pool never decided leave the manifest as it is."""
     logger = get_run_logger()
     target_store = open_store(store)
     outcomes: list[PairOutcome] = []
     for sent in dispatched:
-        reason = sent.error
         got: dict[tuple[str, str], PairOutcome] = {}
         skipped: set[tuple[str, str]] = set()
-        if reason is None:
-            assert sent.flow_run_id is not None
-            state, message = _wait(sent.flow_run_id, sent.deadline)
-            if state == "COMPLETED":
-                got, skipped, reason = _read_results(target_store, sent)
-            elif state in ("SCHEDULED", "PENDING", "LATE", "PAUSED"):
-                reason = (
-                    f"no worker of work pool {sent.pool!r} started flow run {sent.flow_run_id} "
-                    f"in time (is one running? prefect worker start --pool {sent.pool}); "
-                    "the run was cancelled"
-                )
-            elif state in ("RUNNING", "CANCELLING"):
-                reason = (
-                    f"flow run {sent.flow_run_id} on work pool {sent.pool!r} was still running "
-                    "at work_pool_timeout; it was asked to cancel"
-                )
-            else:
-                reason = f"flow run {sent.flow_run_id} on work pool {sent.pool!r} ended {state}" + (
-                    f": {message}" if message else ""
-                )
-        for request in sent.requests:
+        try:
+            reason = sent.error or _outcome_of(sent, target_store, got, skipped)
+        except Exception as exc:  # the child run gone, the API down: this pool only
+            reason = f"could not collect flow run {sent.flow_run_id}: {summarize(exc, 500)}"
+        for pair in sent.pairs:
+            request = pair.request
             if (request.model, request.target) in skipped:
                 continue  # up to date on the pool: reported as skipped
             outcome = got.get((request.model, request.target))
@@ -154,9 +142,37 @@ def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
             if outcome is None:
                 why = reason or f"flow run {sent.flow_run_id} reported no outcome for this pair"
                 outcome = failed_outcome(request, why)
+                # Undecided: publishing it would rewrite the pair's entry on every run
+                # while the pool is down. A new pair gets its failure recorded.
+                outcome.publish = pair.previous is None
                 logger.error("%s × %s on work pool %s: %s", *outcome.key, sent.pool, why)
             outcomes.append(outcome)
     return outcomes
+
+
+def _outcome_of(
+    sent: Dispatched,
+    target_store: Store,
+    got: dict[tuple[str, str], PairOutcome],
+    skipped: set[tuple[str, str]],
+) -> str | None:
+    """Fill ``got`` and ``skipped`` from a child that completed; otherwise why it did not."""
+    assert sent.flow_run_id is not None
+    state, message = _wait(sent.flow_run_id, sent.deadline)
+    run = f"flow run {sent.flow_run_id} on work pool {sent.pool!r}"
+    if state == "COMPLETED":
+        outcomes, done, reason = _read_results(target_store, sent)
+        got.update(outcomes)
+        skipped.update(done)
+        return reason
+    if state in ("SCHEDULED", "PENDING", "LATE", "PAUSED"):
+        return (
+            f"no worker of work pool {sent.pool!r} started flow run {sent.flow_run_id} in "
+            f"time (is one running? prefect worker start --pool {sent.pool}); it was cancelled"
+        )
+    if state in ("RUNNING", "CANCELLING"):
+        return f"{run} was still running at work_pool_timeout; it was asked to cancel"
+    return f"{run} ended {state}" + (f": {message}" if message else "")
 
 
 def discard_results(store: str, dispatched: list[Dispatched]) -> None:
@@ -228,11 +244,11 @@ def _wait(run_id: UUID, deadline: float) -> tuple[str, str | None]:
                 break
             time.sleep(POLL_SECONDS)
         try:
-            if state_type in ("SCHEDULED", "PENDING"):
+            if state_type == "SCHEDULED":
                 client.set_flow_run_state(
                     run_id, Cancelled(message="the fleet compile stopped waiting")
                 )
-            elif state_type == "RUNNING":
+            elif state_type in ("PENDING", "RUNNING"):  # a worker has it: let it stop it
                 client.set_flow_run_state(
                     run_id, Cancelling(message="the fleet compile stopped waiting")
                 )
@@ -245,27 +261,35 @@ def _wait(run_id: UUID, deadline: float) -> tuple[str, str | None]:
 
 
 def sweep_results(store: str, older_than: timedelta) -> list[str]:
-    """Remove hand-over files whose fleet run is gone or ended more than ``older_than``
-    ago (a fleet run that died between its child's hand-over and its publish leaves one);
-    the keys removed."""
+    """Remove hand-over files whose fleet run ended more than ``older_than`` ago without
+    collecting them (a fleet run that died between its child's hand-over and its publish
+    leaves one); the keys removed. A file whose run this API does not know (another
+    workspace may share the store) goes only once it is a day older than that."""
     target_store = open_store(store)
+    now = datetime.now(timezone.utc)
     removed = []
     with get_client(sync_client=True) as client:
         for key in target_store.list_keys(RUNS_PREFIX):
             attempt = key[len(RUNS_PREFIX) :].split("/", 1)[0]
             try:
                 parent = UUID(attempt[:36])
-            except ValueError:
-                continue  # not a fleet run's attempt
+                stamped = datetime.fromtimestamp(int(attempt.rsplit("-", 1)[1]), timezone.utc)
+            except (ValueError, IndexError):
+                continue  # not a fleet run's hand-over
             try:
                 run = client.read_flow_run(parent)
             except ObjectNotFound:
                 run = None
-            if run is not None:
-                ended = run.end_time or run.expected_start_time
+            except Exception as exc:  # the API: try again at the next watch
+                get_run_logger().warning("sweep: reading flow run %s: %s", parent, exc)
+                continue
+            if run is None:
+                gone = stamped < now - older_than - timedelta(days=1)
+            else:
                 final = run.state is not None and run.state.is_final()
-                if not final or ended is None or ended > datetime.now(timezone.utc) - older_than:
-                    continue
-            target_store.delete(key)
-            removed.append(key)
+                ended = run.end_time or stamped
+                gone = final and ended < now - older_than
+            if gone:
+                target_store.delete(key)
+                removed.append(key)
     return removed

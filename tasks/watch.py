@@ -98,12 +98,15 @@ def watch_task(spec: str, store: str, report_max_age_days: int) -> tuple[WatchPl
     return plan, manifest.generation if manifest else 0
 
 
-def trigger_key(plan: WatchPlan, generation: int, runtime_note: str) -> str:
-    """The same findings on the same manifest start one compile, however often the watch
-    runs while that compile is queued or running."""
+def trigger_key(
+    plan: WatchPlan, generation: int, runtime_note: str, deployment: str, spec: str, store: str
+) -> str:
+    """The same findings on the same manifest of the same store start one compile, however
+    often the watch runs while that compile is queued or running. (Prefect keeps keys per
+    flow, not per deployment or store: two fleets' watches must not share one.)"""
     todo = [(p.model, p.target, p.reason) for p in plan.to_compile]
-    digest = hashlib.sha256(json.dumps([generation, runtime_note, todo]).encode()).hexdigest()
-    return f"runtime-watch:{digest[:32]}"
+    what = [deployment, spec, open_store(store).uri, generation, runtime_note, todo]
+    return f"runtime-watch:{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]}"
 
 
 def trigger_compile(
@@ -114,7 +117,7 @@ def trigger_compile(
     or was cancelled (a worker or store outage: failed compiles still complete) is followed
     by a new one."""
     models, targets = plan.compile_subset()
-    first = key = trigger_key(plan, generation, ort_version())
+    first = key = trigger_key(plan, generation, ort_version(), deployment, spec, store)
     while True:
         try:
             run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync when called here

@@ -77,13 +77,21 @@ def test_unknown_task_runner_and_stray_address_are_refused() -> None:
 
 
 def test_dask_without_an_address_starts_a_local_cluster_of_the_asked_size() -> None:
-    runner = task_runner("dask", None, workers=3)
-    assert runner.cluster_kwargs == {"n_workers": 3, "threads_per_worker": 1, "processes": True}
-    assert runner.address is None
     import dask
 
-    # compiles are child processes of the Dask worker: a daemonic worker could not start them
-    assert dask.config.get("distributed.worker.daemon") is False
+    before = dask.config.get("distributed.worker.daemon")
+    try:
+        runner = task_runner("dask", None, workers=3)
+        assert runner.cluster_kwargs == {
+            "n_workers": 3,
+            "threads_per_worker": 1,
+            "processes": True,
+        }
+        assert runner.address is None
+        # compiles are child processes of a Dask worker: a daemonic one could not start them
+        assert dask.config.get("distributed.worker.daemon") is False
+    finally:
+        dask.config.set({"distributed.worker.daemon": before})
 
 
 def test_environment_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -132,6 +132,16 @@ class Server:
         )
         return list(got.json())
 
+    def artifact(self, run_id: str, key: str) -> str:
+        got = self.http.post(
+            "/artifacts/filter",
+            json={"artifacts": {"flow_run_id": {"any_": [run_id]}, "key": {"any_": [key]}}},
+        )
+        assert got.status_code == 200, got.text
+        found = got.json()
+        assert len(found) == 1, found
+        return str(found[0]["data"])
+
     def events(self, name: str) -> list[dict[str, Any]]:
         got = self.http.post(
             "/events/filter",
@@ -347,7 +357,16 @@ def test_on_demand_run_compiles_on_both_pools_and_publishes(
     syncs = wait_until(
         lambda: deployed.flow_runs("device-sync/periodic"), 30, "the automation's device sync"
     )
-    time.sleep(2)  # any second run would have been created with the first
+    automations = deployed.http.post("/automations/filter", json={}).json()
+    (sync_on_publish,) = [
+        a for a in automations if a["trigger"].get("expect") == ["epfleet.variant.published"]
+    ]
+    trigger = sync_on_publish["trigger"]
+    assert trigger["match"]["epfleet.store"] == str(store) and trigger["within"] == 60.0
+    assert [a["deployment_id"] for a in sync_on_publish["actions"]] == [
+        deployed.deployment("device-sync/periodic")["id"]
+    ]
+    time.sleep(2)  # a second run for the same minute would have been created by now
     syncs = deployed.flow_runs("device-sync/periodic")
     assert len(syncs) == 1
     assert syncs[0]["parameters"]["store"] == str(store)
@@ -362,6 +381,8 @@ def test_on_demand_run_compiles_on_both_pools_and_publishes(
     children = deployed.flow_runs("compile-pairs/gpu-compilers")
     assert sorted(c["state"]["type"] for c in children) == ["COMPLETED", "COMPLETED"]
     assert read_manifest(store) == manifest
+    summary = deployed.artifact(again["id"], "fleet-compile-summary")
+    assert summary.startswith("**0 compiled, 6 up to date, 0 failed**"), summary
 
     # runtime-watch: the manifest now says one pair was compiled with an older QNN EP (as
     # workers with onnxruntime-qnn 2.6.0 would have published it: its fingerprint differs too)

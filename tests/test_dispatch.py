@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import eps
 from epfleet import ort_version
-from epfleet.manifest import ArtifactRef, VariantEntry, utcnow
+from epfleet.manifest import ArtifactRef, Manifest, VariantEntry, utcnow
 from epfleet.plan import CompileRequest, rebased
 from epfleet.stores import open_store
 from tasks.dispatch import PoolPair, plan_on_pool
@@ -92,6 +93,9 @@ def test_pool_pairs_without_a_deployment_or_a_worker_fail_alone(
     store = tmp_path / "store"
     try:
         report = fleet_compile(str(spec), str(store), workers=1, work_pool_timeout=3)
+        first = Manifest.from_json((store / "manifest.json").read_bytes())
+        # while the pools stay down, later runs report the same failures and publish nothing
+        again = fleet_compile(str(spec), str(store), workers=1, work_pool_timeout=3)
         with get_client(sync_client=True) as client:
             children = [r for r in client.read_flow_runs() if r.deployment_id == idle]
     finally:
@@ -103,9 +107,15 @@ def test_pool_pairs_without_a_deployment_or_a_worker_fail_alone(
     assert "no deployment compile-pairs/nowhere" in (by_target["nowhere-cpu"].error or "")
     assert by_target["idle-cpu"].status == "failed"
     assert "no worker of work pool 'idle-pool' started" in (by_target["idle-cpu"].error or "")
-    assert [c.state.type.value for c in children if c.state] == ["CANCELLED"]
-    published = open_store(str(store)).read("manifest.json")
-    assert published is not None and b'"x86-cpu"' in published.data
+    assert [c.state.type.value for c in children if c.state] == ["CANCELLED", "CANCELLED"]
+    # the new pool pairs' failures are recorded once, beside the published local pair
+    assert first.generation == 1
+    variants = first.models["tiny-cls"].variants
+    assert variants["x86-cpu"].status == "ok"
+    assert variants["idle-cpu"].status == variants["nowhere-cpu"].status == "failed"
+    assert [v.status for v in again.variants] == ["skipped", "failed", "failed"]
+    assert not again.published
+    assert Manifest.from_json((store / "manifest.json").read_bytes()) == first
 
 
 def test_events_name_only_failures_and_builds_that_changed_the_manifest() -> None:
@@ -170,13 +180,15 @@ def test_sweep_removes_hand_overs_of_ended_or_unknown_fleet_runs_only(
     with get_client(sync_client=True) as client:
         running = client.create_flow_run(ended, state=Running())
     store = open_store(str(tmp_path))
+    now, two_days_ago = int(time.time()), int(time.time()) - 2 * 86400
     keys = {
-        "ended": results_key(f"{done_id}-1-abcd1234", "gpu"),
-        "running": results_key(f"{running.id}-1-abcd1234", "gpu"),
-        "unknown": results_key(f"{uuid4()}-1-abcd1234", "gpu"),
+        "ended": results_key(f"{done_id}-1-{now}", "gpu"),
+        "running": results_key(f"{running.id}-1-{two_days_ago}", "gpu"),
+        "unknown-old": results_key(f"{uuid4()}-1-{two_days_ago}", "gpu"),
+        "unknown-new": results_key(f"{uuid4()}-1-{now}", "gpu"),  # another API's live run?
     }
     for key in keys.values():
         store.write(key, b"{}")
-    assert sweep_results(store.uri, timedelta(hours=1)) == [keys["unknown"]]
-    assert sorted(sweep_results(store.uri, timedelta(0))) == [keys["ended"]]
-    assert store.list_keys("runs/") == [keys["running"]]
+    assert sweep_results(store.uri, timedelta(hours=1)) == [keys["unknown-old"]]
+    assert sweep_results(store.uri, timedelta(0)) == [keys["ended"]]
+    assert sorted(store.list_keys("runs/")) == sorted([keys["running"], keys["unknown-new"]])

@@ -329,3 +329,25 @@ def test_trigger_starts_one_run_per_findings_and_another_after_a_failed_one(
     finally:
         with get_client(sync_client=True) as client:
             client.delete_deployment(deployment_id)
+
+
+def test_a_target_for_another_device_of_the_same_ep_does_not_serve_the_npu() -> None:
+    ov = "OpenVINOExecutionProvider"
+    spec = parse_spec(
+        {
+            "models": [{"name": "det", "source": "det.onnx"}],
+            "targets": [{"name": "ov-cpu", "ep": ov, "device": "cpu"}],
+        }
+    )
+    runtime = RUNTIME.model_copy(
+        update={"ep_versions": {ov: "1.8.1"}, "ep_packages": {ov: "onnxruntime-ep-openvino"}}
+    )
+    pc = report("pc", [(ov, "npu", 0x8086), (ov, "cpu", 0x8086)], {"det": "fallback"})
+    checks = check_pairs(spec, None, runtime)  # ov-cpu missing: the watch will compile it
+    profiles, _ = find_unserved([pc], spec, checks, runtime, NOW, timedelta(days=30))
+    assert [p.devices for p in profiles] == [["pc"]]
+    assert (
+        profiles[0]
+        .models["det"]
+        .startswith("no target in the spec for OpenVINOExecutionProvider npu")
+    )
