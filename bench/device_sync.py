@@ -33,12 +33,10 @@ import argparse
 import hashlib
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +44,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from loopback import Relay, moto_in_own_process  # noqa: E402  (bench/, beside this script)
+
 if TYPE_CHECKING:
     from epfleet.local_eps import LocalEps
 
@@ -65,61 +65,6 @@ SYNTHETIC = {  # target: ep, device, compatibility string, provider options
     "ov-npu": (OPENVINO, "npu", OV % "meta=1.0;ov=2026.4.1;npu_platform=4000", {}),
     "ov-gpu": (OPENVINO, "gpu", OV % "meta=1.0;ov=2026.4.1;gpu_arch=xe-lpg", {}),
 }
-
-MOTO = """if True:
-    import logging, sys
-    from moto.server import ThreadedMotoServer
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    print(server.get_host_and_port()[1], flush=True)
-    sys.stdin.read()  # until the benchmark closes it
-    server.stop()
-"""
-
-
-class Relay:
-    """A TCP relay on loopback that counts the bytes each way (HTTP headers included) and,
-    with ``rate`` (bytes/s), paces the downstream of all connections like one network link."""
-
-    def __init__(self, upstream_port: int, rate: float | None = None) -> None:
-        self.bytes = [0, 0]  # client to server, server to client
-        self.rate = rate
-        self._lock = threading.Lock()
-        self._free_at = 0.0
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        threading.Thread(target=self._accept, args=(upstream_port,), daemon=True).start()
-
-    def _accept(self, port: int) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", port))
-            for way, src, dst in ((0, client, upstream), (1, upstream, client)):
-                threading.Thread(target=self._pipe, args=(way, src, dst), daemon=True).start()
-
-    def _pace(self, size: int) -> None:
-        """One link shared by every connection: each chunk waits for its slot on it."""
-        assert self.rate
-        with self._lock:
-            now = time.perf_counter()
-            self._free_at = max(self._free_at, now) + size / self.rate
-            wait = self._free_at - now
-        time.sleep(wait)
-
-    def _pipe(self, way: int, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                self.bytes[way] += len(data)  # counted before the peer can see it
-                if self.rate and way == 1:
-                    self._pace(len(data))
-                dst.sendall(data)
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
 
 def fake_sha(*parts: object) -> str:
@@ -376,30 +321,20 @@ def main() -> None:
 
     from epfleet.local_eps import discover
 
-    # The S3 server runs in a child process: a device does not share its GIL and heap.
-    moto = subprocess.Popen(
-        [sys.executable, "-c", MOTO], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert moto.stdout is not None and moto.stdin is not None
-    port = int(moto.stdout.readline())
-    os.environ |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    os.environ |= {"AWS_DEFAULT_REGION": "us-east-1"}
-    os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
     work = Path(tempfile.mkdtemp(prefix="epfleet-bench-sync-"))
     try:
-        boto3.client("s3").create_bucket(Bucket=BUCKET)
-        local, discover_s = timed(discover)
-        rows: list[Row] = [("EP discovery (once, outside decide)", ms(discover_s), "", None)]
-        rows += measure_sync(args, work, port, local)
-        rows += measure_download(args, work, local, args.size_mib, "loopback")
-        # A device's real link, paced by a relay: there the network, not the CPU, limits.
-        link = Relay(port, rate=args.link_mbit * 1e6 / 8)
-        os.environ["AWS_ENDPOINT_URL"] = link.endpoint_url
-        label = f"a {args.link_mbit:.0f} Mbit/s link"
-        rows += measure_download(args, work, local, args.link_size_mib, label)
+        with moto_in_own_process() as port:
+            boto3.client("s3").create_bucket(Bucket=BUCKET)
+            local, discover_s = timed(discover)
+            rows: list[Row] = [("EP discovery (once, outside decide)", ms(discover_s), "", None)]
+            rows += measure_sync(args, work, port, local)
+            rows += measure_download(args, work, local, args.size_mib, "loopback")
+            # A device's real link, paced by a relay: there the network, not the CPU, limits.
+            link = Relay(port, rate=args.link_mbit * 1e6 / 8)
+            os.environ["AWS_ENDPOINT_URL"] = link.endpoint_url
+            label = f"a {args.link_mbit:.0f} Mbit/s link"
+            rows += measure_download(args, work, local, args.link_size_mib, label)
     finally:
-        moto.stdin.close()
-        moto.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
     print(f"\ndevice sync benchmark ({os.cpu_count()} cores, moto S3 on loopback)")
     print(f"  {'metric':<52} {'value':>20}  {'target':>8}  met")

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+
+from loopback import Relay, moto_in_own_process  # bench/, beside this script
 
 from epfleet.local_eps import DeviceInfo
 from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry, utcnow
@@ -32,47 +30,6 @@ from tasks.watch import READ_THREADS, read_reports
 BUCKET = "bench-watch"
 QNN, CPU, OV = "QNNExecutionProvider", "CPUExecutionProvider", "OpenVINOExecutionProvider"
 HTP = [(75, 57), (73, 43), (79, 69), (81, 87), (69, 36), (68, 53)]
-MOTO = """if True:
-    import logging, sys
-    from moto.server import ThreadedMotoServer
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    print(server.get_host_and_port()[1], flush=True)
-    sys.stdin.read()
-    server.stop()
-"""
-
-
-class LatencyRelay:
-    """A TCP relay on loopback that holds each request for ``latency`` seconds before passing
-    it on: the round trip to a real S3 endpoint, which loopback does not have."""
-
-    def __init__(self, upstream_port: int, latency: float) -> None:
-        self.latency = latency
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.endpoint_url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        threading.Thread(target=self._accept, args=(upstream_port,), daemon=True).start()
-
-    def _accept(self, port: int) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", port))
-            for delay, src, dst in ((self.latency, client, upstream), (0.0, upstream, client)):
-                threading.Thread(target=self._pipe, args=(delay, src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pipe(delay: float, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                time.sleep(delay)
-                dst.sendall(data)
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
 
 def fleet(models: int):  # type: ignore[no-untyped-def]
@@ -173,18 +130,8 @@ def main() -> None:
         "--latency-ms", type=float, default=20, help="round trip added for the second read"
     )
     args = parser.parse_args()
-    moto = subprocess.Popen(
-        [sys.executable, "-c", MOTO], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert moto.stdout is not None and moto.stdin is not None
-    port = int(moto.stdout.readline())
-    os.environ |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    os.environ |= {
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }
     rows = []
-    try:
+    with moto_in_own_process() as port:
         import boto3
 
         boto3.client("s3").create_bucket(Bucket=BUCKET)
@@ -211,7 +158,7 @@ def main() -> None:
         rows.append(("  speed-up", f"{seq_s / par_s:.1f}x"))
         # The same reads with a real endpoint's round trip: there the wait, not the CPU,
         # dominates, and reading many at a time pays off.
-        relay = LatencyRelay(port, args.latency_ms / 1000)
+        relay = Relay(port, latency=args.latency_ms / 1000)
         os.environ["AWS_ENDPOINT_URL"] = relay.endpoint_url
         far = open_store(f"s3://{BUCKET}")
         label = f"{args.latency_ms:.0f} ms round trip"
@@ -243,9 +190,6 @@ def main() -> None:
                 f"{list_s + par_s + check_s + find_s:.2f} s",
             )
         )
-    finally:
-        moto.stdin.close()
-        moto.wait(timeout=30)
     print(
         f"\nruntime-watch benchmark: {args.devices} device reports, {args.models} models × 8 "
         f"targets ({os.cpu_count()} cores, moto S3 on loopback in its own process)"
