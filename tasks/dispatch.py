@@ -128,8 +128,10 @@ def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
     for sent in dispatched:
         got: dict[tuple[str, str], PairOutcome] = {}
         skipped: set[tuple[str, str]] = set()
+        reason = sent.error
         try:
-            reason = sent.error or _outcome_of(sent, target_store, got, skipped)
+            if reason is None:
+                got, skipped, reason = _outcome_of(sent, target_store)
         except Exception as exc:  # the child run gone, the API down: this pool only
             reason = f"could not collect flow run {sent.flow_run_id}: {summarize(exc, 500)}"
         for pair in sent.pairs:
@@ -150,29 +152,26 @@ def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
     return outcomes
 
 
-def _outcome_of(
-    sent: Dispatched,
-    target_store: Store,
-    got: dict[tuple[str, str], PairOutcome],
-    skipped: set[tuple[str, str]],
-) -> str | None:
-    """Fill ``got`` and ``skipped`` from a child that completed; otherwise why it did not."""
+Results = tuple[dict[tuple[str, str], PairOutcome], set[tuple[str, str]], str | None]
+
+
+def _outcome_of(sent: Dispatched, target_store: Store) -> Results:
+    """The outcomes and skips of a child that completed; otherwise why it did not."""
     assert sent.flow_run_id is not None
     state, message = _wait(sent.flow_run_id, sent.deadline)
     run = f"flow run {sent.flow_run_id} on work pool {sent.pool!r}"
     if state == "COMPLETED":
-        outcomes, done, reason = _read_results(target_store, sent)
-        got.update(outcomes)
-        skipped.update(done)
-        return reason
+        return _read_results(target_store, sent)
     if state in ("SCHEDULED", "PENDING", "LATE", "PAUSED"):
-        return (
+        why = (
             f"no worker of work pool {sent.pool!r} started flow run {sent.flow_run_id} in "
             f"time (is one running? prefect worker start --pool {sent.pool}); it was cancelled"
         )
-    if state in ("RUNNING", "CANCELLING"):
-        return f"{run} was still running at work_pool_timeout; it was asked to cancel"
-    return f"{run} ended {state}" + (f": {message}" if message else "")
+    elif state in ("RUNNING", "CANCELLING"):
+        why = f"{run} was still running at work_pool_timeout; it was asked to cancel"
+    else:
+        why = f"{run} ended {state}" + (f": {message}" if message else "")
+    return {}, set(), why
 
 
 def discard_results(store: str, dispatched: list[Dispatched]) -> None:
@@ -185,9 +184,7 @@ def discard_results(store: str, dispatched: list[Dispatched]) -> None:
             get_run_logger().warning("could not remove %s: %s", sent.results_key, exc)
 
 
-def _read_results(
-    target_store: Store, sent: Dispatched
-) -> tuple[dict[tuple[str, str], PairOutcome], set[tuple[str, str]], str | None]:
+def _read_results(target_store: Store, sent: Dispatched) -> Results:
     where = f"{target_store.uri}/{sent.results_key}"
     try:
         found = target_store.read(sent.results_key)
