@@ -23,47 +23,6 @@ def variant_key(model: str, target: str, sha256: str) -> str:
     return f"variants/{model}/{target}/{sha256}.onnx"
 
 
-def fingerprint(
-    model: ModelSpec,
-    target: TargetSpec,
-    source_sha256: str,
-    ort_version: str,
-    build_identity: dict[str, str],
-) -> str:
-    """Everything that decides a pair's artifact. Same fingerprint, same artifact."""
-    return _fingerprint(
-        source_sha256,
-        model.input_shapes,
-        target.ep,
-        target.device_type,
-        target.provider_options,
-        ort_version,
-        build_identity,
-    )
-
-
-def _fingerprint(
-    source_sha256: str,
-    input_shapes: dict[str, list[int]],
-    ep: str,
-    device: str,
-    provider_options: dict[str, str],
-    ort_version: str,
-    build_identity: dict[str, str],
-) -> str:
-    payload = {
-        "recipe": RECIPE_VERSION,
-        "source_sha256": source_sha256,
-        "input_shapes": input_shapes,
-        "ep": ep,
-        "device": device,
-        "provider_options": provider_options,
-        "ort_version": ort_version,
-        "build": build_identity,
-    }
-    return sha256_bytes(json.dumps(payload, sort_keys=True).encode())
-
-
 class CompileRequest(BaseModel):
     """What a compile task needs: names, store keys and digests, never a loaded model."""
 
@@ -79,24 +38,24 @@ class CompileRequest(BaseModel):
     fingerprint: str
 
 
-def rebased(
+def fingerprinted(
     request: CompileRequest, ort_version: str, build_identity: dict[str, str]
 ) -> CompileRequest:
-    """The request as a machine with these versions would build it: the fingerprint of a
-    pair bound to a work pool is decided there, by the pool's ORT and EP packages."""
-    return request.model_copy(
-        update={
-            "fingerprint": _fingerprint(
-                request.source_sha256,
-                request.input_shapes,
-                request.ep,
-                request.device,
-                request.provider_options,
-                ort_version,
-                build_identity,
-            )
-        }
-    )
+    """The request with the fingerprint these ORT and EP package versions give it:
+    everything that decides the pair's artifact. Same fingerprint, same artifact. (A pair
+    bound to a work pool is fingerprinted there, with the pool's packages.)"""
+    payload = {
+        "recipe": RECIPE_VERSION,
+        "source_sha256": request.source_sha256,
+        "input_shapes": request.input_shapes,
+        "ep": request.ep,
+        "device": request.device,
+        "provider_options": request.provider_options,
+        "ort_version": ort_version,
+        "build": build_identity,
+    }
+    digest = sha256_bytes(json.dumps(payload, sort_keys=True).encode())
+    return request.model_copy(update={"fingerprint": digest})
 
 
 class PlannedPair(BaseModel):
@@ -125,7 +84,7 @@ def plan_pairs(
     planned = []
     for model, target in pairs:
         source = sources[model.name]
-        request = CompileRequest(
+        unfingerprinted = CompileRequest(
             model=model.name,
             target=target.name,
             ep=target.ep,
@@ -135,10 +94,9 @@ def plan_pairs(
             source_key=source.uri,
             source_sha256=source.sha256,
             source_size=source.size,
-            fingerprint=fingerprint(
-                model, target, source.sha256, ort_version, build_identities[target.ep]
-            ),
+            fingerprint="",
         )
+        request = fingerprinted(unfingerprinted, ort_version, build_identities[target.ep])
         entry = manifest.models.get(model.name) if manifest else None
         previous = entry.variants.get(target.name) if entry else None
         action: Literal["compile", "skip"]

@@ -27,7 +27,7 @@ import eps
 from epfleet import ort_version
 from epfleet.errors import StoreError, summarize
 from epfleet.manifest import VariantEntry
-from epfleet.plan import CompileRequest, PlannedPair, decide_pair, rebased
+from epfleet.plan import CompileRequest, PlannedPair, decide_pair, fingerprinted
 from epfleet.stores import Store, open_store
 from tasks.compile import PairOutcome, failed_outcome
 
@@ -204,7 +204,9 @@ def plan_on_pool(
     target_store = open_store(store)
     todo, skipped = [], []
     for pair in pairs:
-        request = rebased(pair.request, ort_version(), eps.load(pair.request.ep).build_identity())
+        request = fingerprinted(
+            pair.request, ort_version(), eps.load(pair.request.ep).build_identity()
+        )
         action, _ = decide_pair(request, pair.previous, force, target_store.size)
         if action == "compile":
             todo.append(request)

@@ -8,7 +8,7 @@ from pathlib import Path
 import eps
 from epfleet import ort_version
 from epfleet.manifest import ArtifactRef, Manifest, VariantEntry, utcnow
-from epfleet.plan import CompileRequest, rebased
+from epfleet.plan import CompileRequest, fingerprinted
 from epfleet.stores import open_store
 from tasks.dispatch import PoolPair, plan_on_pool
 
@@ -49,7 +49,7 @@ def built(fingerprint: str) -> VariantEntry:
 def test_the_pool_skips_what_it_built_and_rebuilds_after_its_own_upgrade(tmp_path: Path) -> None:
     store = open_store(str(tmp_path))
     store.write(f"variants/det/pool-cpu/{SHA}.onnx", b"abc")
-    here = rebased(request(), ort_version(), eps.load(CPU).build_identity()).fingerprint
+    here = fingerprinted(request(), ort_version(), eps.load(CPU).build_identity()).fingerprint
     assert here != "planned-elsewhere"
 
     todo, skipped = plan_on_pool(
@@ -57,7 +57,7 @@ def test_the_pool_skips_what_it_built_and_rebuilds_after_its_own_upgrade(tmp_pat
     )
     assert (todo, skipped) == ([], [("det", "pool-cpu")])
 
-    older = rebased(request(), ort_version(), {"package": "onnxruntime", "version": "1.31.0"})
+    older = fingerprinted(request(), ort_version(), {"package": "onnxruntime", "version": "1.31.0"})
     todo, skipped = plan_on_pool(
         [PoolPair(request=request(), previous=built(older.fingerprint))], store.uri, False
     )
