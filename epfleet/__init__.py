@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 # Bumped whenever the compile recipe changes in a way that changes artifacts
 # (shape fixing, metadata stamping, compile flags): it is part of every pair's
 # fingerprint, so a new recipe recompiles the fleet.
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 
 # Compiles run in worker processes; more than this on one machine is a typo.
 MAX_WORKERS = 64

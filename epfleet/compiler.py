@@ -7,9 +7,11 @@ on the EP's name: every EP fact comes from the EP's module.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -20,10 +22,13 @@ from epfleet import RECIPE_VERSION, ort_version
 from epfleet.errors import CompileError, summarize
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
+from epfleet.manifest import Coverage
 from epfleet.plan import CompileRequest
 from epfleet.shapes import prepare_model
+from eps.base import GraphOptimization, ort_level
 
 COMPATIBILITY_KEY_PREFIX = "ep_compatibility_info."
+EP_CONTEXT_OP = "EPContext"
 
 
 class CompileJob(BaseModel):
@@ -41,6 +46,7 @@ class CompileOutput(BaseModel):
     compatibility_string: str
     compatibility_written_by: str  # "ep" or "epfleet"
     seconds: float
+    coverage: Coverage | None = None
 
 
 def compatibility_key(ep_name: str) -> str:
@@ -80,7 +86,9 @@ def compile_job(job: CompileJob) -> CompileOutput:
     try:
         raw = scratch / "raw.onnx"
         try:
-            module.build(src, raw, request.provider_options, request.device)
+            module.build(
+                src, raw, request.provider_options, request.device, request.graph_optimization
+            )
         except CompileError:
             raise
         except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidArgument subclasses
@@ -91,6 +99,11 @@ def compile_job(job: CompileJob) -> CompileOutput:
             raise CompileError(f"{request.ep} wrote no model for {request.model!r}")
         data, string, written_by = _stamp(request, module, raw)
         raw.unlink()
+        coverage = measure_coverage(
+            onnx.load_from_string(data),
+            module.partitions_graph,
+            lambda: optimized_node_count(src, request.graph_optimization),
+        )
         artifact = scratch / "artifact.onnx"
         atomic_write_bytes(artifact, data)
     except BaseException:
@@ -103,6 +116,59 @@ def compile_job(job: CompileJob) -> CompileOutput:
         compatibility_string=string,
         compatibility_written_by=written_by,
         seconds=round(time.perf_counter() - started, 3),
+        coverage=coverage,
+    )
+
+
+def measure_coverage(
+    variant: onnx.ModelProto, partitions_graph: bool, source_nodes: Callable[[], int]
+) -> Coverage:
+    """How much of the source the EP took. In an EPContext model each of the EP's
+    partitions is one EPContext node and every other node is left to ORT's CPU EP, so
+    the EP's share is the optimised source's node count less those left over
+    (``source_nodes`` counts it, only when needed)."""
+    if not partitions_graph:
+        count = len(variant.graph.node)
+        return Coverage(ep_nodes=count, other_nodes=0, fraction=1.0)
+    contexts = [node for node in variant.graph.node if node.op_type == EP_CONTEXT_OP]
+    others = [node for node in variant.graph.node if node.op_type != EP_CONTEXT_OP]
+    if not others:
+        return Coverage(ep_nodes=max(len(contexts), source_nodes()), other_nodes=0, fraction=1.0)
+    ep_nodes = max(len(contexts), source_nodes() - len(others))
+    return Coverage(
+        ep_nodes=ep_nodes,
+        other_nodes=len(others),
+        fraction=round(ep_nodes / (ep_nodes + len(others)), 4),
+        other_op_types=sorted({node.op_type for node in others}),
+    )
+
+
+@functools.cache
+def optimized_node_count(src: Path, optimization: GraphOptimization) -> int:
+    """Nodes of ``src`` after ORT's optimisation at ``optimization`` on the CPU EP: the
+    graph an EP is offered at that level (basic rewrites do not depend on the EP)."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as scratch:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort_level(optimization)
+        options.optimized_model_filepath = str(Path(scratch) / "optimized.onnx")
+        ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
+    return len(optimized.graph.node)
+
+
+def check_coverage(request: CompileRequest, coverage: Coverage | None) -> None:
+    """CompileError naming what the EP left out when it took less than the target needs."""
+    if request.min_coverage is None or coverage is None:
+        return
+    if coverage.fraction >= request.min_coverage:
+        return
+    raise CompileError(
+        f"{request.ep} took {coverage.fraction:.0%} of {request.model!r} "
+        f"({coverage.ep_nodes} of {coverage.ep_nodes + coverage.other_nodes} nodes), below the "
+        f"target's min_coverage {request.min_coverage:g}; left out: "
+        f"{', '.join(coverage.other_op_types)}"
     )
 
 

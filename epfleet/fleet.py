@@ -6,13 +6,14 @@ answer an up-to-date fleet without starting a flow run.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -24,17 +25,20 @@ from epfleet import ort_version
 from epfleet.compiler import CompileJob
 from epfleet.errors import (
     BadInputError,
+    EpfleetError,
     IntegrityError,
     PreconditionFailed,
     StoreError,
 )
-from epfleet.hashing import sha256_file
-from epfleet.manifest import Manifest, SourceEntry, VariantEntry, merge
-from epfleet.plan import CompileRequest, PlannedPair, plan_pairs, source_key
+from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.manifest import Manifest, SamplesRef, SourceEntry, VariantEntry, merge
+from epfleet.plan import CompileRequest, PlannedPair, plan_pairs, samples_key, source_key
+from epfleet.samples import GOLDEN_VERSION
 from epfleet.shapes import prepare_model, uses_external_data
 from epfleet.spec import FleetSpec, ModelSpec, TargetSpec, load_spec
 from epfleet.stores import MANIFEST_KEY, Store, open_store, split_uri
 from epfleet.stores.local import local_path
+from epfleet.verify import GoldenJob, golden_for
 
 DEFAULT_STORE = "./epfleet-store"
 PUBLISH_ATTEMPTS = 20
@@ -53,6 +57,10 @@ class RunPlan(BaseModel):
     published_sources: dict[str, SourceEntry | None] = Field(
         description="Each model's source entry in the manifest when this run planned"
     )
+    samples: dict[str, SamplesRef | None] = Field(
+        default_factory=dict, description="Each model's golden samples (verification)"
+    )
+    published_samples: dict[str, SamplesRef | None] = Field(default_factory=dict)
 
     @property
     def to_compile(self) -> list[PlannedPair]:
@@ -79,7 +87,11 @@ class RunPlan(BaseModel):
     @property
     def is_noop(self) -> bool:
         """Nothing to compile and nothing new to publish: the fleet is up to date."""
-        return not self.to_compile and self.published_sources == self.sources
+        return (
+            not self.to_compile
+            and self.published_sources == self.sources
+            and self.published_samples == self.samples
+        )
 
 
 class PairResult(BaseModel):
@@ -92,6 +104,9 @@ class PairResult(BaseModel):
     size: int | None = None
     seconds: float | None = None
     error: str | None = None
+    coverage: float | None = None
+    verification: Literal["passed", "failed", "unverified"] | None = None
+    max_rel_error: float | None = None
 
     @classmethod
     def of(
@@ -112,6 +127,11 @@ class PairResult(BaseModel):
             size=artifact.size if artifact else None,
             seconds=seconds,
             error=entry.error if entry and status == "failed" else None,
+            coverage=entry.coverage.fraction if entry and entry.coverage else None,
+            verification=entry.verification.status if entry and entry.verification else None,
+            max_rel_error=(
+                entry.verification.max_rel_error if entry and entry.verification else None
+            ),
         )
 
 
@@ -159,9 +179,12 @@ def local_source(uri: str) -> Iterator[Path]:
         yield dest
 
 
-def stage_source(model: ModelSpec, uri: str, static_eps: set[str], store: Store) -> SourceEntry:
+def stage_source(
+    model: ModelSpec, uri: str, static_eps: set[str], store: Store
+) -> tuple[SourceEntry, onnx.ModelProto]:
     """Hash the source, check that its input_shapes apply (and leave every input static
-    when an EP in ``static_eps`` needs that), and upload it content-addressed, once."""
+    when an EP in ``static_eps`` needs that), and upload it content-addressed, once.
+    Also returns the source with its shapes fixed."""
     with local_source(uri) as path:
         sha256, size = sha256_file(path)
         try:
@@ -185,13 +208,65 @@ def stage_source(model: ModelSpec, uri: str, static_eps: set[str], store: Store)
         key = source_key(sha256)
         if store.size(key) != size:
             store.upload(key, path, sha256)
-    return SourceEntry(uri=key, sha256=sha256, size=size, input_shapes=model.input_shapes)
+    entry = SourceEntry(uri=key, sha256=sha256, size=size, input_shapes=model.input_shapes)
+    return entry, loaded
+
+
+def stage_samples(
+    model: ModelSpec,
+    samples_uri: str | None,
+    source: SourceEntry,
+    prepared: onnx.ModelProto,
+    published: SamplesRef | None,
+    store: Store,
+) -> SamplesRef:
+    """The model's golden samples: the spec's sample inputs (or seeded generated ones) and
+    the source's outputs for them on the CPU EP, uploaded content-addressed. Reused from
+    the manifest while what made them is unchanged, so reference outputs do not drift
+    with the machine or ORT version that plans. EpfleetError when the source does not
+    run on the CPU EP; BadInputError for a samples file that does not fit the model."""
+    with ExitStack() as stack:
+        samples_path = stack.enter_context(local_source(samples_uri)) if samples_uri else None
+        samples_sha = sha256_file(samples_path)[0] if samples_path else None
+        basis = sha256_bytes(
+            json.dumps([GOLDEN_VERSION, source.sha256, source.input_shapes, samples_sha]).encode()
+        )
+        if (
+            published is not None
+            and published.basis == basis
+            and store.size(published.uri) == published.size
+        ):
+            return published
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=_scratch_root())))
+        prepared_path, golden = scratch / "source.onnx", scratch / "golden.npz"
+        onnx.save(prepared, str(prepared_path))
+        job = GoldenJob(
+            source_path=str(prepared_path),
+            input_shapes=source.input_shapes,
+            samples_path=str(samples_path) if samples_path else None,
+            dest=str(golden),
+        )
+        try:
+            count = golden_for(job)
+        except BadInputError as exc:
+            raise BadInputError(f"models[{model.name}].samples {samples_uri}: {exc}") from None
+        sha256, size = sha256_file(golden)
+        key = samples_key(sha256)
+        if store.size(key) != size:
+            store.upload(key, golden, sha256)
+    return SamplesRef(uri=key, sha256=sha256, size=size, count=count, basis=basis)
+
+
+def _scratch_root() -> Path:
+    root = cache_dir() / "work"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
 
 
 def fetch_verified(store: Store, key: str, sha256: str, size: int) -> Path:
     """``key`` in this worker's content-addressed cache, downloaded and checked by sha256
     and size before it is used (a bad download never enters the cache)."""
-    path = cache_dir() / "sources" / f"{sha256}.onnx"
+    path = cache_dir() / "sources" / f"{sha256}{Path(key).suffix}"
     if path.exists() and path.stat().st_size == size:
         return path
     scratch = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
@@ -244,12 +319,20 @@ def publish(
     sources: dict[str, SourceEntry],
     planned_on: dict[str, SourceEntry | None],
     variants: dict[tuple[str, str], VariantEntry],
+    samples: dict[str, SamplesRef | None] | None = None,
 ) -> Published:
     """Read-modify-write the manifest with compare-and-swap, retrying lost races
     (see ``merge`` for what a run may change)."""
     for attempt in range(PUBLISH_ATTEMPTS):
         current, etag = read_manifest(store)
-        merged = merge(current, sources, planned_on, variants)
+        merged = merge(
+            current,
+            sources,
+            planned_on,
+            variants,
+            samples,
+            present=lambda ref: store.size(ref.uri) == ref.size,
+        )
         if merged.manifest is None:
             return Published(manifest=current, published=False, conflicts=merged.conflicts)
         data = merged.manifest.to_json()
@@ -295,15 +378,33 @@ def plan_run(
     for model, target in pairs:
         needs_static = eps.load(target.ep).requires_static_shapes
         static_eps.setdefault(model.name, set()).update([target.ep] if needs_static else [])
-    sources = {
-        name: stage_source(
-            spec.model(name), resolve_source(spec_path, spec.model(name).source), static, store
-        )
-        for name, static in static_eps.items()
-    }
     manifest, _ = read_manifest(store)
-    planned = plan_pairs(pairs, sources, manifest, ort_version(), identities, force, store.size)
     published = manifest.models if manifest else {}
+    sources: dict[str, SourceEntry] = {}
+    samples: dict[str, SamplesRef | None] = {}
+    problems: dict[str, str] = {}
+    for name, static in static_eps.items():
+        model = spec.model(name)
+        sources[name], prepared = stage_source(
+            model, resolve_source(spec_path, model.source), static, store
+        )
+        before = published.get(name)
+        try:
+            samples[name] = stage_samples(
+                model,
+                resolve_source(spec_path, model.samples) if model.samples else None,
+                sources[name],
+                prepared,
+                before.samples if before and before.source == sources[name] else None,
+                store,
+            )
+        except BadInputError:
+            raise
+        except EpfleetError as exc:
+            samples[name], problems[name] = None, f"no golden samples: {exc}"
+    planned = plan_pairs(
+        pairs, sources, samples, problems, manifest, ort_version(), identities, force, store.size
+    )
     return RunPlan(
         store=store_uri,
         sources=sources,
@@ -311,5 +412,9 @@ def plan_run(
         generation=manifest.generation if manifest else 0,
         published_sources={
             name: published[name].source if name in published else None for name in sources
+        },
+        samples=samples,
+        published_samples={
+            name: published[name].samples if name in published else None for name in sources
         },
     )

@@ -9,6 +9,7 @@ All URIs are keys relative to the store root.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
@@ -25,7 +26,7 @@ from epfleet.stores.base import check_key
 
 # Bump whenever validation tightens: a device then re-fetches, and so re-validates, the
 # manifest it cached under the older rules instead of trusting it.
-VALIDATION_RULES = "2"
+VALIDATION_RULES = "3"
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
@@ -56,6 +57,42 @@ class SourceEntry(ArtifactRef):
     input_shapes: dict[str, list[int]] = Field(default_factory=dict)
 
 
+class SamplesRef(ArtifactRef):
+    """A model's golden samples: inputs and the source's outputs on the CPU EP (``.npz``)."""
+
+    count: int = Field(ge=1, description="How many samples it holds")
+    basis: str = Field(
+        description="Hash of what made it (source, input shapes, the spec's samples file)"
+    )
+
+
+class Coverage(_Strict):
+    """How much of the source graph the EP took."""
+
+    ep_nodes: int = Field(ge=0, description="Source nodes inside the EP's partitions")
+    other_nodes: int = Field(ge=0, description="Nodes left to other EPs (ORT's CPU EP)")
+    fraction: float = Field(ge=0, le=1, description="ep_nodes / all nodes; 1.0 is a full compile")
+    other_op_types: list[str] = Field(default_factory=list)
+
+
+class Verification(_Strict):
+    """Whether the variant was run on the compile host and matched its source."""
+
+    status: Literal["passed", "failed", "unverified"]
+    runner: str | None = Field(default=None, description="The EPs that ran it, and where")
+    samples: int = Field(default=0, ge=0)
+    max_abs_error: float | None = None
+    max_rel_error: float | None = Field(
+        default=None, description="max |variant - source| / range of the source's output"
+    )
+    top1_agreement: float | None = Field(
+        default=None, description="Share of class-score rows whose argmax agrees"
+    )
+    tolerance: float | None = Field(default=None, description="Largest max_rel_error accepted")
+    seconds: float | None = None
+    reason: str | None = Field(default=None, description="Why it failed or was not run")
+
+
 class VariantEntry(_Strict):
     ep: str
     device: Literal["cpu", "gpu", "npu"]
@@ -71,6 +108,8 @@ class VariantEntry(_Strict):
     fingerprint: str = Field(
         description="Hash of everything that decides the artifact; unchanged means up to date"
     )
+    coverage: Coverage | None = None
+    verification: Verification | None = None
 
     @model_validator(mode="after")
     def _status_fields(self) -> VariantEntry:
@@ -81,13 +120,33 @@ class VariantEntry(_Strict):
         return self
 
     def same_build(self, other: VariantEntry) -> bool:
-        """Equal but for when it was compiled: publishing it again would change nothing."""
-        ignore = {"compiled_at"}
-        return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)
+        """Equal but for when it was compiled and how long its checks took: publishing it
+        again would change nothing."""
+        ignore: dict[str, object] = {"compiled_at": True, "verification": {"seconds"}}
+        return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)  # type: ignore[arg-type]
+
+    def rebuilt_alike(self, other: VariantEntry) -> bool:
+        """Whether ``other``, a fresh build of this published one, is the same build with
+        other bytes: same fingerprint (every input, recipe and package version), same
+        compatibility string, and both verified alike. EPs such as QNN are not
+        byte-stable, and a device must not download a variant again for that."""
+        return (
+            self.status == other.status == "ok"
+            and self.fingerprint == other.fingerprint
+            and self.compatibility_string == other.compatibility_string
+            and _verified(self) == _verified(other)
+        )
+
+
+def _verified(entry: VariantEntry) -> str | None:
+    return entry.verification.status if entry.verification else None
 
 
 class ModelEntry(_Strict):
     source: SourceEntry
+    samples: SamplesRef | None = Field(
+        default=None, description="Golden samples a device checks a new variant against"
+    )
     variants: dict[Name, VariantEntry] = Field(
         default_factory=dict, description="Keyed by target name"
     )
@@ -124,6 +183,8 @@ def merge(
     sources: dict[str, SourceEntry],
     planned_on: dict[str, SourceEntry | None],
     variants: dict[tuple[str, str], VariantEntry],
+    samples: dict[str, SamplesRef | None] | None = None,
+    present: Callable[[ArtifactRef], bool] | None = None,
 ) -> Merged:
     """Apply one run's sources and (model, target) results to ``current``.
 
@@ -139,6 +200,9 @@ def merge(
       is left as they published it and reported in ``conflicts``.
     - A failed compile never replaces a working build. If the failure was for other
       inputs (a new fingerprint), the working entry records it in ``error``.
+    - A rebuild that is the same build with other bytes (``rebuilt_alike``) keeps the
+      published artifact while ``present`` says it is still in the store.
+    - ``samples`` sets each model's golden samples.
     """
     base = current or Manifest()
     models = {name: entry.model_copy(deep=True) for name, entry in base.models.items()}
@@ -153,6 +217,11 @@ def merge(
             continue
         models[name] = ModelEntry(source=source)
         changed = True
+    for name, golden in (samples or {}).items():
+        if name in conflicts or name not in models or models[name].samples == golden:
+            continue
+        models[name].samples = golden
+        changed = True
     for (model_name, target), variant in variants.items():
         if model_name in conflicts:
             continue
@@ -164,6 +233,14 @@ def merge(
             variant = previous.model_copy(
                 update={"error": f"kept this build; a newer compile failed: {variant.error}"}
             )
+        if (
+            previous is not None
+            and previous.artifact is not None
+            and present is not None
+            and previous.rebuilt_alike(variant)
+            and present(previous.artifact)
+        ):
+            variant = variant.model_copy(update={"artifact": previous.artifact})
         if previous is not None and previous.same_build(variant):
             continue
         entry.variants[target] = variant

@@ -10,13 +10,17 @@ from pydantic import BaseModel, Field
 
 from epfleet import RECIPE_VERSION
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Manifest, SourceEntry, VariantEntry
+from epfleet.manifest import Manifest, SamplesRef, SourceEntry, VariantEntry
 from epfleet.spec import ModelSpec, TargetSpec
-from eps.base import DeviceType
+from eps.base import DeviceType, GraphOptimization
 
 
 def source_key(sha256: str) -> str:
     return f"sources/{sha256}.onnx"
+
+
+def samples_key(sha256: str) -> str:
+    return f"samples/{sha256}.npz"
 
 
 def variant_key(model: str, target: str, sha256: str) -> str:
@@ -35,6 +39,17 @@ class CompileRequest(BaseModel):
     source_key: str
     source_sha256: str
     source_size: int
+    graph_optimization: GraphOptimization
+    min_coverage: float | None = None
+    verify: bool = True
+    tolerance: float
+    verify_timeout: float = 600
+    samples: SamplesRef | None = Field(
+        default=None, description="The model's golden samples, verification's reference"
+    )
+    samples_problem: str | None = Field(
+        default=None, description="Why the model has no golden samples"
+    )
     fingerprint: str
 
 
@@ -42,8 +57,9 @@ def fingerprinted(
     request: CompileRequest, ort_version: str, build_identity: dict[str, str]
 ) -> CompileRequest:
     """The request with the fingerprint these ORT and EP package versions give it:
-    everything that decides the pair's artifact. Same fingerprint, same artifact. (A pair
-    bound to a work pool is fingerprinted there, with the pool's packages.)"""
+    everything that decides the pair's artifact and whether it is published (recipe,
+    coverage floor, verification settings and samples). Same fingerprint, same build. (A
+    pair bound to a work pool is fingerprinted there, with the pool's packages.)"""
     payload = {
         "recipe": RECIPE_VERSION,
         "source_sha256": request.source_sha256,
@@ -51,6 +67,11 @@ def fingerprinted(
         "ep": request.ep,
         "device": request.device,
         "provider_options": request.provider_options,
+        "graph_optimization": request.graph_optimization,
+        "min_coverage": request.min_coverage,
+        "verify": request.verify,
+        "tolerance": request.tolerance,
+        "samples": request.samples.basis if request.samples else None,
         "ort_version": ort_version,
         "build": build_identity,
     }
@@ -73,6 +94,8 @@ class PlannedPair(BaseModel):
 def plan_pairs(
     pairs: list[tuple[ModelSpec, TargetSpec]],
     sources: dict[str, SourceEntry],
+    samples: dict[str, SamplesRef | None],
+    samples_problems: dict[str, str],
     manifest: Manifest | None,
     ort_version: str,
     build_identities: dict[str, dict[str, str]],
@@ -94,6 +117,13 @@ def plan_pairs(
             source_key=source.uri,
             source_sha256=source.sha256,
             source_size=source.size,
+            graph_optimization=target.graph_optimization or "basic",
+            min_coverage=target.min_coverage,
+            verify=target.verify,
+            tolerance=target.tolerance or 0.0,
+            verify_timeout=target.verify_timeout,
+            samples=samples.get(model.name),
+            samples_problem=samples_problems.get(model.name),
             fingerprint="",
         )
         request = fingerprinted(unfingerprinted, ort_version, build_identities[target.ep])

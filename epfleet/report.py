@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from epfleet.fleet import PairResult, RunReport
-from epfleet.manifest import Manifest
+from epfleet.manifest import Manifest, VariantEntry
 
 if TYPE_CHECKING:
     from epfleet.sync import DeviceReport
@@ -28,6 +28,12 @@ def cell(result: PairResult) -> str:
         parts.append(f"{result.seconds:.2f} s")
     if result.size is not None:
         parts.append(format_bytes(result.size))
+    if result.coverage is not None:
+        parts.append(f"{result.coverage:.0%} on EP")
+    if result.verification == "passed" and result.max_rel_error is not None:
+        parts.append(f"verified {result.max_rel_error:.2%}")
+    elif result.verification is not None:
+        parts.append(result.verification)
     return " · ".join(parts)
 
 
@@ -78,6 +84,8 @@ def render_manifest(manifest: Manifest, store: str) -> str:
                     v.device,
                     v.status,
                     format_bytes(v.artifact.size if v.artifact else None),
+                    f"{v.coverage.fraction:.0%}" if v.coverage else "-",
+                    _verified(v),
                     v.compiled_at.strftime("%Y-%m-%d %H:%M"),
                     v.compatibility_string or (v.error or "")[:60],
                 ]
@@ -88,8 +96,18 @@ def render_manifest(manifest: Manifest, store: str) -> str:
         if manifest.published_at
         else f"{store}/manifest.json  generation {manifest.generation}"
     )
-    headers = ["model", "target", "ep", "device", "status", "size", "compiled", "compatibility"]
+    headers = ["model", "target", "ep", "device", "status", "size", "coverage", "verified"]
+    headers += ["compiled", "compatibility"]
     return header + "\n" + table(headers, rows)
+
+
+def _verified(variant: VariantEntry) -> str:
+    check = variant.verification
+    if check is None:
+        return "-"
+    if check.status == "passed" and check.max_rel_error is not None:
+        return f"passed {check.max_rel_error:.2%}"
+    return check.status
 
 
 def device_rows(report: DeviceReport) -> list[dict[str, str]]:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 import eps
 from epfleet.errors import BadInputError
 from epfleet.manifest import NAME_PATTERN
-from eps.base import DeviceType
+from eps.base import DeviceType, GraphOptimization
 
 WORK_POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -27,6 +27,13 @@ class ModelSpec(BaseModel):
     input_shapes: dict[str, list[int]] = Field(
         default_factory=dict,
         description="Fixed shape per input name, for symbolic or unknown dims",
+    )
+    samples: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Sample inputs for verification: an .npz of arrays by input name "
+        "(relative to the spec); an extra leading axis holds several samples. "
+        "Omitted: seeded generated inputs",
     )
 
     @field_validator("input_shapes")
@@ -61,6 +68,31 @@ class TargetSpec(BaseModel):
         description="Prefect work pool whose workers compile this target (hardware-bound "
         "EPs); the fleet flow runs deployment compile-pairs/<work_pool> for its pairs. "
         "Omitted: the pairs compile where the fleet flow runs",
+    )
+
+    graph_optimization: GraphOptimization | None = Field(
+        default=None,
+        description="ORT graph optimisation level the variant is compiled at; the EP "
+        "module's default (basic for EPContext compiles) when omitted",
+    )
+    min_coverage: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Smallest share of the graph the EP must take (1.0: full compile)",
+    )
+    verify: bool = Field(
+        default=True,
+        description="Run each new variant on this host and compare it with its source",
+    )
+    tolerance: float | None = Field(
+        default=None,
+        gt=0,
+        description="Largest output error accepted, relative to the output's range; the EP "
+        "module's default for the target's precision when omitted",
+    )
+    verify_timeout: float = Field(
+        default=600, gt=0, description="Seconds one verification may take"
     )
 
     @property
@@ -100,6 +132,10 @@ class TargetSpec(BaseModel):
             module.check_options(self.provider_options)
         except ValueError as exc:
             raise ValueError(f"provider_options: {exc}") from None
+        if self.graph_optimization is None:
+            self.graph_optimization = module.default_graph_optimization
+        if self.tolerance is None:
+            self.tolerance = module.default_tolerance(self.provider_options)
         if self.device is None:
             self.device = module.default_device(self.provider_options)
         elif self.device not in module.device_types:

@@ -48,7 +48,7 @@ from epfleet.manifest import (
     VariantEntry,
     utcnow,
 )
-from epfleet.plan import CompileRequest
+from epfleet.plan import CompileRequest, fingerprinted
 from epfleet.pool import CompilePool
 from epfleet.selection import DEFAULT_PREFERENCE, ActiveVariant, Considered, Step, decide
 from epfleet.stores import MANIFEST_KEY, UNCHANGED, Store, open_store
@@ -576,21 +576,25 @@ class ModelSync:
         self, model: str, entry: ModelEntry, source: Path, ep: str, local: LocalTarget
     ) -> _Done:
         target = local_target_name(ep)
-        identity = eps.load(ep).build_identity()
-        source_entry = entry.source
-        fingerprinted = [RECIPE_VERSION, source_entry.sha256, source_entry.input_shapes, ep]
-        fingerprinted += [local.provider_options, ort_version(), identity]
-        request = CompileRequest(
-            model=model,
-            target=target,
-            ep=ep,
-            device=local.device,
-            provider_options=local.provider_options,
-            input_shapes=entry.source.input_shapes,
-            source_key=entry.source.uri,
-            source_sha256=entry.source.sha256,
-            source_size=entry.source.size,
-            fingerprint=sha256_bytes(json.dumps(fingerprinted, sort_keys=True).encode()),
+        module = eps.load(ep)
+        request = fingerprinted(
+            CompileRequest(
+                model=model,
+                target=target,
+                ep=ep,
+                device=local.device,
+                provider_options=local.provider_options,
+                input_shapes=entry.source.input_shapes,
+                source_key=entry.source.uri,
+                source_sha256=entry.source.sha256,
+                source_size=entry.source.size,
+                graph_optimization=module.default_graph_optimization,
+                tolerance=module.default_tolerance(local.provider_options),
+                samples=entry.samples,
+                fingerprint="",
+            ),
+            ort_version(),
+            module.build_identity(),
         )
         self.log(f"{model}: recompiling locally for {ep} ({local.device})")
         workdir = str(self.cache.scratch())

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from epfleet.errors import MissingExtraError, NoDeviceError
+from eps.base import GraphOptimization, ort_level
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -88,8 +89,14 @@ def compile_ep_context(
     src: Path,
     dst: Path,
     provider_options: Mapping[str, str],
+    optimization: GraphOptimization,
 ) -> None:
     """Compile ``src`` into an EPContext model at ``dst`` with ORT's compile API.
+
+    ``optimization`` matters: the compile API defaults to ORT_DISABLE_ALL, which leaves
+    the shape sub-graphs that fixed input shapes made constant (Shape, Gather, Range,
+    Reshape) unfolded, so an NPU EP takes only parts of typical real models, and such
+    partial HTP models do not run. At ORT_ENABLE_BASIC they fold and the EP takes all.
 
     ERROR_IF_NO_NODES_COMPILED turns a compile in which the EP took no node into
     an error, instead of a "variant" that is the source model in disguise.
@@ -102,6 +109,7 @@ def compile_ep_context(
         options,
         str(src),
         embed_compiled_data_into_model=True,
+        graph_optimization_level=ort_level(optimization),
         flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED,
     )
     compiler.compile_to_file(str(dst))

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 
 from epfleet import ort_version
 from epfleet.errors import NoDeviceError
-from eps.base import DeviceType, Judgement, LocalTarget, Verdict
+from eps.base import (
+    FP32_TOLERANCE,
+    DeviceType,
+    GraphOptimization,
+    Judgement,
+    LocalTarget,
+    Verdict,
+    ort_level,
+)
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -33,6 +41,14 @@ device_types: frozenset[DeviceType] = frozenset({"cpu"})
 STRING_PREFIX = "epfleet-cpu/1"
 NCHWC_DOMAIN = "com.microsoft.nchwc"
 _FIELDS = ("ort", "arch", "isa", "nchwc")
+
+
+partitions_graph = False
+default_graph_optimization: GraphOptimization = "all"
+
+
+def default_tolerance(provider_options: Mapping[str, str]) -> float:
+    return FP32_TOLERANCE
 
 
 def default_device(provider_options: Mapping[str, str]) -> DeviceType:
@@ -103,7 +119,13 @@ def devices() -> list[onnxruntime.OrtEpDevice]:
     return [d for d in ort.get_ep_devices() if d.ep_name == name]
 
 
-def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
+def build(
+    src: Path,
+    dst: Path,
+    provider_options: Mapping[str, str],
+    device: DeviceType,
+    optimization: GraphOptimization,
+) -> None:
     import onnxruntime as ort
 
     here = {"arch": machine_arch(), "isa": isa_class()}
@@ -115,7 +137,7 @@ def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: Dev
                 f"{here['arch']}/{here['isa']}); compile this target on a matching worker"
             )
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = ort_level(optimization)
     options.optimized_model_filepath = str(dst)
     ort.InferenceSession(str(src), options, providers=[name])
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from epfleet.errors import NoDeviceError
 from eps import _plugin
-from eps.base import DeviceType, Judgement, LocalTarget
+from eps.base import FP16_TOLERANCE, DeviceType, GraphOptimization, Judgement, LocalTarget
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -30,6 +30,15 @@ _PLUGIN = _plugin.Plugin(
     name, module="onnxruntime_ep_openvino", extra="openvino", package="onnxruntime-ep-openvino"
 )
 _IGNORED_IN_PLUGIN_MODE = ("device_type", "precision")
+
+
+partitions_graph = True
+default_graph_optimization: GraphOptimization = "basic"
+
+
+def default_tolerance(provider_options: Mapping[str, str]) -> float:
+    """Its NPU and GPU devices compute in fp16 by default."""
+    return FP16_TOLERANCE
 
 
 def default_device(provider_options: Mapping[str, str]) -> DeviceType:
@@ -62,8 +71,14 @@ def _devices_of_type(device: DeviceType) -> list[onnxruntime.OrtEpDevice]:
     return found
 
 
-def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
-    _plugin.compile_ep_context(_devices_of_type(device), src, dst, provider_options)
+def build(
+    src: Path,
+    dst: Path,
+    provider_options: Mapping[str, str],
+    device: DeviceType,
+    optimization: GraphOptimization,
+) -> None:
+    _plugin.compile_ep_context(_devices_of_type(device), src, dst, provider_options, optimization)
 
 
 def generate_compatibility_string(artifact: Path) -> str | None:

@@ -19,8 +19,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from epfleet.errors import NoDeviceError
 from eps import _plugin
-from eps.base import DeviceType, Judgement, LocalTarget
+from eps.base import (
+    FP16_TOLERANCE,
+    FP32_TOLERANCE,
+    DeviceType,
+    GraphOptimization,
+    Judgement,
+    LocalTarget,
+)
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -36,6 +44,17 @@ _HTP_ARCHS = {"68", "69", "73", "75", "79", "81"}
 
 
 _DEVICE_OF_BACKEND: dict[str, DeviceType] = {"htp": "npu", "gpu": "gpu", "cpu": "cpu"}
+
+
+partitions_graph = True
+default_graph_optimization: GraphOptimization = "basic"
+
+
+def default_tolerance(provider_options: Mapping[str, str]) -> float:
+    """The HTP computes float models in fp16 (or quantised); the CPU backend in fp32."""
+    if provider_options.get("backend_type", "htp") == "cpu":
+        return FP32_TOLERANCE
+    return FP16_TOLERANCE
 
 
 def default_device(provider_options: Mapping[str, str]) -> DeviceType:
@@ -62,8 +81,14 @@ def devices() -> list[onnxruntime.OrtEpDevice]:
     return _PLUGIN.devices()
 
 
-def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
-    _plugin.compile_ep_context(_PLUGIN.require_devices(), src, dst, provider_options)
+def build(
+    src: Path,
+    dst: Path,
+    provider_options: Mapping[str, str],
+    device: DeviceType,
+    optimization: GraphOptimization,
+) -> None:
+    _plugin.compile_ep_context(_PLUGIN.require_devices(), src, dst, provider_options, optimization)
 
 
 def generate_compatibility_string(artifact: Path) -> str | None:
@@ -77,7 +102,12 @@ def judge(compatibility_string: str) -> Judgement | None:
 def configure_session(
     options: onnxruntime.SessionOptions, provider_options: Mapping[str, str], device: DeviceType
 ) -> None:
-    _plugin.add_devices(options, _PLUGIN.require_devices(), provider_options)
+    """An HTP variant runs on an NPU, and on an x86 host through the plugin's HTP backend,
+    which executes the context binary on the CPU; a GPU variant needs an Adreno GPU."""
+    found = _PLUGIN.require_devices()
+    if device == "gpu" and not _plugin.has_device_type(found, "gpu"):
+        raise NoDeviceError(f"no {name} GPU device here")
+    _plugin.add_devices(options, found, provider_options)
 
 
 def local_target(devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eps import _plugin
-from eps.base import DeviceType, Judgement, LocalTarget
+from eps.base import FP16_TOLERANCE, DeviceType, GraphOptimization, Judgement, LocalTarget
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -29,6 +29,15 @@ _PLUGIN = _plugin.Plugin(
     extra="trt-rtx",
     package="onnxruntime-ep-nv-tensorrt-rtx",
 )
+
+
+partitions_graph = True
+default_graph_optimization: GraphOptimization = "basic"
+
+
+def default_tolerance(provider_options: Mapping[str, str]) -> float:
+    """Its NPU and GPU devices compute in fp16 by default."""
+    return FP16_TOLERANCE
 
 
 def default_device(provider_options: Mapping[str, str]) -> DeviceType:
@@ -49,8 +58,14 @@ def devices() -> list[onnxruntime.OrtEpDevice]:
     return _PLUGIN.devices()
 
 
-def build(src: Path, dst: Path, provider_options: Mapping[str, str], device: DeviceType) -> None:
-    _plugin.compile_ep_context(_PLUGIN.require_devices(), src, dst, provider_options)
+def build(
+    src: Path,
+    dst: Path,
+    provider_options: Mapping[str, str],
+    device: DeviceType,
+    optimization: GraphOptimization,
+) -> None:
+    _plugin.compile_ep_context(_PLUGIN.require_devices(), src, dst, provider_options, optimization)
 
 
 def generate_compatibility_string(artifact: Path) -> str | None:

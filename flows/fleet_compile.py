@@ -78,7 +78,7 @@ def _publish(plan: RunPlan, outcomes: list[PairOutcome], store: str) -> RunRepor
     in_spec_order = [
         (*key, by_key[key].entry) for key in keys if key in by_key and by_key[key].publish
     ]
-    outcome = publish_task(store, plan.sources, plan.published_sources, in_spec_order)
+    outcome = publish_task(store, plan.sources, plan.published_sources, in_spec_order, plan.samples)
     results = {key: o.result for key, o in by_key.items()}
     for key, result in results.items():
         if key[0] in outcome.conflicts and result.status == "ok":

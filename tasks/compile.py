@@ -13,13 +13,29 @@ from pydantic import BaseModel, Field
 
 import eps
 from epfleet import ort_version
-from epfleet.compiler import discard
-from epfleet.errors import IntegrityError, TransientStoreError
-from epfleet.fleet import PairResult, Published, RunPlan, compile_job_for, plan_run, publish
-from epfleet.manifest import ArtifactRef, SourceEntry, VariantEntry, utcnow
+from epfleet.compiler import CompileOutput, check_coverage, discard
+from epfleet.errors import CompileError, IntegrityError, TransientStoreError
+from epfleet.fleet import (
+    PairResult,
+    Published,
+    RunPlan,
+    compile_job_for,
+    fetch_verified,
+    plan_run,
+    publish,
+)
+from epfleet.manifest import (
+    ArtifactRef,
+    SamplesRef,
+    SourceEntry,
+    VariantEntry,
+    Verification,
+    utcnow,
+)
 from epfleet.plan import CompileRequest, variant_key
 from epfleet.pool import shared_pool
-from epfleet.stores import open_store
+from epfleet.stores import Store, open_store
+from epfleet.verify import VerifyJob, skipped, verify_artifact
 
 
 class CompiledVariant(BaseModel):
@@ -92,18 +108,25 @@ def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledV
     target_store = open_store(store)
     output = shared_pool(workers).run(compile_job_for(request, target_store))
     key = variant_key(request.model, request.target, output.sha256)
+    logger = get_run_logger()
     try:
+        check_coverage(request, output.coverage)
+        verification = verify_output(request, output, target_store)
+        if verification.status == "failed":
+            raise CompileError(f"verification failed: {verification.reason}")
         if target_store.size(key) != output.size:
             target_store.upload(key, Path(output.artifact_path), output.sha256)
     finally:
         discard(output)
-    get_run_logger().info(
-        "%s × %s: compiled in %.2f s, %d bytes, %s",
+    logger.info(
+        "%s × %s: compiled in %.2f s, %d bytes, %s; coverage %s; verification %s",
         request.model,
         request.target,
         output.seconds,
         output.size,
         output.compatibility_string,
+        f"{output.coverage.fraction:.0%}" if output.coverage else "-",
+        describe_verification(verification),
     )
     entry = VariantEntry(
         ep=request.ep,
@@ -117,8 +140,40 @@ def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledV
         status="ok",
         source_sha256=request.source_sha256,
         fingerprint=request.fingerprint,
+        coverage=output.coverage,
+        verification=verification,
     )
     return CompiledVariant(entry=entry, seconds=output.seconds)
+
+
+def verify_output(request: CompileRequest, output: CompileOutput, store: Store) -> Verification:
+    """Run the fresh variant with its own EP on the model's golden samples, in a killable
+    worker, and compare with the source's outputs."""
+    if not request.verify:
+        return skipped("not run: verify is false for this target")
+    if request.samples is None:
+        return skipped(request.samples_problem or "not run: the model has no golden samples")
+    samples = request.samples
+    golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
+    job = VerifyJob(
+        label=f"{request.model} × {request.target}",
+        artifact_path=output.artifact_path,
+        golden_path=str(golden),
+        ep=request.ep,
+        device=request.device,
+        provider_options=request.provider_options,
+        tolerance=request.tolerance,
+    )
+    return verify_artifact(job, request.verify_timeout)
+
+
+def describe_verification(verification: Verification) -> str:
+    if verification.status == "passed":
+        return (
+            f"passed ({verification.max_rel_error:.2%} of range, tolerance "
+            f"{verification.tolerance:.2%}, {verification.seconds:.2f} s)"
+        )
+    return f"{verification.status}: {verification.reason}"
 
 
 def failed_entry(request: CompileRequest, error: str) -> VariantEntry:
@@ -152,8 +207,11 @@ def publish_task(
     sources: dict[str, SourceEntry],
     planned_on: dict[str, SourceEntry | None],
     variants: list[tuple[str, str, VariantEntry]],
+    samples: dict[str, SamplesRef | None] | None = None,
 ) -> Published:
-    outcome = publish(open_store(store), sources, planned_on, {(m, t): v for m, t, v in variants})
+    outcome = publish(
+        open_store(store), sources, planned_on, {(m, t): v for m, t, v in variants}, samples
+    )
     logger = get_run_logger()
     if outcome.published and outcome.manifest is not None:
         logger.info("published %s/manifest.json generation %d", store, outcome.manifest.generation)

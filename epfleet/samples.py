@@ -1,0 +1,218 @@
+"""Sample inputs, golden files and output comparison (pure: numpy and files, no ORT).
+
+A golden file is an ``.npz`` holding each sample's inputs and the source model's
+outputs on the CPU EP for them:
+
+    input/<k>/<input name>     the k-th sample's input arrays
+    output/<k>/<index>         the source's outputs for it, in output order
+
+It is written byte for byte the same for the same arrays (fixed zip timestamps),
+so it can be stored content-addressed.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Bumped when generated inputs or the golden layout change: part of every golden's basis.
+GOLDEN_VERSION = "1"
+GENERATED_SEED = 20261130
+_ZIP_DATE = (2020, 1, 1, 0, 0, 0)
+
+# ORT's element type names -> numpy dtypes.
+NUMPY_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int8)": "int8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+}
+
+Sample = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    name: str
+    dtype: str  # numpy dtype name
+    shape: list[int]
+
+
+def generated_samples(inputs: list[InputInfo], count: int = 1) -> list[Sample]:
+    """Seeded inputs by dtype: floats uniform in [-1, 1), integers in {0, 1}, random bools.
+    Small integers keep index-like inputs (token ids, Gather indices) in range."""
+    rng = np.random.default_rng(GENERATED_SEED)
+    samples = []
+    for _ in range(count):
+        sample: Sample = {}
+        for info in inputs:
+            dtype = np.dtype(info.dtype)
+            if dtype.kind == "f":
+                sample[info.name] = rng.uniform(-1, 1, info.shape).astype(dtype)
+            elif dtype.kind == "b":
+                sample[info.name] = rng.integers(0, 2, info.shape).astype(bool)
+            else:
+                sample[info.name] = rng.integers(0, 2, info.shape).astype(dtype)
+        samples.append(sample)
+    return samples
+
+
+def load_samples(path: Path, inputs: list[InputInfo]) -> list[Sample]:
+    """Samples from a user's ``.npz`` of arrays by input name. An array shaped like its
+    input is one sample; one with an extra leading axis holds that many samples.
+    ValueError naming the array when it does not fit."""
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path} is not a readable .npz file: {exc}") from None
+    with archive:
+        arrays = {name: archive[name] for name in archive.files}
+    expected = {info.name: info for info in inputs}
+    unknown = sorted(set(arrays) - set(expected))
+    if unknown:
+        raise ValueError(
+            f"{path} has arrays {unknown} that are not model inputs; the inputs are "
+            f"{sorted(expected)}"
+        )
+    missing = sorted(set(expected) - set(arrays))
+    if missing:
+        raise ValueError(f"{path} lacks arrays for inputs {missing}")
+    counts = {}
+    for name, array in arrays.items():
+        info = expected[name]
+        if list(array.shape) == info.shape:
+            counts[name] = 0
+        elif list(array.shape[1:]) == info.shape and array.shape[0] > 0:
+            counts[name] = array.shape[0]
+        else:
+            raise ValueError(
+                f"{path}: array {name!r} has shape {list(array.shape)}; input {name!r} takes "
+                f"{info.shape} (one sample) or [N, {', '.join(map(str, info.shape))}] (N samples)"
+            )
+        if array.dtype != np.dtype(info.dtype):
+            raise ValueError(
+                f"{path}: array {name!r} is {array.dtype}; input {name!r} takes {info.dtype}"
+            )
+    sizes = set(counts.values())
+    if len(sizes) > 1:
+        raise ValueError(f"{path}: arrays hold different numbers of samples: {counts}")
+    count = sizes.pop()
+    if count == 0:
+        return [arrays]
+    return [{name: array[k] for name, array in arrays.items()} for k in range(count)]
+
+
+def write_golden(path: Path, samples: list[Sample], outputs: list[list[np.ndarray]]) -> None:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for k, sample in enumerate(samples):
+            for name in sorted(sample):
+                _add(archive, f"input/{k}/{name}", sample[name])
+            for index, array in enumerate(outputs[k]):
+                _add(archive, f"output/{k}/{index}", array)
+
+
+def _add(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    info = zipfile.ZipInfo(name + ".npy", date_time=_ZIP_DATE)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    archive.writestr(info, buffer.getvalue())
+
+
+def read_golden(path: Path) -> tuple[list[Sample], list[list[np.ndarray]]]:
+    """Each sample's inputs and reference outputs; ValueError when the file is malformed."""
+    samples: dict[int, Sample] = {}
+    outputs: dict[int, dict[int, np.ndarray]] = {}
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            for key in archive.files:
+                kind, k, name = key.split("/", 2)
+                if kind == "input":
+                    samples.setdefault(int(k), {})[name] = archive[key]
+                elif kind == "output":
+                    outputs.setdefault(int(k), {})[int(name)] = archive[key]
+                else:
+                    raise ValueError(f"unexpected array {key!r}")
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path} is not a golden samples file: {exc}") from None
+    if (
+        not samples
+        or sorted(samples) != sorted(outputs)
+        or sorted(samples) != list(range(len(samples)))
+    ):
+        raise ValueError(f"{path} is not a golden samples file: samples and outputs do not pair")
+    return (
+        [samples[k] for k in range(len(samples))],
+        [[outputs[k][i] for i in sorted(outputs[k])] for k in range(len(samples))],
+    )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    max_abs_error: float
+    max_rel_error: float
+    """max |got - ref| / (max(ref) - min(ref)), the worst output of the worst sample."""
+    worst_output: int
+    top1_agreement: float | None
+    """Share of rows whose argmax agrees, over class-score outputs ([N, C] floats)."""
+
+    def failure(self, tolerance: float) -> str | None:
+        if self.max_rel_error <= tolerance:
+            return None
+        return (
+            f"output {self.worst_output} differs from the source by "
+            f"{self.max_rel_error:.1%} of its range (tolerance {tolerance:.1%})"
+        )
+
+
+def compare(got: list[list[np.ndarray]], reference: list[list[np.ndarray]]) -> Comparison:
+    """Compare a variant's outputs with the source's, sample by sample. ValueError when
+    they do not even line up (count, shape), or when the variant gives NaN/inf where the
+    source does not."""
+    max_abs, max_rel, worst = 0.0, 0.0, 0
+    agree, rows = 0, 0
+    for k, (outs, refs) in enumerate(zip(got, reference, strict=True)):
+        if len(outs) != len(refs):
+            raise ValueError(f"sample {k}: {len(outs)} outputs, the source gives {len(refs)}")
+        for index, (out, ref) in enumerate(zip(outs, refs, strict=True)):
+            out, ref = np.asarray(out), np.asarray(ref)
+            if out.size != ref.size:
+                raise ValueError(
+                    f"output {index} has shape {list(out.shape)}, the source's {list(ref.shape)}"
+                )
+            out = out.reshape(ref.shape)
+            if ref.dtype.kind not in "fiub":
+                continue
+            out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+            finite = np.isfinite(ref64)
+            if not np.isfinite(out64[finite]).all():
+                raise ValueError(f"output {index} has NaN or inf where the source has numbers")
+            if not finite.any():
+                continue
+            diff = float(np.abs(out64[finite] - ref64[finite]).max())
+            span = float(ref64[finite].max() - ref64[finite].min())
+            rel = diff / span if span > 0 else (0.0 if diff == 0 else float("inf"))
+            max_abs = max(max_abs, diff)
+            if rel > max_rel:
+                max_rel, worst = rel, index
+            if ref.dtype.kind == "f" and ref.ndim == 2 and ref.shape[1] > 1:
+                agree += int((out64.argmax(axis=1) == ref64.argmax(axis=1)).sum())
+                rows += ref.shape[0]
+    return Comparison(
+        max_abs_error=max_abs,
+        max_rel_error=max_rel,
+        worst_output=worst,
+        top1_agreement=agree / rows if rows else None,
+    )

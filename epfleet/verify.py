@@ -1,0 +1,165 @@
+"""Verification on the compile host: run each new variant with its own EP on the model's
+golden samples and compare with the source's outputs on the CPU EP, before it is
+published.
+
+``make_golden`` and ``run_verification`` run inside killable worker processes
+(``epfleet.isolated``); ``golden_for`` and ``verify_artifact`` are what callers use.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from epfleet.errors import (
+    BadInputError,
+    EpfleetError,
+    HealthCheckError,
+    MissingExtraError,
+    summarize,
+)
+from epfleet.health import input_infos, open_session, run_samples
+from epfleet.isolated import WorkerDied, WorkerTimeout, shared_workers
+from epfleet.manifest import Verification
+from epfleet.samples import compare, generated_samples, load_samples, read_golden, write_golden
+from eps.base import DeviceType
+
+GOLDEN_TIMEOUT = 900.0
+GENERATED_COUNT = 1
+
+
+class GoldenJob(BaseModel):
+    source_path: str
+    """The source with its input shapes fixed."""
+    input_shapes: dict[str, list[int]]
+    samples_path: str | None
+    """The spec's ``samples`` file; None: seeded generated inputs."""
+    dest: str
+
+
+def make_golden(job: GoldenJob) -> int:
+    """Run the source on the CPU EP for each sample and write the golden file; the count."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(job.source_path, providers=["CPUExecutionProvider"])
+    infos = input_infos(session, job.input_shapes)
+    if job.samples_path is not None:
+        samples = load_samples(Path(job.samples_path), infos)
+    else:
+        samples = generated_samples(infos, GENERATED_COUNT)
+    outputs = run_samples(session, samples, "the source on the CPU EP")
+    write_golden(Path(job.dest), samples, outputs)
+    return len(samples)
+
+
+def golden_for(job: GoldenJob) -> int:
+    """``make_golden`` in a worker. Raises EpfleetError naming why no golden was made
+    (bad samples file, source that does not run on the CPU EP, time limit)."""
+    try:
+        return shared_workers().call(make_golden, job, GOLDEN_TIMEOUT)
+    except WorkerTimeout:
+        raise EpfleetError(
+            f"the source did not finish on the CPU EP within {GOLDEN_TIMEOUT:g} s"
+        ) from None
+    except WorkerDied as exc:
+        raise EpfleetError(f"the source crashed the CPU EP ({exc})") from None
+    except ValueError as exc:  # the samples file does not fit the model
+        raise BadInputError(str(exc)) from None
+    except EpfleetError:
+        raise
+    except Exception as exc:
+        raise EpfleetError(
+            f"the source does not run on the CPU EP: {summarize(exc, 400)}"
+        ) from None
+
+
+class VerifyJob(BaseModel):
+    label: str
+    artifact_path: str
+    golden_path: str
+    ep: str
+    device: DeviceType
+    provider_options: dict[str, str]
+    tolerance: float
+
+
+def run_verification(job: VerifyJob) -> Verification:
+    started = time.perf_counter()
+    samples, reference = read_golden(Path(job.golden_path))
+    try:
+        session = open_session(
+            job.artifact_path, job.ep, job.provider_options, job.device, job.label
+        )
+    except HealthCheckError as exc:
+        return _failed(job, str(exc), started, len(samples))
+    except (MissingExtraError, EpfleetError) as exc:  # NoDeviceError is a CompileError
+        return Verification(
+            status="unverified",
+            reason=f"this host cannot run {job.ep} on a {job.device} device: {exc}",
+            tolerance=job.tolerance,
+        )
+    runner = f"{'+'.join(session.get_providers())} on {platform.machine()}"
+    try:
+        outputs = run_samples(session, samples, f"{job.ep} loaded {job.label}")
+        comparison = compare(outputs, reference)
+    except (HealthCheckError, ValueError) as exc:
+        return _failed(job, str(exc), started, len(samples), runner)
+    return Verification(
+        status="failed" if comparison.failure(job.tolerance) else "passed",
+        runner=runner,
+        samples=len(samples),
+        max_abs_error=_rounded(comparison.max_abs_error),
+        max_rel_error=_rounded(comparison.max_rel_error),
+        top1_agreement=comparison.top1_agreement,
+        tolerance=job.tolerance,
+        seconds=round(time.perf_counter() - started, 3),
+        reason=comparison.failure(job.tolerance),
+    )
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def _failed(
+    job: VerifyJob, reason: str, started: float, samples: int, runner: str | None = None
+) -> Verification:
+    return Verification(
+        status="failed",
+        runner=runner,
+        samples=samples,
+        tolerance=job.tolerance,
+        seconds=round(time.perf_counter() - started, 3),
+        reason=reason,
+    )
+
+
+def verify_artifact(job: VerifyJob, timeout: float) -> Verification:
+    """``run_verification`` in a killable worker: a crash is ``failed``, running past
+    ``timeout`` is ``unverified``."""
+    started = time.perf_counter()
+    try:
+        return shared_workers().call(run_verification, job, timeout)
+    except WorkerTimeout:
+        return Verification(
+            status="unverified",
+            reason=f"verification ran past its time limit of {timeout:g} s (verify_timeout)",
+            tolerance=job.tolerance,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+    except WorkerDied as exc:
+        return Verification(
+            status="failed",
+            reason=f"{job.ep} crashed the process running {job.label} ({exc})",
+            tolerance=job.tolerance,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+    except ValueError as exc:
+        return Verification(status="failed", reason=str(exc), tolerance=job.tolerance)
+
+
+def skipped(reason: str) -> Verification:
+    return Verification(status="unverified", reason=reason)
