@@ -223,6 +223,9 @@ def _json_report(report: RunReport) -> dict[str, object]:
                 "artifact_uri": v.artifact_uri,
                 "seconds": v.seconds,
                 "error": v.error,
+                "coverage": v.coverage,
+                "verification": v.verification,
+                "max_rel_error": v.max_rel_error,
             }
             for v in report.variants
         ],

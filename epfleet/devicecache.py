@@ -159,6 +159,12 @@ class DeviceCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
+    def samples_file(self, sha256: str) -> Path:
+        """Where a model's golden samples are kept, content-addressed."""
+        path = self.meta / "samples" / f"{sha256}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
     def scratch(self) -> Path:
         path = self.meta / "scratch"
         path.mkdir(parents=True, exist_ok=True)

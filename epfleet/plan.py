@@ -12,7 +12,7 @@ from epfleet import RECIPE_VERSION
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Manifest, SamplesRef, SourceEntry, VariantEntry
 from epfleet.spec import ModelSpec, TargetSpec
-from eps.base import DeviceType, GraphOptimization
+from eps.base import FP16_TOLERANCE, DeviceType, GraphOptimization
 
 
 def source_key(sha256: str) -> str:
@@ -39,10 +39,10 @@ class CompileRequest(BaseModel):
     source_key: str
     source_sha256: str
     source_size: int
-    graph_optimization: GraphOptimization
+    graph_optimization: GraphOptimization = "basic"
     min_coverage: float | None = None
     verify: bool = True
-    tolerance: float
+    tolerance: float = FP16_TOLERANCE
     verify_timeout: float = 600
     samples: SamplesRef | None = Field(
         default=None, description="The model's golden samples, verification's reference"
@@ -117,10 +117,10 @@ def plan_pairs(
             source_key=source.uri,
             source_sha256=source.sha256,
             source_size=source.size,
-            graph_optimization=target.graph_optimization or "basic",
+            graph_optimization=target.graph_optimization or "basic",  # set by validation
             min_coverage=target.min_coverage,
             verify=target.verify,
-            tolerance=target.tolerance or 0.0,
+            tolerance=target.tolerance or FP16_TOLERANCE,  # set by validation
             verify_timeout=target.verify_timeout,
             samples=samples.get(model.name),
             samples_problem=samples_problems.get(model.name),

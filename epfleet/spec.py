@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 import eps
 from epfleet.errors import BadInputError
@@ -131,7 +132,15 @@ class TargetSpec(BaseModel):
         try:
             module.check_options(self.provider_options)
         except ValueError as exc:
-            raise ValueError(f"provider_options: {exc}") from None
+            key, _, problem = str(exc).partition(": ")
+            if key not in self.provider_options:
+                raise ValueError(f"provider_options: {exc}") from None
+            # The error names one option first (eps.base.check_option_keys): place it there.
+            error = PydanticCustomError("value_error", "Value error, {p}", {"p": problem})
+            where = ("provider_options", key)
+            raise ValidationError.from_exception_data(
+                "TargetSpec", [{"type": error, "loc": where, "input": self.provider_options[key]}]
+            ) from None
         if self.graph_optimization is None:
             self.graph_optimization = module.default_graph_optimization
         if self.tolerance is None:

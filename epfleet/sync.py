@@ -37,7 +37,7 @@ from epfleet.errors import (
     StoreError,
     TransientStoreError,
 )
-from epfleet.hashing import sha256_bytes
+from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.health import Health, HealthJob, check_health
 from epfleet.local_eps import DeviceInfo, LocalEps, discover, ep_versions
 from epfleet.manifest import (
@@ -483,9 +483,12 @@ class ModelSync:
         part = self.cache.partial(artifact.sha256)
         moved = self.download(artifact.uri, artifact.sha256, artifact.size, part)
         self._check_string(part, variant)
-        self._health(part, installed, entry.source.input_shapes)
+        health = self._health(part, installed, entry)
         installed = self.cache.install(model, installed, part)
-        self.log(f"{model}: downloaded {installed.name} ({moved} bytes), health check passed")
+        self.log(
+            f"{model}: downloaded {installed.name} ({moved} bytes), health check passed"
+            + (f" on {health.samples} golden samples" if health.samples else "")
+        )
         return _Done(
             installed=installed,
             action="downloaded",
@@ -517,16 +520,20 @@ class ModelSync:
                 f"the manifest says {variant.compatibility_string!r}; not activated"
             )
 
-    def _health(
-        self, path: Path, installed: Installed, input_shapes: dict[str, list[int]]
-    ) -> Health:
+    def _health(self, path: Path, installed: Installed, entry: ModelEntry) -> Health:
+        """Run the variant before activating it: on the model's golden samples, compared
+        with the source's outputs within the variant's tolerance, or on zero inputs when
+        the manifest has no samples for the model."""
+        golden = self._golden(entry)
         job = HealthJob(
             label=installed.name,
             path=str(path),
             ep=installed.ep,
             device=installed.device,
             provider_options=installed.provider_options,
-            input_shapes=input_shapes,
+            input_shapes=entry.source.input_shapes,
+            golden_path=str(golden) if golden else None,
+            tolerance=self._tolerance(installed, entry),
         )
         try:
             return self.worker.call(check_health, job, f"health-checking {installed.name}")
@@ -535,6 +542,29 @@ class ModelSync:
             if isinstance(exc, HealthCheckError):
                 raise
             raise HealthCheckError(str(exc)) from None
+
+    def _golden(self, entry: ModelEntry) -> Path | None:
+        """The model's golden samples in the cache, downloaded and verified once."""
+        samples = entry.samples
+        if samples is None:
+            return None
+        path = self.cache.samples_file(samples.sha256)
+        if path.exists() and sha256_file(path) == (samples.sha256, samples.size):
+            return path
+        self._require_store()
+        part = self.cache.partial(samples.sha256)
+        self.download(samples.uri, samples.sha256, samples.size, part)
+        os.replace(part, path)
+        return path
+
+    @staticmethod
+    def _tolerance(installed: Installed, entry: ModelEntry) -> float:
+        """What the compile host verified the variant with, else its EP's default."""
+        variant = entry.variants.get(installed.target or "")
+        verified = variant.verification if variant and installed.origin == "published" else None
+        if verified is not None and verified.tolerance is not None:
+            return verified.tolerance
+        return eps.load(installed.ep).default_tolerance(installed.provider_options)
 
     def _require_store(self) -> None:
         """Each step checks this where it first needs the store, after what the cache alone
@@ -621,7 +651,7 @@ class ModelSync:
                 mtime_ns=0,
             )
             artifact = Path(output.artifact_path)
-            self._health(artifact, installed, entry.source.input_shapes)
+            self._health(artifact, installed, entry)
             installed = self.cache.install(model, installed, artifact)
         finally:
             discard(output)
@@ -655,7 +685,7 @@ class ModelSync:
         )
         part = self.cache.partial(source.sha256)
         self.download(source.uri, source.sha256, source.size, part)
-        self._health(part, installed, source.input_shapes)
+        self._health(part, installed, entry)
         installed = self.cache.install(model, installed, part)
         return _Done(
             installed=installed,

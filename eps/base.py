@@ -8,7 +8,8 @@ EP's name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -140,3 +141,18 @@ class ExecutionProvider(Protocol):
         """How a device with these of this EP's devices recompiles a model for itself,
         or None when this EP does not build for the hardware it finds here."""
         ...
+
+
+def check_option_keys(
+    ep_name: str, provider_options: Mapping[str, str], known: Collection[str]
+) -> None:
+    """Refuse the first provider option key the EP does not take, naming its close match or
+    else every known key: ORT hands unknown keys to a plugin EP, which silently ignores them.
+
+    The message starts with the key and a colon (``htp_arc: unknown ...``), so the spec
+    places the error at ``provider_options.<key>``."""
+    for key in provider_options:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(sorted(known))}"
+            raise ValueError(f"{key}: unknown {ep_name} option; {hint}")

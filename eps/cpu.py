@@ -59,10 +59,11 @@ def default_device(provider_options: Mapping[str, str]) -> DeviceType:
 # optimised model follows the compiling worker's CPU. A worker of another class refuses.
 PIN_OPTIONS = ("arch", "isa")
 ISA_CLASSES = ("avx512", "avx2", "avx", "sse", "neon")
+OPTION_KEYS: frozenset[str] = frozenset(PIN_OPTIONS)
 
 
 def check_options(provider_options: Mapping[str, str]) -> None:
-    unknown = sorted(set(provider_options) - set(PIN_OPTIONS))
+    unknown = sorted(set(provider_options) - OPTION_KEYS)
     if unknown:
         raise ValueError(
             f"CPUExecutionProvider takes only {', '.join(PIN_OPTIONS)} (to pin the machine "

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 
 from epfleet.errors import NoDeviceError
 from eps import _plugin
-from eps.base import FP16_TOLERANCE, DeviceType, GraphOptimization, Judgement, LocalTarget
+from eps.base import (
+    FP16_TOLERANCE,
+    DeviceType,
+    GraphOptimization,
+    Judgement,
+    LocalTarget,
+    check_option_keys,
+)
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -45,7 +52,33 @@ def default_device(provider_options: Mapping[str, str]) -> DeviceType:
     return "npu"
 
 
+# The keys onnxruntime-ep-openvino 1.8.1 reads (OpenVINOEpPluginOptions::ParseProviderOptions
+# in its .so). It honours load_config, reshape_input, enable_causallm, hint_enable_gqa and
+# dump_subgraphs; it logs the rest as ignored (device_type, device_id and device_luid: pick the
+# OrtEpDevice; the others: set them through load_config).
+OPTION_KEYS: frozenset[str] = frozenset(
+    {
+        "load_config",
+        "reshape_input",
+        "enable_causallm",
+        "hint_enable_gqa",
+        "dump_subgraphs",
+        "device_type",
+        "device_id",
+        "device_luid",
+        "precision",
+        "cache_dir",
+        "num_of_threads",
+        "num_streams",
+        "model_priority",
+        "enable_opencl_throttling",
+        "enable_qdq_optimizer",
+    }
+)
+
+
 def check_options(provider_options: Mapping[str, str]) -> None:
+    check_option_keys(name, provider_options, OPTION_KEYS)
     ignored = [key for key in _IGNORED_IN_PLUGIN_MODE if key in provider_options]
     if ignored:
         raise ValueError(

@@ -28,6 +28,7 @@ from eps.base import (
     GraphOptimization,
     Judgement,
     LocalTarget,
+    check_option_keys,
 )
 
 if TYPE_CHECKING:
@@ -61,7 +62,66 @@ def default_device(provider_options: Mapping[str, str]) -> DeviceType:
     return _DEVICE_OF_BACKEND.get(provider_options.get("backend_type", "htp"), "npu")
 
 
+# The keys onnxruntime-qnn 2.7.0 reads (QnnEp's constructor in qnn_execution_provider.cc of
+# onnxruntime/onnxruntime-qnn; each confirmed in the .so's verbose log or strings).
+OPTION_KEYS: frozenset[str] = frozenset(
+    {
+        # backend
+        "backend_type",
+        "backend_path",
+        "genie_log_level",
+        "skip_qnn_version_check",
+        # target SoC and HTP graph
+        "htp_arch",
+        "soc_model",
+        "device_id",
+        "vtcm_mb",
+        "htp_performance_mode",
+        "htp_graph_finalization_optimization_mode",
+        "enable_htp_fp16_precision",
+        "enable_htp_fp16_clamp_overflow",
+        "htp_bf16_enable",
+        "enable_htp_monolithic_lstm",
+        "enable_htp_spill_fill_buffer",
+        "enable_block_quant_weight_optimization",
+        "offload_graph_io_quantization",
+        "enable_htp_graph_splitting",
+        "htp_graph_splitting_num_prepare_threads",
+        "num_graph_prepare_threads",
+        "htp_reused_io_limit_mb",
+        "extended_udma",
+        "op_packages",
+        "op_affinity",
+        # context and resources
+        "enable_htp_prepare_only",
+        "enable_htp_prepare_and_load",
+        "qnn_context_priority",
+        "rpc_control_latency",
+        "htp_share_resource_optimization",
+        "enable_vtcm_backup_buffer_sharing",
+        "disable_file_mapped_weights",
+        "enable_htp_shared_memory_allocator",
+        "enable_dx12_shared_memory_allocator",
+        # profiling and debugging dumps
+        "profiling_level",
+        "profiling_file_path",
+        "qnn_saver_path",
+        "dump_qnn_ir_dlc",
+        "dump_qnn_ir_dlc_dir",
+        "qnn_ir_backend_path",
+        "skip_backend_op_validation",
+        "dump_json_qnn_graph",
+        "json_qnn_graph_dir",
+        "dump_qnn_ep_input_graph",
+        "dump_qnn_ep_input_graph_dir",
+        "enable_framework_op_trace",
+        "framework_op_trace_dir",
+    }
+)
+
+
 def check_options(provider_options: Mapping[str, str]) -> None:
+    check_option_keys(name, provider_options, OPTION_KEYS)
     backend = provider_options.get("backend_type")
     if backend is not None and backend not in _BACKENDS:
         raise ValueError(f"backend_type {backend!r} is not one of {sorted(_BACKENDS)}")

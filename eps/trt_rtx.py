@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eps import _plugin
-from eps.base import FP16_TOLERANCE, DeviceType, GraphOptimization, Judgement, LocalTarget
+from eps.base import (
+    FP16_TOLERANCE,
+    DeviceType,
+    GraphOptimization,
+    Judgement,
+    LocalTarget,
+    check_option_keys,
+)
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -44,10 +51,34 @@ def default_device(provider_options: Mapping[str, str]) -> DeviceType:
     return "gpu"
 
 
+# The session provider options of the plugin (provider_option_names in
+# src/tensorrt_rtx_provider_options.h of NVIDIA/TensorRT-RTX-EP-ABI, which builds
+# onnxruntime-ep-nv-tensorrt-rtx, and its generated provider-options reference).
+OPTION_KEYS: frozenset[str] = frozenset(
+    {
+        "device_id",
+        "has_user_compute_stream",
+        "user_compute_stream",
+        "user_aux_stream_array",
+        "nv_max_workspace_size",
+        "nv_max_shared_mem_size",
+        "nv_dump_subgraphs",
+        "nv_detailed_build_log",
+        "nv_profile_min_shapes",
+        "nv_profile_max_shapes",
+        "nv_profile_opt_shapes",
+        "enable_cuda_graph",
+        "nv_multi_profile_enable",
+        "nv_use_external_data_initializer",
+        "nv_runtime_cache_path",
+        "nv_weight_streaming_budget",
+        "nv_op_types_to_exclude",
+    }
+)
+
+
 def check_options(provider_options: Mapping[str, str]) -> None:
-    target_sm = provider_options.get("nv_target_sm")
-    if target_sm is not None and not target_sm.startswith("sm"):
-        raise ValueError(f"nv_target_sm {target_sm!r} must look like 'sm86'")
+    check_option_keys(name, provider_options, OPTION_KEYS)
 
 
 def build_identity() -> dict[str, str]:

@@ -94,6 +94,27 @@ def npu_unfriendly() -> onnx.ModelProto:
     return _model(graph)
 
 
+def npu_partial(seed: int = 2) -> onnx.ModelProto:
+    """A model an NPU EP takes in part: a Conv, a Sigmoid and an Add it can run, and a
+    NonZero (data-dependent output shape) left to the CPU EP."""
+    rng = np.random.default_rng(seed)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 8, 8])
+    where = helper.make_tensor_value_info("where", TensorProto.INT64, [4, "k"])
+    weight = numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w")
+    one = numpy_helper.from_array(np.ones(1, np.float32), "one")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c"], ["y"]),
+        # NonZero of sigmoid + 1 selects every element, whatever the precision: in fp16 a
+        # sigmoid of a very negative value is 0, and the output's shape would follow it.
+        helper.make_node("Add", ["y", "one"], ["shifted"]),
+        helper.make_node("NonZero", ["shifted"], ["where"]),
+    ]
+    graph = helper.make_graph(nodes, "npu_partial", [x], [y, where], [weight, one])
+    return _model(graph)
+
+
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

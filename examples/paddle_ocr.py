@@ -6,10 +6,9 @@ Their inputs spell dynamic dims three ways: -1, '?' and 'p2o.DynamicDimension.N'
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
+
+from examples.wheels import fetch_wheel_models
 
 WHEEL = "rapidocr_onnxruntime==1.4.4"
 
@@ -23,17 +22,6 @@ MODELS: dict[str, tuple[str, list[int]]] = {
 
 def fetch(cache: Path, names: list[str] | None = None) -> dict[str, Path]:
     """Paths of the named models, downloading the wheel into ``cache`` once."""
-    wanted = {name: cache / MODELS[name][0] for name in names or MODELS}
-    if all(path.exists() for path in wanted.values()):
-        return wanted
-    cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), WHEEL],
-        check=True,
-        timeout=600,
-    )
-    with zipfile.ZipFile(next(cache.glob("rapidocr_onnxruntime-*.whl"))) as wheel:
-        for member in wheel.namelist():
-            if member.endswith(".onnx"):
-                (cache / Path(member).name).write_bytes(wheel.read(member))
-    return wanted
+    chosen = names or list(MODELS)
+    paths = fetch_wheel_models(cache, WHEEL, [MODELS[name][0] for name in chosen])
+    return {name: paths[MODELS[name][0]] for name in chosen}

@@ -21,7 +21,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Manifest
-from examples.build_models import npu_unfriendly, tiny_cls, tiny_det
+from examples.build_models import npu_partial, npu_unfriendly, tiny_cls, tiny_det
 
 HTP_TARGETS = [
     {
@@ -61,6 +61,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     onnx.save(tiny_cls(), out / "tiny-cls.onnx")
     onnx.save(tiny_det(), out / "tiny-det.onnx")
     onnx.save(npu_unfriendly(), out / "nonzero.onnx")
+    onnx.save(npu_partial(), out / "partial.onnx")
     return out
 
 

@@ -55,7 +55,7 @@ def test_real_build_records_nchwc_and_judges_optimal_here(tmp_path: Path) -> Non
     src = tmp_path / "det.onnx"
     onnx.save(tiny_det(), src)
     dst = tmp_path / "det.opt.onnx"
-    cpu.build(src, dst, {}, "cpu")
+    cpu.build(src, dst, {}, "cpu", "all")
     compiled = cpu.generate_compatibility_string(dst)
     assert compiled is not None
     fields = cpu.parse_string(compiled)
@@ -71,9 +71,11 @@ def test_pinned_machine_class_is_refused_on_another_worker(tmp_path: Path) -> No
     onnx.save(tiny_det(), src)
     other = "neon" if cpu.isa_class() != "neon" else "avx2"
     with pytest.raises(NoDeviceError, match=f"no CPUExecutionProvider device with isa {other}"):
-        cpu.build(src, tmp_path / "a.onnx", {"isa": other}, "cpu")
+        cpu.build(src, tmp_path / "a.onnx", {"isa": other}, "cpu", "all")
     assert not (tmp_path / "a.onnx").exists()
-    cpu.build(src, tmp_path / "b.onnx", {"isa": cpu.isa_class(), "arch": cpu.machine_arch()}, "cpu")
+    cpu.build(
+        src, tmp_path / "b.onnx", {"isa": cpu.isa_class(), "arch": cpu.machine_arch()}, "cpu", "all"
+    )
     assert (tmp_path / "b.onnx").exists()
 
 

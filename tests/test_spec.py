@@ -168,3 +168,83 @@ def test_sources_can_live_in_s3(tmp_path: Path, model_dir: Path, s3_bucket: str)
         BadInputError, match=f"source s3://{s3_bucket}/models/gone.onnx cannot be fetched"
     ):
         plan_run(spec_path, str(store))
+
+
+def test_misspelled_provider_option_is_refused_naming_the_close_match() -> None:
+    target = {"name": "sd8g3", "ep": "QNNExecutionProvider", "provider_options": {"htp_arc": 75}}
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(spec(targets=[target]))
+    assert (
+        "targets[sd8g3].provider_options.htp_arc: unknown QNNExecutionProvider option; "
+        "did you mean htp_arch?"
+    ) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        (
+            {"name": "sd8g3", "ep": "QNNExecutionProvider", "provider_options": {"npu_turbo": 1}},
+            "targets[sd8g3].provider_options.npu_turbo: unknown QNNExecutionProvider option; "
+            "known: backend_path, backend_type, device_id,",
+        ),
+        (
+            {
+                "name": "ov",
+                "ep": "OpenVINOExecutionProvider",
+                "provider_options": {"load_confg": "{}"},
+            },
+            "targets[ov].provider_options.load_confg: unknown OpenVINOExecutionProvider option; "
+            "did you mean load_config?",
+        ),
+        (
+            {
+                "name": "rtx",
+                "ep": "NvTensorRTRTXExecutionProvider",
+                "provider_options": {"nv_target_sm": "sm86"},
+            },
+            "targets[rtx].provider_options.nv_target_sm: unknown NvTensorRTRTXExecutionProvider option",
+        ),
+        (
+            {
+                "name": "cpu",
+                "ep": "CPUExecutionProvider",
+                "provider_options": {"intra_op_num_threads": 2},
+            },
+            "targets[cpu]: provider_options: CPUExecutionProvider takes only arch, isa "
+            "(to pin the machine class it is built for), got intra_op_num_threads",
+        ),
+        (
+            {
+                "name": "ov",
+                "ep": "OpenVINOExecutionProvider",
+                "provider_options": {"precision": "FP16"},
+            },
+            "targets[ov]: provider_options: precision is ignored by the OpenVINO plugin EP",
+        ),
+    ],
+)
+def test_unknown_provider_option_is_refused_for_every_ep(target: dict, expected: str) -> None:
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(spec(targets=[target]))
+    assert expected in str(raised.value)
+
+
+def test_provider_options_in_use_today_are_accepted() -> None:
+    from tests.conftest import CPU_TARGET, HTP_TARGETS
+
+    example = load_spec(Path(__file__).parent.parent / "examples" / "fleet.yaml")
+    assert {t.name for t in example.targets} == {"sd8g3-htp", "sd8g2-htp", "x86-cpu"}
+    in_use = [  # README, bench/ and tests/ (conftest's targets below)
+        ("QNNExecutionProvider", {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"}),
+        ("QNNExecutionProvider", {"htp_arch": "81", "soc_model": "87"}),
+        ("QNNExecutionProvider", {"soc_model": 57}),
+        ("CPUExecutionProvider", {"arch": "x86_64", "isa": "avx2"}),
+        ("OpenVINOExecutionProvider", {}),
+        ("NvTensorRTRTXExecutionProvider", {}),
+    ]
+    targets = [*HTP_TARGETS, CPU_TARGET] + [
+        {"name": f"t{i}", "ep": ep, "provider_options": options}
+        for i, (ep, options) in enumerate(in_use)
+    ]
+    assert len(parse_spec(spec(targets=targets)).targets) == len(targets)
