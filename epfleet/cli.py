@@ -226,6 +226,7 @@ def _json_report(report: RunReport) -> dict[str, object]:
                 "coverage": v.coverage,
                 "verification": v.verification,
                 "max_rel_error": v.max_rel_error,
+                "verification_seconds": v.verification_seconds,
             }
             for v in report.variants
         ],

@@ -107,6 +107,7 @@ class PairResult(BaseModel):
     coverage: float | None = None
     verification: Literal["passed", "failed", "unverified"] | None = None
     max_rel_error: float | None = None
+    verification_seconds: float | None = None
 
     @classmethod
     def of(
@@ -131,6 +132,9 @@ class PairResult(BaseModel):
             verification=entry.verification.status if entry and entry.verification else None,
             max_rel_error=(
                 entry.verification.max_rel_error if entry and entry.verification else None
+            ),
+            verification_seconds=(
+                entry.verification.seconds if entry and entry.verification else None
             ),
         )
 

@@ -29,6 +29,10 @@ VARIANT_KEYS = {
     "artifact_uri",
     "seconds",
     "error",
+    "coverage",
+    "verification",
+    "max_rel_error",
+    "verification_seconds",
 }
 
 

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from epfleet.manifest import ArtifactRef, Manifest, SourceEntry, VariantEntry, json_schema, merge
+from epfleet.manifest import (
+    ArtifactRef,
+    Manifest,
+    SamplesRef,
+    SourceEntry,
+    VariantEntry,
+    Verification,
+    json_schema,
+    merge,
+)
 
 SHA_A, SHA_B, SHA_C = "a" * 64, "b" * 64, "c" * 64
 
@@ -129,3 +138,46 @@ def test_published_schema_matches_the_model() -> None:
     assert json.loads(shipped.read_text()) == json.loads(json_schema()), (
         "regenerate with: epfleet manifest schema > epfleet/schema/manifest.schema.json"
     )
+
+
+def _passed(seconds: float = 1.0) -> Verification:
+    return Verification(
+        status="passed", samples=1, max_rel_error=0.008, tolerance=0.05, seconds=seconds
+    )
+
+
+def test_a_rebuild_with_other_bytes_keeps_the_published_artifact() -> None:
+    """QNN is not byte-stable: the same fingerprint, string and verification is the same
+    build, and devices must not download again for it."""
+    first = run(None, {"m": source()}, {("m", "t"): variant(verification=_passed())}).manifest
+    assert first is not None
+    other_bytes = ArtifactRef(uri=f"variants/m/t/{SHA_B}.onnx", sha256=SHA_B, size=6)
+    rebuilt = variant(artifact=other_bytes, verification=_passed(seconds=2.0))
+    planned_on = {"m": source()}
+    kept = merge(
+        first, {"m": source()}, planned_on, {("m", "t"): rebuilt}, present=lambda ref: True
+    )
+    assert kept.manifest is None  # nothing to publish: the same build
+
+    gone = merge(
+        first, {"m": source()}, planned_on, {("m", "t"): rebuilt}, present=lambda ref: False
+    )
+    assert gone.manifest is not None
+    assert gone.manifest.models["m"].variants["t"].artifact == other_bytes
+
+    new_string = rebuilt.model_copy(update={"compatibility_string": "v2:6:2.52.0:5.52.0:75:57:0:0"})
+    changed = merge(
+        first, {"m": source()}, planned_on, {("m", "t"): new_string}, present=lambda ref: True
+    )
+    assert changed.manifest is not None
+    assert changed.manifest.models["m"].variants["t"].artifact == other_bytes
+
+
+def test_golden_samples_are_set_per_model_and_kept_with_their_source() -> None:
+    golden = SamplesRef(uri=f"samples/{SHA_B}.npz", sha256=SHA_B, size=9, count=1, basis="x")
+    first = merge(
+        None, {"m": source()}, {"m": None}, {("m", "t"): variant()}, {"m": golden}
+    ).manifest
+    assert first is not None and first.models["m"].samples == golden
+    again = merge(first, {"m": source()}, {"m": source()}, {}, {"m": golden})
+    assert again.manifest is None

@@ -248,3 +248,86 @@ def test_provider_options_in_use_today_are_accepted() -> None:
         for i, (ep, options) in enumerate(in_use)
     ]
     assert len(parse_spec(spec(targets=targets)).targets) == len(targets)
+
+
+def test_recipe_and_verification_defaults_come_from_the_ep_module() -> None:
+    parsed = parse_spec(
+        spec(
+            targets=[
+                {"name": "htp", "ep": "QNNExecutionProvider", "provider_options": {"htp_arch": 75}},
+                {
+                    "name": "qnn-cpu",
+                    "ep": "QNNExecutionProvider",
+                    "provider_options": {"backend_type": "cpu"},
+                },
+                {"name": "cpu", "ep": "CPUExecutionProvider"},
+                {
+                    "name": "ov",
+                    "ep": "OpenVINOExecutionProvider",
+                    "graph_optimization": "extended",
+                    "tolerance": 0.1,
+                    "min_coverage": 0.9,
+                    "verify": False,
+                },
+            ]
+        )
+    )
+    by_name = {t.name: t for t in parsed.targets}
+    assert (by_name["htp"].graph_optimization, by_name["htp"].tolerance) == ("basic", 0.05)
+    assert by_name["qnn-cpu"].tolerance == 0.001
+    assert (by_name["cpu"].graph_optimization, by_name["cpu"].tolerance) == ("all", 0.001)
+    ov = by_name["ov"]
+    assert (ov.graph_optimization, ov.tolerance, ov.min_coverage, ov.verify) == (
+        "extended",
+        0.1,
+        0.9,
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        (
+            "graph_optimization",
+            "max",
+            "targets[t].graph_optimization: Input should be 'disable', 'basic', 'extended' or 'all'",
+        ),
+        ("min_coverage", 1.5, "targets[t].min_coverage: Input should be less than or equal to 1"),
+        ("tolerance", 0, "targets[t].tolerance: Input should be greater than 0"),
+        ("verify_timeout", -1, "targets[t].verify_timeout: Input should be greater than 0"),
+    ],
+)
+def test_bad_verification_settings_are_refused(field: str, value: object, expected: str) -> None:
+    target = {"name": "t", "ep": "QNNExecutionProvider", field: value}
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(spec(targets=[target]))
+    assert expected in str(raised.value)
+
+
+def test_the_recipe_is_part_of_the_fingerprint(tmp_path: Path) -> None:
+    from epfleet.plan import CompileRequest, fingerprinted
+
+    base = CompileRequest(
+        model="m",
+        target="t",
+        ep="QNNExecutionProvider",
+        device="npu",
+        provider_options={},
+        input_shapes={},
+        source_key="sources/x.onnx",
+        source_sha256="a" * 64,
+        source_size=1,
+        fingerprint="",
+    )
+    prints = {
+        fingerprinted(base.model_copy(update=change), "1.32.0", {"version": "2.7.0"}).fingerprint
+        for change in (
+            {},
+            {"graph_optimization": "disable"},
+            {"min_coverage": 1.0},
+            {"verify": False},
+            {"tolerance": 0.01},
+        )
+    }
+    assert len(prints) == 5

