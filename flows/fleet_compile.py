@@ -15,6 +15,7 @@ from pydantic import Field
 
 from epfleet import MAX_WORKERS
 from epfleet.fleet import DEFAULT_STORE, PairResult, RunPlan, RunReport
+from epfleet.manifest import Manifest
 from epfleet.plan import PlannedPair
 from epfleet.report import matrix_rows
 from epfleet.runners import from_environment
@@ -91,7 +92,21 @@ def _publish(plan: RunPlan, outcomes: list[PairOutcome], store: str) -> RunRepor
             )
             get_run_logger().warning("%s × %s: %s", *key, results[key].error)
     manifest = outcome.manifest
+    if manifest is not None:
+        results = {key: _as_published(result, manifest) for key, result in results.items()}
     return plan.report(results, manifest.generation if manifest else 0, outcome.published)
+
+
+def _as_published(result: PairResult, manifest: Manifest) -> PairResult:
+    """A rebuild that is the same build keeps the published artifact (see
+    ``VariantEntry.rebuilt_alike``): report the artifact devices get."""
+    model = manifest.models.get(result.model)
+    entry = model.variants.get(result.target) if model else None
+    if result.status != "ok" or entry is None or entry.artifact is None:
+        return result
+    return result.model_copy(
+        update={"artifact_uri": entry.artifact.uri, "size": entry.artifact.size}
+    )
 
 
 def _news(plan: RunPlan, report: RunReport) -> list[PairResult]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prefect.client.base import PrefectHttpxSyncClient
 
 from epfleet.local_eps import DeviceInfo
 from epfleet.manifest import Manifest, utcnow
@@ -78,7 +79,10 @@ class Server:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        self.http = httpx.Client(base_url=self.url, timeout=30)
+        # Prefect's own HTTP client: a server on SQLite answers 503 while the database is
+        # busy (a worker, the event persister and this test all write to it), and Prefect's
+        # clients retry those with backoff; a plain httpx client failed the test instead.
+        self.http = PrefectHttpxSyncClient(base_url=self.url, timeout=30, raise_on_all_errors=False)
 
         def healthy() -> bool:
             assert self.process.poll() is None, (home / "server.log").read_text()[-3000:]

@@ -317,6 +317,15 @@ def test_compile_publishes_coverage_verification_and_golden_samples(
         for target, variant in model.variants.items():
             before = manifest.models[name].variants[target].artifact
             assert variant.artifact == before, (name, target)
+    reported = {
+        (v["model"], v["target"]): v["artifact_uri"] for v in json.loads(again.stdout)["variants"]
+    }
+    assert reported == {
+        (name, target): variant.artifact.uri
+        for name, model in rebuilt.models.items()
+        for target, variant in model.variants.items()
+        if variant.artifact is not None
+    }
 
 
 def test_a_partial_compile_is_published_verified_or_refused_by_min_coverage(
