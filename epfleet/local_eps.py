@@ -20,25 +20,13 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
-
 import eps
+from epfleet.device_report import DeviceInfo
 from epfleet.errors import MissingExtraError, NoDeviceError
 from eps.base import Judgement, Verdict
 
 if TYPE_CHECKING:
     import onnxruntime
-
-
-class DeviceInfo(BaseModel):
-    """One OrtEpDevice, as a device report lists it."""
-
-    ep: str
-    type: str
-    vendor: str
-    vendor_id: int
-    device_id: int
-    ep_vendor: str
 
 
 class LocalEps:

@@ -20,13 +20,20 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 import eps
 from epfleet import RECIPE_VERSION, ort_version
 from epfleet.compiler import CompileJob, discard
+from epfleet.device_report import (
+    REPORTS_PREFIX,
+    Action,
+    DeviceReport,
+    ManifestStatus,
+    ModelReport,
+    VariantVerdict,
+)
 from epfleet.devicecache import CacheState, DeviceCache, Installed, ModelState
 from epfleet.download import Transfer
 from epfleet.errors import (
@@ -39,7 +46,7 @@ from epfleet.errors import (
 )
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.health import Health, HealthJob, check_health
-from epfleet.local_eps import DeviceInfo, LocalEps, discover, ep_versions
+from epfleet.local_eps import LocalEps, discover, ep_versions
 from epfleet.manifest import (
     NAME_PATTERN,
     VALIDATION_RULES,
@@ -55,69 +62,12 @@ from epfleet.stores import MANIFEST_KEY, UNCHANGED, Store, open_store
 from eps.base import DeviceType, Judgement, LocalTarget, Verdict
 
 DOWNLOAD_ATTEMPTS = 3
-REPORTS_PREFIX = "reports/devices"
 
 Log = Callable[[str], None]
-Action = Literal["kept", "downloaded", "recompiled", "fallback", "failed"]
 
 
 def _quiet(message: str) -> None:
     pass
-
-
-# --- reports ---------------------------------------------------------------------------
-
-
-class ManifestStatus(BaseModel):
-    status: Literal["fetched", "unchanged", "offline", "rejected"]
-    generation: int | None = Field(description="Generation of the manifest in force")
-    body_bytes: int = Field(description="Manifest bytes transferred by this fetch")
-    reason: str | None = None
-
-    @property
-    def offline(self) -> bool:
-        return self.status == "offline"
-
-
-class VariantVerdict(BaseModel):
-    target: str
-    ep: str
-    device: DeviceType
-    verdict: Verdict
-    reason: str
-
-
-class ModelReport(BaseModel):
-    model: str
-    action: Action
-    variant: str | None = Field(description="The active variant's name in the device cache")
-    target: str | None = Field(description="The fleet target it was published for")
-    ep: str | None
-    verdict: Verdict | None
-    bytes_downloaded: int
-    reason: str
-    considered: list[VariantVerdict]
-    seconds: float
-
-
-class DeviceReport(BaseModel):
-    device_id: str
-    generated_at: str
-    ort_version: str
-    ep_packages: dict[str, str]
-    devices: list[DeviceInfo]
-    store: str
-    cache: str
-    manifest: ManifestStatus
-    models: list[ModelReport]
-    seconds: float
-    report_uploaded: bool | None = None
-    report_error: str | None = None
-
-    @property
-    def exit_code(self) -> int:
-        served = {"kept", "downloaded", "recompiled"}
-        return 0 if all(m.action in served for m in self.models) else 1
 
 
 class SyncPolicy(BaseModel):

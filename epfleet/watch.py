@@ -21,9 +21,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from epfleet.device_report import DeviceReport
 from epfleet.manifest import Manifest
 from epfleet.spec import FleetSpec
-from epfleet.sync import DeviceReport
 
 PairStatus = Literal["current", "stale", "missing", "failing", "unknown"]
 UNSERVED_ACTIONS = frozenset({"recompiled", "fallback"})

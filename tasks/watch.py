@@ -17,12 +17,12 @@ from pydantic import ValidationError
 
 import eps
 from epfleet import ort_version
+from epfleet.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.errors import BadInputError, MissingExtraError
 from epfleet.fleet import read_manifest
 from epfleet.manifest import utcnow
 from epfleet.spec import FleetSpec, load_spec
 from epfleet.stores import Store, open_store
-from epfleet.sync import REPORTS_PREFIX, DeviceReport
 from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved, report_time
 from tasks.compile import retry_transient_only
 

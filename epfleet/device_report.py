@@ -1,0 +1,98 @@
+"""The device report: what a device's sync did, as it is stored under ``reports/devices/``.
+
+A shared format: the device writes it (``epfleet.device``), the fleet side reads it
+(``epfleet.watch``), so this module imports only pydantic and epfleet's pure modules,
+never ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from eps.base import DeviceType, Verdict
+
+REPORTS_PREFIX = "reports/devices"
+"""Store key prefix of the device reports: ``reports/devices/<device id>.json``."""
+
+Action = Literal["kept", "downloaded", "recompiled", "fallback", "failed"]
+SERVED_ACTIONS: frozenset[str] = frozenset({"kept", "downloaded", "recompiled"})
+"""Actions after which a model runs a variant built for this device's EPs; the others
+(``fallback``, ``failed``) make a sync exit non-zero."""
+
+
+def report_key(device_id: str) -> str:
+    """The store key of a device's report."""
+    return f"{REPORTS_PREFIX}/{device_id}.json"
+
+
+class DeviceInfo(BaseModel):
+    """One OrtEpDevice, as a device report lists it."""
+
+    ep: str
+    type: str
+    vendor: str
+    vendor_id: int
+    device_id: int
+    ep_vendor: str
+
+
+class ManifestStatus(BaseModel):
+    status: Literal["fetched", "unchanged", "offline", "rejected"]
+    generation: int | None = Field(description="Generation of the manifest in force")
+    body_bytes: int = Field(description="Manifest bytes transferred by this fetch")
+    reason: str | None = None
+
+    @property
+    def offline(self) -> bool:
+        return self.status == "offline"
+
+
+class VariantVerdict(BaseModel):
+    target: str
+    ep: str
+    device: DeviceType
+    verdict: Verdict
+    reason: str
+
+
+class ModelReport(BaseModel):
+    model: str
+    action: Action
+    variant: str | None = Field(description="The active variant's name in the device cache")
+    target: str | None = Field(description="The fleet target it was published for")
+    ep: str | None
+    verdict: Verdict | None
+    bytes_downloaded: int
+    reason: str
+    considered: list[VariantVerdict]
+    seconds: float
+
+    @property
+    def served(self) -> bool:
+        return self.action in SERVED_ACTIONS
+
+
+class DeviceReport(BaseModel):
+    device_id: str
+    generated_at: str
+    ort_version: str
+    ep_packages: dict[str, str]
+    devices: list[DeviceInfo]
+    store: str
+    cache: str
+    manifest: ManifestStatus
+    models: list[ModelReport]
+    seconds: float
+    report_uploaded: bool | None = None
+    report_error: str | None = None
+
+    @property
+    def served(self) -> int:
+        """How many models are served (see ``SERVED_ACTIONS``)."""
+        return sum(m.served for m in self.models)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.served == len(self.models) else 1
