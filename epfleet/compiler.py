@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 import eps
 from epfleet import RECIPE_VERSION, ort_version
-from epfleet.errors import CompileError, summarize
+from epfleet.errors import CompileError, ep_errors, summarize
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Coverage
@@ -86,9 +86,10 @@ def compile_job(job: CompileJob) -> CompileOutput:
     try:
         raw = scratch / "raw.onnx"
         try:
-            module.build(
-                src, raw, request.provider_options, request.device, request.graph_optimization
-            )
+            with ep_errors():
+                module.build(
+                    src, raw, request.provider_options, request.device, request.graph_optimization
+                )
         except CompileError:
             raise
         except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidArgument subclasses

@@ -1,4 +1,16 @@
-"""Errors epfleet raises on purpose, each with a message that names the offending input."""
+"""Errors epfleet raises on purpose, each with a message that names the offending input.
+
+The EP modules (``eps``) raise their own errors, ``eps.base.MissingExtraError`` and
+``eps.base.NoDeviceError``; epfleet turns them into its own subclasses of those
+with ``ep_errors()`` where an EP call's error leaves for the user or the report
+(planning, the compile worker, the health check), so that a missing package is
+bad input and a missing device fails the pair alone.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from eps import base as eps_base
 
 
 class EpfleetError(Exception):
@@ -9,7 +21,7 @@ class BadInputError(EpfleetError):
     """The user's input (spec, URI, option) is wrong; nothing was compiled or published."""
 
 
-class MissingExtraError(BadInputError):
+class MissingExtraError(BadInputError, eps_base.MissingExtraError):
     """An execution provider's pip package is not installed."""
 
 
@@ -17,7 +29,7 @@ class CompileError(EpfleetError):
     """Compiling one model for one target failed."""
 
 
-class NoDeviceError(CompileError):
+class NoDeviceError(CompileError, eps_base.NoDeviceError):
     """The EP is installed but enumerates no device on this worker."""
 
 
@@ -43,6 +55,17 @@ class PreconditionFailed(StoreError):
 
 class IntegrityError(StoreError):
     """Downloaded or stored bytes do not match the expected sha256 or size."""
+
+
+@contextmanager
+def ep_errors() -> Iterator[None]:
+    """Run calls into an EP module, raising its errors as epfleet's, message unchanged."""
+    try:
+        yield
+    except eps_base.MissingExtraError as exc:
+        raise MissingExtraError(str(exc)) from exc
+    except eps_base.NoDeviceError as exc:
+        raise NoDeviceError(str(exc)) from exc
 
 
 def summarize(exc: BaseException, limit: int) -> str:

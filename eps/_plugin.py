@@ -1,17 +1,32 @@
-"""Helpers shared by EP modules whose EP ships as an ORT plugin library."""
+"""``PluginEP``: the defaults of an EP that ships as an ORT plugin library in a pip package.
+
+A plugin EP's module subclasses it with its own facts (name, package, extra, the
+module exposing ``get_library_path()``, option keys, devices) and overrides only
+what differs: usually ``check_options``, ``default_device``, ``local_target``
+and which devices a variant compiles and runs with.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epfleet.errors import MissingExtraError, NoDeviceError
-from eps.base import GraphOptimization, ort_level
+from eps.base import (
+    FP16_TOLERANCE,
+    DeviceType,
+    GraphOptimization,
+    Judgement,
+    LocalTarget,
+    MissingExtraError,
+    NoDeviceError,
+    check_option_keys,
+    ort_level,
+)
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -20,22 +35,42 @@ _registered: set[str] = set()
 _lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class Plugin:
-    """An EP that ships as a pip package exposing ``get_library_path()``."""
+class PluginEP(ABC):
+    """An EP whose pip package exposes ``get_library_path()``; satisfies
+    ``eps.base.ExecutionProvider`` once a subclass sets the facts below and the two
+    abstract methods."""
 
-    ep_name: str
-    module: str
-    extra: str
+    name: str
     package: str
+    """The pip package holding the plugin, e.g. ``onnxruntime-qnn``."""
+    extra: str
+    """The epfleet extra that installs ``package``."""
+    library_module: str
+    """The module of ``package`` whose ``get_library_path()`` names the plugin library."""
+    option_keys: frozenset[str]
+    """The provider option keys the plugin reads (ORT hands it unknown keys silently)."""
+    device_types: frozenset[DeviceType]
+    requires_static_shapes: bool = True
+    partitions_graph: bool = True
+    default_graph_optimization: GraphOptimization = "basic"
+
+    def default_tolerance(self, provider_options: Mapping[str, str]) -> float:
+        """Plugin EPs' NPU and GPU devices compute in fp16 by default."""
+        return FP16_TOLERANCE
+
+    @abstractmethod
+    def default_device(self, provider_options: Mapping[str, str]) -> DeviceType: ...
+
+    def check_options(self, provider_options: Mapping[str, str]) -> None:
+        check_option_keys(self.name, provider_options, self.option_keys)
 
     def missing(self) -> MissingExtraError:
         return MissingExtraError(
-            f"{self.ep_name} needs the pip package {self.package!r}, which is not installed "
+            f"{self.name} needs the pip package {self.package!r}, which is not installed "
             f"here: pip install 'epfleet[{self.extra}]'"
         )
 
-    def identity(self) -> dict[str, str]:
+    def build_identity(self) -> dict[str, str]:
         try:
             version = importlib.metadata.version(self.package)
         except importlib.metadata.PackageNotFoundError as exc:
@@ -48,35 +83,65 @@ class Plugin:
         import onnxruntime as ort
 
         try:
-            plugin = importlib.import_module(self.module)
+            plugin = importlib.import_module(self.library_module)
         except ImportError as exc:
             raise self.missing() from exc
         with _lock:
-            if self.ep_name not in _registered:
+            if self.name not in _registered:
                 try:
-                    ort.register_execution_provider_library(self.ep_name, plugin.get_library_path())
+                    ort.register_execution_provider_library(self.name, plugin.get_library_path())
                 except (RuntimeError, OSError) as exc:
                     raise NoDeviceError(
-                        f"no {self.ep_name} device on this worker: its library did not load ({exc})"
+                        f"no {self.name} device on this worker: its library did not load ({exc})"
                     ) from exc
-                _registered.add(self.ep_name)
-        return [d for d in ort.get_ep_devices() if d.ep_name == self.ep_name]
+                _registered.add(self.name)
+        return [d for d in ort.get_ep_devices() if d.ep_name == self.name]
 
     def require_devices(self) -> list[onnxruntime.OrtEpDevice]:
         found = self.devices()
         if not found:
             raise NoDeviceError(
-                f"no {self.ep_name} device on this worker (the EP registered but enumerated none)"
+                f"no {self.name} device on this worker (the EP registered but enumerated none)"
             )
         return found
 
+    def compile_devices(self, device: DeviceType) -> list[onnxruntime.OrtEpDevice]:
+        """The devices a variant for ``device`` compiles with: by default all of this EP's."""
+        return self.require_devices()
 
-def add_devices(
-    options: onnxruntime.SessionOptions,
-    devices: list[onnxruntime.OrtEpDevice],
-    provider_options: Mapping[str, str],
-) -> None:
-    options.add_provider_for_devices(devices, dict(provider_options))
+    def session_devices(self, device: DeviceType) -> list[onnxruntime.OrtEpDevice]:
+        """The devices a variant for ``device`` runs on here: by default those it compiles
+        with."""
+        return self.compile_devices(device)
+
+    def build(
+        self,
+        src: Path,
+        dst: Path,
+        provider_options: Mapping[str, str],
+        device: DeviceType,
+        optimization: GraphOptimization,
+    ) -> None:
+        compile_ep_context(self.compile_devices(device), src, dst, provider_options, optimization)
+
+    def generate_compatibility_string(self, artifact: Path) -> str | None:
+        """None: a plugin EP writes its own string into the EPContext model."""
+        return None
+
+    def judge(self, compatibility_string: str) -> Judgement | None:
+        """None: ORT asks the plugin's own validator."""
+        return None
+
+    def configure_session(
+        self,
+        options: onnxruntime.SessionOptions,
+        provider_options: Mapping[str, str],
+        device: DeviceType,
+    ) -> None:
+        options.add_provider_for_devices(self.session_devices(device), dict(provider_options))
+
+    @abstractmethod
+    def local_target(self, devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None: ...
 
 
 def has_device_type(devices: list[onnxruntime.OrtEpDevice], device: str) -> bool:

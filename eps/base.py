@@ -1,14 +1,17 @@
-"""The one small interface every execution-provider module implements.
+"""The one small interface every EP object implements, and what EP modules share.
 
 An EP module holds every fact about its EP (package, extra, devices, how a
 target becomes session options, how a variant is built, how its compatibility
-string is made and judged) so that shared compile code never branches on the
-EP's name.
+string is made and judged) in one object, ``EP``, so that shared compile code
+never branches on the EP's name. The package ``eps`` imports nothing from
+``epfleet``: its errors and the ORT version helper live here.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib.metadata
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -27,6 +30,24 @@ GraphOptimization = Literal["disable", "basic", "extended", "all"]
 # and OCR models differ from the fp32 source by 0.5 to 3.2 % of the output's range.
 FP32_TOLERANCE = 1e-3
 FP16_TOLERANCE = 0.05
+
+
+class EpError(Exception):
+    """An EP cannot do what was asked on this machine; the message says why."""
+
+
+class MissingExtraError(EpError):
+    """An execution provider's pip package is not installed."""
+
+
+class NoDeviceError(EpError):
+    """The EP is installed but has no device here for what was asked."""
+
+
+@functools.cache
+def ort_version() -> str:
+    """The installed onnxruntime's version, without importing it."""
+    return importlib.metadata.version("onnxruntime")
 
 
 def ort_level(optimization: GraphOptimization) -> onnxruntime.GraphOptimizationLevel:
@@ -64,25 +85,43 @@ class LocalTarget:
 
 
 class ExecutionProvider(Protocol):
-    name: str
-    """ORT's EP name, e.g. ``QNNExecutionProvider``; the key of ``ep_compatibility_info.<name>``."""
+    """What shared code asks of an EP: the ``EP`` object of each module in ``eps/``.
 
-    extra: str | None
-    """The epfleet pip extra that installs this EP, or None when onnxruntime has it built in."""
+    The facts are read-only properties, so a class attribute of a narrower type fits."""
 
-    requires_static_shapes: bool
-    """True when every model input must have fixed dims before compiling (NPU EPs)."""
+    @property
+    def name(self) -> str:
+        """ORT's EP name, e.g. ``QNNExecutionProvider``; the key of
+        ``ep_compatibility_info.<name>``."""
+        ...
 
-    device_types: frozenset[DeviceType]
-    """The device types a variant of this EP can target."""
+    @property
+    def extra(self) -> str | None:
+        """The epfleet pip extra that installs this EP, or None when onnxruntime has it
+        built in."""
+        ...
 
-    partitions_graph: bool
-    """True when a variant is an EPContext model in which the EP's partitions are
-    EPContext nodes and other nodes are left to ORT's CPU EP; False when the EP runs
-    the whole variant."""
+    @property
+    def requires_static_shapes(self) -> bool:
+        """True when every model input must have fixed dims before compiling (NPU EPs)."""
+        ...
 
-    default_graph_optimization: GraphOptimization
-    """The level a target compiles at when the spec does not say."""
+    @property
+    def device_types(self) -> frozenset[DeviceType]:
+        """The device types a variant of this EP can target."""
+        ...
+
+    @property
+    def partitions_graph(self) -> bool:
+        """True when a variant is an EPContext model in which the EP's partitions are
+        EPContext nodes and other nodes are left to ORT's CPU EP; False when the EP runs
+        the whole variant."""
+        ...
+
+    @property
+    def default_graph_optimization(self) -> GraphOptimization:
+        """The level a target compiles at when the spec does not say."""
+        ...
 
     def default_tolerance(self, provider_options: Mapping[str, str]) -> float:
         """Largest output error, relative to the output's range, that verification
@@ -103,7 +142,8 @@ class ExecutionProvider(Protocol):
         ...
 
     def devices(self) -> list[onnxruntime.OrtEpDevice]:
-        """This EP's devices on this machine, registering its plugin library first."""
+        """This EP's devices on this machine, registering its plugin library first. Raises
+        MissingExtraError without the package, NoDeviceError when the library does not load."""
         ...
 
     def build(
@@ -116,7 +156,7 @@ class ExecutionProvider(Protocol):
     ) -> None:
         """Turn the prepared model at ``src`` into a single-file variant for ``device`` at
         ``dst``, optimising the graph at ``optimization`` first. Raises NoDeviceError when
-        this worker has no device to compile with."""
+        this worker has no device to compile with, MissingExtraError without the package."""
         ...
 
     def generate_compatibility_string(self, artifact: Path) -> str | None:
@@ -134,7 +174,8 @@ class ExecutionProvider(Protocol):
         device: DeviceType,
     ) -> None:
         """Make ``options`` run a variant of this EP on this machine's ``device``.
-        Raises NoDeviceError when there is no such device here."""
+        Raises NoDeviceError when there is no such device here, MissingExtraError without
+        the package."""
         ...
 
     def local_target(self, devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:

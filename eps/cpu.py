@@ -18,60 +18,32 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epfleet import ort_version
-from epfleet.errors import NoDeviceError
 from eps.base import (
     FP32_TOLERANCE,
     DeviceType,
+    ExecutionProvider,
     GraphOptimization,
     Judgement,
     LocalTarget,
+    NoDeviceError,
     Verdict,
     ort_level,
+    ort_version,
 )
 
 if TYPE_CHECKING:
     import onnxruntime
 
-name = "CPUExecutionProvider"
-extra: str | None = None
-requires_static_shapes = False
-device_types: frozenset[DeviceType] = frozenset({"cpu"})
-
+NAME = "CPUExecutionProvider"
 STRING_PREFIX = "epfleet-cpu/1"
 NCHWC_DOMAIN = "com.microsoft.nchwc"
 _FIELDS = ("ort", "arch", "isa", "nchwc")
-
-
-partitions_graph = False
-default_graph_optimization: GraphOptimization = "all"
-
-
-def default_tolerance(provider_options: Mapping[str, str]) -> float:
-    return FP32_TOLERANCE
-
-
-def default_device(provider_options: Mapping[str, str]) -> DeviceType:
-    return "cpu"
-
 
 # Not ORT options: they pin the machine class a CPU variant is built for, since the
 # optimised model follows the compiling worker's CPU. A worker of another class refuses.
 PIN_OPTIONS = ("arch", "isa")
 ISA_CLASSES = ("avx512", "avx2", "avx", "sse", "neon")
 OPTION_KEYS: frozenset[str] = frozenset(PIN_OPTIONS)
-
-
-def check_options(provider_options: Mapping[str, str]) -> None:
-    unknown = sorted(set(provider_options) - OPTION_KEYS)
-    if unknown:
-        raise ValueError(
-            f"CPUExecutionProvider takes only {', '.join(PIN_OPTIONS)} (to pin the machine "
-            f"class it is built for), got {', '.join(unknown)}"
-        )
-    isa = provider_options.get("isa")
-    if isa is not None and isa not in ISA_CLASSES:
-        raise ValueError(f"isa {isa!r} is not one of {', '.join(ISA_CLASSES)}")
 
 
 def machine_arch() -> str:
@@ -105,54 +77,8 @@ def isa_class() -> str:
     return "sse"
 
 
-def build_identity() -> dict[str, str]:
-    return {
-        "package": "onnxruntime",
-        "version": ort_version(),
-        "arch": machine_arch(),
-        "isa": isa_class(),
-    }
-
-
-def devices() -> list[onnxruntime.OrtEpDevice]:
-    import onnxruntime as ort
-
-    return [d for d in ort.get_ep_devices() if d.ep_name == name]
-
-
-def build(
-    src: Path,
-    dst: Path,
-    provider_options: Mapping[str, str],
-    device: DeviceType,
-    optimization: GraphOptimization,
-) -> None:
-    import onnxruntime as ort
-
-    here = {"arch": machine_arch(), "isa": isa_class()}
-    for key in PIN_OPTIONS:
-        wanted = provider_options.get(key)
-        if wanted is not None and wanted != here[key]:
-            raise NoDeviceError(
-                f"no {name} device with {key} {wanted} on this worker (it is "
-                f"{here['arch']}/{here['isa']}); compile this target on a matching worker"
-            )
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort_level(optimization)
-    options.optimized_model_filepath = str(dst)
-    ort.InferenceSession(str(src), options, providers=[name])
-
-
 def make_string(ort_version: str, arch: str, isa: str, uses_nchwc: bool) -> str:
     return f"{STRING_PREFIX};ort={ort_version};arch={arch};isa={isa};nchwc={int(uses_nchwc)}"
-
-
-def generate_compatibility_string(artifact: Path) -> str | None:
-    import onnx
-
-    model = onnx.load(str(artifact), load_external_data=False)
-    uses_nchwc = any(node.domain == NCHWC_DOMAIN for node in model.graph.node)
-    return make_string(ort_version(), machine_arch(), isa_class(), uses_nchwc)
 
 
 def parse_string(compatibility_string: str) -> dict[str, str]:
@@ -209,17 +135,91 @@ def judge_against(compatibility_string: str, *, ort_version: str, arch: str, isa
     return Judgement(Verdict.OPTIMAL, f"ORT {ort_version}, {arch}/{isa}")
 
 
-def judge(compatibility_string: str) -> Judgement | None:
-    return judge_against(
-        compatibility_string, ort_version=ort_version(), arch=machine_arch(), isa=isa_class()
-    )
+class Cpu:
+    """The CPU EP: built into onnxruntime, runs the whole variant, judges its own strings."""
+
+    name = NAME
+    extra = None
+    requires_static_shapes = False
+    device_types: frozenset[DeviceType] = frozenset({"cpu"})
+    partitions_graph = False
+    default_graph_optimization: GraphOptimization = "all"
+
+    def default_tolerance(self, provider_options: Mapping[str, str]) -> float:
+        return FP32_TOLERANCE
+
+    def default_device(self, provider_options: Mapping[str, str]) -> DeviceType:
+        return "cpu"
+
+    def check_options(self, provider_options: Mapping[str, str]) -> None:
+        unknown = sorted(set(provider_options) - OPTION_KEYS)
+        if unknown:
+            raise ValueError(
+                f"{NAME} takes only {', '.join(PIN_OPTIONS)} (to pin the machine "
+                f"class it is built for), got {', '.join(unknown)}"
+            )
+        isa = provider_options.get("isa")
+        if isa is not None and isa not in ISA_CLASSES:
+            raise ValueError(f"isa {isa!r} is not one of {', '.join(ISA_CLASSES)}")
+
+    def build_identity(self) -> dict[str, str]:
+        return {
+            "package": "onnxruntime",
+            "version": ort_version(),
+            "arch": machine_arch(),
+            "isa": isa_class(),
+        }
+
+    def devices(self) -> list[onnxruntime.OrtEpDevice]:
+        import onnxruntime as ort
+
+        return [d for d in ort.get_ep_devices() if d.ep_name == NAME]
+
+    def build(
+        self,
+        src: Path,
+        dst: Path,
+        provider_options: Mapping[str, str],
+        device: DeviceType,
+        optimization: GraphOptimization,
+    ) -> None:
+        import onnxruntime as ort
+
+        here = {"arch": machine_arch(), "isa": isa_class()}
+        for key in PIN_OPTIONS:
+            wanted = provider_options.get(key)
+            if wanted is not None and wanted != here[key]:
+                raise NoDeviceError(
+                    f"no {NAME} device with {key} {wanted} on this worker (it is "
+                    f"{here['arch']}/{here['isa']}); compile this target on a matching worker"
+                )
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort_level(optimization)
+        options.optimized_model_filepath = str(dst)
+        ort.InferenceSession(str(src), options, providers=[NAME])
+
+    def generate_compatibility_string(self, artifact: Path) -> str | None:
+        import onnx
+
+        model = onnx.load(str(artifact), load_external_data=False)
+        uses_nchwc = any(node.domain == NCHWC_DOMAIN for node in model.graph.node)
+        return make_string(ort_version(), machine_arch(), isa_class(), uses_nchwc)
+
+    def judge(self, compatibility_string: str) -> Judgement | None:
+        return judge_against(
+            compatibility_string, ort_version=ort_version(), arch=machine_arch(), isa=isa_class()
+        )
+
+    def configure_session(
+        self,
+        options: onnxruntime.SessionOptions,
+        provider_options: Mapping[str, str],
+        device: DeviceType,
+    ) -> None:
+        """Nothing to add: a session runs on the CPU EP when no other EP is configured."""
+
+    def local_target(self, devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:
+        return LocalTarget(device="cpu", provider_options={}) if devices else None
 
 
-def configure_session(
-    options: onnxruntime.SessionOptions, provider_options: Mapping[str, str], device: DeviceType
-) -> None:
-    """Nothing to add: a session runs on the CPU EP when no other EP is configured."""
-
-
-def local_target(devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:
-    return LocalTarget(device="cpu", provider_options={}) if devices else None
+EP: ExecutionProvider = Cpu()

@@ -9,52 +9,18 @@ this worker". The package pulls large CUDA/TensorRT libraries: keep it out of CI
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eps import _plugin
-from eps.base import (
-    FP16_TOLERANCE,
-    DeviceType,
-    GraphOptimization,
-    Judgement,
-    LocalTarget,
-    check_option_keys,
-)
+from eps._plugin import PluginEP
+from eps.base import DeviceType, ExecutionProvider, LocalTarget
 
 if TYPE_CHECKING:
     import onnxruntime
 
-name = "NvTensorRTRTXExecutionProvider"
-extra: str | None = "trt-rtx"
-requires_static_shapes = False
-device_types: frozenset[DeviceType] = frozenset({"gpu"})
-
-_PLUGIN = _plugin.Plugin(
-    name,
-    module="onnxruntime_ep_nv_tensorrt_rtx",
-    extra="trt-rtx",
-    package="onnxruntime-ep-nv-tensorrt-rtx",
-)
-
-
-partitions_graph = True
-default_graph_optimization: GraphOptimization = "basic"
-
-
-def default_tolerance(provider_options: Mapping[str, str]) -> float:
-    """Its NPU and GPU devices compute in fp16 by default."""
-    return FP16_TOLERANCE
-
-
-def default_device(provider_options: Mapping[str, str]) -> DeviceType:
-    return "gpu"
-
-
 # The session provider options of the plugin (provider_option_names in
 # src/tensorrt_rtx_provider_options.h of NVIDIA/TensorRT-RTX-EP-ABI, which builds
 # onnxruntime-ep-nv-tensorrt-rtx, and its generated provider-options reference).
-OPTION_KEYS: frozenset[str] = frozenset(
+OPTION_KEYS = frozenset(
     {
         "device_id",
         "has_user_compute_stream",
@@ -77,42 +43,21 @@ OPTION_KEYS: frozenset[str] = frozenset(
 )
 
 
-def check_options(provider_options: Mapping[str, str]) -> None:
-    check_option_keys(name, provider_options, OPTION_KEYS)
+class TrtRtx(PluginEP):
+    name = "NvTensorRTRTXExecutionProvider"
+    package = "onnxruntime-ep-nv-tensorrt-rtx"
+    extra = "trt-rtx"
+    library_module = "onnxruntime_ep_nv_tensorrt_rtx"
+    option_keys = OPTION_KEYS
+    device_types = frozenset({"gpu"})
+    requires_static_shapes = False
+
+    def default_device(self, provider_options: Mapping[str, str]) -> DeviceType:
+        return "gpu"
+
+    def local_target(self, devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:
+        """TensorRT-RTX builds engines for the GPU it runs on."""
+        return LocalTarget(device="gpu", provider_options={}) if devices else None
 
 
-def build_identity() -> dict[str, str]:
-    return _PLUGIN.identity()
-
-
-def devices() -> list[onnxruntime.OrtEpDevice]:
-    return _PLUGIN.devices()
-
-
-def build(
-    src: Path,
-    dst: Path,
-    provider_options: Mapping[str, str],
-    device: DeviceType,
-    optimization: GraphOptimization,
-) -> None:
-    _plugin.compile_ep_context(_PLUGIN.require_devices(), src, dst, provider_options, optimization)
-
-
-def generate_compatibility_string(artifact: Path) -> str | None:
-    return None
-
-
-def judge(compatibility_string: str) -> Judgement | None:
-    return None
-
-
-def configure_session(
-    options: onnxruntime.SessionOptions, provider_options: Mapping[str, str], device: DeviceType
-) -> None:
-    _plugin.add_devices(options, _PLUGIN.require_devices(), provider_options)
-
-
-def local_target(devices: list[onnxruntime.OrtEpDevice]) -> LocalTarget | None:
-    """TensorRT-RTX builds engines for the GPU it runs on."""
-    return LocalTarget(device="gpu", provider_options={}) if devices else None
+EP: ExecutionProvider = TrtRtx()

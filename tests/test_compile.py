@@ -19,11 +19,10 @@ from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_byt
 
 import eps
 from epfleet.compiler import CompileJob, CompileOutput, compile_job
-from epfleet.errors import CompileError, MissingExtraError, WorkerCrashed
+from epfleet.errors import CompileError, WorkerCrashed
 from epfleet.hashing import sha256_file
 from epfleet.plan import CompileRequest
 from epfleet.pool import CompilePool
-from eps import _plugin
 
 HTP = {"backend_type": "htp", "enable_htp_fp16_precision": "1"}
 
@@ -114,21 +113,6 @@ def test_model_no_node_of_which_the_npu_takes_fails_clearly(
         match=r"QNNExecutionProvider failed to compile 'nonzero'.*Unable to compile any nodes",
     ):
         worker.run(bad)
-
-
-def test_missing_plugin_package_names_the_extra() -> None:
-    fancy = _plugin.Plugin(
-        "FancyExecutionProvider",
-        module="onnxruntime_ep_fancy",
-        extra="fancy",
-        package="onnxruntime-ep-fancy",
-    )
-    for call in (fancy.identity, fancy.devices):
-        with pytest.raises(
-            MissingExtraError,
-            match=r"'onnxruntime-ep-fancy', which is not installed here: pip install 'epfleet\[fancy\]'",
-        ):
-            call()
 
 
 def crash_or_compile(j: CompileJob) -> CompileOutput:

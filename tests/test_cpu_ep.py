@@ -12,9 +12,8 @@ from onnxruntime.capi._pybind_state import (
     get_model_compatibility_for_ep_devices,
 )
 
-from epfleet.errors import NoDeviceError
 from eps import cpu
-from eps.base import Verdict
+from eps.base import NoDeviceError, Verdict
 from examples.build_models import tiny_det
 
 HERE = {"ort_version": "1.32.0", "arch": "x86_64", "isa": "avx2"}
@@ -55,14 +54,14 @@ def test_real_build_records_nchwc_and_judges_optimal_here(tmp_path: Path) -> Non
     src = tmp_path / "det.onnx"
     onnx.save(tiny_det(), src)
     dst = tmp_path / "det.opt.onnx"
-    cpu.build(src, dst, {}, "cpu", "all")
-    compiled = cpu.generate_compatibility_string(dst)
+    cpu.EP.build(src, dst, {}, "cpu", "all")
+    compiled = cpu.EP.generate_compatibility_string(dst)
     assert compiled is not None
     fields = cpu.parse_string(compiled)
     assert fields["ort"] == ort.__version__ and fields["isa"] == cpu.isa_class()
     uses_nchwc = any(n.domain == cpu.NCHWC_DOMAIN for n in onnx.load(str(dst)).graph.node)
     assert fields["nchwc"] == str(int(uses_nchwc))
-    judgement = cpu.judge(compiled)
+    judgement = cpu.EP.judge(compiled)
     assert judgement is not None and judgement.verdict == Verdict.OPTIMAL
 
 
@@ -71,9 +70,9 @@ def test_pinned_machine_class_is_refused_on_another_worker(tmp_path: Path) -> No
     onnx.save(tiny_det(), src)
     other = "neon" if cpu.isa_class() != "neon" else "avx2"
     with pytest.raises(NoDeviceError, match=f"no CPUExecutionProvider device with isa {other}"):
-        cpu.build(src, tmp_path / "a.onnx", {"isa": other}, "cpu", "all")
+        cpu.EP.build(src, tmp_path / "a.onnx", {"isa": other}, "cpu", "all")
     assert not (tmp_path / "a.onnx").exists()
-    cpu.build(
+    cpu.EP.build(
         src, tmp_path / "b.onnx", {"isa": cpu.isa_class(), "arch": cpu.machine_arch()}, "cpu", "all"
     )
     assert (tmp_path / "b.onnx").exists()
@@ -88,4 +87,4 @@ def test_pinned_machine_class_is_refused_on_another_worker(tmp_path: Path) -> No
 )
 def test_cpu_options_are_checked(options: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        cpu.check_options(options)
+        cpu.EP.check_options(options)
