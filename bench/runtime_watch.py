@@ -25,7 +25,7 @@ from epfleet.spec import parse_spec
 from epfleet.stores import open_store
 from epfleet.sync import DeviceReport, ManifestStatus, ModelReport
 from epfleet.watch import Runtime, check_pairs, find_unserved
-from tasks.watch import READ_THREADS, read_reports
+from epfleet.watch_inputs import READ_THREADS, read_reports
 
 BUCKET = "bench-watch"
 QNN, CPU, OV = "QNNExecutionProvider", "CPUExecutionProvider", "OpenVINOExecutionProvider"

@@ -20,7 +20,7 @@ from typing import Any
 from prefect import Flow, serve
 from prefect.deployments.runner import RunnerDeployment
 
-from epfleet.fleet import DEFAULT_STORE
+from epfleet.runs import DEFAULT_STORE
 from flows.device_sync import device_sync
 from flows.fleet_compile import fleet_compile
 from flows.runtime_watch import runtime_watch

@@ -28,15 +28,15 @@ from epfleet.errors import BadInputError, EpfleetError
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
 
-    from epfleet.fleet import RunPlan, RunReport
     from epfleet.pool import CompilePool
+    from epfleet.runs import RunPlan, RunReport
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from epfleet.fleet import DEFAULT_STORE
     from epfleet.runners import TASK_RUNNERS
+    from epfleet.runs import DEFAULT_STORE
 
     parser = argparse.ArgumentParser(prog="epfleet", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from epfleet.fleet import plan_run
+    from epfleet.planning import plan_run
     from epfleet.report import render_report
     from epfleet.runners import task_runner
 
@@ -180,8 +180,8 @@ def _compile(args: argparse.Namespace) -> int:
 def _prestart(plan: RunPlan, store_uri: str, workers: int) -> CompilePool:
     """Start the compiles before the flow run: importing Prefect and starting its API take
     seconds, and the flow's compile tasks collect these same jobs from the shared pool."""
-    from epfleet.fleet import compile_job_for
     from epfleet.pool import shared_pool
+    from epfleet.staging import compile_job_for
     from epfleet.stores import open_store
 
     store = open_store(store_uri)
@@ -257,7 +257,7 @@ def _sync(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from epfleet.fleet import read_manifest
+    from epfleet.publishing import read_manifest
     from epfleet.report import render_manifest
     from epfleet.stores import open_store
 

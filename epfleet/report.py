@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from epfleet.fleet import PairResult, RunReport
+from epfleet.device_report import DeviceReport
 from epfleet.manifest import Manifest, VariantEntry
-
-if TYPE_CHECKING:
-    from epfleet.sync import DeviceReport
+from epfleet.runs import PairResult, RunReport
 
 
 def format_bytes(size: int | None) -> str:

@@ -13,9 +13,10 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from epfleet import MAX_WORKERS
+from epfleet.handover import PoolPair, write_results
+from epfleet.planning import plan_on_pool
 from epfleet.runners import from_environment
 from tasks.compile import compile_all
-from tasks.dispatch import PoolPair, plan_on_pool, write_results
 
 
 @flow(

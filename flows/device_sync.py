@@ -17,8 +17,8 @@ import time
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from epfleet.fleet import DEFAULT_STORE
 from epfleet.report import device_rows, format_bytes, verdict_rows
+from epfleet.runs import DEFAULT_STORE
 from epfleet.sync import DeviceReport, ModelReport, SyncPolicy, device_id
 from tasks.sync import fetch_manifest_task, report_task, sync_model_task, wanted_models_task
 

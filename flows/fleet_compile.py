@@ -14,12 +14,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from epfleet import MAX_WORKERS
-from epfleet.fleet import DEFAULT_STORE, PairResult, RunPlan, RunReport
-from epfleet.manifest import Manifest
+from epfleet.outcomes import PairOutcome
 from epfleet.plan import PlannedPair
+from epfleet.publish_rules import news, settle, to_publish
 from epfleet.report import matrix_rows
 from epfleet.runners import from_environment
-from tasks.compile import PairOutcome, compile_all, plan_task, publish_task
+from epfleet.runs import DEFAULT_STORE, RunPlan, RunReport
+from tasks.compile import compile_all, plan_task, publish_task
 from tasks.dispatch import collect, discard_results, dispatch
 from tasks.events import emit_variant_events
 
@@ -69,64 +70,18 @@ def fleet_compile(
     report = _publish(plan, outcomes, store)
     discard_results(store, sent)
     _publish_artifacts(report, store)
-    emit_variant_events(_news(plan, report), store, report.generation)
+    emit_variant_events(news(plan, report), store, report.generation)
     return report
 
 
 def _publish(plan: RunPlan, outcomes: list[PairOutcome], store: str) -> RunReport:
-    by_key = {o.key: o for o in outcomes}
-    keys = [(p.request.model, p.request.target) for p in plan.pairs]
-    in_spec_order = [
-        (*key, by_key[key].entry) for key in keys if key in by_key and by_key[key].publish
-    ]
-    outcome = publish_task(store, plan.sources, plan.published_sources, in_spec_order, plan.samples)
-    results = {key: o.result for key, o in by_key.items()}
-    for key, result in results.items():
-        if key[0] in outcome.conflicts and result.status == "ok":
-            results[key] = result.model_copy(
-                update={
-                    "status": "failed",
-                    "error": f"not published: the source of model {key[0]!r} changed in the store "
-                    "while this run compiled (another publisher); run again to compile it",
-                }
-            )
-            get_run_logger().warning("%s × %s: %s", *key, results[key].error)
-    manifest = outcome.manifest
-    if manifest is not None:
-        results = {key: _as_published(result, manifest) for key, result in results.items()}
-    return plan.report(results, manifest.generation if manifest else 0, outcome.published)
-
-
-def _as_published(result: PairResult, manifest: Manifest) -> PairResult:
-    """A rebuild that is the same build keeps the published artifact (see
-    ``VariantEntry.rebuilt_alike``): report the artifact devices get."""
-    model = manifest.models.get(result.model)
-    entry = model.variants.get(result.target) if model else None
-    if result.status != "ok" or entry is None or entry.artifact is None:
-        return result
-    return result.model_copy(
-        update={"artifact_uri": entry.artifact.uri, "size": entry.artifact.size}
-    )
-
-
-def _news(plan: RunPlan, report: RunReport) -> list[PairResult]:
-    """The results worth an event: failures, and builds that changed what is published (a
-    forced rebuild that produced the same bytes publishes nothing new)."""
-    before = {
-        (p.request.model, p.request.target): p.previous.artifact.uri
-        for p in plan.pairs
-        if p.previous is not None and p.previous.artifact is not None
-    }
-    return [
-        r
-        for r in report.variants
-        if r.status == "failed"
-        or (
-            r.status == "ok"
-            and report.published
-            and r.artifact_uri != before.get((r.model, r.target))
-        )
-    ]
+    """Publish the run's outcomes (rules: ``epfleet.publish_rules``) and report."""
+    variants = to_publish(plan, outcomes)
+    outcome = publish_task(store, plan.sources, plan.published_sources, variants, plan.samples)
+    report, refused = settle(plan, outcomes, outcome)
+    for result in refused:
+        get_run_logger().warning("%s × %s: %s", result.model, result.target, result.error)
+    return report
 
 
 def _publish_artifacts(report: RunReport, store: str) -> None:

@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from epfleet.fleet import DEFAULT_STORE
+from epfleet.runs import DEFAULT_STORE
 from epfleet.watch import WatchPlan
 from tasks.dispatch import sweep_results
 from tasks.events import emit_unserved_events

@@ -1,11 +1,13 @@
-"""Pairs whose target names a work pool compile on that pool's workers.
+"""Prefect glue for pairs whose target names a work pool: start a compile-pairs child run
+per pool, wait for it, collect its outcomes, and sweep hand-over files dead runs left.
 
 The fleet flow starts one run of deployment ``compile-pairs/<pool>`` per pool (a child
 run, linked to it in the UI), compiles its own pairs meanwhile, then waits. The child
 decides which pairs are up to date by its own ORT and EP packages, uploads its artifacts
 to the store like any compile and leaves its outcomes at a store key the parent reads (and
 deletes once published): every compile worker can already reach the store, so this needs
-no shared Prefect result storage.
+no shared Prefect result storage. The hand-over itself (what is sent, what comes back,
+the keys) is ``epfleet.handover``.
 """
 
 from __future__ import annotations
@@ -21,15 +23,24 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Cancelling
-from pydantic import BaseModel, Field, ValidationError
 
-import eps
-from epfleet import ort_version
 from epfleet.errors import StoreError, summarize
-from epfleet.manifest import VariantEntry
-from epfleet.plan import CompileRequest, PlannedPair, decide_pair, fingerprinted
+from epfleet.handover import (
+    RUNS_PREFIX,
+    Dispatched,
+    PoolPair,
+    Returned,
+    abandoned,
+    attempt_name,
+    nothing_returned,
+    parse_results_key,
+    pool_outcomes,
+    read_results,
+    results_key,
+)
+from epfleet.outcomes import PairOutcome
+from epfleet.plan import PlannedPair
 from epfleet.stores import Store, open_store
-from tasks.compile import PairOutcome, failed_outcome
 
 COMPILE_PAIRS_FLOW = "compile-pairs"
 POLL_SECONDS = 2.0
@@ -39,37 +50,6 @@ def pool_deployment(pool: str) -> str:
     return f"{COMPILE_PAIRS_FLOW}/{pool}"
 
 
-RUNS_PREFIX = "runs/"
-
-
-def results_key(attempt: str, pool: str) -> str:
-    return f"{RUNS_PREFIX}{attempt}/{pool}.json"
-
-
-class PoolPair(BaseModel):
-    """A pair sent to a work pool, with its manifest entry when the fleet run planned: the
-    pool decides whether it is up to date, by its own ORT and EP package versions."""
-
-    request: CompileRequest
-    previous: VariantEntry | None = None
-
-
-class PoolResults(BaseModel):
-    outcomes: list[PairOutcome]
-    skipped: list[tuple[str, str]] = Field(
-        default_factory=list, description="(model, target) pairs the pool found up to date"
-    )
-
-
-class Dispatched(BaseModel):
-    pool: str
-    pairs: list[PoolPair]
-    results_key: str
-    deadline: float = Field(description="time.time() after which the fleet run stops waiting")
-    flow_run_id: UUID | None = None
-    error: str | None = None
-
-
 def dispatch(
     pool: str, pairs: list[PlannedPair], store: str, workers: int, timeout: float, force: bool
 ) -> Dispatched:
@@ -77,7 +57,7 @@ def dispatch(
     start it fails that pool's pairs, never the fleet run."""
     # Each attempt of the fleet run (a retry included) starts its own child and hands over
     # through its own key, stamped with the time (runtime-watch sweeps old ones).
-    attempt = f"{flow_run.get_id() or 'local'}-{flow_run.get_run_count()}-{int(time.time())}"
+    attempt = attempt_name(flow_run.get_id() or "local", flow_run.get_run_count(), time.time())
     key = results_key(attempt, pool)
     sent = Dispatched(
         pool=pool,
@@ -126,42 +106,28 @@ def collect(dispatched: list[Dispatched], store: str) -> list[PairOutcome]:
     target_store = open_store(store)
     outcomes: list[PairOutcome] = []
     for sent in dispatched:
-        got: dict[tuple[str, str], PairOutcome] = {}
-        skipped: set[tuple[str, str]] = set()
-        reason = sent.error
+        returned = nothing_returned(sent.error)
         try:
-            if reason is None:
-                got, skipped, reason = _outcome_of(sent, target_store)
+            if sent.error is None:
+                returned = _outcome_of(sent, target_store)
         except Exception as exc:  # the child run gone, the API down: this pool only
-            reason = f"could not collect flow run {sent.flow_run_id}: {summarize(exc, 500)}"
-        for pair in sent.pairs:
-            request = pair.request
-            if (request.model, request.target) in skipped:
-                continue  # up to date on the pool: reported as skipped
-            outcome = got.get((request.model, request.target))
-            if outcome is not None and outcome.entry.source_sha256 != request.source_sha256:
-                outcome = None  # not a build of the source this run planned
-            if outcome is None:
-                why = reason or f"flow run {sent.flow_run_id} reported no outcome for this pair"
-                outcome = failed_outcome(request, why)
-                # Undecided: publishing it would rewrite the pair's entry on every run
-                # while the pool is down. A new pair gets its failure recorded.
-                outcome.publish = pair.previous is None
-                logger.error("%s × %s on work pool %s: %s", *outcome.key, sent.pool, why)
-            outcomes.append(outcome)
+            returned = nothing_returned(
+                f"could not collect flow run {sent.flow_run_id}: {summarize(exc, 500)}"
+            )
+        got, problems = pool_outcomes(sent, returned)
+        for problem in problems:
+            logger.error("%s", problem)
+        outcomes += got
     return outcomes
 
 
-Results = tuple[dict[tuple[str, str], PairOutcome], set[tuple[str, str]], str | None]
-
-
-def _outcome_of(sent: Dispatched, target_store: Store) -> Results:
+def _outcome_of(sent: Dispatched, target_store: Store) -> Returned:
     """The outcomes and skips of a child that completed; otherwise why it did not."""
     assert sent.flow_run_id is not None
     state, message = _wait(sent.flow_run_id, sent.deadline)
     run = f"flow run {sent.flow_run_id} on work pool {sent.pool!r}"
     if state == "COMPLETED":
-        return _read_results(target_store, sent)
+        return read_results(target_store, sent)
     if state in ("SCHEDULED", "PENDING", "LATE", "PAUSED"):
         why = (
             f"no worker of work pool {sent.pool!r} started flow run {sent.flow_run_id} in "
@@ -171,7 +137,7 @@ def _outcome_of(sent: Dispatched, target_store: Store) -> Results:
         why = f"{run} was still running at work_pool_timeout; it was asked to cancel"
     else:
         why = f"{run} ended {state}" + (f": {message}" if message else "")
-    return {}, set(), why
+    return nothing_returned(why)
 
 
 def discard_results(store: str, dispatched: list[Dispatched]) -> None:
@@ -184,50 +150,13 @@ def discard_results(store: str, dispatched: list[Dispatched]) -> None:
             get_run_logger().warning("could not remove %s: %s", sent.results_key, exc)
 
 
-def _read_results(target_store: Store, sent: Dispatched) -> Results:
-    where = f"{target_store.uri}/{sent.results_key}"
-    try:
-        found = target_store.read(sent.results_key)
-        if found is None:
-            return {}, set(), f"the run left no outcomes at {where}"
-        results = PoolResults.model_validate_json(found.data)
-    except (StoreError, ValidationError) as exc:
-        return {}, set(), f"cannot read its outcomes at {where}: {exc}"
-    return {o.key: o for o in results.outcomes}, set(results.skipped), None
-
-
-def plan_on_pool(
-    pairs: list[PoolPair], store: str, force: bool
-) -> tuple[list[CompileRequest], list[tuple[str, str]]]:
-    """On the pool's worker: fingerprint each pair with this machine's ORT and EP packages
-    and decide, as the fleet flow does for its own pairs, which to compile."""
-    target_store = open_store(store)
-    todo, skipped = [], []
-    for pair in pairs:
-        request = fingerprinted(
-            pair.request, ort_version(), eps.load(pair.request.ep).build_identity()
-        )
-        action, _ = decide_pair(request, pair.previous, force, target_store.size)
-        if action == "compile":
-            todo.append(request)
-        else:
-            skipped.append((request.model, request.target))
-    return todo, skipped
-
-
-def write_results(
-    store: str, key: str, outcomes: list[PairOutcome], skipped: list[tuple[str, str]]
-) -> None:
-    results = PoolResults(outcomes=outcomes, skipped=skipped)
-    open_store(store).write(key, results.model_dump_json().encode())
-
-
 def _wait(run_id: UUID, deadline: float) -> tuple[str, str | None]:
-    """The run's state type and message once final, or as it was at the deadline. A run no worker
-    started by then is cancelled (so a worker that comes up later does not compile for
-    nobody); a running one is asked to cancel, which its worker carries out. An API hiccup
-    is retried until the deadline: the pairs compiled here meanwhile must still be
-    published."""
+    """The run's state type and message once final, or as it was at the deadline. A run no
+    worker started by then is cancelled (so a worker that comes up later does not compile
+    for nobody); a running one is asked to cancel, which its worker carries out. An API
+    error while waiting does not end the wait (Prefect's client already retried the
+    request): polling goes on until the deadline, since the pairs compiled here meanwhile
+    must still be published."""
     with get_client(sync_client=True) as client:
         state_type, message = "UNKNOWN", None
         while True:
@@ -269,12 +198,10 @@ def sweep_results(store: str, older_than: timedelta) -> list[str]:
     removed = []
     with get_client(sync_client=True) as client:
         for key in target_store.list_keys(RUNS_PREFIX):
-            attempt = key[len(RUNS_PREFIX) :].split("/", 1)[0]
-            try:
-                parent = UUID(attempt[:36])
-                stamped = datetime.fromtimestamp(int(attempt.rsplit("-", 1)[1]), timezone.utc)
-            except (ValueError, IndexError):
+            made = parse_results_key(key)
+            if made is None:
                 continue  # not a fleet run's hand-over
+            parent, stamped = made
             try:
                 run = client.read_flow_run(parent)
             except ObjectNotFound:
@@ -282,13 +209,9 @@ def sweep_results(store: str, older_than: timedelta) -> list[str]:
             except Exception as exc:  # the API: try again at the next watch
                 get_run_logger().warning("sweep: reading flow run %s: %s", parent, exc)
                 continue
-            if run is None:
-                gone = stamped < now - older_than - timedelta(days=1)
-            else:
-                final = run.state is not None and run.state.is_final()
-                ended = run.end_time or stamped
-                gone = final and ended < now - older_than
-            if gone:
+            final = run is not None and run.state is not None and run.state.is_final()
+            ended = run.end_time if run is not None else None
+            if abandoned(stamped, run is not None, final, ended, now, older_than):
                 target_store.delete(key)
                 removed.append(key)
     return removed

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prefect.events import emit_event
 
-from epfleet.fleet import PairResult
+from epfleet.runs import PairResult
 from epfleet.watch import UnservedProfile
 
 

@@ -1,10 +1,13 @@
-"""Prefect tasks of runtime-watch: read what the watch compares, start the compile."""
+"""Prefect tasks of runtime-watch: read what the watch compares, start the compile.
+
+Thin glue over ``epfleet.watch_inputs`` (what is read) and ``epfleet.watch`` (what is
+decided); the watch task is retried only for store faults (``epfleet.retries``).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,67 +16,23 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
-from pydantic import ValidationError
 
-import eps
 from epfleet import ort_version
-from epfleet.device_report import REPORTS_PREFIX, DeviceReport
-from epfleet.errors import BadInputError, MissingExtraError
-from epfleet.fleet import read_manifest
+from epfleet.errors import BadInputError
 from epfleet.manifest import utcnow
-from epfleet.spec import FleetSpec, load_spec
-from epfleet.stores import Store, open_store
-from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved, report_time
-from tasks.compile import retry_transient_only
-
-READ_THREADS = 16
-
-
-def compile_worker_runtime(spec: FleetSpec) -> Runtime:
-    """The versions installed where this runs: the compile workers' when the watch runs on
-    their work pool, as its deployment does."""
-    versions: dict[str, str | None] = {}
-    packages: dict[str, str | None] = {}
-    for ep in {t.ep for t in spec.targets}:
-        try:
-            identity = eps.load(ep).build_identity()
-        except MissingExtraError:
-            versions[ep] = packages[ep] = None
-            continue
-        versions[ep], packages[ep] = identity["version"], identity["package"]
-    return Runtime(ort_version=ort_version(), ep_versions=versions, ep_packages=packages)
-
-
-def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[DeviceReport], list[str]]:
-    """Every device report in the store, and the keys of those that do not parse. Reports
-    are small and many (one per device), so they are read ``threads`` at a time."""
-
-    def read_one(key: str) -> DeviceReport | str | None:
-        found = store.read(key)
-        if found is None:
-            return None  # removed since listed
-        try:
-            report = DeviceReport.model_validate_json(found.data)
-            report_time(report)
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            return f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}"
-        except ValueError as exc:
-            return f"{key}: {exc}"
-        return report
-
-    keys = store.list_keys(f"{REPORTS_PREFIX}/")
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        results = list(pool.map(read_one, keys))
-    reports = [r for r in results if isinstance(r, DeviceReport)]
-    return reports, [r for r in results if isinstance(r, str)]
+from epfleet.publishing import read_manifest
+from epfleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
+from epfleet.spec import load_spec
+from epfleet.stores import open_store
+from epfleet.watch import WatchPlan, check_pairs, find_unserved
+from epfleet.watch_inputs import compile_worker_runtime, read_reports
 
 
 @task(
     name="watch",
     cache_policy=NO_CACHE,
-    retries=2,
-    retry_delay_seconds=2,
+    retries=TASK_RETRIES,
+    retry_delay_seconds=TASK_RETRY_DELAY,
     retry_condition_fn=retry_transient_only,
 )
 def watch_task(spec: str, store: str, report_max_age_days: int) -> tuple[WatchPlan, int]:

@@ -24,9 +24,8 @@ import httpx
 import pytest
 from prefect.client.base import PrefectHttpxSyncClient
 
-from epfleet.local_eps import DeviceInfo
+from epfleet.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
 from epfleet.manifest import Manifest, utcnow
-from epfleet.sync import DeviceReport, ManifestStatus, ModelReport
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import eps
 from epfleet import ort_version
+from epfleet.handover import PoolPair
 from epfleet.manifest import ArtifactRef, Manifest, VariantEntry, utcnow
 from epfleet.plan import CompileRequest, fingerprinted
+from epfleet.planning import plan_on_pool
 from epfleet.stores import open_store
-from tasks.dispatch import PoolPair, plan_on_pool
 
 SHA = "a" * 64
 CPU = "CPUExecutionProvider"
@@ -119,9 +120,9 @@ def test_pool_pairs_without_a_deployment_or_a_worker_fail_alone(
 
 
 def test_events_name_only_failures_and_builds_that_changed_the_manifest() -> None:
-    from epfleet.fleet import PairResult, RunPlan, RunReport
     from epfleet.plan import PlannedPair
-    from flows.fleet_compile import _news
+    from epfleet.publish_rules import news
+    from epfleet.runs import PairResult, RunPlan, RunReport
 
     same, new = (
         built("f1"),
@@ -155,8 +156,8 @@ def test_events_name_only_failures_and_builds_that_changed_the_manifest() -> Non
             generation=2, published=published, compiled=2, skipped=0, failed=1, variants=results
         )
 
-    assert [r.target for r in _news(plan, report(True))] == ["rebuilt-new", "broken"]
-    assert [r.target for r in _news(plan, report(False))] == ["broken"]
+    assert [r.target for r in news(plan, report(True))] == ["rebuilt-new", "broken"]
+    assert [r.target for r in news(plan, report(False))] == ["broken"]
 
 
 def test_sweep_removes_hand_overs_of_ended_or_unknown_fleet_runs_only(
@@ -169,7 +170,8 @@ def test_sweep_removes_hand_overs_of_ended_or_unknown_fleet_runs_only(
     from prefect.client.orchestration import get_client
     from prefect.states import Running
 
-    from tasks.dispatch import results_key, sweep_results
+    from epfleet.handover import results_key
+    from tasks.dispatch import sweep_results
 
     @flow
     def ended() -> None:

@@ -10,8 +10,8 @@ import pytest
 from s3proxy import FaultProxy
 
 from epfleet.errors import StoreError
-from epfleet.fleet import Published, publish, read_manifest
 from epfleet.manifest import ArtifactRef, SourceEntry, VariantEntry
+from epfleet.publishing import Published, publish, read_manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 
 

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from epfleet.errors import BadInputError
-from epfleet.fleet import plan_run
+from epfleet.planning import plan_run
 from epfleet.spec import load_spec, parse_spec
 
 QNN = {"name": "htp", "ep": "QNNExecutionProvider", "provider_options": {"htp_arch": 75}}

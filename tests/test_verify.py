@@ -14,11 +14,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from epfleet.build import verify_output
 from epfleet.compiler import CompileJob, CompileOutput, compile_job, measure_coverage
-from epfleet.fleet import plan_run
 from epfleet.isolated import IsolatedWorkers, WorkerDied, WorkerTimeout
 from epfleet.manifest import Manifest
 from epfleet.plan import CompileRequest
+from epfleet.planning import plan_run
 from epfleet.pool import CompilePool
 from epfleet.samples import (
     InputInfo,
@@ -30,7 +31,6 @@ from epfleet.samples import (
 )
 from epfleet.stores import open_store
 from epfleet.verify import GoldenJob, VerifyJob, make_golden, verify_artifact
-from tasks.compile import verify_output
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 from tests.test_cli import epfleet
 

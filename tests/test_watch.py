@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from epfleet.local_eps import DeviceInfo
+from epfleet.device_report import (
+    DeviceInfo,
+    DeviceReport,
+    ManifestStatus,
+    ModelReport,
+    VariantVerdict,
+)
 from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.spec import parse_spec
-from epfleet.sync import DeviceReport, ManifestStatus, ModelReport, VariantVerdict
 from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved
 from eps.base import Verdict
 
@@ -257,7 +262,7 @@ def test_old_reports_are_ignored() -> None:
 
 def test_a_report_without_utc_offset_is_skipped_by_the_reader(tmp_path) -> None:
     from epfleet.stores import open_store
-    from tasks.watch import read_reports
+    from epfleet.watch_inputs import read_reports
 
     store = open_store(str(tmp_path / "store"))
     good = report("ok", [(CPU, "cpu", 1)], {"det": "kept"})

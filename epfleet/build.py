@@ -1,0 +1,73 @@
+"""Building one variant on a compile host: compile, check coverage, verify, upload.
+
+The compile runs in a worker process; the variant is verified on the model's golden
+samples and uploaded content-addressed only once it passed.
+
+The compile task of the fleet flow (and of a work pool's compile-pairs run) calls
+``build_variant``; ``verify_output`` and ``describe_verification`` are the compile
+host's verification glue around ``epfleet.verify``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from epfleet.compiler import CompileOutput, check_coverage, discard
+from epfleet.errors import CompileError
+from epfleet.manifest import Verification
+from epfleet.outcomes import CompiledVariant, ok_entry
+from epfleet.plan import CompileRequest, variant_key
+from epfleet.pool import shared_pool
+from epfleet.staging import compile_job_for, fetch_verified
+from epfleet.stores import Store
+from epfleet.verify import VerifyJob, skipped, verify_artifact
+
+
+def build_variant(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
+    """Compile one pair in this machine's shared pool of ``workers`` processes and upload
+    its artifact once it passed its checks. CompileError when it compiles short of its
+    coverage floor or fails verification; store errors raise through."""
+    output = shared_pool(workers).run(compile_job_for(request, store))
+    key = variant_key(request.model, request.target, output.sha256)
+    try:
+        check_coverage(request, output.coverage)
+        verification = verify_output(request, output, store)
+        if verification.status == "failed":
+            raise CompileError(f"verification failed: {verification.reason}")
+        if store.size(key) != output.size:
+            store.upload(key, Path(output.artifact_path), output.sha256)
+    finally:
+        discard(output)
+    return CompiledVariant(
+        entry=ok_entry(request, output, key, verification), seconds=output.seconds
+    )
+
+
+def verify_output(request: CompileRequest, output: CompileOutput, store: Store) -> Verification:
+    """Run the fresh variant with its own EP on the model's golden samples, in a killable
+    worker, and compare with the source's outputs."""
+    if not request.verify:
+        return skipped("not run: verify is false for this target")
+    if request.samples is None:
+        return skipped(request.samples_problem or "not run: the model has no golden samples")
+    samples = request.samples
+    golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
+    job = VerifyJob(
+        label=f"{request.model} × {request.target}",
+        artifact_path=output.artifact_path,
+        golden_path=str(golden),
+        ep=request.ep,
+        device=request.device,
+        provider_options=request.provider_options,
+        tolerance=request.tolerance,
+    )
+    return verify_artifact(job, request.verify_timeout)
+
+
+def describe_verification(verification: Verification) -> str:
+    if verification.status == "passed":
+        return (
+            f"passed ({verification.max_rel_error:.2%} of range, tolerance "
+            f"{verification.tolerance:.2%}, {verification.seconds:.2f} s)"
+        )
+    return f"{verification.status}: {verification.reason}"

@@ -1,0 +1,94 @@
+"""How a compile outcome becomes a manifest entry and a report row.
+
+A pair's compile ends as a ``PairOutcome``: the ``VariantEntry`` it publishes (an ok
+build, or a failure with its error) and the ``PairResult`` the run reports. The fleet
+flow, its work pools' compile-pairs runs and the store hand-over between them all build
+outcomes here, so an entry reads the same wherever it was compiled.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+import eps
+from epfleet import ort_version
+from epfleet.compiler import CompileOutput
+from epfleet.manifest import ArtifactRef, VariantEntry, Verification, utcnow
+from epfleet.plan import CompileRequest
+from epfleet.runs import PairResult
+
+
+class CompiledVariant(BaseModel):
+    """A pair built, checked and uploaded: its manifest entry and the compile's seconds."""
+
+    entry: VariantEntry
+    seconds: float
+
+
+class PairOutcome(BaseModel):
+    """One pair's compile, as it goes into the manifest (entry) and the report (result)."""
+
+    entry: VariantEntry
+    result: PairResult
+    publish: bool = Field(
+        default=True,
+        description="False for a pair its work pool never decided (the pool did not run): "
+        "the run reports it failed, the manifest keeps the entry it has",
+    )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.result.model, self.result.target)
+
+
+def ok_entry(
+    request: CompileRequest, output: CompileOutput, artifact_key: str, verification: Verification
+) -> VariantEntry:
+    """The entry of a build that passed its checks and was uploaded at ``artifact_key``."""
+    return VariantEntry(
+        ep=request.ep,
+        device=request.device,
+        compatibility_string=output.compatibility_string,
+        provider_options=request.provider_options,
+        artifact=ArtifactRef(uri=artifact_key, sha256=output.sha256, size=output.size),
+        ort_version=ort_version(),
+        ep_version=eps.load(request.ep).build_identity()["version"],
+        compiled_at=utcnow(),
+        status="ok",
+        source_sha256=request.source_sha256,
+        fingerprint=request.fingerprint,
+        coverage=output.coverage,
+        verification=verification,
+    )
+
+
+def failed_entry(request: CompileRequest, error: str) -> VariantEntry:
+    """The entry of a pair that failed with ``error`` (merge keeps a working build over it)."""
+    try:
+        ep_version: str | None = eps.load(request.ep).build_identity()["version"]
+    except Exception:
+        ep_version = None
+    return VariantEntry(
+        ep=request.ep,
+        device=request.device,
+        provider_options=request.provider_options,
+        ort_version=ort_version(),
+        ep_version=ep_version,
+        compiled_at=utcnow(),
+        status="failed",
+        error=error,
+        source_sha256=request.source_sha256,
+        fingerprint=request.fingerprint,
+    )
+
+
+def ok_outcome(request: CompileRequest, compiled: CompiledVariant) -> PairOutcome:
+    return PairOutcome(
+        entry=compiled.entry,
+        result=PairResult.of(request, compiled.entry, "ok", compiled.seconds),
+    )
+
+
+def failed_outcome(request: CompileRequest, error: str) -> PairOutcome:
+    entry = failed_entry(request, error)
+    return PairOutcome(entry=entry, result=PairResult.of(request, entry, "failed", None))

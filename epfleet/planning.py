@@ -1,0 +1,110 @@
+"""Planning compiles against the published manifest: a fleet run's plan, a pool's own decision.
+
+``plan_run`` loads the spec, stages the sources and golden samples and decides each pair
+(the rules are ``epfleet.plan``'s, pure); ``plan_on_pool`` decides, on a pool's worker,
+the pairs a fleet run handed over to it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import eps
+from epfleet import ort_version
+from epfleet.errors import BadInputError, EpfleetError, ep_errors
+from epfleet.handover import PoolPair
+from epfleet.manifest import SamplesRef, SourceEntry
+from epfleet.plan import CompileRequest, decide_pair, fingerprinted, plan_pairs
+from epfleet.publishing import read_manifest
+from epfleet.runs import RunPlan
+from epfleet.spec import FleetSpec, TargetSpec, load_spec
+from epfleet.staging import resolve_source, stage_samples, stage_source
+from epfleet.stores import open_store
+
+
+def _identity(target: TargetSpec) -> dict[str, str]:
+    if target.work_pool:
+        # Its pool decides (plan_on_pool): this machine need not even have the package.
+        return {"package": target.ep, "version": "decided on the pool", "pool": target.work_pool}
+    with ep_errors():
+        return eps.load(target.ep).build_identity()
+
+
+def plan_run(
+    spec_path: Path,
+    store_uri: str,
+    models: list[str] | None = None,
+    targets: list[str] | None = None,
+    force: bool = False,
+) -> RunPlan:
+    """Load and check the spec, stage the sources and decide which pairs to compile.
+    Raises BadInputError before anything compiles."""
+    spec: FleetSpec = load_spec(spec_path)
+    pairs = spec.pairs(models, targets)
+    if not pairs:
+        raise BadInputError("the selected models and targets form no pair to compile")
+    store = open_store(store_uri)
+    identities = {target.ep: _identity(target) for _, target in pairs}
+    static_eps: dict[str, set[str]] = {}
+    for model, target in pairs:
+        needs_static = eps.load(target.ep).requires_static_shapes
+        static_eps.setdefault(model.name, set()).update([target.ep] if needs_static else [])
+    manifest, _ = read_manifest(store)
+    published = manifest.models if manifest else {}
+    sources: dict[str, SourceEntry] = {}
+    samples: dict[str, SamplesRef | None] = {}
+    problems: dict[str, str] = {}
+    for name, static in static_eps.items():
+        model = spec.model(name)
+        sources[name], prepared = stage_source(
+            model, resolve_source(spec_path, model.source), static, store
+        )
+        before = published.get(name)
+        try:
+            samples[name] = stage_samples(
+                model,
+                resolve_source(spec_path, model.samples) if model.samples else None,
+                sources[name],
+                prepared,
+                before.samples if before and before.source == sources[name] else None,
+                store,
+            )
+        except BadInputError:
+            raise
+        except EpfleetError as exc:
+            samples[name], problems[name] = None, f"no golden samples: {exc}"
+    planned = plan_pairs(
+        pairs, sources, samples, problems, manifest, ort_version(), identities, force, store.size
+    )
+    return RunPlan(
+        store=store_uri,
+        sources=sources,
+        pairs=planned,
+        generation=manifest.generation if manifest else 0,
+        published_sources={
+            name: published[name].source if name in published else None for name in sources
+        },
+        samples=samples,
+        published_samples={
+            name: published[name].samples if name in published else None for name in sources
+        },
+    )
+
+
+def plan_on_pool(
+    pairs: list[PoolPair], store: str, force: bool
+) -> tuple[list[CompileRequest], list[tuple[str, str]]]:
+    """On the pool's worker: fingerprint each pair with this machine's ORT and EP packages
+    and decide, as the fleet flow does for its own pairs, which to compile."""
+    target_store = open_store(store)
+    todo, skipped = [], []
+    for pair in pairs:
+        with ep_errors():
+            identity = eps.load(pair.request.ep).build_identity()
+        request = fingerprinted(pair.request, ort_version(), identity)
+        action, _ = decide_pair(request, pair.previous, force, target_store.size)
+        if action == "compile":
+            todo.append(request)
+        else:
+            skipped.append((request.model, request.target))
+    return todo, skipped

@@ -1,0 +1,121 @@
+"""Run models of a fleet compile: its plan, each pair's result and the run's report.
+
+Plain pydantic models shared by the flow, its tasks, the CLI and the renderings; how
+they are made lives elsewhere (``epfleet.planning``, ``epfleet.outcomes``,
+``epfleet.publish_rules``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from epfleet.manifest import SamplesRef, SourceEntry, VariantEntry
+from epfleet.plan import CompileRequest, PlannedPair
+
+DEFAULT_STORE = "./epfleet-store"
+"""The store a run publishes to, and a device syncs from, when none is given."""
+
+
+class RunPlan(BaseModel):
+    store: str
+    sources: dict[str, SourceEntry]
+    pairs: list[PlannedPair]
+    generation: int
+    published_sources: dict[str, SourceEntry | None] = Field(
+        description="Each model's source entry in the manifest when this run planned"
+    )
+    samples: dict[str, SamplesRef | None] = Field(
+        default_factory=dict, description="Each model's golden samples (verification)"
+    )
+    published_samples: dict[str, SamplesRef | None] = Field(default_factory=dict)
+
+    @property
+    def to_compile(self) -> list[PlannedPair]:
+        return [p for p in self.pairs if p.action == "compile"]
+
+    def report(
+        self, results: dict[tuple[str, str], PairResult], generation: int, published: bool
+    ) -> RunReport:
+        """The run's report in spec order; pairs without a result were up to date."""
+        ordered = [
+            results.get((p.request.model, p.request.target))
+            or PairResult.of(p.request, p.previous, "skipped", None)
+            for p in self.pairs
+        ]
+        return RunReport(
+            generation=generation,
+            published=published,
+            compiled=sum(r.status == "ok" for r in ordered),
+            skipped=sum(r.status == "skipped" for r in ordered),
+            failed=sum(r.status == "failed" for r in ordered),
+            variants=ordered,
+        )
+
+    @property
+    def is_noop(self) -> bool:
+        """Nothing to compile and nothing new to publish: the fleet is up to date."""
+        return (
+            not self.to_compile
+            and self.published_sources == self.sources
+            and self.published_samples == self.samples
+        )
+
+
+class PairResult(BaseModel):
+    model: str
+    target: str
+    ep: str
+    status: Literal["ok", "skipped", "failed"]
+    compatibility_string: str | None = None
+    artifact_uri: str | None = None
+    size: int | None = None
+    seconds: float | None = None
+    error: str | None = None
+    coverage: float | None = None
+    verification: Literal["passed", "failed", "unverified"] | None = None
+    max_rel_error: float | None = None
+    verification_seconds: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        pair: CompileRequest,
+        entry: VariantEntry | None,
+        status: Literal["ok", "skipped", "failed"],
+        seconds: float | None,
+    ) -> PairResult:
+        artifact = entry.artifact if entry else None
+        return cls(
+            model=pair.model,
+            target=pair.target,
+            ep=pair.ep,
+            status=status,
+            compatibility_string=entry.compatibility_string if entry else None,
+            artifact_uri=artifact.uri if artifact else None,
+            size=artifact.size if artifact else None,
+            seconds=seconds,
+            error=entry.error if entry and status == "failed" else None,
+            coverage=entry.coverage.fraction if entry and entry.coverage else None,
+            verification=entry.verification.status if entry and entry.verification else None,
+            max_rel_error=(
+                entry.verification.max_rel_error if entry and entry.verification else None
+            ),
+            verification_seconds=(
+                entry.verification.seconds if entry and entry.verification else None
+            ),
+        )
+
+
+class RunReport(BaseModel):
+    generation: int
+    published: bool
+    compiled: int
+    skipped: int
+    failed: int
+    variants: list[PairResult]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0

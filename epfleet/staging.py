@@ -1,0 +1,174 @@
+"""Staging a run's inputs: sources and golden samples into the store, and into a worker's cache.
+
+``stage_source`` and ``stage_samples`` run when a fleet run plans: they check the files
+and upload them content-addressed, once. ``fetch_verified`` and ``compile_job_for`` run on
+the machine that compiles: a file enters its cache only once checked by sha256 and size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import onnx
+
+from epfleet.compiler import CompileJob
+from epfleet.errors import BadInputError, IntegrityError, StoreError
+from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.manifest import SamplesRef, SourceEntry
+from epfleet.plan import CompileRequest, samples_key, source_key
+from epfleet.samples import GOLDEN_VERSION
+from epfleet.shapes import prepare_model, uses_external_data
+from epfleet.spec import ModelSpec
+from epfleet.stores import Store, open_store, split_uri
+from epfleet.stores.local import local_path
+from epfleet.verify import GoldenJob, golden_for
+
+
+def cache_dir() -> Path:
+    """Worker-local scratch for fetched sources and fresh artifacts."""
+    return Path(os.environ.get("EPFLEET_CACHE", Path.home() / ".cache" / "epfleet"))
+
+
+def resolve_source(spec_path: Path, source: str) -> str:
+    """A model's source as a URI or absolute path; relative paths are relative to the spec."""
+    if "://" in source:
+        return source
+    return str((spec_path.parent / source).resolve())
+
+
+@contextmanager
+def local_source(uri: str) -> Iterator[Path]:
+    """A local path holding the source: the file itself, or a temporary download."""
+    if uri.startswith("file://") or "://" not in uri:
+        path = local_path(uri)
+        if not path.is_file():
+            raise BadInputError(f"source {uri} does not exist")
+        yield path
+        return
+    parent, key = split_uri(uri)
+    downloads = cache_dir() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=downloads) as scratch:
+        dest = Path(scratch) / Path(key).name
+        try:
+            open_store(parent).download(key, dest)
+        except StoreError as exc:
+            raise BadInputError(f"source {uri} cannot be fetched: {exc}") from None
+        yield dest
+
+
+def stage_source(
+    model: ModelSpec, uri: str, static_eps: set[str], store: Store
+) -> tuple[SourceEntry, onnx.ModelProto]:
+    """Hash the source, check that its input_shapes apply (and leave every input static
+    when an EP in ``static_eps`` needs that), and upload it content-addressed, once.
+    Also returns the source with its shapes fixed."""
+    with local_source(uri) as path:
+        sha256, size = sha256_file(path)
+        try:
+            loaded = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:
+            raise BadInputError(
+                f"models[{model.name}].source {uri} is not an ONNX model: {exc}"
+            ) from None
+        if uses_external_data(loaded):
+            raise BadInputError(
+                f"models[{model.name}].source {uri} keeps tensors in external data files, "
+                "which epfleet does not stage; save it as one file first "
+                "(onnx.save(model, path, save_as_external_data=False), up to 2 GB)"
+            )
+        try:
+            prepare_model(
+                loaded, model.input_shapes, bool(static_eps), " and ".join(sorted(static_eps))
+            )
+        except ValueError as exc:
+            raise BadInputError(f"models[{model.name}] ({uri}): {exc}") from None
+        key = source_key(sha256)
+        if store.size(key) != size:
+            store.upload(key, path, sha256)
+    entry = SourceEntry(uri=key, sha256=sha256, size=size, input_shapes=model.input_shapes)
+    return entry, loaded
+
+
+def stage_samples(
+    model: ModelSpec,
+    samples_uri: str | None,
+    source: SourceEntry,
+    prepared: onnx.ModelProto,
+    published: SamplesRef | None,
+    store: Store,
+) -> SamplesRef:
+    """The model's golden samples: the spec's sample inputs (or seeded generated ones) and
+    the source's outputs for them on the CPU EP, uploaded content-addressed. Reused from
+    the manifest while what made them is unchanged, so reference outputs do not drift
+    with the machine or ORT version that plans. EpfleetError when the source does not
+    run on the CPU EP; BadInputError for a samples file that does not fit the model."""
+    with ExitStack() as stack:
+        samples_path = stack.enter_context(local_source(samples_uri)) if samples_uri else None
+        samples_sha = sha256_file(samples_path)[0] if samples_path else None
+        basis = sha256_bytes(
+            json.dumps([GOLDEN_VERSION, source.sha256, source.input_shapes, samples_sha]).encode()
+        )
+        if (
+            published is not None
+            and published.basis == basis
+            and store.size(published.uri) == published.size
+        ):
+            return published
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=_scratch_root())))
+        prepared_path, golden = scratch / "source.onnx", scratch / "golden.npz"
+        onnx.save(prepared, str(prepared_path))
+        job = GoldenJob(
+            source_path=str(prepared_path),
+            input_shapes=source.input_shapes,
+            samples_path=str(samples_path) if samples_path else None,
+            dest=str(golden),
+        )
+        try:
+            count = golden_for(job)
+        except BadInputError as exc:
+            raise BadInputError(f"models[{model.name}].samples {samples_uri}: {exc}") from None
+        sha256, size = sha256_file(golden)
+        key = samples_key(sha256)
+        if store.size(key) != size:
+            store.upload(key, golden, sha256)
+    return SamplesRef(uri=key, sha256=sha256, size=size, count=count, basis=basis)
+
+
+def _scratch_root() -> Path:
+    root = cache_dir() / "work"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def fetch_verified(store: Store, key: str, sha256: str, size: int) -> Path:
+    """``key`` in this worker's content-addressed cache, downloaded and checked by sha256
+    and size before it is used (a bad download never enters the cache)."""
+    path = cache_dir() / "sources" / f"{sha256}{Path(key).suffix}"
+    if path.exists() and path.stat().st_size == size:
+        return path
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+    try:
+        store.download(key, scratch)
+        got = sha256_file(scratch)
+        if got != (sha256, size):
+            raise IntegrityError(
+                f"{store.uri}/{key} has sha256 {got[0]} ({got[1]} bytes), "
+                f"expected {sha256} ({size} bytes)"
+            )
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
+    return path
+
+
+def compile_job_for(request: CompileRequest, store: Store) -> CompileJob:
+    """The job a compile worker runs for one planned pair, with the source cached locally."""
+    source = fetch_verified(store, request.source_key, request.source_sha256, request.source_size)
+    return CompileJob(request=request, source_path=str(source), workdir=str(cache_dir() / "work"))
