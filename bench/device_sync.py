@@ -10,15 +10,15 @@ padding models have no artifacts: a device that wants only the 20 never download
 
 It prints this machine's verdict on each target, MB/s per download round, then a table
 (metric, value, target, met) of
-  fetch     fetch_manifest into an empty cache, and of an unchanged manifest (a conditional
+  fetch     a sync's manifest fetch into an empty cache, and of an unchanged manifest (a conditional
             GET; target 0 body bytes), with the HTTP bytes a TCP relay counts on the wire;
   first     the first sync of the 20 models into an empty cache (20 downloads);
-  decide    sync_models with nothing to download, median and p90 of --reps runs (target
+  decide    a sync session's models with nothing to download, median and p90 of --reps runs (target
             median < 200 ms), after the first sync and again after a fleet update (a new
             build of the 20 variants, so each model lists a rollback variant too); EP
             discovery, done once before, is timed apart;
   download  one --size-mib object: boto3 download_file (default TransferConfig) against
-            ModelSync.download (up to 4 parallel ranged GETs, fsync, sha256), alternating, best
+            Fetcher.download (up to 4 parallel ranged GETs, fsync, sha256), alternating, best
             and median MB/s, and the ratio of medians epfleet/raw (target >= 0.9); also
             against download_file in one GET (multipart off), since moto reads the whole
             object for every ranged GET, which penalises the default's parallel ranged GETs.
@@ -47,7 +47,9 @@ sys.path.insert(0, str(ROOT))
 from loopback import Relay, moto_in_own_process  # noqa: E402  (bench/, beside this script)
 
 if TYPE_CHECKING:
-    from epfleet.local_eps import LocalEps
+    from epfleet.device.local_eps import LocalEps
+    from epfleet.device.policy import SyncPolicy
+    from epfleet.device_report import ManifestStatus, ModelReport
 
 T = TypeVar("T")
 Row = tuple[str, str, str, bool | None]  # metric, value, target, met (None: no target)
@@ -181,11 +183,32 @@ def p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10, method="inclusive")[-1]
 
 
+def fetch_manifest(store_uri: str, cache_dir: Path) -> ManifestStatus:
+    """A sync's manifest fetch: lock the cache, load its state, conditional GET."""
+    from epfleet.device.cache import DeviceCache
+    from epfleet.device.manifest_cache import fetch_manifest
+    from epfleet.stores import open_store
+
+    cache = DeviceCache(cache_dir)
+    with cache.locked():
+        return fetch_manifest(open_store(store_uri), cache, cache.load_state())
+
+
+def sync_models(
+    store_uri: str, cache_dir: Path, policy: SyncPolicy, local: LocalEps
+) -> list[ModelReport]:
+    """A sync session's models, without its manifest fetch and report (EPs discovered)."""
+    from epfleet.device.session import SyncSession
+
+    with SyncSession(store_uri, cache_dir, policy, "bench", local=local) as session:
+        return [session.sync_model(model) for model in session.wanted()]
+
+
 def measure_sync(args: argparse.Namespace, work: Path, port: int, local: LocalEps) -> list[Row]:
     import eps.cpu as cpu
-    from epfleet.devicecache import DeviceCache
+    from epfleet.device.cache import DeviceCache
+    from epfleet.device.policy import SyncPolicy
     from epfleet.manifest import Manifest
-    from epfleet.sync import SyncPolicy, fetch_manifest, sync_models
 
     wanted = compile_real_models(work, cpu_target := f"cpu-{cpu.isa_class()}")
     size = pad_manifest(wanted, cpu_target)
@@ -193,7 +216,7 @@ def measure_sync(args: argparse.Namespace, work: Path, port: int, local: LocalEp
     cache, policy = work / "device-cache", SyncPolicy(models=wanted)
     status = fetch_manifest(STORE, cache)
     assert status.status == "fetched" and status.body_bytes == size, status
-    first, first_s = timed(sync_models, STORE, cache, policy, offline=False, local=local)
+    first, first_s = timed(sync_models, STORE, cache, policy, local)
     assert [r.action for r in first] == ["downloaded"] * N_REAL, [r.reason for r in first]
     verdicts = sorted({c.target: c.verdict.value for c in first[0].considered}.items())
     print(f"verdicts here: {', '.join(f'{t}={v}' for t, v in verdicts)}")
@@ -204,7 +227,7 @@ def measure_sync(args: argparse.Namespace, work: Path, port: int, local: LocalEp
             status, seconds = timed(fetch_manifest, STORE, cache)
             assert status.status == "unchanged" and status.body_bytes == 0, status
             fetches.append(seconds)
-            reports, seconds = timed(sync_models, STORE, cache, policy, offline=False, local=local)
+            reports, seconds = timed(sync_models, STORE, cache, policy, local)
             assert [r.action for r in reports] == ["kept"] * N_REAL, [r.reason for r in reports]
             decides.append(seconds)
         return fetches, decides
@@ -225,14 +248,14 @@ def measure_sync(args: argparse.Namespace, work: Path, port: int, local: LocalEp
     assert status.status == "unchanged"
     publish_revision(wanted, cpu_target)  # then every model keeps a rollback variant
     assert fetch_manifest(STORE, cache).status == "fetched"
-    again = sync_models(STORE, cache, policy, offline=False, local=local)
+    again = sync_models(STORE, cache, policy, local)
     assert [r.action for r in again] == ["downloaded"] * N_REAL, [r.reason for r in again]
     updated = repeat()[1]
     if args.profile:
         import cProfile
         import pstats
 
-        for call, a in ((sync_models, (policy, False, local)), (fetch_manifest, ())):
+        for call, a in ((sync_models, (policy, local)), (fetch_manifest, ())):
             profiler = cProfile.Profile()
             profiler.runcall(call, STORE, cache, *a)
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(14)
@@ -259,9 +282,9 @@ def measure_download(
     import boto3
     from boto3.s3.transfer import TransferConfig
 
-    from epfleet.devicecache import DeviceCache
+    from epfleet.device.cache import DeviceCache
+    from epfleet.device.fetching import Fetcher
     from epfleet.stores import open_store
-    from epfleet.sync import ModelSync, SyncPolicy
 
     client, key, size = boto3.client("s3"), f"blobs/big-{size_mib}.bin", size_mib * MiB
     blob, digest = work / "blob.bin", hashlib.sha256()
@@ -271,11 +294,11 @@ def measure_download(
             f.write(chunk)
     client.upload_file(str(blob), BUCKET, f"fleet/{key}")
     blob.unlink()
-    sync = ModelSync(open_store(STORE), DeviceCache(work / "dl"), local, SyncPolicy(), False)
-    assert sync.store.size(key) == size  # its client is made here, outside the timings
+    fetcher = Fetcher(open_store(STORE), DeviceCache(work / "dl"), offline=False)
+    assert fetcher.store.size(key) == size  # its client is made here, outside the timings
     one_get = {"Config": TransferConfig(multipart_threshold=size + 1)}
     raw: dict[str, Any] = {"boto3 download_file": {}, "boto3 download_file, one GET": one_get}
-    speed: dict[str, list[float]] = {name: [] for name in [*raw, "ModelSync.download"]}
+    speed: dict[str, list[float]] = {name: [] for name in [*raw, "Fetcher.download"]}
     for _ in range(args.rounds):
         for name, kwargs in raw.items():
             where = str(work / "raw")
@@ -284,14 +307,14 @@ def measure_download(
             speed[name].append(size / seconds / 1e6)
             os.unlink(where)
         os.sync()
-        moved, seconds = timed(sync.download, key, digest.hexdigest(), size, work / "ours")
+        moved, seconds = timed(fetcher.download, key, digest.hexdigest(), size, work / "ours")
         assert moved == size
-        speed["ModelSync.download"].append(size / seconds / 1e6)
+        speed["Fetcher.download"].append(size / seconds / 1e6)
         (work / "ours").unlink()
     for name, values in speed.items():
         figures = ", ".join(f"{v:.0f}" for v in values)
         print(f"download {size_mib} MiB over {link}, {name}: {figures} MB/s")
-    ours = statistics.median(speed["ModelSync.download"])
+    ours = statistics.median(speed["Fetcher.download"])
     rows: list[Row] = [
         (f"download ({link}): {name} best / median", mbs(v), "", None) for name, v in speed.items()
     ]
@@ -319,7 +342,7 @@ def main() -> None:
 
     import boto3
 
-    from epfleet.local_eps import discover
+    from epfleet.device.local_eps import discover
 
     work = Path(tempfile.mkdtemp(prefix="epfleet-bench-sync-"))
     try:

@@ -19,11 +19,10 @@ from datetime import timedelta
 
 from loopback import Relay, moto_in_own_process  # bench/, beside this script
 
-from epfleet.local_eps import DeviceInfo
+from epfleet.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
 from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry, utcnow
 from epfleet.spec import parse_spec
 from epfleet.stores import open_store
-from epfleet.sync import DeviceReport, ManifestStatus, ModelReport
 from epfleet.watch import Runtime, check_pairs, find_unserved
 from epfleet.watch_inputs import READ_THREADS, read_reports
 

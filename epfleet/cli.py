@@ -234,8 +234,10 @@ def _json_report(report: RunReport) -> dict[str, object]:
 
 
 def _sync(args: argparse.Namespace) -> int:
+    from epfleet.device.policy import SyncPolicy
+    from epfleet.device.session import sync
+    from epfleet.logs import log_to_stderr
     from epfleet.report import render_device_report
-    from epfleet.sync import SyncPolicy, sync
 
     prefer = [p.strip() for p in args.prefer.split(",") if p.strip()]
     bad = [p for p in prefer if p not in ("npu", "gpu", "cpu")]
@@ -245,10 +247,8 @@ def _sync(args: argparse.Namespace) -> int:
         models=args.models, recompile=args.recompile, prefer=prefer, verify=args.verify
     )
 
-    def progress(message: str) -> None:
-        print(f"epfleet: {message}", file=sys.stderr)
-
-    report = sync(args.store, args.cache, policy, args.device_id, log=progress)
+    log_to_stderr()  # progress lines on stderr, the report alone on stdout
+    report = sync(args.store, args.cache, policy, args.device_id)
     if args.json:
         print(report.model_dump_json())
     else:

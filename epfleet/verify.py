@@ -21,9 +21,9 @@ from epfleet.errors import (
     MissingExtraError,
     summarize,
 )
-from epfleet.health import input_infos, open_session, run_samples
 from epfleet.isolated import WorkerDied, WorkerTimeout, shared_workers
 from epfleet.manifest import Verification
+from epfleet.running import input_infos, open_session, run_samples
 from epfleet.samples import compare, generated_samples, load_samples, read_golden, write_golden
 from eps.base import DeviceType
 

@@ -5,22 +5,29 @@ model for the EPs it really has.
 
 runs it once as a Prefect flow (Prefect's ephemeral API when no server is configured);
 with ``--serve SECONDS`` it serves a ``periodic`` deployment that syncs on that
-interval. ``epfleet sync`` runs the same steps without Prefect.
+interval. ``epfleet sync`` runs the same session (``epfleet.device.session``) without
+Prefect; here one session serves the whole flow run, with a task per step.
 """
 
 # No `from __future__ import annotations` here: Prefect builds each flow's parameter model
 # from its annotations when it loads the flow from this file (deployments), and string
 # annotations do not resolve there.
 import sys
-import time
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from epfleet.device.policy import SyncPolicy
+from epfleet.device_report import DeviceReport
 from epfleet.report import device_rows, format_bytes, verdict_rows
 from epfleet.runs import DEFAULT_STORE
-from epfleet.sync import DeviceReport, ModelReport, SyncPolicy, device_id
-from tasks.sync import fetch_manifest_task, report_task, sync_model_task, wanted_models_task
+from tasks.sync import (
+    fetch_manifest_task,
+    open_sync,
+    report_task,
+    sync_model_task,
+    wanted_models_task,
+)
 
 
 @flow(
@@ -42,16 +49,13 @@ def device_sync(
         policy: Which models, whether to recompile, device preference.
         device: Device id in reports (default $EPFLEET_DEVICE_ID or the host name).
     """
-    started = time.perf_counter()
-    identity = device_id(device)
-    manifest = fetch_manifest_task(store, cache)
-    models: list[ModelReport] = []
-    for model in wanted_models_task(store, cache, policy.models):
-        models.append(sync_model_task(store, cache, model, policy, manifest.offline))
-    report = report_task(identity, store, cache, manifest, models, time.perf_counter() - started)
+    with open_sync(store, cache, policy, device):  # lock, state, discovery, worker: once
+        fetch_manifest_task(cache)
+        for model in wanted_models_task(cache):
+            sync_model_task(cache, model)
+        report = report_task(cache)
     _publish_artifacts(report)
-    served = sum(m.action in ("kept", "downloaded", "recompiled") for m in report.models)
-    get_run_logger().info("%d of %d models served", served, len(report.models))
+    get_run_logger().info("%d of %d models served", report.served, len(report.models))
     return report
 
 
@@ -76,9 +80,7 @@ def _publish_artifacts(report: DeviceReport) -> None:
             + ", ".join(f"`{m.model}` {m.action}" for m in report.models)
             + "\n\n"
             + "\n".join(
-                f"- `{m.model}` {m.action}: {m.reason}"
-                for m in report.models
-                if m.action in ("fallback", "failed")
+                f"- `{m.model}` {m.action}: {m.reason}" for m in report.models if not m.served
             )
         ),
     )

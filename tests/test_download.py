@@ -1,10 +1,11 @@
-"""Resumable segmented downloads (epfleet.download) against a real local store, with a
+"""Resumable segmented downloads (epfleet.device.download) against a real local store, with a
 wrapper that cuts the byte streams: the only double here stands in for a network that
 drops connections, which nothing on loopback does on demand."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.download import Transfer
+from epfleet.device.download import Transfer
 from epfleet.errors import IntegrityError, StoreError, TransientStoreError
 from epfleet.hashing import sha256_bytes
 from epfleet.stores.local import LocalStore
@@ -40,7 +41,7 @@ class Cutting:
 
 @pytest.fixture
 def blob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LocalStore, bytes]:
-    monkeypatch.setattr("epfleet.download.SEGMENT", 1000)
+    monkeypatch.setattr("epfleet.device.download.SEGMENT", 1000)
     store = LocalStore(tmp_path / "store")
     data = os.urandom(SIZE)
     store.write("blob", data)
@@ -49,7 +50,7 @@ def blob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LocalStore, b
 
 def transfer(store: object, data: bytes, part: Path) -> Transfer:
     digest = sha256_bytes(data)
-    return Transfer(store, "blob", digest, len(data), part, lambda _: None)  # type: ignore[arg-type]
+    return Transfer(store, "blob", digest, len(data), part)  # type: ignore[arg-type]
 
 
 def test_segments_resume_where_each_stopped(blob: tuple[LocalStore, bytes], tmp_path: Path) -> None:
@@ -99,7 +100,7 @@ def test_resumed_bytes_that_do_not_verify_are_fetched_again(
 def test_wrong_bytes_are_never_kept(blob: tuple[LocalStore, bytes], tmp_path: Path) -> None:
     store, _ = blob
     part = tmp_path / "blob.part"
-    wrong = Transfer(store, "blob", sha256_bytes(b"other"), SIZE, part, lambda _: None)
+    wrong = Transfer(store, "blob", sha256_bytes(b"other"), SIZE, part)
     with pytest.raises(IntegrityError, match="not activated"):
         wrong.run()
     assert not part.exists()
@@ -109,7 +110,7 @@ def test_an_empty_object(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     store.write("empty", b"")
     part = tmp_path / "empty.part"
-    got = Transfer(store, "empty", sha256_bytes(b""), 0, part, lambda _: None)
+    got = Transfer(store, "empty", sha256_bytes(b""), 0, part)
     assert got.run() == 0 and part.read_bytes() == b""
 
 
@@ -137,12 +138,16 @@ def test_a_hard_error_stops_the_other_segments(
 
 
 def test_long_downloads_report_progress(
-    blob: tuple[LocalStore, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    blob: tuple[LocalStore, bytes],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr("epfleet.download.PROGRESS_EVERY", 500)
-    monkeypatch.setattr("epfleet.download.REPORT_EVERY", 0.0)
+    monkeypatch.setattr("epfleet.device.download.PROGRESS_EVERY", 500)
+    monkeypatch.setattr("epfleet.device.download.REPORT_EVERY", 0.0)
     store, data = blob
-    lines: list[str] = []
     digest = sha256_bytes(data)
-    Transfer(store, "blob", digest, SIZE, tmp_path / "blob.part", lines.append).run()
+    with caplog.at_level(logging.INFO, logger="epfleet.device.download"):
+        Transfer(store, "blob", digest, SIZE, tmp_path / "blob.part").run()
+    lines = [r.getMessage() for r in caplog.records if r.name == "epfleet.device.download"]
     assert lines and all(line.startswith("blob: ") and "% (" in line for line in lines)

@@ -6,7 +6,7 @@ import pytest
 
 import eps.cpu as cpu
 from epfleet import ort_version
-from epfleet.local_eps import LocalEps, discover
+from epfleet.device.local_eps import LocalEps, discover
 from eps.base import Verdict
 
 

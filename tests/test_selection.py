@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from epfleet.selection import ActiveVariant, Considered, Step, decide, rank
+from epfleet.device.selection import ActiveVariant, Considered, Step, decide, rank
 from eps.base import DeviceType, Verdict
 
 SOURCE = "5" * 64

@@ -26,11 +26,13 @@ from conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 from onnx import numpy_helper
 from s3proxy import FaultProxy
 
-from epfleet.devicecache import DeviceCache
+from epfleet.device.cache import DeviceCache
+from epfleet.device.policy import SyncPolicy
+from epfleet.device.session import sync
+from epfleet.device_report import DeviceReport, ModelReport
 from epfleet.errors import BadInputError, StoreError
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.manifest import Manifest
-from epfleet.sync import DeviceReport, ModelReport, SyncPolicy, sync
 
 DEVICE = "test-device"
 
@@ -419,7 +421,7 @@ def test_parallel_segments_resume_each_where_it_stopped(
     """Large artifacts come down in parallel ranged segments (4 of them here: the minimum
     segment size is cut to 4 KiB so that a small model has several); a segment cut mid-way
     resumes from its own last byte."""
-    monkeypatch.setattr("epfleet.download.SEGMENT", 4096)
+    monkeypatch.setattr("epfleet.device.download.SEGMENT", 4096)
     uri = publish_to_s3(fleet_store, s3_bucket)
     cpu = read_manifest(fleet_store).models["tiny-cls"].variants["x86-cpu"]
     assert cpu.artifact is not None and cpu.artifact.size > 4 * 4096
@@ -530,6 +532,36 @@ def test_device_sync_flow(htp_only_store: Path, tmp_path: Path) -> None:
     verdicts = Artifact.get("device-sync-flow-device-verdicts")
     assert verdicts is not None and "unsupported" in str(verdicts.data)
     assert (htp_only_store / "reports" / "devices" / "flow-device.json").exists()
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_device_sync_flow_does_the_per_sync_work_once(
+    fleet_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One session serves the flow run's tasks: EP discovery, the manifest's parse and the
+    worker process happen once for all the models, not once per model task."""
+    import epfleet.device.session as session
+    import epfleet.device.steps as steps
+    from flows.device_sync import device_sync
+
+    calls: dict[str, int] = {"discover": 0, "parse": 0, "worker": 0}
+
+    def counted(name: str, call: Callable[..., object]) -> Callable[..., object]:
+        def wrapper(*args: object, **kwargs: object) -> object:
+            calls[name] += 1
+            return call(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(session, "discover", counted("discover", session.discover))
+    monkeypatch.setattr(session, "manifest_in_force", counted("parse", session.manifest_in_force))
+    monkeypatch.setattr(steps, "CompilePool", counted("worker", steps.CompilePool))
+    report = device_sync(cache=str(tmp_path / "device"), store=str(fleet_store), device="once")
+    assert [(m.model, m.action) for m in report.models] == [
+        ("tiny-cls", "downloaded"),
+        ("tiny-det", "downloaded"),
+    ]
+    assert calls == {"discover": 1, "parse": 1, "worker": 1}
 
 
 # --- what review found: each of these once went wrong -------------------------------------

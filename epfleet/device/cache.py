@@ -34,10 +34,10 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from epfleet import ort_version
+from epfleet.device.local_eps import ep_versions
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.fsutil import atomic_write_bytes, fsync_dir
 from epfleet.hashing import sha256_file
-from epfleet.local_eps import ep_versions
 from epfleet.manifest import Name
 from eps.base import DeviceType
 
@@ -52,11 +52,14 @@ class CacheBusy(EpfleetError):
     """Another sync holds the cache."""
 
 
+Origin = Literal["published", "local", "fallback"]
+
+
 class Installed(BaseModel):
-    """A variant present in the cache."""
+    """A variant present in the cache (made by ``epfleet.device.activation``)."""
 
     name: str = Field(description="Variant name in the package, and its directory")
-    origin: Literal["published", "local", "fallback"]
+    origin: Origin
     target: str | None = Field(description="The fleet target it was published for")
     ep: str
     device: DeviceType

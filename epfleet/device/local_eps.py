@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 
 import eps
 from epfleet.device_report import DeviceInfo
-from epfleet.errors import MissingExtraError, NoDeviceError
-from eps.base import Judgement, Verdict
+from eps.base import Judgement, MissingExtraError, NoDeviceError, Verdict
 
 if TYPE_CHECKING:
     import onnxruntime

@@ -1,28 +1,21 @@
-"""Running a variant: open an ORT session for its EP and feed it inputs.
+"""The device's health check: run a variant before activating it, in a worker process.
 
-Two callers: the device's health check before it activates a variant (golden samples
-when the manifest has them, zero inputs otherwise), and the compile host's
-verification before it publishes one (``epfleet.verify``). Both run in worker
-processes: an EP whose native code crashes on a bad artifact takes down the worker,
-not the caller.
+On the model's golden samples when the manifest has them (compared with the source's
+outputs within the variant's tolerance), on zero inputs otherwise. The session
+helpers are shared with the compile host's verification (``epfleet.running``).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-import eps
 from epfleet.errors import EpfleetError, HealthCheckError, summarize
-from epfleet.samples import NUMPY_TYPES, InputInfo, Sample, compare, read_golden
+from epfleet.running import input_infos, open_session, run_samples
+from epfleet.samples import compare, read_golden
 from eps.base import DeviceType
-
-if TYPE_CHECKING:
-    import numpy as np
-    import onnxruntime
 
 
 class HealthJob(BaseModel):
@@ -47,55 +40,6 @@ class Health(BaseModel):
     outputs: int
     samples: int = 0
     max_rel_error: float | None = None
-
-
-def open_session(
-    path: str, ep: str, provider_options: dict[str, str], device: DeviceType, label: str
-) -> onnxruntime.InferenceSession:
-    """An ORT session for the variant at ``path`` on ``ep``. Raises NoDeviceError or
-    MissingExtraError (from the EP module) when this machine cannot run it, and
-    HealthCheckError when ORT refuses the model."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    eps.load(ep).configure_session(options, provider_options, device)
-    try:
-        return ort.InferenceSession(path, options)
-    except Exception as exc:
-        raise HealthCheckError(f"{ep} cannot load {label}: {summarize(exc, 400)}") from None
-
-
-def input_infos(
-    session: onnxruntime.InferenceSession, input_shapes: dict[str, list[int]]
-) -> list[InputInfo]:
-    infos = []
-    for arg in session.get_inputs():
-        dtype = NUMPY_TYPES.get(arg.type)
-        if dtype is None:
-            raise HealthCheckError(f"input {arg.name!r} has type {arg.type}, not a tensor")
-        given = input_shapes.get(arg.name)
-        shape = given or [d if isinstance(d, int) and d > 0 else 1 for d in arg.shape]
-        infos.append(InputInfo(arg.name, dtype, shape))
-    return infos
-
-
-def run_samples(
-    session: onnxruntime.InferenceSession, samples: list[Sample], what: str
-) -> list[list[np.ndarray]]:
-    """The session's outputs for each sample; HealthCheckError when a run fails."""
-    names = {arg.name for arg in session.get_inputs()}
-    outputs = []
-    for k, sample in enumerate(samples):
-        missing = sorted(names - set(sample))
-        if missing:
-            raise HealthCheckError(f"{what}: sample {k} has no array for inputs {missing}")
-        try:
-            outputs.append(session.run(None, {name: sample[name] for name in names}))
-        except Exception as exc:
-            raise HealthCheckError(
-                f"{what}: running sample {k} failed: {summarize(exc, 400)}"
-            ) from None
-    return outputs
 
 
 def check_health(job: HealthJob) -> Health:

@@ -8,15 +8,31 @@ whole object for each). What each segment holds is recorded beside the partial f
 so an interrupted download resumes where every segment stopped, in this sync or a later
 one. Only when every byte is there is the file hashed and compared with the manifest's
 size and sha256; a mismatch deletes it.
+
+Retries on the device: one layer per kind of fault, never stacked.
+
+- A request that fails before its body streams (connection refused, 5xx, throttling):
+  botocore's own retries (standard mode, ``AWS_MAX_ATTEMPTS``; ``epfleet.stores.s3``).
+- A connection that drops mid-body (``TransientStoreError`` from a segment): this
+  module resumes the unfinished segments from their last byte, up to ``ATTEMPTS``
+  rounds; past that the partial file and its record stay for the next sync.
+- Bytes that do not verify after a resume: one fresh download (``Transfer.run``);
+  bytes that do not verify from scratch fail the step, and the sync tries the next
+  one (``epfleet.device.model_sync``).
+- The ``device-sync`` flow's tasks have no Prefect retries on top of these
+  (``tasks/sync.py``): the next scheduled sync is the retry.
+
+Progress and resumption go to this module's logger (``epfleet.device.download``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
+import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -32,6 +48,8 @@ ATTEMPTS = 3
 PROGRESS_EVERY = 8 * MiB
 REPORT_EVERY = 5.0  # seconds
 
+logger = logging.getLogger(__name__)
+
 
 class Transfer:
     def __init__(
@@ -41,10 +59,8 @@ class Transfer:
         sha256: str,
         size: int,
         part: Path,
-        log: Callable[[str], None],
     ) -> None:
         self.store, self.key, self.sha256, self.size, self.part = store, key, sha256, size, part
-        self.log = log
         self.segment = max(SEGMENT, -(-size // PARALLEL))
         self.segments = [(s, min(s + self.segment, size)) for s in range(0, size, self.segment)]
         self.progress = part.with_name(part.name + ".progress")
@@ -94,7 +110,7 @@ class Transfer:
         except IntegrityError:
             if not resumed:
                 raise
-            self.log(f"{self.key}: the resumed download did not verify; starting over")
+            logger.info("%s: the resumed download did not verify; starting over", self.key)
             self.done = [0] * len(self.segments)
             self._run_once()
         return self.moved
@@ -112,7 +128,7 @@ class Transfer:
                 except TransientStoreError as exc:
                     if attempt == ATTEMPTS:
                         raise
-                    self.log(f"{self.key}: {exc}; resuming (attempt {attempt + 1})")
+                    logger.info("%s: %s; resuming (attempt %d)", self.key, exc, attempt + 1)
             os.fsync(fd)
         finally:
             self.moved += sum(self.done) - before
@@ -140,7 +156,13 @@ class Transfer:
         pool = ThreadPoolExecutor(min(PARALLEL, len(todo)))
         try:
             dropped: list[TransientStoreError] = []
-            for fetch in as_completed([pool.submit(self._fetch_segment, fd, i) for i in todo]):
+            # Each segment runs in a copy of this context: its log records stay those of the
+            # Prefect run (or anything else in context) that started the download.
+            fetches = [
+                pool.submit(contextvars.copy_context().run, self._fetch_segment, fd, i)
+                for i in todo
+            ]
+            for fetch in as_completed(fetches):
                 error = fetch.exception()
                 if isinstance(error, TransientStoreError):
                     dropped.append(error)
@@ -183,9 +205,13 @@ class Transfer:
             self._reported = now
         held = sum(self.done)
         rate = (held - self._initial) / max(now - self._started, 1e-3) / 1e6
-        self.log(
-            f"{self.key}: {held * 100 // self.size}% ({held / 1e6:.0f} of "
-            f"{self.size / 1e6:.0f} MB, {rate:.0f} MB/s)"
+        logger.info(
+            "%s: %d%% (%.0f of %.0f MB, %.0f MB/s)",
+            self.key,
+            held * 100 // self.size,
+            held / 1e6,
+            self.size / 1e6,
+            rate,
         )
 
     def _save_progress(self, fd: int) -> None:

@@ -1,0 +1,14 @@
+"""The device engine: keep a device's cache supplied with the best variant of every model.
+
+One sync is a ``session.SyncSession``: it holds the cache's lock, fetches the manifest
+(``manifest_cache``), discovers the local EPs once (``local_eps``) and starts one worker
+process. For each model (``model_sync``) it judges the published variants by their
+compatibility strings, decides what to try (``selection``, pure) and runs those steps
+(``steps``: download via ``fetching`` and ``download``, string check, ``health`` check,
+a build here via ``local_build``, fallback) until one installs a variant in the cache
+(``cache``), which then becomes active (``activation``, pure). ``policy`` is what a sync
+is asked to do. A failure at any step keeps the previous active variant.
+
+The fleet side never imports this package: the device report it writes is a shared
+format in ``epfleet.device_report``.
+"""

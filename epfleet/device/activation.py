@@ -1,0 +1,125 @@
+"""Which variants a model keeps in the cache state: new variants, activation, rollback (pure).
+
+A variant's name is its target (or ``local-<ep>``, or ``fallback``) and the first 12
+hex digits of its sha256; it is also its directory in the cache. A model keeps its
+active variant and the one before it, for rollback; the cache's files follow the state
+(``epfleet.device.cache``).
+"""
+
+from __future__ import annotations
+
+from epfleet.device.cache import Installed, ModelState, Origin
+from epfleet.manifest import SourceEntry, VariantEntry, utcnow
+from eps.base import DeviceType, LocalTarget
+
+
+def variant_name(prefix: str, sha256: str) -> str:
+    return f"{prefix}-{sha256[:12]}"
+
+
+def local_target_name(ep: str) -> str:
+    return "local-" + ep.lower().removesuffix("executionprovider")
+
+
+def published_variant(target: str, variant: VariantEntry) -> Installed:
+    """The manifest's variant for ``target``, as it will be installed."""
+    artifact = variant.artifact
+    assert artifact is not None and variant.compatibility_string is not None
+    return _new(
+        prefix=target,
+        origin="published",
+        target=target,
+        ep=variant.ep,
+        device=variant.device,
+        compatibility_string=variant.compatibility_string,
+        provider_options=variant.provider_options,
+        sha256=artifact.sha256,
+        size=artifact.size,
+        source_sha256=variant.source_sha256,
+    )
+
+
+def local_variant(
+    ep: str, local: LocalTarget, compatibility_string: str, sha256: str, size: int, source: str
+) -> Installed:
+    """A variant built here for ``ep`` from the source whose sha256 is ``source``."""
+    return _new(
+        prefix=local_target_name(ep),
+        origin="local",
+        target=None,
+        ep=ep,
+        device=local.device,
+        compatibility_string=compatibility_string,
+        provider_options=local.provider_options,
+        sha256=sha256,
+        size=size,
+        source_sha256=source,
+    )
+
+
+def fallback_variant(source: SourceEntry) -> Installed:
+    """The source model itself, run on the CPU EP."""
+    return _new(
+        prefix="fallback",
+        origin="fallback",
+        target=None,
+        ep="CPUExecutionProvider",
+        device="cpu",
+        compatibility_string=None,
+        provider_options={},
+        sha256=source.sha256,
+        size=source.size,
+        source_sha256=source.sha256,
+    )
+
+
+def _new(
+    *,
+    prefix: str,
+    origin: Origin,
+    target: str | None,
+    ep: str,
+    device: DeviceType,
+    compatibility_string: str | None,
+    provider_options: dict[str, str],
+    sha256: str,
+    size: int,
+    source_sha256: str,
+) -> Installed:
+    """The one place an ``Installed`` is made; ``DeviceCache.install`` stamps its mtime."""
+    return Installed(
+        name=variant_name(prefix, sha256),
+        origin=origin,
+        target=target,
+        ep=ep,
+        device=device,
+        compatibility_string=compatibility_string,
+        provider_options=provider_options,
+        sha256=sha256,
+        size=size,
+        source_sha256=source_sha256,
+        activated_at=utcnow(),
+        mtime_ns=0,
+    )
+
+
+def promote(state: ModelState, installed: Installed) -> None:
+    """Make ``installed`` active and keep the old active one for rollback (a variant is
+    never its own rollback)."""
+    old = state.active
+    if old is not None and old.name != installed.name:
+        state.previous = old
+    elif state.previous is not None and state.previous.name == installed.name:
+        state.previous = None
+    state.active = installed
+
+
+def drop_changed_active(state: ModelState, previous_intact: bool) -> str:
+    """The active variant's file changed on disk: roll back to the previous variant if its
+    file is intact, else run nothing. Returns the note for the model's report."""
+    changed, previous = state.active, state.previous
+    assert changed is not None
+    rolled_back = previous if previous_intact else None
+    state.active, state.previous = rolled_back, None
+    note = f"active variant {changed.name} changed on disk"
+    return note + (f"; rolled back to {rolled_back.name}" if rolled_back else "")

@@ -1,0 +1,63 @@
+"""Bytes from the store into the device cache for one sync: verified downloads, counted.
+
+Every download goes through ``Fetcher.download`` (resumable, parallel ranged GETs,
+verified: ``epfleet.device.download``) so that the sync knows the bytes it moved,
+failed attempts included. A model's golden samples are downloaded once and kept,
+content-addressed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from epfleet.device.cache import DeviceCache
+from epfleet.device.download import Transfer
+from epfleet.errors import TransientStoreError
+from epfleet.hashing import sha256_file
+from epfleet.manifest import ModelEntry
+from epfleet.stores import Store
+
+
+class Fetcher:
+    def __init__(self, store: Store, cache: DeviceCache, offline: bool) -> None:
+        self.store = store
+        self.cache = cache
+        self.offline = offline
+        """The manifest fetch found the store unreachable: steps needing it fail at once."""
+        self.moved = 0
+        """Bytes downloaded so far by this sync, failed attempts included."""
+
+    def require_store(self) -> None:
+        """Each step checks this where it first needs the store, after what the cache alone
+        can do (a rollback, an already active fallback)."""
+        if self.offline:
+            raise TransientStoreError("the store is unreachable (offline)")
+
+    def download(self, key: str, sha256: str, size: int, part: Path) -> int:
+        """Download ``key`` into ``part`` (resumable, parallel ranged GETs) and verify size
+        and sha256 (see ``epfleet.device.download``). Returns the bytes moved."""
+        transfer = Transfer(self.store, key, sha256, size, part)
+        try:
+            return transfer.run()
+        finally:
+            self.moved += transfer.moved
+
+    def to_partial(self, key: str, sha256: str, size: int) -> tuple[Path, int]:
+        """Download into the cache's partial file for ``sha256`` (resuming what an earlier
+        sync left there); the file and the bytes moved."""
+        part = self.cache.partial(sha256)
+        return part, self.download(key, sha256, size, part)
+
+    def golden(self, entry: ModelEntry) -> Path | None:
+        """The model's golden samples in the cache, downloaded and verified once."""
+        samples = entry.samples
+        if samples is None:
+            return None
+        path = self.cache.samples_file(samples.sha256)
+        if path.exists() and sha256_file(path) == (samples.sha256, samples.size):
+            return path
+        self.require_store()
+        part, _ = self.to_partial(samples.uri, samples.sha256, samples.size)
+        os.replace(part, path)
+        return path

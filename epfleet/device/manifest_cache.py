@@ -1,0 +1,133 @@
+"""The manifest in force on a device: fetched, cached for offline use, trusted under rules.
+
+It is fetched with a conditional GET, and the cached copy is trusted only while its
+bytes and epfleet's validation rules are the ones it was validated with.
+
+An unreachable store or an invalid manifest leaves the cached one in force. The caller
+holds the cache's lock (``DeviceCache.locked``) and passes the state it loaded.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from epfleet.device.cache import CacheState, DeviceCache
+from epfleet.device_report import ManifestStatus
+from epfleet.errors import BadInputError, StoreError
+from epfleet.hashing import sha256_bytes
+from epfleet.manifest import VALIDATION_RULES, Manifest, ModelEntry
+from epfleet.stores import MANIFEST_KEY, UNCHANGED, Store
+
+
+def fetch_manifest(store: Store, cache: DeviceCache, state: CacheState) -> ManifestStatus:
+    """Fetch the manifest with a conditional GET on the cached ETag, and keep the last valid
+    one in the cache. A fetched manifest is validated whole; ``state`` records what it was
+    validated with and is saved."""
+    trusted = cached_manifest(cache, state, store.uri) is not None
+    generation = state.manifest_generation if trusted else None
+    try:
+        if trusted and state.manifest_etag:
+            got = store.read_if_changed(MANIFEST_KEY, state.manifest_etag)
+        else:
+            got = store.read(MANIFEST_KEY)
+    except StoreError as exc:
+        return ManifestStatus(
+            status="offline", generation=generation, body_bytes=0, reason=str(exc)
+        )
+    if got == UNCHANGED:
+        return ManifestStatus(status="unchanged", generation=generation, body_bytes=0)
+    if got is None:
+        raise BadInputError(
+            f"no manifest at {store.uri}/{MANIFEST_KEY}: publish one with epfleet compile"
+        )
+    try:
+        manifest = Manifest.from_json(got.data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        reason = (
+            f"{store.uri}/{MANIFEST_KEY} fails validation at "
+            f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
+        )
+        if not trusted:
+            raise StoreError(f"{reason}; no valid manifest is cached to fall back on") from None
+        return ManifestStatus(
+            status="rejected",
+            generation=generation,
+            body_bytes=len(got.data),
+            reason=f"{reason}; the cached manifest (generation {generation}) stays in force",
+        )
+    cache.save_manifest(got.data)
+    state.store, state.manifest_etag = store.uri, got.etag
+    state.manifest_generation = manifest.generation
+    state.manifest_sha256, state.manifest_rules = sha256_bytes(got.data), VALIDATION_RULES
+    cache.save_state(state)
+    return ManifestStatus(
+        status="fetched", generation=manifest.generation, body_bytes=len(got.data)
+    )
+
+
+def cached_manifest(cache: DeviceCache, state: CacheState, store_uri: str) -> bytes | None:
+    """The manifest cached from this store, if it is valid under today's rules: trusted by
+    its sha256 when it was validated under them, else validated whole again now (a cache
+    from an older epfleet, or a crash between writing it and the state)."""
+    data = cache.cached_manifest() if state.store == store_uri else None
+    if data is None:
+        return None
+    digest = sha256_bytes(data)
+    if state.manifest_rules == VALIDATION_RULES and state.manifest_sha256 == digest:
+        return data
+    try:
+        manifest = Manifest.from_json(data)
+    except ValidationError:
+        return None
+    state.manifest_sha256, state.manifest_rules = digest, VALIDATION_RULES
+    state.manifest_generation = manifest.generation
+    state.manifest_etag = None  # it may be the ETag of another copy: fetch whole next time
+    cache.save_state(state)
+    return data
+
+
+def manifest_in_force(
+    cached: bytes | None, models: list[str] | None, store_uri: str, cache_dir: Path
+) -> Manifest:
+    """The wanted models' part of the cached manifest (``cached_manifest``'s answer; the
+    store and cache are named in errors).
+
+    Only the wanted entries are validated again (the whole manifest was when it was
+    fetched): a device that wants 20 models of a 1,000-model manifest should not pay for
+    the other 980 on every sync."""
+    if cached is None:
+        raise StoreError(
+            f"no usable manifest: {store_uri} could not be read and no manifest from it is "
+            f"cached in {cache_dir}; sync again once the store is reachable"
+        )
+    gc.disable()  # json.loads of a large manifest makes ~100k objects: no cyclic garbage
+    try:
+        document = json.loads(cached)
+    finally:
+        gc.enable()
+    entries = document.get("models", {})
+    try:
+        wanted = {
+            name: ModelEntry.model_validate(entries[name])
+            for name in wanted_models(list(entries), models)
+        }
+    except ValidationError as exc:
+        raise StoreError(f"the cached manifest in {cache_dir} is damaged: {exc}") from None
+    return Manifest.model_construct(generation=document.get("generation", 0), models=wanted)
+
+
+def wanted_models(available: list[str], models: list[str] | None) -> list[str]:
+    if not models:
+        return available
+    unknown = [m for m in models if m not in available]
+    if unknown:
+        raise BadInputError(
+            f"model {', '.join(map(repr, unknown))} is not in the manifest; "
+            f"it has: {', '.join(available) or 'no models'}"
+        )
+    return list(dict.fromkeys(models))

@@ -1,0 +1,166 @@
+"""One model's sync: judge the published variants, decide, try the steps, activate, report.
+
+Verdicts come from compatibility strings alone (``epfleet.device.local_eps``), the
+choice from ``epfleet.device.selection``; nothing is downloaded to decide. A failure at
+any step keeps the previous active variant.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from epfleet.device.activation import drop_changed_active, promote
+from epfleet.device.cache import CacheState, DeviceCache, Installed, ModelState
+from epfleet.device.local_build import build_key
+from epfleet.device.local_eps import LocalEps
+from epfleet.device.policy import SyncPolicy
+from epfleet.device.selection import ActiveVariant, Considered, Step, decide
+from epfleet.device.steps import Done, Steps
+from epfleet.device_report import ModelReport, VariantVerdict
+from epfleet.errors import EpfleetError, StoreError
+from epfleet.manifest import ModelEntry
+
+logger = logging.getLogger(__name__)
+
+
+def considered(local: LocalEps, entry: ModelEntry) -> list[Considered]:
+    """Every published variant of the model, judged here by its compatibility string."""
+    judged = []
+    for target, variant in entry.variants.items():
+        if variant.status != "ok" or variant.artifact is None:
+            continue
+        string = variant.compatibility_string or ""
+        judgement = local.judge(variant.ep, string)
+        judged.append(
+            Considered(
+                target=target,
+                ep=variant.ep,
+                device=variant.device,
+                sha256=variant.artifact.sha256,
+                compatibility_string=string,
+                verdict=judgement.verdict,
+                reason=judgement.reason,
+            )
+        )
+    return judged
+
+
+def sync_model(
+    steps: Steps, model: str, entry: ModelEntry, state: CacheState, policy: SyncPolicy
+) -> ModelReport:
+    """Sync ``model``; ``state`` is updated (and saved when a variant is activated)."""
+    started, moved_before = time.perf_counter(), steps.fetcher.moved
+    cache = steps.cache
+    mstate = state.models.setdefault(model, ModelState())
+    judged = considered(steps.local, entry)
+    notes: list[str] = []
+    if mstate.active is not None and not cache.intact(model, mstate.active, rehash=policy.verify):
+        previous = mstate.previous
+        usable = previous is not None and cache.intact(model, previous, rehash=True)
+        notes.append(drop_changed_active(mstate, usable))
+    active = mstate.active
+    active_view = (
+        ActiveVariant(
+            origin=active.origin,
+            target=active.target,
+            sha256=active.sha256,
+            source_sha256=active.source_sha256,
+            verdict=steps.judge_installed(active).verdict,
+        )
+        if active is not None
+        else None
+    )
+    key = build_key(entry)
+    plan = decide(
+        judged,
+        active_view,
+        entry.source.sha256,
+        recompile=policy.recompile,
+        recompile_failed_before=key in mstate.recompile_failed,
+        preference=policy.prefer,
+    )
+    failures: list[str] = []
+    done: Done | None = None
+    for step in plan:
+        try:
+            done = steps.run(step, model, entry, mstate, judged)
+            break
+        except EpfleetError as exc:
+            failures.append(f"{describe(step)}: {exc}")
+            logger.warning("%s: %s failed: %s", model, describe(step), exc)
+            if step.kind == "recompile" and not isinstance(exc, StoreError):
+                mstate.recompile_failed[key] = str(exc)  # a build that cannot work
+    verdicts = [
+        VariantVerdict(
+            target=c.target, ep=c.ep, device=c.device, verdict=c.verdict, reason=c.reason
+        )
+        for c in judged
+    ]
+    seconds = round(time.perf_counter() - started, 3)
+    moved = steps.fetcher.moved - moved_before
+    if done is None:
+        kept = mstate.active
+        reason = "; ".join(notes + failures) or "nothing published can run here"
+        if kept is not None and cache.intact(model, kept):
+            reason += f" (still running {kept.name})"
+        return failed(model, kept, reason, verdicts, moved, seconds)
+    if done.installed is not mstate.active:
+        activate(cache, model, state, done.installed)
+    return ModelReport(
+        model=model,
+        action=done.action,
+        variant=done.installed.name,
+        target=done.installed.target,
+        ep=done.installed.ep,
+        verdict=done.verdict,
+        bytes_downloaded=moved,
+        reason="; ".join([*notes, *failures, done.reason]),
+        considered=verdicts,
+        seconds=seconds,
+    )
+
+
+def activate(cache: DeviceCache, model: str, state: CacheState, installed: Installed) -> None:
+    """Make ``installed`` active (the old active kept for rollback), write the state and
+    then the package manifest, and only then remove what neither references."""
+    mstate = state.models[model]
+    promote(mstate, installed)
+    cache.save_state(state)
+    outvoted = cache.write_package(state)
+    if model in outvoted:
+        logger.info("%s: ORT would select the rollback variant; listing the active alone", model)
+    cache.prune(model, mstate)
+
+
+def unexpected(model: str, state: CacheState, exc: Exception) -> ModelReport:
+    """The report of a model whose sync raised something no step expects."""
+    kept = state.models.get(model, ModelState()).active
+    return failed(model, kept, f"unexpected {type(exc).__name__}: {exc}", [], 0, 0.0)
+
+
+def failed(
+    model: str,
+    kept: Installed | None,
+    reason: str,
+    considered: list[VariantVerdict],
+    moved: int,
+    seconds: float,
+) -> ModelReport:
+    """A model nothing could be done for; ``kept`` (if any) is still what runs."""
+    return ModelReport(
+        model=model,
+        action="failed",
+        variant=kept.name if kept else None,
+        target=kept.target if kept else None,
+        ep=kept.ep if kept else None,
+        verdict=None,
+        bytes_downloaded=moved,
+        reason=reason,
+        considered=considered,
+        seconds=seconds,
+    )
+
+
+def describe(step: Step) -> str:
+    return f"{step.kind} {step.target}" if step.target else step.kind

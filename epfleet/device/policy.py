@@ -1,0 +1,22 @@
+"""What a device sync is asked to do: which models, whether to recompile, which devices first."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from epfleet.device.selection import DEFAULT_PREFERENCE
+from eps.base import DeviceType
+
+
+class SyncPolicy(BaseModel):
+    models: list[str] | None = Field(default=None, description="Only these (default: all)")
+    recompile: bool = Field(
+        default=True, description="Recompile locally when nothing published is optimal here"
+    )
+    prefer: list[DeviceType] = Field(
+        default=list(DEFAULT_PREFERENCE), description="Device types, most preferred first"
+    )
+    verify: bool = Field(
+        default=False,
+        description="Re-hash active files (default: trust size and mtime as activated)",
+    )

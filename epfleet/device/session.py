@@ -1,0 +1,232 @@
+"""One device sync as a session: lock, state, manifest, EPs and worker shared by its models.
+
+The session holds the cache's lock, its state, the manifest in force, the local EPs
+and one worker process for every model the sync wants, then writes the device report.
+
+    with SyncSession(store_uri, cache_dir, policy) as session:
+        session.fetch_manifest()
+        for model in session.wanted():
+            session.sync_model(model)
+        report = session.finish()
+
+``sync`` is that loop (the CLI's ``epfleet sync``); the ``device-sync`` flow runs the
+same session with a Prefect task per step (``tasks/sync.py``). Progress goes to the
+``epfleet.device`` loggers (``epfleet.logs.log_to_stderr`` for a terminal). A session
+serves one thread at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import socket
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+
+from epfleet import ort_version
+from epfleet.device import model_sync
+from epfleet.device.cache import CacheState, DeviceCache
+from epfleet.device.fetching import Fetcher
+from epfleet.device.local_eps import LocalEps, discover, ep_versions
+from epfleet.device.manifest_cache import cached_manifest, fetch_manifest, manifest_in_force
+from epfleet.device.policy import SyncPolicy
+from epfleet.device.steps import Steps
+from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
+from epfleet.errors import BadInputError, StoreError
+from epfleet.manifest import NAME_PATTERN, Manifest, utcnow
+from epfleet.stores import Store, open_store
+
+logger = logging.getLogger(__name__)
+
+
+class SyncSession:
+    """One sync of the cache at ``cache_dir`` against the store at ``store_uri``.
+
+    Entering it takes the cache's lock (``CacheBusy`` if another sync holds it) and loads
+    the cache's state; the manifest in force is parsed once, the local EPs discovered
+    once and one worker process started, on first need. Leaving it stops the worker,
+    writes the state and the package manifest, tidies the cache and releases the lock,
+    whether or not ``finish`` ran."""
+
+    def __init__(
+        self,
+        store_uri: str,
+        cache_dir: Path,
+        policy: SyncPolicy,
+        device: str | None = None,
+        *,
+        local: LocalEps | None = None,
+    ) -> None:
+        self.device = device_id(device)  # a bad id fails before anything is touched
+        self.started = time.perf_counter()
+        self.store_uri, self.cache_dir, self.policy = store_uri, cache_dir, policy
+        self.store = open_store(store_uri)
+        self.cache = DeviceCache(cache_dir)
+        self.fetcher = Fetcher(self.store, self.cache, offline=False)
+        self.status: ManifestStatus | None = None
+        """The manifest fetch's outcome; before ``fetch_manifest``, the store counts as
+        reachable and the cached manifest is in force."""
+        self.reports: list[ModelReport] = []
+        self._given_local = local
+        self._state: CacheState | None = None
+        self._stack = ExitStack()
+        self._closed = False
+
+    # -- the session's lifetime --
+
+    def __enter__(self) -> SyncSession:
+        with ExitStack() as stack:
+            stack.enter_context(self.cache.locked())
+            self._state = self.cache.load_state()
+            stack.callback(self._close)
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stack.close()
+
+    def _close(self) -> None:
+        """Stop the worker, write what the models' syncs changed, tidy (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        if "steps" in self.__dict__:
+            self.steps.close()
+        state = self.state
+        self.cache.write_package(state)
+        self.cache.save_state(state)
+        self.cache.tidy()
+
+    @property
+    def state(self) -> CacheState:
+        if self._state is None:
+            raise RuntimeError("a SyncSession is used inside its `with` block")
+        return self._state
+
+    @functools.cached_property
+    def local(self) -> LocalEps:
+        """This device's EPs, discovered once per session."""
+        return self._given_local or discover()
+
+    @functools.cached_property
+    def steps(self) -> Steps:
+        return Steps(self.fetcher, self.cache, self.local, self.policy.prefer)
+
+    @functools.cached_property
+    def manifest(self) -> Manifest:
+        """The wanted models' part of the manifest in force, parsed once per session."""
+        cached = cached_manifest(self.cache, self.state, self.store.uri)
+        return manifest_in_force(cached, self.policy.models, self.store_uri, self.cache_dir)
+
+    # -- the sync --
+
+    def fetch_manifest(self) -> ManifestStatus:
+        """Fetch the manifest (a conditional GET). An unreachable store (offline: the steps
+        then do not ask it for anything) or an invalid manifest leaves the cached one in
+        force."""
+        status = fetch_manifest(self.store, self.cache, self.state)
+        self.status = status
+        self.fetcher.offline = status.offline
+        self.__dict__.pop("manifest", None)  # a newly fetched one is in force
+        logger.log(
+            logging.WARNING if status.reason else logging.INFO,
+            "manifest: %s (generation %s, %d bytes)%s",
+            status.status,
+            status.generation,
+            status.body_bytes,
+            f": {status.reason}" if status.reason else "",
+        )
+        return status
+
+    def wanted(self) -> list[str]:
+        """The models this sync is for: the policy's, else every model in the manifest.
+        BadInputError names a model the manifest does not have."""
+        return list(self.manifest.models)
+
+    def sync_model(self, model: str) -> ModelReport:
+        """Sync one wanted model; anything it raises beyond a step's failure is reported as
+        the model's failure, not raised, so that it does not starve the others."""
+        if self._closed:
+            raise RuntimeError("this SyncSession has finished")
+        entry = self.manifest.models.get(model)
+        if entry is None:
+            raise BadInputError(
+                f"model {model!r} is not among this sync's models: {', '.join(self.wanted())}"
+            )
+        try:
+            report = model_sync.sync_model(self.steps, model, entry, self.state, self.policy)
+        except Exception as exc:
+            report = model_sync.unexpected(model, self.state, exc)
+        logger.info("%s: %s %s (%s)", model, report.action, report.variant or "", report.reason)
+        self.reports.append(report)
+        return report
+
+    def finish(self) -> DeviceReport:
+        """Write and tidy the cache, then the device report of the models synced so far:
+        uploaded to the store when it accepts writes, and kept in the cache."""
+        if self.status is None:
+            raise RuntimeError("fetch_manifest() comes before finish()")
+        self._close()
+        report = DeviceReport(
+            device_id=self.device,
+            generated_at=utcnow().isoformat(),
+            ort_version=ort_version(),
+            ep_packages=ep_versions(),
+            devices=self.local.describe(),
+            store=self.store_uri,
+            cache=str(self.cache.root),
+            manifest=self.status,
+            models=list(self.reports),
+            seconds=round(time.perf_counter() - self.started, 3),
+        )
+        report = upload_report(self.store, report)
+        self.cache.save_last_report(report.model_dump_json(indent=2).encode())
+        return report
+
+
+def sync(
+    store_uri: str, cache_dir: Path, policy: SyncPolicy, device: str | None = None
+) -> DeviceReport:
+    """One whole device sync, without Prefect."""
+    with SyncSession(store_uri, cache_dir, policy, device) as session:
+        session.fetch_manifest()
+        for model in session.wanted():
+            session.sync_model(model)
+        return session.finish()
+
+
+def device_id(given: str | None) -> str:
+    """The device's id in reports: ``given``, else $EPFLEET_DEVICE_ID, else the host name."""
+    chosen = given or os.environ.get("EPFLEET_DEVICE_ID")
+    if chosen:
+        if not re.fullmatch(NAME_PATTERN, chosen):
+            raise BadInputError(
+                f"device id {chosen!r} must match {NAME_PATTERN} (lowercase letters, digits, "
+                "'.', '_' and '-')"
+            )
+        return chosen
+    host = re.sub(r"[^a-z0-9._-]+", "-", socket.gethostname().lower()).strip("-._")
+    return host or "device"
+
+
+def upload_report(store: Store, report: DeviceReport) -> DeviceReport:
+    """Put the report at reports/devices/<id>.json when the store accepts writes."""
+    if report.manifest.offline:
+        return report.model_copy(
+            update={"report_uploaded": False, "report_error": "offline: not uploaded"}
+        )
+    data = report.model_dump_json(indent=2, exclude={"report_uploaded", "report_error"})
+    try:
+        store.write(report_key(report.device_id), data.encode())
+    except StoreError as exc:
+        return report.model_copy(update={"report_uploaded": False, "report_error": str(exc)})
+    return report.model_copy(update={"report_uploaded": True})

@@ -1,0 +1,262 @@
+"""The steps a model's sync tries: keep, download, build here, or run the source on the CPU.
+
+Each ends with a variant in the cache: the one already there (keep) or a new one installed.
+
+Every new variant passes its checks before it is installed: the sha256 and size the
+manifest gives (``epfleet.device.download``), the compatibility string ORT reads from
+the file (for a published variant), and a health check in a worker process, on the
+model's golden samples when the manifest has them. A step that fails raises an
+``EpfleetError`` naming why; nothing it leaves behind is active.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import eps
+from epfleet.compiler import CompileJob, discard
+from epfleet.device.activation import fallback_variant, local_variant, published_variant
+from epfleet.device.cache import DeviceCache, Installed, ModelState
+from epfleet.device.fetching import Fetcher
+from epfleet.device.health import Health, HealthJob, check_health
+from epfleet.device.local_build import local_request, local_targets
+from epfleet.device.local_eps import LocalEps
+from epfleet.device.selection import Considered, Step
+from epfleet.device_report import Action
+from epfleet.errors import EpfleetError, HealthCheckError, IntegrityError
+from epfleet.manifest import ModelEntry, VariantEntry
+from epfleet.pool import CompilePool
+from eps.base import DeviceType, Judgement, LocalTarget, Verdict
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Done:
+    """A step that succeeded: what is now installed, and how the report says it."""
+
+    installed: Installed
+    action: Action
+    verdict: Verdict | None
+    reason: str
+
+
+class Steps:
+    """The steps, with what they share for one sync: the fetcher, the cache, the local EPs
+    and one worker process (started on first use; ``close`` stops it)."""
+
+    def __init__(
+        self, fetcher: Fetcher, cache: DeviceCache, local: LocalEps, prefer: Sequence[DeviceType]
+    ) -> None:
+        self.fetcher = fetcher
+        self.cache = cache
+        self.local = local
+        self.prefer = prefer
+        self._worker: CompilePool | None = None
+
+    @property
+    def worker(self) -> CompilePool:
+        if self._worker is None:
+            self._worker = CompilePool(1)
+        return self._worker
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+            self._worker = None
+
+    def judge_installed(self, installed: Installed) -> Judgement:
+        if installed.compatibility_string is None:
+            return Judgement(Verdict.UNKNOWN, "the source model, not compiled for any EP")
+        return self.local.judge(installed.ep, installed.compatibility_string)
+
+    def run(
+        self,
+        step: Step,
+        model: str,
+        entry: ModelEntry,
+        state: ModelState,
+        considered: list[Considered],
+    ) -> Done:
+        if step.kind == "keep":
+            assert state.active is not None
+            return self.keep(state.active)
+        if step.kind == "download":
+            assert step.target is not None
+            chosen = next(c for c in considered if c.target == step.target)
+            return self.download(model, entry, chosen, state)
+        if step.kind == "recompile":
+            return self.recompile(model, entry)
+        return self.fallback(model, entry, state.active)
+
+    # -- the steps --
+
+    def keep(self, active: Installed) -> Done:
+        verdict = self.judge_installed(active)
+        return Done(
+            installed=active,
+            action="kept",
+            verdict=verdict.verdict,
+            reason=f"{active.name} is still the best choice here ({verdict.reason})",
+        )
+
+    def download(
+        self, model: str, entry: ModelEntry, chosen: Considered, state: ModelState
+    ) -> Done:
+        """The published variant ``chosen``, from the cache's rollback slot if it is there."""
+        variant = entry.variants[chosen.target]
+        artifact = variant.artifact
+        assert artifact is not None
+        installed = published_variant(chosen.target, variant)
+        previous = state.previous
+        if (
+            previous is not None
+            and previous.name == installed.name
+            and self.cache.intact(model, previous)
+        ):
+            return Done(
+                installed=previous,
+                action="downloaded",
+                verdict=chosen.verdict,
+                reason=f"rolled back to {previous.name}, kept in the cache: {chosen.reason}",
+            )
+        self.fetcher.require_store()
+        part, moved = self.fetcher.to_partial(artifact.uri, artifact.sha256, artifact.size)
+        check_string(part, variant)
+        health = self.health(part, installed, entry)
+        installed = self.cache.install(model, installed, part)
+        logger.info(
+            "%s: downloaded %s (%d bytes), health check passed%s",
+            model,
+            installed.name,
+            moved,
+            f" on {health.samples} golden samples" if health.samples else "",
+        )
+        return Done(
+            installed=installed, action="downloaded", verdict=chosen.verdict, reason=chosen.reason
+        )
+
+    def recompile(self, model: str, entry: ModelEntry) -> Done:
+        """Build the published source here, for the first EP (in preference order) whose
+        build judges optimal and passes its health check."""
+        self.fetcher.require_store()
+        targets = local_targets(self.local, self.prefer)
+        if not targets:
+            raise EpfleetError("no EP here builds for this device's hardware")
+        source = entry.source
+        part, _ = self.fetcher.to_partial(source.uri, source.sha256, source.size)
+        failures = []
+        for ep, local in targets:
+            try:
+                done = self.build_locally(model, entry, part, ep, local)
+            except EpfleetError as exc:
+                failures.append(f"{ep}: {exc}")
+                continue
+            part.unlink(missing_ok=True)
+            return done
+        # The verified source stays in partial/: the fallback step runs it without a
+        # second download (and tidy() removes it if nothing does).
+        raise EpfleetError("; ".join(failures))
+
+    def build_locally(
+        self, model: str, entry: ModelEntry, source: Path, ep: str, local: LocalTarget
+    ) -> Done:
+        request = local_request(model, entry, ep, local)
+        logger.info("%s: recompiling locally for %s (%s)", model, ep, local.device)
+        workdir = str(self.cache.scratch())
+        job = CompileJob(request=request, source_path=str(source), workdir=workdir)
+        output = self.worker.run(job)
+        try:
+            judged = self.local.judge(ep, output.compatibility_string)
+            if judged.verdict != Verdict.OPTIMAL:
+                raise EpfleetError(
+                    f"the local build judges {judged.verdict.value} here ({judged.reason})"
+                )
+            installed = local_variant(
+                ep,
+                local,
+                output.compatibility_string,
+                output.sha256,
+                output.size,
+                entry.source.sha256,
+            )
+            artifact = Path(output.artifact_path)
+            self.health(artifact, installed, entry)
+            installed = self.cache.install(model, installed, artifact)
+        finally:
+            discard(output)
+        return Done(
+            installed=installed,
+            action="recompiled",
+            verdict=judged.verdict,
+            reason=f"nothing published is optimal here; built locally for {ep} in "
+            f"{output.seconds:.2f} s ({judged.reason})",
+        )
+
+    def fallback(self, model: str, entry: ModelEntry, active: Installed | None) -> Done:
+        source = entry.source
+        reason = "nothing published or built here runs on this device's EPs; running the "
+        reason += "source model on the CPU EP"
+        if active is not None and active.origin == "fallback" and active.sha256 == source.sha256:
+            return Done(installed=active, action="fallback", verdict=None, reason=reason)
+        self.fetcher.require_store()
+        installed = fallback_variant(source)
+        part, _ = self.fetcher.to_partial(source.uri, source.sha256, source.size)
+        self.health(part, installed, entry)
+        installed = self.cache.install(model, installed, part)
+        return Done(installed=installed, action="fallback", verdict=None, reason=reason)
+
+    # -- the health check --
+
+    def health(self, path: Path, installed: Installed, entry: ModelEntry) -> Health:
+        """Run the variant before activating it: on the model's golden samples, compared
+        with the source's outputs within the variant's tolerance, or on zero inputs when
+        the manifest has no samples for the model. A variant that fails is deleted."""
+        golden = self.fetcher.golden(entry)
+        job = HealthJob(
+            label=installed.name,
+            path=str(path),
+            ep=installed.ep,
+            device=installed.device,
+            provider_options=installed.provider_options,
+            input_shapes=entry.source.input_shapes,
+            golden_path=str(golden) if golden else None,
+            tolerance=tolerance(installed, entry),
+        )
+        try:
+            return self.worker.call(check_health, job, f"health-checking {installed.name}")
+        except EpfleetError as exc:
+            path.unlink(missing_ok=True)  # verified bytes, but they do not run here
+            if isinstance(exc, HealthCheckError):
+                raise
+            raise HealthCheckError(str(exc)) from None
+
+
+def tolerance(installed: Installed, entry: ModelEntry) -> float:
+    """What the compile host verified the variant with, else its EP's default."""
+    variant = entry.variants.get(installed.target or "")
+    verified = variant.verification if variant and installed.origin == "published" else None
+    if verified is not None and verified.tolerance is not None:
+        return verified.tolerance
+    return eps.load(installed.ep).default_tolerance(installed.provider_options)
+
+
+def check_string(path: Path, variant: VariantEntry) -> None:
+    """The artifact carries the compatibility string the manifest gives for it (the
+    verdict was reached on the manifest's); a file that does not is deleted."""
+    from onnxruntime.capi._pybind_state import get_compatibility_info_from_model
+
+    try:
+        embedded = get_compatibility_info_from_model(str(path), variant.ep)
+    except Exception as exc:
+        path.unlink(missing_ok=True)
+        raise IntegrityError(f"the artifact is not a model ORT reads: {exc}") from None
+    if embedded != variant.compatibility_string:
+        path.unlink(missing_ok=True)
+        raise IntegrityError(
+            f"the artifact's ep_compatibility_info.{variant.ep} is {embedded!r}, "
+            f"the manifest says {variant.compatibility_string!r}; not activated"
+        )
