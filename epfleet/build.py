@@ -60,6 +60,7 @@ def verify_output(request: CompileRequest, output: CompileOutput, store: Store) 
         device=request.device,
         provider_options=request.provider_options,
         tolerance=request.tolerance,
+        abs_tolerance=request.abs_tolerance,
     )
     return verify_artifact(job, request.verify_timeout)
 

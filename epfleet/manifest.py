@@ -89,6 +89,9 @@ class Verification(_Strict):
         default=None, description="Share of class-score rows whose argmax agrees"
     )
     tolerance: float | None = Field(default=None, description="Largest max_rel_error accepted")
+    abs_tolerance: float | None = Field(
+        default=None, description="Absolute errors up to this pass whatever the output's range"
+    )
     seconds: float | None = None
     reason: str | None = Field(default=None, description="Why it failed or was not run")
 

@@ -42,7 +42,8 @@ class CompileRequest(BaseModel):
     graph_optimization: GraphOptimization = "basic"
     min_coverage: float | None = None
     verify: bool = True
-    tolerance: float = FP16_TOLERANCE
+    tolerance: float = FP16_TOLERANCE.relative
+    abs_tolerance: float = FP16_TOLERANCE.absolute
     verify_timeout: float = 600
     samples: SamplesRef | None = Field(
         default=None, description="The model's golden samples, verification's reference"
@@ -71,6 +72,7 @@ def fingerprinted(
         "min_coverage": request.min_coverage,
         "verify": request.verify,
         "tolerance": request.tolerance,
+        "abs_tolerance": request.abs_tolerance,
         "samples": request.samples.basis if request.samples else None,
         "ort_version": ort_version,
         "build": build_identity,
@@ -120,7 +122,10 @@ def plan_pairs(
             graph_optimization=target.graph_optimization or "basic",  # set by validation
             min_coverage=target.min_coverage,
             verify=target.verify,
-            tolerance=target.tolerance or FP16_TOLERANCE,  # set by validation
+            tolerance=target.tolerance or FP16_TOLERANCE.relative,  # set by validation
+            abs_tolerance=FP16_TOLERANCE.absolute
+            if target.abs_tolerance is None
+            else target.abs_tolerance,
             verify_timeout=target.verify_timeout,
             samples=samples.get(model.name),
             samples_problem=samples_problems.get(model.name),

@@ -92,6 +92,12 @@ class TargetSpec(BaseModel):
         description="Largest output error accepted, relative to the output's range; the EP "
         "module's default for the target's precision when omitted",
     )
+    abs_tolerance: float | None = Field(
+        default=None,
+        ge=0,
+        description="Absolute errors up to this always pass (outputs nearly constant on the "
+        "samples); the EP module's default for the target's precision when omitted",
+    )
     verify_timeout: float = Field(
         default=600, gt=0, description="Seconds one verification may take"
     )
@@ -143,8 +149,11 @@ class TargetSpec(BaseModel):
             ) from None
         if self.graph_optimization is None:
             self.graph_optimization = module.default_graph_optimization
+        default = module.default_tolerance(self.provider_options)
         if self.tolerance is None:
-            self.tolerance = module.default_tolerance(self.provider_options)
+            self.tolerance = default.relative
+        if self.abs_tolerance is None:
+            self.abs_tolerance = default.absolute
         if self.device is None:
             self.device = module.default_device(self.provider_options)
         elif self.device not in module.device_types:

@@ -84,6 +84,7 @@ class VerifyJob(BaseModel):
     device: DeviceType
     provider_options: dict[str, str]
     tolerance: float
+    abs_tolerance: float = 0.0
 
 
 def run_verification(job: VerifyJob) -> Verification:
@@ -100,6 +101,7 @@ def run_verification(job: VerifyJob) -> Verification:
             status="unverified",
             reason=f"this host cannot run {job.ep} on a {job.device} device: {exc}",
             tolerance=job.tolerance,
+            abs_tolerance=job.abs_tolerance,
         )
     runner = f"{'+'.join(session.get_providers())} on {platform.machine()}"
     try:
@@ -107,16 +109,18 @@ def run_verification(job: VerifyJob) -> Verification:
         comparison = compare(outputs, reference)
     except (HealthCheckError, ValueError) as exc:
         return _failed(job, str(exc), started, len(samples), runner)
+    failure = comparison.failure(job.tolerance, job.abs_tolerance)
     return Verification(
-        status="failed" if comparison.failure(job.tolerance) else "passed",
+        status="failed" if failure else "passed",
         runner=runner,
         samples=len(samples),
         max_abs_error=_rounded(comparison.max_abs_error),
         max_rel_error=_rounded(comparison.max_rel_error),
         top1_agreement=comparison.top1_agreement,
         tolerance=job.tolerance,
+        abs_tolerance=job.abs_tolerance,
         seconds=round(time.perf_counter() - started, 3),
-        reason=comparison.failure(job.tolerance),
+        reason=failure,
     )
 
 
@@ -132,6 +136,7 @@ def _failed(
         runner=runner,
         samples=samples,
         tolerance=job.tolerance,
+        abs_tolerance=job.abs_tolerance,
         seconds=round(time.perf_counter() - started, 3),
         reason=reason,
     )
@@ -148,6 +153,7 @@ def verify_artifact(job: VerifyJob, timeout: float) -> Verification:
             status="unverified",
             reason=f"verification ran past its time limit of {timeout:g} s (verify_timeout)",
             tolerance=job.tolerance,
+            abs_tolerance=job.abs_tolerance,
             seconds=round(time.perf_counter() - started, 3),
         )
     except WorkerDied as exc:
@@ -155,10 +161,16 @@ def verify_artifact(job: VerifyJob, timeout: float) -> Verification:
             status="failed",
             reason=f"{job.ep} crashed the process running {job.label} ({exc})",
             tolerance=job.tolerance,
+            abs_tolerance=job.abs_tolerance,
             seconds=round(time.perf_counter() - started, 3),
         )
     except ValueError as exc:
-        return Verification(status="failed", reason=str(exc), tolerance=job.tolerance)
+        return Verification(
+            status="failed",
+            reason=str(exc),
+            tolerance=job.tolerance,
+            abs_tolerance=job.abs_tolerance,
+        )
 
 
 def skipped(reason: str) -> Verification:

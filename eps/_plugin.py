@@ -24,6 +24,7 @@ from eps.base import (
     LocalTarget,
     MissingExtraError,
     NoDeviceError,
+    Tolerance,
     check_option_keys,
     ort_level,
 )
@@ -54,7 +55,7 @@ class PluginEP(ABC):
     partitions_graph: bool = True
     default_graph_optimization: GraphOptimization = "basic"
 
-    def default_tolerance(self, provider_options: Mapping[str, str]) -> float:
+    def default_tolerance(self, provider_options: Mapping[str, str]) -> Tolerance:
         """Plugin EPs' NPU and GPU devices compute in fp16 by default."""
         return FP16_TOLERANCE
 

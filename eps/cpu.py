@@ -26,6 +26,7 @@ from eps.base import (
     Judgement,
     LocalTarget,
     NoDeviceError,
+    Tolerance,
     Verdict,
     ort_level,
     ort_version,
@@ -145,7 +146,7 @@ class Cpu:
     partitions_graph = False
     default_graph_optimization: GraphOptimization = "all"
 
-    def default_tolerance(self, provider_options: Mapping[str, str]) -> float:
+    def default_tolerance(self, provider_options: Mapping[str, str]) -> Tolerance:
         return FP32_TOLERANCE
 
     def default_device(self, provider_options: Mapping[str, str]) -> DeviceType:

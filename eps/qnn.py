@@ -26,6 +26,7 @@ from eps.base import (
     ExecutionProvider,
     LocalTarget,
     NoDeviceError,
+    Tolerance,
 )
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class Qnn(PluginEP):
     option_keys = OPTION_KEYS
     device_types = frozenset({"npu", "gpu", "cpu"})  # HTP, GPU, CPU backends
 
-    def default_tolerance(self, provider_options: Mapping[str, str]) -> float:
+    def default_tolerance(self, provider_options: Mapping[str, str]) -> Tolerance:
         """The HTP computes float models in fp16 (or quantised); the CPU backend in fp32."""
         if provider_options.get("backend_type", "htp") == "cpu":
             return FP32_TOLERANCE

@@ -11,6 +11,8 @@ from epfleet.errors import BadInputError
 from epfleet.planning import plan_run
 from epfleet.spec import load_spec, parse_spec
 
+pytestmark = pytest.mark.fast
+
 QNN = {"name": "htp", "ep": "QNNExecutionProvider", "provider_options": {"htp_arch": 75}}
 
 
@@ -274,6 +276,7 @@ def test_recipe_and_verification_defaults_come_from_the_ep_module() -> None:
     )
     by_name = {t.name: t for t in parsed.targets}
     assert (by_name["htp"].graph_optimization, by_name["htp"].tolerance) == ("basic", 0.05)
+    assert (by_name["htp"].abs_tolerance, by_name["cpu"].abs_tolerance) == (1e-3, 1e-5)
     assert by_name["qnn-cpu"].tolerance == 0.001
     assert (by_name["cpu"].graph_optimization, by_name["cpu"].tolerance) == ("all", 0.001)
     ov = by_name["ov"]

@@ -21,6 +21,8 @@ from examples import ddddocr, paddle_ocr
 from tests.conftest import assert_variants_match_store, write_spec
 from tests.test_cli import epfleet, s3_manifest, s3_reader
 
+pytestmark = pytest.mark.slow
+
 CACHE = Path(__file__).parent / ".cache" / "rapidocr"
 MODELS = {name: paddle_ocr.MODELS[name] for name in ("ocr-cls", "ocr-rec")}
 HTP = [("sd8g3", 75, 57), ("sd8g2", 73, 43), ("sd8e", 79, 69)]
@@ -126,11 +128,12 @@ session = ort.InferenceSession(path, session_options)
 arrays = np.load(golden)
 feeds = {key.split("/")[2]: arrays[key] for key in arrays.files if key.startswith("input/0/")}
 outputs = session.run(None, feeds)
-worst = 0.0
+errors = []
 for index, got in enumerate(outputs):
     ref = arrays[f"output/0/{index}"].astype(np.float64)
-    worst = max(worst, float(np.abs(got.reshape(ref.shape) - ref).max() / (ref.max() - ref.min())))
-print(json.dumps({"providers": session.get_providers(), "max_rel_error": worst}))
+    diff = float(np.abs(got.reshape(ref.shape) - ref).max())
+    errors.append([diff, float(ref.max() - ref.min())])
+print(json.dumps({"providers": session.get_providers(), "errors": errors}))
 """
 
 
@@ -218,7 +221,9 @@ def test_ddddocr_htp_variants_are_verified_and_each_runs_in_a_fresh_process(
             assert fresh.returncode == 0, fresh.stderr[-2000:]
             ran = json.loads(fresh.stdout.strip().splitlines()[-1])
             assert ran["providers"][0] == "QNNExecutionProvider"
-            assert variant.verification.tolerance is not None
-            assert ran["max_rel_error"] <= variant.verification.tolerance, (name, target, ran)
+            check = variant.verification
+            assert check.tolerance is not None and check.abs_tolerance is not None
+            for diff, span in ran["errors"]:  # each output within the published tolerance
+                assert diff <= max(check.tolerance * span, check.abs_tolerance), (name, target, ran)
             checked += 1
     assert checked == 5  # the detector for three targets, the recogniser for two

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from epfleet.errors import EpfleetError, HealthCheckError, summarize
 from epfleet.running import input_infos, open_session, run_samples
 from epfleet.samples import compare, read_golden
-from eps.base import DeviceType
+from eps.base import DeviceType, Tolerance
 
 
 class HealthJob(BaseModel):
@@ -30,8 +30,8 @@ class HealthJob(BaseModel):
     symbolic dims run at 1."""
     golden_path: str | None = None
     """The model's golden samples: run on those and compare, instead of zero inputs."""
-    tolerance: float | None = None
-    """Largest error relative to an output's range accepted against the golden outputs."""
+    tolerance: Tolerance | None = None
+    """How far from the golden outputs the variant may be."""
 
 
 class Health(BaseModel):
@@ -71,7 +71,8 @@ def check_health(job: HealthJob) -> Health:
         comparison = compare(outputs, reference)
     except ValueError as exc:
         raise HealthCheckError(f"{name} disagrees with its golden samples: {exc}") from None
-    failure = comparison.failure(job.tolerance if job.tolerance is not None else 0.0)
+    allowed = job.tolerance or Tolerance(relative=0.0, absolute=0.0)
+    failure = comparison.failure(allowed.relative, allowed.absolute)
     if failure:
         raise HealthCheckError(f"{name} on its golden samples: {failure}; not activated")
     return Health(

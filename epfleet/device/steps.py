@@ -29,7 +29,7 @@ from epfleet.device_report import Action
 from epfleet.errors import EpfleetError, HealthCheckError, IntegrityError
 from epfleet.manifest import ModelEntry, VariantEntry
 from epfleet.pool import CompilePool
-from eps.base import DeviceType, Judgement, LocalTarget, Verdict
+from eps.base import DeviceType, Judgement, LocalTarget, Tolerance, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -235,13 +235,15 @@ class Steps:
             raise HealthCheckError(str(exc)) from None
 
 
-def tolerance(installed: Installed, entry: ModelEntry) -> float:
+def tolerance(installed: Installed, entry: ModelEntry) -> Tolerance:
     """What the compile host verified the variant with, else its EP's default."""
+    default = eps.load(installed.ep).default_tolerance(installed.provider_options)
     variant = entry.variants.get(installed.target or "")
     verified = variant.verification if variant and installed.origin == "published" else None
-    if verified is not None and verified.tolerance is not None:
-        return verified.tolerance
-    return eps.load(installed.ep).default_tolerance(installed.provider_options)
+    if verified is None or verified.tolerance is None:
+        return default
+    absolute = default.absolute if verified.abs_tolerance is None else verified.abs_tolerance
+    return Tolerance(relative=verified.tolerance, absolute=absolute)
 
 
 def check_string(path: Path, variant: VariantEntry) -> None:
