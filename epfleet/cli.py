@@ -1,29 +1,34 @@
-"""The ``epfleet`` command line.
+"""The ``epfleet`` command line: one surface for everything an operator runs.
 
-    epfleet compile SPEC --store URI [--workers N] [--force] [--model M ...]
-                    [--target T ...] [--task-runner threads|dask [--dask-address A]]
-                    [--json]
-    epfleet manifest show --store URI [--json]
-    epfleet manifest schema
-    epfleet sync --store URI --cache DIR [--model NAME ...] [--no-recompile]
-                 [--prefer npu,gpu,cpu] [--device-id ID] [--verify] [--json]
+Commands ``compile``, ``manifest show|schema``, ``sync`` (``epfleet.cli_sync``),
+``watch`` and ``serve``, and ``--version``; ``epfleet COMMAND --help`` shows each with
+examples and exit codes (0 ok, 1 a pair or model failed or the store failed, 2 bad
+input). Options come from type hints (cyclopts, ``epfleet.cli_options``). The flow
+files run by path (``python flows/runtime_watch.py ...``) call ``main`` with their
+command.
 
-Exit codes: compile: 0 every pair ok or up to date; 1 a pair failed (the rest
-still published) or the store failed. sync: 0 every wanted model kept,
-downloaded or recompiled; 1 one fell back or failed. 2 bad input.
+Engine code, Prefect and the flows are imported inside each command, never at module
+level: ``--help`` starts no Prefect, and the module-level import graph has no cycle
+through this module (``tests/test_imports.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from epfleet import MAX_WORKERS
+from cyclopts import App, CycloptsError, Parameter
+
+from epfleet import MAX_WORKERS, RECIPE_VERSION, __version__, ort_version
+from epfleet.cli_options import Json, Repeatable, RunnerName, Store, cli_error, default_text
+from epfleet.cli_sync import sync
 from epfleet.errors import BadInputError, EpfleetError
+from epfleet.runs import DEFAULT_STORE
+from epfleet.settings import describe
 
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
@@ -33,153 +38,155 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
+APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
+execution provider each device really has.
 
-def _parser() -> argparse.ArgumentParser:
-    from epfleet.runners import TASK_RUNNERS
-    from epfleet.runs import DEFAULT_STORE
+For example:
+  epfleet compile examples/fleet.yaml --store ./epfleet-store
+  epfleet sync --store ./epfleet-store --cache ./epfleet-device
+  epfleet COMMAND --help
 
-    parser = argparse.ArgumentParser(prog="epfleet", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+Exit codes: 0 ok; 1 a pair or a model failed, or the store failed; 2 bad input.
+"""
 
-    compile_ = commands.add_parser("compile", help="compile every model for every target, publish")
-    compile_.add_argument("spec", type=Path, help="fleet spec YAML")
-    compile_.add_argument(
-        "--store",
-        default=DEFAULT_STORE,
-        help=f"directory, file:///abs/dir or s3://bucket/prefix (default {DEFAULT_STORE})",
-    )
-    compile_.add_argument(
-        "--workers",
-        type=int,
-        default=os.cpu_count() or 1,
-        help="compiles in parallel (default: the CPU count)",
-    )
-    compile_.add_argument("--force", action="store_true", help="recompile up-to-date pairs")
-    compile_.add_argument(
-        "--model",
-        action="append",
-        dest="models",
-        metavar="NAME",
-        help="only this model (repeatable)",
-    )
-    compile_.add_argument(
-        "--target",
-        action="append",
-        dest="targets",
-        metavar="NAME",
-        help="only this target (repeatable)",
-    )
-    compile_.add_argument(
-        "--task-runner",
-        default="threads",
-        choices=sorted(TASK_RUNNERS),
-        help="where compile tasks run: threads (this machine, default) or dask "
-        "(a Dask cluster: --dask-address, or a local one of --workers processes)",
-    )
-    compile_.add_argument(
-        "--dask-address", metavar="ADDR", help="Dask scheduler, e.g. tcp://10.0.0.5:8786"
-    )
-    compile_.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
-    manifest = commands.add_parser("manifest", help="inspect the published manifest")
-    manifest_commands = manifest.add_subparsers(dest="manifest_command", required=True)
-    show = manifest_commands.add_parser("show", help="print the manifest as a table or JSON")
-    show.add_argument("--store", default=DEFAULT_STORE)
-    show.add_argument("--json", action="store_true")
-    manifest_commands.add_parser("schema", help="print the manifest's JSON Schema")
+def _environment() -> str:
+    lines = ["Environment (an empty variable counts as unset):"]
+    for name, text in describe():
+        lines += [
+            f"  {name}",
+            *textwrap.wrap(text, 76, initial_indent="    ", subsequent_indent="    "),
+        ]
+    return "\n".join(lines)
 
-    sync = commands.add_parser(
-        "sync",
-        help="on a device: judge the published variants here, then keep, download, "
-        "recompile or fall back",
-    )
-    sync.add_argument("--store", default=DEFAULT_STORE, help="the fleet's store URI")
-    sync.add_argument(
-        "--cache", type=Path, required=True, help="device cache directory (an ORT model package)"
-    )
-    sync.add_argument(
-        "--model", action="append", dest="models", metavar="NAME", help="only this model"
-    )
-    sync.add_argument(
-        "--no-recompile",
-        action="store_false",
-        dest="recompile",
-        help="never compile on this device",
-    )
-    sync.add_argument(
-        "--prefer",
-        default="npu,gpu,cpu",
-        help="device types in order of preference (default npu,gpu,cpu)",
-    )
-    sync.add_argument(
-        "--device-id", help="this device's id in reports (default $EPFLEET_DEVICE_ID or hostname)"
-    )
-    sync.add_argument(
-        "--verify",
-        action="store_true",
-        help="re-hash the active files (default: trust size and mtime as activated)",
-    )
-    sync.add_argument("--json", action="store_true", help="print the device report as JSON")
-    return parser
+
+app = App(
+    name="epfleet",
+    help=APP_HELP + "\n" + _environment(),
+    help_format="plaintext",
+    version=lambda: f"epfleet {__version__} (onnxruntime {ort_version()}, recipe {RECIPE_VERSION})",
+    default_parameter=Parameter(negative=(), show_default=default_text),
+)
+manifest_app = App(name="manifest", help="Inspect the published manifest.")
+app.command(manifest_app)
+app.command(sync)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run one command line; return its exit code."""
     try:
-        if args.command == "compile":
-            return _compile(args)
-        if args.command == "sync":
-            return _sync(args)
-        if args.manifest_command == "schema":
-            from epfleet.manifest import json_schema
-
-            sys.stdout.write(json_schema())
-            return EXIT_OK
-        return _show(args)
+        result = app(
+            sys.argv[1:] if argv is None else argv,
+            exit_on_error=False,
+            print_error=False,
+            result_action="return_value",
+        )
+    except CycloptsError as exc:
+        print(f"epfleet: error: {cli_error(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except BadInputError as exc:
         print(f"epfleet: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except EpfleetError as exc:
         print(f"epfleet: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    return result if isinstance(result, int) else EXIT_OK
 
 
-def _compile(args: argparse.Namespace) -> int:
+@app.default
+def _no_command(*unknown: str) -> int:
+    what = f"unknown command {unknown[0]!r}" if unknown else "a command is required"
+    print(f"epfleet: error: {what} (epfleet --help)", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+@manifest_app.default
+def _no_manifest_command(*unknown: str) -> int:
+    what = f"unknown command 'manifest {unknown[0]}'" if unknown else "manifest needs a command"
+    print(f"epfleet: error: {what}: show or schema", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+@app.command(name="compile")
+def compile_(
+    spec: Path,
+    /,
+    *,
+    store: Store = DEFAULT_STORE,
+    workers: int = os.cpu_count() or 1,
+    force: bool = False,
+    model: Repeatable = None,
+    target: Repeatable = None,
+    task_runner: RunnerName = "threads",
+    dask_address: str | None = None,
+    as_json: Json = False,
+) -> int:
+    """Compile every model of the fleet spec for every target, and publish.
+
+    Pairs up to date are skipped (with no Prefect run when all are); pairs of a
+    target with a work_pool compile on that pool. Progress goes to stderr.
+
+    For example:
+      epfleet compile examples/fleet.yaml --store ./epfleet-store
+      epfleet compile fleet.yaml --store s3://bucket/fleet --model ocr-det --json
+      epfleet compile fleet.yaml --task-runner dask --dask-address tcp://h:8786
+
+    Exit codes: 0 every pair ok or up to date; 1 a pair failed (the others are
+    still published) or the store failed; 2 bad input (nothing compiled).
+
+    Parameters
+    ----------
+    spec
+        The fleet spec YAML.
+    workers
+        Compiles in parallel (default: the CPU count).
+    force
+        Recompile pairs that are up to date.
+    model
+        Only this model (repeatable).
+    target
+        Only this target (repeatable).
+    task_runner
+        Where compile tasks run: threads (this machine) or dask (a Dask cluster:
+        --dask-address, or a local one of --workers processes).
+    dask_address
+        The Dask scheduler, e.g. tcp://10.0.0.5:8786.
+    as_json
+        Print one JSON object on stdout.
+    """
     from epfleet.planning import plan_run
     from epfleet.report import render_report
-    from epfleet.runners import task_runner
+    from epfleet.runners import task_runner as make_runner
 
-    if not 1 <= args.workers <= MAX_WORKERS:
-        raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {args.workers}")
-    if args.dask_address and args.task_runner != "dask":
+    if not 1 <= workers <= MAX_WORKERS:
+        raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {workers}")
+    if dask_address and task_runner != "dask":
         raise BadInputError("--dask-address needs --task-runner dask")
-    plan = plan_run(args.spec, args.store, args.models, args.targets, args.force)
+    plan = plan_run(spec, store, model, target, force)
     if plan.is_noop:
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
         report = plan.report({}, plan.generation, published=False)
     else:
         print(
             f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs to compile "
-            f"with {args.workers} workers",
+            f"with {workers} workers",
             file=sys.stderr,
         )
         # Compiles start at once in this machine's workers, unless Dask runs them.
-        pool = _prestart(plan, args.store, args.workers) if args.task_runner == "threads" else None
+        pool = _prestart(plan, store, workers) if task_runner == "threads" else None
         try:
-            report = _run_flow(args, task_runner(args.task_runner, args.dask_address, args.workers))
+            runner = make_runner(task_runner, dask_address, workers)
+            report = _run_fleet_flow(runner, spec, store, workers, force, model, target)
         finally:
             if pool is not None:
                 pool.drop_unclaimed()
-    if args.json:
-        print(json.dumps(_json_report(report)))
-    else:
-        print(render_report(report))
+    print(json.dumps(_json_report(report)) if as_json else render_report(report))
     return report.exit_code
 
 
 def _prestart(plan: RunPlan, store_uri: str, workers: int) -> CompilePool:
-    """Start the compiles before the flow run: importing Prefect and starting its API take
-    seconds, and the flow's compile tasks collect these same jobs from the shared pool."""
+    """Start the compiles before the flow run: importing Prefect and starting its API
+    take seconds, and the flow's compile tasks collect these same jobs from the pool."""
     from epfleet.pool import shared_pool
     from epfleet.staging import compile_job_for
     from epfleet.stores import open_store
@@ -192,19 +199,34 @@ def _prestart(plan: RunPlan, store_uri: str, workers: int) -> CompilePool:
     return pool
 
 
-def _run_flow(args: argparse.Namespace, runner: TaskRunner[Any]) -> RunReport:
+def _run_fleet_flow(
+    runner: TaskRunner[Any],
+    spec: Path,
+    store: str,
+    workers: int,
+    force: bool,
+    models: list[str] | None,
+    targets: list[str] | None,
+) -> RunReport:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.fleet_compile import fleet_compile
 
     flow = fleet_compile.with_options(task_runner=runner)
     return flow(
-        spec=str(args.spec.resolve()),
-        store=args.store,
-        workers=args.workers,
-        force=args.force,
-        models=args.models,
-        targets=args.targets,
+        spec=str(spec.resolve()),
+        store=store,
+        workers=workers,
+        force=force,
+        models=models,
+        targets=targets,
     )
+
+
+REPORT_FIELDS = [
+    *("model", "target", "ep", "status", "compatibility_string", "artifact_uri", "seconds"),
+    *("error", "coverage", "verification", "max_rel_error", "verification_seconds"),
+]
+"""Each variant's keys in ``epfleet compile --json`` (a contract: tests/test_cli.py)."""
 
 
 def _json_report(report: RunReport) -> dict[str, object]:
@@ -213,61 +235,157 @@ def _json_report(report: RunReport) -> dict[str, object]:
         "compiled": report.compiled,
         "skipped": report.skipped,
         "failed": report.failed,
-        "variants": [
-            {
-                "model": v.model,
-                "target": v.target,
-                "ep": v.ep,
-                "status": v.status,
-                "compatibility_string": v.compatibility_string,
-                "artifact_uri": v.artifact_uri,
-                "seconds": v.seconds,
-                "error": v.error,
-                "coverage": v.coverage,
-                "verification": v.verification,
-                "max_rel_error": v.max_rel_error,
-                "verification_seconds": v.verification_seconds,
-            }
-            for v in report.variants
-        ],
+        "variants": [{k: getattr(v, k) for k in REPORT_FIELDS} for v in report.variants],
     }
 
 
-def _sync(args: argparse.Namespace) -> int:
-    from epfleet.device.policy import SyncPolicy
-    from epfleet.device.session import sync
-    from epfleet.logs import log_to_stderr
-    from epfleet.report import render_device_report
+@manifest_app.command
+def show(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
+    """Print the published manifest as a table, or as JSON.
 
-    prefer = [p.strip() for p in args.prefer.split(",") if p.strip()]
-    bad = [p for p in prefer if p not in ("npu", "gpu", "cpu")]
-    if bad or not prefer:
-        raise BadInputError(f"--prefer takes device types npu, gpu, cpu; got {args.prefer!r}")
-    policy = SyncPolicy(
-        models=args.models, recompile=args.recompile, prefer=prefer, verify=args.verify
-    )
+    For example:
+      epfleet manifest show --store s3://bucket/fleet
+      epfleet manifest show --store ./epfleet-store --json
 
-    log_to_stderr()  # progress lines on stderr, the report alone on stdout
-    report = sync(args.store, args.cache, policy, args.device_id)
-    if args.json:
-        print(report.model_dump_json())
-    else:
-        print(render_device_report(report))
-    return report.exit_code
+    Exit codes: 0 shown; 1 the store failed; 2 no manifest there.
 
-
-def _show(args: argparse.Namespace) -> int:
+    Parameters
+    ----------
+    as_json
+        Print the manifest document itself.
+    """
     from epfleet.publishing import read_manifest
     from epfleet.report import render_manifest
     from epfleet.stores import open_store
 
-    manifest, _ = read_manifest(open_store(args.store))
+    manifest, _ = read_manifest(open_store(store))
     if manifest is None:
-        raise BadInputError(f"no manifest at {args.store}/manifest.json: run epfleet compile first")
-    if args.json:
+        raise BadInputError(f"no manifest at {store}/manifest.json: run epfleet compile first")
+    if as_json:
         sys.stdout.write(manifest.to_json().decode())
     else:
-        print(render_manifest(manifest, args.store))
+        print(render_manifest(manifest, store))
+    return EXIT_OK
+
+
+@manifest_app.command
+def schema() -> int:
+    """Print the manifest's JSON Schema.
+
+    For example:
+      epfleet manifest schema > manifest.schema.json
+    """
+    from epfleet.manifest import json_schema
+
+    sys.stdout.write(json_schema())
+    return EXIT_OK
+
+
+@app.command
+def watch(
+    spec: str,
+    /,
+    *,
+    store: Store = DEFAULT_STORE,
+    dry_run: bool = False,
+    compile_deployment: str | None = None,
+    report_max_age_days: int | None = None,
+    as_json: Json = False,
+) -> int:
+    """Run the runtime-watch flow once: compare the ORT and EP versions here with
+    those each published variant was compiled with, read the device reports for
+    unserved devices, and start fleet-compile for stale or missing pairs.
+
+    For example:
+      epfleet watch examples/fleet.yaml --store ./epfleet-store --dry-run
+      epfleet watch fleet.yaml --store s3://bucket/fleet --report-max-age-days 7
+
+    Exit codes: 0 watched; 2 bad input.
+
+    Parameters
+    ----------
+    spec
+        The fleet spec YAML (relative to the working directory).
+    dry_run
+        Report only: start nothing, emit no event, remove nothing.
+    compile_deployment
+        The deployment started for stale or missing pairs (default: the flow's,
+        fleet-compile/on-demand).
+    report_max_age_days
+        Ignore device reports older than this (default: the flow's, 30).
+    as_json
+        Print the watch plan as JSON.
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.runtime_watch import runtime_watch
+
+    given = {"compile_deployment": compile_deployment, "report_max_age_days": report_max_age_days}
+    parameters: dict[str, Any] = {"spec": spec, "store": store, "trigger": not dry_run}
+    parameters |= {name: value for name, value in given.items() if value is not None}
+    _check_flow_parameters(runtime_watch, parameters)
+    plan = runtime_watch(**parameters)
+    if as_json:
+        print(plan.model_dump_json())
+        return EXIT_OK
+    print(f"{'model':24} {'target':20} {'status':8} why")
+    for pair in plan.pairs:
+        print(f"{pair.model:24} {pair.target:20} {pair.status:8} {pair.reason}")
+    for profile in plan.unserved:
+        print(f"unserved: {', '.join(profile.devices)} ({profile.label}): {profile.models}")
+    return EXIT_OK
+
+
+def _check_flow_parameters(flow: Any, parameters: dict[str, Any]) -> None:
+    """Validate with the flow's own parameter model, before a run of it starts."""
+    from prefect.exceptions import ParameterTypeError
+
+    try:
+        flow.validate_parameters(parameters)
+    except ParameterTypeError as exc:
+        raise BadInputError(str(exc)) from None
+
+
+@app.command
+def serve(
+    *,
+    spec: Path = Path("examples/fleet.yaml"),
+    store: Store = DEFAULT_STORE,
+    cache: Path = Path("epfleet-device"),
+    nightly: str = "0 2 * * *",
+    sync_every: float = 900,
+    watch_every: float = 3600,
+) -> int:
+    """Serve fleet-compile/nightly and /on-demand, runtime-watch/hourly and
+    device-sync/periodic from this process, without a work pool.
+
+    For one machine that compiles the fleet and keeps its own device cache
+    (deployments/serve.py). Not served: compile-pairs (targets bound to a work
+    pool need that pool's workers) and the automation. Schedules stay active
+    when it stops, so a machine that restarts keeps them.
+
+    For example:
+      epfleet serve --spec examples/fleet.yaml --store ./epfleet-store
+      epfleet serve --store s3://bucket/fleet --nightly "30 3 * * *"
+
+    Exit codes: 0 stopped; 2 bad input.
+
+    Parameters
+    ----------
+    spec
+        The fleet spec YAML.
+    cache
+        This machine's device cache.
+    nightly
+        The cron of fleet-compile/nightly (UTC).
+    sync_every
+        Seconds between device syncs.
+    watch_every
+        Seconds between runtime watches.
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from deployments.serve import serve_all
+
+    serve_all(spec, store, cache, nightly, sync_every, watch_every)
     return EXIT_OK
 
 

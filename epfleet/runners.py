@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from epfleet import MAX_WORKERS
 from epfleet.errors import BadInputError, MissingExtraError
+from epfleet.settings import settings
 
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
@@ -74,16 +75,13 @@ def task_runner(name: str, address: str | None = None, workers: int = 2) -> Task
 
 def from_environment() -> TaskRunner[Any]:
     """The runner a deployment's workers ask for (threads when they ask for none)."""
-    name = os.environ.get("EPFLEET_TASK_RUNNER", "threads")
-    address = os.environ.get("EPFLEET_DASK_ADDRESS") or None
-    workers = os.environ.get("EPFLEET_DASK_WORKERS", "2")
-    if not workers.isdigit() or not 1 <= int(workers) <= MAX_WORKERS:
-        raise BadInputError(f"EPFLEET_DASK_WORKERS={workers!r}: expected 1 to {MAX_WORKERS}")
+    env = settings()  # EPFLEET_TASK_RUNNER, EPFLEET_DASK_ADDRESS, EPFLEET_DASK_WORKERS
+    name, address, workers = env.task_runner, env.dask_address, env.dask_workers
     if address and name != "dask":
         raise BadInputError(
             f"EPFLEET_DASK_ADDRESS is set but EPFLEET_TASK_RUNNER is {name!r}: set it to dask"
         )
     try:
-        return task_runner(name, address, int(workers))
+        return task_runner(name, address, workers)
     except BadInputError as exc:
         raise BadInputError(f"EPFLEET_TASK_RUNNER={name!r}: {exc}") from None

@@ -23,6 +23,7 @@ from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.manifest import SamplesRef, SourceEntry
 from epfleet.plan import CompileRequest, samples_key, source_key
 from epfleet.samples import GOLDEN_VERSION
+from epfleet.settings import settings
 from epfleet.shapes import prepare_model, uses_external_data
 from epfleet.spec import ModelSpec
 from epfleet.stores import Store, open_store, split_uri
@@ -32,7 +33,7 @@ from epfleet.verify import GoldenJob, golden_for
 
 def cache_dir() -> Path:
     """Worker-local scratch for fetched sources and fresh artifacts."""
-    return Path(os.environ.get("EPFLEET_CACHE", Path.home() / ".cache" / "epfleet"))
+    return settings().cache  # EPFLEET_CACHE
 
 
 def resolve_source(spec_path: Path, source: str) -> str:

@@ -87,38 +87,7 @@ def _publish_artifacts(report: DeviceReport) -> None:
 
 
 if __name__ == "__main__":
-    import argparse
-    from pathlib import Path
+    from epfleet.cli import main
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", default=DEFAULT_STORE)
-    parser.add_argument("--cache", type=Path, required=True)
-    parser.add_argument("--model", action="append", dest="models")
-    parser.add_argument("--no-recompile", action="store_false", dest="recompile")
-    parser.add_argument("--device-id", dest="device")
-    parser.add_argument(
-        "--serve",
-        type=float,
-        metavar="SECONDS",
-        help="serve a 'periodic' deployment that syncs every SECONDS instead of syncing once",
-    )
-    args = parser.parse_args()
-    parameters = {
-        "cache": str(args.cache.resolve()),
-        "store": args.store,
-        "policy": SyncPolicy(models=args.models, recompile=args.recompile),
-        "device": args.device,
-    }
-    if args.serve:
-        # pause_on_shutdown=False: a device that restarts keeps its schedule.
-        device_sync.serve(
-            name="periodic",
-            interval=args.serve,
-            parameters=parameters,
-            pause_on_shutdown=False,
-            limit=1,  # one sync of this cache at a time; late runs wait their turn
-        )
-        sys.exit(0)
-    result = device_sync(**parameters)
-    print(result.model_dump_json(indent=2))
-    sys.exit(result.exit_code)
+    # The report as JSON on stdout, as this file has always printed it.
+    sys.exit(main(["sync", "--flow", "--json", *sys.argv[1:]]))

@@ -9,7 +9,6 @@ python flows/runtime_watch.py examples/fleet.yaml --store ./epfleet-store [--dry
 """
 
 # No `from __future__ import annotations`: see flows/fleet_compile.py.
-import argparse
 import sys
 from datetime import timedelta
 from typing import Annotated
@@ -100,20 +99,7 @@ def _artifacts(plan: WatchPlan, store: str, deployment: str, started: str | None
     create_markdown_artifact(key="runtime-watch-summary", markdown="\n".join(lines))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python flows/runtime_watch.py")
-    parser.add_argument("spec")
-    parser.add_argument("--store", default=DEFAULT_STORE)
-    parser.add_argument("--dry-run", action="store_true", help="report only; start nothing")
-    args = parser.parse_args(argv)
-    plan = runtime_watch(args.spec, args.store, trigger=not args.dry_run)
-    print(f"{'model':24} {'target':20} {'status':8} why")
-    for pair in plan.pairs:
-        print(f"{pair.model:24} {pair.target:20} {pair.status:8} {pair.reason}")
-    for profile in plan.unserved:
-        print(f"unserved: {', '.join(profile.devices)} ({profile.label}): {profile.models}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from epfleet.cli import main
+
+    sys.exit(main(["watch", *sys.argv[1:]]))

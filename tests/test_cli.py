@@ -10,15 +10,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import boto3
+import pytest
 
 from epfleet.manifest import Manifest
 from tests.conftest import (
     CPU_TARGET,
     HTP_TARGETS,
     assert_variants_match_store,
+    tiny_models,
     with_npu_unfriendly_model,
     write_spec,
 )
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
 
 VARIANT_KEYS = {
     "model",
@@ -39,6 +45,18 @@ VARIANT_KEYS = {
 def epfleet(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "epfleet.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+
+
+def by_path(file: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A flow file (or deployments/serve.py) run by path, as Prefect and operators do."""
+    return subprocess.run(
+        [sys.executable, str(REPO / file), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -144,3 +162,54 @@ def test_concurrent_runs_on_different_models_both_land(
     assert set(manifest.models) == {"tiny-cls", "tiny-det"}
     assert all(len(m.variants) == 3 for m in manifest.models.values())
     assert manifest.generation == 2
+
+
+FILES_AND_COMMANDS = {
+    "flows/fleet_compile.py": "compile",
+    "flows/runtime_watch.py": "watch",
+    "flows/device_sync.py": "sync",
+    "deployments/serve.py": "serve",
+}
+
+
+def test_files_run_by_path_are_the_cli_commands(cli_env: dict[str, str]) -> None:
+    with ThreadPoolExecutor(2) as pool:
+        helps = pool.map(lambda f: by_path(f, "--help", env=cli_env), FILES_AND_COMMANDS)
+    for (file, command), shown in zip(FILES_AND_COMMANDS.items(), helps, strict=True):
+        assert shown.returncode == 0, (file, shown.stderr[-2000:])
+        assert f"Usage: epfleet {command}" in shown.stdout, file
+
+
+def test_watch_and_device_sync_run_by_path_and_as_commands(
+    tmp_path: Path, model_dir: Path, cli_env: dict[str, str]
+) -> None:
+    spec = write_spec(tmp_path, tiny_models(model_dir)[:1], [CPU_TARGET])
+    store = str(tmp_path / "store")
+    compiled = epfleet("compile", str(spec), "--store", store, "--workers", "1", env=cli_env)
+    assert compiled.returncode == 0, compiled.stderr
+
+    watched = by_path(
+        "flows/runtime_watch.py", str(spec), "--store", store, "--dry-run", env=cli_env
+    )
+    assert watched.returncode == 0, watched.stderr[-2000:]
+    header, row = watched.stdout.splitlines()[:2]
+    assert header.split() == ["model", "target", "status", "why"]
+    assert row.split()[:3] == ["tiny-cls", "x86-cpu", "current"]
+    as_json = epfleet("watch", str(spec), "--store", store, "--dry-run", "--json", env=cli_env)
+    assert as_json.returncode == 0, as_json.stderr[-2000:]
+    assert [p["status"] for p in json.loads(as_json.stdout)["pairs"]] == ["current"]
+    refused = epfleet("watch", str(spec), "--report-max-age-days", "0", env=cli_env)
+    assert refused.returncode == 2 and "report_max_age_days" in refused.stderr  # flow's model
+
+    cache = str(tmp_path / "device")
+    args = ("--store", store, "--cache", cache, "--device-id", "by-path")
+    synced = by_path("flows/device_sync.py", *args, env=cli_env)
+    assert synced.returncode == 0, synced.stderr[-2000:]
+    report = json.loads(synced.stdout)
+    assert (report["device_id"], [m["action"] for m in report["models"]]) == (
+        "by-path",
+        ["downloaded"],
+    )
+    again = epfleet("sync", *args, "--prefer", "cpu", "--json", env=cli_env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [m["action"] for m in json.loads(again.stdout)["models"]] == ["kept"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 import socket
 import time
@@ -38,6 +37,7 @@ from epfleet.device.steps import Steps
 from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
 from epfleet.errors import BadInputError, StoreError
 from epfleet.manifest import NAME_PATTERN, Manifest, utcnow
+from epfleet.settings import settings
 from epfleet.stores import Store, open_store
 
 logger = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ def sync(
 
 def device_id(given: str | None) -> str:
     """The device's id in reports: ``given``, else $EPFLEET_DEVICE_ID, else the host name."""
-    chosen = given or os.environ.get("EPFLEET_DEVICE_ID")
+    chosen = given or settings().device_id  # EPFLEET_DEVICE_ID
     if chosen:
         if not re.fullmatch(NAME_PATTERN, chosen):
             raise BadInputError(

@@ -1,0 +1,81 @@
+"""epfleet's environment: every ``EPFLEET_*`` variable, typed and described in one model.
+
+Command-line options win over these where both exist (``epfleet sync --device-id``,
+``epfleet compile --task-runner``); the variables are for what has no command line of
+its own: a deployment's workers (``job_variables.env`` in ``deployments/prefect.yaml``)
+and the compile worker processes. An empty variable counts as unset. ``settings()``
+reads the environment on every call (tests and workers change it), and a bad value is a
+``BadInputError`` that names the variable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from epfleet import MAX_WORKERS
+from epfleet.errors import BadInputError
+from epfleet.manifest import NAME_PATTERN
+
+ENV_PREFIX = "EPFLEET_"
+
+
+class Settings(BaseSettings):
+    """The ``EPFLEET_*`` environment."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore")
+
+    cache: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "epfleet",
+        description="Worker-local scratch of the compile workers (fetched sources, fresh "
+        "artifacts); default ~/.cache/epfleet",
+    )
+    device_id: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="This device's id in its sync reports (--device-id wins); default the "
+        "host name",
+    )
+    task_runner: str = Field(
+        default="threads",
+        description="Where a deployment's fleet-compile and compile-pairs runs execute their "
+        "compile tasks: threads or dask (epfleet[dask])",
+    )
+    dask_address: str | None = Field(
+        default=None,
+        description="The Dask scheduler for task runner dask, e.g. tcp://10.0.0.5:8786; "
+        "default a local cluster",
+    )
+    dask_workers: int = Field(
+        default=2,
+        ge=1,
+        le=MAX_WORKERS,
+        description="Worker processes of that local Dask cluster",
+    )
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a ``Settings`` field: ``cache`` -> ``EPFLEET_CACHE``."""
+    return ENV_PREFIX + field.upper()
+
+
+def settings() -> Settings:
+    """The ``EPFLEET_*`` environment as it is now."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise BadInputError(
+            "; ".join(
+                f"{env_name(str(error['loc'][0]))}={error['input']!r}: {error['msg']}"
+                for error in exc.errors()
+            )
+        ) from None
+
+
+def describe() -> list[tuple[str, str]]:
+    """Each variable with its description, for help texts and the README."""
+    return [
+        (env_name(name), field.description or "") for name, field in Settings.model_fields.items()
+    ]
