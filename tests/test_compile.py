@@ -24,6 +24,8 @@ from epfleet.hashing import sha256_file
 from epfleet.plan import CompileRequest
 from epfleet.pool import CompilePool
 
+pytestmark = pytest.mark.fast
+
 HTP = {"backend_type": "htp", "enable_htp_fp16_precision": "1"}
 
 

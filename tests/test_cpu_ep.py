@@ -16,6 +16,8 @@ from eps import cpu
 from eps.base import NoDeviceError, Verdict
 from examples.build_models import tiny_det
 
+pytestmark = pytest.mark.fast
+
 HERE = {"ort_version": "1.32.0", "arch": "x86_64", "isa": "avx2"}
 
 

@@ -28,6 +28,8 @@ from epfleet.device_report import DeviceInfo, DeviceReport, ManifestStatus, Mode
 from epfleet.manifest import Manifest, utcnow
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 POOL_TARGET = {"name": "pool-cpu", "ep": "CPUExecutionProvider", "work_pool": "gpu-compilers"}
 

@@ -18,6 +18,8 @@ from epfleet.errors import IntegrityError, StoreError, TransientStoreError
 from epfleet.hashing import sha256_bytes
 from epfleet.stores.local import LocalStore
 
+pytestmark = pytest.mark.fast
+
 SIZE = 10_000  # with SEGMENT at 1,000: four segments of 2,500 bytes
 
 

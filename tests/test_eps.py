@@ -27,6 +27,8 @@ from eps.base import DeviceType, LocalTarget, MissingExtraError, NoDeviceError
 from examples.build_models import tiny_det
 from tests.conftest import write_spec
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[1]
 TRT_RTX = "NvTensorRTRTXExecutionProvider"
 KNOWN = (

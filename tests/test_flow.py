@@ -20,7 +20,7 @@ from tests.conftest import (
     write_spec,
 )
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 def read_manifest(store: Path) -> Manifest:

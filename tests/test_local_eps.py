@@ -9,6 +9,8 @@ from epfleet import ort_version
 from epfleet.device.local_eps import LocalEps, discover
 from eps.base import Verdict
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def local() -> LocalEps:

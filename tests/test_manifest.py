@@ -20,6 +20,8 @@ from epfleet.manifest import (
     merge,
 )
 
+pytestmark = pytest.mark.fast
+
 SHA_A, SHA_B, SHA_C = "a" * 64, "b" * 64, "c" * 64
 
 

@@ -12,7 +12,7 @@ from epfleet.manifest import Manifest
 from flows.fleet_compile import fleet_compile
 from tests.conftest import HTP_TARGETS, assert_variants_match_store, write_spec
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 OPENVINO = "OpenVINOExecutionProvider"
 
 

@@ -14,6 +14,8 @@ from epfleet.manifest import ArtifactRef, SourceEntry, VariantEntry
 from epfleet.publishing import Published, publish, read_manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 
+pytestmark = pytest.mark.fast
+
 
 def one_model(index: int) -> tuple[dict[str, SourceEntry], dict[tuple[str, str], VariantEntry]]:
     sha = f"{index:064x}"

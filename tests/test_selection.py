@@ -9,6 +9,8 @@ import pytest
 from epfleet.device.selection import ActiveVariant, Considered, Step, decide, rank
 from eps.base import DeviceType, Verdict
 
+pytestmark = pytest.mark.fast
+
 SOURCE = "5" * 64
 V = Verdict
 

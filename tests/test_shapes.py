@@ -8,6 +8,8 @@ import pytest
 from epfleet.shapes import dynamic_inputs, fix_input_shapes, graph_inputs, prepare_model
 from examples.build_models import tiny_cls, tiny_det
 
+pytestmark = pytest.mark.fast
+
 
 def test_paddle_style_and_anonymous_dims_are_fixed() -> None:
     model = tiny_cls()

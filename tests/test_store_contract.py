@@ -11,6 +11,8 @@ import pytest
 from epfleet.errors import PreconditionFailed, StoreError
 from epfleet.stores import UNCHANGED, Store, open_store
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:

@@ -15,6 +15,8 @@ from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.stores import open_store
 from epfleet.stores.local import LOCK_NAME, LocalStore
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(params=["path", "file-uri"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> LocalStore:

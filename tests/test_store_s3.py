@@ -17,6 +17,8 @@ from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.stores import open_store
 from epfleet.stores.s3 import MiB, S3Store
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def store(s3_bucket: str) -> S3Store:
