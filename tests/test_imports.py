@@ -220,3 +220,11 @@ def test_function_level_and_guarded_imports_do_not_count(tmp_path: Path) -> None
         if isinstance(node, ast.Import | ast.ImportFrom)
     }
     assert found == {1, 2, 6, 12}
+
+
+def test_the_checks_find_cycles_and_chains() -> None:
+    nodes = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert strongly_connected(nodes) == [["a", "b", "c"], ["e"]]
+    assert shortest_path(nodes, "a", {"a"}) == ["a", "b", "c", "a"]
+    assert shortest_path(nodes, "b", {"d"}) == ["b", "c", "d"]
+    assert shortest_path(nodes, "d", {"a"}) is None
