@@ -1,10 +1,23 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a torn one."""
+"""Atomic file writes: a reader sees the old file or the new one, never a torn one.
+
+Files are created with mode 0666 less the process umask (0644 under the usual 022), as
+``open`` would: an application running as another user can read what epfleet writes.
+The temporary file of a write is ``.<name>.<8 random characters>.tmp`` beside the file
+(``is_temp_name``), so that a run killed mid-write leaves something the next run can
+recognise and remove.
+
+Also here: reading a file without following a symbolic link (``read_nofollow``) and the
+free space of a filesystem (``free_bytes``), for the device cache.
+"""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
-import tempfile
+import re
+import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,13 +25,42 @@ from typing import BinaryIO
 
 from epfleet.errors import IntegrityError
 
+_TEMP_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+"""The errnos of a write that found no room (a full disk, a quota, a file size limit)."""
+
+
+def temp_name(name: str) -> str:
+    token = "".join(secrets.choice(_TEMP_ALPHABET) for _ in range(8))
+    return f".{name}.{token}.tmp"
+
+
+def is_temp_name(name: str, of: str | None = None) -> bool:
+    """``name`` is the temporary file of an atomic write (of the file named ``of``)."""
+    match = _TEMP_NAME.fullmatch(name)
+    return match is not None and (of is None or match["name"] == of)
+
+
+def _create_temp(directory: Path, name: str) -> tuple[int, Path]:
+    """A new temporary file beside ``name``, mode 0666 less the umask (``mkstemp`` makes
+    0600 whatever the umask), never through a symbolic link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = directory / temp_name(name)
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(directory))
+
 
 @contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """Write ``path`` through a temporary file that replaces it only once complete and
     synced; on any error the temporary file is removed and ``path`` is untouched."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(path.parent, path.name)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -26,7 +68,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)  # the rename itself survives a power cut
 
@@ -54,3 +96,47 @@ def atomic_copy(src: Path, dst: Path, sha256: str | None = None) -> None:
             out.write(chunk)
         if sha256 is not None and digest.hexdigest() != sha256:
             raise IntegrityError(f"{src} has sha256 {digest.hexdigest()}, expected {sha256}")
+
+
+class NotRegularFile(OSError):
+    """A path that should be a regular file is a link, a directory or a device."""
+
+
+@contextmanager
+def open_nofollow(path: Path) -> Iterator[BinaryIO]:
+    """Open a regular file for reading without following a symbolic link or blocking on
+    a FIFO: FileNotFoundError if it is missing, NotRegularFile if it is anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise NotRegularFile(exc.errno, "not a regular file", str(path)) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        yield f
+
+
+def read_nofollow(path: Path) -> bytes:
+    """The bytes of the regular file ``path`` (see ``open_nofollow``)."""
+    with open_nofollow(path) as f:
+        return f.read()
+
+
+def sha256_nofollow(path: Path) -> tuple[str, int]:
+    """(hex digest, size) of the regular file ``path`` (see ``open_nofollow``)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open_nofollow(path) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem holding ``path``."""
+    found = os.statvfs(path)
+    return found.f_bavail * found.f_frsize
