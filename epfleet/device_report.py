@@ -87,6 +87,9 @@ class DeviceReport(BaseModel):
     seconds: float
     report_uploaded: bool | None = None
     report_error: str | None = None
+    warnings: list[str] = Field(
+        default_factory=list, description="What the sync repaired in the cache, or could not write"
+    )
 
     @property
     def served(self) -> int:

@@ -161,6 +161,7 @@ def render_device_report(report: DeviceReport) -> str:
     out.append(f"{served} of {len(report.models)} models served in {report.seconds:.2f} s")
     if report.report_uploaded is False:
         out.append(f"report not uploaded: {report.report_error}")
+    out.extend(f"warning: {warning}" for warning in report.warnings)
     return "\n".join(out)
 
 

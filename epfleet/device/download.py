@@ -117,7 +117,7 @@ class Transfer:
 
     def _run_once(self) -> None:
         before = sum(self.done)
-        fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             if len(self.segments) > 1:
                 self._save_progress(fd)  # before the first byte: see _resume

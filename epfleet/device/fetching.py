@@ -4,6 +4,11 @@ Every download goes through ``Fetcher.download`` (resumable, parallel ranged GET
 verified: ``epfleet.device.download``) so that the sync knows the bytes it moved,
 failed attempts included. A model's golden samples are downloaded once and kept,
 content-addressed.
+
+Disk space: a download first asks the cache for room (``DeviceCache.make_room``: its
+missing bytes and a margin, dropping other partial downloads oldest first), and one
+that finds none, or runs out of space on the way, removes its partial file and fails
+with ``DiskFull``: a partial download never keeps the disk full.
 """
 
 from __future__ import annotations
@@ -11,10 +16,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from epfleet.device.cache import DeviceCache
+from epfleet.device.cache import MB, DeviceCache, DiskFull
 from epfleet.device.download import Transfer
 from epfleet.errors import TransientStoreError
-from epfleet.hashing import sha256_file
+from epfleet.fsutil import NO_SPACE, free_bytes
 from epfleet.manifest import ModelEntry
 from epfleet.stores import Store
 
@@ -47,7 +52,23 @@ class Fetcher:
         """Download into the cache's partial file for ``sha256`` (resuming what an earlier
         sync left there); the file and the bytes moved."""
         part = self.cache.partial(sha256)
-        return part, self.download(key, sha256, size, part)
+        try:
+            self.cache.make_room(max(0, size - self.cache.held(part)), part.parent, key)
+        except DiskFull:
+            self.cache.drop_partial(part)
+            raise
+        self.cache.in_use.add(part)
+        try:
+            return part, self.download(key, sha256, size, part)
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+            self.cache.drop_partial(part)
+            raise DiskFull(
+                f"ran out of disk space downloading {key} ({size / MB:.2f} MB): "
+                f"{free_bytes(part.parent) / MB:.1f} MB free in {part.parent} once its "
+                "partial download was removed"
+            ) from None
 
     def golden(self, entry: ModelEntry) -> Path | None:
         """The model's golden samples in the cache, downloaded and verified once."""
@@ -55,9 +76,10 @@ class Fetcher:
         if samples is None:
             return None
         path = self.cache.samples_file(samples.sha256)
-        if path.exists() and sha256_file(path) == (samples.sha256, samples.size):
+        if self.cache.verified(path, samples.sha256, samples.size):
             return path
         self.require_store()
         part, _ = self.to_partial(samples.uri, samples.sha256, samples.size)
-        os.replace(part, path)
+        os.replace(part, self.cache.samples_file(samples.sha256))
+        self.cache.in_use.discard(part)
         return path

@@ -11,7 +11,7 @@ import logging
 import time
 
 from epfleet.device.activation import drop_changed_active, promote
-from epfleet.device.cache import CacheState, DeviceCache, Installed, ModelState
+from epfleet.device.cache import CacheState, DeviceCache, DiskFull, Installed, ModelState
 from epfleet.device.local_build import build_key
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
@@ -89,7 +89,7 @@ def sync_model(
         except EpfleetError as exc:
             failures.append(f"{describe(step)}: {exc}")
             logger.warning("%s: %s failed: %s", model, describe(step), exc)
-            if step.kind == "recompile" and not isinstance(exc, StoreError):
+            if step.kind == "recompile" and not isinstance(exc, (StoreError, DiskFull)):
                 mstate.recompile_failed[key] = str(exc)  # a build that cannot work
     verdicts = [
         VariantVerdict(

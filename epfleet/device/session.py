@@ -35,7 +35,7 @@ from epfleet.device.manifest_cache import cached_manifest, fetch_manifest, manif
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.steps import Steps
 from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
-from epfleet.errors import BadInputError, StoreError
+from epfleet.errors import BadInputError, EpfleetError, StoreError
 from epfleet.manifest import NAME_PATTERN, Manifest, utcnow
 from epfleet.settings import settings
 from epfleet.stores import Store, open_store
@@ -81,7 +81,8 @@ class SyncSession:
     def __enter__(self) -> SyncSession:
         with ExitStack() as stack:
             stack.enter_context(self.cache.locked())
-            self._state = self.cache.load_state()
+            self.cache.check_layout()  # links and odd entries in epfleet's paths: see cache
+            self._state = self.cache.load_state()  # rebuilt from the cache if damaged
             stack.callback(self._close)
             self._stack = stack.pop_all()
         return self
@@ -95,16 +96,26 @@ class SyncSession:
         self._stack.close()
 
     def _close(self) -> None:
-        """Stop the worker, write what the models' syncs changed, tidy (once)."""
+        """Stop the worker, write what the models' syncs changed, tidy (once). A write that
+        fails (a full disk) is a warning in the report, not the end of the sync: the state
+        on disk and the package stay as the last successful write left them, consistent,
+        and the next sync writes them again."""
         if self._closed:
             return
         self._closed = True
         if "steps" in self.__dict__:
             self.steps.close()
         state = self.state
-        self.cache.write_package(state)
-        self.cache.save_state(state)
-        self.cache.tidy()
+        for doing, write in (
+            ("write the package manifest", lambda: self.cache.write_package(state)),
+            ("save the cache state", lambda: self.cache.save_state(state)),
+            ("tidy the cache", self.cache.tidy),
+        ):
+            try:
+                write()
+            except (OSError, EpfleetError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                self.cache.note(f"could not {doing} in {self.cache.root}: {reason}")
 
     @property
     def state(self) -> CacheState:
@@ -187,9 +198,15 @@ class SyncSession:
             manifest=self.status,
             models=list(self.reports),
             seconds=round(time.perf_counter() - self.started, 3),
+            warnings=list(self.cache.repairs),
         )
         report = upload_report(self.store, report)
-        self.cache.save_last_report(report.model_dump_json(indent=2).encode())
+        try:
+            self.cache.save_last_report(report.model_dump_json(indent=2).encode())
+        except (OSError, EpfleetError) as exc:  # the report is returned (and printed) anyway
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            unsaved = f"could not save {self.cache.meta / 'last-report.json'}: {reason}"
+            report = report.model_copy(update={"warnings": [*report.warnings, unsaved]})
         return report
 
 

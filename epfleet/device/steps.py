@@ -148,6 +148,10 @@ class Steps:
             raise EpfleetError("no EP here builds for this device's hardware")
         source = entry.source
         part, _ = self.fetcher.to_partial(source.uri, source.sha256, source.size)
+        # A build writes about the source's size twice (the EP's output, then the stamped
+        # artifact): no room for that fails the step before a compile, and is not recorded
+        # as a build that cannot work (DiskFull).
+        self.cache.make_room(2 * source.size, self.cache.scratch(), f"building {model} here")
         failures = []
         for ep, local in targets:
             try:
