@@ -248,7 +248,7 @@ class DeviceCache:
         try:
             found = _lstat(fd, parts[-1])
             if found is not None and not stat.S_ISREG(found.st_mode):
-                self._clear(fd, parts, "a file")
+                self._clear(fd, parts, "a regular file")
         finally:
             os.close(fd)
         return self._path(parts)
