@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import ByteSize, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from epfleet import MAX_WORKERS
@@ -53,6 +53,59 @@ class Settings(BaseSettings):
         ge=1,
         le=MAX_WORKERS,
         description="Worker processes of that local Dask cluster",
+    )
+    stall_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a store transfer (download, upload, document read) may go "
+        "without moving a byte before it is aborted; default 30",
+    )
+    min_rate: ByteSize = Field(
+        default=ByteSize(1024),
+        ge=0,
+        description="Bytes per second a store transfer must average over EPFLEET_RATE_WINDOW, "
+        "e.g. 1KiB (the default) or 50KB; 0 turns the check off",
+    )
+    rate_window: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds over which EPFLEET_MIN_RATE is averaged; default 30",
+    )
+    sync_deadline: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Seconds one device sync may take: models not done by then are reported "
+        "failed and keep their previous variant; default 3600",
+    )
+    health_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a device's health check of one variant may run before its worker "
+        "is killed; default 300",
+    )
+    local_compile_timeout: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Seconds a device's local build of one model may run before its worker is "
+        "killed; default 1800",
+    )
+    max_manifest_bytes: ByteSize = Field(
+        default=ByteSize(256 << 20),
+        gt=0,
+        description="Largest manifest.json read from a store, e.g. 256MiB (the default); a "
+        "larger one is not read",
+    )
+    max_document_bytes: ByteSize = Field(
+        default=ByteSize(16 << 20),
+        gt=0,
+        description="Largest other document read from a store (device reports, hand-over "
+        "files under runs/), e.g. 16MiB (the default)",
+    )
+    multipart_grace: float = Field(
+        default=86400.0,
+        ge=0,
+        description="Seconds after which an incomplete S3 multipart upload under the store's "
+        "prefix is aborted by the next compile run; default 86400 (a day)",
     )
 
 
