@@ -44,6 +44,7 @@ def plan_run(
     if not pairs:
         raise BadInputError("the selected models and targets form no pair to compile")
     store = open_store(store_uri)
+    store.clean_up_incomplete()  # uploads killed runs left, after EPFLEET_MULTIPART_GRACE
     identities = {target.ep: _identity(target) for _, target in pairs}
     static_eps: dict[str, set[str]] = {}
     for model, target in pairs:

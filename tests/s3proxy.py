@@ -20,22 +20,45 @@ with Content-Length). Faults, armed at runtime by the test:
 - ``ignore_range = True``: forward GETs without their Range header, as a server or
   cache that does not do ranges answers them (200 and the whole object).
 
+- ``trickle_next_get_responses(path, interval, after, n)``: the next ``n`` GETs of
+  ``path`` send the status line, headers and first ``after`` body bytes at once, then one
+  byte every ``interval`` seconds (a store on a link that barely moves).
+- ``stall_next_get_responses(path, after, n)``: the next ``n`` GETs of ``path`` send the
+  status line, headers and first ``after`` body bytes, then nothing, holding the
+  connection open until the client gives up.
+- ``serve_endless(path, content_length)``: every GET of ``path`` is answered 200 by the
+  proxy itself (not forwarded) with a body of zeros that never ends: chunked, or under a
+  ``Content-Length`` of ``content_length`` bytes that it would take forever to send.
+- ``trickle_next_request_bodies(path, rate, n)``: the next ``n`` PUTs or POSTs to
+  ``path`` (a prefix of the request path) have their body read at ``rate`` bytes per
+  second before being forwarded, through a receive buffer of 4 KiB (a slow uplink).
+
+- ``uploads_initiated = datetime``: answers to ListMultipartUploads give every upload
+  that start time (moto reports a fixed one from 2010).
+
 ``counts`` tallies requests by method; ``log`` records every request as a ``Seen``
 (method, path, Range header, status, body bytes sent). Loopback only; bodies are bounded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import re
+import select
 import socket
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
 MAX_BODY = 256 << 20
+HOLD_MAX = 120.0  # seconds a stalled or endless response is held at most
+SLOW_RCVBUF = 4096
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding"})
 CONFLICT_XML = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -66,7 +89,12 @@ class FaultProxy:
         self._conflicts = 0
         self._lose: dict[str, int] = {}
         self._cut: dict[str, tuple[int, int]] = {}
+        self._slow_get: dict[str, tuple[str, float, int, int]] = {}
+        self._endless: dict[str, int | None] = {}
+        self._slow_body: dict[str, tuple[float, int]] = {}
+        self._closing = threading.Event()
         self.ignore_range = False
+        self.uploads_initiated: datetime | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -91,11 +119,30 @@ class FaultProxy:
         with self._lock:
             self._cut[path] = (after, n)
 
+    def trickle_next_get_responses(
+        self, path: str, *, interval: float = 1.0, after: int = 0, n: int = 1
+    ) -> None:
+        with self._lock:
+            self._slow_get[path] = ("trickle", interval, after, n)
+
+    def stall_next_get_responses(self, path: str, *, after: int = 0, n: int = 1) -> None:
+        with self._lock:
+            self._slow_get[path] = ("stall", 0.0, after, n)
+
+    def serve_endless(self, path: str, *, content_length: int | None = None) -> None:
+        with self._lock:
+            self._endless[path] = content_length
+
+    def trickle_next_request_bodies(self, path: str, *, rate: float, n: int = 1) -> None:
+        with self._lock:
+            self._slow_body[path] = (rate, n)
+
     def seen(self, path_suffix: str, method: str = "GET") -> list[Seen]:
         with self._lock:
             return [s for s in self.log if s.method == method and s.path.endswith(path_suffix)]
 
     def close(self) -> None:
+        self._closing.set()  # ends held and endless responses
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -121,6 +168,32 @@ class FaultProxy:
             self._cut[path] = (after, n - 1)
             return after
 
+    def _take_slow_get(self, method: str, path: str) -> tuple[str, float, int] | None:
+        if method != "GET":
+            return None
+        with self._lock:
+            mode, interval, after, n = self._slow_get.get(path, ("", 0.0, 0, 0))
+            if n <= 0:
+                return None
+            self._slow_get[path] = (mode, interval, after, n - 1)
+            return mode, interval, after
+
+    def _take_endless(self, method: str, path: str) -> tuple[bool, int | None]:
+        with self._lock:
+            if method == "GET" and path in self._endless:
+                return True, self._endless[path]
+            return False, None
+
+    def _take_slow_body(self, method: str, path: str) -> float | None:
+        if method not in ("PUT", "POST"):
+            return None
+        with self._lock:
+            for prefix, (rate, n) in self._slow_body.items():
+                if path.startswith(prefix) and n > 0:
+                    self._slow_body[prefix] = (rate, n - 1)
+                    return rate
+            return None
+
     def _record(self, seen: Seen) -> None:
         with self._lock:
             self.log.append(seen)
@@ -144,8 +217,15 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-        def _read_body(self) -> bytes:
-            """The request body exactly as sent (raw chunked framing included)."""
+        def handle(self) -> None:
+            with contextlib.suppress(ConnectionError):  # a client that gave up on us
+                super().handle()
+
+        def _read_body(self, rate: float | None = None) -> bytes:
+            """The request body exactly as sent (raw chunked framing included); at ``rate``
+            bytes per second when given."""
+            if rate is not None:
+                return self._read_slowly(rate)
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                 raw = bytearray()
                 while True:
@@ -166,6 +246,84 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 raise ValueError("request body too large")
             return self.rfile.read(length)
 
+        def _read_slowly(self, rate: float) -> bytes:
+            """Read the body (Content-Length framed, or chunked until its last chunk) a
+            piece at a time at ``rate`` bytes per second, through a small receive buffer so
+            that the client's sends block as on a slow uplink."""
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SLOW_RCVBUF)
+            piece = max(1, int(rate / 10))
+            chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
+            length = None if chunked else int(self.headers.get("Content-Length") or 0)
+            raw = bytearray()
+            while length is None or len(raw) < length:
+                if proxy._closing.is_set():
+                    raise ConnectionError("proxy closing")
+                want = piece if length is None else min(piece, length - len(raw))
+                got = self.rfile.read1(want)
+                if not got:
+                    raise ConnectionError("client went away")
+                raw += got
+                if chunked and raw.endswith(b"0\r\n\r\n"):
+                    break
+                time.sleep(len(got) / rate)
+            return bytes(raw)
+
+        def _hold(self, seconds: float) -> bool:
+            """Wait up to ``seconds``; False when the client closed its end (or the proxy
+            is closing)."""
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                if proxy._closing.is_set():
+                    return False
+                readable, _, _ = select.select([self.connection], [], [], min(0.05, seconds))
+                if readable:
+                    try:
+                        if not self.connection.recv(1, socket.MSG_PEEK):
+                            return False
+                    except OSError:
+                        return False
+                    time.sleep(0.05)  # a pipelined request waits: we are busy
+            return True
+
+        def _send_endless(self, path: str, content_length: int | None) -> None:
+            proxy._record(Seen(self.command, path, self.headers.get("Range"), 200, -1))
+            self.send_response_only(200, "OK")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("ETag", '"endless"')
+            self.send_header("Last-Modified", "Thu, 01 Jan 2026 00:00:00 GMT")
+            if content_length is None:
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Content-Length", str(content_length))
+            self.end_headers()
+            block = b"0" * 65536
+            frame = b"%x\r\n%s\r\n" % (len(block), block) if content_length is None else block
+            self.close_connection = True
+            deadline = time.monotonic() + HOLD_MAX
+            try:
+                while not proxy._closing.is_set() and time.monotonic() < deadline:
+                    self.wfile.write(frame)
+            except OSError:
+                pass  # the client refused the rest
+
+        def _send_slowly(self, data: bytes, mode: str, interval: float, after: int) -> None:
+            """Send ``data`` (a response body): ``after`` bytes, then one byte per
+            ``interval`` (trickle) or nothing (stall), until the client gives up."""
+            self.close_connection = True
+            try:
+                self.wfile.write(data[:after])
+                self.wfile.flush()
+                if mode == "stall":
+                    self._hold(HOLD_MAX)
+                    return
+                for i in range(after, len(data)):
+                    if not self._hold(interval):
+                        return
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+            except OSError:
+                pass
+
         def _forward(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
             conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
             try:
@@ -183,8 +341,16 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 conn.close()
 
         def _proxy(self) -> None:
-            body = self._read_body()
             path = unquote(urlsplit(self.path).path)
+            endless, content_length = proxy._take_endless(self.command, path)
+            if endless:
+                self._send_endless(path, content_length)
+                return
+            try:
+                body = self._read_body(proxy._take_slow_body(self.command, path))
+            except ConnectionError:
+                self.close_connection = True
+                return
             if proxy._take_conflict(self.command, self.headers):
                 self.send_response_only(409, "Conflict")
                 self.send_header("Content-Type", "application/xml")
@@ -197,7 +363,16 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
+            stamp = proxy.uploads_initiated
+            if stamp is not None and self.command == "GET" and "uploads" in self.path:
+                initiated = stamp.strftime("%Y-%m-%dT%H:%M:%S.000Z").encode()
+                data = re.sub(
+                    rb"<Initiated>[^<]*</Initiated>",
+                    b"<Initiated>" + initiated + b"</Initiated>",
+                    data,
+                )
             full_length = len(data)
+            slow = proxy._take_slow_get(self.command, path)
             cut = proxy._take_cut(self.command, path)
             if cut is not None:
                 data = data[:cut]
@@ -213,6 +388,9 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if chunked:
                 self.send_header("Content-Length", str(full_length))
             self.end_headers()
+            if slow is not None:
+                self._send_slowly(data, *slow)
+                return
             if self.command != "HEAD":
                 self.wfile.write(data)
             if cut is not None:

@@ -12,7 +12,7 @@ import pytest
 
 from epfleet.errors import BadInputError, IntegrityError, PreconditionFailed, StoreError
 from epfleet.hashing import sha256_bytes, sha256_file
-from epfleet.stores import open_store
+from epfleet.stores import DocumentTooLarge, open_store
 from epfleet.stores.local import LOCK_NAME, LocalStore
 
 pytestmark = pytest.mark.fast
@@ -164,3 +164,48 @@ def test_os_errors_become_store_errors_naming_the_store(tmp_path: Path) -> None:
     (tmp_path / "file-parent").symlink_to(blocker)
     with pytest.raises(StoreError, match="check the store directory and its permissions"):
         store.write("manifest.json", b"{}")
+
+
+# --- bounded reads ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPFLEET_MAX_MANIFEST_BYTES", "64KiB")
+    monkeypatch.setenv("EPFLEET_MAX_DOCUMENT_BYTES", "16KiB")
+
+
+@pytest.mark.usefixtures("small_limits")
+def test_a_manifest_over_its_limit_is_refused_by_its_size(store: LocalStore) -> None:
+    body = b"{" + b" " * (100 << 10) + b"}"
+    store.write("manifest.json", body)
+    with pytest.raises(DocumentTooLarge) as info:
+        store.read("manifest.json")
+    assert str(info.value) == (
+        f"{store.uri}/manifest.json is 100.0 KiB, over the limit of 64 KiB for a manifest "
+        "(EPFLEET_MAX_MANIFEST_BYTES); not read"
+    )
+    assert (info.value.key, info.value.limit) == ("manifest.json", 64 << 10)
+    assert info.value.etag == sha256_bytes(body)  # hashed in chunks, never held whole
+    assert store.read_if_changed("manifest.json", sha256_bytes(body)) == "unchanged"
+    with pytest.raises(DocumentTooLarge):
+        store.read_if_changed("manifest.json", "an older version")
+
+
+@pytest.mark.usefixtures("small_limits")
+def test_other_documents_have_their_own_limit(store: LocalStore) -> None:
+    store.write("reports/devices/d.json", b" " * (20 << 10))
+    with pytest.raises(DocumentTooLarge, match=r"20 KiB, over the limit of 16 KiB for a store "):
+        store.read("reports/devices/d.json")
+    store.write("manifest.json", b" " * (20 << 10))
+    found = store.read("manifest.json")
+    assert found is not None and len(found.data) == 20 << 10
+
+
+@pytest.mark.usefixtures("small_limits")
+def test_an_endless_file_is_cut_off_at_the_limit(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    store.root.mkdir()
+    (store.root / "manifest.json").symlink_to("/dev/zero")  # no size to go by
+    with pytest.raises(DocumentTooLarge, match=r"manifest.json goes on past the limit of 64 KiB"):
+        store.read("manifest.json")

@@ -1,11 +1,16 @@
-"""S3Store against a real moto server over HTTP (no boto3 patching), with a fault proxy."""
+"""S3Store against a real moto server over HTTP (no boto3 patching), with a fault proxy:
+conditional writes, lost responses, and the transfer limits (stalls, trickles, endless
+bodies, uploads the store barely reads) and incomplete multipart uploads."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import boto3
@@ -14,7 +19,8 @@ from s3proxy import FaultProxy
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError, TransientStoreError
 from epfleet.hashing import sha256_bytes, sha256_file
-from epfleet.stores import open_store
+from epfleet.limits import TransferTooSlow
+from epfleet.stores import DocumentTooLarge, open_store
 from epfleet.stores.s3 import MiB, S3Store
 
 pytestmark = pytest.mark.fast
@@ -208,3 +214,168 @@ def test_conflicting_write_still_raises_after_read_back(
     with pytest.raises(PreconditionFailed):
         store.write("m.json", b"v3", if_match=stale)
     assert raw_get(s3_bucket, "p/m.json") == b"v2"
+
+
+# --- deadlines and bounded reads (faults through the proxy) ------------------------------
+
+
+@pytest.fixture
+def fast_limits(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Transfer limits a test can hit in about a second (stores opened afterwards)."""
+    monkeypatch.setenv("EPFLEET_STALL_TIMEOUT", "1")
+    monkeypatch.setenv("EPFLEET_MIN_RATE", "1KiB")
+    monkeypatch.setenv("EPFLEET_RATE_WINDOW", "1")
+    monkeypatch.setenv("EPFLEET_MAX_MANIFEST_BYTES", "64KiB")
+    monkeypatch.setenv("EPFLEET_MAX_DOCUMENT_BYTES", "16KiB")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    return monkeypatch
+
+
+def timed(call: object) -> tuple[BaseException, float]:
+    started = time.monotonic()
+    with pytest.raises(Exception) as info:
+        call()  # type: ignore[operator]
+    return info.value, time.monotonic() - started
+
+
+@pytest.mark.usefixtures("fast_limits")
+def test_a_document_that_trickles_is_aborted_below_the_minimum_rate(
+    s3_bucket: str, s3_proxy: FaultProxy
+) -> None:
+    store = S3Store(s3_bucket, "p")
+    store.write("runs/r1/results.json", b"x" * 4000)
+    s3_proxy.trickle_next_get_responses(f"/{s3_bucket}/p/runs/r1/results.json", interval=0.1)
+    error, seconds = timed(lambda: store.read("runs/r1/results.json"))
+    assert isinstance(error, TransferTooSlow)
+    assert re.fullmatch(
+        r"s3://\S+/p moved \d+ B in 1 s, below the minimum rate of 1 KiB/s "
+        r"\(EPFLEET_MIN_RATE over EPFLEET_RATE_WINDOW\): read of runs/r1/results.json aborted",
+        str(error),
+    ), error
+    assert 1.0 <= seconds < 5.0  # the window, not the 40 s the body would take
+
+
+@pytest.mark.usefixtures("fast_limits")
+def test_a_document_that_stalls_is_aborted_after_the_stall_timeout(
+    s3_bucket: str, s3_proxy: FaultProxy
+) -> None:
+    store = S3Store(s3_bucket, "p")
+    store.write("reports/devices/d1.json", b"{}" * 100)
+    s3_proxy.stall_next_get_responses(f"/{s3_bucket}/p/reports/devices/d1.json", after=10)
+    error, seconds = timed(lambda: store.read("reports/devices/d1.json"))
+    assert isinstance(error, TransferTooSlow)
+    assert "moved nothing for 1 s (EPFLEET_STALL_TIMEOUT): read of reports/devices" in str(error)
+    assert 1.0 <= seconds < 5.0  # not the proxy's 120 s
+    assert store.read("reports/devices/d1.json") is not None  # the next read is not stalled
+
+
+@pytest.mark.usefixtures("fast_limits")
+@pytest.mark.parametrize("content_length", [None, 2 << 30], ids=["chunked", "2-GiB-length"])
+def test_an_endless_manifest_is_refused_within_its_limit(
+    s3_bucket: str, s3_proxy: FaultProxy, content_length: int | None
+) -> None:
+    store = S3Store(s3_bucket, "p")
+    s3_proxy.serve_endless(f"/{s3_bucket}/p/manifest.json", content_length=content_length)
+    error, seconds = timed(lambda: store.read("manifest.json"))
+    assert isinstance(error, DocumentTooLarge) and error.key == "manifest.json"
+    held = "goes on past" if content_length is None else "is 2 GiB, over"
+    assert str(error) == (
+        f"s3://{s3_bucket}/p/manifest.json {held} the limit of 64 KiB for a manifest "
+        "(EPFLEET_MAX_MANIFEST_BYTES); not read"
+    )
+    assert error.etag == '"endless"' and error.limit == 64 << 10
+    assert seconds < 3.0
+    with pytest.raises(DocumentTooLarge):  # the conditional form is bounded too
+        store.read_if_changed("manifest.json", '"another"')
+
+
+@pytest.mark.usefixtures("fast_limits")
+def test_documents_other_than_the_manifest_have_their_own_limit(s3_bucket: str) -> None:
+    store = S3Store(s3_bucket, "p")
+    store.write("reports/devices/big.json", b" " * (20 << 10))
+    store.write("manifest.json", b" " * (20 << 10))
+    with pytest.raises(DocumentTooLarge, match=r"20 KiB, over the limit of 16 KiB for a store "):
+        store.read("reports/devices/big.json")
+    got = store.read("manifest.json")  # 64 KiB for a manifest
+    assert got is not None and len(got.data) == 20 << 10
+
+
+@pytest.mark.usefixtures("fast_limits")
+def test_an_upload_the_store_barely_reads_is_aborted(
+    s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPFLEET_MIN_RATE", "1MiB")
+    monkeypatch.setenv("EPFLEET_STALL_TIMEOUT", "5")  # the rate alone
+    store = S3Store(s3_bucket, "p")
+    src = tmp_path / "big.onnx"
+    src.write_bytes(os.urandom(4 * MiB))
+    s3_proxy.trickle_next_request_bodies(f"/{s3_bucket}/p/variants/", rate=20_000)
+    error, seconds = timed(lambda: store.upload("variants/big.onnx", src, "0" * 64))
+    assert isinstance(error, TransferTooSlow)
+    assert "below the minimum rate of 1 MiB/s" in str(error)
+    assert "upload of variants/big.onnx aborted" in str(error)
+    assert seconds < 5.0  # 200 s at the proxy's pace
+    assert store.size("variants/big.onnx") is None
+
+
+@pytest.mark.usefixtures("fast_limits")
+def test_an_upload_the_store_stops_reading_is_aborted_after_the_stall_timeout(
+    s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPFLEET_MIN_RATE", "0")  # the stall alone
+    store = S3Store(s3_bucket, "p")
+    src = tmp_path / "big.onnx"
+    src.write_bytes(os.urandom(16 * MiB))
+    s3_proxy.trickle_next_request_bodies(f"/{s3_bucket}/p/sources/", rate=1)
+    error, seconds = timed(lambda: store.upload("sources/big.onnx", src, "0" * 64))
+    assert isinstance(error, TransferTooSlow)
+    assert "moved nothing for 1 s (EPFLEET_STALL_TIMEOUT): upload of sources/big.onnx" in str(error)
+    assert seconds < 6.0  # not the proxy's 120 s
+
+
+@pytest.mark.usefixtures("fast_limits")
+def test_a_download_that_trickles_is_aborted_and_leaves_nothing(
+    s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    store = S3Store(s3_bucket, "p")
+    store.write("sources/s.onnx", os.urandom(5000))
+    s3_proxy.trickle_next_get_responses(f"/{s3_bucket}/p/sources/s.onnx", interval=0.1)
+    error, seconds = timed(lambda: store.download("sources/s.onnx", tmp_path / "s.onnx"))
+    assert isinstance(error, TransferTooSlow) and "download of sources/s.onnx" in str(error)
+    assert seconds < 5.0  # not the 500 s the body would take
+    assert list(tmp_path.iterdir()) == []
+    store.download("sources/s.onnx", tmp_path / "s.onnx")  # and without the fault, whole
+    assert (tmp_path / "s.onnx").stat().st_size == 5000
+
+
+def test_a_ranged_download_in_parts_is_of_one_version(s3_bucket: str, tmp_path: Path) -> None:
+    store = S3Store(s3_bucket, "p", multipart_threshold=1 * MiB, multipart_chunksize=1 * MiB)
+    data = os.urandom(3 * MiB + 7)
+    store.write("sources/big.onnx", data)
+    store.download("sources/big.onnx", tmp_path / "big.onnx")
+    assert (tmp_path / "big.onnx").read_bytes() == data
+
+
+def test_incomplete_multipart_uploads_past_the_grace_are_aborted(
+    s3_bucket: str, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = boto3.client("s3", region_name="us-east-1")
+    for key in ("fleet/variants/m/t/a.onnx", "fleet/sources/b.onnx", "other/c.onnx"):
+        client.create_multipart_upload(Bucket=s3_bucket, Key=key)
+    store = S3Store(s3_bucket, "fleet")
+
+    def left() -> list[str]:
+        found = client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+        return sorted(upload["Key"] for upload in found)
+
+    now = datetime.now(timezone.utc)
+    s3_proxy.uploads_initiated = now - timedelta(hours=23)
+    assert store.clean_up_incomplete() == []  # within a day's grace: maybe a live run's
+    assert len(left()) == 3
+    s3_proxy.uploads_initiated = now - timedelta(hours=25)
+    assert sorted(store.clean_up_incomplete()) == ["sources/b.onnx", "variants/m/t/a.onnx"]
+    assert left() == ["other/c.onnx"]  # outside the store's prefix: not this store's
+    client.create_multipart_upload(Bucket=s3_bucket, Key="fleet/x.onnx")
+    monkeypatch.setenv("EPFLEET_MULTIPART_GRACE", "0")
+    s3_proxy.uploads_initiated = now
+    assert store.clean_up_incomplete() == ["x.onnx"]

@@ -11,14 +11,24 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from epfleet.errors import BadInputError
-from epfleet.stores.base import MANIFEST_KEY, UNCHANGED, Store, Versioned, check_key
+from epfleet.stores.base import (
+    MANIFEST_KEY,
+    UNCHANGED,
+    DocumentTooLarge,
+    Store,
+    Versioned,
+    check_key,
+    document_limit,
+)
 
 __all__ = [
     "MANIFEST_KEY",
     "UNCHANGED",
+    "DocumentTooLarge",
     "Store",
     "Versioned",
     "check_key",
+    "document_limit",
     "open_store",
     "split_uri",
 ]

@@ -1,4 +1,5 @@
-"""The one small interface every store backend implements."""
+"""The one small interface every store backend implements, and the size limit of the
+documents a store reads whole."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
+
+from epfleet.errors import StoreError
+from epfleet.limits import format_size
 
 MANIFEST_KEY = "manifest.json"
 UNCHANGED: Literal["unchanged"] = "unchanged"
@@ -24,7 +28,9 @@ class Store(Protocol):
     """Where the store's root is, as the user wrote it (``file:///dir``, ``s3://bucket/prefix``)."""
 
     def read(self, key: str) -> Versioned | None:
-        """The object's bytes and version, or None when there is no such object."""
+        """The object's bytes and version, or None when there is no such object. For
+        documents (a manifest, a report, a hand-over file): ``DocumentTooLarge`` when it is
+        over ``document_limit(key)``, found while streaming, before it is held whole."""
         ...
 
     def read_if_changed(self, key: str, etag: str) -> Versioned | Literal["unchanged"] | None:
@@ -67,6 +73,13 @@ class Store(Protocol):
         """Remove the object; nothing happens when there is no such object."""
         ...
 
+    def clean_up_incomplete(self, older_than: float | None = None) -> list[str]:
+        """Remove what interrupted writes left under the store's root more than
+        ``older_than`` seconds ago (default ``EPFLEET_MULTIPART_GRACE``): S3's incomplete
+        multipart uploads. Best effort: a failure is logged, never raised. Returns what
+        was removed."""
+        ...
+
 
 def check_key(key: str) -> str:
     """Keys are relative POSIX paths that stay inside the store. (String tests, not PurePath:
@@ -86,3 +99,63 @@ def check_prefix(prefix: str) -> str:
 def is_hidden(key: str) -> bool:
     """Temporary and lock files of the local backend; never listed by either backend."""
     return any(part.startswith(".") for part in key.split("/"))
+
+
+class DocumentTooLarge(StoreError):
+    """A document in the store is larger than its limit; it was not read whole. ``etag``
+    is the version it was found at, when known, so that a caller can tell the same body
+    again without reading it (``read_if_changed``)."""
+
+    def __init__(self, message: str, *, key: str, limit: int, etag: str | None) -> None:
+        super().__init__(message)
+        self.key, self.limit, self.etag = key, limit, etag
+
+    def __reduce__(self) -> tuple[object, ...]:  # picklable with its fields
+        return (_document_too_large, (str(self), self.key, self.limit, self.etag))
+
+
+def _document_too_large(message: str, key: str, limit: int, etag: str | None) -> DocumentTooLarge:
+    return DocumentTooLarge(message, key=key, limit=limit, etag=etag)
+
+
+def document_limit(key: str) -> tuple[int, str]:
+    """The largest object ``read`` returns whole for ``key``, and the variable that sets
+    it: ``EPFLEET_MAX_MANIFEST_BYTES`` for a manifest, ``EPFLEET_MAX_DOCUMENT_BYTES`` for
+    anything else (device reports, hand-over files)."""
+    from epfleet.settings import settings  # not at import: settings imports this package
+
+    s = settings()
+    if key.rsplit("/", 1)[-1] == MANIFEST_KEY:
+        return int(s.max_manifest_bytes), "EPFLEET_MAX_MANIFEST_BYTES"
+    return int(s.max_document_bytes), "EPFLEET_MAX_DOCUMENT_BYTES"
+
+
+def too_large(where: str, key: str, size: int | None, etag: str | None) -> DocumentTooLarge:
+    """The error for ``key`` (at ``where``) over its limit: ``size`` when known (a
+    Content-Length, a file's size), else it was found streaming past the limit."""
+    limit, variable = document_limit(key)
+    kind = "a manifest" if key.rsplit("/", 1)[-1] == MANIFEST_KEY else "a store document"
+    held = f"is {format_size(size)}, over" if size is not None else "goes on past"
+    return DocumentTooLarge(
+        f"{where} {held} the limit of {format_size(limit)} for {kind} ({variable}); not read",
+        key=key,
+        limit=limit,
+        etag=etag,
+    )
+
+
+class OverLimit(Exception):
+    """``read_bounded`` found more than its limit (the caller says which document)."""
+
+
+def read_bounded(chunks: Iterator[bytes], limit: int) -> bytes:
+    """The bytes of ``chunks`` when they total at most ``limit``; else ``OverLimit`` as
+    soon as they pass it, having held no more than ``limit`` bytes."""
+    held: list[bytes] = []
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        if total > limit:
+            raise OverLimit
+        held.append(chunk)
+    return b"".join(held)

@@ -9,17 +9,29 @@ serialise. The version token is the content's sha256.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 from urllib.parse import unquote, urlparse
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.fsutil import atomic_copy, atomic_write_bytes
 from epfleet.hashing import CHUNK, sha256_bytes
-from epfleet.stores.base import UNCHANGED, Versioned, check_key, check_prefix, is_hidden
+from epfleet.stores.base import (
+    UNCHANGED,
+    OverLimit,
+    Versioned,
+    check_key,
+    check_prefix,
+    document_limit,
+    is_hidden,
+    read_bounded,
+    too_large,
+)
 
 LOCK_NAME = ".epfleet.lock"
 
@@ -43,16 +55,38 @@ class LocalStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def read(self, key: str) -> Versioned | None:
-        with self._os_errors("reading", key):
-            try:
-                data = self._path(key).read_bytes()
-            except FileNotFoundError:
-                return None
-        return Versioned(data, sha256_bytes(data))
+        found = self._read_document(key, None)
+        assert found != UNCHANGED
+        return found
 
     def read_if_changed(self, key: str, etag: str) -> Versioned | Literal["unchanged"] | None:
-        found = self.read(key)
-        return UNCHANGED if found is not None and found.etag == etag else found
+        return self._read_document(key, etag)
+
+    def _read_document(self, key: str, etag: str | None) -> Versioned | Literal["unchanged"] | None:
+        """The document at ``key`` within its limit (``document_limit``), or UNCHANGED when
+        its sha256 is ``etag``. A file over the limit is never held: its size says so before
+        a byte is read (and it is hashed in chunks, for its version), and a file that grows
+        while read, or is no regular file, is cut off at the limit."""
+        path = self._path(key)
+        where = f"{self.uri}/{key}"
+        limit, _ = document_limit(key)
+        with self._os_errors("reading", key):
+            try:
+                with open(path, "rb") as f:
+                    info = os.fstat(f.fileno())
+                    if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+                        digest = _sha256_stream(f)
+                        if digest == etag:
+                            return UNCHANGED
+                        raise too_large(where, key, info.st_size, digest)
+                    try:
+                        data = read_bounded(iter(lambda: f.read(CHUNK), b""), limit)
+                    except OverLimit:
+                        raise too_large(where, key, None, None) from None
+            except FileNotFoundError:
+                return None
+        digest = sha256_bytes(data)
+        return UNCHANGED if digest == etag else Versioned(data, digest)
 
     def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
         path = self._path(key)
@@ -119,6 +153,11 @@ class LocalStore:
         with self._os_errors("deleting", key):
             self._path(key).unlink(missing_ok=True)
 
+    def clean_up_incomplete(self, older_than: float | None = None) -> list[str]:
+        """A local store has no multipart uploads: its writes are a temporary file renamed
+        into place (``epfleet.fsutil``)."""
+        return []
+
     @contextmanager
     def _os_errors(self, action: str, key: str) -> Iterator[None]:
         try:
@@ -128,6 +167,13 @@ class LocalStore:
                 f"{action} {self.uri}/{key}: {exc.strerror or exc} "
                 f"({exc.filename or self.root}); check the store directory and its permissions"
             ) from exc
+
+
+def _sha256_stream(f: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while chunk := f.read(CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def local_path(uri: str) -> Path:

@@ -22,27 +22,46 @@ Consistency rules:
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import os
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.parse import urlparse
 
 import boto3
 import botocore.exceptions as bce
+import urllib3.exceptions as u3e
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError, TransientStoreError
 from epfleet.hashing import sha256_bytes
-from epfleet.stores.base import UNCHANGED, Versioned, check_key, check_prefix, is_hidden
+from epfleet.limits import TransferGuard, TransferLimits, TransferTooSlow, stalled
+from epfleet.stores.base import (
+    UNCHANGED,
+    OverLimit,
+    Versioned,
+    check_key,
+    check_prefix,
+    document_limit,
+    is_hidden,
+    read_bounded,
+    too_large,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
+
+logger = logging.getLogger(__name__)
 
 MiB = 1 << 20
 STREAM_CHUNK = 1 * MiB
@@ -100,23 +119,25 @@ class S3Store:
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         attempts = max_attempts or _env_attempts()
-        self._settings = (attempts, connect_timeout, read_timeout)
-        self._config = Config(
-            retries={"mode": "standard", "max_attempts": attempts},
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            # one shared client serves threaded reads (runtime-watch reads 16 reports at
-            # a time, a download 4 segments): botocore's default keeps 10 connections
-            max_pool_connections=32,
-        )
+        # The read timeout is how long a socket may wait for a byte. For reads (and small
+        # writes) it is the stall timeout: a request nobody answers and a body that stops
+        # both end there. Uploads keep the longer one: once a part is handed to the
+        # kernel, the answer waits until its send buffer (megabytes) drains on a slow
+        # link; their progress is timed by their callback instead (``upload``).
+        self._limits = TransferLimits.from_settings()
+        stall = self._limits.stall_timeout
+        self._settings = (attempts, connect_timeout, stall)
+        self._upload_settings = (attempts, connect_timeout, max(read_timeout, stall))
+        self._client: S3Client | None = None
+        self._uploader: S3Client | None = None
+        self._client_lock = threading.Lock()
+        self._concurrency = max_concurrency
         self._transfer = TransferConfig(
             multipart_threshold=multipart_threshold,
             multipart_chunksize=multipart_chunksize,
             max_concurrency=max_concurrency,
             preferred_transfer_client="classic",
         )
-        self._client: S3Client | None = None
-        self._client_lock = threading.Lock()
 
     @property
     def client(self) -> S3Client:
@@ -125,8 +146,16 @@ class S3Store:
         and a device sync opens the store several times. Clients are thread-safe."""
         with self._client_lock:
             if self._client is None:
-                self._client = _shared_client(self._config, self._settings)
+                self._client = _shared_client(self._settings)
             return self._client
+
+    @property
+    def uploader(self) -> S3Client:
+        """The client of ``upload``: the same, with the longer read timeout."""
+        with self._client_lock:
+            if self._uploader is None:
+                self._uploader = _shared_client(self._upload_settings)
+            return self._uploader
 
     def _key(self, key: str) -> str:
         check_key(key)
@@ -145,6 +174,11 @@ class S3Store:
         if isinstance(exc, bce.SSLError):
             raise StoreError(
                 f"{action} {where}: TLS error ({exc}); check AWS_ENDPOINT_URL and CA settings"
+            ) from exc
+        if isinstance(exc, bce.ReadTimeoutError):
+            raise TransferTooSlow(
+                f"{action} {where}: no answer within {self._settings[2]:g} s "
+                f"(EPFLEET_STALL_TIMEOUT; {self._settings[0]} attempts)"
             ) from exc
         if isinstance(exc, (bce.ConnectionError, bce.HTTPClientError)):
             raise TransientStoreError(
@@ -187,12 +221,14 @@ class S3Store:
     def _get(
         self, key: str, if_none_match: str | None = None
     ) -> tuple[Versioned, dict[str, str]] | Literal["unchanged"] | None:
+        """A document, read whole within its limit (``document_limit``): refused on its
+        Content-Length before a byte of the body is read, or as soon as a body without
+        one goes past the limit; and under the transfer limits while it streams."""
         args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
         if if_none_match is not None:
             args["IfNoneMatch"] = if_none_match
         try:
             resp = self.client.get_object(**args)
-            data = resp["Body"].read()
         except bce.ClientError as exc:
             if _code(exc) in MISSING_CODES:
                 return None
@@ -201,7 +237,56 @@ class S3Store:
             self._raise(exc, key, "reading")
         except bce.BotoCoreError as exc:
             self._raise(exc, key, "reading")
-        return Versioned(data, resp["ETag"]), resp.get("Metadata", {})
+        etag = str(resp["ETag"])
+        limit, _ = document_limit(key)
+        length = resp.get("ContentLength")
+        guard = TransferGuard(f"read of {key}", self.uri, self._limits)
+        chunks = self._chunks(resp, key, guard)
+        try:
+            if length is not None and length > limit:
+                raise too_large(self._where(key), key, length, etag)
+            data = read_bounded(chunks, limit)
+        except OverLimit:
+            raise too_large(self._where(key), key, None, etag) from None
+        finally:
+            chunks.close()  # closes the body: a refused one is not read to its end
+        return Versioned(data, etag), resp.get("Metadata", {})
+
+    def _chunks(
+        self, resp: Any, key: str, guard: TransferGuard | None
+    ) -> Generator[bytes, None, None]:
+        """A response body's bytes as they arrive, each counted by ``guard``. Read with
+        ``read1`` (one socket read, at most STREAM_CHUNK bytes): a body that trickles still
+        yields every few bytes, where ``read(n)`` would wait for all ``n``. A body that
+        sends nothing for the stall timeout (the socket's read timeout) raises
+        TransferTooSlow; one that ends before its Content-Length, TransientStoreError.
+        The body is closed when the generator is."""
+        body = resp["Body"]
+        length = resp.get("ContentLength")
+        raw = getattr(body, "_raw_stream", None)
+        read = getattr(raw, "read1", None) or body.read
+        what = guard.what if guard else f"download of {key}"
+        got = 0
+        try:
+            while chunk := read(STREAM_CHUNK):
+                got += len(chunk)
+                if guard is not None:
+                    guard.add(len(chunk))
+                yield chunk
+        except (TimeoutError, u3e.ReadTimeoutError, bce.ReadTimeoutError):
+            error = guard.stalled() if guard else None
+            raise error or stalled(self.uri, what, self._settings[2]) from None
+        except (u3e.ProtocolError, bce.ResponseStreamingError, bce.IncompleteReadError) as exc:
+            raise TransientStoreError(
+                f"{what} from {self._where(key)}: the connection dropped ({exc})"
+            ) from exc
+        finally:
+            body.close()
+        if length is not None and got < length:  # urllib3 leaves this check to botocore
+            raise TransientStoreError(
+                f"{what} from {self._where(key)}: the connection dropped after {got} of "
+                f"{length} bytes"
+            )
 
     def read(self, key: str) -> Versioned | None:
         got = self._get(key)
@@ -213,17 +298,31 @@ class S3Store:
         return got if got is None or got == UNCHANGED else got[0]
 
     def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
+        """The bytes as they arrive (see ``_chunks``): the caller counts them against the
+        transfer limits (``epfleet.device.download``); a stall raises TransferTooSlow."""
+        return self._range(key, start, end, None, None)
+
+    def _range(
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        if_match: str | None,
+        guard: TransferGuard | None,
+    ) -> Iterator[bytes]:
         args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
         if start or end is not None:
             args["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        if if_match is not None:
+            args["IfMatch"] = if_match
         try:
             resp = self.client.get_object(**args)
-            body = resp["Body"]
             # A server or proxy that ignores Range sends the whole object: skip to `start`.
             skip = start if start and not resp.get("ContentRange") else 0
             left = None if end is None else end - start
-            with body:
-                for chunk in body.iter_chunks(STREAM_CHUNK):
+            chunks = self._chunks(resp, key, guard)
+            with closing(chunks):
+                for chunk in chunks:
                     if skip:
                         dropped = min(skip, len(chunk))
                         chunk, skip = chunk[dropped:], skip - dropped
@@ -293,29 +392,99 @@ class S3Store:
             self._raise(exc, key, "checking")
 
     def upload(self, key: str, path: Path, sha256: str) -> None:
+        """boto3's transfer manager (multipart above the threshold), under the transfer
+        limits. It runs in a thread of its own while this one watches its progress
+        callback: a send that blocks (a link that stopped) never calls back, so the
+        watchdog times it. Once the guard trips, the caller gets its error at once and
+        the upload stops at its next read of the file (every retry too); an upload a
+        killed run leaves unfinished is aborted by ``clean_up_incomplete``."""
+        guard = TransferGuard(f"upload of {key}", self.uri, self._limits)
+        outcome: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.uploader.upload_file(
+                    str(path),
+                    self.bucket,
+                    self._key(key),
+                    ExtraArgs={"Metadata": {SHA256_META: sha256}},
+                    Config=self._transfer,
+                    Callback=guard.add,
+                )
+            except BaseException as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(
+            target=contextvars.copy_context().run, args=(run,), name=f"upload {key}", daemon=True
+        )
+        worker.start()
+        poll = min(1.0, self._limits.stall_timeout / 4, self._limits.rate_window / 4)
         try:
-            self.client.upload_file(
-                str(path),
-                self.bucket,
-                self._key(key),
-                ExtraArgs={"Metadata": {SHA256_META: sha256}},
-                Config=self._transfer,
-            )
-        except (bce.BotoCoreError, bce.ClientError, S3UploadFailedError) as exc:
-            self._raise(exc, key, f"uploading {path} to")
+            while worker.is_alive():
+                worker.join(poll)
+                if worker.is_alive():
+                    guard.check()
+        except BaseException as exc:
+            guard.cancel(TransferTooSlow(f"upload of {key} cancelled ({type(exc).__name__})"))
+            raise
+        if not outcome:
+            return
+        if guard.failure is not None:
+            raise guard.failure from None
+        error = outcome[0]
+        if isinstance(error, (bce.BotoCoreError, bce.ClientError, S3UploadFailedError)):
+            self._raise(error, key, f"uploading {path} to")
+        raise error
 
     def download(self, key: str, dest: Path) -> None:
-        where = self._key(key)
+        """Copy the object to ``dest`` atomically, under the transfer limits: in one GET,
+        or above the multipart threshold in ranged GETs of the multipart chunk size,
+        ``max_concurrency`` at a time, all of the version the first answer named."""
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except bce.ClientError as exc:
+            if _code(exc) in MISSING_CODES:
+                raise StoreError(f"{self._where(key)} does not exist") from None
+            self._raise(exc, key, "downloading")
+        except bce.BotoCoreError as exc:
+            self._raise(exc, key, "downloading")
+        size, etag = int(head["ContentLength"]), str(head["ETag"])
+        step = self._transfer.multipart_chunksize
+        if size <= self._transfer.multipart_threshold:
+            step = max(size, 1)
+        parts = [(start, min(start + step, size)) for start in range(0, size, step)]
+        guard = TransferGuard(f"download of {key}", self.uri, self._limits)
+        stop = threading.Event()
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-        os.close(fd)
+
+        def fetch(start: int, end: int) -> None:
+            offset = start
+            for chunk in self._range(key, start, end, etag, guard):
+                if stop.is_set():
+                    return
+                view = memoryview(chunk)
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    view, offset = view[written:], offset + written
+            if offset != end:
+                raise TransientStoreError(
+                    f"downloading {self._where(key)}: bytes {start}-{end} ended at {offset}"
+                )
+
         try:
             try:
-                self.client.download_file(self.bucket, where, tmp, Config=self._transfer)
-            except (bce.BotoCoreError, bce.ClientError, RetriesExceededError) as exc:
-                self._raise(exc, key, "downloading")
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
+                with ThreadPoolExecutor(min(len(parts), self._concurrency) or 1) as pool:
+                    fetches = [pool.submit(fetch, start, end) for start, end in parts]
+                    for done in fetches:
+                        try:
+                            done.result()
+                        except BaseException:
+                            stop.set()
+                            raise
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, dest)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -342,6 +511,57 @@ class S3Store:
             if not isinstance(exc, bce.ClientError) or _code(exc) not in MISSING_CODES:
                 self._raise(exc, key, "deleting")
 
+    def clean_up_incomplete(self, older_than: float | None = None) -> list[str]:
+        """Abort the incomplete multipart uploads under the store's prefix started more than
+        ``older_than`` seconds ago (default ``EPFLEET_MULTIPART_GRACE``, a day): a killed
+        upload leaves its parts stored, and billed, until someone does. Younger ones may
+        be a concurrent run's, still going. The bucket's ``AbortIncompleteMultipartUpload``
+        lifecycle rule is the operator's backstop (README)."""
+        if older_than is None:
+            from epfleet.settings import settings
+
+            older_than = settings().multipart_grace
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than)
+        root = f"{self.prefix}/" if self.prefix else ""
+        aborted: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=root
+            )
+            stale = [
+                upload
+                for page in pages
+                for upload in page.get("Uploads", [])
+                if upload["Initiated"] <= cutoff
+            ]
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            logger.warning("%s: cannot list incomplete multipart uploads: %s", self.uri, exc)
+            return aborted
+        for upload in stale:
+            try:
+                self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+            except (bce.BotoCoreError, bce.ClientError) as exc:
+                if not isinstance(exc, bce.ClientError) or _code(exc) != "NoSuchUpload":
+                    logger.warning(
+                        "%s: cannot abort the multipart upload of %s: %s",
+                        self.uri,
+                        upload["Key"],
+                        exc,
+                    )
+                continue
+            aborted.append(upload["Key"][len(root) :])
+        if aborted:
+            logger.info(
+                "%s: aborted %d incomplete multipart upload(s) older than %g s: %s",
+                self.uri,
+                len(aborted),
+                older_than,
+                ", ".join(aborted),
+            )
+        return aborted
+
 
 _clients: dict[tuple[object, ...], S3Client] = {}
 _clients_lock = threading.Lock()
@@ -364,13 +584,23 @@ _CLIENT_ENV = (
 MAX_SHARED_CLIENTS = 8  # rotating session tokens must not grow the cache without bound
 
 
-def _shared_client(config: Config, settings: tuple[object, ...]) -> S3Client:
+def _shared_client(settings: tuple[int, float, float]) -> S3Client:
+    """The client for (attempts, connect timeout, read timeout) in this AWS environment."""
     key = (tuple(os.environ.get(name) for name in _CLIENT_ENV), settings)
+    attempts, connect_timeout, read_timeout = settings
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
             if len(_clients) >= MAX_SHARED_CLIENTS:
                 _clients.clear()
+            config = Config(
+                retries={"mode": "standard", "max_attempts": attempts},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                # one shared client serves threaded reads (runtime-watch reads 16 reports
+                # at a time, a download 4 segments): botocore's default keeps 10 connections
+                max_pool_connections=32,
+            )
             session = boto3.session.Session()
             region = session.region_name or DEFAULT_REGION
             client = _clients[key] = session.client("s3", region_name=region, config=config)
