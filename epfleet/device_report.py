@@ -98,4 +98,4 @@ class DeviceReport(BaseModel):
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.served == len(self.models) else 1
+        return 0 if self.served == len(self.models) and self.manifest.status != "rejected" else 1

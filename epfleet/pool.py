@@ -4,6 +4,11 @@ Every compile runs in a separate process: an EP's native code that crashes
 (a segfault in a vendor SDK) takes down one worker, not the flow, and the GIL
 never serialises two compiles. Workers are reused across compiles, so ORT and
 each plugin are imported and registered once per worker.
+
+A call with a ``timeout`` (the device's health checks and local builds) runs in a
+killable worker instead (``epfleet.isolated``): past its time limit the worker is
+killed and replaced, and the call raises ``TimeLimitExceeded``. A process pool's
+workers cannot be killed one at a time.
 """
 
 from __future__ import annotations
@@ -18,10 +23,23 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
 from epfleet.compiler import CompileJob, CompileOutput, compile_job, discard
-from epfleet.errors import CompileError, WorkerCrashed
+from epfleet.errors import CompileError, EpfleetError, WorkerCrashed
+from epfleet.isolated import IsolatedWorkers, WorkerDied, WorkerTimeout
 
 Arg = TypeVar("Arg")
 Result = TypeVar("Result")
+
+
+class TimeLimitExceeded(EpfleetError):
+    """A call into a worker ran past its time limit; the worker was killed (the next call
+    gets a new one)."""
+
+    def __init__(self, doing: str, seconds: float) -> None:
+        super().__init__(f"{doing} ran past its time limit of {seconds:g} s; its worker was killed")
+        self.doing, self.seconds = doing, seconds
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (TimeLimitExceeded, (self.doing, self.seconds))
 
 
 def _warm_up() -> None:
@@ -39,6 +57,7 @@ class CompilePool:
         self._lock = threading.Lock()
         self._executor = self._new_executor(workers)
         self._early: dict[str, Future[CompileOutput]] = {}
+        self._killable: IsolatedWorkers | None = None
         # Shut the workers down before multiprocessing's own exit handlers (priority 10)
         # wait on them: in a Dask worker that wait hung until the nanny killed the worker,
         # leaving the compile processes orphaned.
@@ -63,7 +82,10 @@ class CompilePool:
                 self._early[key] = self._executor.submit(fn, job)
 
     def run(
-        self, job: CompileJob, fn: Callable[[CompileJob], CompileOutput] = compile_job
+        self,
+        job: CompileJob,
+        fn: Callable[[CompileJob], CompileOutput] = compile_job,
+        timeout: float | None = None,
     ) -> CompileOutput:
         """Run ``fn(job)`` in a worker.
 
@@ -71,7 +93,21 @@ class CompilePool:
         which one killed it. So the pool is replaced, and each broken job is run once
         more alone in a worker of its own: only the job that kills that worker too is
         reported as the crash.
+
+        With ``timeout`` the job runs in a killable worker, alone: TimeLimitExceeded past
+        it, CompileError if the worker dies.
         """
+        request = job.request
+        if timeout is not None:
+            doing = f"compiling {request.model!r} for {request.target!r} ({request.ep})"
+            try:
+                return self._call_killable(fn, job, doing, timeout)
+            except WorkerCrashed:
+                raise CompileError(
+                    f"the compile process crashed while compiling {request.model!r} for "
+                    f"{request.target!r} ({request.ep}): the EP's native code died "
+                    "(its message, if any, is on the worker's stderr)"
+                ) from None
         with self._lock:
             executor = self._executor
             future = self._early.pop(job.model_dump_json(), None) or executor.submit(fn, job)
@@ -83,7 +119,6 @@ class CompilePool:
         try:
             return alone.submit(fn, job).result()
         except BrokenProcessPool:
-            request = job.request
             raise CompileError(
                 f"the compile process crashed while compiling {request.model!r} for "
                 f"{request.target!r} ({request.ep}): the EP's native code died "
@@ -92,8 +127,13 @@ class CompilePool:
         finally:
             alone.shutdown(wait=False)
 
-    def call(self, fn: Callable[[Arg], Result], arg: Arg, doing: str) -> Result:
-        """Run ``fn(arg)`` in a worker; WorkerCrashed names ``doing`` if the worker dies."""
+    def call(
+        self, fn: Callable[[Arg], Result], arg: Arg, doing: str, timeout: float | None = None
+    ) -> Result:
+        """Run ``fn(arg)`` in a worker; WorkerCrashed names ``doing`` if the worker dies.
+        With ``timeout``, in a killable worker: TimeLimitExceeded past it."""
+        if timeout is not None:
+            return self._call_killable(fn, arg, doing, timeout)
         with self._lock:
             executor = self._executor
         try:
@@ -103,6 +143,23 @@ class CompilePool:
             raise WorkerCrashed(
                 f"the worker process crashed while {doing}: the EP's native code died "
                 "(its message, if any, is on stderr)"
+            ) from None
+
+    def _call_killable(
+        self, fn: Callable[[Arg], Result], arg: Arg, doing: str, timeout: float
+    ) -> Result:
+        with self._lock:
+            if self._killable is None:
+                self._killable = IsolatedWorkers(self.workers)
+            workers = self._killable
+        try:
+            return workers.call(fn, arg, max(timeout, 0.0))
+        except WorkerTimeout:
+            raise TimeLimitExceeded(doing, timeout) from None
+        except WorkerDied as exc:
+            raise WorkerCrashed(
+                f"the worker process crashed while {doing} ({exc}): the EP's native code "
+                "died (its message, if any, is on stderr)"
             ) from None
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
@@ -121,9 +178,11 @@ class CompilePool:
 
     def shutdown(self) -> None:
         self._at_exit.cancel()  # releases this pool for the garbage collector
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._shutdown_now()
 
     def _shutdown_now(self) -> None:
+        if self._killable is not None:
+            self._killable.shutdown()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 

@@ -16,6 +16,7 @@ import pytest
 from epfleet.device.download import Transfer
 from epfleet.errors import IntegrityError, StoreError, TransientStoreError
 from epfleet.hashing import sha256_bytes
+from epfleet.limits import Deadline, DeadlineExceeded, TransferTooSlow, within
 from epfleet.stores.local import LocalStore
 
 pytestmark = pytest.mark.fast
@@ -153,3 +154,45 @@ def test_long_downloads_report_progress(
         Transfer(store, "blob", digest, SIZE, tmp_path / "blob.part").run()
     lines = [r.getMessage() for r in caplog.records if r.name == "epfleet.device.download"]
     assert lines and all(line.startswith("blob: ") and "% (" in line for line in lines)
+
+
+# --- deadlines ----------------------------------------------------------------------------
+
+
+def test_a_store_that_trickles_is_aborted_and_not_resumed_in_the_same_sync(
+    blob: tuple[LocalStore, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPFLEET_MIN_RATE", "10KiB")  # four segments at 1 KB/s each: 4 KB/s
+    monkeypatch.setenv("EPFLEET_RATE_WINDOW", "0.5")
+    store, data = blob
+    part = tmp_path / "blob.part"
+    slow = transfer(Cutting(store, budget=SIZE, slow=0.1), data, part)  # 2.5 s if let be
+    started = time.monotonic()
+    with pytest.raises(TransferTooSlow, match=r"below the minimum rate of 10 KiB/s") as info:
+        slow.run()
+    assert time.monotonic() - started < 2.0  # one window, no second round
+    assert str(info.value).endswith("download of blob aborted")
+    assert 0 < slow.moved < SIZE
+    record = json.loads(part.with_name("blob.part.progress").read_text())
+    assert sum(record["done"]) == slow.moved  # kept for the next sync, which resumes
+    assert transfer(store, data, part).run() == SIZE - slow.moved
+    assert part.read_bytes() == data
+
+
+def test_the_sync_deadline_stops_a_download_in_flight(
+    blob: tuple[LocalStore, bytes], tmp_path: Path
+) -> None:
+    store, data = blob
+    part = tmp_path / "blob.part"
+    slow = transfer(Cutting(store, budget=SIZE, slow=0.1), data, part)  # 2.5 s if let be
+    started = time.monotonic()
+    with within(Deadline.after(0.4)), pytest.raises(DeadlineExceeded) as info:
+        slow.run()
+    assert time.monotonic() - started < 2.0
+    assert str(info.value) == (
+        "the sync ran past its deadline of 0.4 s (EPFLEET_SYNC_DEADLINE): "
+        f"download of blob ({store.uri}) stopped"
+    )
+    with within(Deadline.after(0)), pytest.raises(DeadlineExceeded, match="not started"):
+        transfer(store, data, part).run()
+    assert transfer(store, data, part).run() == SIZE - slow.moved

@@ -143,6 +143,7 @@ class CacheState(BaseModel):
     package_checked_with: str | None = Field(
         default=None, description="ORT and EP versions the package's selection was checked with"
     )
+    manifest_rejected: dict[str, str] | None = None  # see epfleet.device.manifest_cache
     models: dict[Name, ModelState] = Field(default_factory=dict)
 
 

@@ -22,6 +22,14 @@ Retries on the device: one layer per kind of fault, never stacked.
 - The ``device-sync`` flow's tasks have no Prefect retries on top of these
   (``tasks/sync.py``): the next scheduled sync is the retry.
 
+Deadlines (``epfleet.limits``): every chunk of every segment counts against one
+``TransferGuard`` for the whole object, so a store that trickles is aborted once the
+download's rate over ``EPFLEET_RATE_WINDOW`` falls below ``EPFLEET_MIN_RATE``, and one
+whose connection goes silent when the store's socket waits ``EPFLEET_STALL_TIMEOUT``
+(``epfleet.stores.s3``); the sync's deadline (``EPFLEET_SYNC_DEADLINE``) stops it too.
+None of these is resumed in the same sync (another round would wait as long again):
+the partial file and its record stay for the next one.
+
 Progress and resumption go to this module's logger (``epfleet.device.download``).
 """
 
@@ -39,6 +47,7 @@ from pathlib import Path
 from epfleet.errors import IntegrityError, TransientStoreError
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_file
+from epfleet.limits import DeadlineExceeded, TransferGuard, TransferTooSlow, current_deadline
 from epfleet.stores import Store
 
 MiB = 1 << 20
@@ -72,6 +81,7 @@ class Transfer:
         self._reported = self._started
         self.done = self._resume()
         self._initial = sum(self.done)
+        self.guard = TransferGuard(f"download of {key}", store.uri)
 
     def _resume(self) -> list[int]:
         """Bytes already held per segment. A download in several segments always has a
@@ -105,6 +115,10 @@ class Transfer:
         IntegrityError when the bytes are not the manifest's (nothing is kept). Resumed
         bytes that do not verify get one fresh download."""
         resumed = sum(self.done) > 0
+        deadline = current_deadline()
+        if deadline is not None and deadline.passed():
+            raise deadline.exceeded(f"download of {self.key} not started")
+        self.guard = TransferGuard(f"download of {self.key}", self.store.uri)
         try:
             self._run_once()
         except IntegrityError:
@@ -125,6 +139,8 @@ class Transfer:
                 try:
                     self._fetch_missing(fd)
                     break
+                except (TransferTooSlow, DeadlineExceeded):
+                    raise  # another round would wait as long again: the next sync resumes
                 except TransientStoreError as exc:
                     if attempt == ATTEMPTS:
                         raise
@@ -168,8 +184,9 @@ class Transfer:
                     dropped.append(error)
                 elif error is not None:
                     raise error
-            if dropped:
-                raise dropped[0]
+            if dropped:  # a limit's error first: it is not worth another round
+                limit = (e for e in dropped if isinstance(e, (TransferTooSlow, DeadlineExceeded)))
+                raise next(limit, dropped[0])
         except BaseException:
             self._stop.set()
             raise
@@ -183,6 +200,7 @@ class Transfer:
         for chunk in self.store.read_range(self.key, offset, end):
             if self._stop.is_set():
                 return
+            self.guard.add(len(chunk))
             view = memoryview(chunk)[: end - offset]  # a server that ignores the range's end
             while view:
                 written = os.pwrite(fd, view, offset)

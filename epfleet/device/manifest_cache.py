@@ -3,14 +3,22 @@
 It is fetched with a conditional GET, and the cached copy is trusted only while its
 bytes and epfleet's validation rules are the ones it was validated with.
 
-An unreachable store or an invalid manifest leaves the cached one in force. The caller
-holds the cache's lock (``DeviceCache.locked``) and passes the state it loaded.
+An unreachable store or an invalid manifest leaves the cached one in force. A manifest
+over its size limit (``EPFLEET_MAX_MANIFEST_BYTES``) is not read: the store refuses it
+while streaming (``DocumentTooLarge``). A rejected manifest, invalid or too large, makes
+the sync fail (exit 1) with the reason in its report, and is remembered by its version
+(the state's ``manifest_rejected``): later syncs ask for the manifest only if it changed
+since (a conditional GET on that version), so the same body is not downloaded again,
+until a day has passed or the rules or the limit have changed.
+
+The caller holds the cache's lock (``DeviceCache.locked``) and passes the state it loaded.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -20,23 +28,42 @@ from epfleet.device_report import ManifestStatus
 from epfleet.errors import BadInputError, StoreError
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import VALIDATION_RULES, Manifest, ModelEntry
-from epfleet.stores import MANIFEST_KEY, UNCHANGED, Store
+from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store, document_limit
+
+REJECTED_FOR = 24 * 3600.0
+"""Seconds a rejected manifest is not fetched again while the store still has it."""
 
 
 def fetch_manifest(store: Store, cache: DeviceCache, state: CacheState) -> ManifestStatus:
-    """Fetch the manifest with a conditional GET on the cached ETag, and keep the last valid
-    one in the cache. A fetched manifest is validated whole; ``state`` records what it was
-    validated with and is saved."""
+    """Fetch the manifest with a conditional GET on the cached ETag (or on the ETag of the
+    manifest last rejected), and keep the last valid one in the cache. A fetched manifest
+    is validated whole; ``state`` records what it was validated with and is saved."""
     trusted = cached_manifest(cache, state, store.uri) is not None
     generation = state.manifest_generation if trusted else None
+    rejected = rejected_before(state, store.uri)
     try:
-        if trusted and state.manifest_etag:
+        if rejected is not None:
+            got = store.read_if_changed(MANIFEST_KEY, rejected["etag"])
+        elif trusted and state.manifest_etag:
             got = store.read_if_changed(MANIFEST_KEY, state.manifest_etag)
         else:
             got = store.read(MANIFEST_KEY)
+    except DocumentTooLarge as exc:
+        return reject(state, store.uri, str(exc), exc.etag, 0, trusted, generation)
     except StoreError as exc:
         return ManifestStatus(
             status="offline", generation=generation, body_bytes=0, reason=str(exc)
+        )
+    if got == UNCHANGED and rejected is not None:
+        return reject(
+            state,
+            store.uri,
+            f"{rejected['reason']} (unchanged since it was rejected at {rejected['at']}: "
+            "not downloaded again)",
+            None,
+            0,
+            trusted,
+            generation,
         )
     if got == UNCHANGED:
         return ManifestStatus(status="unchanged", generation=generation, body_bytes=0)
@@ -52,22 +79,69 @@ def fetch_manifest(store: Store, cache: DeviceCache, state: CacheState) -> Manif
             f"{store.uri}/{MANIFEST_KEY} fails validation at "
             f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
         )
-        if not trusted:
-            raise StoreError(f"{reason}; no valid manifest is cached to fall back on") from None
-        return ManifestStatus(
-            status="rejected",
-            generation=generation,
-            body_bytes=len(got.data),
-            reason=f"{reason}; the cached manifest (generation {generation}) stays in force",
-        )
+        return reject(state, store.uri, reason, got.etag, len(got.data), trusted, generation)
     cache.save_manifest(got.data)
     state.store, state.manifest_etag = store.uri, got.etag
     state.manifest_generation = manifest.generation
     state.manifest_sha256, state.manifest_rules = sha256_bytes(got.data), VALIDATION_RULES
+    state.manifest_rejected = None
     cache.save_state(state)
     return ManifestStatus(
         status="fetched", generation=manifest.generation, body_bytes=len(got.data)
     )
+
+
+def reject(
+    state: CacheState,
+    store_uri: str,
+    reason: str,
+    etag: str | None,
+    body_bytes: int,
+    trusted: bool,
+    generation: int | None,
+) -> ManifestStatus:
+    """The status of a rejected manifest (the cached one stays in force), remembered by its
+    ``etag`` when it is new; StoreError when no valid manifest is cached to fall back on.
+    The state is saved with the session's."""
+    if etag is not None:
+        state.manifest_rejected = {
+            "store": store_uri,
+            "etag": etag,
+            "rules": VALIDATION_RULES,
+            "limit": str(document_limit(MANIFEST_KEY)[0]),
+            "reason": reason,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "until": str(time.time() + REJECTED_FOR),
+        }
+    if not trusted:
+        raise StoreError(f"{reason}; no valid manifest is cached to fall back on")
+    return ManifestStatus(
+        status="rejected",
+        generation=generation,
+        body_bytes=body_bytes,
+        reason=f"{reason}; the cached manifest (generation {generation}) stays in force",
+    )
+
+
+def rejected_before(state: CacheState, store_uri: str) -> dict[str, str] | None:
+    """The manifest this store had when a sync last rejected it, if that still holds: the
+    same store, validation rules and size limit, and not a day ago."""
+    memo = state.manifest_rejected
+    if not memo:
+        return None
+    try:
+        holds = (
+            memo["store"] == store_uri
+            and memo["rules"] == VALIDATION_RULES
+            and memo["limit"] == str(document_limit(MANIFEST_KEY)[0])
+            and time.time() < float(memo["until"])
+            and bool(memo["etag"])
+        )
+    except (KeyError, ValueError):
+        holds = False
+    if not holds:
+        state.manifest_rejected = None
+    return memo if holds else None
 
 
 def cached_manifest(cache: DeviceCache, state: CacheState, store_uri: str) -> bytes | None:

@@ -36,6 +36,7 @@ from epfleet.device.policy import SyncPolicy
 from epfleet.device.steps import Steps
 from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
 from epfleet.errors import BadInputError, EpfleetError, StoreError
+from epfleet.limits import Deadline, within
 from epfleet.manifest import NAME_PATTERN, Manifest, utcnow
 from epfleet.settings import settings
 from epfleet.stores import Store, open_store
@@ -50,7 +51,12 @@ class SyncSession:
     the cache's state; the manifest in force is parsed once, the local EPs discovered
     once and one worker process started, on first need. Leaving it stops the worker,
     writes the state and the package manifest, tidies the cache and releases the lock,
-    whether or not ``finish`` ran."""
+    whether or not ``finish`` ran.
+
+    The sync has a deadline, ``EPFLEET_SYNC_DEADLINE`` seconds from entering: the manifest
+    fetch and each model's sync run within it (``epfleet.limits.within``), so that a
+    download or worker call in flight stops when it passes, and a model not reached by
+    then is reported failed with its previous variant kept."""
 
     def __init__(
         self,
@@ -75,12 +81,15 @@ class SyncSession:
         self._state: CacheState | None = None
         self._stack = ExitStack()
         self._closed = False
+        self.deadline = Deadline.after(settings().sync_deadline)
+        """Counted again from entering the session (the lock taken)."""
 
     # -- the session's lifetime --
 
     def __enter__(self) -> SyncSession:
         with ExitStack() as stack:
             stack.enter_context(self.cache.locked())
+            self.deadline = Deadline.after(self.deadline.seconds)
             self.cache.check_layout()  # links and odd entries in epfleet's paths: see cache
             self._state = self.cache.load_state()  # rebuilt from the cache if damaged
             stack.callback(self._close)
@@ -144,7 +153,8 @@ class SyncSession:
         """Fetch the manifest (a conditional GET). An unreachable store (offline: the steps
         then do not ask it for anything) or an invalid manifest leaves the cached one in
         force."""
-        status = fetch_manifest(self.store, self.cache, self.state)
+        with within(self.deadline):
+            status = fetch_manifest(self.store, self.cache, self.state)
         self.status = status
         self.fetcher.offline = status.offline
         self.__dict__.pop("manifest", None)  # a newly fetched one is in force
@@ -174,12 +184,27 @@ class SyncSession:
                 f"model {model!r} is not among this sync's models: {', '.join(self.wanted())}"
             )
         try:
-            report = model_sync.sync_model(self.steps, model, entry, self.state, self.policy)
+            if self.deadline.passed():
+                report = self._not_reached(model)
+            else:
+                with within(self.deadline):
+                    report = model_sync.sync_model(
+                        self.steps, model, entry, self.state, self.policy
+                    )
         except Exception as exc:
             report = model_sync.unexpected(model, self.state, exc)
         logger.info("%s: %s %s (%s)", model, report.action, report.variant or "", report.reason)
         self.reports.append(report)
         return report
+
+    def _not_reached(self, model: str) -> ModelReport:
+        """A model the sync had no time left for: failed, its active variant kept."""
+        mstate = self.state.models.get(model)
+        kept = mstate.active if mstate is not None else None
+        reason = f"not synced: {self.deadline.describe()}"
+        if kept is not None:
+            reason += f" (still running {kept.name})"
+        return model_sync.failed(model, kept, reason, [], 0, 0.0)
 
     def finish(self) -> DeviceReport:
         """Write and tidy the cache, then the device report of the models synced so far:

@@ -26,9 +26,11 @@ from epfleet.device.local_build import local_request, local_targets
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.selection import Considered, Step
 from epfleet.device_report import Action
-from epfleet.errors import EpfleetError, HealthCheckError, IntegrityError
+from epfleet.errors import CompileError, EpfleetError, HealthCheckError, IntegrityError
+from epfleet.limits import DeadlineExceeded, time_limit
 from epfleet.manifest import ModelEntry, VariantEntry
-from epfleet.pool import CompilePool
+from epfleet.pool import CompilePool, TimeLimitExceeded
+from epfleet.settings import settings
 from eps.base import DeviceType, Judgement, LocalTarget, Tolerance, Verdict
 
 logger = logging.getLogger(__name__)
@@ -156,6 +158,8 @@ class Steps:
         for ep, local in targets:
             try:
                 done = self.build_locally(model, entry, part, ep, local)
+            except DeadlineExceeded:
+                raise  # not a build that cannot work: the next sync tries it again
             except EpfleetError as exc:
                 failures.append(f"{ep}: {exc}")
                 continue
@@ -172,7 +176,16 @@ class Steps:
         logger.info("%s: recompiling locally for %s (%s)", model, ep, local.device)
         workdir = str(self.cache.scratch())
         job = CompileJob(request=request, source_path=str(source), workdir=workdir)
-        output = self.worker.run(job)
+        limit, deadline = time_limit(settings().local_compile_timeout, f"the local build for {ep}")
+        try:
+            output = self.worker.run(job, timeout=limit)
+        except TimeLimitExceeded:
+            if deadline is not None:
+                raise deadline.exceeded(f"the local build for {ep} was stopped") from None
+            raise CompileError(
+                f"the local build for {ep} ran past its time limit of {limit:g} s "
+                "(EPFLEET_LOCAL_COMPILE_TIMEOUT); its worker was killed"
+            ) from None
         try:
             judged = self.local.judge(ep, output.compatibility_string)
             if judged.verdict != Verdict.OPTIMAL:
@@ -230,8 +243,23 @@ class Steps:
             golden_path=str(golden) if golden else None,
             tolerance=tolerance(installed, entry),
         )
+        limit, deadline = time_limit(
+            settings().health_timeout, f"the health check of {installed.name}"
+        )
         try:
-            return self.worker.call(check_health, job, f"health-checking {installed.name}")
+            return self.worker.call(
+                check_health, job, f"health-checking {installed.name}", timeout=limit
+            )
+        except TimeLimitExceeded:
+            if deadline is not None:  # the bytes may be fine: kept for the next sync
+                raise deadline.exceeded(
+                    f"the health check of {installed.name} was stopped"
+                ) from None
+            path.unlink(missing_ok=True)
+            raise HealthCheckError(
+                f"the health check of {installed.name} ran past its time limit of {limit:g} s "
+                "(EPFLEET_HEALTH_TIMEOUT); its worker was killed; not activated"
+            ) from None
         except EpfleetError as exc:
             path.unlink(missing_ok=True)  # verified bytes, but they do not run here
             if isinstance(exc, HealthCheckError):
