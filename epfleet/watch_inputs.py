@@ -14,7 +14,7 @@ import eps
 from epfleet import ort_version
 from epfleet.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.spec import FleetSpec
-from epfleet.stores import Store
+from epfleet.stores import DocumentTooLarge, Store
 from epfleet.watch import Runtime, report_time
 from eps.base import MissingExtraError
 
@@ -41,7 +41,10 @@ def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[Device
     are small and many (one per device), so they are read ``threads`` at a time."""
 
     def read_one(key: str) -> DeviceReport | str | None:
-        found = store.read(key)
+        try:
+            found = store.read(key)
+        except DocumentTooLarge as exc:  # over EPFLEET_MAX_DOCUMENT_BYTES: one bad report
+            return f"{key}: {exc}"
         if found is None:
             return None  # removed since listed
         try:

@@ -35,6 +35,8 @@ from epfleet.device.cache import DeviceCache
 from epfleet.device_report import DeviceReport, ModelReport
 from epfleet.errors import WorkerCrashed
 from epfleet.pool import CompilePool, TimeLimitExceeded
+from epfleet.stores.local import LocalStore
+from epfleet.watch_inputs import read_reports
 
 pytestmark = pytest.mark.slow
 
@@ -342,3 +344,17 @@ def test_an_endless_manifest_is_rejected_quickly(
     assert [m.action for m in report.models] == ["kept", "kept"]
     assert seconds < 10
     assert DeviceCache(cache).cached_manifest() == (fleet_store / "manifest.json").read_bytes()
+
+
+def test_an_oversized_device_report_is_one_unreadable_report_for_the_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPFLEET_MAX_DOCUMENT_BYTES", "1KiB")
+    store = LocalStore(tmp_path / "store")
+    store.write("reports/devices/huge.json", b" " * 5000)
+    reports, unreadable = read_reports(store)
+    assert reports == []
+    assert unreadable == [
+        f"reports/devices/huge.json: {store.uri}/reports/devices/huge.json is 4.9 KiB, over "
+        "the limit of 1 KiB for a store document (EPFLEET_MAX_DOCUMENT_BYTES); not read"
+    ]
