@@ -16,9 +16,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from cyclopts import App, CycloptsError, Parameter
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
     from epfleet.runs import RunPlan, RunReport
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C
 
 APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
 execution provider each device really has.
@@ -46,7 +53,8 @@ For example:
   epfleet sync --store ./epfleet-store --cache ./epfleet-device
   epfleet COMMAND --help
 
-Exit codes: 0 ok; 1 a pair or a model failed, or the store failed; 2 bad input.
+Exit codes: 0 ok; 1 a pair or a model failed, or the store failed; 2 bad input;
+130 interrupted (Ctrl-C).
 """
 
 
@@ -90,7 +98,83 @@ def main(argv: list[str] | None = None) -> int:
     except EpfleetError as exc:
         print(f"epfleet: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        if _stopping.is_set():  # our handler ran: say so once
+            _announce(_stop_message)
+            return EXIT_INTERRUPTED
+        raise
     return result if isinstance(result, int) else EXIT_OK
+
+
+# Ctrl-C (SIGINT) and what it does: kill every worker at once (a worker that dies then
+# was killed, not crashed: epfleet.isolated.interrupted), print one line, exit 130. A
+# command that runs Prefect exits at once (os._exit): its flow engine, task threads and
+# temporary API would otherwise retry, rerun and print tracebacks for minutes. Nothing is
+# half-published that way: the manifest is replaced in one compare-and-swap (a rename
+# or a conditional PUT), so it is either the old one or the new one; temp files left
+# behind are removed by a later run. A plain `epfleet sync` unwinds instead (locks and
+# temp files released by their `finally`), with a deadline. A second Ctrl-C exits at once.
+_stopping = threading.Event()
+_announced = threading.Lock()
+_stop_message = "epfleet: interrupted"
+UNWIND_SECONDS = 5.0
+
+
+def _announce(message: str) -> None:
+    if _announced.acquire(blocking=False):
+        os.write(2, f"{message}\n".encode())  # not print: the handler may interrupt a print
+
+
+def _exit_interrupted(message: str) -> None:
+    from epfleet.isolated import release_semaphores
+
+    release_semaphores()
+    _announce(message)
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _kill_prefect_server() -> None:
+    server = sys.modules.get("prefect.server.api.server")
+    if server is None:
+        return
+    try:
+        for instance in list(server.SubprocessASGIServer._instances.values()):
+            process = instance.server_process
+            if process is not None:
+                process.kill()
+    except Exception:  # best effort: it is Prefect's
+        pass
+
+
+@contextmanager
+def _interrupts(message: str, *, unwind: bool = False) -> Iterator[None]:
+    """Handle Ctrl-C as above while the block runs (in the main thread only)."""
+    global _stop_message
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if _stopping.is_set():
+            _exit_interrupted(message)
+        _stopping.set()
+        from epfleet.isolated import kill_workers
+
+        kill_workers()
+        _kill_prefect_server()
+        if not unwind:
+            _exit_interrupted(message)
+        deadline = threading.Timer(UNWIND_SECONDS, _exit_interrupted, (message,))
+        deadline.daemon = True
+        deadline.start()
+        raise KeyboardInterrupt
+
+    _stop_message = message
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @app.default
@@ -154,14 +238,33 @@ def compile_(
     as_json
         Print one JSON object on stdout.
     """
-    from epfleet.planning import plan_run
     from epfleet.report import render_report
-    from epfleet.runners import task_runner as make_runner
 
     if not 1 <= workers <= MAX_WORKERS:
         raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {workers}")
     if dask_address and task_runner != "dask":
         raise BadInputError("--dask-address needs --task-runner dask")
+    with _interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
+        report = _compile(spec, store, workers, force, model, target, task_runner, dask_address)
+    print(json.dumps(_json_report(report)) if as_json else render_report(report))
+    return report.exit_code
+
+
+def _compile(
+    spec: Path,
+    store: str,
+    workers: int,
+    force: bool,
+    model: list[str] | None,
+    target: list[str] | None,
+    task_runner: str,
+    dask_address: str | None,
+) -> RunReport:
+    from epfleet.planning import plan_run
+    from epfleet.runners import task_runner as make_runner
+    from epfleet.staging import tidy_cache
+
+    tidy_cache()  # temp files of killed runs, and the cache's size bound
     plan = plan_run(spec, store, model, target, force)
     if plan.is_noop:
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
@@ -180,8 +283,7 @@ def compile_(
         finally:
             if pool is not None:
                 pool.drop_unclaimed()
-    print(json.dumps(_json_report(report)) if as_json else render_report(report))
-    return report.exit_code
+    return report
 
 
 def _prestart(plan: RunPlan, store_uri: str, workers: int) -> CompilePool:
@@ -211,6 +313,7 @@ def _run_fleet_flow(
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.fleet_compile import fleet_compile
 
+    _temporary_api_dies_with_us()
     flow = fleet_compile.with_options(task_runner=runner)
     return flow(
         spec=str(spec.resolve()),
@@ -220,6 +323,51 @@ def _run_fleet_flow(
         models=models,
         targets=targets,
     )
+
+
+# Run by the temporary API's process before it becomes uvicorn: die with this process.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "try: ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"  # PR_SET_PDEATHSIG
+    "except (OSError, AttributeError): pass\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # a Ctrl-C is ours; we kill it
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+class _PopenDyingWithUs:
+    """Stands in for the ``subprocess`` module in Prefect's server module: its Popen
+    starts the temporary API through ``_DIE_WITH_PARENT``, from epfleet's spawner thread
+    (PR_SET_PDEATHSIG follows the thread that started a process)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        from epfleet.isolated import spawn
+
+        wrapped = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *args]
+        return spawn(lambda: subprocess.Popen(wrapped, **kwargs))
+
+
+def _temporary_api_dies_with_us() -> None:
+    """On Linux, make Prefect's temporary API server (``SubprocessASGIServer`` runs
+    ``python -m uvicorn`` with ``subprocess.Popen``) die when this process is killed.
+    Best effort: skipped with a real API (PREFECT_API_URL) or where Prefect changed."""
+    if not sys.platform.startswith("linux"):
+        return
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return
+    try:
+        from prefect.server.api import server as prefect_server
+    except ImportError:
+        return
+    if isinstance(getattr(prefect_server, "subprocess", None), type(subprocess)):
+        prefect_server.subprocess = _PopenDyingWithUs()  # type: ignore[assignment]
 
 
 REPORT_FIELDS = [

@@ -31,6 +31,9 @@ else:
     )
 
 
+INTERRUPTED = "epfleet: interrupted; the previous variants stay active"
+
+
 def sync(
     *,
     cache: Path,
@@ -53,7 +56,7 @@ def sync(
       epfleet sync --store s3://bucket/fleet --cache /var/lib/epfleet --serve 900
 
     Exit codes: 0 every wanted model kept, downloaded or recompiled; 1 a model
-    fell back or failed; 2 bad input.
+    fell back or failed; 2 bad input; 130 interrupted (Ctrl-C: nothing half-activated).
 
     Parameters
     ----------
@@ -69,6 +72,7 @@ def sync(
         Serve device-sync/periodic, a sync every SERVE seconds, one at a time; its
         schedule stays active when this stops.
     """
+    from epfleet.cli import _interrupts
     from epfleet.report import render_device_report
 
     wanted = SyncPolicy.model_validate(policy.model_dump()) if policy else SyncPolicy()
@@ -87,12 +91,14 @@ def sync(
                 limit=1,  # one sync of this cache at a time; late runs wait their turn
             )
             return 0
-        report = device_sync(**parameters)
+        with _interrupts(INTERRUPTED):
+            report = device_sync(**parameters)
     else:
         from epfleet.device.session import sync as sync_device
         from epfleet.logs import log_to_stderr
 
         log_to_stderr()  # progress lines on stderr, the report alone on stdout
-        report = sync_device(store, cache, wanted, device_id)
+        with _interrupts(INTERRUPTED, unwind=True):  # the cache lock released on the way out
+            report = sync_device(store, cache, wanted, device_id)
     print(report.model_dump_json() if as_json else render_device_report(report))
     return report.exit_code

@@ -13,7 +13,6 @@ workers cannot be killed one at a time.
 
 from __future__ import annotations
 
-import multiprocessing
 import multiprocessing.util
 import os
 import threading
@@ -24,7 +23,14 @@ from typing import TypeVar
 
 from epfleet.compiler import CompileJob, CompileOutput, compile_job, discard
 from epfleet.errors import CompileError, EpfleetError, WorkerCrashed
-from epfleet.isolated import IsolatedWorkers, WorkerDied, WorkerTimeout
+from epfleet.isolated import (
+    IsolatedWorkers,
+    WorkerDied,
+    WorkerTimeout,
+    interrupted,
+    worker_context,
+    worker_started,
+)
 
 Arg = TypeVar("Arg")
 Result = TypeVar("Result")
@@ -42,7 +48,8 @@ class TimeLimitExceeded(EpfleetError):
         return (TimeLimitExceeded, (self.doing, self.seconds))
 
 
-def _warm_up() -> None:
+def _warm_up(parent: int) -> None:
+    worker_started(parent)  # SIGINT is the parent's to handle; die with the parent
     # Vendor SDKs print banners from native code; keep stdout clean for --json callers.
     os.dup2(2, 1)
     import onnx  # noqa: F401
@@ -67,8 +74,9 @@ class CompilePool:
     def _new_executor(workers: int) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=worker_context(),
             initializer=_warm_up,
+            initargs=(os.getpid(),),
         )
 
     def prestart(
@@ -115,10 +123,14 @@ class CompilePool:
             return future.result()
         except BrokenProcessPool:
             self._replace(executor)
+            if interrupted():  # killed on Ctrl-C, not a crash to rerun
+                raise KeyboardInterrupt from None
         alone = self._new_executor(1)
         try:
             return alone.submit(fn, job).result()
         except BrokenProcessPool:
+            if interrupted():
+                raise KeyboardInterrupt from None
             raise CompileError(
                 f"the compile process crashed while compiling {request.model!r} for "
                 f"{request.target!r} ({request.ep}): the EP's native code died "
@@ -140,6 +152,8 @@ class CompilePool:
             return executor.submit(fn, arg).result()
         except BrokenProcessPool:
             self._replace(executor)
+            if interrupted():
+                raise KeyboardInterrupt from None
             raise WorkerCrashed(
                 f"the worker process crashed while {doing}: the EP's native code died "
                 "(its message, if any, is on stderr)"

@@ -32,6 +32,13 @@ class Settings(BaseSettings):
         description="Worker-local scratch of the compile workers (fetched sources, fresh "
         "artifacts); default ~/.cache/epfleet",
     )
+    cache_max_bytes: ByteSize = Field(
+        default=ByteSize(10 << 30),
+        ge=0,
+        description="Bound on the sources and golden samples EPFLEET_CACHE keeps, e.g. 10GiB "
+        "(the default); each compile run first evicts the least recently used beyond it "
+        "and removes temp files and scratch older than an hour; 0 keeps none",
+    )
     device_id: str | None = Field(
         default=None,
         pattern=NAME_PATTERN,

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 import onnx
@@ -34,6 +36,80 @@ from epfleet.verify import GoldenJob, golden_for
 def cache_dir() -> Path:
     """Worker-local scratch for fetched sources and fresh artifacts."""
     return settings().cache  # EPFLEET_CACHE
+
+
+TEMP_GRACE_SECONDS = 3600.0
+"""Temp files and scratch in the worker cache older than this are a killed run's."""
+IN_USE_SECONDS = 300.0
+"""A cached file used more recently than this is never evicted (a concurrent run's)."""
+
+# The worker cache: sources/<sha256>.<ext> (fetched sources and golden samples, with
+# .<name>.*.part/.tmp while they download), work/prepared/<key>.onnx (sources with their
+# shapes fixed), work/variants/<model>.<target>.*/ (one compile's scratch), work/tmp*/
+# and downloads/tmp*/ (planning's scratch).
+_KEPT = ("sources", "work/prepared")
+_SCRATCH = ("work/variants", "downloads")
+
+
+def _newest_mtime(path: Path) -> float:
+    newest = path.lstat().st_mtime
+    if path.is_dir() and not path.is_symlink():
+        for parent, dirs, files in os.walk(path):
+            for name in dirs + files:
+                with suppress(OSError):
+                    newest = max(newest, os.lstat(os.path.join(parent, name)).st_mtime)
+    return newest
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def tidy_cache(now: float | None = None) -> None:
+    """Remove what killed compiles left in the worker cache (temp files and scratch older
+    than ``TEMP_GRACE_SECONDS``), then evict the least recently used sources and prepared
+    sources until the cache's kept files fit ``EPFLEET_CACHE_MAX_BYTES``. Best effort:
+    a file another process removes first is skipped."""
+    root = cache_dir()
+    if not root.is_dir():
+        return
+    env = settings()
+    now = time.time() if now is None else now
+    leftovers = [e for d in _KEPT for e in _entries(root / d) if e.name.startswith(".")]
+    leftovers += [e for d in _SCRATCH for e in _entries(root / d)]
+    leftovers += [e for e in _entries(root / "work") if e.name.startswith("tmp")]
+    for entry in leftovers:
+        try:
+            if now - _newest_mtime(entry) > TEMP_GRACE_SECONDS:
+                _remove(entry)
+        except OSError:
+            pass
+    kept: list[tuple[float, int, Path]] = []
+    for entry in (e for d in _KEPT for e in _entries(root / d)):
+        try:
+            stat = entry.lstat()
+        except OSError:
+            continue
+        if not entry.name.startswith(".") and entry.is_file() and not entry.is_symlink():
+            kept.append((stat.st_mtime, stat.st_size, entry))
+    total = sum(size for _, size, _ in kept)
+    for mtime, size, entry in sorted(kept):
+        if total <= env.cache_max_bytes:
+            break
+        if now - mtime < IN_USE_SECONDS:
+            continue
+        entry.unlink(missing_ok=True)
+        total -= size
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return list(directory.iterdir())
+    except OSError:  # absent, or not a directory
+        return []
 
 
 def resolve_source(spec_path: Path, source: str) -> str:
@@ -153,6 +229,8 @@ def fetch_verified(store: Store, key: str, sha256: str, size: int) -> Path:
     and size before it is used (a bad download never enters the cache)."""
     path = cache_dir() / "sources" / f"{sha256}{Path(key).suffix}"
     if path.exists() and path.stat().st_size == size:
+        with suppress(OSError):
+            os.utime(path)  # recently used: evicted last (tidy_cache)
         return path
     scratch = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
     try:

@@ -1,0 +1,222 @@
+"""Ctrl-C and SIGKILL of `epfleet compile`: one line, exit 130, nothing half-published, and
+no process of the run left behind; and what killed runs leave in the worker cache is
+removed by the next run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import HTP_TARGETS, tiny_models, write_spec
+
+from epfleet.manifest import Manifest
+from epfleet.staging import TEMP_GRACE_SECONDS, tidy_cache
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_for(condition: Callable[[], object], seconds: float, what: str) -> object:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {seconds:g} s: {what}")
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds ``marker`` (the run's own cache)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and marker.encode() in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+class Lines:
+    """A pipe's lines as they come, read by a thread."""
+
+    def __init__(self, pipe: object) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe: object) -> None:
+        for line in pipe:  # type: ignore[attr-defined]
+            self.lines.append(line.rstrip("\n"))
+
+    def done(self, seconds: float) -> list[str]:
+        self._thread.join(seconds)
+        return self.lines
+
+
+def start_compile(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen[str], str, Path]:
+    """`python -m epfleet compile` of 2 models × 8 HTP targets on the temporary Prefect API,
+    in a process group of its own; returns it, its cache marker and its store."""
+    targets = [
+        {**target, "name": f"{target['name']}-{k}"} for k in range(4) for target in HTP_TARGETS
+    ]
+    spec = write_spec(tmp_path, tiny_models(model_dir), targets)
+    store = tmp_path / "store"
+    cache = tmp_path / f"cache-{uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env |= {"EPFLEET_CACHE": str(cache), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env["PYTHONPATH"] = str(ROOT)
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        process_group=0,
+    )
+    return cli, f"EPFLEET_CACHE={cache}", store
+
+
+def compiling(cli: subprocess.Popen[str], marker: str, stderr: Lines) -> bool:
+    """The compiles started (the progress line is out) and a worker of the CLI runs."""
+    started = any("pairs to compile with" in line for line in stderr.lines)
+    return started and cli.poll() is None and any(p != cli.pid for p in processes_with(marker))
+
+
+def assert_manifest_absent_or_valid(store: Path) -> None:
+    manifest = store / "manifest.json"
+    if manifest.exists():
+        Manifest.model_validate(json.loads(manifest.read_bytes()))
+
+
+def kill_group(cli: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(cli.pid, signal.SIGKILL)
+
+
+def workers_ignore_sigint(cli: subprocess.Popen[str], marker: str) -> bool:
+    """Every spawned worker of the run has started up (it ignores SIGINT from then on)."""
+    workers = 0
+    for pid in processes_with(marker):
+        with contextlib.suppress(OSError):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                status = Path(f"/proc/{pid}/status").read_text()
+                ignored = int(status.split("SigIgn:")[1].split()[0], 16)
+                if not ignored & (1 << (signal.SIGINT - 1)):
+                    return False
+                workers += 1
+    return workers > 0
+
+
+def api_serving(marker: str) -> bool:
+    """The run's temporary Prefect API (uvicorn) has started."""
+    for pid in processes_with(marker):
+        with contextlib.suppress(OSError):
+            if b"uvicorn" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("to_group", "with_api"),
+    [(False, False), (True, False), (False, True), (True, True)],
+    ids=["kill-compiling", "terminal-compiling", "kill-api-up", "terminal-api-up"],
+)
+def test_ctrl_c_stops_a_compile_at_once(
+    tmp_path: Path, model_dir: Path, to_group: bool, with_api: bool
+) -> None:
+    """SIGINT to the CLI alone (kill) or to its whole process group (a terminal's Ctrl-C),
+    once compiles run, or once the temporary Prefect API is up too."""
+    cli, marker, store = start_compile(tmp_path, model_dir)
+    stderr = Lines(cli.stderr)
+    try:
+        wait_for(lambda: compiling(cli, marker, stderr), 120, "a compile worker started")
+        if with_api:
+            wait_for(lambda: api_serving(marker), 120, "the temporary API started")
+        if to_group:  # a worker still importing when Ctrl-C comes prints its own traceback
+            wait_for(lambda: workers_ignore_sigint(cli, marker), 120, "workers started up")
+        sent = time.monotonic()
+        if to_group:
+            os.killpg(cli.pid, signal.SIGINT)
+        else:
+            cli.send_signal(signal.SIGINT)
+        try:
+            cli.wait(15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the CLI did not exit within 15 s of SIGINT")
+        print(f"SIGINT to exit: {time.monotonic() - sent:.2f} s")
+        lines = stderr.done(10)
+        assert cli.returncode == 130, lines
+        assert not any("Traceback" in line for line in lines), lines
+        started = next(k for k, line in enumerate(lines) if "pairs to compile with" in line)
+        ours = [line for line in lines[started + 1 :] if line.startswith("epfleet")]
+        # (an EP's native banner from a worker may come before it: not epfleet's output)
+        assert ours == ["epfleet: interrupted; compiles stopped, nothing half-published"], lines
+        assert_manifest_absent_or_valid(store)
+        wait_for(lambda: not processes_with(marker), 10, f"no process left: {marker}")
+    finally:
+        kill_group(cli)
+
+
+def test_sigkill_of_the_cli_leaves_no_process(tmp_path: Path, model_dir: Path) -> None:
+    cli, marker, store = start_compile(tmp_path, model_dir)
+    stderr = Lines(cli.stderr)
+    try:
+        wait_for(lambda: compiling(cli, marker, stderr), 120, "a compile worker started")
+        wait_for(lambda: api_serving(marker), 120, "the temporary API started")
+        cli.kill()  # the CLI alone: its workers and temporary API are not signalled
+        cli.wait(10)
+        wait_for(lambda: not processes_with(marker), 15, f"no process left: {marker}")
+        assert_manifest_absent_or_valid(store)
+    finally:
+        kill_group(cli)
+        cli.wait()
+
+
+def test_the_next_run_removes_what_killed_runs_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EPFLEET_CACHE", str(cache))
+    sources, variants = cache / "sources", cache / "work" / "variants"
+    sources.mkdir(parents=True)
+    (variants / "m.t.abc").mkdir(parents=True)
+    (variants / "m.t.abc" / "raw.onnx").write_bytes(b"x" * 10)
+    old_part = sources / f".{'a' * 64}.onnx.1.2.part"
+    old_tmp = sources / f".{'b' * 64}.onnx.abcdefgh.tmp"
+    fresh_part = sources / f".{'c' * 64}.onnx.3.4.part"
+    for path in (old_part, old_tmp, fresh_part):
+        path.write_bytes(b"y" * 10)
+    now = time.time()
+    old = now - TEMP_GRACE_SECONDS - 60
+    for path in (old_part, old_tmp, variants / "m.t.abc" / "raw.onnx", variants / "m.t.abc"):
+        os.utime(path, (old, old))
+    # Kept files: three sources of 100 bytes, used an hour, a day and a week ago.
+    kept = {age: sources / f"{age:064d}.onnx" for age in (3600, 86400, 604800)}
+    for age, path in kept.items():
+        path.write_bytes(b"z" * 100)
+        os.utime(path, (now - age, now - age))
+    monkeypatch.setenv("EPFLEET_CACHE_MAX_BYTES", "250")
+    tidy_cache()
+    assert not old_part.exists() and not old_tmp.exists()
+    assert not (variants / "m.t.abc").exists()
+    assert fresh_part.exists()  # a run in progress may still be writing it
+    assert kept[3600].exists() and kept[86400].exists()
+    assert not kept[604800].exists()  # least recently used first
