@@ -26,11 +26,16 @@ from epfleet.stores.base import check_key
 
 # Bump whenever validation tightens: a device then re-fetches, and so re-validates, the
 # manifest it cached under the older rules instead of trusting it.
-VALIDATION_RULES = "3"
+VALIDATION_RULES = "4"
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
-Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+NAME_MAX_LENGTH = 100
+"""Model and target names become directory names (a variant's is the target's plus 13
+characters): well under the 255 bytes a file name may take."""
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
+LARGEST_INT = 2**63 - 1
+"""Sizes and generations fit a signed 64-bit integer (what file offsets and S3 take)."""
 """Model and target names: safe as file and directory names on every device."""
 
 
@@ -45,7 +50,7 @@ class _Strict(BaseModel):
 class ArtifactRef(_Strict):
     uri: str = Field(description="Key of the file, relative to the store root")
     sha256: str = Field(pattern=SHA256_PATTERN)
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=LARGEST_INT)
 
     @field_validator("uri")
     @classmethod
@@ -157,7 +162,7 @@ class ModelEntry(_Strict):
 
 class Manifest(_Strict):
     schema_version: Literal["1.0"] = "1.0"
-    generation: int = Field(default=0, ge=0, description="+1 on every publish")
+    generation: int = Field(default=0, ge=0, le=LARGEST_INT, description="+1 on every publish")
     published_at: datetime | None = None
     models: dict[Name, ModelEntry] = Field(default_factory=dict)
 

@@ -11,7 +11,7 @@ from pydantic_core import PydanticCustomError
 
 import eps
 from epfleet.errors import BadInputError
-from epfleet.manifest import NAME_PATTERN
+from epfleet.manifest import NAME_MAX_LENGTH, NAME_PATTERN
 from eps.base import DeviceType, GraphOptimization
 
 WORK_POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -20,7 +20,11 @@ WORK_POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=NAME_PATTERN, description="Unique model name, e.g. ocr-det")
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        max_length=NAME_MAX_LENGTH,
+        description="Unique model name, e.g. ocr-det",
+    )
     source: str = Field(
         min_length=1,
         description="ONNX file: a path relative to the spec file, a file:// or an s3:// URI",
@@ -54,7 +58,11 @@ class ModelSpec(BaseModel):
 class TargetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=NAME_PATTERN, description="Unique target name; the variant name")
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        max_length=NAME_MAX_LENGTH,
+        description="Unique target name; the variant name",
+    )
     ep: str = Field(description="ORT execution provider name, e.g. QNNExecutionProvider")
     device: DeviceType | None = Field(
         default=None, description="cpu, gpu or npu; the EP module's default when omitted"

@@ -120,12 +120,13 @@ def resolve_source(spec_path: Path, source: str) -> str:
 
 
 @contextmanager
-def local_source(uri: str) -> Iterator[Path]:
-    """A local path holding the source: the file itself, or a temporary download."""
+def local_source(uri: str, field: str = "source") -> Iterator[Path]:
+    """A local path holding the file at ``uri``: the file itself, or a temporary download.
+    Errors name ``field``, the spec field that gave the URI."""
     if uri.startswith("file://") or "://" not in uri:
         path = local_path(uri)
         if not path.is_file():
-            raise BadInputError(f"source {uri} does not exist")
+            raise BadInputError(f"{field} {uri} does not exist")
         yield path
         return
     parent, key = split_uri(uri)
@@ -136,7 +137,7 @@ def local_source(uri: str) -> Iterator[Path]:
         try:
             open_store(parent).download(key, dest)
         except StoreError as exc:
-            raise BadInputError(f"source {uri} cannot be fetched: {exc}") from None
+            raise BadInputError(f"{field} {uri} cannot be fetched: {exc}") from None
         yield dest
 
 
@@ -146,7 +147,7 @@ def stage_source(
     """Hash the source, check that its input_shapes apply (and leave every input static
     when an EP in ``static_eps`` needs that), and upload it content-addressed, once.
     Also returns the source with its shapes fixed."""
-    with local_source(uri) as path:
+    with local_source(uri, f"models[{model.name}].source") as path:
         sha256, size = sha256_file(path)
         try:
             loaded = onnx.load(str(path), load_external_data=False)
@@ -187,7 +188,11 @@ def stage_samples(
     with the machine or ORT version that plans. EpfleetError when the source does not
     run on the CPU EP; BadInputError for a samples file that does not fit the model."""
     with ExitStack() as stack:
-        samples_path = stack.enter_context(local_source(samples_uri)) if samples_uri else None
+        samples_path = (
+            stack.enter_context(local_source(samples_uri, f"models[{model.name}].samples"))
+            if samples_uri
+            else None
+        )
         samples_sha = sha256_file(samples_path)[0] if samples_path else None
         basis = sha256_bytes(
             json.dumps([GOLDEN_VERSION, source.sha256, source.input_shapes, samples_sha]).encode()

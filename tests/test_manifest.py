@@ -183,3 +183,22 @@ def test_golden_samples_are_set_per_model_and_kept_with_their_source() -> None:
     assert first is not None and first.models["m"].samples == golden
     again = merge(first, {"m": source()}, {"m": source()}, {}, {"m": golden})
     assert again.manifest is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda doc: doc.update(generation=10**400), "generation"),
+        (lambda doc: doc["models"]["m"]["source"].update(size=10**30), "size"),
+        (lambda doc: doc["models"].update({"m" * 101: doc["models"]["m"]}), "models"),
+    ],
+    ids=["400-digit generation", "size 1e30", "101-character name"],
+)
+def test_numbers_and_names_a_device_cannot_use_are_refused(edit, field: str) -> None:
+    manifest = run(None, {"m": source()}, {("m", "t"): variant()}).manifest
+    assert manifest is not None
+    document = json.loads(manifest.to_json())
+    edit(document)
+    with pytest.raises(ValidationError) as raised:
+        Manifest.model_validate(document)
+    assert field in str(raised.value)

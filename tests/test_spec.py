@@ -101,7 +101,7 @@ def test_missing_source_is_refused_before_compiling(tmp_path: Path) -> None:
         "targets: [{name: cpu, ep: CPUExecutionProvider}]\n"
     )
     store = tmp_path / "store"
-    with pytest.raises(BadInputError, match=r"source .*nowhere.onnx does not exist"):
+    with pytest.raises(BadInputError, match=r"models\[m\]\.source .*nowhere.onnx does not exist"):
         plan_run(spec_path, str(store))
     assert not (store / "manifest.json").exists()
 
@@ -167,7 +167,8 @@ def test_sources_can_live_in_s3(tmp_path: Path, model_dir: Path, s3_bucket: str)
     missing = spec_path.read_text().replace("det.onnx'", "gone.onnx'")
     spec_path.write_text(missing)
     with pytest.raises(
-        BadInputError, match=f"source s3://{s3_bucket}/models/gone.onnx cannot be fetched"
+        BadInputError,
+        match=rf"models\[\w+\]\.source s3://{s3_bucket}/models/gone.onnx cannot be fetched",
     ):
         plan_run(spec_path, str(store))
 
@@ -334,3 +335,11 @@ def test_the_recipe_is_part_of_the_fingerprint(tmp_path: Path) -> None:
         )
     }
     assert len(prints) == 5
+
+
+def test_a_name_longer_than_a_directory_name_allows_is_refused() -> None:
+    target = {"name": "t" * 101, "ep": "CPUExecutionProvider"}
+    with pytest.raises(
+        BadInputError, match=r"targets\[t+\]\.name: String should have at most 100 characters"
+    ):
+        parse_spec(spec(targets=[target]))
