@@ -98,10 +98,11 @@ def compile_job(job: CompileJob) -> CompileOutput:
             ) from None
         if not raw.exists():
             raise CompileError(f"{request.ep} wrote no model for {request.model!r}")
-        data, string, written_by = _stamp(request, module, raw)
+        stamped, string, written_by = _stamp(request, module, raw)
+        data = stamped.SerializeToString()
         raw.unlink()
         coverage = measure_coverage(
-            onnx.load_from_string(data),
+            stamped,
             module.partitions_graph,
             lambda: optimized_node_count(src, request.graph_optimization),
         )
@@ -180,7 +181,7 @@ def discard(output: CompileOutput) -> None:
 
 def _stamp(
     request: CompileRequest, module: eps.ExecutionProvider, raw: Path
-) -> tuple[bytes, str, str]:
+) -> tuple[onnx.ModelProto, str, str]:
     from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
 
     raw_bytes = raw.read_bytes()
@@ -211,4 +212,4 @@ def _stamp(
     del model.metadata_props[:]
     for key in sorted(props):
         model.metadata_props.add(key=key, value=props[key])
-    return model.SerializeToString(), string, written_by
+    return model, string, written_by

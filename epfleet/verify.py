@@ -11,6 +11,7 @@ from __future__ import annotations
 import platform
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -95,32 +96,27 @@ def run_verification(job: VerifyJob) -> Verification:
             job.artifact_path, job.ep, job.provider_options, job.device, job.label
         )
     except HealthCheckError as exc:
-        return _failed(job, str(exc), started, len(samples))
+        return _checked(job, "failed", str(exc), started, samples=len(samples))
     except (MissingExtraError, EpfleetError) as exc:  # NoDeviceError is a CompileError
-        return Verification(
-            status="unverified",
-            reason=f"this host cannot run {job.ep} on a {job.device} device: {exc}",
-            tolerance=job.tolerance,
-            abs_tolerance=job.abs_tolerance,
-        )
+        reason = f"this host cannot run {job.ep} on a {job.device} device: {exc}"
+        return _checked(job, "unverified", reason)
     runner = f"{'+'.join(session.get_providers())} on {platform.machine()}"
     try:
         outputs = run_samples(session, samples, f"{job.ep} loaded {job.label}")
         comparison = compare(outputs, reference)
     except (HealthCheckError, ValueError) as exc:
-        return _failed(job, str(exc), started, len(samples), runner)
+        return _checked(job, "failed", str(exc), started, samples=len(samples), runner=runner)
     failure = comparison.failure(job.tolerance, job.abs_tolerance)
-    return Verification(
-        status="failed" if failure else "passed",
-        runner=runner,
+    return _checked(
+        job,
+        "failed" if failure else "passed",
+        failure,
+        started,
         samples=len(samples),
+        runner=runner,
         max_abs_error=_rounded(comparison.max_abs_error),
         max_rel_error=_rounded(comparison.max_rel_error),
         top1_agreement=comparison.top1_agreement,
-        tolerance=job.tolerance,
-        abs_tolerance=job.abs_tolerance,
-        seconds=round(time.perf_counter() - started, 3),
-        reason=failure,
     )
 
 
@@ -128,17 +124,22 @@ def _rounded(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def _failed(
-    job: VerifyJob, reason: str, started: float, samples: int, runner: str | None = None
+def _checked(
+    job: VerifyJob,
+    status: Literal["passed", "failed", "unverified"],
+    reason: str | None,
+    started: float | None = None,
+    **measured: Any,
 ) -> Verification:
+    """The job's verification record: its tolerances, and the seconds since ``started``."""
+    seconds = None if started is None else round(time.perf_counter() - started, 3)
     return Verification(
-        status="failed",
-        runner=runner,
-        samples=samples,
+        status=status,
+        reason=reason,
         tolerance=job.tolerance,
         abs_tolerance=job.abs_tolerance,
-        seconds=round(time.perf_counter() - started, 3),
-        reason=reason,
+        seconds=seconds,
+        **measured,
     )
 
 
@@ -149,28 +150,13 @@ def verify_artifact(job: VerifyJob, timeout: float) -> Verification:
     try:
         return shared_workers().call(run_verification, job, timeout)
     except WorkerTimeout:
-        return Verification(
-            status="unverified",
-            reason=f"verification ran past its time limit of {timeout:g} s (verify_timeout)",
-            tolerance=job.tolerance,
-            abs_tolerance=job.abs_tolerance,
-            seconds=round(time.perf_counter() - started, 3),
-        )
+        reason = f"verification ran past its time limit of {timeout:g} s (verify_timeout)"
+        return _checked(job, "unverified", reason, started)
     except WorkerDied as exc:
-        return Verification(
-            status="failed",
-            reason=f"{job.ep} crashed the process running {job.label} ({exc})",
-            tolerance=job.tolerance,
-            abs_tolerance=job.abs_tolerance,
-            seconds=round(time.perf_counter() - started, 3),
-        )
+        reason = f"{job.ep} crashed the process running {job.label} ({exc})"
+        return _checked(job, "failed", reason, started)
     except ValueError as exc:
-        return Verification(
-            status="failed",
-            reason=str(exc),
-            tolerance=job.tolerance,
-            abs_tolerance=job.abs_tolerance,
-        )
+        return _checked(job, "failed", str(exc))
 
 
 def skipped(reason: str) -> Verification:
