@@ -8,11 +8,12 @@ dies is reported as a crash, one that overruns its time limit is killed, and bot
 are replaced on the next call.
 
 Every worker of epfleet (these and ``epfleet.pool``'s compile workers) is started from
-one long-lived thread (``worker_context``) and ignores SIGINT once started: a Ctrl-C
-typed at a terminal reaches the whole process group, and the workers leave it to their
-parent, which kills them (``kill_workers``). A worker still starting up (importing, before
-``worker_started``) when the Ctrl-C comes may print its own KeyboardInterrupt. On Linux
-each worker also asks the kernel to kill it when the thread that started it ends
+one long-lived thread (``worker_context``) and never takes a SIGINT: a Ctrl-C typed at a
+terminal reaches the whole process group, and the workers leave it to their parent, which
+kills them (``kill_workers``). That thread blocks SIGINT, so a worker starts (through
+exec) with SIGINT blocked; a Ctrl-C during its start-up stays pending until
+``worker_started`` ignores SIGINT, which discards it, and then unblocks it. On Linux each
+worker also asks the kernel to kill it when the thread that started it ends
 (``PR_SET_PDEATHSIG``), so a SIGKILL of the CLI leaves no worker behind.
 """
 
@@ -55,8 +56,30 @@ def die_with_parent(parent: int) -> None:
 
 def worker_started(parent: int) -> None:
     """The first thing a worker does: leave SIGINT to its parent, die with the parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # discards a Ctrl-C pending since start-up
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     die_with_parent(parent)
+
+
+def _start_with_sigint_blocked(start: Callable[[], None]) -> None:
+    """In the spawner thread: start a worker that inherits a blocked SIGINT.
+
+    The resource tracker is made sure of first: starting it unblocks SIGINT and SIGTERM
+    in the calling thread (multiprocessing's own masking around its spawn). A start holds
+    ``_starting`` until the new process has its start-up data and is one of
+    multiprocessing's children, so ``kill_workers`` sees it; none begins once interrupted
+    (a worker whose parent exits mid-start fails reading that data, with a traceback)."""
+    from multiprocessing import resource_tracker
+
+    with _starting:
+        if interrupted():
+            raise KeyboardInterrupt
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            start()
+        finally:  # other processes started here (Prefect's API) keep their Ctrl-C
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 class _Spawner:
@@ -102,7 +125,7 @@ def spawn(fn: Callable[[], Result]) -> Result:
 
 class _WorkerProcess(multiprocessing.context.SpawnProcess):
     def start(self) -> None:
-        spawn(super().start)
+        spawn(lambda: _start_with_sigint_blocked(super(_WorkerProcess, self).start))
 
 
 class _WorkerContext(multiprocessing.context.SpawnContext):
@@ -122,6 +145,7 @@ def worker_context() -> multiprocessing.context.SpawnContext:
 
 
 _interrupted = threading.Event()
+_starting = threading.Lock()
 
 
 def interrupted() -> bool:
@@ -130,8 +154,10 @@ def interrupted() -> bool:
 
 
 def kill_workers() -> None:
-    """SIGKILL every worker this process started (on Ctrl-C). Safe in a signal handler."""
+    """SIGKILL every worker this process started (on Ctrl-C), also one starting now; none
+    starts after. Safe in a signal handler (the main thread never starts a worker itself)."""
     _interrupted.set()
+    started = _starting.acquire(timeout=5)  # a start takes milliseconds
     for _ in range(3):  # the set of children may change under us while a worker starts
         try:
             children = list(multiprocessing.process._children)  # type: ignore[attr-defined]
@@ -145,6 +171,8 @@ def kill_workers() -> None:
         if pid:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+    if started:
+        _starting.release()
 
 
 def release_semaphores() -> None:
