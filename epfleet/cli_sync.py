@@ -40,6 +40,8 @@ def sync(
     store: Store = DEFAULT_STORE,
     policy: Annotated[SyncOptions | None, Parameter(name="*")] = None,
     device_id: str | None = None,
+    trust_root: Path | None = None,
+    allow_unsigned: bool = False,
     as_json: Json = False,
     flow: bool = False,
     serve: float | None = None,
@@ -51,7 +53,7 @@ def sync(
     artifacts); --serve serves that flow as deployment device-sync/periodic.
 
     For example:
-      epfleet sync --store s3://bucket/fleet --cache /var/lib/epfleet
+      epfleet sync --store s3://bucket/fleet --cache /var/lib/epfleet --trust-root root.json
       epfleet sync --store ./epfleet-store --cache ./epfleet-device --json
       epfleet sync --store s3://bucket/fleet --cache /var/lib/epfleet --serve 900
 
@@ -64,6 +66,12 @@ def sync(
         The device cache directory (an ORT model package).
     device_id
         This device's id in reports (default $EPFLEET_DEVICE_ID or the host name).
+    trust_root
+        The root.json of the store's signed metadata, which this device trusts (default
+        $EPFLEET_TRUST_ROOT); kept in the cache on first use, so later syncs need it not.
+    allow_unsigned
+        With no trusted root, sync from the unsigned manifest.json (the report warns);
+        default $EPFLEET_ALLOW_UNSIGNED, else refused.
     as_json
         Print the device report as JSON.
     flow
@@ -82,6 +90,10 @@ def sync(
 
         parameters: dict[str, Any] = {"cache": str(cache.resolve()), "store": store}
         parameters |= {"policy": wanted, "device": device_id}
+        if trust_root is not None:
+            parameters["trust_root"] = str(trust_root.resolve())
+        if allow_unsigned:
+            parameters["allow_unsigned"] = True
         if serve is not None:
             device_sync.serve(
                 name="periodic",
@@ -99,6 +111,13 @@ def sync(
 
         log_to_stderr()  # progress lines on stderr, the report alone on stdout
         with _interrupts(INTERRUPTED, unwind=True):  # the cache lock released on the way out
-            report = sync_device(store, cache, wanted, device_id)
+            report = sync_device(
+                store,
+                cache,
+                wanted,
+                device_id,
+                trust_root=trust_root,
+                allow_unsigned=allow_unsigned or None,  # unset: EPFLEET_ALLOW_UNSIGNED
+            )
     print(report.model_dump_json() if as_json else render_device_report(report))
     return report.exit_code

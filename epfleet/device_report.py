@@ -43,6 +43,17 @@ class ManifestStatus(BaseModel):
     generation: int | None = Field(description="Generation of the manifest in force")
     body_bytes: int = Field(description="Manifest bytes transferred by this fetch")
     reason: str | None = None
+    signed: bool | None = Field(
+        default=None,
+        description="The manifest in force comes from signed (TUF) metadata; false for an "
+        "unsigned manifest.json (--allow-unsigned); None in reports of older devices",
+    )
+    signed_version: int | None = Field(
+        default=None, description="Version of the signed timestamp in force"
+    )
+    warning: str | None = Field(
+        default=None, description="Why the sync trusted less than it should"
+    )
 
     @property
     def offline(self) -> bool:

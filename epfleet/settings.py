@@ -114,6 +114,16 @@ class Settings(BaseSettings):
         description="Seconds after which an incomplete S3 multipart upload under the store's "
         "prefix is aborted by the next compile run; default 86400 (a day)",
     )
+    trust_root: Path | None = Field(
+        default=None,
+        description="The TUF root.json a device trusts (--trust-root wins); copied into the "
+        "device cache on first use, later syncs follow the root chain cached there",
+    )
+    allow_unsigned: bool = Field(
+        default=False,
+        description="Let a device with no trusted root sync from manifest.json, unsigned "
+        "(--allow-unsigned); the device report warns. Default false: refused",
+    )
 
 
 def env_name(field: str) -> str:

@@ -40,6 +40,8 @@ def device_sync(
     store: str = DEFAULT_STORE,
     policy: SyncPolicy = SyncPolicy(),  # noqa: B008 (a pydantic default is immutable enough for Prefect)
     device: str | None = None,
+    trust_root: str | None = None,
+    allow_unsigned: bool | None = None,
 ) -> DeviceReport:
     """Sync this device's cache with the fleet manifest.
 
@@ -48,8 +50,13 @@ def device_sync(
         store: The fleet's store: a directory, file:///abs/dir or s3://bucket/prefix.
         policy: Which models, whether to recompile, device preference.
         device: Device id in reports (default $EPFLEET_DEVICE_ID or the host name).
+        trust_root: The root.json of the store's signed metadata (default
+            $EPFLEET_TRUST_ROOT; kept in the cache after the first sync).
+        allow_unsigned: With no trusted root, sync from the unsigned manifest.json
+            (default $EPFLEET_ALLOW_UNSIGNED, else refused).
     """
-    with open_sync(store, cache, policy, device):  # lock, state, discovery, worker: once
+    # The lock, state, discovery and worker: once per run.
+    with open_sync(store, cache, policy, device, trust_root, allow_unsigned):
         fetch_manifest_task(cache)
         for model in wanted_models_task(cache):
             sync_model_task(cache, model)

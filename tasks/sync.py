@@ -36,10 +36,23 @@ _open_lock = threading.Lock()
 
 
 @contextmanager
-def open_sync(store: str, cache: str, policy: SyncPolicy, device: str | None) -> Iterator[None]:
+def open_sync(
+    store: str,
+    cache: str,
+    policy: SyncPolicy,
+    device: str | None,
+    trust_root: str | None = None,
+    allow_unsigned: bool | None = None,
+) -> Iterator[None]:
     """Open the flow run's sync session, for the tasks below to find by ``cache``; and
     send epfleet's log records to the run's logs meanwhile."""
-    with logs_to_run(), SyncSession(store, Path(cache), policy, device) as session:
+    root = Path(trust_root) if trust_root else None
+    with (
+        logs_to_run(),
+        SyncSession(
+            store, Path(cache), policy, device, trust_root=root, allow_unsigned=allow_unsigned
+        ) as session,
+    ):
         key = session.cache.root
         with _open_lock:
             if key in _open:  # the cache lock already refuses this; a clear message anyway

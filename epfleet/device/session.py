@@ -13,25 +13,38 @@ and one worker process for every model the sync wants, then writes the device re
 same session with a Prefect task per step (``tasks/sync.py``). Progress goes to the
 ``epfleet.device`` loggers (``epfleet.logs.log_to_stderr`` for a terminal). A session
 serves one thread at a time.
+
+The manifest in force comes from the store's signed (TUF) metadata when the device has a
+trusted root (``--trust-root``, or the root chain kept in the cache since it was first
+given): see ``epfleet.device.manifest_cache.fetch_signed_manifest``. A device with no
+trusted root refuses to sync unless it is configured ``--allow-unsigned``
+(``EPFLEET_ALLOW_UNSIGNED``), which syncs from the unsigned manifest.json with a warning
+in the report.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import socket
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from types import TracebackType
 
 from epfleet import ort_version
 from epfleet.device import model_sync
-from epfleet.device.cache import CacheState, DeviceCache
+from epfleet.device.cache import STATE_DIR, CacheState, DeviceCache
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_eps import LocalEps, discover, ep_versions
-from epfleet.device.manifest_cache import cached_manifest, fetch_manifest, manifest_in_force
+from epfleet.device.manifest_cache import (
+    cached_manifest,
+    fetch_manifest,
+    fetch_signed_manifest,
+    manifest_in_force,
+)
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.steps import Steps
 from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
@@ -40,8 +53,15 @@ from epfleet.limits import Deadline, within
 from epfleet.manifest import NAME_PATTERN, Manifest, utcnow
 from epfleet.settings import settings
 from epfleet.stores import Store, open_store
+from epfleet.trust.client import TRUST_DIR, provisioned_root, trust_dir
 
 logger = logging.getLogger(__name__)
+
+UNSIGNED = (
+    "the manifest is not signed: this device has no trusted root and syncs from "
+    "manifest.json as --allow-unsigned (EPFLEET_ALLOW_UNSIGNED) lets it, so anyone who can "
+    "write to the store decides what it runs; provision it with --trust-root"
+)
 
 
 class SyncSession:
@@ -56,7 +76,12 @@ class SyncSession:
     The sync has a deadline, ``EPFLEET_SYNC_DEADLINE`` seconds from entering: the manifest
     fetch and each model's sync run within it (``epfleet.limits.within``), so that a
     download or worker call in flight stops when it passes, and a model not reached by
-    then is reported failed with its previous variant kept."""
+    then is reported failed with its previous variant kept.
+
+    Trust: ``trust_root`` (default ``EPFLEET_TRUST_ROOT``) is the root metadata file the
+    device is provisioned with, ``allow_unsigned`` (default ``EPFLEET_ALLOW_UNSIGNED``)
+    lets a device with no trusted root sync from the unsigned manifest.json. Entering
+    the session fails with BadInputError naming ``--trust-root`` when there is neither."""
 
     def __init__(
         self,
@@ -66,8 +91,17 @@ class SyncSession:
         device: str | None = None,
         *,
         local: LocalEps | None = None,
+        trust_root: Path | None = None,
+        allow_unsigned: bool | None = None,
     ) -> None:
         self.device = device_id(device)  # a bad id fails before anything is touched
+        configured = settings()
+        self.trust_root = trust_root if trust_root is not None else configured.trust_root
+        self.allow_unsigned = (
+            configured.allow_unsigned if allow_unsigned is None else allow_unsigned
+        )
+        self.root: bytes | None = None
+        """The root metadata the sync trusts (None: unsigned, as allowed)."""
         self.started = time.perf_counter()
         self.store_uri, self.cache_dir, self.policy = store_uri, cache_dir, policy
         self.store = open_store(store_uri)
@@ -92,6 +126,7 @@ class SyncSession:
             self.deadline = Deadline.after(self.deadline.seconds)
             self.cache.check_layout()  # links and odd entries in epfleet's paths: see cache
             self._state = self.cache.load_state()  # rebuilt from the cache if damaged
+            self.root = self._trusted_root()
             stack.callback(self._close)
             self._stack = stack.pop_all()
         return self
@@ -126,6 +161,26 @@ class SyncSession:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 self.cache.note(f"could not {doing} in {self.cache.root}: {reason}")
 
+    def _trusted_root(self) -> bytes | None:
+        """The newest root the cache follows, or the one given; BadInputError when there
+        is none and unsigned syncs are not allowed."""
+        with suppress(FileNotFoundError):  # a link in the trust directory's place goes
+            os.close(self.cache.open_dir((STATE_DIR, TRUST_DIR), create=False))
+        root = provisioned_root(trust_dir(self.cache.meta), self.trust_root)
+        if root is None and not self.allow_unsigned:
+            raise BadInputError(
+                f"no trusted root to verify {self.store_uri} with: pass --trust-root PATH "
+                "(the root.json of the store's signed metadata, from epfleet trust init; or "
+                "EPFLEET_TRUST_ROOT), or --allow-unsigned (EPFLEET_ALLOW_UNSIGNED) to sync "
+                "from the unsigned manifest.json"
+            )
+        return root
+
+    @property
+    def signed(self) -> bool:
+        """The sync trusts only signed metadata."""
+        return self.root is not None
+
     @property
     def state(self) -> CacheState:
         if self._state is None:
@@ -144,17 +199,25 @@ class SyncSession:
     @functools.cached_property
     def manifest(self) -> Manifest:
         """The wanted models' part of the manifest in force, parsed once per session."""
-        cached = cached_manifest(self.cache, self.state, self.store.uri)
+        cached = cached_manifest(self.cache, self.state, self.store.uri, signed=self.signed)
         return manifest_in_force(cached, self.policy.models, self.store_uri, self.cache_dir)
 
     # -- the sync --
 
     def fetch_manifest(self) -> ManifestStatus:
-        """Fetch the manifest (a conditional GET). An unreachable store (offline: the steps
-        then do not ask it for anything) or an invalid manifest leaves the cached one in
-        force."""
+        """Refresh the signed metadata (with a trusted root), else fetch the manifest (a
+        conditional GET). An unreachable store (offline: the steps then do not ask it for
+        anything), metadata that does not verify or an invalid manifest leaves the one
+        in force before in force."""
         with within(self.deadline):
-            status = fetch_manifest(self.store, self.cache, self.state)
+            if self.root is not None:
+                status = fetch_signed_manifest(
+                    self.store, self.cache, self.state, self.root, self.policy.models
+                )
+            else:
+                status = fetch_manifest(self.store, self.cache, self.state)
+                status = status.model_copy(update={"signed": False, "warning": UNSIGNED})
+                logger.warning("%s", UNSIGNED)
         self.status = status
         self.fetcher.offline = status.offline
         self.__dict__.pop("manifest", None)  # a newly fetched one is in force
@@ -236,10 +299,23 @@ class SyncSession:
 
 
 def sync(
-    store_uri: str, cache_dir: Path, policy: SyncPolicy, device: str | None = None
+    store_uri: str,
+    cache_dir: Path,
+    policy: SyncPolicy,
+    device: str | None = None,
+    *,
+    trust_root: Path | None = None,
+    allow_unsigned: bool | None = None,
 ) -> DeviceReport:
     """One whole device sync, without Prefect."""
-    with SyncSession(store_uri, cache_dir, policy, device) as session:
+    with SyncSession(
+        store_uri,
+        cache_dir,
+        policy,
+        device,
+        trust_root=trust_root,
+        allow_unsigned=allow_unsigned,
+    ) as session:
         session.fetch_manifest()
         for model in session.wanted():
             session.sync_model(model)
