@@ -224,23 +224,15 @@ def verify(store: Store, directory: Path, root: bytes, models: list[str] | None)
 
     MetadataRefused when anything fails verification, StoreUnreachable when the store
     cannot be reached, BadInputError for a wanted model the signed metadata lacks."""
-    fetcher = StoreFetcher(store)
     before = _read(directory / "timestamp.json")
     where = f"{store.uri}/{METADATA_KEYS}"
+    fetcher = StoreFetcher(store)
     try:
-        updater = Updater(
-            str(directory),
-            STORE_URL + METADATA_KEYS,
-            str(directory / TARGETS_DIR),
-            STORE_URL + TARGETS_KEYS,
-            fetcher=fetcher,
-            config=UpdaterConfig(),
-            bootstrap=root,
-        )
+        updater = open_updater(fetcher, directory, root)
         updater.refresh()
         if models:
             wanted = list(dict.fromkeys(models))
-            entries = {m: _signed_entry(updater, store, m) for m in wanted}
+            entries = {m: signed_entry(updater, store, m) for m in wanted}
             document = Manifest.model_construct(models=entries).to_json()
         else:
             document = _signed_manifest(updater, store, directory)
@@ -263,6 +255,20 @@ def verify(store: Store, directory: Path, root: bytes, models: list[str] | None)
         metadata_bytes=fetcher.bytes,
         version=version if version is not None else 0,
         fetched=list(fetcher.fetched),
+    )
+
+
+def open_updater(fetcher: StoreFetcher, directory: Path, root: bytes) -> Updater:
+    """ngclient's Updater over ``fetcher``'s store, its metadata in ``directory``, trusting
+    ``root`` (and the newer roots it finds signed by it)."""
+    return Updater(
+        str(directory),
+        STORE_URL + METADATA_KEYS,
+        str(directory / TARGETS_DIR),
+        STORE_URL + TARGETS_KEYS,
+        fetcher=fetcher,
+        config=UpdaterConfig(),
+        bootstrap=root,
     )
 
 
@@ -289,7 +295,9 @@ def describe(exc: Exception) -> str:
     return f"{kind}: {detail or type(exc).__name__}; refused"
 
 
-def _signed_entry(updater: Updater, store: Store, model: str) -> ModelEntry:
+def signed_entry(updater: Updater, store: Store, model: str) -> ModelEntry:
+    """The model's entry from its target's signed custom field (only its bin is loaded),
+    validated; BadInputError when the signed metadata has no such model."""
     info = updater.get_targetinfo(model_target(model))
     if info is None:
         raise BadInputError(
@@ -297,8 +305,13 @@ def _signed_entry(updater: Updater, store: Store, model: str) -> ModelEntry:
             f"(no target {model_target(model)})"
         )
     custom = info.custom if isinstance(info.custom, dict) else {}
+    value = custom.get(CUSTOM_FIELD)
     try:
-        return ModelEntry.model_validate(custom.get(CUSTOM_FIELD))
+        # Canonical JSON, which TUF signs, has no floats (coverage, errors, tolerances): the
+        # entry may come as its JSON text, or with its floats as strings (pydantic reads both).
+        if isinstance(value, str):
+            return ModelEntry.model_validate_json(value)
+        return ModelEntry.model_validate(value)
     except ValidationError as exc:
         error = exc.errors()[0]
         raise MetadataRefused(

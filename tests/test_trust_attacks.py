@@ -1,0 +1,621 @@
+# ruff: noqa: F401, F811  (fleet_store, a fixture imported from test_sync, is a parameter name)
+"""Attacks on signed distribution: a device that trusts a TUF root refuses what an attacker
+with write access to the store (and no signing keys, or too few) serves, keeps its
+active variants, and says why in its report.
+
+Real syncs of a fleet compiled by `epfleet compile` (tests/test_sync.py's fixture), on
+a local store and on S3 (moto over HTTP, through the fault proxy). The repository side
+here is a small TUF writer on python-tuf's API (``Repo``), so that each attack can sign
+exactly what it needs: older versions replayed, a bin from another snapshot, metadata
+signed with the wrong key or too few root keys, an expired timestamp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import boto3
+import onnx
+import pytest
+from s3proxy import FaultProxy
+from securesystemslib.signer import CryptoSigner
+from test_sync import (  # fleet_store: the session's compiled store, a fixture
+    assert_package_runs,
+    copy_store,
+    fleet_store,
+    read_manifest,
+    republish_cpu_variant,
+    republish_edited_cpu_variant,
+)
+from tuf.api.metadata import (
+    Delegations,
+    Metadata,
+    MetaFile,
+    Root,
+    Snapshot,
+    SuccinctRoles,
+    TargetFile,
+    Targets,
+    Timestamp,
+)
+from tuf.api.serialization.json import JSONSerializer
+
+from epfleet.device.cache import DeviceCache
+from epfleet.device.manifest_cache import fetch_manifest, lock_held
+from epfleet.device.policy import SyncPolicy
+from epfleet.device.session import sync
+from epfleet.device_report import DeviceReport, ModelReport
+from epfleet.errors import BadInputError, StoreError
+from epfleet.hashing import sha256_bytes
+from epfleet.manifest import Manifest
+from epfleet.stores import open_store
+from epfleet.trust.client import model_target, verify
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-cls"
+DEVICE = "trusting-device"
+SERIALIZER = JSONSerializer(compact=True)
+
+
+def in_days(days: float) -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=days)
+
+
+def canonical(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+# --- the repository side: a small TUF writer over a store directory -----------------------
+
+
+@dataclass
+class Keys:
+    root: list[CryptoSigner] = field(
+        default_factory=lambda: [CryptoSigner.generate_ecdsa() for _ in range(3)]
+    )
+    targets: CryptoSigner = field(default_factory=CryptoSigner.generate_ecdsa)
+    online: CryptoSigner = field(default_factory=CryptoSigner.generate_ecdsa)
+
+
+class Repo:
+    """The signed metadata of a store directory, laid out as epfleet.trust says: root 2 of 3
+    offline keys, targets one offline key, bins, snapshot and timestamp one online key;
+    one target per model (its ok variants in the custom field ``epfleet``), consistent
+    snapshots. Every ``publish`` is a new version of every role but root."""
+
+    def __init__(self, store: Path, bins: int = 16) -> None:
+        self.store, self.bins, self.keys = store, bins, Keys()
+        self.meta = store / "trust" / "metadata"
+        self.meta.mkdir(parents=True, exist_ok=True)
+        self.version = 0
+        self.root = Metadata(Root(expires=in_days(365), consistent_snapshot=True))
+        for signer in self.keys.root:
+            self.root.signed.add_key(signer.public_key, "root")
+        self.root.signed.roles["root"].threshold = 2
+        self.root.signed.add_key(self.keys.targets.public_key, "targets")
+        for role in ("snapshot", "timestamp"):
+            self.root.signed.add_key(self.keys.online.public_key, role)
+        self.sign_root(self.keys.root[:2])
+        self.publish()
+
+    @property
+    def root_file(self) -> Path:
+        return self.meta / "1.root.json"
+
+    def sign_root(self, signers: list[CryptoSigner]) -> None:
+        self.root.signatures.clear()
+        for signer in signers:
+            self.root.sign(signer, append=True)
+        (self.meta / f"{self.root.signed.version}.root.json").write_bytes(
+            self.root.to_bytes(SERIALIZER)
+        )
+
+    def rotate_root(self, new: Keys, signers: list[CryptoSigner]) -> None:
+        """Root version + 1 with ``new``'s keys for every role, signed by ``signers``."""
+        signed = self.root.signed
+        signed.version += 1
+        for role in ("root", "targets", "snapshot", "timestamp"):
+            for keyid in list(signed.roles[role].keyids):
+                signed.revoke_key(keyid, role)
+        for signer in new.root:
+            signed.add_key(signer.public_key, "root")
+        signed.add_key(new.targets.public_key, "targets")
+        for role in ("snapshot", "timestamp"):
+            signed.add_key(new.online.public_key, role)
+        self.keys = new
+        self.sign_root(signers)
+
+    def rotate_online_key(self) -> CryptoSigner:
+        """A new online key (root version + 1, signed by the root keys); returns the old."""
+        old, self.keys.online = self.keys.online, CryptoSigner.generate_ecdsa()
+        signed = self.root.signed
+        signed.version += 1
+        for role in ("snapshot", "timestamp"):
+            signed.revoke_key(old.public_key.keyid, role)
+            signed.add_key(self.keys.online.public_key, role)
+        self.sign_root(self.keys.root[:2])
+        return old
+
+    def publish(
+        self, *, timestamp_expires: datetime | None = None, online: CryptoSigner | None = None
+    ) -> int:
+        """Sign the store's manifest.json as version + 1 of targets, bins, snapshot and
+        timestamp (with ``online`` standing in for the online key: a wrong key)."""
+        online = online or self.keys.online
+        self.version += 1
+        version = self.version
+        document = json.loads((self.store / "manifest.json").read_bytes())
+        bits = (self.bins - 1).bit_length()
+        succinct = SuccinctRoles([online.public_key.keyid], 1, bits, "bin")
+        targets = Targets(version=version, expires=in_days(365))
+        keys = {online.public_key.keyid: online.public_key}
+        targets.delegations = Delegations(keys=keys, succinct_roles=succinct)
+        bins = {name: Targets(version=version, expires=in_days(7)) for name in succinct.get_roles()}
+        for name, entry in document["models"].items():
+            variants = entry["variants"]
+            entry["variants"] = {t: v for t, v in variants.items() if v["status"] == "ok"}
+            target = self.target(model_target(name), canonical(entry))
+            # Canonical JSON has no floats: the entry goes as its JSON text.
+            target.unrecognized_fields["custom"] = {"epfleet": canonical(entry).decode()}
+            bins[succinct.get_role_for_target(target.path)].targets[target.path] = target
+        whole = (self.store / "manifest.json").read_bytes()
+        targets.targets["manifest.json"] = self.target("manifest.json", whole)
+        snapshot = Snapshot(version=version, expires=in_days(7))
+        for name, role in [*bins.items(), ("targets", targets)]:
+            signer = self.keys.targets if name == "targets" else online
+            raw = self.write(f"{version}.{name}.json", role, signer)
+            snapshot.meta[f"{name}.json"] = MetaFile(version, length=len(raw))
+        raw = self.write(f"{version}.snapshot.json", snapshot, online)
+        expires = timestamp_expires or in_days(1)
+        stamp = Timestamp(
+            version=version, expires=expires, snapshot_meta=MetaFile(version, length=len(raw))
+        )
+        self.write("timestamp.json", stamp, online)
+        return version
+
+    def target(self, path: str, data: bytes) -> TargetFile:
+        target = TargetFile.from_data(path, data, ["sha256"])
+        folder, _, name = path.rpartition("/")
+        stored = self.store / "trust" / "targets" / folder / f"{target.hashes['sha256']}.{name}"
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.write_bytes(data)
+        return target
+
+    def write(
+        self, name: str, signed: Root | Targets | Snapshot | Timestamp, signer: CryptoSigner
+    ) -> bytes:
+        metadata = Metadata(signed)
+        metadata.sign(signer)
+        raw = metadata.to_bytes(SERIALIZER)
+        (self.meta / name).write_bytes(raw)
+        return raw
+
+    def bin_of(self, model: str) -> str:
+        bits = (self.bins - 1).bit_length()
+        return SuccinctRoles([], 1, bits, "bin").get_role_for_target(model_target(model))
+
+
+# --- where the store is: a local directory, or S3 through the fault proxy ---------------------
+
+
+@dataclass
+class Site:
+    """The publisher's working copy of a store (``directory``) and where devices read it
+    (``uri``); ``push`` makes the store what the directory holds."""
+
+    directory: Path
+    uri: str
+    push: Callable[[], None]
+
+
+def s3_mirror(directory: Path, bucket: str, prefix: str = "fleet") -> Callable[[], None]:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    sent: dict[str, str] = {}
+
+    def push() -> None:
+        present = {}
+        for path in sorted(directory.rglob("*")):
+            if path.is_file() and not path.name.startswith("."):
+                key = f"{prefix}/{path.relative_to(directory).as_posix()}"
+                present[key] = digest = sha256_bytes(path.read_bytes())
+                if sent.get(key) != digest:
+                    s3.upload_file(str(path), bucket, key)
+        for key in set(sent) - set(present):
+            s3.delete_object(Bucket=bucket, Key=key)
+        sent.clear()
+        sent.update(present)
+
+    return push
+
+
+@pytest.fixture(params=["local", "s3"])
+def site(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Site:
+    directory = copy_store(fleet_store, tmp_path / "store")
+    if request.param == "local":
+        return Site(directory, str(directory), lambda: None)
+    return s3_site(request, directory)
+
+
+def s3_site(request: pytest.FixtureRequest, directory: Path) -> Site:
+    bucket = request.getfixturevalue("s3_bucket")
+    request.getfixturevalue("s3_proxy")  # stores opened from here on go through it
+    push = s3_mirror(directory, bucket)
+    return Site(directory, f"s3://{bucket}/fleet", push)
+
+
+@pytest.fixture(autouse=True)
+def _signed_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices here trust signed metadata only, whatever tests/conftest.py allows."""
+    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
+    monkeypatch.delenv("EPFLEET_TRUST_ROOT", raising=False)
+
+
+@dataclass
+class Fleet:
+    site: Site
+    repo: Repo
+    root: Path
+    cache: Path
+
+    def sync(self, trust_root: Path | None = None) -> DeviceReport:
+        root = trust_root or self.root
+        return sync(self.site.uri, self.cache, SyncPolicy(models=[MODEL]), DEVICE, trust_root=root)
+
+    def republish(self) -> None:
+        """A new, genuine build of tiny-cls's CPU variant, signed."""
+        republish_edited_cpu_variant(self.site.directory, rebuilt)
+        self.repo.publish()
+        self.site.push()
+
+
+def rebuilt(model: onnx.ModelProto) -> None:
+    """A new build that runs like the old one: only its doc string differs."""
+    model.doc_string = f"rebuilt {time.time_ns()}"
+
+
+@pytest.fixture
+def fleet(site: Site, tmp_path: Path) -> Fleet:
+    return trusted(site, tmp_path)
+
+
+@pytest.fixture
+def fleet_on_s3(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Fleet:
+    return trusted(s3_site(request, copy_store(fleet_store, tmp_path / "store")), tmp_path)
+
+
+def trusted(site: Site, tmp_path: Path) -> Fleet:
+    repo = Repo(site.directory)
+    root = tmp_path / "root.json"
+    shutil.copy(repo.root_file, root)
+    site.push()
+    return Fleet(site, repo, root, tmp_path / "device")
+
+
+def only(report: DeviceReport) -> ModelReport:
+    [found] = report.models
+    return found
+
+
+def assert_refused(report: DeviceReport, kept: ModelReport, *words: str) -> None:
+    """The sync failed on the signed metadata, said why, and still runs what it ran."""
+    assert report.exit_code == 1
+    assert report.manifest.status == "rejected" and report.manifest.signed
+    reason = report.manifest.reason or ""
+    assert all(w in reason for w in words), reason
+    assert only(report).variant == kept.variant, only(report).reason
+    assert only(report).action == "kept"
+    assert_package_runs(report_cache(report), {MODEL: kept.variant or ""})
+
+
+def report_cache(report: DeviceReport) -> Path:
+    return Path(report.cache)
+
+
+def first_sync(fleet: Fleet) -> ModelReport:
+    report = fleet.sync()
+    assert report.exit_code == 0 and report.manifest.signed, report.manifest
+    good = only(report)
+    assert good.action == "downloaded", good.reason
+    return good
+
+
+# --- the attacks ----------------------------------------------------------------------------
+
+
+def test_an_artifact_and_manifest_json_rewritten_together_are_refused(fleet: Fleet) -> None:
+    good = first_sync(fleet)
+    store = fleet.site.directory
+    republish_edited_cpu_variant(store, rebuilt)  # a genuine new build, signed
+    fleet.repo.publish()
+    # The attacker replaces that build's bytes and manifest.json's sha256 and size for it.
+    evil = onnx.load_from_string((store / artifact_key(store)).read_bytes())
+    evil.doc_string = "the attacker's build"
+    data = evil.SerializeToString()
+    (store / artifact_key(store)).write_bytes(data)
+    manifest = read_manifest(store)
+    artifact = manifest.models[MODEL].variants["x86-cpu"].artifact
+    assert artifact is not None
+    artifact.sha256, artifact.size = sha256_bytes(data), len(data)
+    (store / "manifest.json").write_bytes(manifest.to_json())
+    fleet.site.push()
+
+    report = fleet.sync()
+
+    result = only(report)
+    assert report.exit_code == 1 and result.action == "failed"
+    assert "sha256" in result.reason and "not activated" in result.reason, result.reason
+    assert result.variant == good.variant
+    assert_package_runs(fleet.cache, {MODEL: good.variant or ""})
+
+
+def artifact_key(store: Path) -> str:
+    artifact = read_manifest(store).models[MODEL].variants["x86-cpu"].artifact
+    assert artifact is not None
+    return artifact.uri
+
+
+@pytest.mark.parametrize("role", ["timestamp", "snapshot", "bin"])
+def test_rollback_of_each_role_is_refused(fleet: Fleet, role: str) -> None:
+    first_sync(fleet)
+    meta = fleet.repo.meta
+    old = {p.name: p.read_bytes() for p in meta.iterdir()}
+    fleet.republish()
+    newer = only(fleet.sync())
+    assert newer.action == "downloaded", newer.reason
+    # The attacker serves version 1 of the role again where version 2 is expected.
+    bin_name = fleet.repo.bin_of(MODEL)
+    if role == "timestamp":
+        (meta / "timestamp.json").write_bytes(old["timestamp.json"])
+    else:  # a version 3 of everything, the role's version 1 served as its version 3
+        version = fleet.repo.publish()
+        name = "snapshot" if role == "snapshot" else bin_name
+        (meta / f"{version}.{name}.json").write_bytes(old[f"1.{name}.json"])
+    fleet.site.push()
+
+    report = fleet.sync()
+
+    words = ["refused"] if role != "timestamp" else ["rollback", "refused"]
+    assert_refused(report, newer, *words)
+
+
+def test_a_frozen_timestamp_is_refused_once_expired(fleet: Fleet) -> None:
+    good = first_sync(fleet)
+    fleet.repo.publish(timestamp_expires=in_days(-1 / 24))  # what a frozen device ends up with
+    fleet.site.push()
+
+    assert_refused(fleet.sync(), good, "expired", "refused")
+
+
+def test_mix_and_match_a_bin_from_another_snapshot_is_refused(fleet: Fleet) -> None:
+    good = first_sync(fleet)
+    meta, bin_name = fleet.repo.meta, fleet.repo.bin_of(MODEL)
+    old_bin = (meta / f"1.{bin_name}.json").read_bytes()
+    republish_edited_cpu_variant(fleet.site.directory, rebuilt)
+    version = fleet.repo.publish()
+    (meta / f"{version}.{bin_name}.json").write_bytes(old_bin)  # the current snapshot, an old bin
+    fleet.site.push()
+
+    assert_refused(fleet.sync(), good, "refused")
+
+
+def test_a_bin_padded_past_its_signed_length_is_refused(fleet: Fleet) -> None:
+    good = first_sync(fleet)
+    republish_edited_cpu_variant(fleet.site.directory, rebuilt)
+    version = fleet.repo.publish()
+    path = fleet.repo.meta / f"{version}.{fleet.repo.bin_of(MODEL)}.json"
+    path.write_bytes(path.read_bytes() + b" " * (6 << 20))  # still valid JSON, and signed
+    fleet.site.push()
+
+    report = fleet.sync()
+
+    assert_refused(report, good, "longer than its signed", "refused")
+
+
+def test_an_artifact_padded_past_its_signed_length_is_read_no_further(fleet: Fleet) -> None:
+    good = first_sync(fleet)
+    data = republish_edited_cpu_variant(fleet.site.directory, rebuilt)
+    fleet.repo.publish()
+    path = fleet.site.directory / artifact_key(fleet.site.directory)
+    path.write_bytes(b"\0" * (4 * len(data)))  # replaced by an attacker: longer, other bytes
+    fleet.site.push()
+
+    report = fleet.sync()
+
+    result = only(report)
+    assert report.exit_code == 1 and result.action == "failed", result.reason
+    assert "sha256" in result.reason and "not activated" in result.reason
+    assert result.bytes_downloaded <= len(data)  # never past the signed length
+    assert result.variant == good.variant
+    assert_package_runs(fleet.cache, {MODEL: good.variant or ""})
+
+
+def test_metadata_signed_with_the_wrong_key_is_refused(fleet: Fleet) -> None:
+    good = first_sync(fleet)
+    evil = onnx.load_from_string(
+        (fleet.site.directory / artifact_key(fleet.site.directory)).read_bytes()
+    )
+    evil.doc_string = "the attacker's build"
+    data = evil.SerializeToString()
+    republish_cpu_variant(fleet.site.directory, MODEL, data, sha256_bytes(data))
+    fleet.repo.publish(online=CryptoSigner.generate_ecdsa())  # the attacker's own key
+    fleet.site.push()
+
+    assert_refused(fleet.sync(), good, "not signed by the trusted keys", "refused")
+
+
+def test_a_root_below_its_threshold_is_refused(fleet: Fleet) -> None:
+    good = first_sync(fleet)
+    attacker = Keys()
+    fleet.repo.rotate_root(attacker, [fleet.repo.keys.root[0], *attacker.root[:2]])  # 1 of 2 old
+    republish_edited_cpu_variant(fleet.site.directory, rebuilt)
+    fleet.repo.publish()
+    fleet.site.push()
+
+    assert_refused(fleet.sync(), good, "root", "refused")
+
+
+def test_a_rotated_root_is_followed_and_the_old_keys_are_refused_afterwards(
+    fleet: Fleet,
+) -> None:
+    first_sync(fleet)
+    old = fleet.repo.keys
+    new = Keys()
+    fleet.repo.rotate_root(new, [*old.root[:2], *new.root[:2]])  # old and new thresholds
+    fleet.republish()
+
+    rotated = fleet.sync()
+    assert rotated.exit_code == 0 and only(rotated).action == "downloaded", rotated.manifest
+    history = fleet.cache / ".epfleet" / "trust" / "root_history"
+    assert sorted(p.name for p in history.iterdir()) == ["1.root.json", "2.root.json"]
+
+    # Someone still holding the old keys signs a root 3 and new metadata: refused.
+    fleet.repo.rotate_root(Keys(), old.root[:2])
+    fleet.repo.publish(online=old.online)
+    fleet.site.push()
+    assert_refused(fleet.sync(), only(rotated), "refused")
+
+
+def test_an_online_key_rotation_is_followed_and_the_old_key_refused_afterwards(
+    fleet: Fleet,
+) -> None:
+    first_sync(fleet)
+    old = fleet.repo.rotate_online_key()
+    fleet.republish()
+    rotated = fleet.sync()
+    assert rotated.exit_code == 0 and only(rotated).action == "downloaded", rotated.manifest
+
+    republish_edited_cpu_variant(fleet.site.directory, rebuilt)
+    fleet.repo.publish(online=old)
+    fleet.site.push()
+    assert_refused(fleet.sync(), only(rotated), "not signed by the trusted keys", "refused")
+
+
+def test_a_store_without_trust_metadata_is_refused(fleet: Fleet) -> None:
+    good = first_sync(fleet)
+    shutil.rmtree(fleet.site.directory / "trust")
+    republish_edited_cpu_variant(fleet.site.directory, rebuilt)
+    fleet.site.push()
+
+    assert_refused(fleet.sync(), good, "does not exist", "refused")
+    fresh = Fleet(fleet.site, fleet.repo, fleet.root, fleet.cache.with_name("fresh-device"))
+    with pytest.raises(StoreError, match="no signed manifest is cached to fall back on"):
+        fresh.sync()
+
+
+def test_slow_retrieval_of_metadata_ends_within_a_bounded_time(
+    fleet_on_s3: Fleet, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    fleet = fleet_on_s3
+    good = first_sync(fleet)
+    fleet.republish()
+    proxy: FaultProxy = request.getfixturevalue("s3_proxy")
+    monkeypatch.setenv("EPFLEET_MIN_RATE", "1KiB")
+    monkeypatch.setenv("EPFLEET_RATE_WINDOW", "2")
+    bucket = fleet.site.uri.removeprefix("s3://").split("/")[0]
+    snapshot = f"/{bucket}/fleet/trust/metadata/{fleet.repo.version}.snapshot.json"
+    proxy.trickle_next_get_responses(snapshot, interval=0.5, after=10)
+
+    started = time.monotonic()
+    report = fleet.sync()
+
+    assert time.monotonic() - started < 30  # the window and the sync's work, not the trickle
+    assert_refused(report, good, "slow retrieval", "refused")
+
+
+# --- the device side's plumbing ----------------------------------------------------------------
+
+
+def test_the_root_is_kept_in_the_cache_and_a_device_without_one_is_refused(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    first_sync(fleet)
+    again = sync(fleet.site.uri, fleet.cache, SyncPolicy(models=[MODEL]), device=DEVICE)
+    assert again.exit_code == 0 and again.manifest.signed  # the cached root, no --trust-root
+    assert only(again).action == "kept"
+
+    with pytest.raises(BadInputError, match="--trust-root"):
+        sync(fleet.site.uri, tmp_path / "new", SyncPolicy(models=[MODEL]), device=DEVICE)
+    other = Repo(copy_store(fleet.site.directory, tmp_path / "other"))
+    with pytest.raises(BadInputError, match="not the root this device already trusts"):
+        fleet.sync(trust_root=other.root_file)
+
+    lax = tmp_path / "lax"
+    unsigned = sync(fleet.site.uri, lax, SyncPolicy(models=[MODEL]), DEVICE, allow_unsigned=True)
+    assert unsigned.exit_code == 0 and unsigned.manifest.signed is False
+    assert "--allow-unsigned" in (unsigned.manifest.warning or "")
+
+
+# --- no compiled fleet needed ------------------------------------------------------------------
+
+
+def synthetic_store(directory: Path, models: int) -> Path:
+    """A store whose manifest lists ``models`` models with a source each and no variants."""
+    entries = {
+        f"model-{i:03d}": {
+            "source": {"uri": f"sources/{i}.onnx", "sha256": sha256_bytes(b"%d" % i), "size": 1}
+        }
+        for i in range(models)
+    }
+    directory.mkdir(parents=True)
+    (directory / "manifest.json").write_bytes(
+        Manifest.model_validate({"models": entries}).to_json()
+    )
+    return directory
+
+
+def test_a_device_wanting_2_of_n_models_fetches_only_their_bins(tmp_path: Path) -> None:
+    store = synthetic_store(tmp_path / "store", 40)
+    repo = Repo(store, bins=16)
+    wanted = ["model-003", "model-031"]
+    trust = tmp_path / "trust"
+    trust.mkdir()
+
+    verified = verify(open_store(str(store)), trust, repo.root_file.read_bytes(), wanted)
+
+    bins = sorted(k.rsplit(".", 2)[1] for k in verified.fetched if ".bin-" in k)
+    assert bins == sorted({repo.bin_of(m) for m in wanted})  # 2 of 16 bins
+    entries = json.loads(verified.document)["models"]
+    assert sorted(entries) == wanted
+    assert entries["model-003"]["source"]["sha256"] == sha256_bytes(b"3")
+
+    again = verify(open_store(str(store)), trust, repo.root_file.read_bytes(), wanted)
+    assert again.fetched == ["trust/metadata/timestamp.json"] and not again.changed
+
+
+def test_the_state_is_written_only_under_the_cache_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from epfleet.device.cache import CacheState
+    from epfleet.device.session import SyncSession
+
+    store = synthetic_store(tmp_path / "store", 3)
+    cache = DeviceCache(tmp_path / "device")
+    with pytest.raises(RuntimeError, match="only while the cache's lock is held"):
+        fetch_manifest(open_store(str(store)), cache, CacheState())
+    assert not (cache.meta / "state.json").exists()
+
+    writes: list[bool] = []
+    real = DeviceCache.save_state
+
+    def checked(self: DeviceCache, state: CacheState) -> None:
+        writes.append(lock_held(self))
+        real(self, state)
+
+    monkeypatch.setattr(DeviceCache, "save_state", checked)
+    repo = Repo(store)
+    for root in (None, repo.root_file):  # unsigned, then signed
+        policy = SyncPolicy(models=["model-001"])
+        with SyncSession(
+            str(store), cache.root, policy, DEVICE, trust_root=root, allow_unsigned=True
+        ) as session:
+            assert session.fetch_manifest().status == "fetched"
+    assert len(writes) >= 4 and all(writes)
+    assert not lock_held(cache)
