@@ -530,6 +530,31 @@ def test_slow_retrieval_of_metadata_ends_within_a_bounded_time(
     assert_refused(report, good, "slow retrieval", "refused")
 
 
+def test_offline_with_expired_metadata_keeps_the_active_variant_and_says_so(
+    fleet_on_s3: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet = fleet_on_s3
+    good = first_sync(fleet)
+    # Days pass: the signed timestamp this device cached has expired by now ...
+    cached = fleet.cache / ".epfleet" / "trust" / "timestamp.json"
+    stamp = json.loads(cached.read_bytes())
+    stamp["signed"]["expires"] = "2020-01-01T00:00:00Z"
+    cached.write_text(json.dumps(stamp))
+    # ... and the store cannot be reached.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+
+    report = fleet.sync()
+
+    assert report.manifest.status == "offline" and report.manifest.signed
+    reason = report.manifest.reason or ""
+    assert "cannot refresh the signed metadata" in reason, reason
+    assert "expired at 2020-01-01" in reason, reason
+    assert report.exit_code == 0 and only(report).action == "kept"
+    assert only(report).variant == good.variant
+    assert_package_runs(fleet.cache, {MODEL: good.variant or ""})
+
+
 # --- the device side's plumbing ----------------------------------------------------------------
 
 
