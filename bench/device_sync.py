@@ -24,6 +24,12 @@ It prints this machine's verdict on each target, MB/s per download round, then a
             object for every ranged GET, which penalises the default's parallel ranged GETs.
             Once on raw loopback (CPU-bound: moto, the client and hashing share 2 cores),
             once through a relay paced at --link-mbit (default 800 Mbit/s), as on a device.
+  signed    the same fleet signed with TUF (256 succinct hashed bins, one target per model, its
+            variants in the signed custom field), side by side with the unsigned manifest:
+            a device wanting the 20 models, its first sync's metadata bytes (target <= 700 KB),
+            an unchanged sync's bytes (<= 1 KB) and time, the bytes after one wanted model
+            changed (<= 60 KB), and the decision for the 20 models from signed metadata
+            (bins loaded and verified, entries validated, strings judged; < 50 ms).
 --profile adds cProfile's top entries for one decide (after the update) and one unchanged fetch.
 """
 
@@ -47,9 +53,13 @@ sys.path.insert(0, str(ROOT))
 from loopback import Relay, moto_in_own_process  # noqa: E402  (bench/, beside this script)
 
 if TYPE_CHECKING:
+    from securesystemslib.signer import CryptoSigner
+
     from epfleet.device.local_eps import LocalEps
     from epfleet.device.policy import SyncPolicy
     from epfleet.device_report import ManifestStatus, ModelReport
+    from epfleet.manifest import Manifest
+    from epfleet.stores import Store
 
 T = TypeVar("T")
 Row = tuple[str, str, str, bool | None]  # metric, value, target, met (None: no target)
@@ -200,7 +210,9 @@ def sync_models(
     """A sync session's models, without its manifest fetch and report (EPs discovered)."""
     from epfleet.device.session import SyncSession
 
-    with SyncSession(store_uri, cache_dir, policy, "bench", local=local) as session:
+    with SyncSession(
+        store_uri, cache_dir, policy, "bench", local=local, allow_unsigned=True
+    ) as session:
         return [session.sync_model(model) for model in session.wanted()]
 
 
@@ -260,6 +272,7 @@ def measure_sync(args: argparse.Namespace, work: Path, port: int, local: LocalEp
             profiler.runcall(call, STORE, cache, *a)
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(14)
     decide_s, upd_s = statistics.median(decide), statistics.median(updated)
+    signed = measure_signed(args, work, wanted, cpu_target, local)
     return [
         ("manifest (1,000 models x 10 variants)", f"{size / 1e6:.2f} MB", "", None),
         ("fetch_manifest, empty cache (median of 5)", ms(statistics.median(fresh)), "", None),
@@ -273,6 +286,225 @@ def measure_sync(args: argparse.Namespace, work: Path, port: int, local: LocalEp
         ("decide after an update, rollbacks kept (median)", ms(upd_s), "< 200 ms", upd_s < 0.2),
         ("decide after an update, rollbacks kept (p90)", ms(p90(updated)), "", None),
         ("  parsing the cached manifest alone (median)", ms(statistics.median(parse)), "", None),
+        *signed,
+    ]
+
+
+class SignedFleet:
+    """The store's signed metadata as epfleet.trust lays it out: root, targets (delegating to
+    256 succinct hashed bins), bins holding one target per model (its entry as JSON text
+    in the custom field ``epfleet``) and the manifest.json target, snapshot, timestamp,
+    consistent snapshots; each publish re-signs only the bins whose targets changed. (A
+    stand-in for the publisher's side, with its layout and costs.)"""
+
+    def __init__(self, store: Store, bins: int = 256) -> None:
+        from securesystemslib.signer import CryptoSigner
+        from tuf.api.metadata import Delegations, Metadata, Root, SuccinctRoles, Targets
+
+        self.store = store
+        self.online, targets_key = CryptoSigner.generate_ecdsa(), CryptoSigner.generate_ecdsa()
+        root_keys = [CryptoSigner.generate_ecdsa() for _ in range(3)]
+        root = Metadata(Root(expires=in_days(365), consistent_snapshot=True))
+        for key in root_keys:
+            root.signed.add_key(key.public_key, "root")
+        root.signed.roles["root"].threshold = 2
+        root.signed.add_key(targets_key.public_key, "targets")
+        for role in ("snapshot", "timestamp"):
+            root.signed.add_key(self.online.public_key, role)
+        for key in root_keys[:2]:
+            root.sign(key, append=True)
+        self.root = root.to_bytes()
+        store.write("trust/metadata/1.root.json", self.root)
+        self.succinct = SuccinctRoles(
+            [self.online.public_key.keyid], 1, (bins - 1).bit_length(), "bin"
+        )
+        targets = Targets(expires=in_days(365))
+        keys = {self.online.public_key.keyid: self.online.public_key}
+        targets.delegations = Delegations(keys=keys, succinct_roles=self.succinct)
+        self.targets = self.sign("1.targets.json", targets, targets_key)
+        self.bins: dict[str, tuple[int, dict[str, Any], int]] = {}  # version, targets, length
+        self.version = 0
+
+    def sign(self, name: str, signed: Any, key: CryptoSigner) -> int:
+        from tuf.api.metadata import Metadata
+        from tuf.api.serialization.json import JSONSerializer
+
+        metadata = Metadata(signed)
+        metadata.sign(key)
+        data = metadata.to_bytes(JSONSerializer(compact=True))
+        self.store.write(f"trust/metadata/{name}", data)
+        return len(data)
+
+    def publish(self, manifest: Manifest) -> float:
+        """Sign ``manifest``; the seconds it took (writes included)."""
+        import json as jsonlib
+
+        from tuf.api.metadata import MetaFile, Snapshot, TargetFile, Targets, Timestamp
+
+        started = time.perf_counter()
+        content: dict[str, dict[str, Any]] = {name: {} for name in self.succinct.get_roles()}
+        for name, entry in manifest.models.items():
+            ok = entry.model_copy(
+                update={"variants": {t: v for t, v in entry.variants.items() if v.status == "ok"}}
+            )
+            text = jsonlib.dumps(ok.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+            target = TargetFile.from_data(f"models/{name}", text.encode(), ["sha256"])
+            target.unrecognized_fields["custom"] = {"epfleet": text}
+            content[self.succinct.get_role_for_target(target.path)][target.path] = target
+        whole = manifest.to_json()
+        target = TargetFile.from_data("manifest.json", whole, ["sha256"])
+        self.store.write(f"trust/targets/{target.hashes['sha256']}.manifest.json", whole)
+        content[self.succinct.get_role_for_target(target.path)][target.path] = target
+        self.version += 1
+        snapshot = Snapshot(version=self.version, expires=in_days(7))
+        snapshot.meta["targets.json"] = MetaFile(1, length=self.targets)
+        for name, targets in content.items():
+            as_dicts = {path: t.to_dict() for path, t in targets.items()}
+            version, before, length = self.bins.get(name, (0, None, 0))
+            if as_dicts != before:
+                version += 1
+                role = Targets(version=version, expires=in_days(7), targets=targets)
+                length = self.sign(f"{version}.{name}.json", role, self.online)
+                self.bins[name] = (version, as_dicts, length)
+            snapshot.meta[f"{name}.json"] = MetaFile(version, length=length)
+        length = self.sign(f"{self.version}.snapshot.json", snapshot, self.online)
+        meta = MetaFile(self.version, length=length)
+        stamp = Timestamp(version=self.version, expires=in_days(1), snapshot_meta=meta)
+        self.sign("timestamp.json", stamp, self.online)
+        return time.perf_counter() - started
+
+
+def in_days(days: float) -> Any:
+    from datetime import datetime, timedelta, timezone
+
+    return datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=days)
+
+
+def fetch_signed(store_uri: str, cache_dir: Path, root: bytes, wanted: list[str]) -> ManifestStatus:
+    """A signed sync's metadata step: lock the cache, load its state, refresh, look up the
+    wanted models' entries."""
+    from epfleet.device.cache import DeviceCache
+    from epfleet.device.manifest_cache import fetch_signed_manifest
+    from epfleet.stores import open_store
+
+    cache = DeviceCache(cache_dir)
+    with cache.locked():
+        return fetch_signed_manifest(open_store(store_uri), cache, cache.load_state(), root, wanted)
+
+
+def decide_signed(
+    store_uri: str, trust: Path, root: bytes, wanted: list[str], local: LocalEps
+) -> float:
+    """Seconds to decide the wanted models from signed metadata after a refresh: each
+    one's bin loaded and verified, its entry validated, its variants judged here."""
+    from epfleet.device.model_sync import considered
+    from epfleet.stores import open_store
+    from epfleet.trust.client import StoreFetcher, open_updater, signed_entry
+
+    store = open_store(store_uri)
+    updater = open_updater(StoreFetcher(store), trust, root)
+    updater.refresh()
+    started = time.perf_counter()
+    for model in wanted:
+        considered(local, signed_entry(updater, store, model))
+    return time.perf_counter() - started
+
+
+def decide_unsigned(cached: bytes | None, wanted: list[str], local: LocalEps) -> float:
+    """The same decision from the cached unsigned manifest: its wanted entries parsed and
+    validated, their variants judged here."""
+    from epfleet.device.manifest_cache import manifest_in_force
+    from epfleet.device.model_sync import considered
+
+    started = time.perf_counter()
+    manifest = manifest_in_force(cached, wanted, STORE, Path("bench"))
+    for entry in manifest.models.values():
+        considered(local, entry)
+    return time.perf_counter() - started
+
+
+def measure_signed(
+    args: argparse.Namespace, work: Path, wanted: list[str], cpu_target: str, local: LocalEps
+) -> list[Row]:
+    """The signed path beside the unsigned one, on the fleet as it is now."""
+    from epfleet.device.cache import DeviceCache
+    from epfleet.manifest import Manifest
+    from epfleet.stores import MANIFEST_KEY, open_store
+
+    store = open_store(STORE)
+    manifest = Manifest.from_json(getattr(store.read(MANIFEST_KEY), "data", b""))
+    signed = SignedFleet(store)
+    sign_s = signed.publish(manifest)
+    plain, cache = work / "unsigned-cache", work / "signed-cache"
+    u_first = fetch_manifest(STORE, plain)
+    first, first_s = timed(fetch_signed, STORE, cache, signed.root, wanted)
+    assert first.status == "fetched" and first.signed, first
+    unchanged, u_unchanged = [], []
+    for _ in range(args.reps):
+        status, seconds = timed(fetch_signed, STORE, cache, signed.root, wanted)
+        assert status.status == "unchanged", status
+        unchanged.append(seconds)
+        u_unchanged.append(timed(fetch_manifest, STORE, plain)[1])
+    trust = cache / ".epfleet" / "trust"
+    decide = [decide_signed(STORE, trust, signed.root, wanted, local) for _ in range(args.reps)]
+    cached = DeviceCache(plain).cached_manifest()
+    u_decide = [decide_unsigned(cached, wanted, local) for _ in range(args.reps)]
+
+    entry = manifest.models[wanted[0]]  # one wanted model changes: a new build of a variant
+    variant = entry.variants[cpu_target]
+    entry.variants[cpu_target] = variant.model_copy(update={"fingerprint": "0" * 32})
+    manifest.generation += 1
+    store.write(MANIFEST_KEY, manifest.to_json())
+    signed.publish(manifest)
+    changed = fetch_signed(STORE, cache, signed.root, wanted)
+    u_changed = fetch_manifest(STORE, plain)
+    assert changed.status == "fetched" and u_changed.status == "fetched"
+    kb = 1000
+    status = fetch_signed(STORE, cache, signed.root, wanted)
+    assert status.body_bytes <= kb, status
+    medians = statistics.median(unchanged), statistics.median(decide)
+    print("\nsigned (TUF, 256 bins) beside unsigned (manifest.json), 20 of 1,000 models wanted")
+    print(f"  {'':<44} {'unsigned':>12} {'signed':>12}")
+    for what, a, b in (
+        (
+            "first sync: metadata bytes",
+            f"{u_first.body_bytes / kb:.0f} KB",
+            f"{first.body_bytes / kb:.0f} KB",
+        ),
+        ("unchanged sync: bytes", "0 B", f"{status.body_bytes} B"),
+        ("unchanged sync: time (median)", ms(statistics.median(u_unchanged)), ms(medians[0])),
+        (
+            "one wanted model changed: bytes",
+            f"{u_changed.body_bytes / kb:.0f} KB",
+            f"{changed.body_bytes / kb:.1f} KB",
+        ),
+        ("decide the 20 models (median)", ms(statistics.median(u_decide)), ms(medians[1])),
+    ):
+        print(f"  {what:<44} {a:>12} {b:>12}")
+    return [
+        ("signed: sign and write the repository", f"{sign_s:.2f} s", "", None),
+        (
+            "signed: first sync metadata (20 wanted)",
+            f"{first.body_bytes / kb:.0f} KB",
+            "<= 700 KB",
+            first.body_bytes <= 700 * kb,
+        ),
+        ("signed: first sync metadata time", ms(first_s), "", None),
+        (
+            "signed: unchanged sync bytes",
+            f"{status.body_bytes} B",
+            "<= 1 KB",
+            status.body_bytes <= kb,
+        ),
+        ("signed: unchanged sync time (median)", ms(medians[0]), "", None),
+        (
+            "signed: one wanted model changed",
+            f"{changed.body_bytes / kb:.1f} KB",
+            "<= 60 KB",
+            changed.body_bytes <= 60 * kb,
+        ),
+        ("signed: decide 20 models (median)", ms(medians[1]), "< 50 ms", medians[1] < 0.05),
+        ("signed: decide 20 models (p90)", ms(p90(decide)), "", None),
     ]
 
 
