@@ -68,7 +68,7 @@ def sync(
         This device's id in reports (default $EPFLEET_DEVICE_ID or the host name).
     trust_root
         The root.json of the store's signed metadata, which this device trusts (default
-        $EPFLEET_TRUST_ROOT); kept in the cache on first use, so later syncs need it not.
+        $EPFLEET_TRUST_ROOT); kept in the cache on first use: later syncs do not need it.
     allow_unsigned
         With no trusted root, sync from the unsigned manifest.json (the report warns);
         default $EPFLEET_ALLOW_UNSIGNED, else refused.

@@ -79,11 +79,14 @@ def _publish_artifacts(report: DeviceReport) -> None:
         description=f"How device {report.device_id} judged each published variant",
     )
     moved = sum(m.bytes_downloaded for m in report.models)
+    signed = report.manifest.signed
+    trust = "" if signed is None else ", signed" if signed else ", unsigned"
     create_markdown_artifact(
         key=f"{key}-summary",
         markdown=(
             f"**{report.device_id}**: manifest {report.manifest.status} "
-            f"(generation {report.manifest.generation}) · {format_bytes(moved)} downloaded · "
+            f"(generation {report.manifest.generation}{trust}) · "
+            f"{format_bytes(moved)} downloaded · "
             + ", ".join(f"`{m.model}` {m.action}" for m in report.models)
             + "\n\n"
             + "\n".join(
