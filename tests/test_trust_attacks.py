@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -289,6 +291,12 @@ def fleet(site: Site, tmp_path: Path) -> Fleet:
 @pytest.fixture
 def fleet_on_s3(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Fleet:
     return trusted(s3_site(request, copy_store(fleet_store, tmp_path / "store")), tmp_path)
+
+
+@pytest.fixture
+def local_fleet(fleet_store: Path, tmp_path: Path) -> Fleet:
+    directory = copy_store(fleet_store, tmp_path / "store")
+    return trusted(Site(directory, str(directory), lambda: None), tmp_path)
 
 
 def trusted(site: Site, tmp_path: Path) -> Fleet:
@@ -576,6 +584,60 @@ def test_the_root_is_kept_in_the_cache_and_a_device_without_one_is_refused(
     unsigned = sync(fleet.site.uri, lax, SyncPolicy(models=[MODEL]), DEVICE, allow_unsigned=True)
     assert unsigned.exit_code == 0 and unsigned.manifest.signed is False
     assert "--allow-unsigned" in (unsigned.manifest.warning or "")
+
+
+def test_a_device_wanting_every_model_takes_the_signed_manifest_json_and_refuses_a_forged_one(
+    fleet: Fleet,
+) -> None:
+    everything = SyncPolicy(models=None)
+    first = sync(fleet.site.uri, fleet.cache, everything, DEVICE, trust_root=fleet.root)
+    assert first.exit_code == 0 and first.manifest.signed, first.manifest
+    assert first.manifest.generation == read_manifest(fleet.site.directory).generation
+    assert sorted(m.model for m in first.models) == ["tiny-cls", "tiny-det"]
+    kept = {m.model: m.variant for m in first.models}
+
+    # The attacker rewrites the signed manifest.json target in place (and the plain one).
+    manifest = read_manifest(fleet.site.directory)
+    manifest.models.pop("tiny-det")
+    manifest.generation += 1
+    forged = manifest.to_json()
+    (fleet.site.directory / "manifest.json").write_bytes(forged)
+    [target] = (fleet.site.directory / "trust" / "targets").glob("*.manifest.json")
+    target.write_bytes(forged)
+    fleet.site.push()
+    shutil.rmtree(fleet.cache / ".epfleet" / "trust" / "targets")  # not cached: downloaded again
+
+    report = sync(fleet.site.uri, fleet.cache, everything, DEVICE, trust_root=fleet.root)
+
+    assert report.exit_code == 1 and report.manifest.status == "rejected", report.manifest
+    assert "refused" in (report.manifest.reason or "")
+    assert {m.model: m.variant for m in report.models} == kept  # both still there, unchanged
+    assert all(m.action == "kept" for m in report.models)
+
+
+def test_the_cli_syncs_with_a_trust_root_and_refuses_without_one(
+    local_fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet = local_fleet
+    base = [sys.executable, "-m", "epfleet", "sync", "--store", fleet.site.uri]
+    base += ["--model", MODEL, "--device-id", DEVICE, "--json"]
+    signed = subprocess.run(
+        [*base, "--cache", str(fleet.cache), "--trust-root", str(fleet.root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert signed.returncode == 0, signed.stderr
+    report = DeviceReport.model_validate_json(signed.stdout)
+    assert report.manifest.signed and only(report).action == "downloaded"
+
+    refused = subprocess.run(
+        [*base, "--cache", str(tmp_path / "unprovisioned")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2 and "--trust-root" in refused.stderr, refused.stderr
 
 
 # --- no compiled fleet needed ------------------------------------------------------------------
