@@ -706,3 +706,28 @@ def test_the_state_is_written_only_under_the_cache_lock(
             assert session.fetch_manifest().status == "fetched"
     assert len(writes) >= 4 and all(writes)
     assert not lock_held(cache)
+
+
+def test_a_link_in_place_of_the_root_history_is_removed_not_followed(tmp_path: Path) -> None:
+    from epfleet.device.session import SyncSession
+
+    store = synthetic_store(tmp_path / "store", 3)
+    repo, cache = Repo(store), tmp_path / "device"
+    policy = SyncPolicy(models=["model-001"])
+    with SyncSession(str(store), cache, policy, DEVICE, trust_root=repo.root_file) as session:
+        assert session.fetch_manifest().signed
+    # Someone points the cached root chain at roots of their own.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    forged = Repo(synthetic_store(tmp_path / "other", 3))
+    (elsewhere / "1.root.json").write_bytes(forged.root_file.read_bytes())
+    history = cache / ".epfleet" / "trust" / "root_history"
+    shutil.rmtree(history)
+    history.symlink_to(elsewhere)
+
+    with pytest.raises(BadInputError, match="--trust-root"):  # no root left to trust
+        SyncSession(str(store), cache, policy, DEVICE).__enter__()
+    assert not history.is_symlink() and (elsewhere / "1.root.json").exists()
+    with SyncSession(str(store), cache, policy, DEVICE, trust_root=repo.root_file) as session:
+        status = session.fetch_manifest()
+    assert status.signed and status.status == "unchanged", status  # provisioned again

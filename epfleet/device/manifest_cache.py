@@ -41,6 +41,8 @@ from epfleet.hashing import sha256_bytes
 from epfleet.manifest import VALIDATION_RULES, Manifest, ModelEntry
 from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store, document_limit
 from epfleet.trust.client import (
+    ROOT_HISTORY,
+    TARGETS_DIR,
     TRUST_DIR,
     MetadataRefused,
     StoreUnreachable,
@@ -203,6 +205,8 @@ def fetch_signed_manifest(
     signed metadata expires); metadata that does not verify leaves it in force too and is
     ``rejected`` (the sync fails), or raises StoreError when none was ever verified."""
     directory = cache.directory(STATE_DIR, TRUST_DIR)
+    for sub in (ROOT_HISTORY, TARGETS_DIR):  # ngclient writes there: real directories
+        cache.directory(STATE_DIR, TRUST_DIR, sub)
     trusted = cached_manifest(cache, state, store.uri, signed=True) is not None
     generation = state.manifest_generation if trusted else None
     try:

@@ -53,7 +53,7 @@ from epfleet.limits import Deadline, within
 from epfleet.manifest import NAME_PATTERN, Manifest, utcnow
 from epfleet.settings import settings
 from epfleet.stores import Store, open_store
-from epfleet.trust.client import TRUST_DIR, provisioned_root, trust_dir
+from epfleet.trust.client import ROOT_HISTORY, TRUST_DIR, provisioned_root, trust_dir
 
 logger = logging.getLogger(__name__)
 
@@ -164,8 +164,9 @@ class SyncSession:
     def _trusted_root(self) -> bytes | None:
         """The newest root the cache follows, or the one given; BadInputError when there
         is none and unsigned syncs are not allowed."""
-        with suppress(FileNotFoundError):  # a link in the trust directory's place goes
-            os.close(self.cache.open_dir((STATE_DIR, TRUST_DIR), create=False))
+        for parts in ((STATE_DIR, TRUST_DIR), (STATE_DIR, TRUST_DIR, ROOT_HISTORY)):
+            with suppress(FileNotFoundError):  # a link in their place is removed
+                os.close(self.cache.open_dir(parts, create=False))
         root = provisioned_root(trust_dir(self.cache.meta), self.trust_root)
         if root is None and not self.allow_unsigned:
             raise BadInputError(
