@@ -640,6 +640,24 @@ def test_the_cli_syncs_with_a_trust_root_and_refuses_without_one(
     assert refused.returncode == 2 and "--trust-root" in refused.stderr, refused.stderr
 
 
+def test_the_device_sync_flow_verifies_with_its_trust_root(local_fleet: Fleet) -> None:
+    from prefect.artifacts import Artifact
+
+    from flows.device_sync import device_sync
+
+    fleet = local_fleet
+    report = device_sync(
+        cache=str(fleet.cache),
+        store=fleet.site.uri,
+        policy=SyncPolicy(models=[MODEL]),
+        device="trusting-flow",
+        trust_root=str(fleet.root),
+    )
+    assert report.exit_code == 0 and report.manifest.signed, report.manifest
+    summary = Artifact.get("device-sync-trusting-flow-summary")
+    assert summary is not None and ", signed)" in str(summary.data)
+
+
 # --- no compiled fleet needed ------------------------------------------------------------------
 
 
