@@ -18,6 +18,9 @@ from s3proxy import FaultProxy
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# Most tests sync from stores they compiled without trust metadata; the signed path and
+# the refusal without a root are tested in test_trust_*.py, which unset this.
+os.environ.setdefault("EPFLEET_ALLOW_UNSIGNED", "true")
 
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Manifest
