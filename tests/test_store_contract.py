@@ -4,12 +4,14 @@ and S3 (moto over HTTP)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from epfleet.errors import PreconditionFailed, StoreError
 from epfleet.stores import UNCHANGED, Store, open_store
+from epfleet.stores.s3 import S3Store
 
 pytestmark = pytest.mark.fast
 
@@ -88,3 +90,46 @@ def test_list_keys_and_delete(store: Store) -> None:
     assert store.list_keys("reports/") == ["reports/devices/b.json", "reports/other.json"]
     with pytest.raises(ValueError, match="'reports' must be empty or end with '/'"):
         store.list_keys("reports")
+
+
+def test_list_objects_with_sizes_and_times(store: Store) -> None:
+    before = datetime.now(timezone.utc) - timedelta(minutes=5)
+    store.write("sources/a.onnx", b"12345")
+    store.write("samples/b.npz", b"1")
+    store.write("reports/devices/d.json", b"{}")
+    listed = store.list_objects("")
+    assert [(o.key, o.size) for o in listed] == [
+        ("reports/devices/d.json", 2),
+        ("samples/b.npz", 1),
+        ("sources/a.onnx", 5),
+    ]
+    assert all(
+        before < o.modified < datetime.now(timezone.utc) + timedelta(minutes=5) for o in listed
+    )
+    assert [o.key for o in store.list_objects("sources/")] == ["sources/a.onnx"]
+    assert store.list_objects("nothing/") == []
+
+
+def test_list_objects_hidden(store: Store) -> None:
+    store.write("sources/a.onnx", b"x")
+    store.write("sources/.a.onnx.abcdefgh.tmp", b"partial")
+    store.write("m.json", b"{}", if_none_match=True)  # the local store's lock file appears
+    assert [o.key for o in store.list_objects("")] == ["m.json", "sources/a.onnx"]
+    hidden = [o.key for o in store.list_objects("", hidden=True)]
+    assert hidden == ["m.json", "sources/.a.onnx.abcdefgh.tmp", "sources/a.onnx"]
+
+
+def test_incomplete_uploads(store: Store) -> None:
+    assert store.incomplete_uploads() == []
+    if not isinstance(store, S3Store):
+        return  # a local store has none: its leftovers are hidden temp files
+    key = f"{store.prefix}/variants/m/t/x.onnx"
+    started = store.client.create_multipart_upload(Bucket=store.bucket, Key=key)
+    store.client.upload_part(
+        Bucket=store.bucket, Key=key, UploadId=started["UploadId"], PartNumber=1, Body=b"z" * 1000
+    )
+    (upload,) = store.incomplete_uploads()
+    assert (upload.key, upload.size) == ("variants/m/t/x.onnx", 1000)
+    assert store.list_objects("") == []
+    assert store.clean_up_incomplete(older_than=0) == ["variants/m/t/x.onnx"]
+    assert store.incomplete_uploads() == []

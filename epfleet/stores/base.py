@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -21,6 +22,17 @@ class Versioned:
 
     data: bytes
     etag: str
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object as a listing sees it: its key, size, and when it was last written (UTC).
+    For an incomplete multipart upload: the key it was meant for, the bytes of the parts
+    uploaded so far, and when it was started."""
+
+    key: str
+    size: int
+    modified: datetime
 
 
 class Store(Protocol):
@@ -67,6 +79,18 @@ class Store(Protocol):
     def list_keys(self, prefix: str) -> list[str]:
         """The keys under ``prefix`` (``""`` or a folder ending in ``/``), sorted, without
         hidden names (a part starting with ``.``); [] when none."""
+        ...
+
+    def list_objects(self, prefix: str, *, hidden: bool = False) -> list[StoredObject]:
+        """Like ``list_keys``, with each object's size and modification time; with
+        ``hidden``, also the hidden names (temporary files of interrupted local writes),
+        but never the store's lock file. For the garbage collector (``epfleet.gc``)."""
+        ...
+
+    def incomplete_uploads(self) -> list[StoredObject]:
+        """The multipart uploads under the store's root that were started and never
+        completed nor aborted (what ``clean_up_incomplete`` aborts); [] for a backend
+        without them."""
         ...
 
     def delete(self, key: str) -> None:

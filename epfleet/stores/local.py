@@ -14,6 +14,7 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Literal
 from urllib.parse import unquote, urlparse
@@ -24,6 +25,7 @@ from epfleet.hashing import CHUNK, sha256_bytes
 from epfleet.stores.base import (
     UNCHANGED,
     OverLimit,
+    StoredObject,
     Versioned,
     check_key,
     check_prefix,
@@ -148,6 +150,30 @@ class LocalStore:
                 return []
             keys = (p.relative_to(self.root).as_posix() for p in folder.rglob("*") if p.is_file())
             return sorted(key for key in keys if not is_hidden(key))
+
+    def list_objects(self, prefix: str, *, hidden: bool = False) -> list[StoredObject]:
+        folder = self.root / check_prefix(prefix)
+        found: list[StoredObject] = []
+        with self._os_errors("listing", prefix):
+            if not folder.is_dir():
+                return []
+            for path in folder.rglob("*"):
+                key = path.relative_to(self.root).as_posix()
+                if key == LOCK_NAME or (is_hidden(key) and not hidden):
+                    continue
+                try:
+                    info = path.lstat()
+                except FileNotFoundError:  # removed while listed
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    modified = datetime.fromtimestamp(info.st_mtime, timezone.utc)
+                    found.append(StoredObject(key, info.st_size, modified))
+        return sorted(found, key=lambda o: o.key)
+
+    def incomplete_uploads(self) -> list[StoredObject]:
+        """None: a local store's writes are a temporary file renamed into place (its
+        leftovers are listed by ``list_objects(..., hidden=True)``)."""
+        return []
 
     def delete(self, key: str) -> None:
         with self._os_errors("deleting", key):

@@ -49,6 +49,7 @@ from epfleet.limits import TransferGuard, TransferLimits, TransferTooSlow, stall
 from epfleet.stores.base import (
     UNCHANGED,
     OverLimit,
+    StoredObject,
     Versioned,
     check_key,
     check_prefix,
@@ -162,6 +163,8 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _where(self, key: str) -> str:
+        if not key:  # the whole store (a listing of its root)
+            return f"{self.uri}/"
         return f"s3://{self.bucket}/{self._key(key)}"
 
     def _raise(self, exc: BaseException, key: str, action: str) -> NoReturn:
@@ -503,6 +506,48 @@ class S3Store:
             self._raise(exc, prefix, "listing")
         # folder markers (keys ending in "/") are not objects a store wrote
         return sorted(key for key in keys if not key.endswith("/") and not is_hidden(key))
+
+    def list_objects(self, prefix: str, *, hidden: bool = False) -> list[StoredObject]:
+        found: list[StoredObject] = []
+        root = f"{self.prefix}/" if self.prefix else ""
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=root + check_prefix(prefix)
+            )
+            for page in pages:
+                for item in page.get("Contents", []):
+                    key = item["Key"][len(root) :]
+                    if key.endswith("/") or (is_hidden(key) and not hidden):
+                        continue
+                    found.append(StoredObject(key, int(item["Size"]), item["LastModified"]))
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, prefix, "listing")
+        return sorted(found, key=lambda o: o.key)
+
+    def incomplete_uploads(self) -> list[StoredObject]:
+        """Each with the bytes of its parts so far (one ListParts per upload)."""
+        root = f"{self.prefix}/" if self.prefix else ""
+        found: list[StoredObject] = []
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=root
+            )
+            uploads = [upload for page in pages for upload in page.get("Uploads", [])]
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, "", "listing the incomplete multipart uploads of")
+        for upload in uploads:
+            key = upload["Key"][len(root) :]
+            try:
+                parts = self.client.get_paginator("list_parts").paginate(
+                    Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+                size = sum(int(p["Size"]) for page in parts for p in page.get("Parts", []))
+            except (bce.BotoCoreError, bce.ClientError) as exc:
+                if isinstance(exc, bce.ClientError) and _code(exc) == "NoSuchUpload":
+                    continue  # completed or aborted since it was listed
+                self._raise(exc, key, "listing the parts of the multipart upload of")
+            found.append(StoredObject(key, size, upload["Initiated"]))
+        return sorted(found, key=lambda o: (o.key, o.modified))
 
     def delete(self, key: str) -> None:
         try:
