@@ -124,6 +124,13 @@ class Settings(BaseSettings):
         description="Let a device with no trusted root sync from manifest.json, unsigned "
         "(--allow-unsigned); the device report warns. Default false: refused",
     )
+    trust_signer: str | None = Field(
+        default=None,
+        description="The online signing key of a store's TUF metadata (bins, snapshot, "
+        "timestamp), as a securesystemslib signer URI: file2:<path> in development, "
+        "awskms:, gcpkms:, azurekms: or hv: in production. Needed to publish to a store "
+        "with trust metadata; a local store without any gets development keys",
+    )
 
 
 def env_name(field: str) -> str:

@@ -48,6 +48,7 @@ from tuf.api.serialization import DeserializationError
 from tuf.api.serialization.json import JSONSerializer
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.fsutil import atomic_write_bytes
 from epfleet.manifest import Manifest
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.keys import (
@@ -335,7 +336,7 @@ def _manifest(store: Store) -> bytes | None:
         Manifest.from_json(found.data)
     except ValidationError as exc:
         raise StoreError(
-            f"{store.uri}/{MANIFEST_KEY} fails validation, refusing to sign it: "
+            f"{store.uri}/{MANIFEST_KEY} fails validation, refusing to publish over it or sign it: "
             f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
         ) from None
     return found.data
@@ -633,5 +634,5 @@ def init_with_key_files(
     signer = online_signer(online_uri, public_key_of(online_uri, online_public_key))
     raw_root = init_repository(store, offline, signer, root_threshold=root_threshold, bins=bins)
     root_file = keys_dir / ROOT_COPY
-    root_file.write_bytes(raw_root)
+    atomic_write_bytes(root_file, raw_root)
     return root_file, online_uri
