@@ -1,0 +1,335 @@
+"""``epfleet gc``: find, and with ``delete`` remove, the store objects nothing needs.
+
+What it collects (each a *kind*):
+
+- ``variant``: ``variants/<model>/<target>/<sha256>.onnx`` no manifest entry references
+  (superseded builds, retired models and targets) and no device reported active within
+  the retention window;
+- ``source`` / ``samples``: ``sources/<sha256>.onnx`` and ``samples/<sha256>.npz`` no
+  model uses;
+- ``temp``: temporary files interrupted local writes left (``.<name>.<8 chars>.tmp``);
+- ``multipart``: incomplete S3 multipart uploads.
+
+Only objects older than the grace period, and unreferenced objects (the first three
+kinds) only once the manifest in force has been in force for the grace period: a device
+that read the previous manifest may still be downloading what it referenced. It never
+touches ``manifest.json``, ``reports/``, ``trust/``, ``runs/`` or any key it does not
+recognise. Right before each removal it asks whether the manifest changed (a
+conditional GET), and if it did, plans again from the new one: an object a racing
+publish references again is kept.
+
+``plan_collection`` is the pure decision; ``collect`` reads the store and removes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from epfleet.device_report import DeviceReport
+from epfleet.errors import StoreError
+from epfleet.fsutil import is_temp_name
+from epfleet.limits import format_size
+from epfleet.manifest import Manifest
+from epfleet.publishing import read_manifest
+from epfleet.stores import MANIFEST_KEY, UNCHANGED, Store
+from epfleet.stores.base import StoredObject
+
+DEFAULT_GRACE_HOURS = 24.0
+"""Objects younger than this, and unreferenced objects while the manifest in force is
+younger than this, are kept: longer than any sync or compile run takes."""
+DEFAULT_RETENTION_DAYS = 30.0
+"""A variant a device reported active within this many days is kept."""
+
+Kind = Literal["variant", "source", "samples", "temp", "multipart"]
+KINDS: tuple[Kind, ...] = ("variant", "source", "samples", "temp", "multipart")
+PROTECTED = ("reports/", "trust/", "runs/")
+"""Never collected: device reports, signed metadata, hand-over files (their own sweeps)."""
+
+_HEX = "[0-9a-f]{64}"
+_NAME = "[a-z0-9][a-z0-9._-]*"
+_PATTERNS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
+    ("variant", re.compile(rf"variants/{_NAME}/{_NAME}/{_HEX}\.onnx")),
+    ("source", re.compile(rf"sources/{_HEX}\.onnx")),
+    ("samples", re.compile(rf"samples/{_HEX}\.npz")),
+)
+_TEMP_FOLDERS = ("", "sources/", "samples/", "variants/")
+
+
+def kind_of(key: str) -> Kind | None:
+    """The kind of a store key the collector may remove; None for anything else."""
+    if key == MANIFEST_KEY or key.startswith(PROTECTED):
+        return None
+    for kind, pattern in _PATTERNS:
+        if pattern.fullmatch(key):
+            return kind
+    folder, _, name = key.rpartition("/")
+    in_folder = folder + "/" if folder else ""
+    if is_temp_name(name) and any(
+        in_folder == top or (top and in_folder.startswith(top)) for top in _TEMP_FOLDERS
+    ):
+        return "temp"
+    return None
+
+
+def referenced_keys(manifest: Manifest | None) -> set[str]:
+    """Every store key the manifest names: sources, samples and variant artifacts."""
+    keys: set[str] = set()
+    for entry in (manifest.models if manifest else {}).values():
+        keys.add(entry.source.uri)
+        if entry.samples is not None:
+            keys.add(entry.samples.uri)
+        keys.update(v.artifact.uri for v in entry.variants.values() if v.artifact is not None)
+    return keys
+
+
+def pinned_prefixes(reports: Iterable[DeviceReport], since: datetime) -> dict[str, str]:
+    """Key prefixes of the variants devices reported active since ``since``, each with the
+    device that pins it: a device's variant name is ``<target>-<first 12 hex digits of
+    its sha256>`` (``epfleet.device.activation.variant_name``)."""
+    from epfleet.watch import report_time
+
+    pinned: dict[str, str] = {}
+    for report in reports:
+        try:
+            if report_time(report) < since:
+                continue
+        except ValueError:
+            pass  # no usable time: count it as recent (keeping is the safe side)
+        for model in report.models:
+            if not (model.variant and model.target):
+                continue
+            prefix, _, digits = model.variant.rpartition("-")
+            if prefix == model.target and re.fullmatch("[0-9a-f]{12}", digits):
+                key = f"variants/{model.model}/{model.target}/{digits}"
+                pinned.setdefault(key, report.device_id)
+    return pinned
+
+
+class Candidate(BaseModel):
+    key: str
+    kind: Kind
+    size: int
+    modified: datetime
+
+
+class KindTotal(BaseModel):
+    count: int = 0
+    bytes: int = 0
+
+
+class Kept(BaseModel):
+    key: str
+    kind: Kind
+    size: int
+    reason: str
+
+
+class GcPlan(BaseModel):
+    """What a collection removes (``candidates``) and what it keeps that it could
+    otherwise have removed, with why."""
+
+    candidates: list[Candidate] = Field(default_factory=list)
+    kept: list[Kept] = Field(default_factory=list)
+    unrecognised: int = Field(default=0, description="Objects of no known kind, left alone")
+    deferred: str | None = Field(
+        default=None, description="Why unreferenced objects are all kept this time"
+    )
+
+    def totals(self) -> dict[str, KindTotal]:
+        totals: dict[str, KindTotal] = {kind: KindTotal() for kind in KINDS}
+        for c in self.candidates:
+            totals[c.kind].count += 1
+            totals[c.kind].bytes += c.size
+        return totals
+
+
+def plan_collection(
+    objects: Iterable[StoredObject],
+    uploads: Iterable[StoredObject],
+    manifest: Manifest | None,
+    pinned: dict[str, str],
+    now: datetime,
+    grace: timedelta,
+    keep_variants: str | None = None,
+) -> GcPlan:
+    """Decide what to remove (pure). ``pinned`` maps key prefixes of variants devices run
+    to a device; ``keep_variants``, when set, is why every variant is kept (an unreadable
+    device report may pin any of them)."""
+    plan = GcPlan()
+    referenced = referenced_keys(manifest)
+    cutoff = now - grace
+    if manifest is None:
+        plan.deferred = f"no {MANIFEST_KEY}: nothing is known to be unreferenced"
+    elif manifest.published_at is not None and manifest.published_at > cutoff:
+        plan.deferred = (
+            f"the manifest in force (generation {manifest.generation}) was published at "
+            f"{manifest.published_at.isoformat()}, within the grace period: a device may "
+            "still be downloading what the one before it referenced"
+        )
+    for obj in objects:
+        kind = kind_of(obj.key)
+        if kind is None:
+            plan.unrecognised += 1
+            continue
+        if obj.key in referenced:
+            continue
+        reason = None
+        if obj.modified > cutoff:
+            reason = "younger than the grace period"
+        elif kind != "temp" and plan.deferred:
+            reason = "the manifest in force is younger than the grace period"
+        elif kind == "variant" and keep_variants:
+            reason = keep_variants
+        elif kind == "variant":
+            device = next((d for p, d in pinned.items() if obj.key.startswith(p)), None)
+            if device is not None:
+                reason = f"device {device} reported it active within the retention window"
+        if reason:
+            plan.kept.append(Kept(key=obj.key, kind=kind, size=obj.size, reason=reason))
+        else:
+            plan.candidates.append(
+                Candidate(key=obj.key, kind=kind, size=obj.size, modified=obj.modified)
+            )
+    for upload in uploads:
+        if upload.modified > cutoff:
+            reason = "an upload started within the grace period (maybe still running)"
+            plan.kept.append(
+                Kept(key=upload.key, kind="multipart", size=upload.size, reason=reason)
+            )
+        else:
+            plan.candidates.append(
+                Candidate(
+                    key=upload.key, kind="multipart", size=upload.size, modified=upload.modified
+                )
+            )
+    return plan
+
+
+class Collection(BaseModel):
+    """What ``epfleet gc`` found and did."""
+
+    store: str
+    generation: int | None = Field(description="Generation of the manifest it planned from")
+    grace_hours: float
+    retention_days: float
+    deleted: bool = Field(description="Whether it removed the candidates (else a dry run)")
+    plan: GcPlan
+    removed: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list, description="Removals that failed")
+
+    @property
+    def freed(self) -> int:
+        return sum(c.size for c in self.plan.candidates if c.key in set(self.removed))
+
+
+def collect(
+    store: Store,
+    *,
+    delete: bool = False,
+    grace_hours: float = DEFAULT_GRACE_HOURS,
+    retention_days: float = DEFAULT_RETENTION_DAYS,
+    now: datetime | None = None,
+) -> Collection:
+    """List (and with ``delete`` remove) what nothing needs in ``store``: see the module
+    docstring. StoreError when the manifest cannot be read."""
+    from epfleet.watch_inputs import read_reports
+
+    now = now or datetime.now(timezone.utc)
+    grace = timedelta(hours=grace_hours)
+    objects = store.list_objects("", hidden=True)
+    uploads = store.incomplete_uploads()
+    reports, unreadable = read_reports(store)
+    pinned = pinned_prefixes(reports, now - timedelta(days=retention_days))
+    warnings = [f"unreadable device report {u}" for u in unreadable]
+    keep_variants = (
+        f"{len(unreadable)} device report(s) could not be read: any variant may be active"
+        if unreadable
+        else None
+    )
+
+    def planned() -> tuple[GcPlan, Manifest | None, str | None]:
+        manifest, etag = read_manifest(store)
+        plan = plan_collection(objects, uploads, manifest, pinned, now, grace, keep_variants)
+        return plan, manifest, etag
+
+    plan, manifest, etag = planned()
+    result = Collection(
+        store=store.uri,
+        generation=manifest.generation if manifest else None,
+        grace_hours=grace_hours,
+        retention_days=retention_days,
+        deleted=delete,
+        plan=plan,
+        warnings=warnings,
+    )
+    if not delete:
+        return result
+    pending = [c for c in plan.candidates if c.kind != "multipart"]
+    while pending:
+        candidate = pending.pop(0)
+        if candidate.kind != "temp" and _manifest_changed(store, etag):
+            plan, manifest, etag = planned()
+            result.plan, result.generation = plan, manifest.generation if manifest else None
+            result.warnings.append(
+                f"the manifest changed during the collection (now generation "
+                f"{result.generation}); planned again from it"
+            )
+            still = {c.key for c in plan.candidates}
+            pending = [c for c in pending if c.key in still]
+            if candidate.key not in still:
+                continue
+        try:
+            store.delete(candidate.key)
+            result.removed.append(candidate.key)
+        except StoreError as exc:
+            result.errors.append(str(exc))
+    if any(c.kind == "multipart" for c in plan.candidates):
+        result.removed += store.clean_up_incomplete(older_than=grace.total_seconds())
+    result.plan.candidates = [
+        c for c in result.plan.candidates if c.kind == "multipart" or c.key in set(result.removed)
+    ]
+    return result
+
+
+def _manifest_changed(store: Store, etag: str | None) -> bool:
+    if etag is None:
+        return store.size(MANIFEST_KEY) is not None
+    return store.read_if_changed(MANIFEST_KEY, etag) != UNCHANGED
+
+
+def render(collection: Collection) -> str:
+    """A readable summary: per kind what it would free (or freed), then what it kept."""
+    plan = collection.plan
+    verb = "removed" if collection.deleted else "would remove"
+    lines = [
+        f"store {collection.store} · manifest generation {collection.generation} · grace "
+        f"{collection.grace_hours:g} h · retention {collection.retention_days:g} days",
+        f"{'kind':<10} {'objects':>8} {'bytes':>12}",
+    ]
+    totals = plan.totals()
+    for kind, total in totals.items():
+        lines.append(f"{kind:<10} {total.count:>8} {format_size(total.bytes):>12}")
+    count = sum(t.count for t in totals.values())
+    size = sum(t.bytes for t in totals.values())
+    lines.append(f"{'total':<10} {count:>8} {format_size(size):>12}")
+    lines.append(
+        f"{verb} {count} object(s), {format_size(size)}"
+        + ("" if collection.deleted else "; run with --delete to remove them")
+    )
+    if plan.deferred:
+        lines.append(f"kept every unreferenced object: {plan.deferred}")
+    reasons: dict[str, int] = {}
+    for kept in plan.kept:
+        reasons[kept.reason] = reasons.get(kept.reason, 0) + 1
+    lines += [f"kept {n}: {reason}" for reason, n in sorted(reasons.items())]
+    if plan.unrecognised:
+        lines.append(f"left alone {plan.unrecognised} object(s) of no kind it collects")
+    lines += [f"warning: {w}" for w in collection.warnings]
+    lines += [f"error: {e}" for e in collection.errors]
+    return "\n".join(lines)
