@@ -32,7 +32,7 @@ def serve_all(
     # Flow runs start in subprocesses: local paths are made absolute here.
     store = store if "://" in store else str(Path(store).resolve())
     fleet = {"spec": str(spec.resolve()), "store": store}
-    serve(
+    deployments = [
         _deployment(fleet_compile, "nightly", cron=nightly, parameters=fleet, concurrency_limit=1),
         _deployment(fleet_compile, "on-demand", parameters=fleet),
         _deployment(runtime_watch, "hourly", interval=watch_every, parameters=fleet),
@@ -42,8 +42,31 @@ def serve_all(
             interval=sync_every,
             parameters={"cache": str(cache.resolve()), "store": store},
         ),
-        pause_on_shutdown=False,
-    )
+    ]
+    _take_over(deployments)
+    serve(*deployments, pause_on_shutdown=False)
+
+
+def _take_over(deployments: list[RunnerDeployment]) -> None:
+    """Delete the deployments of these names that `prefect deploy` made (bound to a work
+    pool, code placed by pull steps): serving updates a deployment without its ``path``,
+    so its runs would look for the code in a directory named None."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for deployment in deployments:
+            name = f"{deployment.flow_name}/{deployment.name}"
+            try:
+                existing = client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                continue
+            if existing.work_pool_name or existing.pull_steps or existing.path != deployment._path:
+                pool = f" (work pool {existing.work_pool_name})" if existing.work_pool_name else ""
+                print(
+                    f"epfleet: serving {name} here instead of its deployment{pool}", file=sys.stderr
+                )
+                client.delete_deployment(existing.id)
 
 
 def _deployment(flow: Flow[Any, Any], name: str, **options: Any) -> RunnerDeployment:

@@ -501,3 +501,53 @@ def test_serve_py_serves_every_deployment_and_keeps_schedules_on_shutdown(
     assert hourly.schedules[0].schedule.interval.total_seconds() == 3600  # type: ignore[union-attr]
     assert not periodic.paused and periodic.schedules[0].active, "schedule paused on shutdown"
     assert nightly.parameters["store"] == str(store)
+
+
+def test_serve_py_after_prefect_deploy_runs_the_flows_here(
+    deployed: Server, fleet_store: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    """`prefect deploy` first, then `python deployments/serve.py` against the same API:
+    serving used to update those deployments without their path, so every run crashed with
+    FileNotFoundError: .../None. Now the served ones replace them and a run completes."""
+    spec = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET])
+    store = tmp_path / "store"
+    assert deployed.deployment("fleet-compile/on-demand")["work_pool_name"] == "epfleet"
+    served = subprocess.Popen(
+        [
+            *(sys.executable, str(REPO / "deployments" / "serve.py")),
+            *("--spec", str(spec), "--store", str(store), "--cache", str(tmp_path / "device")),
+            *("--nightly", "45 4 * * *"),
+        ],
+        env=deployed.env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def served_here() -> bool:
+        assert served.poll() is None, served.communicate()[1][-3000:]
+        got = deployed.http.get("/deployments/name/fleet-compile/nightly")
+        schedules = got.json().get("schedules") if got.status_code == 200 else None
+        return bool(schedules) and schedules[0]["schedule"].get("cron") == "45 4 * * *"
+
+    try:
+        wait_until(served_here, 120, "serve.py to serve its deployments")
+        run = deployed.wait_for_run(deployed.start_run("fleet-compile/on-demand", {}))
+    finally:
+        served.send_signal(signal.SIGTERM)
+        _, stderr = served.communicate(timeout=60)
+        # Put back the deployments of prefect.yaml for the other tests of this module.
+        deployed.prefect(
+            "--no-prompt",
+            "deploy",
+            "--all",
+            "--prefect-file",
+            str(fleet_store.parent / "prefect.yaml"),
+        )
+    assert run["state"]["type"] == "COMPLETED", (run["state"], stderr[-3000:])
+    assert sorted(read_manifest(store).models) == ["tiny-cls", "tiny-det"]
+    assert (
+        "serving fleet-compile/on-demand here instead of its deployment (work pool epfleet)"
+        in stderr
+    )
