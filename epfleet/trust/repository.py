@@ -348,11 +348,6 @@ def _publish_once(
     """One attempt; None when another publisher replaced the timestamp first."""
     manifest = _manifest(store)  # read after the timestamp it is to replace
     targets_md = state.targets
-    if changes.targets is not None:
-        targets_md = Metadata.from_bytes(changes.targets)
-        state = RepositoryState(
-            state.root, targets_md, state.snapshot, state.timestamp, state.timestamp_etag
-        )
     wanted = model_targets(manifest) if manifest is not None else {}
     bins = plan_bins(state.succinct, state.bins, wanted, now, every_bin=changes.every_bin)
     snapshot, timestamp = state.snapshot, state.timestamp
@@ -413,6 +408,8 @@ def _publish(
 ) -> TrustPublished:
     for attempt in range(ATTEMPTS):
         state = read_state(store)
+        if changes.targets is not None:  # a new targets role, not in the snapshot yet
+            state.targets = Metadata.from_bytes(changes.targets)
         _check_online_key(store, state, signer)
         done = _publish_once(store, state, signer, now or utcnow(), changes)
         if done is not None:
