@@ -14,12 +14,16 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from epfleet import MAX_WORKERS
+from epfleet.costs import cost_markdown, costs
+from epfleet.errors import StoreError
 from epfleet.outcomes import PairOutcome
 from epfleet.plan import PlannedPair
 from epfleet.publish_rules import news, settle, to_publish
+from epfleet.publishing import read_manifest
 from epfleet.report import matrix_rows
 from epfleet.runners import from_environment
 from epfleet.runs import DEFAULT_STORE, RunPlan, RunReport
+from epfleet.stores import open_store
 from tasks.compile import compile_all, plan_task, publish_task
 from tasks.dispatch import collect, discard_results, dispatch
 from tasks.events import emit_variant_events
@@ -70,6 +74,7 @@ def fleet_compile(
     report = _publish(plan, outcomes, store)
     discard_results(store, sent)
     _publish_artifacts(report, store)
+    _cost_artifact(store)
     emit_variant_events(news(plan, report), store, report.generation)
     return report
 
@@ -103,6 +108,23 @@ def _publish_artifacts(report: RunReport, store: str) -> None:
                 if r.status == "failed"
             )
         ),
+    )
+
+
+def _cost_artifact(store: str) -> None:
+    """Bytes per model and target and the store's total, as a markdown artifact. A store
+    that fails here costs the run only this artifact: the manifest is already published."""
+    try:
+        opened = open_store(store)
+        data = costs(opened, read_manifest(opened)[0])
+    except StoreError as exc:
+        get_run_logger().warning("no cost artifact: %s", exc)
+        return
+    create_markdown_artifact(
+        key="fleet-compile-costs",
+        markdown=cost_markdown(data),
+        description=f"Store costs for {store} (generation {data.generation}): bytes per model "
+        "and target, the store's total referenced and unreferenced",
     )
 
 
