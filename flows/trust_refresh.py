@@ -1,0 +1,64 @@
+"""The ``trust-refresh`` flow: sign a store's TUF timestamp and snapshot again (and the
+bins near expiry) before they expire, so devices keep verifying while nothing is
+published. Compare-and-swap as every publish: a publish racing it loses nothing.
+
+    python flows/trust_refresh.py --store s3://bucket/fleet
+
+signs with the online key ``EPFLEET_TRUST_SIGNER`` (a local store's development key when
+unset). A store without trust metadata has nothing to refresh: the run says so and
+completes.
+"""
+
+# No `from __future__ import annotations`: see flows/device_sync.py.
+import sys
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+
+from epfleet.publishing import signer_for
+from epfleet.runs import DEFAULT_STORE
+from epfleet.stores import open_store
+from epfleet.trust.repository import has_trust, refresh, status
+
+
+@flow(
+    name="trust-refresh",
+    description="Sign the store's TUF timestamp and snapshot again, and the bins near "
+    "expiry, before devices would find them expired.",
+)
+def trust_refresh(store: str = DEFAULT_STORE) -> int | None:
+    """Refresh the signed metadata's expiries; returns the new timestamp version (None for
+    a store without trust metadata).
+
+    Args:
+        store: Store URI: a directory, file:///abs/dir or s3://bucket/prefix.
+    """
+    logger = get_run_logger()
+    opened = open_store(store)
+    if not has_trust(opened):
+        logger.warning("%s has no trust metadata: nothing to refresh (epfleet trust init)", store)
+        return None
+    signer = signer_for(opened)
+    assert signer is not None  # a store with trust metadata has one, or signer_for raised
+    done = refresh(opened, signer)
+    logger.info(
+        "signed timestamp version %d%s",
+        done.version,
+        f"; bins signed again: {', '.join(done.bins)}" if done.bins else "",
+    )
+    rows, bins = status(opened)
+    create_table_artifact(
+        key="trust-refresh-expiries",
+        table=[
+            {"role": r.role, "version": r.version, "expires": f"{r.expires:%Y-%m-%d %H:%M} UTC"}
+            for r in rows
+        ],
+        description=f"Signed metadata of {store} after the refresh ({bins} hashed bins)",
+    )
+    return done.version
+
+
+if __name__ == "__main__":
+    from epfleet.cli_trust import main
+
+    sys.exit(main(["refresh", *sys.argv[1:]]))
