@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 import threading
 import time
@@ -49,6 +50,7 @@ from tuf.api.serialization.json import JSONSerializer
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.fsutil import atomic_write_bytes
+from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Manifest
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.keys import (
@@ -76,10 +78,13 @@ LIFETIME = {
 }
 """How long each role's signature is good for. A role is re-signed by the next publish or
 refresh once less than half of its lifetime is left."""
+OFFLINE_RENEWAL = timedelta(days=30)
 ATTEMPTS = 20
 VERSION_SKIPS = 100
 """How many taken versions of one file a publisher skips before giving up."""
 SERIALIZER = JSONSerializer(compact=True)
+
+logger = logging.getLogger(__name__)
 AnySigned = TypeVar("AnySigned", Root, Targets, Snapshot, Timestamp)
 
 
@@ -173,7 +178,9 @@ def plan_bins(
 # --- reading the repository --------------------------------------------------------------
 
 
-_immutable: dict[tuple[str, str], Metadata[Any]] = {}
+_immutable: dict[tuple[str, str, str], Metadata[Any]] = {}
+"""Versioned metadata files, by (store, first root's hash, key): a store wiped and given a
+new repository at the same place has another first root, so nothing stale is reused."""
 _immutable_lock = threading.Lock()
 CACHE_ENTRIES = 8192
 
@@ -185,10 +192,11 @@ def _parse(store: Store, key: str, data: bytes) -> Metadata[Any]:
         raise StoreError(f"{store.uri}/{key} is not TUF metadata: {exc}") from None
 
 
-def _load(store: Store, key: str) -> Metadata[Any]:
-    """A versioned metadata file (written once, so cached by key); StoreError if missing."""
+def _load(store: Store, repository: str, key: str) -> Metadata[Any]:
+    """A versioned metadata file of ``repository`` (the hash of its first root): written
+    once, so cached by key; StoreError if missing."""
     with _immutable_lock:
-        found = _immutable.get((store.uri, key))
+        found = _immutable.get((store.uri, repository, key))
     if found is not None:
         return found
     read = store.read(key)
@@ -201,21 +209,30 @@ def _load(store: Store, key: str) -> Metadata[Any]:
     with _immutable_lock:
         if len(_immutable) >= CACHE_ENTRIES:
             _immutable.clear()
-        _immutable[(store.uri, key)] = metadata
+        _immutable[(store.uri, repository, key)] = metadata
     return metadata
 
 
-def latest_root(store: Store) -> Metadata[Root]:
-    """The newest root version in the store (walking ``<v>.root.json`` from 1)."""
-    if not has_trust(store):
+def _first_root(store: Store) -> tuple[Metadata[Root], str]:
+    found = store.read(FIRST_ROOT_KEY)
+    if found is None:
         raise BadInputError(
             f"{store.uri} has no trust metadata ({FIRST_ROOT_KEY}); create it with "
             "epfleet trust init"
         )
-    root: Metadata[Root] = _load(store, FIRST_ROOT_KEY)
+    return _parse(store, FIRST_ROOT_KEY, found.data), sha256_bytes(found.data)
+
+
+def _latest_root(store: Store) -> tuple[Metadata[Root], str]:
+    root, repository = _first_root(store)
     while store.size(metadata_key("root", root.signed.version + 1)) is not None:
-        root = _load(store, metadata_key("root", root.signed.version + 1))
-    return root
+        root = _load(store, repository, metadata_key("root", root.signed.version + 1))
+    return root, repository
+
+
+def latest_root(store: Store) -> Metadata[Root]:
+    """The newest root version in the store (walking ``<v>.root.json`` from 1)."""
+    return _latest_root(store)[0]
 
 
 @dataclass
@@ -239,22 +256,22 @@ class RepositoryState:
 
 
 def read_state(store: Store) -> RepositoryState:
-    root = latest_root(store)
+    root, repository = _latest_root(store)
     found = store.read(TIMESTAMP_KEY)
     if found is None:
-        targets: Metadata[Targets] = _load(store, metadata_key("targets", 1))
+        targets: Metadata[Targets] = _load(store, repository, metadata_key("targets", 1))
         return RepositoryState(root, targets, None, None, None)
     timestamp: Metadata[Timestamp] = _parse(store, TIMESTAMP_KEY, found.data)
     snapshot: Metadata[Snapshot] = _load(
-        store, metadata_key("snapshot", timestamp.signed.snapshot_meta.version)
+        store, repository, metadata_key("snapshot", timestamp.signed.snapshot_meta.version)
     )
     meta = snapshot.signed.meta
-    targets = _load(store, metadata_key("targets", meta["targets.json"].version))
+    targets = _load(store, repository, metadata_key("targets", meta["targets.json"].version))
     state = RepositoryState(root, targets, snapshot, timestamp, found.etag)
     names = [n for n in state.succinct.get_roles() if f"{n}.json" in meta]
     keys = [metadata_key(n, meta[f"{n}.json"].version) for n in names]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        loaded = list(pool.map(lambda key: _load(store, key), keys))
+        loaded = list(pool.map(lambda key: _load(store, repository, key), keys))
     state.bins = {name: md.signed for name, md in zip(names, loaded, strict=True)}
     return state
 
@@ -429,8 +446,21 @@ def publish_trust(store: Store, online: Signer, *, now: datetime | None = None) 
 
 def refresh(store: Store, online: Signer, *, now: datetime | None = None) -> TrustPublished:
     """Sign timestamp and snapshot again (and the stale bins, and any the manifest
-    changed), so that devices never see expired metadata while publishing is quiet."""
-    return _publish(store, online, now, _Changes(renew=True))
+    changed), so that devices never see expired metadata while publishing is quiet.
+    Warns when root or targets, which only the offline keys sign, expire within 30 days."""
+    done = _publish(store, online, now, _Changes(renew=True))
+    state = read_state(store)
+    for role, signed in (("root", state.root.signed), ("targets", state.targets.signed)):
+        if signed.expires - (now or utcnow()) < OFFLINE_RENEWAL:
+            logger.warning(
+                "%s: the signed %s role expires on %s and only the offline keys sign it: "
+                "renew it with epfleet trust rotate --keys DIR (--root, or --online-signer "
+                "with the current online key)",
+                store.uri,
+                role,
+                f"{signed.expires:%Y-%m-%d}",
+            )
+    return done
 
 
 # --- creating and rotating -----------------------------------------------------------------
