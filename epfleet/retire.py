@@ -200,5 +200,6 @@ def _write(
     published = update_manifest(store, change)
     done = outcome[-1] if outcome else Retirement()
     done.written = published.published
+    done.generation = published.manifest.generation if published.manifest else None
     done.signed_version = published.signed_version
     return done

@@ -3,6 +3,7 @@ asked; written with compare-and-swap on a local store and on S3 (moto over HTTP)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from epfleet.publishing import read_manifest
 from epfleet.retire import Selection, apply_retirement, retire, unlisted
 from epfleet.spec import FleetSpec, parse_spec
 from epfleet.stores import MANIFEST_KEY, Store, open_store
-from tests.test_gc import OLD, model_entry, write_manifest
+from tests.test_gc import OLD, model_entry, run_cli, write_manifest
 
 pytestmark = pytest.mark.fast
 
@@ -130,3 +131,41 @@ def test_names_it_lacks_and_no_choice_are_refused(local: Store) -> None:
 def test_no_manifest(tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="no manifest at"):
         apply_retirement(open_store(str(tmp_path / "empty")), models=["cls"])
+
+
+def test_retire_command(
+    local: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fleet(local)
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(
+        "models:\n  - {name: cls, source: cls.onnx}\n"
+        "targets:\n  - {name: x86-cpu, ep: CPUExecutionProvider}\n"
+    )
+    uri = local.uri
+    for argv, error in [
+        (["--spec", str(spec_path)], "needs --unlisted"),
+        (["--unlisted"], "--unlisted needs --spec"),
+        (["--spec", str(spec_path), "--unlisted", "--model", "cls"], "not both"),
+        ([], "name what to retire"),
+        (["--model", "nope"], "model 'nope' is not in"),
+    ]:
+        assert run_cli(["retire", "--store", uri, *argv], monkeypatch) == 2, argv
+        assert error in capsys.readouterr().err
+    before = local.read(MANIFEST_KEY)
+    argv = ["retire", "--store", uri, "--spec", str(spec_path), "--unlisted", "--dry-run"]
+    assert run_cli([*argv, "--json"], monkeypatch) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["models"] == ["det", "gone"] and planned["variants"] == ["cls/htp"]
+    assert planned["dry_run"] is True and local.read(MANIFEST_KEY) == before
+    assert run_cli(argv[:-1], monkeypatch) == 0
+    out = capsys.readouterr().out
+    assert "retired model det (all its variants)" in out and "retired variant cls/htp" in out
+    assert "manifest generation 6" in out
+    manifest, _ = read_manifest(local)
+    assert manifest is not None and list(manifest.models) == ["cls"]
+    assert run_cli(argv[:-1], monkeypatch) == 0
+    assert "nothing to retire" in capsys.readouterr().out
