@@ -238,9 +238,17 @@ def s3_mirror(directory: Path, bucket: str, prefix: str = "fleet") -> Callable[[
     return push
 
 
+def unsigned_copy(store: Path, dest: Path) -> Path:
+    """A copy of ``store`` without the signed metadata its compile made: each test signs
+    it with keys of its own."""
+    copy_store(store, dest)
+    shutil.rmtree(dest / "trust", ignore_errors=True)
+    return dest
+
+
 @pytest.fixture(params=["local", "s3"])
 def site(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Site:
-    directory = copy_store(fleet_store, tmp_path / "store")
+    directory = unsigned_copy(fleet_store, tmp_path / "store")
     if request.param == "local":
         return Site(directory, str(directory), lambda: None)
     return s3_site(request, directory)
@@ -290,12 +298,12 @@ def fleet(site: Site, tmp_path: Path) -> Fleet:
 
 @pytest.fixture
 def fleet_on_s3(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Fleet:
-    return trusted(s3_site(request, copy_store(fleet_store, tmp_path / "store")), tmp_path)
+    return trusted(s3_site(request, unsigned_copy(fleet_store, tmp_path / "store")), tmp_path)
 
 
 @pytest.fixture
 def local_fleet(fleet_store: Path, tmp_path: Path) -> Fleet:
-    directory = copy_store(fleet_store, tmp_path / "store")
+    directory = unsigned_copy(fleet_store, tmp_path / "store")
     return trusted(Site(directory, str(directory), lambda: None), tmp_path)
 
 
@@ -561,6 +569,63 @@ def test_offline_with_expired_metadata_keeps_the_active_variant_and_says_so(
     assert report.exit_code == 0 and only(report).action == "kept"
     assert only(report).variant == good.variant
     assert_package_runs(fleet.cache, {MODEL: good.variant or ""})
+
+
+def test_a_store_signed_by_epfleets_publisher_is_followed_through_a_root_rotation(
+    site: Site, tmp_path: Path
+) -> None:
+    """The publisher's side (epfleet.trust.repository, 16 bins here) and this device agree:
+    a publish is synced, a rotation of the root keys is followed, and a root signed by the
+    retired root keys alone is refused."""
+    from trust_helpers import make_trusted_store, online_key, sign_manifest
+
+    from epfleet.trust.keys import load_offline, new_key
+    from epfleet.trust.repository import publish_trust, rotate_root_keys
+
+    site.push()
+    keys, cache = tmp_path / "keys", tmp_path / "device"
+    root = make_trusted_store(site.uri, keys)
+    store = open_store(site.uri)
+
+    def run() -> DeviceReport:
+        return sync(site.uri, cache, SyncPolicy(models=[MODEL]), DEVICE, trust_root=root)
+
+    def new_build() -> None:
+        republish_edited_cpu_variant(site.directory, rebuilt)
+        site.push()
+
+    first = only(run())
+    assert first.action == "downloaded", first.reason
+    new_build()
+    sign_manifest(store, keys)
+    assert only(run()).action == "downloaded"
+
+    offline, online = load_offline(keys), online_key(keys)
+    retired = offline.root
+    rotate_root_keys(store, offline, [new_key() for _ in range(3)])
+    new_build()
+    publish_trust(store, online)
+    rotated = run()
+    assert rotated.exit_code == 0 and only(rotated).action == "downloaded", rotated.manifest
+    history = cache / ".epfleet" / "trust" / "root_history"
+    assert sorted(p.name for p in history.iterdir()) == ["1.root.json", "2.root.json"]
+
+    # Whoever kept the retired root keys signs a root 3 that hands them the online role.
+    got = store.read("trust/metadata/2.root.json")
+    assert got is not None
+    forged = Metadata[Root].from_bytes(got.data)
+    forged.signed.version = 3
+    attacker = CryptoSigner.generate_ecdsa()
+    for role in ("snapshot", "timestamp"):
+        for keyid in list(forged.signed.roles[role].keyids):
+            forged.signed.revoke_key(keyid, role)
+        forged.signed.add_key(attacker.public_key, role)
+    forged.signatures.clear()
+    for signer in retired:
+        forged.sign(signer, append=True)
+    store.write("trust/metadata/3.root.json", forged.to_bytes(SERIALIZER))
+
+    assert_refused(run(), only(rotated), "root", "refused")
 
 
 # --- the device side's plumbing ----------------------------------------------------------------
