@@ -19,7 +19,6 @@ writing ``manifest.json`` and its metadata is repaired by the next publish or re
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
@@ -308,9 +307,8 @@ def _write_target(store: Store, target: Target) -> None:
     key = target_key(target.info.path, target.info.hashes["sha256"])
     if store.size(key) == target.info.length:
         return
-    # Named by its hash: a file already there is this one (a racing publisher's copy).
-    with contextlib.suppress(PreconditionFailed):
-        store.write(key, target.data, if_none_match=True)
+    # Named by its hash: a racing publisher writes the same bytes, so no condition is needed.
+    store.write(key, target.data)
 
 
 @dataclass(frozen=True)
