@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from epfleet.device_report import DeviceReport
+from epfleet.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.errors import StoreError
 from epfleet.fsutil import is_temp_name
 from epfleet.limits import format_size
 from epfleet.manifest import Manifest
 from epfleet.publishing import read_manifest
-from epfleet.stores import MANIFEST_KEY, UNCHANGED, Store
+from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store
 from epfleet.stores.base import StoredObject
 
 DEFAULT_GRACE_HOURS = 24.0
@@ -44,6 +45,7 @@ DEFAULT_GRACE_HOURS = 24.0
 younger than this, are kept: longer than any sync or compile run takes."""
 DEFAULT_RETENTION_DAYS = 30.0
 """A variant a device reported active within this many days is kept."""
+READ_THREADS = 16
 
 Kind = Literal["variant", "source", "samples", "temp", "multipart"]
 KINDS: tuple[Kind, ...] = ("variant", "source", "samples", "temp", "multipart")
@@ -87,19 +89,12 @@ def referenced_keys(manifest: Manifest | None) -> set[str]:
     return keys
 
 
-def pinned_prefixes(reports: Iterable[DeviceReport], since: datetime) -> dict[str, str]:
-    """Key prefixes of the variants devices reported active since ``since``, each with the
-    device that pins it: a device's variant name is ``<target>-<first 12 hex digits of
-    its sha256>`` (``epfleet.device.activation.variant_name``)."""
-    from epfleet.watch import report_time
-
+def pinned_prefixes(reports: Iterable[DeviceReport]) -> dict[str, str]:
+    """Key prefixes of the variants devices reported active, each with the device that
+    pins it: a device's variant name is ``<target>-<first 12 hex digits of its sha256>``
+    (``epfleet.device.activation.variant_name``)."""
     pinned: dict[str, str] = {}
     for report in reports:
-        try:
-            if report_time(report) < since:
-                continue
-        except ValueError:
-            pass  # no usable time: count it as recent (keeping is the safe side)
         for model in report.models:
             if not (model.variant and model.target):
                 continue
@@ -108,6 +103,32 @@ def pinned_prefixes(reports: Iterable[DeviceReport], since: datetime) -> dict[st
                 key = f"variants/{model.model}/{model.target}/{digits}"
                 pinned.setdefault(key, report.device_id)
     return pinned
+
+
+def recent_reports(store: Store, since: datetime) -> tuple[list[DeviceReport], list[str]]:
+    """The device reports the store received since ``since`` (by the store's clock, not
+    the devices'), and the keys of those that cannot be read, with why. Reports are small
+    and many (one per device): read ``READ_THREADS`` at a time."""
+    keys = [o.key for o in store.list_objects(f"{REPORTS_PREFIX}/") if o.modified >= since]
+
+    def read_one(key: str) -> DeviceReport | str | None:
+        try:
+            found = store.read(key)
+            if found is None:
+                return None  # removed since listed
+            return DeviceReport.model_validate_json(found.data)
+        except DocumentTooLarge as exc:
+            return f"{key}: {exc}"
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            return f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}"
+
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        results = list(pool.map(read_one, keys))
+    return (
+        [r for r in results if isinstance(r, DeviceReport)],
+        [r for r in results if isinstance(r, str)],
+    )
 
 
 class Candidate(BaseModel):
@@ -238,14 +259,12 @@ def collect(
 ) -> Collection:
     """List (and with ``delete`` remove) what nothing needs in ``store``: see the module
     docstring. StoreError when the manifest cannot be read."""
-    from epfleet.watch_inputs import read_reports
-
     now = now or datetime.now(timezone.utc)
     grace = timedelta(hours=grace_hours)
     objects = store.list_objects("", hidden=True)
     uploads = store.incomplete_uploads()
-    reports, unreadable = read_reports(store)
-    pinned = pinned_prefixes(reports, now - timedelta(days=retention_days))
+    reports, unreadable = recent_reports(store, now - timedelta(days=retention_days))
+    pinned = pinned_prefixes(reports)
     warnings = [f"unreadable device report {u}" for u in unreadable]
     keep_variants = (
         f"{len(unreadable)} device report(s) could not be read: any variant may be active"

@@ -122,18 +122,19 @@ class Fleet:
 
 
 class Aged:
-    """A store whose listing reports chosen keys (and every incomplete upload) as written
-    at ``OLD``: S3 sets LastModified itself, so this stands in for time passing."""
+    """A store whose listing reports chosen keys as written at chosen times (and every
+    incomplete upload as started at ``OLD``): S3 sets LastModified itself, so this stands
+    in for time passing."""
 
-    def __init__(self, store: Store, old: set[str]) -> None:
-        self._store, self._old = store, old
+    def __init__(self, store: Store, ages: dict[str, datetime]) -> None:
+        self._store, self._ages = store, ages
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
     def list_objects(self, prefix: str, *, hidden: bool = False) -> list[StoredObject]:
         listed = self._store.list_objects(prefix, hidden=hidden)
-        return [replace(o, modified=OLD) if o.key in self._old else o for o in listed]
+        return [replace(o, modified=self._ages.get(o.key, o.modified)) for o in listed]
 
     def incomplete_uploads(self) -> list[StoredObject]:
         return [replace(o, modified=OLD) for o in self._store.incomplete_uploads()]
@@ -184,10 +185,12 @@ def make_fleet(store: Store) -> tuple[Store, Fleet]:
         untouchable=untouchable,
     )
     everything = {o.key for o in store.list_objects("", hidden=True)}
-    old = everything - fleet.young
+    ages = dict.fromkeys(everything - fleet.young, OLD)
+    ages[report_key("dev-1")] = NOW - timedelta(days=2)
+    ages[report_key("dev-2")] = NOW - timedelta(days=60)  # past the retention window
     if isinstance(store, LocalStore):
-        for key in old:
-            os.utime(store.root / key, (OLD.timestamp(), OLD.timestamp()))
+        for key, at in ages.items():
+            os.utime(store.root / key, (at.timestamp(), at.timestamp()))
         return store, fleet
     assert isinstance(store, S3Store)
     key = f"{store.prefix}/variants/cls/x86-cpu/{'f' * 64}.onnx"
@@ -195,7 +198,7 @@ def make_fleet(store: Store) -> tuple[Store, Fleet]:
     store.client.upload_part(
         Bucket=store.bucket, Key=key, UploadId=started["UploadId"], PartNumber=1, Body=b"p" * 100
     )
-    return Aged(store, old), fleet  # type: ignore[return-value]
+    return Aged(store, ages), fleet  # type: ignore[return-value]
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -379,3 +382,17 @@ def test_gc_command(
     store.write(MANIFEST_KEY, b'{"models": 3}')
     assert run_cli(["gc", "--store", store.uri, "--delete"], monkeypatch) == 1
     assert "manifest.json fails validation" in capsys.readouterr().err
+
+
+def test_an_unreadable_recent_report_keeps_every_variant(store: Store) -> None:
+    store, fleet = make_fleet(store)
+    store.write(report_key("broken"), b"{not json")
+    result = collect(store)
+    assert not [c for c in result.plan.candidates if c.kind == "variant"]
+    kept = {k.key: k.reason for k in result.plan.kept}
+    retired_variant = next(k for k in fleet.removable if kind_of(k) == "variant" and "old-det" in k)
+    assert "1 device report(s) could not be read" in kept[retired_variant]
+    assert any("reports/devices/broken.json" in w for w in result.warnings)
+    assert {c.key for c in result.plan.candidates if c.kind == "source"} == {
+        fleet.retired.source.uri
+    }
