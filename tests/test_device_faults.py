@@ -551,6 +551,108 @@ def test_running_out_of_space_mid_download_leaves_no_partial_file(
     assert [p for p in (cache / ".epfleet" / "partial").iterdir() if p.suffix == ".part"] == []
 
 
+# --- provider options the device's EP does not take -------------------------------------------
+
+
+def test_a_variant_with_provider_options_the_ep_does_not_take_is_skipped(
+    fleet_store: Path, tmp_path: Path
+) -> None:
+    """A published variant whose provider_options hold a key this device's EP does not
+    accept is never handed to the EP: it is judged unsupported with the key named, and the
+    sync goes on with what else there is (here the source on the CPU, no recompile)."""
+    store = copy_store(fleet_store, tmp_path / "store")
+    document = json.loads((store / "manifest.json").read_text())
+    document["models"][MODEL]["variants"]["x86-cpu"]["provider_options"] = {"isa_levl": "avx2"}
+    (store / "manifest.json").write_text(json.dumps(document))
+
+    report = run_sync(str(store), tmp_path / "device", models=[MODEL], recompile=False)
+
+    [result] = report.models
+    assert result.action == "fallback", result.reason
+    [cpu] = [c for c in result.considered if c.target == "x86-cpu"]
+    assert cpu.verdict == "unsupported"
+    assert "provider_options are not accepted by CPUExecutionProvider" in cpu.reason
+    assert "isa_levl" in cpu.reason, cpu.reason
+
+
+# --- a read-only cache -----------------------------------------------------------------------
+
+
+def remount(path: Path, *options: str) -> None:
+    done = subprocess.run(["mount", *options, str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def cli_sync(store: Path, cache: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "epfleet", "sync", "--store", str(store)),
+            *("--cache", str(cache), "--device-id", DEVICE, "--no-recompile", *options),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_read_only_cache_reports_what_runs_and_names_what_it_cannot_write(
+    fleet_store: Path, tmp_path: Path, small_disk: Path
+) -> None:
+    """The whole cache on a file system remounted read-only: a sync with nothing to change
+    prints its report (exit 0, a warning); one with a new manifest to keep says which file
+    it cannot write (exit 1). No traceback, the package untouched and still running."""
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = small_disk / "device"
+    first = run_sync(str(store), cache)
+    expected = {m.model: m.variant or "" for m in first.models}
+    before = snapshot(cache)
+    remount(small_disk, "-o", "remount,ro")
+    try:
+        done = cli_sync(store, cache, "--json")
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+        report = DeviceReport.model_validate_json(done.stdout)
+        assert [m.action for m in report.models] == ["kept", "kept"]
+        assert warned(report, str(cache), "is not writable", "Read-only file system")
+
+        republish_edited_cpu_variant(store, rebuilt)
+        changed = cli_sync(store, cache)
+        assert changed.returncode == 1, changed.stderr
+        assert "Traceback" not in changed.stderr
+        kept = cache / ".epfleet" / "fleet-manifest.json"
+        assert f"cannot write {kept}: Read-only file system" in changed.stderr
+    finally:
+        remount(small_disk, "-o", "remount,rw")
+    assert snapshot(cache) == before
+    assert_package_runs(cache, expected)
+
+
+def test_a_read_only_models_directory_fails_each_model_by_path_and_keeps_it(
+    fleet_store: Path, tmp_path: Path, small_disk: Path
+) -> None:
+    """Only models/ is read-only (a read-only bind mount): the new build is downloaded and
+    verified but cannot be installed; the model fails naming the directory, the report is
+    printed and the previous variant stays active and running."""
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = small_disk / "device"
+    before = active(run_sync(str(store), cache, models=[MODEL]))
+    republish_edited_cpu_variant(store, rebuilt)
+    models = cache / "models"
+    remount(models, "--bind", str(models))
+    try:
+        remount(models, "-o", "remount,bind,ro")
+        done = cli_sync(store, cache, "--model", MODEL, "--json")
+    finally:
+        subprocess.run(["umount", str(models)], check=False)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    [result] = DeviceReport.model_validate_json(done.stdout).models
+    assert result.action == "failed" and result.variant == before
+    assert f"cannot write {models / MODEL}" in result.reason, result.reason
+    assert "Read-only file system" in result.reason and f"still running {before}" in result.reason
+    assert_package_runs(cache, {MODEL: before})
+
+
 # --- permissions -----------------------------------------------------------------------------
 
 

@@ -97,6 +97,21 @@ class CacheDamaged(EpfleetError):
     """Something in the cache is in the way and epfleet will not remove it."""
 
 
+class CacheNotWritable(EpfleetError):
+    """A path in the cache cannot be written (a read-only file system, or permissions):
+    nothing there changes, and what is active stays active."""
+
+
+WRITE_DENIED = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def not_writable(path: Path, exc: OSError) -> CacheNotWritable:
+    return CacheNotWritable(
+        f"cannot write {path}: {exc.strerror or exc}; the device cache must be writable by "
+        f"this user (uid {os.getuid()}), or sync into another --cache"
+    )
+
+
 class DiskFull(EpfleetError):
     """Not enough free disk space for a download or a write; the next sync tries again."""
 
@@ -195,8 +210,14 @@ class DeviceCache:
             except FileNotFoundError:
                 if not create:
                     raise
-                with suppress(FileExistsError):
+                try:
                     os.mkdir(name, 0o777, dir_fd=parent)
+                except FileExistsError:
+                    pass
+                except OSError as exc:
+                    if exc.errno not in WRITE_DENIED:
+                        raise
+                    raise not_writable(self._path(parts), exc) from None
             except OSError as exc:
                 if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
                     raise
@@ -277,6 +298,8 @@ class DeviceCache:
             atomic_write_bytes(path, data)
             return
         except OSError as exc:
+            if exc.errno in WRITE_DENIED:
+                raise not_writable(path, exc) from None
             if exc.errno not in NO_SPACE:
                 raise
         self.relieve(len(data))
@@ -336,7 +359,15 @@ class DeviceCache:
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                         continue  # replaced since the lstat: look again
-                    raise
+                    if exc.errno not in WRITE_DENIED or found is None:
+                        raise
+                    # A read-only cache: flock works on a file opened for reading, and
+                    # the sync goes on to report what runs (each write fails by name).
+                    fd = os.open(LOCK_FILE, flags & ~(os.O_RDWR | os.O_CREAT), dir_fd=meta)
+                    self.note(
+                        f"{self.root} is not writable ({exc.strerror}): nothing in the cache "
+                        "can change; the variants active in it stay active"
+                    )
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -456,7 +487,12 @@ class DeviceCache:
             found = _lstat(fd, MODEL_FILE)
             if found is not None and not stat.S_ISREG(found.st_mode):
                 self._clear(fd, ("models", model, variant.name, MODEL_FILE), "a model file")
-            os.replace(verified, MODEL_FILE, dst_dir_fd=fd)
+            try:
+                os.replace(verified, MODEL_FILE, dst_dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in WRITE_DENIED:
+                    raise
+                raise not_writable(self.model_file(model, variant), exc) from None
             os.fsync(fd)
             mtime = os.stat(MODEL_FILE, dir_fd=fd, follow_symlinks=False).st_mtime_ns
         finally:

@@ -64,6 +64,17 @@ class LocalEps:
             judged = self._judged[key] = self._judge(ep, compatibility_string)
         return judged
 
+    def refused_options(self, ep: str, provider_options: dict[str, str]) -> str | None:
+        """Why this device's ``ep`` would not take a variant's published provider options
+        (a key it does not know, a bad value), or None when it takes them or is absent."""
+        if ep not in self.devices:
+            return None
+        try:
+            eps.load(ep).check_options(provider_options)
+        except ValueError as exc:
+            return f"its provider_options are not accepted by {ep} here: {exc}"
+        return None
+
     def _judge(self, ep: str, compatibility_string: str) -> Judgement:
         if ep not in self.devices:
             why = self.absent.get(ep, f"{ep} is not an execution provider epfleet knows")

@@ -11,7 +11,14 @@ import logging
 import time
 
 from epfleet.device.activation import drop_changed_active, promote
-from epfleet.device.cache import CacheState, DeviceCache, DiskFull, Installed, ModelState
+from epfleet.device.cache import (
+    WRITE_DENIED,
+    CacheState,
+    DeviceCache,
+    DiskFull,
+    Installed,
+    ModelState,
+)
 from epfleet.device.local_build import build_key
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
@@ -20,6 +27,7 @@ from epfleet.device.steps import Done, Steps
 from epfleet.device_report import ModelReport, VariantVerdict
 from epfleet.errors import EpfleetError, StoreError
 from epfleet.manifest import ModelEntry
+from eps.base import Judgement, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +40,9 @@ def considered(local: LocalEps, entry: ModelEntry) -> list[Considered]:
             continue
         string = variant.compatibility_string or ""
         judgement = local.judge(variant.ep, string)
+        refused = local.refused_options(variant.ep, variant.provider_options)
+        if refused is not None:  # never handed to the EP: skipped, like an unsupported one
+            judgement = Judgement(Verdict.UNSUPPORTED, refused)
         judged.append(
             Considered(
                 target=target,
@@ -136,7 +147,15 @@ def activate(cache: DeviceCache, model: str, state: CacheState, installed: Insta
 def unexpected(model: str, state: CacheState, exc: Exception) -> ModelReport:
     """The report of a model whose sync raised something no step expects."""
     kept = state.models.get(model, ModelState()).active
-    return failed(model, kept, f"unexpected {type(exc).__name__}: {exc}", [], 0, 0.0)
+    if isinstance(exc, EpfleetError):
+        reason = str(exc)
+    elif isinstance(exc, OSError) and exc.errno in WRITE_DENIED:
+        reason = f"cannot write {exc.filename} in the device cache: {exc.strerror}"
+    else:
+        reason = f"unexpected {type(exc).__name__}: {exc}"
+    if kept is not None:
+        reason += f" (still running {kept.name})"
+    return failed(model, kept, reason, [], 0, 0.0)
 
 
 def failed(
