@@ -15,6 +15,13 @@ It prints the wall time of
   unverified  a cold run with `verify: false` on every target: the plain loop's work;
 and the ratios cold/plain (target <= 0.75) and warm/cold (target <= 0.10), and the
 seconds the cold run spent compiling and verifying (running each variant on this host).
+
+It also prints what signing (the store's TUF metadata, epfleet.trust) adds to a publish,
+on local stores with 256 hashed bins: signing the cold run's manifest from scratch, signing
+it again after one model changed (a publisher in a fresh process: every bin read, one
+bin re-signed besides manifest.json's, snapshot, timestamp), and checking an unchanged one;
+the same for a synthetic manifest of 1,000 models x 10 variants. `--signing-only` prints
+just those figures (the synthetic manifest; no compile).
 """
 
 from __future__ import annotations
@@ -216,6 +223,123 @@ def start_prefect_server(env: dict[str, str], home: Path) -> tuple[subprocess.Po
     sys.exit("prefect server did not start")
 
 
+def synthetic_manifest(models: int = 1000, variants: int = 10) -> bytes:
+    """A manifest of ``models`` x ``variants`` ok variants with realistic fields."""
+    from datetime import datetime, timezone
+
+    from epfleet.manifest import (
+        ArtifactRef,
+        Coverage,
+        Manifest,
+        ModelEntry,
+        SourceEntry,
+        VariantEntry,
+        Verification,
+    )
+
+    def sha(*parts: object) -> str:
+        import hashlib
+
+        return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    entries = {}
+    for m in range(models):
+        name = f"model-{m:04d}"
+        source = SourceEntry(
+            uri=f"sources/{sha(name)}.onnx",
+            sha256=sha(name),
+            size=20_000_000 + m,
+            input_shapes={"x": [1, 3, 224, 224]},
+        )
+        entries[name] = ModelEntry(
+            source=source,
+            variants={
+                f"target-{t}": VariantEntry(
+                    ep="QNNExecutionProvider",
+                    device="npu",
+                    compatibility_string=f"QNN;soc_model={t};htp_arch=75;qnn_sdk=2.51.0",
+                    provider_options={"backend_type": "htp", "soc_model": str(t)},
+                    artifact=ArtifactRef(
+                        uri=f"variants/{name}/target-{t}/{sha(name, t)}.onnx",
+                        sha256=sha(name, t),
+                        size=10_000_000 + t,
+                    ),
+                    ort_version="1.32.0",
+                    ep_version="2.51.0",
+                    compiled_at=now,
+                    status="ok",
+                    source_sha256=source.sha256,
+                    fingerprint=sha("fp", name, t),
+                    coverage=Coverage(ep_nodes=240, other_nodes=2, fraction=0.99),
+                    verification=Verification(
+                        status="passed",
+                        runner="QNN HTP (host)",
+                        samples=8,
+                        max_abs_error=0.0012,
+                        max_rel_error=0.004,
+                        tolerance=0.05,
+                        seconds=1.5,
+                    ),
+                )
+                for t in range(variants)
+            },
+        )
+    return Manifest(generation=1, models=entries).to_json()
+
+
+def signing_cost(manifest_json: bytes, work: Path) -> dict[str, float]:
+    """Seconds signing takes on a local store holding ``manifest_json`` (256 bins)."""
+    from epfleet.manifest import Manifest
+    from epfleet.stores import MANIFEST_KEY, open_store
+    from epfleet.trust.keys import online_signer, public_key_of
+    from epfleet.trust.repository import init_with_key_files, publish_trust
+
+    store_dir = work / "signed-store"
+    store = open_store(str(store_dir))
+    store.write(MANIFEST_KEY, manifest_json)
+    started = time.perf_counter()
+    _, uri = init_with_key_files(store, work / "signing-keys", bins=256)
+    first = time.perf_counter() - started
+    signer = online_signer(uri, public_key_of(uri))
+
+    manifest = Manifest.from_json(manifest_json)
+    name = sorted(manifest.models)[0]
+    manifest.models[name].source.size += 1  # one model changed
+    manifest.generation += 1
+    store.write(MANIFEST_KEY, manifest.to_json())
+    # A publisher in a fresh process knows none of the metadata yet: the store under a
+    # new path has nothing in this process's cache of immutable metadata.
+    moved = work / "signed-store-again"
+    store_dir.rename(moved)
+    store = open_store(str(moved))
+    started = time.perf_counter()
+    changed = publish_trust(store, signer)
+    one_model = time.perf_counter() - started
+    assert changed.written and len(changed.bins) <= 2, changed
+    started = time.perf_counter()
+    unchanged = publish_trust(store, signer)
+    unchanged_s = time.perf_counter() - started
+    assert not unchanged.written, unchanged
+    metadata = sum(p.stat().st_size for p in (moved / "trust" / "metadata").iterdir())
+    return {
+        "first": first,
+        "one_model": one_model,
+        "unchanged": unchanged_s,
+        "metadata_mb": metadata / 1e6,
+        "manifest_mb": len(manifest_json) / 1e6,
+    }
+
+
+def print_signing(label: str, cost: dict[str, float]) -> None:
+    print(
+        f"  signing {label} ({cost['manifest_mb']:.2f} MB manifest, 256 bins): "
+        f"all from scratch {cost['first']:6.2f} s, one model changed "
+        f"{cost['one_model']:6.2f} s, unchanged {cost['unchanged']:6.2f} s "
+        f"({cost['metadata_mb']:.2f} MB of signed metadata written in all)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
@@ -239,7 +363,18 @@ def main() -> None:
         choices=range(1, len(ALL_HTP) + 1),
         help="how many HTP targets (pairs = 3 models x (N + 1 CPU))",
     )
+    parser.add_argument(
+        "--signing-only",
+        action="store_true",
+        help="only what signing adds to a publish, on a synthetic 1,000 x 10 manifest",
+    )
     args = parser.parse_args()
+    if args.signing_only:
+        with tempfile.TemporaryDirectory(prefix="epfleet-bench-") as scratch:
+            print_signing(
+                "1,000 models x 10 variants", signing_cost(synthetic_manifest(), Path(scratch))
+            )
+        return
     HTP.clear()
     HTP.update(list(ALL_HTP.items())[: args.htp])
 
@@ -303,6 +438,12 @@ def main() -> None:
             dask_store = str(work / "dask-store") if args.store == "local" else "s3://bench/dask"
             dask_s, dask = run_epfleet(spec, dask_store, args.workers, env, "dask")
             assert dask["compiled"] == pairs and dask["failed"] == 0, dask
+        from epfleet.stores import MANIFEST_KEY, open_store
+
+        bench_manifest = open_store(epfleet_store).read(MANIFEST_KEY)
+        assert bench_manifest is not None
+        bench_signing = signing_cost(bench_manifest.data, work / "sign-bench")
+        synthetic_signing = signing_cost(synthetic_manifest(), work / "sign-synthetic")
     finally:
         for proc in cleanup:
             proc.terminate()
@@ -346,6 +487,8 @@ def main() -> None:
         f"({verified} of {pairs} variants run on this host and matched their source; "
         "the plain loop runs none)"
     )
+    print_signing(f"this run's manifest ({len(MODELS)} models)", bench_signing)
+    print_signing("1,000 models x 10 variants", synthetic_signing)
 
 
 if __name__ == "__main__":
