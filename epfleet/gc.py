@@ -34,9 +34,9 @@ from pydantic import BaseModel, Field, ValidationError
 from epfleet.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.errors import StoreError
 from epfleet.fsutil import is_temp_name
-from epfleet.limits import format_size
 from epfleet.manifest import Manifest
 from epfleet.publishing import read_manifest
+from epfleet.report import format_bytes
 from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store
 from epfleet.stores.base import StoredObject
 
@@ -156,6 +156,9 @@ class GcPlan(BaseModel):
 
     candidates: list[Candidate] = Field(default_factory=list)
     kept: list[Kept] = Field(default_factory=list)
+    protected: int = Field(
+        default=0, description="Objects it never collects: manifest, reports, trust, runs"
+    )
     unrecognised: int = Field(default=0, description="Objects of no known kind, left alone")
     deferred: str | None = Field(
         default=None, description="Why unreferenced objects are all kept this time"
@@ -194,6 +197,9 @@ def plan_collection(
         )
     for obj in objects:
         kind = kind_of(obj.key)
+        if kind is None and (obj.key == MANIFEST_KEY or obj.key.startswith(PROTECTED)):
+            plan.protected += 1
+            continue
         if kind is None:
             plan.unrecognised += 1
             continue
@@ -333,12 +339,12 @@ def render(collection: Collection) -> str:
     ]
     totals = plan.totals()
     for kind, total in totals.items():
-        lines.append(f"{kind:<10} {total.count:>8} {format_size(total.bytes):>12}")
+        lines.append(f"{kind:<10} {total.count:>8} {format_bytes(total.bytes):>12}")
     count = sum(t.count for t in totals.values())
     size = sum(t.bytes for t in totals.values())
-    lines.append(f"{'total':<10} {count:>8} {format_size(size):>12}")
+    lines.append(f"{'total':<10} {count:>8} {format_bytes(size):>12}")
     lines.append(
-        f"{verb} {count} object(s), {format_size(size)}"
+        f"{verb} {count} object(s), {format_bytes(size)}"
         + ("" if collection.deleted else "; run with --delete to remove them")
     )
     if plan.deferred:
@@ -347,8 +353,12 @@ def render(collection: Collection) -> str:
     for kept in plan.kept:
         reasons[kept.reason] = reasons.get(kept.reason, 0) + 1
     lines += [f"kept {n}: {reason}" for reason, n in sorted(reasons.items())]
+    if plan.protected:
+        lines.append(
+            f"left alone {plan.protected} object(s) of manifest.json, reports/, trust/, runs/"
+        )
     if plan.unrecognised:
-        lines.append(f"left alone {plan.unrecognised} object(s) of no kind it collects")
+        lines.append(f"left alone {plan.unrecognised} object(s) it does not recognise")
     lines += [f"warning: {w}" for w in collection.warnings]
     lines += [f"error: {e}" for e in collection.errors]
     return "\n".join(lines)

@@ -396,3 +396,11 @@ def test_an_unreadable_recent_report_keeps_every_variant(store: Store) -> None:
     assert {c.key for c in result.plan.candidates if c.kind == "source"} == {
         fleet.retired.source.uri
     }
+
+
+def test_what_it_leaves_alone_is_counted(store: Store) -> None:
+    store, fleet = make_fleet(store)
+    plan = collect(store).plan
+    # notes/what-is-this.txt and sources/not-a-digest.onnx
+    assert plan.unrecognised == 2
+    assert plan.protected == len(fleet.untouchable) - 2
