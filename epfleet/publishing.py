@@ -47,6 +47,9 @@ from epfleet.trust.repository import (
 
 logger = logging.getLogger(__name__)
 
+DEVELOPMENT_LOCK = ".lock"
+"""Held while one publisher creates a local store's development keys."""
+
 PUBLISH_ATTEMPTS = 20
 
 
@@ -181,8 +184,8 @@ def _init_development(store: LocalStore) -> Signer:
     """Development keys for a local store, beside it, and its trust metadata: one
     publisher does it (a lock beside the keys), the others use what it made."""
     keys_dir = development_keys_dir(store.root)
-    keys_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(keys_dir.with_name(keys_dir.name + ".lock"), "a") as lock:
+    keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(keys_dir / DEVELOPMENT_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not has_trust(store):
             if (keys_dir / ONLINE_KEY).is_file():  # keys of an earlier store at this path

@@ -16,7 +16,7 @@ from epfleet.publishing import read_manifest
 from epfleet.stores import Store, open_store
 from epfleet.trust.client import verify
 from epfleet.trust.keys import file_uri, generate_online_file
-from epfleet.trust.repository import TIMESTAMP_KEY, latest_root
+from epfleet.trust.repository import TIMESTAMP_KEY, development_root, latest_root
 
 pytestmark = pytest.mark.fast
 
@@ -165,3 +165,18 @@ def test_rotate_the_online_key_then_the_root_keys(
     # A device provisioned with root 1 follows 1 -> 2 (online key) -> 3 (root keys).
     assert device_sees(store, root, tmp_path / "fresh-device", "model-3") == 4
     assert device_sees(store, root, tmp_path / "device", "model-3") == 4
+
+
+def test_development_root_of_a_local_store(
+    store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EPFLEET_TRUST_SIGNER", raising=False)
+    assert development_root(str(store_dir)) is None
+    store = open_store(str(store_dir))
+    publish_new(store, 1)  # development keys made beside the store
+    root = tmp_path / "store.dev-keys" / "root.json"
+    assert development_root(str(store_dir)) == root
+    assert development_root(store_dir.as_uri()) == root
+    assert development_root("s3://bucket/fleet") is None
+    assert (tmp_path / "store.dev-keys").stat().st_mode & 0o777 == 0o700
+    assert device_sees(store, root, tmp_path / "device", "model-1") == 2

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -52,6 +53,7 @@ from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Manifest
 from epfleet.stores import MANIFEST_KEY, Store
+from epfleet.stores.local import local_path
 from epfleet.trust.keys import (
     ONLINE_KEY,
     OfflineKeys,
@@ -628,6 +630,15 @@ def status(store: Store) -> tuple[list[RoleStatus], int]:
 def development_keys_dir(store_root: Path) -> Path:
     """Where a local store's development keys live: beside it, never inside it."""
     return store_root.with_name(store_root.name + ".dev-keys")
+
+
+def development_root(store_uri: str) -> Path | None:
+    """The root file a device trusts a local store's development keys with
+    (``<store>.dev-keys/root.json``), when ``store_uri`` is a local store that has one."""
+    if "://" in store_uri and not store_uri.startswith("file://"):
+        return None
+    root = development_keys_dir(Path(os.path.abspath(local_path(store_uri)))) / ROOT_COPY
+    return root if root.is_file() else None
 
 
 ROOT_COPY = "root.json"
