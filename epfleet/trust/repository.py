@@ -193,20 +193,33 @@ def _parse(store: Store, key: str, data: bytes) -> Metadata[Any]:
         raise StoreError(f"{store.uri}/{key} is not TUF metadata: {exc}") from None
 
 
-def _load(store: Store, repository: str, key: str) -> Metadata[Any]:
+def _load(store: Store, repository: str, key: str, length: int | None = None) -> Metadata[Any]:
     """A versioned metadata file of ``repository`` (the hash of its first root): written
-    once, so cached by key; StoreError if missing."""
+    once, so cached by key; StoreError if missing. With its signed ``length`` (the
+    snapshot's record of a bin) it is read as that many bytes, no further."""
     with _immutable_lock:
         found = _immutable.get((store.uri, repository, key))
     if found is not None:
         return found
-    read = store.read(key)
-    if read is None:
-        raise StoreError(
-            f"{store.uri}/{key} is missing: the signed metadata refers to it; the "
-            "repository is damaged (restore it from a backup, or trust init a new one)"
-        )
-    metadata = _parse(store, key, read.data)
+    missing = StoreError(
+        f"{store.uri}/{key} is missing: the signed metadata refers to it; the "
+        "repository is damaged (restore it from a backup, or trust init a new one)"
+    )
+    if length is None:
+        read = store.read(key)
+        if read is None:
+            raise missing
+        data = read.data
+    else:
+        if store.size(key) is None:
+            raise missing
+        data = b"".join(store.read_range(key, 0, length + 1))
+        if len(data) != length:
+            raise StoreError(
+                f"{store.uri}/{key} is {len(data)} bytes, not the {length} the snapshot "
+                "signed; the repository is damaged"
+            )
+    metadata = _parse(store, key, data)
     with _immutable_lock:
         if len(_immutable) >= CACHE_ENTRIES:
             _immutable.clear()
@@ -270,9 +283,9 @@ def read_state(store: Store) -> RepositoryState:
     targets = _load(store, repository, metadata_key("targets", meta["targets.json"].version))
     state = RepositoryState(root, targets, snapshot, timestamp, found.etag)
     names = [n for n in state.succinct.get_roles() if f"{n}.json" in meta]
-    keys = [metadata_key(n, meta[f"{n}.json"].version) for n in names]
+    files = [(metadata_key(n, meta[f"{n}.json"].version), meta[f"{n}.json"].length) for n in names]
     with ThreadPoolExecutor(max_workers=8) as pool:
-        loaded = list(pool.map(lambda key: _load(store, repository, key), keys))
+        loaded = list(pool.map(lambda file: _load(store, repository, *file), files))
     state.bins = {name: md.signed for name, md in zip(names, loaded, strict=True)}
     return state
 
