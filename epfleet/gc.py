@@ -24,6 +24,7 @@ publish references again is kept.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -46,6 +47,9 @@ younger than this, are kept: longer than any sync or compile run takes."""
 DEFAULT_RETENTION_DAYS = 30.0
 """A variant a device reported active within this many days is kept."""
 READ_THREADS = 16
+RECHECK_SECONDS = 1.0
+"""How old the last look at the manifest may be when gc removes an object: checking before
+every removal would read a large local manifest whole each time."""
 
 Kind = Literal["variant", "source", "samples", "temp", "multipart"]
 KINDS: tuple[Kind, ...] = ("variant", "source", "samples", "temp", "multipart")
@@ -262,9 +266,11 @@ def collect(
     grace_hours: float = DEFAULT_GRACE_HOURS,
     retention_days: float = DEFAULT_RETENTION_DAYS,
     now: datetime | None = None,
+    recheck_seconds: float = RECHECK_SECONDS,
 ) -> Collection:
     """List (and with ``delete`` remove) what nothing needs in ``store``: see the module
-    docstring. StoreError when the manifest cannot be read."""
+    docstring. Before a removal, the manifest is checked for a change when the last
+    check is ``recheck_seconds`` old. StoreError when the manifest cannot be read."""
     now = now or datetime.now(timezone.utc)
     grace = timedelta(hours=grace_hours)
     objects = store.list_objects("", hidden=True)
@@ -296,9 +302,15 @@ def collect(
     if not delete:
         return result
     pending = [c for c in plan.candidates if c.kind != "multipart"]
+    checked = time.monotonic()
     while pending:
         candidate = pending.pop(0)
-        if candidate.kind != "temp" and _manifest_changed(store, etag):
+        if candidate.kind != "temp" and time.monotonic() - checked >= recheck_seconds:
+            changed = _manifest_changed(store, etag)
+            checked = time.monotonic()
+        else:
+            changed = False
+        if changed:
             plan, manifest, etag = planned()
             result.plan, result.generation = plan, manifest.generation if manifest else None
             result.warnings.append(

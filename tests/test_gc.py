@@ -305,7 +305,7 @@ def test_a_racing_publish_keeps_what_it_references(store: Store) -> None:
         c.key for c in plain.plan.candidates
     }
     racing = PublishesDuringDeletes(aged, fleet.manifest, fleet.retired)
-    result = collect(racing, delete=True)  # type: ignore[arg-type]
+    result = collect(racing, delete=True, recheck_seconds=0)  # type: ignore[arg-type]
     assert racing.deleted == [first]
     assert any("manifest changed" in w for w in result.warnings)
     now = store.read(MANIFEST_KEY)
