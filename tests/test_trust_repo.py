@@ -90,6 +90,28 @@ def signed_manifest(store: Store, device: Path, root: bytes) -> Manifest:
     return Manifest.from_json(verify(store, device, root, None).document)
 
 
+class Records(logging.Handler):
+    """What epfleet logs, caught on its own logger (a CLI test in the same process may
+    have stopped it propagating to the root logger, where pytest's caplog listens)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> None:
+        logging.getLogger("epfleet").addHandler(self)
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("epfleet").removeHandler(self)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
 @pytest.fixture
 def trusted(tmp_path: Path) -> tuple[Store, Path, bytes]:
     """A local store with 12 models, signed (16 bins); its keys directory and root."""
@@ -285,27 +307,29 @@ def test_store_with_trust_metadata_and_no_signer_is_refused_before_publishing(
 
 
 def test_s3_store_without_trust_metadata_is_published_unsigned_with_a_warning(
-    s3_store_uri: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    s3_store_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("EPFLEET_TRUST_SIGNER", raising=False)
     store = open_store(s3_store_uri)
-    with caplog.at_level(logging.WARNING, logger="epfleet"):
+    logged = Records()
+    with logged:
         outcome = publish_new(store, 0)
     assert outcome.published and outcome.signed_version is None
     assert store.list_keys("trust/") == []  # never initialised on S3
-    assert "epfleet trust init" in caplog.text
+    assert "epfleet trust init" in logged.text
 
 
 def test_local_store_gets_development_keys_beside_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("EPFLEET_TRUST_SIGNER", raising=False)
     store = open_store(str(tmp_path / "store"))
-    with caplog.at_level(logging.WARNING, logger="epfleet"):
+    logged = Records()
+    with logged:
         publish_new(store, 0)
     keys = development_keys_dir(tmp_path / "store")
     assert keys == tmp_path / "store.dev-keys"
-    assert "development keys" in caplog.text and "not for production" in caplog.text
+    assert "development keys" in logged.text and "not for production" in logged.text
     assert not any(k.endswith(".pem") for k in store.list_keys(""))
     root = (keys / "root.json").read_bytes()
     assert root == store.read("trust/metadata/1.root.json").data  # type: ignore[union-attr]
