@@ -63,7 +63,8 @@ _PATTERNS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
     ("source", re.compile(rf"sources/{_HEX}\.onnx")),
     ("samples", re.compile(rf"samples/{_HEX}\.npz")),
 )
-_TEMP_FOLDERS = ("", "sources/", "samples/", "variants/")
+_TEMP_FOLDERS = ("sources/", "samples/", "variants/")
+"""Where a temp file is collected: these folders and the store's root."""
 
 
 def kind_of(key: str) -> Kind | None:
@@ -74,10 +75,7 @@ def kind_of(key: str) -> Kind | None:
         if pattern.fullmatch(key):
             return kind
     folder, _, name = key.rpartition("/")
-    in_folder = folder + "/" if folder else ""
-    if is_temp_name(name) and any(
-        in_folder == top or (top and in_folder.startswith(top)) for top in _TEMP_FOLDERS
-    ):
+    if is_temp_name(name) and (not folder or key.startswith(_TEMP_FOLDERS)):
         return "temp"
     return None
 
