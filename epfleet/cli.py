@@ -74,6 +74,7 @@ app = App(
     help_format="plaintext",
     version=lambda: f"epfleet {__version__} (onnxruntime {ort_version()}, recipe {RECIPE_VERSION})",
     default_parameter=Parameter(negative=(), show_default=default_text),
+    suppress_keyboard_interrupt=False,  # main says "interrupted" (cyclopts exits silently)
 )
 manifest_app = App(name="manifest", help="Inspect the published manifest.")
 app.command(manifest_app)
@@ -98,11 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except EpfleetError as exc:
         print(f"epfleet: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        if _stopping.is_set():  # our handler ran: say so once
-            _announce(_stop_message)
-            return EXIT_INTERRUPTED
-        raise
+    except KeyboardInterrupt:  # our handler's, or a Ctrl-C before it was installed
+        _announce(_stop_message)
+        return EXIT_INTERRUPTED
     return result if isinstance(result, int) else EXIT_OK
 
 
@@ -332,6 +331,7 @@ _DIE_WITH_PARENT = (
     "except (OSError, AttributeError): pass\n"
     "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
     "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # a Ctrl-C is ours; we kill it
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"  # one pending: discarded
     "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
 
@@ -349,7 +349,17 @@ class _PopenDyingWithUs:
         from epfleet.isolated import spawn
 
         wrapped = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *args]
-        return spawn(lambda: subprocess.Popen(wrapped, **kwargs))
+
+        def start() -> subprocess.Popen[Any]:
+            # Started with SIGINT blocked: a terminal's Ctrl-C while the stub imports
+            # stays pending until it ignores SIGINT (else a KeyboardInterrupt traceback).
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                return subprocess.Popen(wrapped, **kwargs)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+        return spawn(start)
 
 
 def _temporary_api_dies_with_us() -> None:

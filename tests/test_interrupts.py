@@ -1,6 +1,9 @@
+# ruff: noqa: F401, F811  (fleet_store, a fixture imported from test_sync, is a parameter name)
 """Ctrl-C and SIGKILL of `epfleet compile`: one line, exit 130, nothing half-published, and
 no process of the run left behind; and what killed runs leave in the worker cache is
-removed by the next run."""
+removed by the next run. Ctrl-C of `epfleet sync` while it fetches the manifest, downloads
+a variant or health-checks one: exit 130, one line, the lock released, the previous
+variants active and running, no temporary file left."""
 
 from __future__ import annotations
 
@@ -18,7 +21,19 @@ from pathlib import Path
 
 import pytest
 from conftest import HTP_TARGETS, tiny_models, write_spec
+from s3proxy import FaultProxy
+from test_deadlines import republished_to_s3, runaway
+from test_sync import (  # fleet_store: the session's compiled store, a fixture
+    assert_package_runs,
+    copy_store,
+    fleet_store,
+    publish_to_s3,
+    republish_edited_cpu_variant,
+    run_sync,
+)
 
+from epfleet.device_report import DeviceReport
+from epfleet.fsutil import is_temp_name
 from epfleet.manifest import Manifest
 from epfleet.staging import TEMP_GRACE_SECONDS, tidy_cache
 
@@ -179,7 +194,7 @@ def interrupt_and_check(
         pytest.fail("the CLI did not exit within 15 s of SIGINT")
     print(f"SIGINT to exit: {time.monotonic() - sent:.2f} s")
     lines = stderr.done(10)
-    assert cli.returncode == 130, lines
+    assert cli.returncode == 130, "\n".join(lines)
     assert not any("Traceback" in line for line in lines), "\n".join(lines)
     ours = [line for line in lines if line.startswith("epfleet") and "pairs to compile" not in line]
     # (an EP's native banner from a worker may come before it: not epfleet's output)
@@ -233,3 +248,104 @@ def test_the_next_run_removes_what_killed_runs_left(
     assert fresh_part.exists()  # a run in progress may still be writing it
     assert kept[3600].exists() and kept[86400].exists()
     assert not kept[604800].exists()  # least recently used first
+
+
+# --- epfleet sync ---------------------------------------------------------------------------
+
+SYNC_MODEL = "tiny-cls"
+SYNC_INTERRUPTED = "epfleet: interrupted; the previous variants stay active"
+
+
+def start_sync(store: str, cache: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    """`python -m epfleet sync` of one model, in a process group of its own (as a
+    terminal runs it); returns it and the marker of its processes."""
+    marker_dir = tmp_path / f"marker-{uuid.uuid4().hex}"
+    env = dict(os.environ, EPFLEET_CACHE=str(marker_dir), PYTHONPATH=str(ROOT))
+    cli = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "epfleet", "sync", "--store", store, "--cache", str(cache)),
+            *("--model", SYNC_MODEL, "--no-recompile"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        process_group=0,
+    )
+    return cli, f"EPFLEET_CACHE={marker_dir}"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def health_check_spinning(cli: subprocess.Popen[str], marker: str) -> bool:
+    """A worker of the sync has run the runaway variant for a while."""
+    for pid in processes_with(marker):
+        with contextlib.suppress(OSError, IndexError):
+            if pid != cli.pid and cpu_seconds(pid) > 2:
+                return True
+    return False
+
+
+@pytest.mark.parametrize("point", ["manifest", "download", "health-check"])
+def test_ctrl_c_stops_a_sync(
+    fleet_store: Path,
+    s3_bucket: str,
+    s3_proxy: FaultProxy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+) -> None:
+    """A terminal's Ctrl-C while the manifest fetch stalls, while a download trickles, or
+    while a health check runs forever."""
+    cache = tmp_path / "device"
+    if point == "health-check":
+        store = copy_store(fleet_store, tmp_path / "store")
+        uri = str(store)
+        good = run_sync(uri, cache, models=[SYNC_MODEL])
+        republish_edited_cpu_variant(store, runaway)  # its health check never ends
+    else:
+        good = run_sync(publish_to_s3(fleet_store, s3_bucket), cache, models=[SYNC_MODEL])
+        uri, artifact = republished_to_s3(fleet_store, tmp_path, s3_bucket)
+        if point == "manifest":
+            watched = f"/{s3_bucket}/fleet/manifest.json"
+            s3_proxy.stall_next_get_responses(watched)
+        else:
+            watched = artifact
+            s3_proxy.trickle_next_get_responses(artifact, interval=0.5, after=1000)
+    [before] = good.models
+    assert before.action == "downloaded" and before.variant
+
+    seen_before = len(s3_proxy.seen(watched)) if point != "health-check" else 0
+    cli, marker = start_sync(uri, cache, tmp_path)
+    stderr = Lines(cli.stderr)
+    try:
+        if point == "health-check":
+            wait_for(lambda: health_check_spinning(cli, marker), 120, "the health check runs")
+        else:
+            got = lambda: len(s3_proxy.seen(watched)) > seen_before  # noqa: E731
+            wait_for(got, 120, f"the sync's GET of {watched}")
+            time.sleep(1)  # inside the read
+        sent = time.monotonic()
+        os.killpg(cli.pid, signal.SIGINT)
+        try:
+            cli.wait(15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the sync did not exit within 15 s of SIGINT")
+        print(f"SIGINT to exit: {time.monotonic() - sent:.2f} s")
+    finally:
+        kill_group(cli)
+    lines = stderr.done(10)
+    assert cli.returncode == 130, "\n".join(lines)
+    assert not any("Traceback" in line for line in lines), "\n".join(lines)
+    assert lines.count(SYNC_INTERRUPTED) == 1 and lines[-1] == SYNC_INTERRUPTED, lines
+    wait_for(lambda: not processes_with(marker), 10, f"no process left: {marker}")
+    temporary = [p for p in cache.rglob("*") if is_temp_name(p.name)]
+    assert temporary == [], temporary
+    assert_package_runs(cache, {SYNC_MODEL: before.variant})
+    monkeypatch.setenv("EPFLEET_HEALTH_TIMEOUT", "2")  # the runaway variant again
+    after = run_sync(uri, cache, models=[SYNC_MODEL], recompile=False)  # no CacheBusy
+    assert [m.model for m in after.models] == [SYNC_MODEL]
