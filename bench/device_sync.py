@@ -336,6 +336,7 @@ def measure_signed(
     from epfleet.device.cache import DeviceCache
     from epfleet.manifest import Manifest
     from epfleet.stores import MANIFEST_KEY, open_store
+    from epfleet.trust.client import trust_dir
     from epfleet.trust.keys import online_signer, public_key_of
     from epfleet.trust.repository import init_with_key_files, publish_trust
 
@@ -353,7 +354,7 @@ def measure_signed(
         assert status.status == "unchanged", status
         unchanged.append(seconds)
         u_unchanged.append(timed(fetch_manifest, STORE, plain)[1])
-    trust = cache / ".epfleet" / "trust"
+    trust = trust_dir(cache / ".epfleet", store.uri)
     decide = [decide_signed(STORE, trust, root, wanted, local) for _ in range(args.reps)]
     cached = DeviceCache(plain).cached_manifest()
     u_decide = [decide_unsigned(cached, wanted, local) for _ in range(args.reps)]

@@ -58,7 +58,7 @@ from epfleet.errors import BadInputError, StoreError
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Manifest
 from epfleet.stores import open_store
-from epfleet.trust.client import model_target, verify
+from epfleet.trust.client import model_target, trust_dir, verify
 
 pytestmark = pytest.mark.slow
 
@@ -315,6 +315,11 @@ def trusted(site: Site, tmp_path: Path) -> Fleet:
     return Fleet(site, repo, root, tmp_path / "device")
 
 
+def trust_of(cache: Path, store_uri: str) -> Path:
+    """The cache's trust directory for the store at ``store_uri``."""
+    return trust_dir(cache / ".epfleet", open_store(store_uri).uri)
+
+
 def only(report: DeviceReport) -> ModelReport:
     [found] = report.models
     return found
@@ -489,7 +494,7 @@ def test_a_rotated_root_is_followed_and_the_old_keys_are_refused_afterwards(
 
     rotated = fleet.sync()
     assert rotated.exit_code == 0 and only(rotated).action == "downloaded", rotated.manifest
-    history = fleet.cache / ".epfleet" / "trust" / "root_history"
+    history = trust_of(fleet.cache, fleet.site.uri) / "root_history"
     assert sorted(p.name for p in history.iterdir()) == ["1.root.json", "2.root.json"]
 
     # Someone still holding the old keys signs a root 3 and new metadata: refused.
@@ -552,7 +557,7 @@ def test_offline_with_expired_metadata_keeps_the_active_variant_and_says_so(
     fleet = fleet_on_s3
     good = first_sync(fleet)
     # Days pass: the signed timestamp this device cached has expired by now ...
-    cached = fleet.cache / ".epfleet" / "trust" / "timestamp.json"
+    cached = trust_of(fleet.cache, fleet.site.uri) / "timestamp.json"
     stamp = json.loads(cached.read_bytes())
     stamp["signed"]["expires"] = "2020-01-01T00:00:00Z"
     cached.write_text(json.dumps(stamp))
@@ -607,7 +612,7 @@ def test_a_store_signed_by_epfleets_publisher_is_followed_through_a_root_rotatio
     publish_trust(store, online)
     rotated = run()
     assert rotated.exit_code == 0 and only(rotated).action == "downloaded", rotated.manifest
-    history = cache / ".epfleet" / "trust" / "root_history"
+    history = trust_of(cache, site.uri) / "root_history"
     assert sorted(p.name for p in history.iterdir()) == ["1.root.json", "2.root.json"]
 
     # Whoever kept the retired root keys signs a root 3 that hands them the online role.
@@ -670,7 +675,7 @@ def test_a_device_wanting_every_model_takes_the_signed_manifest_json_and_refuses
     [target] = (fleet.site.directory / "trust" / "targets").glob("*.manifest.json")
     target.write_bytes(forged)
     fleet.site.push()
-    shutil.rmtree(fleet.cache / ".epfleet" / "trust" / "targets")  # not cached: downloaded again
+    shutil.rmtree(trust_of(fleet.cache, fleet.site.uri) / "targets")  # downloaded again
 
     report = sync(fleet.site.uri, fleet.cache, everything, DEVICE, trust_root=fleet.root)
 
@@ -804,7 +809,7 @@ def test_a_link_in_place_of_the_root_history_is_removed_not_followed(tmp_path: P
     elsewhere.mkdir()
     forged = Repo(synthetic_store(tmp_path / "other", 3))
     (elsewhere / "1.root.json").write_bytes(forged.root_file.read_bytes())
-    history = cache / ".epfleet" / "trust" / "root_history"
+    history = trust_of(cache, str(store)) / "root_history"
     shutil.rmtree(history)
     history.symlink_to(elsewhere)
 
@@ -814,3 +819,18 @@ def test_a_link_in_place_of_the_root_history_is_removed_not_followed(tmp_path: P
     with SyncSession(str(store), cache, policy, DEVICE, trust_root=repo.root_file) as session:
         status = session.fetch_manifest()
     assert status.signed and status.status == "unchanged", status  # provisioned again
+
+
+def test_a_local_store_with_development_keys_is_verified_with_their_root(tmp_path: Path) -> None:
+    """The README's first commands: epfleet compile makes development keys beside a local
+    store, and a sync from that store with no --trust-root verifies with their root."""
+    from epfleet.device.session import SyncSession
+    from epfleet.trust.repository import development_keys_dir, init_with_key_files
+
+    store = synthetic_store(tmp_path / "store", 3)
+    root, _ = init_with_key_files(open_store(str(store)), development_keys_dir(store), bins=16)
+    policy = SyncPolicy(models=["model-001"])
+    with SyncSession(str(store), tmp_path / "device", policy, DEVICE) as session:
+        status = session.fetch_manifest()
+    assert status.signed and status.status == "fetched", status
+    assert f"trusting the development root {root}" in (status.warning or "")

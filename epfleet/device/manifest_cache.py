@@ -43,12 +43,12 @@ from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store, doc
 from epfleet.trust.client import (
     ROOT_HISTORY,
     TARGETS_DIR,
-    TRUST_DIR,
     MetadataRefused,
     StoreUnreachable,
     cached_expiry,
     cached_version,
     trust_dir,
+    trust_parts,
     verify,
 )
 
@@ -181,7 +181,8 @@ def cached_manifest(
     if data is None:
         return None
     digest = sha256_bytes(data)
-    if signed and verified_note(cache) != {"store": store_uri, "sha256": digest}:
+    verified = {"store": store_uri, "sha256": digest}
+    if signed and verified_note(trust_dir(cache.meta, store_uri)) != verified:
         return None
     if state.manifest_rules == VALIDATION_RULES and state.manifest_sha256 == digest:
         return data
@@ -204,9 +205,10 @@ def fetch_signed_manifest(
     unreachable store leaves the last verified one in force (offline, saying when its
     signed metadata expires); metadata that does not verify leaves it in force too and is
     ``rejected`` (the sync fails), or raises StoreError when none was ever verified."""
-    directory = cache.directory(STATE_DIR, TRUST_DIR)
+    parts = (STATE_DIR, *trust_parts(store.uri))
+    directory = cache.directory(*parts)
     for sub in (ROOT_HISTORY, TARGETS_DIR):  # ngclient writes there: real directories
-        cache.directory(STATE_DIR, TRUST_DIR, sub)
+        cache.directory(*parts, sub)
     trusted = cached_manifest(cache, state, store.uri, signed=True) is not None
     generation = state.manifest_generation if trusted else None
     try:
@@ -233,7 +235,8 @@ def fetch_signed_manifest(
         )
     data = verified.document
     digest = sha256_bytes(data)
-    if not (trusted and state.manifest_sha256 == digest):
+    replaced = not (trusted and state.manifest_sha256 == digest)
+    if replaced:
         try:
             generation = Manifest.from_json(data).generation  # validated whole once
         except ValidationError as exc:
@@ -262,7 +265,7 @@ def fetch_signed_manifest(
         state.manifest_rejected = None
         save_state(cache, state)
     return ManifestStatus(
-        status="fetched" if verified.changed else "unchanged",
+        status="fetched" if verified.changed or replaced else "unchanged",
         generation=state.manifest_generation if verified.every_model else None,
         body_bytes=verified.metadata_bytes,
         signed=True,
@@ -270,9 +273,9 @@ def fetch_signed_manifest(
     )
 
 
-def verified_note(cache: DeviceCache) -> dict[str, str] | None:
+def verified_note(directory: Path) -> dict[str, str] | None:
     try:
-        note = json.loads(read_nofollow(trust_dir(cache.meta) / VERIFIED_NOTE))
+        note = json.loads(read_nofollow(directory / VERIFIED_NOTE))
     except (OSError, ValueError):
         return None
     return note if isinstance(note, dict) else None

@@ -16,7 +16,9 @@ serves one thread at a time.
 
 The manifest in force comes from the store's signed (TUF) metadata when the device has a
 trusted root (``--trust-root``, or the root chain kept in the cache since it was first
-given): see ``epfleet.device.manifest_cache.fetch_signed_manifest``. A device with no
+given; for a local store that ``epfleet compile`` made development keys for, the root it
+wrote beside them, with a warning): see
+``epfleet.device.manifest_cache.fetch_signed_manifest``. A device with no
 trusted root refuses to sync unless it is configured ``--allow-unsigned``
 (``EPFLEET_ALLOW_UNSIGNED``), which syncs from the unsigned manifest.json with a warning
 in the report.
@@ -53,7 +55,9 @@ from epfleet.limits import Deadline, within
 from epfleet.manifest import NAME_PATTERN, Manifest, utcnow
 from epfleet.settings import settings
 from epfleet.stores import Store, open_store
-from epfleet.trust.client import ROOT_HISTORY, TRUST_DIR, provisioned_root, trust_dir
+from epfleet.stores.local import LocalStore
+from epfleet.trust.client import ROOT_HISTORY, provisioned_root, trust_dir, trust_parts
+from epfleet.trust.repository import ROOT_COPY, development_keys_dir
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +106,8 @@ class SyncSession:
         )
         self.root: bytes | None = None
         """The root metadata the sync trusts (None: unsigned, as allowed)."""
+        self.trust_warning: str | None = None
+        """Why the sync trusts less than a provisioned root (a development root)."""
         self.started = time.perf_counter()
         self.store_uri, self.cache_dir, self.policy = store_uri, cache_dir, policy
         self.store = open_store(store_uri)
@@ -164,10 +170,20 @@ class SyncSession:
     def _trusted_root(self) -> bytes | None:
         """The newest root the cache follows, or the one given; BadInputError when there
         is none and unsigned syncs are not allowed."""
-        for parts in ((STATE_DIR, TRUST_DIR), (STATE_DIR, TRUST_DIR, ROOT_HISTORY)):
-            with suppress(FileNotFoundError):  # a link in their place is removed
-                os.close(self.cache.open_dir(parts, create=False))
-        root = provisioned_root(trust_dir(self.cache.meta), self.trust_root)
+        parts = (STATE_DIR, *trust_parts(self.store.uri))
+        for depth in range(2, len(parts) + 2):
+            with suppress(FileNotFoundError):  # a link on the way is removed, not followed
+                os.close(self.cache.open_dir((*parts, ROOT_HISTORY)[:depth], create=False))
+        directory = trust_dir(self.cache.meta, self.store.uri)
+        root = provisioned_root(directory, self.trust_root)
+        development = self._development_root() if root is None else None
+        if development is not None:
+            root = provisioned_root(directory, development)
+            self.trust_warning = (
+                f"trusting the development root {development} that epfleet compile created "
+                "beside this local store: for development only; provision devices with "
+                "--trust-root"
+            )
         if root is None and not self.allow_unsigned:
             raise BadInputError(
                 f"no trusted root to verify {self.store_uri} with: pass --trust-root PATH "
@@ -176,6 +192,15 @@ class SyncSession:
                 "from the unsigned manifest.json"
             )
         return root
+
+    def _development_root(self) -> Path | None:
+        """The root ``epfleet compile`` wrote beside a local store it made development keys
+        for (``<store>.dev-keys/root.json``), so that a first sync on the same machine
+        verifies what the first compile signed."""
+        if not isinstance(self.store, LocalStore):
+            return None
+        path = development_keys_dir(self.store.root) / ROOT_COPY
+        return path if path.is_file() else None
 
     @property
     def signed(self) -> bool:
@@ -215,6 +240,9 @@ class SyncSession:
                 status = fetch_signed_manifest(
                     self.store, self.cache, self.state, self.root, self.policy.models
                 )
+                if self.trust_warning:
+                    status = status.model_copy(update={"warning": self.trust_warning})
+                    logger.warning("%s", self.trust_warning)
             else:
                 status = fetch_manifest(self.store, self.cache, self.state)
                 status = status.model_copy(update={"signed": False, "warning": UNSIGNED})

@@ -33,7 +33,8 @@ from tuf.ngclient import Updater, UpdaterConfig
 from tuf.ngclient.fetcher import FetcherInterface
 
 from epfleet.errors import BadInputError, EpfleetError, StoreError, TransientStoreError
-from epfleet.fsutil import read_nofollow
+from epfleet.fsutil import atomic_write_bytes, read_nofollow
+from epfleet.hashing import sha256_bytes
 from epfleet.limits import TransferGuard, TransferTooSlow
 from epfleet.manifest import Manifest, ModelEntry
 from epfleet.settings import settings
@@ -44,7 +45,8 @@ METADATA_KEYS = "trust/metadata/"
 TARGETS_KEYS = "trust/targets/"
 CUSTOM_FIELD = "epfleet"
 TRUST_DIR = "trust"
-"""The device cache's trust directory: ``<cache>/.epfleet/trust`` (ngclient's metadata)."""
+"""The device cache's trust directories: ``<cache>/.epfleet/trust/<store>/``, one per store
+(ngclient's metadata and root chain; ``trust_parts``)."""
 ROOT_HISTORY = "root_history"
 TARGETS_DIR = "targets"
 
@@ -149,9 +151,25 @@ class Verified:
     fetched: list[str]
 
 
-def trust_dir(cache_meta: Path) -> Path:
-    """The device cache's trust directory, given its ``.epfleet`` directory."""
-    return cache_meta / TRUST_DIR
+def trust_parts(store_uri: str) -> tuple[str, str]:
+    """The trust directory of a store, inside the cache's ``.epfleet``: ``trust/<the first
+    16 hex digits of the sha256 of its URI>``. One per store: a root trusted for one
+    store says nothing about another."""
+    return TRUST_DIR, sha256_bytes(store_uri.encode())[:16]
+
+
+def trust_dir(cache_meta: Path, store_uri: str) -> Path:
+    """The store's trust directory, given the cache's ``.epfleet`` directory."""
+    return cache_meta.joinpath(*trust_parts(store_uri))
+
+
+class _Updater(Updater):
+    """ngclient's Updater writing its metadata as epfleet writes the device cache's files
+    (atomic, never through a link, readable as the umask says: ngclient's own temporary
+    files are 0600, and another user running the package reads the cache)."""
+
+    def _persist_file(self, filename: str, data: bytes) -> None:
+        atomic_write_bytes(Path(filename), data)
 
 
 def provisioned_root(directory: Path, given: Path | None) -> bytes | None:
@@ -261,7 +279,7 @@ def verify(store: Store, directory: Path, root: bytes, models: list[str] | None)
 def open_updater(fetcher: StoreFetcher, directory: Path, root: bytes) -> Updater:
     """ngclient's Updater over ``fetcher``'s store, its metadata in ``directory``, trusting
     ``root`` (and the newer roots it finds signed by it)."""
-    return Updater(
+    return _Updater(
         str(directory),
         STORE_URL + METADATA_KEYS,
         str(directory / TARGETS_DIR),
@@ -301,8 +319,8 @@ def signed_entry(updater: Updater, store: Store, model: str) -> ModelEntry:
     info = updater.get_targetinfo(model_target(model))
     if info is None:
         raise BadInputError(
-            f"model {model!r} is not in the signed metadata of {store.uri} "
-            f"(no target {model_target(model)})"
+            f"model {model!r} is not in the manifest: the signed metadata of {store.uri} "
+            f"has no target {model_target(model)}"
         )
     custom = info.custom if isinstance(info.custom, dict) else {}
     value = custom.get(CUSTOM_FIELD)
