@@ -39,6 +39,7 @@ from epfleet.settings import describe
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
 
+    from epfleet.logs import CompileProgress
     from epfleet.pool import CompilePool
     from epfleet.runs import RunPlan, RunReport
 
@@ -275,29 +276,126 @@ def _compile(
             file=sys.stderr,
         )
         # Compiles start at once in this machine's workers, unless Dask runs them.
-        pool = _prestart(plan, store, workers) if task_runner == "threads" else None
+        pool, progress = None, None
+        if task_runner == "threads":
+            pool, progress = _prestart(plan, store, workers)
         try:
-            runner = make_runner(task_runner, dask_address, workers)
-            report = _run_fleet_flow(runner, spec, store, workers, force, model, target)
+            problem = _start_temporary_api() if task_runner == "threads" else None
+            if problem is None:
+                runner = make_runner(task_runner, dask_address, workers)
+                report = _run_fleet_flow(runner, spec, store, workers, force, model, target)
+            else:
+                print(
+                    f"epfleet: Prefect's temporary API did not start ({problem}); "
+                    "compiling and publishing without Prefect (no flow run, artifacts or "
+                    "events recorded)",
+                    file=sys.stderr,
+                )
+                report = _run_without_prefect(plan, store, workers)
         finally:
+            if progress is not None:
+                progress.close()
             if pool is not None:
                 pool.drop_unclaimed()
     return report
 
 
-def _prestart(plan: RunPlan, store_uri: str, workers: int) -> CompilePool:
+def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool, CompileProgress]:
     """Start the compiles before the flow run: importing Prefect and starting its API
-    take seconds, and the flow's compile tasks collect these same jobs from the pool."""
+    take seconds, and the flow's compile tasks collect these same jobs from the pool.
+    Their progress goes to stderr as they run."""
+    from epfleet.logs import CompileProgress
     from epfleet.pool import shared_pool
     from epfleet.staging import compile_job_for
     from epfleet.stores import open_store
 
     store = open_store(store_uri)
     pool = shared_pool(workers)
+    compiles = []
     for pair in plan.to_compile:
         if pair.work_pool is None:  # the others compile on their work pool
-            pool.prestart(compile_job_for(pair.request, store))
-    return pool
+            job = compile_job_for(pair.request, store)
+            pool.prestart(job)
+            label = f"{pair.request.model} × {pair.request.target}"
+            compiles.append((label, pool._early[job.model_dump_json()]))
+    return pool, CompileProgress(compiles)
+
+
+def _start_temporary_api() -> str | None:
+    """Start Prefect's temporary API now (none when PREFECT_API_URL names a server), while
+    the compiles run: why it did not come up within its start-up time, or None. The flow
+    run then uses this same server."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return None
+    _temporary_api_dies_with_us()
+    from prefect.server.api.server import SubprocessASGIServer
+
+    _quiet_prefect_console()
+    server = SubprocessASGIServer()
+    try:
+        server.start()
+    except Exception as exc:  # Prefect's: a RuntimeError after its start-up timeout
+        if server.server_process is not None:
+            server.server_process.kill()  # a slow one may still be starting
+        first = str(exc).split(" stdout:")[0].strip().rstrip(".") or type(exc).__name__
+        logged = _temporary_api_error()
+        return f"{first}: {logged}" if logged else first
+    return None
+
+
+def _quiet_prefect_console() -> None:
+    """Keep Prefect's INFO lines (each task run's, the temporary server's) off the
+    terminal; they still reach the API's run logs."""
+    import logging
+
+    from prefect.logging.configuration import setup_logging
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    setup_logging()
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.setLevel(logging.WARNING)
+
+
+def _run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunReport:
+    """The fleet-compile flow's work without Prefect: compile every pair (collecting the
+    compiles started early), then publish as the flow does. Pairs of a work pool need
+    Prefect to reach it: they fail, naming the pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from epfleet.build import build_variant
+    from epfleet.outcomes import PairOutcome, failed_outcome, ok_outcome
+    from epfleet.plan import PlannedPair
+    from epfleet.publish_rules import settle, to_publish
+    from epfleet.publishing import publish
+    from epfleet.stores import open_store
+
+    store = open_store(store_uri)
+
+    def build(pair: PlannedPair) -> PairOutcome:
+        if pair.work_pool is not None:
+            return failed_outcome(
+                pair.request,
+                f"not compiled: work pool {pair.work_pool} is reached through "
+                "Prefect, whose API did not start",
+            )
+        try:
+            return ok_outcome(pair.request, build_variant(pair.request, store, workers))
+        except Exception as exc:  # one pair's failure never stops the others
+            return failed_outcome(pair.request, str(exc))
+
+    with ThreadPoolExecutor(max(1, min(len(plan.to_compile), 4 * workers))) as threads:
+        outcomes = list(threads.map(build, plan.to_compile))
+    variants = {(m, t): entry for m, t, entry in to_publish(plan, outcomes)}
+    published = publish(store, plan.sources, plan.published_sources, variants, plan.samples)
+    report, refused = settle(plan, outcomes, published)
+    for result in refused:
+        print(f"epfleet: {result.model} × {result.target}: {result.error}", file=sys.stderr)
+    return report
 
 
 def _run_fleet_flow(
@@ -349,6 +447,9 @@ class _PopenDyingWithUs:
         from epfleet.isolated import spawn
 
         wrapped = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *args]
+        if kwargs.get("stdout") is None and kwargs.get("stderr") is None:
+            # Its log lines (a start-up traceback) go to a file, not into our output.
+            kwargs["stdout"] = kwargs["stderr"] = _temporary_api_log()
 
         def start() -> subprocess.Popen[Any]:
             # Started with SIGINT blocked: a terminal's Ctrl-C while the stub imports
@@ -360,6 +461,28 @@ class _PopenDyingWithUs:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
         return spawn(start)
+
+
+_api_log: Any = None
+
+
+def _temporary_api_log() -> Any:
+    global _api_log
+    if _api_log is None:
+        import tempfile
+
+        _api_log = tempfile.TemporaryFile()  # noqa: SIM115 (read back on failure)
+    return _api_log
+
+
+def _temporary_api_error() -> str | None:
+    """The last error line the temporary API logged, if any."""
+    if _api_log is None:
+        return None
+    _api_log.seek(0)
+    lines = _api_log.read()[-65536:].decode(errors="replace").splitlines()
+    errors = [line.strip() for line in lines if "Error" in line and not line.startswith(" ")]
+    return errors[-1] if errors else None
 
 
 def _temporary_api_dies_with_us() -> None:
