@@ -576,16 +576,16 @@ def test_offline_with_expired_metadata_keeps_the_active_variant_and_says_so(
     assert_package_runs(fleet.cache, {MODEL: good.variant or ""})
 
 
-def test_a_store_signed_by_epfleets_publisher_is_followed_through_a_root_rotation(
+def test_a_store_signed_by_epfleets_publisher_is_followed_through_its_key_rotations(
     site: Site, tmp_path: Path
 ) -> None:
     """The publisher's side (epfleet.trust.repository, 16 bins here) and this device agree:
-    a publish is synced, a rotation of the root keys is followed, and a root signed by the
-    retired root keys alone is refused."""
-    from trust_helpers import make_trusted_store, online_key, sign_manifest
+    a publish is synced, rotations of the online key and of the root keys are followed,
+    and a root signed by the retired root keys alone is refused."""
+    from trust_helpers import make_trusted_store, sign_manifest
 
     from epfleet.trust.keys import load_offline, new_key
-    from epfleet.trust.repository import publish_trust, rotate_root_keys
+    from epfleet.trust.repository import publish_trust, rotate_online_key, rotate_root_keys
 
     site.push()
     keys, cache = tmp_path / "keys", tmp_path / "device"
@@ -605,7 +605,13 @@ def test_a_store_signed_by_epfleets_publisher_is_followed_through_a_root_rotatio
     sign_manifest(store, keys)
     assert only(run()).action == "downloaded"
 
-    offline, online = load_offline(keys), online_key(keys)
+    offline, online = load_offline(keys), new_key()
+    rotate_online_key(store, offline, online)
+    new_build()
+    publish_trust(store, online)
+    after_online = only(run())
+    assert after_online.action == "downloaded", after_online.reason
+
     retired = offline.root
     rotate_root_keys(store, offline, [new_key() for _ in range(3)])
     new_build()
@@ -613,13 +619,13 @@ def test_a_store_signed_by_epfleets_publisher_is_followed_through_a_root_rotatio
     rotated = run()
     assert rotated.exit_code == 0 and only(rotated).action == "downloaded", rotated.manifest
     history = trust_of(cache, site.uri) / "root_history"
-    assert sorted(p.name for p in history.iterdir()) == ["1.root.json", "2.root.json"]
+    assert sorted(p.name for p in history.iterdir()) == [f"{v}.root.json" for v in (1, 2, 3)]
 
-    # Whoever kept the retired root keys signs a root 3 that hands them the online role.
-    got = store.read("trust/metadata/2.root.json")
+    # Whoever kept the retired root keys signs a root 4 that hands them the online role.
+    got = store.read("trust/metadata/3.root.json")
     assert got is not None
     forged = Metadata[Root].from_bytes(got.data)
-    forged.signed.version = 3
+    forged.signed.version = 4
     attacker = CryptoSigner.generate_ecdsa()
     for role in ("snapshot", "timestamp"):
         for keyid in list(forged.signed.roles[role].keyids):
@@ -628,7 +634,7 @@ def test_a_store_signed_by_epfleets_publisher_is_followed_through_a_root_rotatio
     forged.signatures.clear()
     for signer in retired:
         forged.sign(signer, append=True)
-    store.write("trust/metadata/3.root.json", forged.to_bytes(SERIALIZER))
+    store.write("trust/metadata/4.root.json", forged.to_bytes(SERIALIZER))
 
     assert_refused(run(), only(rotated), "root", "refused")
 
