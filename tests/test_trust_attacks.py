@@ -243,6 +243,7 @@ def unsigned_copy(store: Path, dest: Path) -> Path:
     it with keys of its own."""
     copy_store(store, dest)
     shutil.rmtree(dest / "trust", ignore_errors=True)
+    shutil.rmtree(dest.with_name(f"{dest.name}.dev-keys"), ignore_errors=True)
     return dest
 
 
