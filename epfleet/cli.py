@@ -328,12 +328,12 @@ def _start_temporary_api() -> str | None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import get_current_settings
 
+    _quiet_prefect_console()
     if get_current_settings().api.url:
         return None
     _temporary_api_dies_with_us()
     from prefect.server.api.server import SubprocessASGIServer
 
-    _quiet_prefect_console()
     server = SubprocessASGIServer()
     try:
         server.start()
