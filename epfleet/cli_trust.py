@@ -149,9 +149,20 @@ def rotate(
         The new root threshold (default: unchanged).
     """
     from epfleet.stores import open_store
-    from epfleet.trust.keys import load_offline, new_key, public_key_of, replace_root_keys
+    from epfleet.trust.keys import (
+        load_offline,
+        new_key,
+        public_key_of,
+        replace_root_keys,
+        restore_root_keys,
+    )
     from epfleet.trust.keys import online_signer as load_signer
-    from epfleet.trust.repository import latest_root, rotate_online_key, rotate_root_keys
+    from epfleet.trust.repository import (
+        check_offline_keys,
+        latest_root,
+        rotate_online_key,
+        rotate_root_keys,
+    )
 
     if root == (online_signer is not None):
         raise BadInputError("give exactly one of --online-signer URI and --root")
@@ -163,11 +174,16 @@ def rotate(
         print(f"rotated the online key of {store}: timestamp version {done.version}")
         print(f"publishers sign with: EPFLEET_TRUST_SIGNER={online_signer}")
         return EXIT_OK
+    check_offline_keys(opened, offline)
     version = latest_root(opened).signed.version
     new_root = [new_key() for _ in range(root_keys or len(offline.root))]
     # The new keys are on disk before any root names them: a crash loses no key.
     replace_root_keys(offline, new_root, version)
-    rotate_root_keys(opened, offline, list(new_root), threshold=root_threshold)
+    try:
+        rotate_root_keys(opened, offline, list(new_root), threshold=root_threshold)
+    except BaseException:
+        restore_root_keys(keys, version)  # no root names the new keys: the old stay in force
+        raise
     print(
         f"rotated the root keys of {store}: root version {version + 1}; the old keys are "
         f"in {keys / 'retired' / str(version)}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_publish import publish_new
@@ -14,6 +15,7 @@ from epfleet.cli_trust import main
 from epfleet.errors import BadInputError
 from epfleet.publishing import read_manifest
 from epfleet.stores import Store, open_store
+from epfleet.stores.local import LocalStore
 from epfleet.trust.client import verify
 from epfleet.trust.keys import file_uri, generate_online_file
 from epfleet.trust.repository import TIMESTAMP_KEY, development_root, latest_root
@@ -180,3 +182,38 @@ def test_development_root_of_a_local_store(
     assert development_root("s3://bucket/fleet") is None
     assert (tmp_path / "store.dev-keys").stat().st_mode & 0o777 == 0o700
     assert device_sees(store, root, tmp_path / "device", "model-1") == 2
+
+
+def test_root_rotation_refuses_other_keys_and_keeps_the_old_ones_when_it_fails(
+    capsys: pytest.CaptureFixture[str],
+    store_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys, other = tmp_path / "keys", tmp_path / "other-keys"
+    init(capsys, store_dir, keys)
+    init(capsys, tmp_path / "other-store", other)
+    before = {p.name: p.read_bytes() for p in keys.glob("root-*.pem")}
+    code, _, err = trust(
+        capsys, "rotate", "--store", str(store_dir), "--keys", str(other), "--root"
+    )
+    assert code == 2 and f"--keys {other} holds 0 of the root keys" in err
+    code, _, err = trust(
+        capsys, "rotate", "--store", str(store_dir), "--keys", str(other),
+        "--online-signer", file_uri(other / "online.pem"),
+    )  # fmt: skip
+    assert code == 2 and "holds 0 of the root keys" in err
+
+    # Another rotation writes root 2 between this one's read of root 1 and its write.
+    original = LocalStore.write
+
+    def raced(self: LocalStore, key: str, data: bytes, **conditions: Any) -> str:
+        if key == "trust/metadata/2.root.json":
+            original(self, key, b"another rotation's root 2", if_none_match=True)
+        return original(self, key, data, **conditions)
+
+    monkeypatch.setattr(LocalStore, "write", raced)
+    code, _, err = trust(capsys, "rotate", "--store", str(store_dir), "--keys", str(keys), "--root")
+    assert code == 1 and "2.root.json appeared meanwhile" in err
+    assert {p.name: p.read_bytes() for p in keys.glob("root-*.pem")} == before
+    assert len(list((keys / "retired" / "1-unused").glob("root-*.pem"))) == 3

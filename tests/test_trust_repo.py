@@ -23,6 +23,7 @@ from epfleet.errors import BadInputError
 from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.publishing import Published, publish, read_manifest, update_manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
+from epfleet.trust import repository
 from epfleet.trust.client import ROOT_HISTORY, verify
 from epfleet.trust.keys import generate_online_file, load_offline, new_key
 from epfleet.trust.repository import (
@@ -428,3 +429,33 @@ def test_root_rotation_is_followed_and_signed_by_both_thresholds(
     assert (device / ROOT_HISTORY / "2.root.json").read_bytes() == raw
     # A fresh device given only the first root follows too.
     assert "model-4" in signed_models(store, tmp_path / "fresh", root, ["model-4"])
+
+
+def test_an_interrupted_online_key_rotation_is_finished_by_running_it_again(
+    trusted: tuple[Store, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, keys, root = trusted
+    device = tmp_path / "device"
+    signed_models(store, device, root, ["model-1"])
+    new = online_key_from(generate_online_file(tmp_path / "new-online.pem"))
+    offline = load_offline(keys)
+
+    class Killed(Exception):
+        pass
+
+    def killed(*args: object, **kwargs: object) -> bytes:
+        raise Killed  # the rotation dies once its new root is written
+
+    with monkeypatch.context() as patch:
+        patch.setattr(repository, "_write_versioned", killed)
+        with pytest.raises(Killed):
+            rotate_online_key(store, offline, new)
+    assert read_state(store).root.signed.version == 2  # the new root is out
+
+    rotate_online_key(store, offline, new)
+
+    state = read_state(store)
+    assert state.root.signed.roles["timestamp"].keyids == [new.public_key.keyid]
+    assert state.succinct.keyids == [new.public_key.keyid]
+    assert "model-1" in signed_models(store, device, root, ["model-1"])
+    assert publish_trust(store, new).version == state.timestamp.signed.version  # type: ignore[union-attr]

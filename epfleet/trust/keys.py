@@ -131,6 +131,19 @@ def replace_root_keys(keys: OfflineKeys, new_root: list[CryptoSigner], version: 
     fsync_dir(keys.directory)
 
 
+def restore_root_keys(directory: Path, version: int) -> None:
+    """Undo ``replace_root_keys`` when the root naming the new keys was not written: the
+    new key files move to ``retired/<version>-unused/``, the old ones back in place."""
+    unused = directory / RETIRED_DIR / f"{version}-unused"
+    unused.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for path in _root_files(directory):
+        os.replace(path, unused / path.name)
+    for path in _root_files(directory / RETIRED_DIR / str(version)):
+        os.replace(path, directory / path.name)
+    fsync_dir(unused)
+    fsync_dir(directory)
+
+
 def generate_online_file(path: Path) -> str:
     """A new online key written to ``path`` (0600); its signer URI (``file2:<path>``)."""
     write_private_key(path, new_key())

@@ -239,9 +239,18 @@ def _first_root(store: Store) -> tuple[Metadata[Root], str]:
 
 def _latest_root(store: Store) -> tuple[Metadata[Root], str]:
     root, repository = _first_root(store)
-    while store.size(metadata_key("root", root.signed.version + 1)) is not None:
-        root = _load(store, repository, metadata_key("root", root.signed.version + 1))
-    return root, repository
+    while True:
+        key = metadata_key("root", root.signed.version + 1)
+        if store.size(key) is None:
+            return root, repository
+        following: Metadata[Root] = _load(store, repository, key)
+        if following.signed.version != root.signed.version + 1:
+            raise StoreError(
+                f"{store.uri}/{key} holds root version {following.signed.version}, not "
+                f"{root.signed.version + 1}: the root chain is damaged (devices refuse it); "
+                "restore that file from a backup"
+            )
+        root = following
 
 
 def latest_root(store: Store) -> Metadata[Root]:
@@ -354,7 +363,8 @@ def _check_online_key(store: Store, state: RepositoryState, signer: Signer) -> N
     if keyid not in roles["timestamp"].keyids or keyid not in bins:
         raise BadInputError(
             f"EPFLEET_TRUST_SIGNER's key {keyid[:12]} is not the online key of "
-            f"{store.uri}/trust (root version {state.root.signed.version}); was it rotated?"
+            f"{store.uri}/trust (root version {state.root.signed.version}); was it rotated? (a "
+            "rotation that stopped half-way is finished by running it again)"
         )
 
 
@@ -548,6 +558,25 @@ def _new_root(store: Store) -> Metadata[Root]:
     return Metadata(signed)
 
 
+def check_offline_keys(store: Store, offline: OfflineKeys, *, targets: bool = False) -> None:
+    """BadInputError unless ``offline`` holds a threshold of the store's current root keys
+    (and, with ``targets``, its targets key): a rotation signed otherwise would be a root
+    no device follows."""
+    root = latest_root(store).signed
+    role = root.roles["root"]
+    held = {s.public_key.keyid for s in offline.root} & set(role.keyids)
+    if len(held) < role.threshold:
+        raise BadInputError(
+            f"--keys {offline.directory} holds {len(held)} of the root keys of {store.uri} "
+            f"(root version {root.version} needs {role.threshold}); is it this store's "
+            "offline key directory?"
+        )
+    if targets and offline.targets.public_key.keyid not in root.roles["targets"].keyids:
+        raise BadInputError(
+            f"--keys {offline.directory}: its targets.pem is not the targets key of {store.uri}"
+        )
+
+
 def _write_root(store: Store, root: Root, signers: Sequence[Signer]) -> bytes:
     raw = _signed(root, signers)
     try:
@@ -566,17 +595,20 @@ def rotate_online_key(
     """Replace the online key: a new root (signed by the root keys) names it for snapshot
     and timestamp, a new targets role delegates the bins to it, and every bin, the
     snapshot and the timestamp are signed again with it. Devices follow the new root."""
+    check_offline_keys(store, offline, targets=True)
     root = _new_root(store)
-    old = set(root.signed.roles["timestamp"].keyids)
-    for role in ("snapshot", "timestamp"):
-        for keyid in list(root.signed.roles[role].keyids):
-            root.signed.revoke_key(keyid, role)
-        root.signed.add_key(new_online.public_key, role)
+    keyid = new_online.public_key.keyid
+    # A root that names the key already: a rotation to it stopped after writing its root
+    # (devices refuse the old key's timestamp from then on), or the key is the current one
+    # and only targets is renewed. Either way no new root; targets and the rest follow.
+    if any(root.signed.roles[role].keyids != [keyid] for role in ("snapshot", "timestamp")):
+        for role in ("snapshot", "timestamp"):
+            for old in list(root.signed.roles[role].keyids):
+                root.signed.revoke_key(old, role)
+            root.signed.add_key(new_online.public_key, role)
+        _write_root(store, root.signed, offline.root)
     state = read_state(store)
     bits = state.succinct.bit_length
-    if not old & set(state.succinct.keyids):
-        raise StoreError(f"{store.uri}: the bins are not delegated to the online key of root")
-    _write_root(store, root.signed, offline.root)
     targets = _delegating_targets(
         state.targets.signed.version + 1, new_online.public_key, bits, now or utcnow()
     )
@@ -592,6 +624,7 @@ def rotate_root_keys(
     """A new root version whose root keys are ``new_root`` (threshold unchanged unless
     given), signed by the old keys and the new ones: devices holding the old root verify
     it with the old threshold, and it verifies itself with the new one."""
+    check_offline_keys(store, old)
     root = _new_root(store)
     threshold = threshold or root.signed.roles["root"].threshold
     if not 1 <= threshold <= len(new_root):
