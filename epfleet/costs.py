@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from epfleet.gc import kind_of, referenced_keys
-from epfleet.manifest import Manifest
+from epfleet.gc import kind_of
+from epfleet.manifest import Manifest, referenced_keys
 from epfleet.report import format_bytes, table
 from epfleet.stores import Store
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field, ValidationError
 from epfleet.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.errors import StoreError
 from epfleet.fsutil import is_temp_name
-from epfleet.manifest import Manifest
+from epfleet.manifest import Manifest, referenced_keys
 from epfleet.publishing import read_manifest
 from epfleet.report import format_bytes
 from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store
@@ -78,17 +78,6 @@ def kind_of(key: str) -> Kind | None:
     if is_temp_name(name) and (not folder or key.startswith(_TEMP_FOLDERS)):
         return "temp"
     return None
-
-
-def referenced_keys(manifest: Manifest | None) -> set[str]:
-    """Every store key the manifest names: sources, samples and variant artifacts."""
-    keys: set[str] = set()
-    for entry in (manifest.models if manifest else {}).values():
-        keys.add(entry.source.uri)
-        if entry.samples is not None:
-            keys.add(entry.samples.uri)
-        keys.update(v.artifact.uri for v in entry.variants.values() if v.artifact is not None)
-    return keys
 
 
 def pinned_prefixes(reports: Iterable[DeviceReport]) -> dict[str, str]:

@@ -257,3 +257,14 @@ def merge(
         return Merged(manifest=None, conflicts=conflicts)
     manifest = Manifest(generation=base.generation + 1, published_at=utcnow(), models=models)
     return Merged(manifest=manifest, conflicts=conflicts)
+
+
+def referenced_keys(manifest: Manifest | None) -> set[str]:
+    """Every store key the manifest names: sources, samples and variant artifacts."""
+    keys: set[str] = set()
+    for entry in (manifest.models if manifest else {}).values():
+        keys.add(entry.source.uri)
+        if entry.samples is not None:
+            keys.add(entry.samples.uri)
+        keys.update(v.artifact.uri for v in entry.variants.values() if v.artifact is not None)
+    return keys

@@ -29,7 +29,14 @@ from securesystemslib.signer import Key, Signer
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.fsutil import atomic_write_bytes
-from epfleet.manifest import Manifest, SamplesRef, SourceEntry, VariantEntry, merge
+from epfleet.manifest import (
+    Manifest,
+    SamplesRef,
+    SourceEntry,
+    VariantEntry,
+    merge,
+    referenced_keys,
+)
 from epfleet.settings import settings
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import LocalStore
@@ -96,6 +103,7 @@ def update_manifest(
         if changed is None:
             result = Published(manifest=current, published=False)
             break
+        check_present(store, referenced_keys(changed) - referenced_keys(current))
         data = changed.to_json()
         try:
             if etag is None:
@@ -113,6 +121,18 @@ def update_manifest(
     if signer is not None:
         result.signed_version = publish_trust(store, signer).version
     return result
+
+
+def check_present(store: Store, keys: set[str]) -> None:
+    """Refuse to publish a manifest naming objects the store no longer has: a run that found
+    an object already stored skips its upload, and ``epfleet gc`` may have removed that
+    object (unreferenced, past its grace period) while the run compiled."""
+    missing = sorted(key for key in keys if store.size(key) is None)
+    if missing:
+        raise StoreError(
+            f"not published: {', '.join(missing)} in {store.uri} was removed while this run "
+            "compiled (epfleet gc?); nothing was published, run the compile again"
+        )
 
 
 def publish(

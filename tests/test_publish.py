@@ -39,6 +39,8 @@ def one_model(index: int) -> tuple[dict[str, SourceEntry], dict[tuple[str, str],
 def publish_new(store: Store, index: int) -> Published:
     """Publish model ``index`` as a run that found no entry for it."""
     sources, variants = one_model(index)
+    for ref in [*sources.values(), *(v.artifact for v in variants.values() if v.artifact)]:
+        store.write(ref.uri, bytes(ref.size))  # a publish names only objects the store has
     return publish(store, sources, dict.fromkeys(sources), variants)
 
 
@@ -106,3 +108,19 @@ def test_invalid_manifest_is_never_published_over(tmp_path: Path) -> None:
     assert (
         tmp_path / MANIFEST_KEY
     ).read_bytes() == b'{"schema_version": "1.0", "generation": "lots"}'
+
+
+def test_a_manifest_naming_a_removed_object_is_not_published(tmp_path: Path) -> None:
+    """A run that found an object already stored skips uploading it; when `epfleet gc`
+    removed it meanwhile, the publish is refused and the manifest in the store is kept."""
+    store = open_store(str(tmp_path / "store"))
+    publish_new(store, 1)
+    before = store.read(MANIFEST_KEY)
+    sources, variants = one_model(2)
+    store.write(
+        next(iter(sources.values())).uri, bytes(3)
+    )  # the source is there, the variant is not
+    with pytest.raises(StoreError, match=r"variants/model-2/cpu/.* was removed while this run"):
+        publish(store, sources, dict.fromkeys(sources), variants)
+    after = store.read(MANIFEST_KEY)
+    assert before is not None and after is not None and after.data == before.data

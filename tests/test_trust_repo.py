@@ -230,6 +230,8 @@ def one_model(index: int) -> tuple[dict[str, SourceEntry], dict[tuple[str, str],
 
 def publish_new(store: Store, index: int) -> Published:
     sources, variants = one_model(index)
+    for ref in [*sources.values(), *(v.artifact for v in variants.values() if v.artifact)]:
+        store.write(ref.uri, bytes(ref.size))  # a publish names only objects the store has
     return publish(store, sources, dict.fromkeys(sources), variants)
 
 
