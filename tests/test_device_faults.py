@@ -551,6 +551,14 @@ def test_running_out_of_space_mid_download_leaves_no_partial_file(
     assert [p for p in (cache / ".epfleet" / "partial").iterdir() if p.suffix == ".part"] == []
 
 
+def unsigned_copy(fleet_store: Path, dest: Path) -> Path:
+    """A copy of the store without its development keys: the device syncs from the
+    unsigned manifest.json (EPFLEET_ALLOW_UNSIGNED), which these tests edit in place."""
+    store = copy_store(fleet_store, dest)
+    shutil.rmtree(store.with_name(f"{store.name}.dev-keys"), ignore_errors=True)
+    return store
+
+
 # --- provider options the device's EP does not take -------------------------------------------
 
 
@@ -560,7 +568,7 @@ def test_a_variant_with_provider_options_the_ep_does_not_take_is_skipped(
     """A published variant whose provider_options hold a key this device's EP does not
     accept is never handed to the EP: it is judged unsupported with the key named, and the
     sync goes on with what else there is (here the source on the CPU, no recompile)."""
-    store = copy_store(fleet_store, tmp_path / "store")
+    store = unsigned_copy(fleet_store, tmp_path / "store")
     document = json.loads((store / "manifest.json").read_text())
     document["models"][MODEL]["variants"]["x86-cpu"]["provider_options"] = {"isa_levl": "avx2"}
     (store / "manifest.json").write_text(json.dumps(document))
@@ -601,7 +609,7 @@ def test_a_read_only_cache_reports_what_runs_and_names_what_it_cannot_write(
     """The whole cache on a file system remounted read-only: a sync with nothing to change
     prints its report (exit 0, a warning); one with a new manifest to keep says which file
     it cannot write (exit 1). No traceback, the package untouched and still running."""
-    store = copy_store(fleet_store, tmp_path / "store")
+    store = unsigned_copy(fleet_store, tmp_path / "store")
     cache = small_disk / "device"
     first = run_sync(str(store), cache)
     expected = {m.model: m.variant or "" for m in first.models}
@@ -633,7 +641,7 @@ def test_a_read_only_models_directory_fails_each_model_by_path_and_keeps_it(
     """Only models/ is read-only (a read-only bind mount): the new build is downloaded and
     verified but cannot be installed; the model fails naming the directory, the report is
     printed and the previous variant stays active and running."""
-    store = copy_store(fleet_store, tmp_path / "store")
+    store = unsigned_copy(fleet_store, tmp_path / "store")
     cache = small_disk / "device"
     before = active(run_sync(str(store), cache, models=[MODEL]))
     republish_edited_cpu_variant(store, rebuilt)
