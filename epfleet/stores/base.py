@@ -3,6 +3,8 @@ documents a store reads whole."""
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -146,12 +148,22 @@ def document_limit(key: str) -> tuple[int, str]:
     """The largest object ``read`` returns whole for ``key``, and the variable that sets
     it: ``EPFLEET_MAX_MANIFEST_BYTES`` for a manifest, ``EPFLEET_MAX_DOCUMENT_BYTES`` for
     anything else (device reports, hand-over files)."""
+    manifest, document = _limits(
+        os.environ.get("EPFLEET_MAX_MANIFEST_BYTES"), os.environ.get("EPFLEET_MAX_DOCUMENT_BYTES")
+    )
+    if key.rsplit("/", 1)[-1] == MANIFEST_KEY:
+        return manifest, "EPFLEET_MAX_MANIFEST_BYTES"
+    return document, "EPFLEET_MAX_DOCUMENT_BYTES"
+
+
+@functools.lru_cache(maxsize=8)
+def _limits(manifest: str | None, document: str | None) -> tuple[int, int]:
+    """The two limits for these values of their variables: building the settings takes
+    milliseconds, and a publish of signed metadata reads hundreds of documents."""
     from epfleet.settings import settings  # not at import: settings imports this package
 
     s = settings()
-    if key.rsplit("/", 1)[-1] == MANIFEST_KEY:
-        return int(s.max_manifest_bytes), "EPFLEET_MAX_MANIFEST_BYTES"
-    return int(s.max_document_bytes), "EPFLEET_MAX_DOCUMENT_BYTES"
+    return int(s.max_manifest_bytes), int(s.max_document_bytes)
 
 
 def too_large(where: str, key: str, size: int | None, etag: str | None) -> DocumentTooLarge:
