@@ -31,7 +31,9 @@ from cyclopts import App, CycloptsError, Parameter
 
 from epfleet import MAX_WORKERS, RECIPE_VERSION, __version__, ort_version
 from epfleet.cli_options import Json, Repeatable, RunnerName, Store, cli_error, default_text
+from epfleet.cli_store import gc, retire
 from epfleet.cli_sync import sync
+from epfleet.cli_trust import trust_app
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.runs import DEFAULT_STORE
 from epfleet.settings import describe
@@ -80,6 +82,9 @@ app = App(
 manifest_app = App(name="manifest", help="Inspect the published manifest.")
 app.command(manifest_app)
 app.command(sync)
+app.command(trust_app)
+app.command(gc)
+app.command(retire)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -521,12 +526,14 @@ def _json_report(report: RunReport) -> dict[str, object]:
 
 
 @manifest_app.command
-def show(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
-    """Print the published manifest as a table, or as JSON.
+def show(*, store: Store = DEFAULT_STORE, as_json: Json = False, costs: bool = False) -> int:
+    """Print the published manifest as a table, with what the store holds per model and
+    target, or as JSON.
 
     For example:
       epfleet manifest show --store s3://bucket/fleet
       epfleet manifest show --store ./epfleet-store --json
+      epfleet manifest show --store ./epfleet-store --json --costs
 
     Exit codes: 0 shown; 1 the store failed; 2 no manifest there.
 
@@ -534,18 +541,28 @@ def show(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
     ----------
     as_json
         Print the manifest document itself.
+    costs
+        With --json: print the store's bytes per model and target, and its total
+        (referenced, unreferenced, other), instead of the manifest.
     """
+    from epfleet.costs import cost_table
+    from epfleet.costs import costs as store_costs
     from epfleet.publishing import read_manifest
     from epfleet.report import render_manifest
     from epfleet.stores import open_store
 
-    manifest, _ = read_manifest(open_store(store))
+    opened = open_store(store)
+    manifest, _ = read_manifest(opened)
     if manifest is None:
         raise BadInputError(f"no manifest at {store}/manifest.json: run epfleet compile first")
-    if as_json:
+    if as_json and costs:
+        sys.stdout.write(store_costs(opened, manifest).model_dump_json(indent=2) + "\n")
+    elif as_json:
         sys.stdout.write(manifest.to_json().decode())
     else:
         print(render_manifest(manifest, store))
+        print()
+        print(cost_table(opened, manifest))
     return EXIT_OK
 
 

@@ -138,6 +138,14 @@ def verdict_rows(report: DeviceReport) -> list[dict[str, str]]:
     ]
 
 
+def _signing(signed: bool | None, version: int | None) -> str:
+    if signed is None:
+        return ""
+    if not signed:
+        return ", unsigned"
+    return f", signed, timestamp v{version}" if version is not None else ", signed"
+
+
 def render_device_report(report: DeviceReport) -> str:
     devices = ", ".join(
         f"{d.ep.removesuffix('ExecutionProvider')}:{d.type}" for d in report.devices
@@ -146,8 +154,9 @@ def render_device_report(report: DeviceReport) -> str:
     out = [
         f"device {report.device_id}  ORT {report.ort_version}  devices: {devices}",
         f"manifest: {manifest.status} (generation {manifest.generation}, "
-        f"{format_bytes(manifest.body_bytes)})"
-        + (f": {manifest.reason}" if manifest.reason else ""),
+        f"{format_bytes(manifest.body_bytes)}{_signing(manifest.signed, manifest.signed_version)})"
+        + (f": {manifest.reason}" if manifest.reason else "")
+        + (f" [warning: {manifest.warning}]" if manifest.warning else ""),
     ]
     verdicts = verdict_rows(report)
     if verdicts:
