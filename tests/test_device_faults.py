@@ -607,8 +607,8 @@ def test_a_read_only_cache_reports_what_runs_and_names_what_it_cannot_write(
     fleet_store: Path, tmp_path: Path, small_disk: Path
 ) -> None:
     """The whole cache on a file system remounted read-only: a sync with nothing to change
-    prints its report (exit 0, a warning); one with a new manifest to keep says which file
-    it cannot write (exit 1). No traceback, the package untouched and still running."""
+    prints its report (exit 0, a warning); one with a new manifest to keep prints its report
+    too and says which file it cannot write (exit 1). No traceback, the package untouched and still running."""
     store = unsigned_copy(fleet_store, tmp_path / "store")
     cache = small_disk / "device"
     first = run_sync(str(store), cache)
@@ -629,6 +629,7 @@ def test_a_read_only_cache_reports_what_runs_and_names_what_it_cannot_write(
         assert "Traceback" not in changed.stderr
         kept = cache / ".epfleet" / "fleet-manifest.json"
         assert f"cannot write {kept}: Read-only file system" in changed.stderr
+        assert "manifest: rejected" in changed.stdout  # the report is printed all the same
     finally:
         remount(small_disk, "-o", "remount,rw")
     assert snapshot(cache) == before

@@ -38,7 +38,7 @@ from types import TracebackType
 
 from epfleet import ort_version
 from epfleet.device import model_sync
-from epfleet.device.cache import STATE_DIR, CacheState, DeviceCache
+from epfleet.device.cache import STATE_DIR, CacheNotWritable, CacheState, DeviceCache, DiskFull
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_eps import LocalEps, discover, ep_versions
 from epfleet.device.manifest_cache import (
@@ -236,17 +236,26 @@ class SyncSession:
         anything), metadata that does not verify or an invalid manifest leaves the one
         in force before in force."""
         with within(self.deadline):
-            if self.root is not None:
-                status = fetch_signed_manifest(
-                    self.store, self.cache, self.state, self.root, self.policy.models
+            try:
+                if self.root is not None:
+                    status = fetch_signed_manifest(
+                        self.store, self.cache, self.state, self.root, self.policy.models
+                    )
+                    if self.trust_warning:
+                        status = status.model_copy(update={"warning": self.trust_warning})
+                        logger.warning("%s", self.trust_warning)
+                else:
+                    status = fetch_manifest(self.store, self.cache, self.state)
+                    status = status.model_copy(update={"signed": False, "warning": UNSIGNED})
+                    logger.warning("%s", UNSIGNED)
+            except (CacheNotWritable, DiskFull) as exc:  # the report must still be printed
+                status = ManifestStatus(
+                    status="rejected",
+                    generation=self.state.manifest_generation,
+                    body_bytes=0,
+                    reason=f"the new manifest could not be kept (the one before stays in "
+                    f"force): {exc}",
                 )
-                if self.trust_warning:
-                    status = status.model_copy(update={"warning": self.trust_warning})
-                    logger.warning("%s", self.trust_warning)
-            else:
-                status = fetch_manifest(self.store, self.cache, self.state)
-                status = status.model_copy(update={"signed": False, "warning": UNSIGNED})
-                logger.warning("%s", UNSIGNED)
         self.status = status
         self.fetcher.offline = status.offline
         self.__dict__.pop("manifest", None)  # a newly fetched one is in force
