@@ -119,14 +119,14 @@ def golden_size(manifest: Manifest, model: str) -> int:
 
 
 def copy_store(source: Path, dest: Path) -> Path:
-    """A copy of a local store, with the development keys its compile made beside it (a
-    later compile into the copy signs with them)."""
+    """A copy of a local store without its signed metadata: the tests edit its manifest
+    as an unsigned store's (a device syncs it with EPFLEET_ALLOW_UNSIGNED), and a later
+    compile into it creates development keys of its own."""
     import shutil
 
-    shutil.copytree(source, dest)
-    keys = source.with_name(f"{source.name}.dev-keys")
-    if keys.is_dir():
-        shutil.copytree(keys, dest.with_name(f"{dest.name}.dev-keys"))
+    shutil.copytree(
+        source, dest, ignore=lambda directory, names: ["trust"] * (directory == str(source))
+    )
     return dest
 
 
