@@ -636,6 +636,45 @@ def test_a_read_only_cache_reports_what_runs_and_names_what_it_cannot_write(
     assert_package_runs(cache, expected)
 
 
+def test_a_read_only_cache_verifies_a_signed_store_without_writing(
+    fleet_store: Path, tmp_path: Path, small_disk: Path
+) -> None:
+    """The signed path on a read-only cache: the trusted root ngclient saves on every start
+    is not written again when it is unchanged, so an unchanged signed store syncs (exit 0,
+    the manifest signed), with no traceback and nothing in the cache changed."""
+    store = copy_store(fleet_store, tmp_path / "store")
+    cache = small_disk / "device"
+    (tmp_path / "store.dev-keys").mkdir()
+    publish_signed = subprocess.run(  # the copy signed with development keys of its own
+        [
+            sys.executable,
+            "-c",
+            "import sys; from epfleet.publishing import update_manifest; "
+            "from epfleet.stores import open_store; update_manifest(open_store(sys.argv[1]), lambda m: None)",
+            str(store),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert publish_signed.returncode == 0, publish_signed.stderr
+    first = run_sync(str(store), cache)
+    assert first.manifest.signed, first.manifest
+    expected = {m.model: m.variant or "" for m in first.models}
+    before = snapshot(cache)
+    remount(small_disk, "-o", "remount,ro")
+    try:
+        done = cli_sync(store, cache, "--json")
+    finally:
+        remount(small_disk, "-o", "remount,rw")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    report = DeviceReport.model_validate_json(done.stdout)
+    assert report.manifest.signed and [m.action for m in report.models] == ["kept", "kept"]
+    assert snapshot(cache) == before
+    assert_package_runs(cache, expected)
+
+
 def test_a_read_only_models_directory_fails_each_model_by_path_and_keeps_it(
     fleet_store: Path, tmp_path: Path, small_disk: Path
 ) -> None:

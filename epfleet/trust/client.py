@@ -18,6 +18,8 @@ signatures, rollback, expired, mix-and-match, longer than signed, trickled, abse
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -32,6 +34,7 @@ from tuf.api import exceptions as tuf_errors
 from tuf.ngclient import Updater, UpdaterConfig
 from tuf.ngclient.fetcher import FetcherInterface
 
+from epfleet.device.cache import not_writable
 from epfleet.errors import BadInputError, EpfleetError, StoreError, TransientStoreError
 from epfleet.fsutil import atomic_write_bytes, read_nofollow
 from epfleet.hashing import sha256_bytes
@@ -169,7 +172,32 @@ class _Updater(Updater):
     files are 0600, and another user running the package reads the cache)."""
 
     def _persist_file(self, filename: str, data: bytes) -> None:
-        atomic_write_bytes(Path(filename), data)
+        path = Path(filename)
+        if _read(path) == data:  # ngclient saves the trusted root on every start
+            return
+        with _refused_as_not_writable(path):
+            atomic_write_bytes(path, data)
+
+    def _update_root_symlink(self) -> None:
+        # ngclient points root.json at the trusted root's file in root_history on every
+        # start; leave a link that already does (a read-only cache verifies all the same)
+        link = Path(self._dir, "root.json")
+        current = os.path.join(ROOT_HISTORY, f"{self._trusted_set.root.version}.root.json")
+        with contextlib.suppress(OSError):
+            if os.readlink(link) == current:
+                return
+        with _refused_as_not_writable(link):
+            super()._update_root_symlink()
+
+
+@contextlib.contextmanager
+def _refused_as_not_writable(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise not_writable(path, exc) from None
+        raise
 
 
 def provisioned_root(directory: Path, given: Path | None) -> bytes | None:
