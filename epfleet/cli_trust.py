@@ -8,14 +8,13 @@ named). The repository code is imported inside each command.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
-from cyclopts import App, CycloptsError, Parameter
+from cyclopts import App, Parameter
 
-from epfleet.cli_options import Json, Store, cli_error
-from epfleet.errors import BadInputError, EpfleetError
+from epfleet.cli_options import Json, Store
+from epfleet.errors import BadInputError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -40,24 +39,6 @@ OnlinePublicKey = Annotated[
     Path | None,
     Parameter(help="The online key's public key (PEM), for a KMS signer URI."),
 ]
-
-
-def main(argv: list[str]) -> int:
-    """Run one ``epfleet trust`` command line; return its exit code (as ``epfleet.cli``)."""
-    try:
-        result = trust_app(
-            argv, exit_on_error=False, print_error=False, result_action="return_value"
-        )
-    except CycloptsError as exc:
-        print(f"epfleet: error: {cli_error(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except BadInputError as exc:
-        print(f"epfleet: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except EpfleetError as exc:
-        print(f"epfleet: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    return int(result or 0)
 
 
 @trust_app.command

@@ -59,6 +59,6 @@ def trust_refresh(store: str = DEFAULT_STORE) -> int | None:
 
 
 if __name__ == "__main__":
-    from epfleet.cli_trust import main
+    from epfleet.cli import main
 
-    sys.exit(main(["refresh", *sys.argv[1:]]))
+    sys.exit(main(["trust", "refresh", *sys.argv[1:]]))

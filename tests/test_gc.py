@@ -346,41 +346,28 @@ def test_no_manifest_collects_only_temp_files() -> None:
     assert plan.deferred and "no manifest.json" in plan.deferred
 
 
-def run_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """``epfleet.cli.main`` (its exit codes and error lines) with the store commands the
-    lead wires into it."""
-    from cyclopts import App, Parameter
-
+def run_cli(argv: list[str]) -> int:
+    """``epfleet.cli.main``: its exit codes and error lines."""
     from epfleet import cli
-    from epfleet.cli_options import default_text
-    from epfleet.cli_store import gc, retire
 
-    app = App(name="epfleet", default_parameter=Parameter(negative=(), show_default=default_text))
-    app.command(gc)
-    app.command(retire)
-    monkeypatch.setattr(cli, "app", app)
     return cli.main(argv)
 
 
-def test_gc_command(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_gc_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store, fleet = make_fleet(open_store(str(tmp_path / "store")))
-    assert run_cli(["gc", "--store", store.uri, "--json"], monkeypatch) == 0
+    assert run_cli(["gc", "--store", store.uri, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert {c["key"] for c in listed["plan"]["candidates"]} == fleet.removable
     assert listed["deleted"] is False and listed["removed"] == [] and listed["freed"] == 0
     assert fleet.removable <= keys(store)
-    assert (
-        run_cli(["gc", "--store", store.uri, "--delete", "--retention-days", "1"], monkeypatch) == 0
-    )
+    assert run_cli(["gc", "--store", store.uri, "--delete", "--retention-days", "1"]) == 0
     out = capsys.readouterr().out
     assert f"removed {len(fleet.removable) + 1} object(s)" in out  # the pin expired too
     assert not (fleet.removable | fleet.pinned) & keys(store)
-    assert run_cli(["gc", "--store", store.uri, "--grace", "-1"], monkeypatch) == 2
+    assert run_cli(["gc", "--store", store.uri, "--grace", "-1"]) == 2
     assert "--grace must be 0 hours or more, got -1" in capsys.readouterr().err
     store.write(MANIFEST_KEY, b'{"models": 3}')
-    assert run_cli(["gc", "--store", store.uri, "--delete"], monkeypatch) == 1
+    assert run_cli(["gc", "--store", store.uri, "--delete"]) == 1
     assert "manifest.json fails validation" in capsys.readouterr().err
 
 

@@ -136,7 +136,6 @@ def test_no_manifest(tmp_path: Path) -> None:
 def test_retire_command(
     local: Store,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     fleet(local)
@@ -153,19 +152,19 @@ def test_retire_command(
         ([], "name what to retire"),
         (["--model", "nope"], "model 'nope' is not in"),
     ]:
-        assert run_cli(["retire", "--store", uri, *argv], monkeypatch) == 2, argv
+        assert run_cli(["retire", "--store", uri, *argv]) == 2, argv
         assert error in capsys.readouterr().err
     before = local.read(MANIFEST_KEY)
     argv = ["retire", "--store", uri, "--spec", str(spec_path), "--unlisted", "--dry-run"]
-    assert run_cli([*argv, "--json"], monkeypatch) == 0
+    assert run_cli([*argv, "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert planned["models"] == ["det", "gone"] and planned["variants"] == ["cls/htp"]
     assert planned["dry_run"] is True and local.read(MANIFEST_KEY) == before
-    assert run_cli(argv[:-1], monkeypatch) == 0
+    assert run_cli(argv[:-1]) == 0
     out = capsys.readouterr().out
     assert "retired model det (all its variants)" in out and "retired variant cls/htp" in out
     assert "manifest generation 6" in out
     manifest, _ = read_manifest(local)
     assert manifest is not None and list(manifest.models) == ["cls"]
-    assert run_cli(argv[:-1], monkeypatch) == 0
+    assert run_cli(argv[:-1]) == 0
     assert "nothing to retire" in capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""``epfleet trust init|rotate|refresh|status`` (epfleet.cli_trust, run through its
-``main``): exit codes, errors naming the option, and metadata a device verifies after
+"""``epfleet trust init|rotate|refresh|status`` (epfleet.cli_trust, run through
+``epfleet.cli.main``): exit codes, errors naming the option, and metadata a device verifies after
 each command (epfleet.trust.client, python-tuf's ngclient)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from test_publish import publish_new
 
-from epfleet.cli_trust import main
+from epfleet.cli import main
 from epfleet.errors import BadInputError
 from epfleet.publishing import read_manifest
 from epfleet.stores import Store, open_store
@@ -29,7 +29,7 @@ def store_dir(tmp_path: Path) -> Path:
 
 
 def trust(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+    code = main(["trust", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
