@@ -22,11 +22,12 @@ from pydantic import (
     model_validator,
 )
 
+from epfleet.hashing import sha256_bytes
 from epfleet.stores.base import check_key
 
 # Bump whenever validation tightens: a device then re-fetches, and so re-validates, the
 # manifest it cached under the older rules instead of trusting it.
-VALIDATION_RULES = "4"
+VALIDATION_RULES = "5"
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
@@ -58,8 +59,84 @@ class ArtifactRef(_Strict):
         return check_key(uri)
 
 
-class SourceEntry(ArtifactRef):
+MODEL_FILE = "model.onnx"
+"""The main ONNX file's name in a single-file source's or variant's directory."""
+FILE_PATH_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*(/[A-Za-z0-9_][A-Za-z0-9_.+-]*)*$"
+"""A file's path inside a variant directory: relative POSIX, no empty, hidden, ``.`` or
+``..`` component (a device creates these names)."""
+FILE_PATH_MAX_LENGTH = 200
+
+
+def files_key(sha256: str) -> str:
+    """Where a file beside a main model (external data, EP context, sidecar) is stored:
+    content-addressed, so a file shared by a source and all its variants is stored once."""
+    return f"files/{sha256}"
+
+
+class PackageFile(ArtifactRef):
+    """One file beside the main ONNX file of a multi-file source or variant."""
+
+    path: str = Field(
+        pattern=FILE_PATH_PATTERN,
+        max_length=FILE_PATH_MAX_LENGTH,
+        description="Path relative to the main ONNX file's directory, e.g. model.onnx.data",
+    )
+
+
+class FileSet(_Strict):
+    """A main ONNX file (``model_file``) and the files that must sit beside it. Both are
+    left out of the JSON when they are the single-file defaults, so single-file entries
+    (and their signed bytes) stay as they were."""
+
+    model_file: str = Field(
+        default=MODEL_FILE,
+        exclude_if=lambda path: path == MODEL_FILE,
+        pattern=FILE_PATH_PATTERN,
+        max_length=FILE_PATH_MAX_LENGTH,
+        description="The main ONNX file's path in the directory (a GenAI config names it)",
+    )
+    files: list[PackageFile] = Field(
+        default_factory=list,
+        exclude_if=lambda files: not files,
+        description="Files beside the main one: external data, EP contexts, sidecars",
+    )
+
+    @model_validator(mode="after")
+    def _distinct_paths(self) -> FileSet:
+        paths = [self.model_file] + [f.path for f in self.files]
+        folded = [path.lower() for path in paths]
+        if len(set(folded)) != len(folded):
+            raise ValueError(f"file paths must be distinct (ignoring case): {paths}")
+        dirs = {"/".join(p.split("/")[:i]) for p in folded for i in range(1, p.count("/") + 1)}
+        if clash := sorted(dirs & set(folded)):
+            raise ValueError(f"{clash[0]!r} is both a file and a directory")
+        return self
+
+
+def set_digest(main: ArtifactRef, model_file: str, files: list[PackageFile]) -> str:
+    """One sha256 for a main file and the files beside it: the main file's own sha256 when
+    it stands alone (so single-file digests are unchanged), else a hash of the sorted
+    listing of (path, sha256, size)."""
+    if not files:
+        return main.sha256
+    listing = sorted([[f.path, f.sha256, f.size] for f in files])
+    listing.insert(0, [model_file, main.sha256, main.size])
+    return sha256_bytes(json.dumps(listing, separators=(",", ":")).encode())
+
+
+class SourceEntry(FileSet, ArtifactRef):
+    """A model's source: ``uri``/``sha256``/``size`` are its main ONNX file's."""
+
     input_shapes: dict[str, list[int]] = Field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        """The whole source's identity (what fingerprints and device builds key on)."""
+        return set_digest(self, self.model_file, self.files)
+
+    @property
+    def total_size(self) -> int:
+        return self.size + sum(f.size for f in self.files)
 
 
 class SamplesRef(ArtifactRef):
@@ -101,7 +178,10 @@ class Verification(_Strict):
     reason: str | None = Field(default=None, description="Why it failed or was not run")
 
 
-class VariantEntry(_Strict):
+class VariantEntry(FileSet):
+    """One compiled variant. ``artifact`` is its main ONNX file (it carries the
+    compatibility string); ``files`` sit beside it in the variant's directory."""
+
     ep: str
     device: Literal["cpu", "gpu", "npu"]
     compatibility_string: str | None = None
@@ -126,6 +206,17 @@ class VariantEntry(_Strict):
         if self.status == "failed" and not self.error:
             raise ValueError("a failed variant needs an error")
         return self
+
+    @property
+    def digest(self) -> str | None:
+        """The variant's identity: its artifact's sha256, or its file set's digest."""
+        if self.artifact is None:
+            return None
+        return set_digest(self.artifact, self.model_file, self.files)
+
+    @property
+    def total_size(self) -> int:
+        return (self.artifact.size if self.artifact else 0) + sum(f.size for f in self.files)
 
     def same_build(self, other: VariantEntry) -> bool:
         """Equal but for when it was compiled and how long its checks took: publishing it
@@ -260,11 +351,16 @@ def merge(
 
 
 def referenced_keys(manifest: Manifest | None) -> set[str]:
-    """Every store key the manifest names: sources, samples and variant artifacts."""
+    """Every store key the manifest names: sources, samples, variant artifacts and the
+    files beside sources and variants."""
     keys: set[str] = set()
     for entry in (manifest.models if manifest else {}).values():
         keys.add(entry.source.uri)
+        keys.update(f.uri for f in entry.source.files)
         if entry.samples is not None:
             keys.add(entry.samples.uri)
-        keys.update(v.artifact.uri for v in entry.variants.values() if v.artifact is not None)
+        for variant in entry.variants.values():
+            if variant.artifact is not None:
+                keys.add(variant.artifact.uri)
+            keys.update(f.uri for f in variant.files)
     return keys
