@@ -39,6 +39,13 @@ class Settings(BaseSettings):
         "(the default); each compile run first evicts the least recently used beyond it "
         "and removes temp files and scratch older than an hour; 0 keeps none",
     )
+    embed_context_max_bytes: ByteSize = Field(
+        default=ByteSize(256 << 20),
+        ge=0,
+        description="A variant embeds its EP context binaries in the model when the source "
+        "totals less than this, e.g. 256MiB (the default); larger ones get them as files "
+        "beside the model. A target's embed_context overrides it",
+    )
     device_id: str | None = Field(
         default=None,
         pattern=NAME_PATTERN,

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 from eps.base import (
     FP16_TOLERANCE,
     DeviceType,
+    SINGLE_FILE,
     GraphOptimization,
     Judgement,
+    Layout,
     LocalTarget,
     MissingExtraError,
     NoDeviceError,
@@ -122,8 +124,11 @@ class PluginEP(ABC):
         provider_options: Mapping[str, str],
         device: DeviceType,
         optimization: GraphOptimization,
+        layout: Layout = SINGLE_FILE,
     ) -> None:
-        compile_ep_context(self.compile_devices(device), src, dst, provider_options, optimization)
+        compile_ep_context(
+            self.compile_devices(device), src, dst, provider_options, optimization, layout
+        )
 
     def generate_compatibility_string(self, artifact: Path) -> str | None:
         """None: a plugin EP writes its own string into the EPContext model."""
@@ -156,8 +161,11 @@ def compile_ep_context(
     dst: Path,
     provider_options: Mapping[str, str],
     optimization: GraphOptimization,
+    layout: Layout = SINGLE_FILE,
 ) -> None:
-    """Compile ``src`` into an EPContext model at ``dst`` with ORT's compile API.
+    """Compile ``src`` into an EPContext model at ``dst`` with ORT's compile API, its
+    context binaries and large initializers beside it as ``layout`` says (ORT takes the
+    initializers' file name relative to ``dst``'s directory).
 
     ``optimization`` matters: the compile API defaults to ORT_DISABLE_ALL, which leaves
     the shape sub-graphs that fixed input shapes made constant (Shape, Gather, Range,
@@ -174,7 +182,9 @@ def compile_ep_context(
     compiler = ort.ModelCompiler(
         options,
         str(src),
-        embed_compiled_data_into_model=True,
+        embed_compiled_data_into_model=layout.embed_context,
+        external_initializers_file_path=layout.external_initializers,
+        external_initializers_size_threshold=layout.external_min_bytes,
         graph_optimization_level=ort_level(optimization),
         flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED,
     )

@@ -89,6 +89,22 @@ class Judgement:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """How a variant's files are laid out in its directory. The default is a single file:
+    EP contexts embedded in the model, every initializer inside it."""
+
+    embed_context: bool = True
+    """Embed EP context binaries in the EPContext nodes; False writes them beside the model."""
+    external_initializers: str | None = None
+    """File name, beside the model, for initializers of at least ``external_min_bytes``;
+    None keeps every initializer inside the model."""
+    external_min_bytes: int = 1024
+
+
+SINGLE_FILE = Layout()
+
+
+@dataclass(frozen=True)
 class LocalTarget:
     """What a device compiles for when it recompiles a model for its own hardware."""
 
@@ -165,10 +181,12 @@ class ExecutionProvider(Protocol):
         provider_options: Mapping[str, str],
         device: DeviceType,
         optimization: GraphOptimization,
+        layout: Layout = SINGLE_FILE,
     ) -> None:
-        """Turn the prepared model at ``src`` into a single-file variant for ``device`` at
-        ``dst``, optimising the graph at ``optimization`` first. Raises NoDeviceError when
-        this worker has no device to compile with, MissingExtraError without the package."""
+        """Turn the prepared model at ``src`` into a variant for ``device`` at ``dst``,
+        optimising the graph at ``optimization`` first, its other files (contexts, external
+        initializers) beside ``dst`` as ``layout`` says. Raises NoDeviceError when this
+        worker has no device to compile with, MissingExtraError without the package."""
         ...
 
     def generate_compatibility_string(self, artifact: Path) -> str | None:

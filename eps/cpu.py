@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING
 
 from eps.base import (
     FP32_TOLERANCE,
+    SINGLE_FILE,
     DeviceType,
     ExecutionProvider,
     GraphOptimization,
     Judgement,
+    Layout,
     LocalTarget,
     NoDeviceError,
     Tolerance,
@@ -183,7 +185,10 @@ class Cpu:
         provider_options: Mapping[str, str],
         device: DeviceType,
         optimization: GraphOptimization,
+        layout: Layout = SINGLE_FILE,
     ) -> None:
+        """The optimised model ORT writes; no EP context, so ``layout.embed_context`` does
+        not apply; large initializers go to ``layout.external_initializers`` beside it."""
         import onnxruntime as ort
 
         here = {"arch": machine_arch(), "isa": isa_class()}
@@ -197,6 +202,15 @@ class Cpu:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort_level(optimization)
         options.optimized_model_filepath = str(dst)
+        if layout.external_initializers:
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name",
+                layout.external_initializers,
+            )
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes",
+                str(layout.external_min_bytes),
+            )
         ort.InferenceSession(str(src), options, providers=[NAME])
 
     def generate_compatibility_string(self, artifact: Path) -> str | None:
