@@ -1,0 +1,473 @@
+"""Benchmark: a model whose external data is over 2 GB, compiled for the CPU, published to a
+loopback S3 (moto, multipart) and synced onto a device, with each step's peak memory.
+
+    python bench/large_model.py [--gb 2.2] [--dir DIR] [--keep] [--ort-probes] [--skip-e2e]
+
+The model is generated streaming (the weights are never in memory: the data file is
+written in 64 MB blocks of random fp32, each tensor at a 4096-aligned offset so ORT can
+mmap it): a chain of MatMul + Add on an input [1, N], with ~600 MB weights.
+
+End to end, each step in its own process: `epfleet compile SPEC --store s3://bench/fleet`
+(one CPU target), `epfleet sync --store ... --cache DIR`, then
+`onnxruntime.ModelPackageContext(DIR).select_component(...).create_session()` and one run.
+Per step: wall seconds, and the peak over the step of its process tree's RSS and of its
+RssAnon (polled from /proc every ~50 ms, so a spike between two polls can be missed;
+hence also the largest VmHWM, one process's own peak RSS, which the kernel keeps). Weights that ORT
+mmaps from a file count in RSS (as RssFile: clean page cache the kernel can drop and
+re-read) but not in RssAnon (heap copies that have to stay resident): RssAnon is the
+figure that grows with the model if something copies it. The bytes the compile sent to
+S3 are counted by a TCP relay in front of moto, and each stored object's ETag tells
+whether it went up in parts (multipart).
+
+--ort-probes measures ONNX Runtime itself on the generated model (graph-only load and
+save, the CPU "compile" = an optimised session saving its model, with and without the
+session config entries that matter, a session run, a streamed sha256) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from loopback import Relay, moto_in_own_process  # noqa: E402  (bench/, beside this script)
+
+MB, GB = 10**6, 10**9
+BLOCK = 64 * MB
+ALIGN = 4096
+LAYER_BYTES = 600 * MB
+DATA_FILE = "model.onnx.data"
+MODEL, TARGET, BUCKET = "big", "x86-cpu", "bench"
+STORE = f"s3://{BUCKET}/fleet"
+BUDGET = 1 * GB
+
+
+def layout(gb: float) -> tuple[int, int]:
+    """(layers, N): about --gb of fp32 [N, N] weights, ~600 MB each, N a multiple of 64."""
+    layers = max(1, math.ceil(gb * GB / LAYER_BYTES))
+    n = math.ceil(math.sqrt(gb * GB / (4 * layers)) / 64) * 64
+    return layers, n
+
+
+def generate(directory: Path, gb: float, seed: int = 0) -> Path:
+    """Write model.onnx and its data file (weights streamed in 64 MB blocks); return the
+    model's path."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    layers, n = layout(gb)
+    path, data_path = directory / "model.onnx", directory / DATA_FILE
+    if path.exists() and data_path.exists() and data_path.stat().st_size == layers * 4 * n * n:
+        return path  # made by an earlier run with --keep (n is a multiple of 64: aligned)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    scale = np.float32(1 / math.sqrt(n))  # keeps activations of order one down the chain
+    initializers, nodes, previous = [], [], "x"
+    with open(data_path, "wb") as data:
+        for i in range(layers):
+            data.seek(offset := -(-data.tell() // ALIGN) * ALIGN)  # zero padding
+            rows_per_block = max(1, BLOCK // (4 * n))
+            for start in range(0, n, rows_per_block):
+                rows = min(rows_per_block, n - start)
+                block = rng.standard_normal((rows, n), dtype=np.float32)
+                block *= scale
+                data.write(block.data)
+            weight = TensorProto(name=f"w{i}", dims=[n, n], data_type=TensorProto.FLOAT)
+            weight.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", DATA_FILE), ("offset", offset), ("length", 4 * n * n)):
+                weight.external_data.add(key=key, value=str(value))
+            bias = rng.standard_normal(n, dtype=np.float32) * np.float32(0.1)
+            initializers += [weight, onnx.numpy_helper.from_array(bias, f"b{i}")]
+            out = "y" if i == layers - 1 else f"h{i}"
+            nodes += [
+                helper.make_node("MatMul", [previous, f"w{i}"], [f"m{i}"]),
+                helper.make_node("Add", [f"m{i}", f"b{i}"], [out]),
+            ]
+            previous = out
+    graph = helper.make_graph(
+        nodes,
+        "large",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())  # never onnx.save: nothing to load or write
+    return path
+
+
+def tree_memory(pid: int) -> tuple[int, int, dict[int, tuple[str, int, int, int]]]:
+    """RSS and RssAnon (bytes) summed over a process and its descendants, and per process
+    (name, rss, anon, VmHWM: its own peak RSS since it started or exec'd)."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0, 0, {}
+    each: dict[int, tuple[str, int, int, int]] = {}
+    for proc in procs:
+        try:
+            fields = dict(
+                line.split(":", 1)
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            )
+            rss, anon, hwm = (
+                int(fields[k].split()[0]) * 1024 for k in ("VmRSS", "RssAnon", "VmHWM")
+            )
+            each[proc.pid] = (proc.name(), rss, anon, hwm)
+        except (OSError, KeyError, psutil.Error):
+            continue  # gone meanwhile, or a zombie without VmRSS
+    return sum(v[1] for v in each.values()), sum(v[2] for v in each.values()), each
+
+
+@dataclass
+class Measured:
+    what: str
+    seconds: float = 0.0
+    rss: int = 0  # peak of the tree's RSS sum
+    anon: int = 0  # peak of the tree's RssAnon sum
+    hwm: int = 0  # the largest VmHWM of one process of the tree (misses its last ~50 ms)
+    biggest: dict[str, tuple[int, int]] = field(default_factory=dict)  # name: peak rss, anon
+    returncode: int = 0
+    stdout: str = ""
+    stderr: str = ""
+
+
+def measure(what: str, command: list[str], env: dict[str, str] | None = None) -> Measured:
+    """Run a command, polling its process tree's memory every ~50 ms until it exits."""
+    result = Measured(what)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=ROOT)
+        while True:
+            rss, anon, each = tree_memory(proc.pid)
+            result.rss, result.anon = max(result.rss, rss), max(result.anon, anon)
+            for name, p_rss, p_anon, p_hwm in each.values():
+                result.hwm = max(result.hwm, p_hwm)
+                old = result.biggest.get(name, (0, 0))
+                result.biggest[name] = (max(old[0], p_rss), max(old[1], p_anon))
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(0.05)
+        result.seconds = time.perf_counter() - started
+        proc.returncode = result.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        result.stdout, result.stderr = out.read(), err.read()
+    return result
+
+
+def gb(n: int) -> str:
+    return f"{n / GB:.2f} GB"
+
+
+def print_table(rows: list[Measured], budget: bool) -> None:
+    print(
+        "\npeak RSS counts file-backed pages (weights ORT mmaps: page cache the kernel can drop);"
+        "\npeak RssAnon counts only anonymous memory (heap copies), the figure a budget binds."
+    )
+    head = f"{'step':<54} {'wall':>8} {'peak RSS':>10} {'RssAnon':>10} {'max VmHWM':>10}"
+    print(head + ("   target: peak RSS < 1 GB" if budget else ""))
+    for m in rows:
+        line = f"{m.what:<54} {m.seconds:>7.1f}s {gb(m.rss):>10} {gb(m.anon):>10} {gb(m.hwm):>10}"
+        if budget:
+            verdict = "met" if m.rss < BUDGET else "NOT met"
+            line += f"   {verdict} (RssAnon {'<' if m.anon < BUDGET else '>='} 1 GB)"
+        if m.returncode:
+            line += f"   exit {m.returncode}"
+        print(line)
+        top = sorted(m.biggest.items(), key=lambda kv: -kv[1][0])[:3]
+        if len(m.biggest) > 1:
+            print("    per process: " + ", ".join(f"{n} {gb(r)}/{gb(a)}" for n, (r, a) in top))
+
+
+# The ORT probes: each runs in a process of its own, prints one JSON object.
+PROBE_COMMON = """if True:
+    import json, os, sys, time
+    def status():
+        fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+        keys = ("VmRSS", "RssAnon", "RssFile", "VmHWM")
+        return {k: int(fields[k].split()[0]) * 1024 for k in keys}
+    def mapped(directory):
+        total = 0
+        for line in open("/proc/self/maps"):
+            parts = line.split()
+            if len(parts) > 5 and parts[5].startswith(directory):
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                total += end - start
+        return total
+"""
+PROBE_GRAPH = """
+import onnx
+model = onnx.load(sys.argv[1], load_external_data=False)
+onnx.save(model, sys.argv[2])
+print(json.dumps({"after": status(), "bytes": os.path.getsize(sys.argv[2])}))
+"""
+PROBE_COMPILE = """
+import onnx, onnxruntime as ort
+src, dst, level, config = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+options = ort.SessionOptions()
+options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+options.optimized_model_filepath = dst
+for key, value in config.items():
+    options.add_session_config_entry(key, value)
+try:
+    session = ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
+except Exception as exc:
+    print(json.dumps({"error": str(exc)[:300], "after": status()}))
+    sys.exit(0)
+after, maps = status(), mapped(os.path.dirname(src))
+out = os.path.dirname(dst)
+files = {n: os.path.getsize(os.path.join(out, n)) for n in sorted(os.listdir(out))}
+model = onnx.load(dst, load_external_data=False)
+tensors = [t for t in model.graph.initializer if t.external_data]
+external = [dict((e.key, e.value) for e in t.external_data) for t in tensors]
+offsets = [int(e.get("offset", 0)) for e in external]
+ops = sorted({n.op_type for n in model.graph.node})
+print(json.dumps({"after": after, "mapped_source": maps, "files": files, "ops": ops,
+                  "external": len(external), "aligned": all(o % 4096 == 0 for o in offsets)}))
+"""
+PROBE_RUN = """
+import numpy as np, onnxruntime as ort
+src, config = sys.argv[1], json.loads(sys.argv[2])
+options = ort.SessionOptions()
+for key, value in config.items():
+    options.add_session_config_entry(key, value)
+session = ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
+created, maps = status(), mapped(os.path.dirname(src))
+shape = session.get_inputs()[0].shape
+started = time.perf_counter()
+y = session.run(None, {"x": np.ones(shape, np.float32)})[0]
+seconds = round(time.perf_counter() - started, 3)
+finite = bool(np.isfinite(y).all())
+print(json.dumps({"created": created, "mapped": maps, "after": status(), "finite": finite,
+                  "run_s": seconds}))
+"""
+PROBE_SHA = """
+from epfleet.hashing import sha256_file
+from pathlib import Path
+digest, size = sha256_file(Path(sys.argv[1]))
+print(json.dumps({"after": status(), "bytes": size}))
+"""
+
+
+def probe(what: str, code: str, *args: str) -> tuple[Measured, dict]:
+    command = [sys.executable, "-c", PROBE_COMMON + textwrap.dedent(code), *args]
+    m = measure(what, command)
+    try:
+        got = json.loads(m.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        got = {"error": f"exit {m.returncode}: {m.stderr[-400:]}"}
+    return m, got
+
+
+def transposed(source: Path) -> Path:
+    """The source's graph with each weight fed through a Transpose: ORT's constant folding
+    then makes new initializers, which it cannot leave in the source's data file."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(source), load_external_data=False)
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "MatMul":
+            nodes.append(helper.make_node("Transpose", [node.input[1]], [node.input[1] + "t"]))
+            node.input[1] += "t"
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    path = source.with_name("transposed.onnx")  # beside the source: same data file
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def ort_probes(source: Path, work: Path) -> None:
+    """What ONNX Runtime and onnx themselves take in memory on this model."""
+    rows: list[tuple[Measured, dict]] = []
+
+    def run(what: str, code: str, *args: str) -> dict:
+        m, got = probe(what, code, *args)
+        rows.append((m, got))
+        return got
+
+    ext = "session.optimized_model_external_initializers_file_name"
+    min_size = "session.optimized_model_external_initializers_min_size_in_bytes"
+    to_file = {ext: "optimized.data", min_size: "1024"}
+    no_prepack = {"session.disable_prepacking": "1"}
+    work.mkdir(parents=True)
+    graph = str(work / "graph.onnx")
+    run("(a) onnx.load(load_external_data=False)+save", PROBE_GRAPH, str(source), graph)
+    folded = transposed(source)
+    compiles = {
+        "ALL, no external file": (source, "ORT_ENABLE_ALL", {}),
+        "ALL, no external file, no prepacking": (source, "ORT_ENABLE_ALL", no_prepack),
+        "ALL, external file": (source, "ORT_ENABLE_ALL", to_file),
+        "ALL, external file, no prepacking": (source, "ORT_ENABLE_ALL", to_file | no_prepack),
+        "BASIC, external file": (source, "ORT_ENABLE_BASIC", to_file),
+        "BASIC, external file, no prepacking": (source, "ORT_ENABLE_BASIC", to_file | no_prepack),
+        "folded, no external file, no prepacking": (folded, "ORT_ENABLE_ALL", no_prepack),
+        "folded, external file, no prepacking": (folded, "ORT_ENABLE_ALL", to_file | no_prepack),
+    }
+    optimized: dict[str, Path] = {}
+    for i, (name, (src, level, config)) in enumerate(compiles.items()):
+        out = work / f"compiled-{i}"
+        out.mkdir()
+        dst = out / "model.onnx"
+        what = f"(b) compile: {name}"
+        got = run(what, PROBE_COMPILE, str(src), str(dst), level, json.dumps(config))
+        if "error" not in got and name.startswith("ALL") and "no prepacking" in name:
+            if not (out / DATA_FILE).exists():  # it still points at the source's data file
+                os.link(source.parent / DATA_FILE, out / DATA_FILE)
+            optimized[name.replace(", no prepacking", "")] = dst
+    for name, path in ({"source": source} | optimized).items():
+        for label, config in (("", {}), (", no prepacking", no_prepack)):
+            what = f"(c) session + run: {name}{label}"
+            run(what, PROBE_RUN, str(path), json.dumps(config))
+    run("(d) sha256_file of the data file", PROBE_SHA, str(source.parent / DATA_FILE))
+    print_table([m for m, _ in rows], budget=False)
+    print(
+        "\nwhat each probe saw (bytes; 'mapped': bytes of files in the model's directory "
+        "that the process has mapped)"
+    )
+    for m, got in rows:
+        print(f"  {m.what}: {got}")
+
+
+OPEN = """if True:
+    import json, sys, numpy as np, onnxruntime as ort
+    context = ort.ModelPackageContext(sys.argv[1])
+    chosen = context.select_component(sys.argv[2], ort.ModelPackageOptions(ort.SessionOptions()))
+    session = chosen.create_session()
+    shape = session.get_inputs()[0].shape
+    y = session.run(None, {"x": np.ones(shape, np.float32)})[0]
+    finite = bool(np.isfinite(y).all())
+    print(json.dumps({"variant": chosen.get_selected_variant_name(), "finite": finite}))
+"""
+
+
+def stored_objects() -> list[tuple[str, int, int]]:
+    """(key, size, parts: 0 when uploaded in one PUT) of every object in the bench bucket."""
+    import boto3
+
+    s3 = boto3.client("s3")
+    found = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for item in page.get("Contents", []):
+            etag = item["ETag"].strip('"')
+            parts = int(etag.rpartition("-")[2]) if "-" in etag else 0
+            found.append((item["Key"], item["Size"], parts))
+    return found
+
+
+def step(what: str, command: list[str], env: dict[str, str], relay: Relay) -> Measured:
+    before = list(relay.bytes)
+    m = measure(what, command, env)
+    up, down = (relay.bytes[i] - before[i] for i in (0, 1))
+    print(
+        f"{what}: exit {m.returncode} in {m.seconds:.1f} s; HTTP bytes up {gb(up)}, down {gb(down)}"
+    )
+    if m.returncode:
+        print(textwrap.indent(m.stderr[-3000:], "    "))
+    return m
+
+
+def end_to_end(source: Path, work: Path) -> None:
+    """compile -> S3 (moto, multipart) -> sync -> ModelPackageContext, each measured."""
+    import boto3
+    import yaml
+
+    spec = work / "fleet.yaml"
+    model = {"name": MODEL, "source": str(source)}
+    spec.write_text(
+        yaml.safe_dump(
+            {"models": [model], "targets": [{"name": TARGET, "ep": "CPUExecutionProvider"}]}
+        )
+    )
+    cache = work / "device"
+    with moto_in_own_process() as port:
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        relay = Relay(port)
+        env = dict(os.environ, AWS_ENDPOINT_URL=relay.endpoint_url, EPFLEET_ALLOW_UNSIGNED="true")
+        env |= {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(work / "prefect")}
+        env |= {"EPFLEET_CACHE": str(work / "worker-cache")}
+        epfleet = [sys.executable, "-m", "epfleet"]
+        rows = [
+            step(
+                "epfleet compile (CPU target, publish to S3)",
+                [*epfleet, "compile", str(spec), "--store", STORE, "--json"],
+                env,
+                relay,
+            )
+        ]
+        objects = stored_objects()
+        print(f"stored in s3://{BUCKET}: {len(objects)} objects, {gb(sum(o[1] for o in objects))}")
+        for key, size, parts in sorted(objects, key=lambda o: -o[1])[:6]:
+            how = f"multipart, {parts} parts" if parts else "one PUT"
+            print(f"  {key:<70} {size:>12} B  {how}")
+        if rows[0].returncode == 0:
+            rows.append(
+                step(
+                    "epfleet sync (download, verify, health check, activate)",
+                    [*epfleet, "sync", "--store", STORE, "--cache", str(cache), "--json"],
+                    env,
+                    relay,
+                )
+            )
+            if rows[-1].returncode == 0:
+                opened = step(
+                    "ModelPackageContext: select, create_session, run",
+                    [sys.executable, "-c", OPEN, str(cache), MODEL],
+                    env,
+                    relay,
+                )
+                print(f"  {opened.stdout.strip()}")
+                rows.append(opened)
+    print_table(rows, budget=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gb", type=float, default=2.2, help="weights to generate, in GB")
+    parser.add_argument("--dir", type=Path, help="work directory (default a temp dir in /tmp)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--ort-probes", action="store_true", help="measure ORT itself")
+    parser.add_argument("--skip-e2e", action="store_true", help="no compile, publish, sync")
+    args = parser.parse_args()
+    work = args.dir or Path(tempfile.mkdtemp(prefix="epfleet-large-", dir="/tmp"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        started = time.perf_counter()
+        source = generate(work / "source", args.gb)
+        layers, n = layout(args.gb)
+        total = (source.parent / DATA_FILE).stat().st_size
+        print(
+            f"generated {source}: {layers} x MatMul [1, {n}] x [{n}, {n}] + Add, "
+            f"external data {gb(total)} ({total} bytes) in {time.perf_counter() - started:.1f} s"
+        )
+        if args.ort_probes:
+            ort_probes(source, work / "probes")
+        if not args.skip_e2e:
+            end_to_end(source, work)
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
