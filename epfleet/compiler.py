@@ -8,6 +8,7 @@ on the EP's name: every EP fact comes from the EP's module.
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import tempfile
 import time
@@ -15,24 +16,27 @@ from collections.abc import Callable
 from pathlib import Path
 
 import onnx
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
 import eps
 from epfleet import RECIPE_VERSION, ort_version
 from epfleet.errors import CompileError, ep_errors, summarize
+from epfleet.filesets import external_locations, link_or_copy, listed_files
 from epfleet.fsutil import atomic_write_bytes
-from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Coverage
+from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.manifest import Coverage, FileSet, PackageFile, files_key
 from epfleet.plan import CompileRequest
-from epfleet.shapes import prepare_model
-from eps.base import GraphOptimization, ort_level
+from epfleet.shapes import prepare_model, uses_external_data
+from eps.base import GraphOptimization, Layout, ort_level
 
 COMPATIBILITY_KEY_PREFIX = "ep_compatibility_info."
 EP_CONTEXT_OP = "EPContext"
 
 
 class CompileJob(BaseModel):
-    """One planned pair plus where this worker finds its source and keeps its scratch."""
+    """One planned pair plus where this worker finds its source and keeps its scratch.
+    ``source_path`` is the main ONNX file, in a directory holding the source's other
+    files at their paths (so its external data resolves)."""
 
     request: CompileRequest
     source_path: str
@@ -40,9 +44,16 @@ class CompileJob(BaseModel):
 
 
 class CompileOutput(BaseModel):
+    """A compiled variant: the directory of ``artifact_path`` holds exactly its files, the
+    main one (``artifact_path``, named ``model_file``) and ``files``."""
+
     artifact_path: str
     sha256: str
     size: int
+    model_file: str = "model.onnx"
+    files: list[tuple[str, str, int]] = Field(
+        default_factory=list, description="(path, sha256, size) of each other file"
+    )
     compatibility_string: str
     compatibility_written_by: str  # "ep" or "epfleet"
     seconds: float
@@ -61,16 +72,38 @@ def prepared_source(job: CompileJob, require_static: bool) -> Path:
         f"{RECIPE_VERSION}|{onnx.__version__}|{request.source_sha256}|"
         f"{sorted(request.input_shapes.items())}|{require_static}".encode()
     )[:24]
-    path = Path(job.workdir) / "prepared" / f"{key}.onnx"
+    prepared = Path(job.workdir) / "prepared"
+    path = prepared / f"{key}.onnx"
+    folder = prepared / key
+    main = folder / request.source_model_file
     if path.exists():
         return path
-    model = onnx.load(job.source_path)
+    if main.exists():
+        return main
+    model = onnx.load(job.source_path, load_external_data=False)
     try:
         prepare_model(model, request.input_shapes, require_static, request.ep)
     except ValueError as exc:
         raise CompileError(f"model {request.model!r}: {exc}") from None
-    atomic_write_bytes(path, model.SerializeToString())
-    return path
+    if not uses_external_data(model):
+        atomic_write_bytes(path, model.SerializeToString())
+        return path
+    # Beside hard links to the source's data files, so that its locations resolve.
+    prepared.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=prepared, prefix=f".{key}."))
+    try:
+        source_dir = Path(job.source_path).parent
+        for location in external_locations(model):
+            link_or_copy(source_dir / location, scratch / location)
+        onnx.save(model, str(scratch / request.source_model_file))
+        try:
+            os.rename(scratch, folder)
+        except OSError:  # another worker prepared it first
+            if not main.exists():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return main
 
 
 def compile_job(job: CompileJob) -> CompileOutput:
@@ -83,12 +116,18 @@ def compile_job(job: CompileJob) -> CompileOutput:
     variants = Path(job.workdir) / "variants"
     variants.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=variants, prefix=f"{request.model}.{request.target}."))
+    model_file = request.source_model_file
     try:
-        raw = scratch / "raw.onnx"
+        artifact = scratch / model_file
         try:
             with ep_errors():
                 module.build(
-                    src, raw, request.provider_options, request.device, request.graph_optimization
+                    src,
+                    artifact,
+                    request.provider_options,
+                    request.device,
+                    request.graph_optimization,
+                    layout_of(request),
                 )
         except CompileError:
             raise
@@ -96,18 +135,17 @@ def compile_job(job: CompileJob) -> CompileOutput:
             raise CompileError(
                 f"{request.ep} failed to compile {request.model!r}: {summarize(exc, 600)}"
             ) from None
-        if not raw.exists():
+        if not artifact.exists():
             raise CompileError(f"{request.ep} wrote no model for {request.model!r}")
-        stamped, string, written_by = _stamp(request, module, raw)
+        stamped, string, written_by = _stamp(request, module, artifact)
         data = stamped.SerializeToString()
-        raw.unlink()
+        atomic_write_bytes(artifact, data)  # only the main file: external references kept
         coverage = measure_coverage(
             stamped,
             module.partitions_graph,
             lambda: optimized_node_count(src, request.graph_optimization),
         )
-        artifact = scratch / "artifact.onnx"
-        atomic_write_bytes(artifact, data)
+        files = _variant_files(job, scratch, model_file)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -115,11 +153,54 @@ def compile_job(job: CompileJob) -> CompileOutput:
         artifact_path=str(artifact),
         sha256=sha256_bytes(data),
         size=len(data),
+        model_file=model_file,
+        files=files,
         compatibility_string=string,
         compatibility_written_by=written_by,
         seconds=round(time.perf_counter() - started, 3),
         coverage=coverage,
     )
+
+
+def layout_of(request: CompileRequest) -> Layout:
+    """How the pair's variant lays out its files (decided when the run planned)."""
+    external = f"{request.source_model_file}.data" if request.external_initializers else None
+    return Layout(embed_context=request.embed_context, external_initializers=external)
+
+
+def _variant_files(job: CompileJob, scratch: Path, model_file: str) -> list[tuple[str, str, int]]:
+    """The files beside the compiled main file: what the EP wrote there (contexts,
+    external initializers) and the source's sidecars (its files that are not the main
+    model's external data), carried over unchanged. CompileError naming a clash."""
+    request = job.request
+    external = (scratch / f"{model_file}.data") if request.external_initializers else None
+    if external is not None and external.exists() and external.stat().st_size == 0:
+        external.unlink()  # no initializer was large enough
+    written = listed_files(scratch, model_file)
+    if request.source_files:
+        source = onnx.load(job.source_path, load_external_data=False)
+        data_files = set(external_locations(source))
+        source_dir = Path(job.source_path).parent
+        taken = {path.lower() for path in [model_file, *written]}
+        for sidecar in (f.path for f in request.source_files if f.path not in data_files):
+            if sidecar.lower() in taken:
+                raise CompileError(
+                    f"{request.ep} wrote {sidecar!r} for {request.model!r}, which is also a "
+                    "file of its source; rename the source's file"
+                )
+            link_or_copy(source_dir / sidecar, scratch / sidecar)
+    files = [(path, *sha256_file(scratch / path)) for path in listed_files(scratch, model_file)]
+    try:
+        FileSet(
+            model_file=model_file,
+            files=[PackageFile(path=p, uri=files_key(h), sha256=h, size=n) for p, h, n in files],
+        )
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise CompileError(
+            f"the variant of {request.model!r} has bad file names: {problem}"
+        ) from None
+    return files
 
 
 def measure_coverage(
@@ -155,6 +236,9 @@ def optimized_node_count(src: Path, optimization: GraphOptimization) -> int:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort_level(optimization)
         options.optimized_model_filepath = str(Path(scratch) / "optimized.onnx")
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", "optimized.onnx.data"
+        )
         ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
         optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
     return len(optimized.graph.node)
@@ -175,13 +259,15 @@ def check_coverage(request: CompileRequest, coverage: Coverage | None) -> None:
 
 
 def discard(output: CompileOutput) -> None:
-    """Remove a compile's scratch directory and the artifact in it."""
+    """Remove a compile's scratch directory and the variant's files in it."""
     shutil.rmtree(Path(output.artifact_path).parent, ignore_errors=True)
 
 
 def _stamp(
     request: CompileRequest, module: eps.ExecutionProvider, raw: Path
 ) -> tuple[onnx.ModelProto, str, str]:
+    """The main file's graph (its external data left in its files) with the compatibility
+    string and provenance in its metadata."""
     from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
 
     raw_bytes = raw.read_bytes()

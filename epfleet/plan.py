@@ -10,7 +10,14 @@ from pydantic import BaseModel, Field
 
 from epfleet import RECIPE_VERSION
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Manifest, SamplesRef, SourceEntry, VariantEntry
+from epfleet.manifest import (
+    MODEL_FILE,
+    Manifest,
+    PackageFile,
+    SamplesRef,
+    SourceEntry,
+    VariantEntry,
+)
 from epfleet.spec import ModelSpec, TargetSpec
 from eps.base import FP16_TOLERANCE, DeviceType, GraphOptimization
 
@@ -37,8 +44,23 @@ class CompileRequest(BaseModel):
     provider_options: dict[str, str]
     input_shapes: dict[str, list[int]]
     source_key: str
-    source_sha256: str
+    source_sha256: str = Field(description="The source's identity: its file set's digest")
     source_size: int
+    source_model_file: str = Field(
+        default=MODEL_FILE, description="The source's main file's path in its directory"
+    )
+    source_files: list[PackageFile] = Field(
+        default_factory=list, description="The source's other files (external data, sidecars)"
+    )
+    source_file_sha256: str | None = Field(
+        default=None, description="The main file's sha256 when source_sha256 is a set's digest"
+    )
+    embed_context: bool = Field(
+        default=True, description="Embed EP contexts in the model (False: files beside it)"
+    )
+    external_initializers: bool = Field(
+        default=False, description="Keep large initializers in a file beside the model"
+    )
     graph_optimization: GraphOptimization = "basic"
     min_coverage: float | None = None
     verify: bool = True
@@ -53,6 +75,31 @@ class CompileRequest(BaseModel):
     )
     fingerprint: str
 
+    @property
+    def source_main_sha256(self) -> str:
+        """The sha256 of the source's main file (its key's content)."""
+        return self.source_file_sha256 or self.source_sha256
+
+
+def source_fields(source: SourceEntry) -> dict[str, object]:
+    """A CompileRequest's fields that say where its source is and what it is."""
+    return {
+        "source_key": source.uri,
+        "source_sha256": source.digest,
+        "source_size": source.size,
+        "source_model_file": source.model_file,
+        "source_files": source.files,
+        "source_file_sha256": source.sha256 if source.files else None,
+    }
+
+
+def embeds_context(choice: bool | None, source: SourceEntry, max_bytes: int) -> bool:
+    """Whether a variant embeds its EP contexts: the target's choice, else whether the
+    source totals less than ``max_bytes``."""
+    if choice is not None:
+        return choice
+    return source.total_size < max_bytes
+
 
 def fingerprinted(
     request: CompileRequest, ort_version: str, build_identity: dict[str, str]
@@ -61,7 +108,7 @@ def fingerprinted(
     everything that decides the pair's artifact and whether it is published (recipe,
     coverage floor, verification settings and samples). Same fingerprint, same build. (A
     pair bound to a work pool is fingerprinted there, with the pool's packages.)"""
-    payload = {
+    payload: dict[str, object] = {
         "recipe": RECIPE_VERSION,
         "source_sha256": request.source_sha256,
         "input_shapes": request.input_shapes,
@@ -77,6 +124,12 @@ def fingerprinted(
         "ort_version": ort_version,
         "build": build_identity,
     }
+    if not request.embed_context or request.external_initializers:
+        # Only when not the single-file layout: single-file pairs keep their fingerprints.
+        payload["layout"] = {
+            "embed_context": request.embed_context,
+            "external_initializers": request.external_initializers,
+        }
     digest = sha256_bytes(json.dumps(payload, sort_keys=True).encode())
     return request.model_copy(update={"fingerprint": digest})
 
@@ -103,9 +156,15 @@ def plan_pairs(
     build_identities: dict[str, dict[str, str]],
     force: bool,
     stored_size: Callable[[str], int | None],
+    embed_max_bytes: int | None = None,
 ) -> list[PlannedPair]:
     """Decide compile or skip for each pair. A pair is skipped when the manifest holds an
-    ok build with the same fingerprint whose artifact is still in the store at its size."""
+    ok build with the same fingerprint whose artifact and files are still in the store
+    at their sizes. ``embed_max_bytes``: EPFLEET_EMBED_CONTEXT_MAX_BYTES when None."""
+    if embed_max_bytes is None:
+        from epfleet.settings import settings
+
+        embed_max_bytes = int(settings().embed_context_max_bytes)
     planned = []
     for model, target in pairs:
         source = sources[model.name]
@@ -116,9 +175,9 @@ def plan_pairs(
             device=target.device_type,
             provider_options=target.provider_options,
             input_shapes=model.input_shapes,
-            source_key=source.uri,
-            source_sha256=source.sha256,
-            source_size=source.size,
+            **source_fields(source),  # type: ignore[arg-type]
+            embed_context=embeds_context(target.embed_context, source, embed_max_bytes),
+            external_initializers=bool(source.files),
             graph_optimization=target.graph_optimization or "basic",  # set by validation
             min_coverage=target.min_coverage,
             verify=target.verify,
@@ -165,6 +224,7 @@ def decide_pair(
         return "compile", "inputs changed (source, target, shapes, ORT/EP version or recipe)"
     if previous.status != "ok" or previous.artifact is None:
         return "compile", "previous compile failed"
-    if stored_size(previous.artifact.uri) != previous.artifact.size:
-        return "compile", f"artifact {previous.artifact.uri} is missing from the store"
+    for stored in [previous.artifact, *previous.files]:
+        if stored_size(stored.uri) != stored.size:
+            return "compile", f"artifact {stored.uri} is missing from the store"
     return "skip", "up to date"

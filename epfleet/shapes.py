@@ -129,6 +129,29 @@ def prepare_model(
                 "symbolic or unknown dims: give them in the model's input_shapes"
             )
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_without_external_data(model))
     except onnx.checker.ValidationError as exc:
         raise ValueError(f"onnx.checker rejects the model: {str(exc).splitlines()[0]}") from None
+
+
+def _without_external_data(model: ModelProto) -> ModelProto:
+    """What the checker checks of a model whose weights stay in their files (the checker
+    would look for them beside the working directory): a copy in which each external
+    initializer is a graph input of the same type and shape. Cheap: the copy holds no
+    weights either."""
+    if not uses_external_data(model):
+        return model
+    checked = ModelProto()
+    checked.CopyFrom(model)
+    graph = checked.graph
+    kept = [t for t in graph.initializer if not external_data_helper.uses_external_data(t)]
+    moved = [t for t in graph.initializer if external_data_helper.uses_external_data(t)]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    declared = {value.name for value in graph.input}
+    for tensor in moved:
+        if tensor.name not in declared:
+            graph.input.append(
+                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
+            )
+    return checked

@@ -11,7 +11,12 @@ from pydantic_core import PydanticCustomError
 
 import eps
 from epfleet.errors import BadInputError
-from epfleet.manifest import NAME_MAX_LENGTH, NAME_PATTERN
+from epfleet.manifest import (
+    FILE_PATH_MAX_LENGTH,
+    FILE_PATH_PATTERN,
+    NAME_MAX_LENGTH,
+    NAME_PATTERN,
+)
 from eps.base import DeviceType, GraphOptimization
 
 WORK_POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -27,7 +32,16 @@ class ModelSpec(BaseModel):
     )
     source: str = Field(
         min_length=1,
-        description="ONNX file: a path relative to the spec file, a file:// or an s3:// URI",
+        description="ONNX file (its external data files beside it), or a model folder (e.g. "
+        "ONNX Runtime GenAI's: config, tokenizer and ONNX files): a path relative to the spec "
+        "file or a file:// URI; an s3:// URI for a single-file ONNX model",
+    )
+    model_file: str | None = Field(
+        default=None,
+        pattern=FILE_PATH_PATTERN,
+        max_length=FILE_PATH_MAX_LENGTH,
+        description="The main ONNX file of a folder source; model.onnx when the folder has "
+        "one, else its only .onnx file",
     )
     input_shapes: dict[str, list[int]] = Field(
         default_factory=dict,
@@ -89,6 +103,12 @@ class TargetSpec(BaseModel):
         ge=0,
         le=1,
         description="Smallest share of the graph the EP must take (1.0: full compile)",
+    )
+    embed_context: bool | None = Field(
+        default=None,
+        description="Embed EP context binaries in the variant's model (true) or write them "
+        "as files beside it (false); omitted: embedded when the source totals less than "
+        "EPFLEET_EMBED_CONTEXT_MAX_BYTES",
     )
     verify: bool = Field(
         default=True,
