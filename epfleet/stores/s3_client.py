@@ -1,0 +1,73 @@
+"""The boto3 S3 clients of a process: one per settings and AWS environment, shared.
+
+Making a client costs ~0.1 s (botocore loads its S3 model) and a device sync opens the
+store several times; clients are thread-safe, so every store of this process with the
+same settings and AWS environment shares one. Retries are botocore's standard mode with
+``AWS_MAX_ATTEMPTS`` attempts (5 by default).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+import boto3
+from botocore.config import Config
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
+
+DEFAULT_REGION = "us-east-1"
+DEFAULT_MAX_ATTEMPTS = 5
+
+_clients: dict[tuple[object, ...], S3Client] = {}
+_clients_lock = threading.Lock()
+_CLIENT_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+)
+MAX_SHARED_CLIENTS = 8  # rotating session tokens must not grow the cache without bound
+
+
+def shared_client(settings: tuple[int, float, float]) -> S3Client:
+    """The client for (attempts, connect timeout, read timeout) in this AWS environment."""
+    key = (tuple(os.environ.get(name) for name in _CLIENT_ENV), settings)
+    attempts, connect_timeout, read_timeout = settings
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            if len(_clients) >= MAX_SHARED_CLIENTS:
+                _clients.clear()
+            config = Config(
+                retries={"mode": "standard", "max_attempts": attempts},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                # one shared client serves threaded reads (runtime-watch reads 16 reports
+                # at a time, a download 4 segments): botocore's default keeps 10 connections
+                max_pool_connections=32,
+            )
+            session = boto3.session.Session()
+            region = session.region_name or DEFAULT_REGION
+            client = _clients[key] = session.client("s3", region_name=region, config=config)
+        return client
+
+
+def env_attempts() -> int:
+    """AWS_MAX_ATTEMPTS, as boto3 reads it, else 5 (a device on a flaky link may want fewer)."""
+    value = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    if not value.isdigit() or int(value) < 1:
+        return DEFAULT_MAX_ATTEMPTS
+    return int(value)
