@@ -37,7 +37,8 @@ from test_sync import (  # fleet_store: the session's compiled store, a fixture
     run_sync,
 )
 
-from epfleet.device.cache import DISK_MARGIN, MB, CacheBusy, CacheDamaged
+from epfleet.device.cache_errors import CacheBusy, CacheDamaged
+from epfleet.device.cache_layout import DISK_MARGIN, MB
 from epfleet.device.repair import model_metadata
 from epfleet.device_report import DeviceReport
 from epfleet.errors import StoreError

@@ -3,12 +3,12 @@
 A variant's name is its target (or ``local-<ep>``, or ``fallback``) and the first 12
 hex digits of its sha256; it is also its directory in the cache. A model keeps its
 active variant and the one before it, for rollback; the cache's files follow the state
-(``epfleet.device.cache``).
+(``epfleet.device.cache``; the state models are in ``epfleet.device.cache_state``).
 """
 
 from __future__ import annotations
 
-from epfleet.device.cache import Installed, ModelState, Origin
+from epfleet.device.cache_state import Installed, ModelState, Origin
 from epfleet.manifest import SourceEntry, VariantEntry, utcnow
 from eps.base import DeviceType, LocalTarget
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from epfleet.device.cache import MB, DeviceCache, DiskFull
+from epfleet.device.cache import DeviceCache
+from epfleet.device.cache_errors import DiskFull
+from epfleet.device.cache_layout import MB
 from epfleet.device.download import Transfer
 from epfleet.errors import TransientStoreError
 from epfleet.fsutil import NO_SPACE, free_bytes

@@ -33,7 +33,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from epfleet.device.cache import LOCK_FILE, STATE_DIR, STATE_FILE, CacheState, DeviceCache
+from epfleet.device.cache import DeviceCache
+from epfleet.device.cache_layout import LOCK_FILE, STATE_DIR, STATE_FILE
+from epfleet.device.cache_state import CacheState
 from epfleet.device_report import ManifestStatus
 from epfleet.errors import BadInputError, StoreError
 from epfleet.fsutil import atomic_write_bytes, read_nofollow

@@ -11,14 +11,9 @@ import logging
 import time
 
 from epfleet.device.activation import drop_changed_active, promote
-from epfleet.device.cache import (
-    WRITE_DENIED,
-    CacheState,
-    DeviceCache,
-    DiskFull,
-    Installed,
-    ModelState,
-)
+from epfleet.device.cache import DeviceCache
+from epfleet.device.cache_errors import WRITE_DENIED, DiskFull
+from epfleet.device.cache_state import CacheState, Installed, ModelState
 from epfleet.device.local_build import build_key
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy

@@ -35,14 +35,9 @@ from typing import Any, BinaryIO
 from pydantic import ValidationError
 
 from epfleet.device.activation import local_target_name
-from epfleet.device.cache import (
-    MODEL_FILE,
-    VARIANT_DIR,
-    CacheState,
-    DeviceCache,
-    Installed,
-    ModelState,
-)
+from epfleet.device.cache import DeviceCache
+from epfleet.device.cache_layout import MODEL_FILE, VARIANT_DIR
+from epfleet.device.cache_state import CacheState, Installed, ModelState
 from epfleet.fsutil import open_nofollow, sha256_nofollow
 from epfleet.manifest import NAME_PATTERN, ModelEntry
 

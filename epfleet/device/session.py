@@ -38,7 +38,10 @@ from types import TracebackType
 
 from epfleet import ort_version
 from epfleet.device import model_sync
-from epfleet.device.cache import STATE_DIR, CacheNotWritable, CacheState, DeviceCache, DiskFull
+from epfleet.device.cache import DeviceCache
+from epfleet.device.cache_errors import CacheNotWritable, DiskFull
+from epfleet.device.cache_layout import STATE_DIR
+from epfleet.device.cache_state import CacheState
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_eps import LocalEps, discover, ep_versions
 from epfleet.device.manifest_cache import (

@@ -19,7 +19,8 @@ from pathlib import Path
 import eps
 from epfleet.compiler import CompileJob, discard
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
-from epfleet.device.cache import DeviceCache, Installed, ModelState
+from epfleet.device.cache import DeviceCache
+from epfleet.device.cache_state import Installed, ModelState
 from epfleet.device.fetching import Fetcher
 from epfleet.device.health import Health, HealthJob, check_health
 from epfleet.device.local_build import local_request, local_targets
