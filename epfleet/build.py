@@ -10,13 +10,14 @@ host's verification glue around ``epfleet.verify``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from epfleet.compiler import CompileOutput, check_coverage, discard
 from epfleet.errors import CompileError
-from epfleet.manifest import Verification
+from epfleet.manifest import Verification, files_key
 from epfleet.outcomes import CompiledVariant, ok_entry
-from epfleet.plan import CompileRequest, variant_key
+from epfleet.plan import CompileRequest, listing_key, variant_key
 from epfleet.pool import shared_pool
 from epfleet.staging import compile_job_for, fetch_verified
 from epfleet.stores import Store
@@ -34,13 +35,26 @@ def build_variant(request: CompileRequest, store: Store, workers: int) -> Compil
         verification = verify_output(request, output, store)
         if verification.status == "failed":
             raise CompileError(f"verification failed: {verification.reason}")
-        if store.size(key) != output.size:
-            store.upload(key, Path(output.artifact_path), output.sha256)
+        upload_variant(store, output, key)
     finally:
         discard(output)
     return CompiledVariant(
         entry=ok_entry(request, output, key, verification), seconds=output.seconds
     )
+
+
+def upload_variant(store: Store, output: CompileOutput, key: str) -> None:
+    """Upload the variant's main file at ``key`` and each other file under files/<sha256>,
+    from their paths (streamed), skipping those the store holds at their size."""
+    directory = Path(output.artifact_path).parent
+    uploads = [(key, Path(output.artifact_path), output.sha256, output.size)]
+    uploads += [(files_key(sha), directory / path, sha, size) for path, sha, size in output.files]
+    for store_key, path, sha256, size in uploads:
+        if store.size(store_key) != size:
+            store.upload(store_key, path, sha256)
+    if output.files:
+        listing = [{"path": p, "sha256": h, "size": n} for p, h, n in output.files]
+        store.write(listing_key(key), json.dumps(listing, indent=1).encode())
 
 
 def verify_output(request: CompileRequest, output: CompileOutput, store: Store) -> Verification:

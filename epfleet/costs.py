@@ -3,15 +3,16 @@ what the manifest references, what ``epfleet gc`` could collect, and the rest.
 
 ``costs`` reads the store's listing (one LIST, no object is read); ``cost_table`` and
 ``cost_markdown`` render it for ``epfleet manifest show`` and the fleet flow's artifact.
-A file two models share (one source, say) counts in each model's row but once in the
-totals.
+A file two models share (one source, say), or a sidecar a source and its variants share,
+counts in each row that has it but once in the store's totals. A source's and a
+variant's bytes are those of all their files.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from epfleet.gc import kind_of
+from epfleet.gc import kind_of, needed_keys
 from epfleet.manifest import Manifest, referenced_keys
 from epfleet.report import format_bytes, table
 from epfleet.stores import Store
@@ -19,9 +20,9 @@ from epfleet.stores import Store
 
 class ModelCost(BaseModel):
     model: str
-    source: int = Field(description="Bytes of its source")
+    source: int = Field(description="Bytes of its source (all its files)")
     samples: int = Field(description="Bytes of its golden samples (0 without)")
-    variants: dict[str, int] = Field(description="Bytes of its variant per target")
+    variants: dict[str, int] = Field(description="Bytes of its variant per target (all its files)")
     total: int
 
 
@@ -59,16 +60,16 @@ def costs(store: Store, manifest: Manifest | None) -> Costs:
     by_target: dict[str, TargetCost] = {}
     for name, entry in sorted((manifest.models if manifest else {}).items()):
         variants = {
-            target: variant.artifact.size
+            target: variant.total_size
             for target, variant in sorted(entry.variants.items())
             if variant.artifact is not None
         }
         samples = entry.samples.size if entry.samples else 0
-        total = entry.source.size + samples + sum(variants.values())
+        total = entry.source.total_size + samples + sum(variants.values())
         models.append(
             ModelCost(
                 model=name,
-                source=entry.source.size,
+                source=entry.source.total_size,
                 samples=samples,
                 variants=variants,
                 total=total,
@@ -78,7 +79,7 @@ def costs(store: Store, manifest: Manifest | None) -> Costs:
             cost = by_target.setdefault(target, TargetCost(target=target, variants=0, bytes=0))
             cost.variants += 1
             cost.bytes += size
-    referenced = referenced_keys(manifest)
+    referenced = needed_keys(manifest)
     listed = store.list_objects("", hidden=True)
     uploads = store.incomplete_uploads()
     present = {o.key for o in listed}
@@ -91,7 +92,7 @@ def costs(store: Store, manifest: Manifest | None) -> Costs:
         )
         + sum(u.size for u in uploads),
         other=sum(o.size for o in listed if o.key not in referenced and kind_of(o.key) is None),
-        missing=sorted(referenced - present),
+        missing=sorted(referenced_keys(manifest) - present),
     )
     return Costs(
         store=store.uri,

@@ -7,6 +7,9 @@ What it collects (each a *kind*):
   the retention window;
 - ``source`` / ``samples``: ``sources/<sha256>.onnx`` and ``samples/<sha256>.npz`` no
   model uses;
+- ``file``: ``files/<sha256>`` (external data, EP contexts, sidecars of multi-file sources
+  and variants) no source or variant lists, and no variant a device reported active
+  lists (``variants/.../<sha256>.files.json``, beside its main file, says which);
 - ``temp``: temporary files interrupted local writes left (``.<name>.<8 chars>.tmp``);
 - ``multipart``: incomplete S3 multipart uploads.
 
@@ -23,6 +26,7 @@ publish references again is kept.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterable
@@ -35,7 +39,8 @@ from pydantic import BaseModel, Field, ValidationError
 from epfleet.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.errors import StoreError
 from epfleet.fsutil import is_temp_name
-from epfleet.manifest import Manifest, referenced_keys
+from epfleet.manifest import Manifest, files_key, referenced_keys
+from epfleet.plan import listing_key
 from epfleet.publishing import read_manifest
 from epfleet.report import format_bytes
 from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store
@@ -51,19 +56,20 @@ RECHECK_SECONDS = 1.0
 """How old the last look at the manifest may be when gc removes an object: checking before
 every removal would read a large local manifest whole each time."""
 
-Kind = Literal["variant", "source", "samples", "temp", "multipart"]
-KINDS: tuple[Kind, ...] = ("variant", "source", "samples", "temp", "multipart")
+Kind = Literal["variant", "source", "samples", "file", "temp", "multipart"]
+KINDS: tuple[Kind, ...] = ("variant", "source", "samples", "file", "temp", "multipart")
 PROTECTED = ("reports/", "trust/", "runs/")
 """Never collected: device reports, signed metadata, hand-over files (their own sweeps)."""
 
 _HEX = "[0-9a-f]{64}"
 _NAME = "[a-z0-9][a-z0-9._-]*"
 _PATTERNS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
-    ("variant", re.compile(rf"variants/{_NAME}/{_NAME}/{_HEX}\.onnx")),
+    ("variant", re.compile(rf"variants/{_NAME}/{_NAME}/{_HEX}\.(onnx|files\.json)")),
     ("source", re.compile(rf"sources/{_HEX}\.onnx")),
     ("samples", re.compile(rf"samples/{_HEX}\.npz")),
+    ("file", re.compile(rf"files/{_HEX}")),
 )
-_TEMP_FOLDERS = ("sources/", "samples/", "variants/")
+_TEMP_FOLDERS = ("sources/", "samples/", "variants/", "files/")
 """Where a temp file is collected: these folders and the store's root."""
 
 
@@ -94,6 +100,39 @@ def pinned_prefixes(reports: Iterable[DeviceReport]) -> dict[str, str]:
                 key = f"variants/{model.model}/{model.target}/{digits}"
                 pinned.setdefault(key, report.device_id)
     return pinned
+
+
+def needed_keys(manifest: Manifest | None) -> set[str]:
+    """What the manifest references, and the file listings of its multi-file variants."""
+    keys = referenced_keys(manifest)
+    for entry in (manifest.models if manifest else {}).values():
+        for variant in entry.variants.values():
+            if variant.artifact is not None and variant.files:
+                keys.add(listing_key(variant.artifact.uri))
+    return keys
+
+
+def pinned_files(
+    store: Store, objects: Iterable[StoredObject], pinned: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """The files/ keys that the variants devices run list (their ``.files.json``), each
+    with the device pinning it; and the listings that cannot be read, with why."""
+    files: dict[str, str] = {}
+    problems = []
+    for obj in objects:
+        if not obj.key.endswith(".files.json"):
+            continue
+        device = next((d for p, d in pinned.items() if obj.key.startswith(p)), None)
+        if device is None:
+            continue
+        try:
+            found = store.read(obj.key)
+            listing = json.loads(found.data) if found is not None else []
+            for item in listing:
+                files.setdefault(files_key(item["sha256"]), device)
+        except (StoreError, ValueError, TypeError, KeyError) as exc:
+            problems.append(f"{obj.key}: {exc}")
+    return files, problems
 
 
 def recent_reports(store: Store, since: datetime) -> tuple[list[DeviceReport], list[str]]:
@@ -171,12 +210,15 @@ def plan_collection(
     now: datetime,
     grace: timedelta,
     keep_variants: str | None = None,
+    pinned_file_keys: dict[str, str] | None = None,
 ) -> GcPlan:
     """Decide what to remove (pure). ``pinned`` maps key prefixes of variants devices run
-    to a device; ``keep_variants``, when set, is why every variant is kept (an unreadable
-    device report may pin any of them)."""
+    to a device, ``pinned_file_keys`` the files/ keys those variants list; ``keep_variants``,
+    when set, is why every variant and file is kept (an unreadable device report or file
+    listing may pin any of them)."""
     plan = GcPlan()
-    referenced = referenced_keys(manifest)
+    referenced = needed_keys(manifest)
+    pinned_file_keys = pinned_file_keys or {}
     cutoff = now - grace
     if manifest is None:
         plan.deferred = f"no {MANIFEST_KEY}: nothing is known to be unreferenced"
@@ -201,12 +243,15 @@ def plan_collection(
             reason = "younger than the grace period"
         elif kind != "temp" and plan.deferred:
             reason = "the manifest in force is younger than the grace period"
-        elif kind == "variant" and keep_variants:
+        elif kind in ("variant", "file") and keep_variants:
             reason = keep_variants
         elif kind == "variant":
             device = next((d for p, d in pinned.items() if obj.key.startswith(p)), None)
             if device is not None:
                 reason = f"device {device} reported it active within the retention window"
+        elif kind == "file" and obj.key in pinned_file_keys:
+            device = pinned_file_keys[obj.key]
+            reason = f"a variant device {device} reported active within the retention window"
         if reason:
             plan.kept.append(Kept(key=obj.key, kind=kind, size=obj.size, reason=reason))
         else:
@@ -264,16 +309,22 @@ def collect(
     uploads = store.incomplete_uploads()
     reports, unreadable = recent_reports(store, now - timedelta(days=retention_days))
     pinned = pinned_prefixes(reports)
+    file_keys, bad_listings = pinned_files(store, objects, pinned)
     warnings = [f"unreadable device report {u}" for u in unreadable]
+    warnings += [f"unreadable file listing {b}" for b in bad_listings]
     keep_variants = (
         f"{len(unreadable)} device report(s) could not be read: any variant may be active"
         if unreadable
+        else f"{len(bad_listings)} file listing(s) of active variants could not be read"
+        if bad_listings
         else None
     )
 
     def planned() -> tuple[GcPlan, Manifest | None, str | None]:
         manifest, etag = read_manifest(store)
-        plan = plan_collection(objects, uploads, manifest, pinned, now, grace, keep_variants)
+        plan = plan_collection(
+            objects, uploads, manifest, pinned, now, grace, keep_variants, file_keys
+        )
         return plan, manifest, etag
 
     plan, manifest, etag = planned()

@@ -300,7 +300,7 @@ def merge(
     - A failed compile never replaces a working build. If the failure was for other
       inputs (a new fingerprint), the working entry records it in ``error``.
     - A rebuild that is the same build with other bytes (``rebuilt_alike``) keeps the
-      published artifact while ``present`` says it is still in the store.
+      published artifact and files while ``present`` says each is still in the store.
     - ``samples`` sets each model's golden samples.
     """
     base = current or Manifest()
@@ -337,9 +337,10 @@ def merge(
             and previous.artifact is not None
             and present is not None
             and previous.rebuilt_alike(variant)
-            and present(previous.artifact)
+            and all(present(ref) for ref in [previous.artifact, *previous.files])
         ):
-            variant = variant.model_copy(update={"artifact": previous.artifact})
+            kept = {"artifact": previous.artifact, "model_file": previous.model_file}
+            variant = variant.model_copy(update=kept | {"files": previous.files})
         if previous is not None and previous.same_build(variant):
             continue
         entry.variants[target] = variant

@@ -13,7 +13,14 @@ from pydantic import BaseModel, Field
 import eps
 from epfleet import ort_version
 from epfleet.compiler import CompileOutput
-from epfleet.manifest import ArtifactRef, VariantEntry, Verification, utcnow
+from epfleet.manifest import (
+    ArtifactRef,
+    PackageFile,
+    VariantEntry,
+    Verification,
+    files_key,
+    utcnow,
+)
 from epfleet.plan import CompileRequest
 from epfleet.runs import PairResult
 
@@ -44,13 +51,19 @@ class PairOutcome(BaseModel):
 def ok_entry(
     request: CompileRequest, output: CompileOutput, artifact_key: str, verification: Verification
 ) -> VariantEntry:
-    """The entry of a build that passed its checks and was uploaded at ``artifact_key``."""
+    """The entry of a build that passed its checks and was uploaded at ``artifact_key``
+    (its other files under files/<sha256>)."""
     return VariantEntry(
         ep=request.ep,
         device=request.device,
         compatibility_string=output.compatibility_string,
         provider_options=request.provider_options,
         artifact=ArtifactRef(uri=artifact_key, sha256=output.sha256, size=output.size),
+        model_file=output.model_file,
+        files=[
+            PackageFile(path=path, uri=files_key(sha256), sha256=sha256, size=size)
+            for path, sha256, size in output.files
+        ],
         ort_version=ort_version(),
         ep_version=eps.load(request.ep).build_identity()["version"],
         compiled_at=utcnow(),

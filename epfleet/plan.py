@@ -34,6 +34,12 @@ def variant_key(model: str, target: str, sha256: str) -> str:
     return f"variants/{model}/{target}/{sha256}.onnx"
 
 
+def listing_key(artifact_key: str) -> str:
+    """Beside a multi-file variant's main file, the list of its other files (JSON): what
+    ``epfleet gc`` keeps of a variant a device runs after the manifest dropped it."""
+    return artifact_key.removesuffix(".onnx") + ".files.json"
+
+
 class CompileRequest(BaseModel):
     """What a compile task needs: names, store keys and digests, never a loaded model."""
 

@@ -57,15 +57,16 @@ def plan_task(
     retry_condition_fn=retry_transient_only,
 )
 def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledVariant:
-    """Compile one pair in a worker process and upload its artifact content-addressed."""
+    """Compile one pair in a worker process and upload its files content-addressed."""
     compiled = build_variant(request, open_store(store), workers)
     entry = compiled.entry
     get_run_logger().info(
-        "%s × %s: compiled in %.2f s, %d bytes, %s; coverage %s; verification %s",
+        "%s × %s: compiled in %.2f s, %d bytes in %d files, %s; coverage %s; verification %s",
         request.model,
         request.target,
         compiled.seconds,
-        entry.artifact.size if entry.artifact else 0,
+        entry.total_size,
+        1 + len(entry.files),
         entry.compatibility_string,
         f"{entry.coverage.fraction:.0%}" if entry.coverage else "-",
         describe_verification(entry.verification) if entry.verification else "-",

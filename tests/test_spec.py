@@ -129,7 +129,9 @@ def test_npu_target_requires_static_shapes(tmp_path: Path, model_dir: Path) -> N
         plan_run(spec_path, str(tmp_path / "store"))
 
 
-def test_external_data_sources_are_refused(tmp_path: Path, model_dir: Path) -> None:
+def test_an_external_data_source_without_its_data_file_is_refused(
+    tmp_path: Path, model_dir: Path
+) -> None:
     model = onnx.load(str(model_dir / "tiny-cls.onnx"))
     onnx.save(
         model,
@@ -139,12 +141,15 @@ def test_external_data_sources_are_refused(tmp_path: Path, model_dir: Path) -> N
         location="split.data",
         size_threshold=0,
     )
+    (tmp_path / "split.data").unlink()
     spec_path = tmp_path / "fleet.yaml"
     spec_path.write_text(
         "models: [{name: m, source: split.onnx}]\n"
         "targets: [{name: cpu, ep: CPUExecutionProvider}]\n"
     )
-    with pytest.raises(BadInputError, match=r"models\[m\].*keeps tensors in external data files"):
+    with pytest.raises(
+        BadInputError, match=r"models\[m\].*external data files are missing: split.data"
+    ):
         plan_run(spec_path, str(tmp_path / "store"))
 
 
