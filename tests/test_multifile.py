@@ -1,0 +1,280 @@
+"""Multi-file sources and variants, with real compiles: an ONNX model with external data
+and a GenAI-style model folder, compiled for the CPU EP and for QNN HTP (context beside
+the model), published to a local store and to S3 (moto); refusals; gc of files/."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from epfleet.build import build_variant
+from epfleet.errors import BadInputError
+from epfleet.gc import collect, pinned_files
+from epfleet.hashing import sha256_file
+from epfleet.manifest import Manifest, files_key
+from epfleet.outcomes import PairOutcome, failed_outcome, ok_outcome
+from epfleet.plan import listing_key
+from epfleet.planning import plan_run
+from epfleet.publish_rules import to_publish
+from epfleet.publishing import publish, read_manifest
+from epfleet.stores import MANIFEST_KEY, Store, open_store
+from tests.conftest import write_spec
+
+HTP = {
+    "backend_type": "htp",
+    "enable_htp_fp16_precision": "1",
+    "htp_arch": "75",
+    "soc_model": "57",
+}
+CPU = {"name": "cpu", "ep": "CPUExecutionProvider"}
+SIDE_FILES = {
+    "genai_config.json": b'{"model": {"decoder": {"filename": "model.onnx"}}}\n',
+    "tokenizer.json": b'{"version": "1.0", "vocab": {"a": 0, "b": 1}}\n',
+    "tokenizer/x.txt": b"nested sidecar\n",
+}
+
+
+def dense_model(seed: int = 0) -> onnx.ModelProto:
+    """x[1, 64] -> relu(x @ W + B): 16 KiB of weights, which HTP compiles whole."""
+    rng = np.random.default_rng(seed)
+    weights = numpy_helper.from_array(rng.uniform(-1, 1, (64, 64)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.uniform(-1, 1, 64).astype(np.float32), "B")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["y"]),
+            helper.make_node("Add", ["y", "B"], ["z"]),
+            helper.make_node("Relu", ["z"], ["out"]),
+        ],
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 64])],
+        [weights, bias],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def save_split(path: Path, seed: int = 0, location: str | None = None) -> None:
+    """The model at ``path`` with W (and not B) in the external data file ``location``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(
+        dense_model(seed),
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=location or f"{path.name}.data",
+        size_threshold=1024,
+    )
+
+
+def genai_folder(root: Path) -> Path:
+    for path, data in SIDE_FILES.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+    save_split(root / "model.onnx")
+    return root
+
+
+def compile_and_publish(spec: Path, store_uri: str) -> tuple[Manifest, list[PairOutcome]]:
+    """A fleet run without Prefect: plan, build each pair, publish (as the CLI does)."""
+    plan = plan_run(spec, store_uri)
+    store = open_store(store_uri)
+    outcomes = []
+    for pair in plan.to_compile:
+        try:
+            outcomes.append(ok_outcome(pair.request, build_variant(pair.request, store, 1)))
+        except Exception as exc:
+            outcomes.append(failed_outcome(pair.request, str(exc)))
+    variants = {(m, t): entry for m, t, entry in to_publish(plan, outcomes)}
+    publish(store, plan.sources, plan.published_sources, variants, plan.samples)
+    manifest, _ = read_manifest(store)
+    assert manifest is not None
+    return manifest, outcomes
+
+
+def download_variant(store: Store, manifest: Manifest, model: str, target: str, to: Path) -> Path:
+    """The variant's files into ``to`` at their paths, each checked; its main file."""
+    variant = manifest.models[model].variants[target]
+    assert variant.artifact is not None
+    main = to / variant.model_file
+    for ref, path in [(variant.artifact, main), *((f, to / f.path) for f in variant.files)]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store.download(ref.uri, path)
+        assert sha256_file(path) == (ref.sha256, ref.size), ref.uri
+    return main
+
+
+def run(path: Path) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
+    return session.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_model_with_external_data_compiles_for_cpu_and_publishes_its_files(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    save_split(tmp_path / "src" / "dense.onnx")
+    spec = write_spec(tmp_path, [{"name": "dense", "source": "src/dense.onnx"}], [CPU])
+    uri = request.getfixturevalue("s3_store_uri") if where == "s3" else str(tmp_path / "store")
+    manifest, outcomes = compile_and_publish(spec, uri)
+    assert [o.result.status for o in outcomes] == ["ok"], outcomes[0].result.error
+    store = open_store(uri)
+    source = manifest.models["dense"].source
+    data_sha, data_size = sha256_file(tmp_path / "src" / "dense.onnx.data")
+    assert source.model_file == "model.onnx"
+    assert [(f.path, f.uri, f.sha256, f.size) for f in source.files] == [
+        ("dense.onnx.data", files_key(data_sha), data_sha, data_size)
+    ]
+    variant = manifest.models["dense"].variants["cpu"]
+    assert variant.status == "ok" and variant.artifact is not None
+    assert variant.source_sha256 == source.digest != source.sha256
+    assert [f.path for f in variant.files] == ["model.onnx.data"]
+    assert variant.verification is not None and variant.verification.status == "passed"
+    for ref in [source, *source.files, variant.artifact, *variant.files]:
+        assert store.size(ref.uri) == ref.size, ref.uri
+    main = download_variant(store, manifest, "dense", "cpu", tmp_path / "device")
+    graph = onnx.load(str(main), load_external_data=False)
+    props = {p.key: p.value for p in graph.metadata_props}
+    assert props["ep_compatibility_info.CPUExecutionProvider"] == variant.compatibility_string
+    assert props["epfleet.source_sha256"] == source.digest
+    assert any(  # the weights stayed outside the main file
+        t.data_location == TensorProto.EXTERNAL for t in graph.graph.initializer
+    )
+    expected = run(tmp_path / "src" / "dense.onnx")
+    np.testing.assert_allclose(run(main), expected, rtol=1e-5, atol=1e-6)
+
+    # Planned again: up to date, nothing compiles.
+    assert [p.action for p in plan_run(spec, uri).pairs] == ["skip"]
+
+
+def test_qnn_htp_context_beside_the_model(tmp_path: Path) -> None:
+    save_split(tmp_path / "src" / "dense.onnx")
+    target = {
+        "name": "htp",
+        "ep": "QNNExecutionProvider",
+        "provider_options": HTP,
+        "embed_context": False,
+    }
+    spec = write_spec(tmp_path, [{"name": "dense", "source": "src/dense.onnx"}], [target])
+    uri = str(tmp_path / "store")
+    manifest, outcomes = compile_and_publish(spec, uri)
+    assert [o.result.status for o in outcomes] == ["ok"], outcomes[0].result.error
+    variant = manifest.models["dense"].variants["htp"]
+    assert variant.verification is not None and variant.verification.status == "passed"
+    contexts = [f for f in variant.files if f.path.endswith(".bin")]
+    assert len(contexts) == 1 and contexts[0].size > 0
+    main = download_variant(open_store(uri), manifest, "dense", "htp", tmp_path / "device")
+    nodes = onnx.load(str(main), load_external_data=False).graph.node
+    refs = [
+        (helper.get_attribute_value(a) for a in n.attribute if a.name == "ep_cache_context")
+        for n in nodes
+        if n.op_type == "EPContext"
+    ]
+    assert [next(r) for r in refs] == [contexts[0].path.encode()]
+
+
+def test_a_genai_folder_carries_its_sidecars_into_every_variant(tmp_path: Path) -> None:
+    genai_folder(tmp_path / "phi")
+    htp = {"name": "htp", "ep": "QNNExecutionProvider", "provider_options": HTP}
+    spec = write_spec(tmp_path, [{"name": "phi", "source": "phi"}], [CPU, htp])
+    uri = str(tmp_path / "store")
+    manifest, outcomes = compile_and_publish(spec, uri)
+    assert [o.result.status for o in outcomes] == ["ok", "ok"], [o.result.error for o in outcomes]
+    store = open_store(uri)
+    source = manifest.models["phi"].source
+    source_files = {f.path: f for f in source.files}
+    assert set(source_files) == {*SIDE_FILES, "model.onnx.data"}
+    for target in ("cpu", "htp"):
+        variant = manifest.models["phi"].variants[target]
+        listed = {f.path: f for f in variant.files}
+        directory = tmp_path / "device" / target
+        download_variant(store, manifest, "phi", target, directory)
+        for path, data in SIDE_FILES.items():
+            assert (directory / path).read_bytes() == data  # byte for byte
+            assert listed[path].uri == source_files[path].uri  # stored once
+    sidecar_keys = {f.uri for f in source.files if f.path in SIDE_FILES}
+    stored = {o.key for o in store.list_objects("files/")}
+    assert sidecar_keys <= stored
+    assert len([k for k in stored if k in sidecar_keys]) == len(SIDE_FILES)
+
+
+def test_refusals_name_what_is_wrong_and_publish_nothing(tmp_path: Path, s3_bucket: str) -> None:
+    uri = str(tmp_path / "store")
+
+    def refused(source: str, match: str, **model: str) -> None:
+        spec = write_spec(tmp_path, [{"name": "m", "source": source, **model}], [CPU])
+        with pytest.raises(BadInputError, match=match):
+            plan_run(spec, uri)
+        assert open_store(uri).size(MANIFEST_KEY) is None
+
+    save_split(tmp_path / "gone" / "m.onnx")
+    (tmp_path / "gone" / "m.onnx.data").unlink()
+    refused("gone/m.onnx", r"models\[m\].*external data files are missing: m.onnx.data")
+
+    two = tmp_path / "two"
+    save_split(two / "a.onnx")
+    save_split(two / "b.onnx", seed=1)
+    refused("two", r"no model.onnx and 2 .onnx files \(a.onnx, b.onnx\); name the main one")
+    refused("two", r"model_file 'c.onnx' is not in the folder", model_file="c.onnx")
+
+    outside = tmp_path / "linked"
+    genai_folder(outside)
+    (tmp_path / "secret.txt").write_text("x")
+    (outside / "secret.txt").symlink_to(tmp_path / "secret.txt")
+    refused("linked", r"secret.txt is a symbolic link to .*secret.txt, outside the folder")
+
+    odd = genai_folder(tmp_path / "odd")
+    (odd / "my notes.txt").write_text("x")
+    refused("odd", r"file names must be .*: my notes.txt")
+
+    s3 = open_store(f"s3://{s3_bucket}/inputs")
+    save_split(tmp_path / "s3src" / "model.onnx")
+    s3.upload(
+        "model.onnx",
+        tmp_path / "s3src" / "model.onnx",
+        sha256_file(tmp_path / "s3src" / "model.onnx")[0],
+    )
+    refused(
+        f"s3://{s3_bucket}/inputs/model.onnx",
+        r"keeps tensors in external data files; a source with external data must be a local",
+    )
+
+
+def test_gc_collects_unreferenced_files_and_keeps_referenced_and_pinned_ones(
+    tmp_path: Path,
+) -> None:
+    save_split(tmp_path / "src" / "dense.onnx")
+    spec = write_spec(tmp_path, [{"name": "dense", "source": "src/dense.onnx"}], [CPU])
+    uri = str(tmp_path / "store")
+    manifest, _ = compile_and_publish(spec, uri)
+    store = open_store(uri)
+    variant = manifest.models["dense"].variants["cpu"]
+    assert variant.artifact is not None
+    listing = listing_key(variant.artifact.uri)
+    assert json.loads(store.read(listing).data)[0]["path"] == "model.onnx.data"  # type: ignore[union-attr]
+    orphan = files_key("a" * 64)
+    store.write(orphan, b"orphan")
+    referenced = {f.uri for f in [*manifest.models["dense"].source.files, *variant.files]}
+
+    later = datetime.now(timezone.utc) + timedelta(days=3)
+    dry = collect(store, now=later)
+    assert {c.key for c in dry.plan.candidates if c.kind == "file"} == {orphan}
+    young = collect(store, delete=True)  # within the grace period: kept
+    assert orphan not in young.removed and store.size(orphan) is not None
+    done = collect(store, delete=True, now=later)
+    assert orphan in done.removed and store.size(orphan) is None
+    for key in [*referenced, listing]:
+        assert store.size(key) is not None, key
+
+    # A variant a device runs pins the files its listing names, after the manifest drops it.
+    prefix = variant.artifact.uri.rsplit("/", 1)[0] + "/" + variant.artifact.sha256[:12]
+    objects = store.list_objects("", hidden=True)
+    pinned, problems = pinned_files(store, objects, {prefix: "dev-1"})
+    assert problems == [] and set(pinned) == {f.uri for f in variant.files}
