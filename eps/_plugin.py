@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from eps.base import (
     FP16_TOLERANCE,
-    DeviceType,
     SINGLE_FILE,
+    DeviceType,
     GraphOptimization,
     Judgement,
     Layout,
