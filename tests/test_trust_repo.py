@@ -23,7 +23,7 @@ from epfleet.errors import BadInputError
 from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.publishing import Published, publish, read_manifest, update_manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
-from epfleet.trust import repository
+from epfleet.trust import rotation
 from epfleet.trust.client import ROOT_HISTORY, verify
 from epfleet.trust.keys import generate_online_file, load_offline, new_key
 from epfleet.trust.repository import (
@@ -449,7 +449,7 @@ def test_an_interrupted_online_key_rotation_is_finished_by_running_it_again(
         raise Killed  # the rotation dies once its new root is written
 
     with monkeypatch.context() as patch:
-        patch.setattr(repository, "_write_versioned", killed)
+        patch.setattr(rotation, "write_versioned", killed)
         with pytest.raises(Killed):
             rotate_online_key(store, offline, new)
     assert read_state(store).root.signed.version == 2  # the new root is out

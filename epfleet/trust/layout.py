@@ -1,0 +1,48 @@
+"""Where a store's signed (TUF) metadata lives, and how long each role's signature lasts.
+
+The store layout of ``epfleet.trust`` that the publishing side writes and the device side
+(``epfleet.trust.client``) reads.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+METADATA_KEYS = "trust/metadata/"
+TARGETS_KEYS = "trust/targets/"
+TIMESTAMP_KEY = METADATA_KEYS + "timestamp.json"
+FIRST_ROOT_KEY = METADATA_KEYS + "1.root.json"
+CUSTOM_FIELD = "epfleet"
+BIN_PREFIX = "bin"
+DEFAULT_BINS = 256
+LIFETIME = {
+    "root": timedelta(days=365),
+    "targets": timedelta(days=365),
+    "snapshot": timedelta(days=7),
+    "bin": timedelta(days=7),
+    "timestamp": timedelta(days=1),
+}
+"""How long each role's signature is good for. A role is re-signed by the next publish or
+refresh once less than half of its lifetime is left."""
+OFFLINE_RENEWAL = timedelta(days=30)
+"""A refresh warns when root or targets (which only the offline keys sign) expire sooner."""
+
+
+def utcnow() -> datetime:
+    """Now in UTC, to the second (as signed expiries are written)."""
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def metadata_key(role: str, version: int | None = None) -> str:
+    """``trust/metadata/<version>.<role>.json``, or ``timestamp.json`` (no version)."""
+    return (
+        f"{METADATA_KEYS}{role}.json"
+        if version is None
+        else f"{METADATA_KEYS}{version}.{role}.json"
+    )
+
+
+def target_key(path: str, sha256: str) -> str:
+    """Where a target's file is stored: consistent snapshots prefix its name with its hash."""
+    folder, _, name = path.rpartition("/")
+    return f"{TARGETS_KEYS}{folder + '/' if folder else ''}{sha256}.{name}"

@@ -1,0 +1,231 @@
+"""Signing a store's manifest.json: bins, snapshot and timestamp, by compare-and-swap.
+
+Versioned files are written once (``if_none_match``; a version taken by another publisher
+or left by a crashed one is skipped), then ``timestamp.json`` is replaced with
+``if_match``; a publisher that loses re-reads everything and signs again. The signed
+state is always derived from the ``manifest.json`` read *after* the timestamp it
+replaces, so the last publisher to win signs a manifest at least as new as every manifest
+whose publisher lost: racing publishers lose nothing, and a crash between writing
+``manifest.json`` and its metadata is repaired by the next publish or refresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+from pydantic import ValidationError
+from securesystemslib.signer import Signer
+from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, Targets, Timestamp
+from tuf.api.serialization.json import JSONSerializer
+
+from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.manifest import Manifest
+from epfleet.stores import MANIFEST_KEY, Store
+from epfleet.trust.layout import (
+    LIFETIME,
+    OFFLINE_RENEWAL,
+    TIMESTAMP_KEY,
+    metadata_key,
+    target_key,
+    utcnow,
+)
+from epfleet.trust.state import RepositoryState, read_state
+from epfleet.trust.targets import Target, model_targets, plan_bins, stale
+
+ATTEMPTS = 20
+"""How many times a publisher that lost the race for the timestamp signs again."""
+VERSION_SKIPS = 100
+"""How many taken versions of one file a publisher skips before giving up."""
+SERIALIZER = JSONSerializer(compact=True)
+
+logger = logging.getLogger(__name__)
+AnySigned = TypeVar("AnySigned", Root, Targets, Snapshot, Timestamp)
+
+
+def sign_metadata(signed: AnySigned, signers: Iterable[Signer]) -> bytes:
+    """The metadata of ``signed``, signed by each of ``signers``, as stored (compact JSON)."""
+    metadata = Metadata(signed)
+    for signer in signers:
+        metadata.sign(signer, append=True)
+    return metadata.to_bytes(SERIALIZER)
+
+
+def write_versioned(store: Store, role: str, signed: AnySigned, signers: Sequence[Signer]) -> bytes:
+    """Sign and write ``<version>.<role>.json`` once, at ``signed.version`` or the first
+    later version no one has taken (another publisher's, or one a crash left behind)."""
+    for _ in range(VERSION_SKIPS):
+        raw = sign_metadata(signed, signers)
+        try:
+            store.write(metadata_key(role, signed.version), raw, if_none_match=True)
+            return raw
+        except PreconditionFailed:
+            signed.version += 1
+    raise StoreError(
+        f"{store.uri}/{metadata_key(role, signed.version)}: {VERSION_SKIPS} versions of "
+        f"{role} after the signed one are taken; is another publisher stuck?"
+    )
+
+
+def _write_target(store: Store, target: Target) -> None:
+    key = target_key(target.info.path, target.info.hashes["sha256"])
+    if store.size(key) == target.info.length:
+        return
+    # Named by its hash: a racing publisher writes the same bytes, so no condition is needed.
+    store.write(key, target.data)
+
+
+@dataclass(frozen=True)
+class TrustPublished:
+    """What ``publish_trust`` or ``refresh`` did."""
+
+    version: int
+    """The signed timestamp's version now."""
+    written: bool
+    """Whether new metadata was signed (False: it already signed this manifest)."""
+    bins: list[str]
+    """The bins signed again."""
+
+
+@dataclass
+class Changes:
+    targets: bytes | None = None
+    """A new targets role's signed bytes, already written (online-key rotation)."""
+    every_bin: bool = False
+    renew: bool = False
+    """Sign snapshot and timestamp again even when nothing else changed (refresh)."""
+
+
+def _check_online_key(store: Store, state: RepositoryState, signer: Signer) -> None:
+    keyid = signer.public_key.keyid
+    roles = state.root.signed.roles
+    bins = state.succinct.keyids
+    if keyid not in roles["timestamp"].keyids or keyid not in bins:
+        raise BadInputError(
+            f"EPFLEET_TRUST_SIGNER's key {keyid[:12]} is not the online key of "
+            f"{store.uri}/trust (root version {state.root.signed.version}); was it rotated? (a "
+            "rotation that stopped half-way is finished by running it again)"
+        )
+
+
+def _manifest(store: Store) -> bytes | None:
+    found = store.read(MANIFEST_KEY)
+    if found is None:
+        return None
+    try:
+        Manifest.from_json(found.data)
+    except ValidationError as exc:
+        raise StoreError(
+            f"{store.uri}/{MANIFEST_KEY} fails validation, refusing to publish over it or sign it: "
+            f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+        ) from None
+    return found.data
+
+
+def _publish_once(
+    store: Store, state: RepositoryState, signer: Signer, now: datetime, changes: Changes
+) -> TrustPublished | None:
+    """One attempt; None when another publisher replaced the timestamp first."""
+    manifest = _manifest(store)  # read after the timestamp it is to replace
+    targets_md = state.targets
+    wanted = model_targets(manifest) if manifest is not None else {}
+    bins = plan_bins(state.succinct, state.bins, wanted, now, every_bin=changes.every_bin)
+    snapshot, timestamp = state.snapshot, state.timestamp
+    due = (
+        snapshot is None
+        or timestamp is None
+        or changes.renew
+        or changes.targets is not None
+        or stale(snapshot.signed.expires, LIFETIME["snapshot"], now)
+        or stale(timestamp.signed.expires, LIFETIME["timestamp"], now)
+    )
+    if not bins and not due:
+        assert timestamp is not None
+        return TrustPublished(timestamp.signed.version, written=False, bins=[])
+    meta = dict(snapshot.signed.meta) if snapshot is not None else {}
+    for name, wanted_here in bins.items():
+        for target in wanted_here.values():
+            _write_target(store, target)
+        previous = meta.get(f"{name}.json")
+        signed_bin = Targets(
+            version=previous.version + 1 if previous else 1,
+            expires=now + LIFETIME["bin"],
+            targets={path: t.info for path, t in wanted_here.items()},
+        )
+        raw = write_versioned(store, name, signed_bin, [signer])
+        meta[f"{name}.json"] = MetaFile(signed_bin.version, length=len(raw))
+    if changes.targets is not None:
+        meta["targets.json"] = MetaFile(targets_md.signed.version, length=len(changes.targets))
+    elif "targets.json" not in meta:
+        raw_targets = store.read(metadata_key("targets", targets_md.signed.version))
+        meta["targets.json"] = MetaFile(
+            targets_md.signed.version, length=len(raw_targets.data) if raw_targets else None
+        )
+    new_snapshot = Snapshot(
+        version=snapshot.signed.version + 1 if snapshot else 1,
+        expires=now + LIFETIME["snapshot"],
+        meta=meta,
+    )
+    raw_snapshot = write_versioned(store, "snapshot", new_snapshot, [signer])
+    new_timestamp = Timestamp(
+        version=timestamp.signed.version + 1 if timestamp else 1,
+        expires=now + LIFETIME["timestamp"],
+        snapshot_meta=MetaFile.from_data(new_snapshot.version, raw_snapshot, ["sha256"]),
+    )
+    raw_timestamp = sign_metadata(new_timestamp, [signer])
+    try:
+        if state.timestamp_etag is None:
+            store.write(TIMESTAMP_KEY, raw_timestamp, if_none_match=True)
+        else:
+            store.write(TIMESTAMP_KEY, raw_timestamp, if_match=state.timestamp_etag)
+    except PreconditionFailed:
+        return None
+    return TrustPublished(new_timestamp.version, written=True, bins=sorted(bins))
+
+
+def publish_signed(
+    store: Store, signer: Signer, now: datetime | None, changes: Changes
+) -> TrustPublished:
+    for attempt in range(ATTEMPTS):
+        state = read_state(store)
+        if changes.targets is not None:  # a new targets role, not in the snapshot yet
+            state.targets = Metadata.from_bytes(changes.targets)
+        _check_online_key(store, state, signer)
+        done = _publish_once(store, state, signer, now or utcnow(), changes)
+        if done is not None:
+            return done
+        time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+    raise StoreError(
+        f"could not publish the signed metadata of {store.uri}: lost the race for "
+        f"{TIMESTAMP_KEY} {ATTEMPTS} times"
+    )
+
+
+def publish_trust(store: Store, online: Signer, *, now: datetime | None = None) -> TrustPublished:
+    """Sign the store's current manifest.json: the bins whose targets changed (or that are
+    stale), then snapshot and timestamp; nothing when it is signed already."""
+    return publish_signed(store, online, now, Changes())
+
+
+def refresh(store: Store, online: Signer, *, now: datetime | None = None) -> TrustPublished:
+    """Sign timestamp and snapshot again (and the stale bins, and any the manifest
+    changed), so that devices never see expired metadata while publishing is quiet.
+    Warns when root or targets, which only the offline keys sign, expire within 30 days."""
+    done = publish_signed(store, online, now, Changes(renew=True))
+    state = read_state(store)
+    for role, signed in (("root", state.root.signed), ("targets", state.targets.signed)):
+        if signed.expires - (now or utcnow()) < OFFLINE_RENEWAL:
+            logger.warning(
+                "%s: the signed %s role expires on %s and only the offline keys sign it: "
+                "renew it with epfleet trust rotate --keys DIR (--root, or --online-signer "
+                "with the current online key)",
+                store.uri,
+                role,
+                f"{signed.expires:%Y-%m-%d}",
+            )
+    return done
