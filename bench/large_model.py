@@ -308,6 +308,7 @@ def ort_probes(source: Path, work: Path) -> None:
     min_size = "session.optimized_model_external_initializers_min_size_in_bytes"
     to_file = {ext: "optimized.data", min_size: "1024"}
     no_prepack = {"session.disable_prepacking": "1"}
+    shutil.rmtree(work, ignore_errors=True)  # an earlier run's, with --keep
     work.mkdir(parents=True)
     graph = str(work / "graph.onnx")
     run("(a) onnx.load(load_external_data=False)+save", PROBE_GRAPH, str(source), graph)
