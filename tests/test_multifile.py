@@ -5,6 +5,7 @@ the model), published to a local store and to S3 (moto); refusals; gc of files/.
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -14,16 +15,28 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from epfleet import RECIPE_VERSION
 from epfleet.build import build_variant
-from epfleet.errors import BadInputError
-from epfleet.gc import collect, pinned_files
-from epfleet.hashing import sha256_file
-from epfleet.manifest import Manifest, files_key
+from epfleet.costs import costs
+from epfleet.errors import BadInputError, IntegrityError
+from epfleet.gc import collect, needed_keys, pinned_files
+from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.manifest import (
+    ArtifactRef,
+    Manifest,
+    ModelEntry,
+    PackageFile,
+    SourceEntry,
+    VariantEntry,
+    files_key,
+    merge,
+)
 from epfleet.outcomes import PairOutcome, failed_outcome, ok_outcome
-from epfleet.plan import listing_key
+from epfleet.plan import CompileRequest, fingerprinted, listing_key
 from epfleet.planning import plan_run
 from epfleet.publish_rules import to_publish
 from epfleet.publishing import publish, read_manifest
+from epfleet.staging import cache_dir, fetch_source, tidy_cache
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from tests.conftest import write_spec
 
@@ -203,6 +216,12 @@ def test_a_genai_folder_carries_its_sidecars_into_every_variant(tmp_path: Path) 
     stored = {o.key for o in store.list_objects("files/")}
     assert sidecar_keys <= stored
     assert len([k for k in stored if k in sidecar_keys]) == len(SIDE_FILES)
+    # Costs: every file of the source and of each variant; the store's total once per key.
+    data = costs(store, manifest)
+    variants = manifest.models["phi"].variants
+    assert data.models[0].source == source.total_size > source.size
+    assert data.models[0].variants == {t: v.total_size for t, v in variants.items()}
+    assert data.totals.referenced == sum(store.size(k) or 0 for k in needed_keys(manifest))
 
 
 def test_refusals_name_what_is_wrong_and_publish_nothing(tmp_path: Path, s3_bucket: str) -> None:
@@ -278,3 +297,102 @@ def test_gc_collects_unreferenced_files_and_keeps_referenced_and_pinned_ones(
     objects = store.list_objects("", hidden=True)
     pinned, problems = pinned_files(store, objects, {prefix: "dev-1"})
     assert problems == [] and set(pinned) == {f.uri for f in variant.files}
+
+
+def test_a_worker_fetches_a_source_set_whole_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    genai_folder(tmp_path / "phi")
+    spec = write_spec(tmp_path, [{"name": "phi", "source": "phi"}], [CPU])
+    uri = str(tmp_path / "store")
+    request = plan_run(spec, uri).pairs[0].request
+    store = open_store(uri)
+    sidecar = next(f for f in request.source_files if f.path == "tokenizer/x.txt")
+    store.write(sidecar.uri, b"tampered sidecar")
+    with pytest.raises(
+        IntegrityError, match=rf"{sidecar.uri} has sha256 .* expected {sidecar.sha256}"
+    ):
+        fetch_source(store, request)
+    folder = cache_dir() / "sources" / request.source_sha256
+    assert not folder.exists()
+    assert not [p for p in (cache_dir() / "sources").iterdir() if p.is_dir()]
+    store.upload(sidecar.uri, tmp_path / "phi" / "tokenizer" / "x.txt", sidecar.sha256)
+    main = fetch_source(store, request)
+    assert main == folder / "model.onnx"
+    for f in request.source_files:
+        assert sha256_file(folder / f.path) == (f.sha256, f.size)
+    # The cache evicts a source set whole when over its bound (and not in use).
+    monkeypatch.setenv("EPFLEET_CACHE_MAX_BYTES", "0")
+    tidy_cache(now=time.time() + 7200)
+    assert not folder.exists()
+
+
+def test_single_file_pairs_keep_their_fingerprints() -> None:
+    request = CompileRequest(
+        model="m",
+        target="t",
+        ep="CPUExecutionProvider",
+        device="cpu",
+        provider_options={},
+        input_shapes={"x": [1, 64]},
+        source_key=f"sources/{'ab' * 32}.onnx",
+        source_sha256="ab" * 32,
+        source_size=10,
+        fingerprint="",
+    )
+    before = {  # the payload of fingerprints published before multi-file layouts
+        "recipe": RECIPE_VERSION,
+        "source_sha256": "ab" * 32,
+        "input_shapes": {"x": [1, 64]},
+        "ep": "CPUExecutionProvider",
+        "device": "cpu",
+        "provider_options": {},
+        "graph_optimization": "basic",
+        "min_coverage": None,
+        "verify": True,
+        "tolerance": request.tolerance,
+        "abs_tolerance": request.abs_tolerance,
+        "samples": None,
+        "ort_version": "1.32.0",
+        "build": {"package": "onnxruntime"},
+    }
+    old = sha256_bytes(json.dumps(before, sort_keys=True).encode())
+    identity = {"package": "onnxruntime"}
+    assert fingerprinted(request, "1.32.0", identity).fingerprint == old
+    for layout in ({"embed_context": False}, {"external_initializers": True}):
+        changed = request.model_copy(update=layout)
+        assert fingerprinted(changed, "1.32.0", identity).fingerprint != old
+
+
+def test_a_rebuild_alike_keeps_the_published_files_only_while_all_are_stored() -> None:
+    source = SourceEntry(uri=f"sources/{'1' * 64}.onnx", sha256="1" * 64, size=1)
+
+    def build(digit: str) -> VariantEntry:
+        sha = digit * 64
+        return VariantEntry(
+            ep="QNNExecutionProvider",
+            device="npu",
+            compatibility_string="v2:6",
+            artifact=ArtifactRef(uri=f"variants/m/t/{sha}.onnx", sha256=sha, size=1),
+            files=[PackageFile(path="model_qnn.bin", uri=files_key(sha), sha256=sha, size=2)],
+            ort_version="1.32.0",
+            compiled_at=datetime.now(timezone.utc),
+            status="ok",
+            source_sha256=source.sha256,
+            fingerprint="fp",
+        )
+
+    published, rebuilt = build("2"), build("3")
+    current = Manifest(models={"m": ModelEntry(source=source, variants={"t": published})})
+    kept = merge(current, {"m": source}, {"m": source}, {("m", "t"): rebuilt}, present=bool)
+    assert kept.manifest is None  # the published build stays, its files with it
+    gone = published.files[0].uri
+    replaced = merge(
+        current,
+        {"m": source},
+        {"m": source},
+        {("m", "t"): rebuilt},
+        present=lambda ref: ref.uri != gone,
+    )
+    assert replaced.manifest is not None
+    assert replaced.manifest.models["m"].variants["t"].files == rebuilt.files
