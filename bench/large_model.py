@@ -111,6 +111,12 @@ def generate(directory: Path, gb: float, seed: int = 0) -> Path:
     return path
 
 
+def describe(proc: psutil.Process) -> str:
+    """A short name for a process: its program and first arguments."""
+    words = [Path(w).name if "/" in w else w for w in proc.cmdline()[:4]]
+    return " ".join(words).replace("\n", " ")[:48] + f" [{proc.pid}]"
+
+
 def tree_memory(pid: int) -> tuple[int, int, dict[int, tuple[str, int, int, int]]]:
     """RSS and RssAnon (bytes) summed over a process and its descendants, and per process
     (name, rss, anon, VmHWM: its own peak RSS since it started or exec'd)."""
@@ -128,7 +134,7 @@ def tree_memory(pid: int) -> tuple[int, int, dict[int, tuple[str, int, int, int]
             rss, anon, hwm = (
                 int(fields[k].split()[0]) * 1024 for k in ("VmRSS", "RssAnon", "VmHWM")
             )
-            each[proc.pid] = (proc.name(), rss, anon, hwm)
+            each[proc.pid] = (describe(proc), rss, anon, hwm)
         except (OSError, KeyError, psutil.Error):
             continue  # gone meanwhile, or a zombie without VmRSS
     return sum(v[1] for v in each.values()), sum(v[2] for v in each.values()), each
@@ -141,7 +147,7 @@ class Measured:
     rss: int = 0  # peak of the tree's RSS sum
     anon: int = 0  # peak of the tree's RssAnon sum
     hwm: int = 0  # the largest VmHWM of one process of the tree (misses its last ~50 ms)
-    biggest: dict[str, tuple[int, int]] = field(default_factory=dict)  # name: peak rss, anon
+    biggest: dict[str, tuple[int, int]] = field(default_factory=dict)  # process: peak rss, anon
     returncode: int = 0
     stdout: str = ""
     stderr: str = ""
@@ -192,7 +198,8 @@ def print_table(rows: list[Measured], budget: bool) -> None:
         print(line)
         top = sorted(m.biggest.items(), key=lambda kv: -kv[1][0])[:3]
         if len(m.biggest) > 1:
-            print("    per process: " + ", ".join(f"{n} {gb(r)}/{gb(a)}" for n, (r, a) in top))
+            for name, (r, a) in top:
+                print(f"    {name:<58} peak RSS {gb(r)}, RssAnon {gb(a)}")
 
 
 # The ORT probes: each runs in a process of its own, prints one JSON object.
@@ -399,6 +406,8 @@ def end_to_end(source: Path, work: Path) -> None:
         )
     )
     cache = work / "device"
+    for scratch in ("device", "worker-cache", "prefect"):  # an earlier run's, with --keep
+        shutil.rmtree(work / scratch, ignore_errors=True)
     with moto_in_own_process() as port:
         boto3.client("s3").create_bucket(Bucket=BUCKET)
         relay = Relay(port)
