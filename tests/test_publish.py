@@ -2,67 +2,17 @@
 
 from __future__ import annotations
 
-import threading
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from publish_helpers import one_model, publish_new, race
 from s3proxy import FaultProxy
 
 from epfleet.errors import StoreError
-from epfleet.manifest import ArtifactRef, SourceEntry, VariantEntry
-from epfleet.publishing import Published, publish, read_manifest
+from epfleet.publishing import publish, read_manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 
 pytestmark = pytest.mark.fast
-
-
-def one_model(index: int) -> tuple[dict[str, SourceEntry], dict[tuple[str, str], VariantEntry]]:
-    sha = f"{index:064x}"
-    name = f"model-{index}"
-    source = SourceEntry(uri=f"sources/{sha}.onnx", sha256=sha, size=index + 1)
-    variant = VariantEntry(
-        ep="CPUExecutionProvider",
-        device="cpu",
-        compatibility_string="epfleet-cpu/1;ort=1.32.0;arch=x86_64;isa=avx2;nchwc=0",
-        artifact=ArtifactRef(uri=f"variants/{name}/cpu/{sha}.onnx", sha256=sha, size=1),
-        ort_version="1.32.0",
-        ep_version="1.32.0",
-        compiled_at=datetime.now(timezone.utc),
-        status="ok",
-        source_sha256=sha,
-        fingerprint=f"fp-{index}",
-    )
-    return {name: source}, {(name, "cpu"): variant}
-
-
-def publish_new(store: Store, index: int) -> Published:
-    """Publish model ``index`` as a run that found no entry for it."""
-    sources, variants = one_model(index)
-    for ref in [*sources.values(), *(v.artifact for v in variants.values() if v.artifact)]:
-        store.write(ref.uri, bytes(ref.size))  # a publish names only objects the store has
-    return publish(store, sources, dict.fromkeys(sources), variants)
-
-
-def race(store_uri: str, publishers: int = 2, each: int = 8) -> None:
-    barrier = threading.Barrier(publishers)
-    errors: list[BaseException] = []
-
-    def publisher(offset: int) -> None:
-        store = open_store(store_uri)
-        barrier.wait()
-        try:
-            for i in range(each):
-                publish_new(store, offset * each + i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=publisher, args=(p,)) for p in range(publishers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
 
 
 def check_all_landed(store: Store, count: int) -> None:

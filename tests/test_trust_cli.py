@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_publish import publish_new
+from publish_helpers import publish_new
 
 from epfleet.cli import main
 from epfleet.errors import BadInputError

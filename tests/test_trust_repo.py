@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import stat
-import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from publish_helpers import publish_new, race
 from trust_helpers import make_trusted_store, online_key
 
 from epfleet.errors import BadInputError
 from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
-from epfleet.publishing import Published, publish, read_manifest, update_manifest
+from epfleet.publishing import read_manifest, update_manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust import rotation
 from epfleet.trust.client import ROOT_HISTORY, verify
@@ -220,40 +220,6 @@ def test_a_retired_model_leaves_the_signed_metadata(
 
 
 # --- publishing through epfleet.publishing ------------------------------------------------------
-
-
-def one_model(index: int) -> tuple[dict[str, SourceEntry], dict[tuple[str, str], VariantEntry]]:
-    name = f"model-{index}"
-    source = SourceEntry(uri=f"sources/{name}.onnx", sha256=SHA, size=index + 1)
-    return {name: source}, {(name, "cpu"): variant(fingerprint=name)}
-
-
-def publish_new(store: Store, index: int) -> Published:
-    sources, variants = one_model(index)
-    for ref in [*sources.values(), *(v.artifact for v in variants.values() if v.artifact)]:
-        store.write(ref.uri, bytes(ref.size))  # a publish names only objects the store has
-    return publish(store, sources, dict.fromkeys(sources), variants)
-
-
-def race(store_uri: str, publishers: int = 2, each: int = 8) -> None:
-    barrier = threading.Barrier(publishers)
-    errors: list[BaseException] = []
-
-    def publisher(offset: int) -> None:
-        store = open_store(store_uri)
-        barrier.wait()
-        try:
-            for i in range(each):
-                publish_new(store, offset * each + i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=publisher, args=(p,)) for p in range(publishers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
 
 
 def signer_env(monkeypatch: pytest.MonkeyPatch, keys: Path) -> None:
