@@ -170,25 +170,36 @@ def layout_of(request: CompileRequest) -> Layout:
 
 def _variant_files(job: CompileJob, scratch: Path, model_file: str) -> list[tuple[str, str, int]]:
     """The files beside the compiled main file: what the EP wrote there (contexts,
-    external initializers) and the source's sidecars (its files that are not the main
-    model's external data), carried over unchanged. CompileError naming a clash."""
+    external initializers), the source's data files it still refers to, and the source's
+    sidecars (its files that are not the main model's external data), carried over
+    unchanged. CompileError naming a clash."""
     request = job.request
     external = (scratch / f"{model_file}.data") if request.external_initializers else None
     if external is not None and external.exists() and external.stat().st_size == 0:
         external.unlink()  # no initializer was large enough
     written = listed_files(scratch, model_file)
     if request.source_files:
+        source_dir = Path(job.source_path).parent
         source = onnx.load(job.source_path, load_external_data=False)
         data_files = set(external_locations(source))
-        source_dir = Path(job.source_path).parent
+        variant = onnx.load(str(scratch / model_file), load_external_data=False)
+        kept = [loc for loc in external_locations(variant) if loc not in written]
+        unknown = sorted(set(kept) - data_files)
+        if unknown:
+            raise CompileError(
+                f"{request.ep}'s variant of {request.model!r} refers to external data files "
+                f"it did not write: {', '.join(unknown)}"
+            )
+        sidecars = [f.path for f in request.source_files if f.path not in data_files]
         taken = {path.lower() for path in [model_file, *written]}
-        for sidecar in (f.path for f in request.source_files if f.path not in data_files):
-            if sidecar.lower() in taken:
+        for carried in [*kept, *sidecars]:
+            if carried.lower() in taken:
                 raise CompileError(
-                    f"{request.ep} wrote {sidecar!r} for {request.model!r}, which is also a "
+                    f"{request.ep} wrote {carried!r} for {request.model!r}, which is also a "
                     "file of its source; rename the source's file"
                 )
-            link_or_copy(source_dir / sidecar, scratch / sidecar)
+            taken.add(carried.lower())
+            link_or_copy(source_dir / carried, scratch / carried)
     files = [(path, *sha256_file(scratch / path)) for path in listed_files(scratch, model_file)]
     try:
         FileSet(
@@ -233,15 +244,25 @@ def optimized_node_count(src: Path, optimization: GraphOptimization) -> int:
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as scratch:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort_level(optimization)
-        options.optimized_model_filepath = str(Path(scratch) / "optimized.onnx")
-        options.add_session_config_entry(
-            "session.optimized_model_external_initializers_file_name", "optimized.onnx.data"
-        )
-        ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
-    return len(optimized.graph.node)
+        optimized = Path(scratch) / "optimized.onnx"
+        for external in (False, True):  # first referring to the source's data files
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort_level(optimization)
+            options.optimized_model_filepath = str(optimized)
+            options.add_session_config_entry("session.disable_prepacking", "1")
+            if external:  # initializers the optimiser made, past protobuf's 2 GB
+                options.add_session_config_entry(
+                    "session.optimized_model_external_initializers_file_name",
+                    "optimized.onnx.data",
+                )
+            try:
+                ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+                break
+            except Exception:
+                if external:
+                    raise
+        graph = onnx.load(str(optimized), load_external_data=False)
+    return len(graph.graph.node)
 
 
 def check_coverage(request: CompileRequest, coverage: Coverage | None) -> None:

@@ -26,6 +26,7 @@ from epfleet.isolated import WorkerDied, WorkerTimeout, shared_workers
 from epfleet.manifest import Verification
 from epfleet.running import input_infos, open_session, run_samples
 from epfleet.samples import compare, generated_samples, load_samples, read_golden, write_golden
+from epfleet.shapes import uses_external_data
 from eps.base import DeviceType
 
 GOLDEN_TIMEOUT = 900.0
@@ -34,7 +35,7 @@ GENERATED_COUNT = 1
 
 class GoldenJob(BaseModel):
     source_path: str
-    """The source with its input shapes fixed."""
+    """The source with its input shapes fixed (beside its external data files)."""
     input_shapes: dict[str, list[int]]
     samples_path: str | None
     """The spec's ``samples`` file; None: seeded generated inputs."""
@@ -43,9 +44,14 @@ class GoldenJob(BaseModel):
 
 def make_golden(job: GoldenJob) -> int:
     """Run the source on the CPU EP for each sample and write the golden file; the count."""
+    import onnx
     import onnxruntime as ort
 
-    session = ort.InferenceSession(job.source_path, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if uses_external_data(onnx.load(job.source_path, load_external_data=False)):
+        # Weights stay in their memory-mapped files instead of a packed copy in the heap.
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    session = ort.InferenceSession(job.source_path, options, providers=["CPUExecutionProvider"])
     infos = input_infos(session, job.input_shapes)
     if job.samples_path is not None:
         samples = load_samples(Path(job.samples_path), infos)

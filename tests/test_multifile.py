@@ -38,6 +38,8 @@ from epfleet.publish_rules import to_publish
 from epfleet.publishing import publish, read_manifest
 from epfleet.staging import cache_dir, fetch_source, tidy_cache
 from epfleet.stores import MANIFEST_KEY, Store, open_store
+from eps import cpu
+from eps.base import Layout
 from tests.conftest import write_spec
 
 HTP = {
@@ -148,7 +150,9 @@ def test_a_model_with_external_data_compiles_for_cpu_and_publishes_its_files(
     variant = manifest.models["dense"].variants["cpu"]
     assert variant.status == "ok" and variant.artifact is not None
     assert variant.source_sha256 == source.digest != source.sha256
-    assert [f.path for f in variant.files] == ["model.onnx.data"]
+    # The optimiser left the weights alone: the variant refers to the source's data file,
+    # carried over, stored once.
+    assert variant.files == source.files
     assert variant.verification is not None and variant.verification.status == "passed"
     for ref in [source, *source.files, variant.artifact, *variant.files]:
         assert store.size(ref.uri) == ref.size, ref.uri
@@ -165,6 +169,25 @@ def test_a_model_with_external_data_compiles_for_cpu_and_publishes_its_files(
 
     # Planned again: up to date, nothing compiles.
     assert [p.action for p in plan_run(spec, uri).pairs] == ["skip"]
+
+
+def test_cpu_build_writes_its_own_data_file_when_its_model_would_be_large(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    save_split(tmp_path / "src" / "model.onnx")
+    layout = Layout(external_initializers="model.onnx.data")
+    out = tmp_path / "out"
+    out.mkdir()
+    cpu.EP.build(tmp_path / "src" / "model.onnx", out / "model.onnx", {}, "cpu", "all", layout)
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert [t.name for t in graph.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx"]  # refers to the source's
+    monkeypatch.setattr(cpu, "INLINE_MAX_BYTES", 0)
+    (out / "model.onnx").unlink()
+    cpu.EP.build(tmp_path / "src" / "model.onnx", out / "model.onnx", {}, "cpu", "all", layout)
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "model.onnx.data"]
+    expected = run(tmp_path / "src" / "model.onnx")
+    np.testing.assert_allclose(run(out / "model.onnx"), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_qnn_htp_context_beside_the_model(tmp_path: Path) -> None:
@@ -277,7 +300,7 @@ def test_gc_collects_unreferenced_files_and_keeps_referenced_and_pinned_ones(
     variant = manifest.models["dense"].variants["cpu"]
     assert variant.artifact is not None
     listing = listing_key(variant.artifact.uri)
-    assert json.loads(store.read(listing).data)[0]["path"] == "model.onnx.data"  # type: ignore[union-attr]
+    assert json.loads(store.read(listing).data)[0]["path"] == "dense.onnx.data"  # type: ignore[union-attr]
     orphan = files_key("a" * 64)
     store.write(orphan, b"orphan")
     referenced = {f.uri for f in [*manifest.models["dense"].source.files, *variant.files]}
