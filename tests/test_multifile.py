@@ -125,6 +125,10 @@ def download_variant(store: Store, manifest: Manifest, model: str, target: str, 
     return main
 
 
+def variants_of(manifest: Manifest, model: str, target: str) -> list[PackageFile]:
+    return manifest.models[model].variants[target].files
+
+
 def run(path: Path) -> np.ndarray:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
@@ -216,7 +220,10 @@ def test_qnn_htp_context_beside_the_model(tmp_path: Path) -> None:
     assert [next(r) for r in refs] == [contexts[0].path.encode()]
 
 
-def test_a_genai_folder_carries_its_sidecars_into_every_variant(tmp_path: Path) -> None:
+def test_a_genai_folder_carries_its_sidecars_into_every_variant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPFLEET_EMBED_CONTEXT_MAX_BYTES", "1KiB")  # contexts beside the model
     genai_folder(tmp_path / "phi")
     htp = {"name": "htp", "ep": "QNNExecutionProvider", "provider_options": HTP}
     spec = write_spec(tmp_path, [{"name": "phi", "source": "phi"}], [CPU, htp])
@@ -235,6 +242,7 @@ def test_a_genai_folder_carries_its_sidecars_into_every_variant(tmp_path: Path) 
         for path, data in SIDE_FILES.items():
             assert (directory / path).read_bytes() == data  # byte for byte
             assert listed[path].uri == source_files[path].uri  # stored once
+    assert [f.path for f in variants_of(manifest, "phi", "htp") if f.path.endswith(".bin")]
     sidecar_keys = {f.uri for f in source.files if f.path in SIDE_FILES}
     stored = {o.key for o in store.list_objects("files/")}
     assert sidecar_keys <= stored
@@ -245,6 +253,24 @@ def test_a_genai_folder_carries_its_sidecars_into_every_variant(tmp_path: Path) 
     assert data.models[0].source == source.total_size > source.size
     assert data.models[0].variants == {t: v.total_size for t, v in variants.items()}
     assert data.totals.referenced == sum(store.size(k) or 0 for k in needed_keys(manifest))
+
+
+def test_a_source_file_named_like_a_file_the_ep_writes_fails_the_pair(tmp_path: Path) -> None:
+    folder = genai_folder(tmp_path / "phi")
+    (folder / "model_qnn.bin").write_bytes(b"not a context")
+    target = {
+        "name": "htp",
+        "ep": "QNNExecutionProvider",
+        "provider_options": HTP,
+        "embed_context": False,
+    }
+    spec = write_spec(tmp_path, [{"name": "phi", "source": "phi"}], [target])
+    manifest, outcomes = compile_and_publish(spec, str(tmp_path / "store"))
+    assert [o.result.status for o in outcomes] == ["failed"]
+    assert "wrote 'model_qnn.bin' for 'phi', which is also a file of its source" in str(
+        outcomes[0].result.error
+    )
+    assert manifest.models["phi"].variants["htp"].status == "failed"
 
 
 def test_refusals_name_what_is_wrong_and_publish_nothing(tmp_path: Path, s3_bucket: str) -> None:
