@@ -1,5 +1,6 @@
-"""A device's trust directory: where a store's verified metadata is kept, the root a refresh
-starts from, and what the cached timestamp says.
+"""A device's trust directory of a store: where it is, the root a refresh starts from.
+
+What is kept there: the store's verified metadata, and what its cached timestamp says.
 
 One directory per store in the device cache (``<cache>/.epfleet/trust/<store>/``):
 ngclient's metadata, and every root version it verified in ``root_history/``. Later

@@ -1,45 +1,25 @@
-"""The publishing side of signed distribution: creating a store's TUF repository, and the
-entry points the rest of epfleet uses (layout, roles and expiries in ``epfleet.trust``).
+"""The publishing side of signed distribution in one place: its modules' entry points.
 
-Here: ``init_repository`` (root, targets and the first signed state), the development
-keys of a local store, and ``init_with_key_files``. The other parts, whose entry points
-this module gathers in ``__all__``: ``epfleet.trust.layout`` (where the metadata lives),
-``epfleet.trust.targets`` (pure: what the metadata says for a manifest),
-``epfleet.trust.state`` (reading it), ``epfleet.trust.signing`` (``publish_trust`` and
-``refresh`` by compare-and-swap) and ``epfleet.trust.rotation`` (key rotation).
+Layout, roles and expiries are described in ``epfleet.trust``. The parts:
+``epfleet.trust.layout`` (where the metadata lives), ``epfleet.trust.targets`` (pure:
+what the metadata says for a manifest), ``epfleet.trust.state`` (reading it),
+``epfleet.trust.signing`` (``publish_trust`` and ``refresh``, by compare-and-swap),
+``epfleet.trust.rotation`` (key rotation) and ``epfleet.trust.creation`` (``trust init``
+and development keys).
 """
 
 from __future__ import annotations
 
-import os
-from datetime import datetime
-from pathlib import Path
-
-from securesystemslib.signer import Signer
-from tuf.api.metadata import Root
-
-from epfleet.errors import BadInputError, PreconditionFailed
-from epfleet.fsutil import atomic_write_bytes
-from epfleet.stores import Store
-from epfleet.stores.local import local_path
-from epfleet.trust.keys import (
-    ONLINE_KEY,
-    OfflineKeys,
-    generate_offline,
-    generate_online_file,
-    online_signer,
-    public_key_of,
+from epfleet.trust.creation import (
+    ROOT_COPY,
+    development_keys_dir,
+    development_root,
+    init_repository,
+    init_with_key_files,
 )
-from epfleet.trust.layout import (
-    DEFAULT_BINS,
-    FIRST_ROOT_KEY,
-    LIFETIME,
-    TIMESTAMP_KEY,
-    metadata_key,
-    utcnow,
-)
+from epfleet.trust.layout import DEFAULT_BINS, TIMESTAMP_KEY, utcnow
 from epfleet.trust.rotation import check_offline_keys, rotate_online_key, rotate_root_keys
-from epfleet.trust.signing import TrustPublished, publish_trust, refresh, sign_metadata
+from epfleet.trust.signing import TrustPublished, publish_trust, refresh
 from epfleet.trust.state import (
     RepositoryState,
     RoleStatus,
@@ -48,7 +28,6 @@ from epfleet.trust.state import (
     read_state,
     status,
 )
-from epfleet.trust.targets import bin_bits, delegating_targets
 
 __all__ = [
     "DEFAULT_BINS",
@@ -72,101 +51,3 @@ __all__ = [
     "status",
     "utcnow",
 ]
-
-
-def init_repository(
-    store: Store,
-    offline: OfflineKeys,
-    online: Signer,
-    *,
-    root_threshold: int = 2,
-    bins: int = DEFAULT_BINS,
-    now: datetime | None = None,
-) -> bytes:
-    """Create the signed metadata of ``store`` and sign its manifest.json (if any).
-    Returns the root metadata (``1.root.json``) devices are provisioned with."""
-    now = now or utcnow()
-    bits = bin_bits(bins)
-    if not 1 <= root_threshold <= len(offline.root):
-        raise BadInputError(
-            f"--root-threshold {root_threshold}: must be from 1 to the number of root keys "
-            f"({len(offline.root)})"
-        )
-    if has_trust(store):
-        raise BadInputError(
-            f"{store.uri} already has trust metadata ({FIRST_ROOT_KEY}); rotate its keys "
-            "with epfleet trust rotate instead"
-        )
-    root = Root(expires=now + LIFETIME["root"], consistent_snapshot=True)
-    for signer in offline.root:
-        root.add_key(signer.public_key, "root")
-    root.roles["root"].threshold = root_threshold
-    root.add_key(offline.targets.public_key, "targets")
-    for role in ("snapshot", "timestamp"):
-        root.add_key(online.public_key, role)
-    targets = delegating_targets(1, online.public_key, bits, now)
-    try:
-        store.write(
-            metadata_key("targets", 1),
-            sign_metadata(targets, [offline.targets]),
-            if_none_match=True,
-        )
-    except PreconditionFailed:
-        raise BadInputError(
-            f"{store.uri}/{metadata_key('targets', 1)} already exists: a trust init ran "
-            "there before (and stopped); remove the store's trust/ folder to start again"
-        ) from None
-    raw_root = sign_metadata(root, offline.root)
-    store.write(FIRST_ROOT_KEY, raw_root, if_none_match=True)
-    publish_trust(store, online, now=now)
-    return raw_root
-
-
-# --- development keys ------------------------------------------------------------------------
-
-
-def development_keys_dir(store_root: Path) -> Path:
-    """Where a local store's development keys live: beside it, never inside it."""
-    return store_root.with_name(store_root.name + ".dev-keys")
-
-
-def development_root(store_uri: str) -> Path | None:
-    """The root file a device trusts a local store's development keys with
-    (``<store>.dev-keys/root.json``), when ``store_uri`` is a local store that has one."""
-    if "://" in store_uri and not store_uri.startswith("file://"):
-        return None
-    root = development_keys_dir(Path(os.path.abspath(local_path(store_uri)))) / ROOT_COPY
-    return root if root.is_file() else None
-
-
-ROOT_COPY = "root.json"
-"""The first root, copied beside the offline keys for provisioning devices."""
-
-
-def init_with_key_files(
-    store: Store,
-    keys_dir: Path,
-    *,
-    online_uri: str | None = None,
-    online_public_key: Path | None = None,
-    root_keys: int = 3,
-    root_threshold: int = 2,
-    bins: int = DEFAULT_BINS,
-) -> tuple[Path, str]:
-    """``init_repository`` with new offline keys written to ``keys_dir``, and a new online
-    key file there too unless ``online_uri`` names one. Returns the root file for
-    devices (``<keys_dir>/root.json``) and the online signer's URI."""
-    if has_trust(store):  # before any key is made
-        raise BadInputError(
-            f"{store.uri} already has trust metadata ({FIRST_ROOT_KEY}); rotate its keys "
-            "with epfleet trust rotate instead"
-        )
-    bin_bits(bins)
-    offline = generate_offline(keys_dir, root_keys)
-    if online_uri is None:
-        online_uri = generate_online_file(keys_dir / ONLINE_KEY)
-    signer = online_signer(online_uri, public_key_of(online_uri, online_public_key))
-    raw_root = init_repository(store, offline, signer, root_threshold=root_threshold, bins=bins)
-    root_file = keys_dir / ROOT_COPY
-    atomic_write_bytes(root_file, raw_root)
-    return root_file, online_uri

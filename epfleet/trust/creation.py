@@ -1,0 +1,131 @@
+"""Creating a store's TUF repository: root, targets and its first signed state, from key files.
+
+``init_repository`` signs with keys it is given; ``init_with_key_files`` makes them (the
+offline directory, and an online key file unless a signer URI is given) and copies the
+first root beside them (``ROOT_COPY``) for provisioning devices. A local store's
+development keys live beside it (``development_keys_dir``), never inside it.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+
+from securesystemslib.signer import Signer
+from tuf.api.metadata import Root
+
+from epfleet.errors import BadInputError, PreconditionFailed
+from epfleet.fsutil import atomic_write_bytes
+from epfleet.stores import Store
+from epfleet.stores.local import local_path
+from epfleet.trust.keys import (
+    ONLINE_KEY,
+    OfflineKeys,
+    generate_offline,
+    generate_online_file,
+    online_signer,
+    public_key_of,
+)
+from epfleet.trust.layout import DEFAULT_BINS, FIRST_ROOT_KEY, LIFETIME, metadata_key, utcnow
+from epfleet.trust.signing import publish_trust, sign_metadata
+from epfleet.trust.state import has_trust
+from epfleet.trust.targets import bin_bits, delegating_targets
+
+
+def init_repository(
+    store: Store,
+    offline: OfflineKeys,
+    online: Signer,
+    *,
+    root_threshold: int = 2,
+    bins: int = DEFAULT_BINS,
+    now: datetime | None = None,
+) -> bytes:
+    """Create the signed metadata of ``store`` and sign its manifest.json (if any).
+    Returns the root metadata (``1.root.json``) devices are provisioned with."""
+    now = now or utcnow()
+    bits = bin_bits(bins)
+    if not 1 <= root_threshold <= len(offline.root):
+        raise BadInputError(
+            f"--root-threshold {root_threshold}: must be from 1 to the number of root keys "
+            f"({len(offline.root)})"
+        )
+    if has_trust(store):
+        raise BadInputError(
+            f"{store.uri} already has trust metadata ({FIRST_ROOT_KEY}); rotate its keys "
+            "with epfleet trust rotate instead"
+        )
+    root = Root(expires=now + LIFETIME["root"], consistent_snapshot=True)
+    for signer in offline.root:
+        root.add_key(signer.public_key, "root")
+    root.roles["root"].threshold = root_threshold
+    root.add_key(offline.targets.public_key, "targets")
+    for role in ("snapshot", "timestamp"):
+        root.add_key(online.public_key, role)
+    targets = delegating_targets(1, online.public_key, bits, now)
+    try:
+        store.write(
+            metadata_key("targets", 1),
+            sign_metadata(targets, [offline.targets]),
+            if_none_match=True,
+        )
+    except PreconditionFailed:
+        raise BadInputError(
+            f"{store.uri}/{metadata_key('targets', 1)} already exists: a trust init ran "
+            "there before (and stopped); remove the store's trust/ folder to start again"
+        ) from None
+    raw_root = sign_metadata(root, offline.root)
+    store.write(FIRST_ROOT_KEY, raw_root, if_none_match=True)
+    publish_trust(store, online, now=now)
+    return raw_root
+
+
+# --- development keys ------------------------------------------------------------------------
+
+
+def development_keys_dir(store_root: Path) -> Path:
+    """Where a local store's development keys live: beside it, never inside it."""
+    return store_root.with_name(store_root.name + ".dev-keys")
+
+
+def development_root(store_uri: str) -> Path | None:
+    """The root file a device trusts a local store's development keys with
+    (``<store>.dev-keys/root.json``), when ``store_uri`` is a local store that has one."""
+    if "://" in store_uri and not store_uri.startswith("file://"):
+        return None
+    root = development_keys_dir(Path(os.path.abspath(local_path(store_uri)))) / ROOT_COPY
+    return root if root.is_file() else None
+
+
+ROOT_COPY = "root.json"
+"""The first root, copied beside the offline keys for provisioning devices."""
+
+
+def init_with_key_files(
+    store: Store,
+    keys_dir: Path,
+    *,
+    online_uri: str | None = None,
+    online_public_key: Path | None = None,
+    root_keys: int = 3,
+    root_threshold: int = 2,
+    bins: int = DEFAULT_BINS,
+) -> tuple[Path, str]:
+    """``init_repository`` with new offline keys written to ``keys_dir``, and a new online
+    key file there too unless ``online_uri`` names one. Returns the root file for
+    devices (``<keys_dir>/root.json``) and the online signer's URI."""
+    if has_trust(store):  # before any key is made
+        raise BadInputError(
+            f"{store.uri} already has trust metadata ({FIRST_ROOT_KEY}); rotate its keys "
+            "with epfleet trust rotate instead"
+        )
+    bin_bits(bins)
+    offline = generate_offline(keys_dir, root_keys)
+    if online_uri is None:
+        online_uri = generate_online_file(keys_dir / ONLINE_KEY)
+    signer = online_signer(online_uri, public_key_of(online_uri, online_public_key))
+    raw_root = init_repository(store, offline, signer, root_threshold=root_threshold, bins=bins)
+    root_file = keys_dir / ROOT_COPY
+    atomic_write_bytes(root_file, raw_root)
+    return root_file, online_uri
