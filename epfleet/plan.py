@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+import eps
 from epfleet import RECIPE_VERSION
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import (
@@ -182,7 +183,11 @@ def plan_pairs(
             provider_options=target.provider_options,
             input_shapes=model.input_shapes,
             **source_fields(source),  # type: ignore[arg-type]
-            embed_context=embeds_context(target.embed_context, source, embed_max_bytes),
+            embed_context=(
+                embeds_context(target.embed_context, source, embed_max_bytes)
+                if eps.load(target.ep).partitions_graph  # only EPContext models have contexts
+                else True
+            ),
             external_initializers=bool(source.files),
             graph_optimization=target.graph_optimization or "basic",  # set by validation
             min_coverage=target.min_coverage,

@@ -108,7 +108,7 @@ class TargetSpec(BaseModel):
         default=None,
         description="Embed EP context binaries in the variant's model (true) or write them "
         "as files beside it (false); omitted: embedded when the source totals less than "
-        "EPFLEET_EMBED_CONTEXT_MAX_BYTES",
+        "EPFLEET_EMBED_CONTEXT_MAX_BYTES. Only for EPs that compile EPContext models",
     )
     verify: bool = Field(
         default=True,
