@@ -19,7 +19,7 @@ from epfleet import RECIPE_VERSION
 from epfleet.build import build_variant
 from epfleet.costs import costs
 from epfleet.errors import BadInputError, IntegrityError
-from epfleet.gc import collect, needed_keys, pinned_files
+from epfleet.gc import collect, needed_keys, pinned_files, plan_collection
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.manifest import (
     ArtifactRef,
@@ -346,6 +346,15 @@ def test_gc_collects_unreferenced_files_and_keeps_referenced_and_pinned_ones(
     objects = store.list_objects("", hidden=True)
     pinned, problems = pinned_files(store, objects, {prefix: "dev-1"})
     assert problems == [] and set(pinned) == {f.uri for f in variant.files}
+    dropped = Manifest(generation=9, published_at=later - timedelta(days=2))
+    plan = plan_collection(
+        objects, [], dropped, {prefix: "dev-1"}, later, timedelta(hours=1), None, pinned
+    )
+    kept = {k.key: k.reason for k in plan.kept}
+    for f in variant.files:
+        assert "device dev-1 reported active" in kept[f.uri]
+    assert {variant.artifact.uri, listing} <= set(kept)
+    assert manifest.models["dense"].source.uri in {c.key for c in plan.candidates}
 
 
 def test_a_worker_fetches_a_source_set_whole_and_checked(
