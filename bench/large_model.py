@@ -9,7 +9,9 @@ mmap it): a chain of MatMul + Add on an input [1, N], with ~600 MB weights.
 
 End to end, each step in its own process: `epfleet compile SPEC --store s3://bench/fleet`
 (one CPU target), `epfleet sync --store ... --cache DIR`, then
-`onnxruntime.ModelPackageContext(DIR).select_component(...).create_session()` and one run.
+`onnxruntime.ModelPackageContext(DIR).select_component(...).create_session()` and one run,
+once with the package's session options and once with session.disable_prepacking=1 (as a
+reference, so is a plain boto3 upload_file of the data file to the same moto).
 Per step: wall seconds, and the peak over the step of its process tree's RSS and of its
 RssAnon (polled from /proc every ~50 ms, so a spike between two polls can be missed;
 hence also the largest VmHWM, one process's own peak RSS, which the kernel keeps). Weights that ORT
@@ -186,10 +188,10 @@ def print_table(rows: list[Measured], budget: bool) -> None:
         "\npeak RSS counts file-backed pages (weights ORT mmaps: page cache the kernel can drop);"
         "\npeak RssAnon counts only anonymous memory (heap copies), the figure a budget binds."
     )
-    head = f"{'step':<54} {'wall':>8} {'peak RSS':>10} {'RssAnon':>10} {'max VmHWM':>10}"
+    head = f"{'step':<60} {'wall':>8} {'peak RSS':>10} {'RssAnon':>10} {'max VmHWM':>10}"
     print(head + ("   target: peak RSS < 1 GB" if budget else ""))
     for m in rows:
-        line = f"{m.what:<54} {m.seconds:>7.1f}s {gb(m.rss):>10} {gb(m.anon):>10} {gb(m.hwm):>10}"
+        line = f"{m.what:<60} {m.seconds:>7.1f}s {gb(m.rss):>10} {gb(m.anon):>10} {gb(m.hwm):>10}"
         if budget:
             verdict = "met" if m.rss < BUDGET else "NOT met"
             line += f"   {verdict} (RssAnon {'<' if m.anon < BUDGET else '>='} 1 GB)"
@@ -199,7 +201,7 @@ def print_table(rows: list[Measured], budget: bool) -> None:
         top = sorted(m.biggest.items(), key=lambda kv: -kv[1][0])[:3]
         if len(m.biggest) > 1:
             for name, (r, a) in top:
-                print(f"    {name:<58} peak RSS {gb(r)}, RssAnon {gb(a)}")
+                print(f"    {name:<64} peak RSS {gb(r)}, RssAnon {gb(a)}")
 
 
 # The ORT probes: each runs in a process of its own, prints one JSON object.
@@ -359,11 +361,22 @@ OPEN = """if True:
     import json, sys, numpy as np, onnxruntime as ort
     context = ort.ModelPackageContext(sys.argv[1])
     chosen = context.select_component(sys.argv[2], ort.ModelPackageOptions(ort.SessionOptions()))
-    session = chosen.create_session()
+    options = None  # the package's session options, if its manifest has any
+    if sys.argv[3] == "no-prepacking":  # (ModelPackageOptions does not pass config entries)
+        options = ort.SessionOptions()
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    session = chosen.create_session(options)
     shape = session.get_inputs()[0].shape
     y = session.run(None, {"x": np.ones(shape, np.float32)})[0]
     finite = bool(np.isfinite(y).all())
     print(json.dumps({"variant": chosen.get_selected_variant_name(), "finite": finite}))
+"""
+
+UPLOAD = """if True:
+    import sys, boto3
+    s3 = boto3.client("s3")
+    s3.upload_file(sys.argv[1], sys.argv[2], "reference/upload")
+    s3.delete_object(Bucket=sys.argv[2], Key="reference/upload")
 """
 
 
@@ -391,6 +404,21 @@ def step(what: str, command: list[str], env: dict[str, str], relay: Relay) -> Me
     if m.returncode:
         print(textwrap.indent(m.stderr[-3000:], "    "))
     return m
+
+
+def print_device(report: str, cache: Path) -> None:
+    """What the sync says it did, and the variant directory it activated."""
+    try:
+        models = json.loads(report)["models"]
+    except (ValueError, KeyError):
+        print(f"  sync printed no JSON report: {report[-300:]!r}")
+        return
+    for entry in models:
+        keys = ("model", "action", "variant", "bytes_downloaded")
+        print("  sync report: " + ", ".join(f"{k} {entry.get(k)}" for k in keys))
+    for path in sorted((cache / "models").rglob("*")):
+        if path.is_file():
+            print(f"  {path.relative_to(cache)}  {path.stat().st_size} B")
 
 
 def end_to_end(source: Path, work: Path) -> None:
@@ -423,12 +451,14 @@ def end_to_end(source: Path, work: Path) -> None:
                 relay,
             )
         ]
+        reference = [sys.executable, "-c", UPLOAD, str(source.parent / DATA_FILE), BUCKET]
+        rows.append(step("reference: boto3 upload_file of the data file", reference, env, relay))
         objects = stored_objects()
         print(f"stored in s3://{BUCKET}: {len(objects)} objects, {gb(sum(o[1] for o in objects))}")
         for key, size, parts in sorted(objects, key=lambda o: -o[1])[:6]:
             how = f"multipart, {parts} parts" if parts else "one PUT"
             print(f"  {key:<70} {size:>12} B  {how}")
-        if rows[0].returncode == 0:
+        if rows[0].returncode == 0:  # the compile
             rows.append(
                 step(
                     "epfleet sync (download, verify, health check, activate)",
@@ -438,9 +468,11 @@ def end_to_end(source: Path, work: Path) -> None:
                 )
             )
             if rows[-1].returncode == 0:
+                print_device(rows[-1].stdout, cache)
+            for how in ("package options", "no-prepacking") if rows[-1].returncode == 0 else ():
                 opened = step(
-                    "ModelPackageContext: select, create_session, run",
-                    [sys.executable, "-c", OPEN, str(cache), MODEL],
+                    f"ModelPackageContext + create_session + run, {how}",
+                    [sys.executable, "-c", OPEN, str(cache), MODEL, how],
                     env,
                     relay,
                 )
