@@ -451,6 +451,11 @@ def end_to_end(source: Path, work: Path) -> None:
                 relay,
             )
         ]
+        try:
+            for variant in json.loads(rows[0].stdout)["variants"]:
+                print(f"  compile report: {variant}")
+        except (ValueError, KeyError):
+            print(f"  compile printed no JSON report: {rows[0].stdout[-300:]!r}")
         reference = [sys.executable, "-c", UPLOAD, str(source.parent / DATA_FILE), BUCKET]
         rows.append(step("reference: boto3 upload_file of the data file", reference, env, relay))
         objects = stored_objects()
