@@ -1,6 +1,7 @@
 """``epfleet sync``: the device sync on the command line, once, as a flow run, or served.
 
-Its policy options (``--model``, ``--no-recompile``, ``--prefer``, ``--verify``) are
+Its policy options (``--model``, ``--no-recompile``, ``--prefer``, ``--verify``,
+``--drop-unlisted``) are
 ``SyncPolicy``'s fields, the model the device-sync flow takes as its ``policy``. The
 device engine and the flow are imported inside the command.
 """

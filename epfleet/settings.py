@@ -131,6 +131,11 @@ class Settings(BaseSettings):
         description="Let a device with no trusted root sync from manifest.json, unsigned "
         "(--allow-unsigned); the device report warns. Default false: refused",
     )
+    drop_unlisted: bool = Field(
+        default=False,
+        description="A device sync removes models the manifest no longer lists from its cache "
+        "(--drop-unlisted); default false: they stay as they were",
+    )
     trust_signer: str | None = Field(
         default=None,
         description="The online signing key of a store's TUF metadata (bins, snapshot, "

@@ -22,6 +22,7 @@ from epfleet.device_report import DeviceReport
 from epfleet.report import device_rows, format_bytes, verdict_rows
 from epfleet.runs import DEFAULT_STORE
 from tasks.sync import (
+    drop_unlisted_task,
     fetch_manifest_task,
     open_sync,
     report_task,
@@ -48,7 +49,8 @@ def device_sync(
     Args:
         cache: Device cache directory (an ORT model package).
         store: The fleet's store: a directory, file:///abs/dir or s3://bucket/prefix.
-        policy: Which models, whether to recompile, device preference.
+        policy: Which models, whether to recompile, device preference, re-hashing,
+            dropping the models the manifest no longer lists.
         device: Device id in reports (default $EPFLEET_DEVICE_ID or the host name).
         trust_root: The root.json of the store's signed metadata (default
             $EPFLEET_TRUST_ROOT; kept in the cache after the first sync).
@@ -58,6 +60,7 @@ def device_sync(
     # The lock, state, discovery and worker: once per run.
     with open_sync(store, cache, policy, device, trust_root, allow_unsigned):
         fetch_manifest_task(cache)
+        drop_unlisted_task(cache)
         for model in wanted_models_task(cache):
             sync_model_task(cache, model)
         report = report_task(cache)

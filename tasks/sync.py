@@ -1,6 +1,7 @@
 """Prefect tasks of the device sync, over one ``SyncSession`` per flow run.
 
-The tasks fetch the manifest, list the wanted models, sync one model, and report.
+The tasks fetch the manifest, drop the models it no longer lists (when the policy says
+so), list the wanted models, sync one model, and report.
 
 The flow opens the session with ``open_sync`` (the cache's lock, its state, the
 manifest in force, EP discovery and the worker are per sync, not per task) and the
@@ -102,6 +103,13 @@ def fetch_manifest_task(cache: str) -> ManifestStatus:
     """Conditional GET; an unreachable store is reported as offline, not raised, so the
     device carries on with what it has (boto3 has already retried transient errors)."""
     return session_for(cache).fetch_manifest()
+
+
+@task(name="drop-unlisted", cache_policy=NO_CACHE)
+def drop_unlisted_task(cache: str) -> list[str]:
+    """Remove the models the manifest no longer lists, if the policy's drop_unlisted (or
+    EPFLEET_DROP_UNLISTED) says so; the models dropped."""
+    return session_for(cache).drop_unlisted()
 
 
 @task(name="wanted-models", cache_policy=NO_CACHE)

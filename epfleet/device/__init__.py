@@ -5,9 +5,13 @@ One sync is a ``session.SyncSession``: it holds the cache's lock, fetches the ma
 process. For each model (``model_sync``) it judges the published variants by their
 compatibility strings, decides what to try (``selection``, pure) and runs those steps
 (``steps``: download via ``fetching`` and ``download``, string check, ``health`` check,
-a build here via ``local_build``, fallback) until one installs a variant in the cache
-(``cache``), which then becomes active (``activation``, pure). ``policy`` is what a sync
-is asked to do. A failure at any step keeps the previous active variant.
+a build here via ``local_build``, fallback; a variant or source of several files is
+fetched and assembled by ``variant_sets``) until one installs a variant in the cache
+(``cache``, over ``nofollow``, ``cache_space``, ``cache_lock``, ``cache_state`` and the
+package manifest in ``package``), which then becomes active (``activation``, pure).
+``policy`` is what a sync is asked to do; ``unlisted`` drops the models the manifest no
+longer lists when it is asked to; ``reporting`` names the device and uploads its report.
+A failure at any step keeps the previous active variant.
 
 The fleet side never imports this package: the device report it writes is a shared
 format in ``epfleet.device_report``.

@@ -1,15 +1,18 @@
 """Which variants a model keeps in the cache state: new variants, activation, rollback (pure).
 
 A variant's name is its target (or ``local-<ep>``, or ``fallback``) and the first 12
-hex digits of its sha256; it is also its directory in the cache. A model keeps its
+hex digits of its digest (its file's sha256 when it is one file; the file set's digest,
+``epfleet.manifest.set_digest``, when it has files beside the main one); it is also its
+directory in the cache. A model keeps its
 active variant and the one before it, for rollback; the cache's files follow the state
 (``epfleet.device.cache``; the state models are in ``epfleet.device.cache_state``).
 """
 
 from __future__ import annotations
 
-from epfleet.device.cache_state import Installed, ModelState, Origin
-from epfleet.manifest import SourceEntry, VariantEntry, utcnow
+from epfleet.device.cache_layout import MODEL_FILE
+from epfleet.device.cache_state import Installed, InstalledFile, ModelState, Origin
+from epfleet.manifest import PackageFile, SourceEntry, VariantEntry, utcnow
 from eps.base import DeviceType, LocalTarget
 
 
@@ -36,13 +39,23 @@ def published_variant(target: str, variant: VariantEntry) -> Installed:
         sha256=artifact.sha256,
         size=artifact.size,
         source_sha256=variant.source_sha256,
+        model_file=variant.model_file,
+        files=installed_files(variant.files),
     )
 
 
 def local_variant(
-    ep: str, local: LocalTarget, compatibility_string: str, sha256: str, size: int, source: str
+    ep: str,
+    local: LocalTarget,
+    compatibility_string: str,
+    sha256: str,
+    size: int,
+    source: str,
+    model_file: str = MODEL_FILE,
+    files: list[InstalledFile] | None = None,
 ) -> Installed:
-    """A variant built here for ``ep`` from the source whose sha256 is ``source``."""
+    """A variant built here for ``ep`` from the source whose digest is ``source``: its
+    main file (``sha256``, ``size``) and the ``files`` beside it."""
     return _new(
         prefix=local_target_name(ep),
         origin="local",
@@ -54,11 +67,13 @@ def local_variant(
         sha256=sha256,
         size=size,
         source_sha256=source,
+        model_file=model_file,
+        files=files or [],
     )
 
 
 def fallback_variant(source: SourceEntry) -> Installed:
-    """The source model itself, run on the CPU EP."""
+    """The source model itself (with the files beside it), run on the CPU EP."""
     return _new(
         prefix="fallback",
         origin="fallback",
@@ -69,8 +84,15 @@ def fallback_variant(source: SourceEntry) -> Installed:
         provider_options={},
         sha256=source.sha256,
         size=source.size,
-        source_sha256=source.sha256,
+        source_sha256=source.digest,
+        model_file=source.model_file,
+        files=installed_files(source.files),
     )
+
+
+def installed_files(files: list[PackageFile]) -> list[InstalledFile]:
+    """The manifest's files of a set, as the state records them (mtimes once installed)."""
+    return [InstalledFile(path=f.path, sha256=f.sha256, size=f.size) for f in files]
 
 
 def _new(
@@ -85,10 +107,13 @@ def _new(
     sha256: str,
     size: int,
     source_sha256: str,
+    model_file: str,
+    files: list[InstalledFile],
 ) -> Installed:
-    """The one place an ``Installed`` is made; ``DeviceCache.install`` stamps its mtime."""
-    return Installed(
-        name=variant_name(prefix, sha256),
+    """The one place an ``Installed`` is made; the cache stamps its mtimes when it installs
+    it."""
+    installed = Installed(
+        name="",
         origin=origin,
         target=target,
         ep=ep,
@@ -100,7 +125,10 @@ def _new(
         source_sha256=source_sha256,
         activated_at=utcnow(),
         mtime_ns=0,
+        model_file=model_file,
+        files=files,
     )
+    return installed.model_copy(update={"name": variant_name(prefix, installed.digest)})
 
 
 def promote(state: ModelState, installed: Installed) -> None:

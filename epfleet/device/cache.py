@@ -116,7 +116,8 @@ class DeviceCache(CacheSpace):
     # --- variant files -----------------------------------------------------------------
 
     def model_file(self, model: str, variant: Installed) -> Path:
-        return self.root / "models" / model / variant.name / MODEL_FILE
+        """The variant's main file (``model.onnx`` unless its set names another)."""
+        return self.path(variant_parts(model, variant, variant.model_file))
 
     def samples_file(self, sha256: str) -> Path:
         """Where a model's golden samples are kept, content-addressed."""
@@ -153,14 +154,56 @@ class DeviceCache(CacheSpace):
             os.close(fd)
         return variant.model_copy(update={"mtime_ns": mtime})
 
+    def place(self, model: str, variant: Installed, assembled: Path) -> Installed:
+        """Move a verified, assembled directory of the cache's scratch into place as the
+        variant's directory, in one rename, and stamp its files' mtimes. What was at the
+        variant's name (never an active variant: a variant is kept, not fetched again,
+        while it is intact) is removed first, a link unlinked."""
+        fd = self.open_dir(("models", model))
+        try:
+            found = lstat_at(fd, variant.name)
+            if found is not None:
+                self.remove_entry(fd, ("models", model, variant.name))
+                if stat.S_ISLNK(found.st_mode):
+                    self.note(f"{self.path(('models', model, variant.name))} was a link: removed")
+            try:
+                os.rename(assembled, variant.name, dst_dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in WRITE_DENIED:
+                    raise
+                raise not_writable(self.path(("models", model, variant.name)), exc) from None
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return variant.model_copy(
+            update={
+                "mtime_ns": self._mtime(model, variant, variant.model_file),
+                "files": [
+                    f.model_copy(update={"mtime_ns": self._mtime(model, variant, f.path)})
+                    for f in variant.files
+                ],
+            }
+        )
+
+    def _mtime(self, model: str, variant: Installed, path: str) -> int:
+        found = self.regular_file(variant_parts(model, variant, path))
+        if found is None:
+            raise FileNotFoundError(f"{self.path(variant_parts(model, variant, path))} is gone")
+        return found.st_mtime_ns
+
     def intact(self, model: str, variant: Installed, *, rehash: bool = False) -> bool:
-        """The active file is still what was activated: same size and mtime (or, with
-        ``rehash``, the same sha256), reached without a link on the way."""
-        found = self.regular_file(("models", model, variant.name, MODEL_FILE))
-        if found is None or found.st_size != variant.size:
-            return False
-        if rehash or found.st_mtime_ns != variant.mtime_ns:
-            return self.verified(self.model_file(model, variant), variant.sha256, variant.size)
+        """Every file of the variant is still what was activated: same size and mtime (or,
+        with ``rehash``, the same sha256), reached without a link on the way."""
+        listing = [(variant.model_file, variant.sha256, variant.size, variant.mtime_ns)]
+        listing += [(f.path, f.sha256, f.size, f.mtime_ns) for f in variant.files]
+        for path, sha256, size, mtime_ns in listing:
+            parts = variant_parts(model, variant, path)
+            found = self.regular_file(parts)
+            if found is None or found.st_size != size:
+                return False
+            changed = rehash or found.st_mtime_ns != mtime_ns
+            if changed and not self.verified(self.path(parts), sha256, size):
+                return False
         return True
 
     def prune(self, model: str, state: ModelState) -> list[str]:
@@ -190,6 +233,17 @@ class DeviceCache(CacheSpace):
             os.close(fd)
         return removed
 
+    def drop_model(self, model: str) -> None:
+        """Remove ``models/<model>`` and what it holds (links unlinked, not followed)."""
+        try:
+            fd = self.open_dir(("models",), create=False)
+        except FileNotFoundError:
+            return
+        try:
+            self.remove_entry(fd, ("models", model))
+        finally:
+            os.close(fd)
+
     # --- the ORT model package ----------------------------------------------------------
 
     def package_json(self, state: CacheState) -> bytes:
@@ -202,3 +256,8 @@ class DeviceCache(CacheSpace):
     def selected(self, model: str) -> str | None:
         """The variant ORT's model package selection picks for ``model`` here."""
         return package.selected(self.root, model)
+
+
+def variant_parts(model: str, variant: Installed, path: str) -> tuple[str, ...]:
+    """The cache path of the file at ``path`` in the variant's directory, as parts."""
+    return ("models", model, variant.name, *path.split("/"))

@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from epfleet.device.cache_layout import MODEL_FILE
+from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Name
 from eps.base import DeviceType
 
 Origin = Literal["published", "local", "fallback"]
 
 
+class InstalledFile(BaseModel):
+    """A file of a multi-file variant, beside its main file."""
+
+    path: str = Field(description="Relative POSIX path in the variant's directory")
+    sha256: str
+    size: int
+    mtime_ns: int = Field(default=0, description="Its mtime when activated")
+
+
 class Installed(BaseModel):
-    """A variant present in the cache (made by ``epfleet.device.activation``)."""
+    """A variant present in the cache (made by ``epfleet.device.activation``): the main
+    file ``model_file`` (``sha256``, ``size``) and the ``files`` beside it."""
 
     name: str = Field(description="Variant name in the package, and its directory")
     origin: Origin
@@ -28,6 +41,27 @@ class Installed(BaseModel):
     source_sha256: str
     activated_at: datetime
     mtime_ns: int = Field(description="The file's mtime when activated: a cheap tamper check")
+    model_file: str = Field(default=MODEL_FILE, description="The main file's path in the directory")
+    files: list[InstalledFile] = Field(default_factory=list, description="The other files")
+
+    @property
+    def digest(self) -> str:
+        """The variant's identity, as ``epfleet.manifest.set_digest`` gives it for the
+        manifest's file set: the main file's sha256 when it stands alone."""
+        return set_digest(self.sha256, self.size, self.model_file, self.files)
+
+    @property
+    def total_size(self) -> int:
+        return self.size + sum(f.size for f in self.files)
+
+
+def set_digest(sha256: str, size: int, model_file: str, files: list[InstalledFile]) -> str:
+    """``epfleet.manifest.set_digest`` of a main file and the files beside it."""
+    if not files:
+        return sha256
+    listing = sorted([[f.path, f.sha256, f.size] for f in files])
+    listing.insert(0, [model_file, sha256, size])
+    return sha256_bytes(json.dumps(listing, separators=(",", ":")).encode())
 
 
 class ModelState(BaseModel):

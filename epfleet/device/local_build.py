@@ -18,14 +18,14 @@ from epfleet.device.activation import local_target_name
 from epfleet.device.local_eps import LocalEps, ep_versions
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import ModelEntry
-from epfleet.plan import CompileRequest, fingerprinted
+from epfleet.plan import CompileRequest, fingerprinted, source_fields
 from eps.base import DeviceType, LocalTarget
 
 
 def build_key(entry: ModelEntry) -> str:
     """Identifies a local build: a new source, ORT or EP package retries a failed one."""
     return sha256_bytes(
-        json.dumps([RECIPE_VERSION, entry.source.sha256, ort_version(), ep_versions()]).encode()
+        json.dumps([RECIPE_VERSION, entry.source.digest, ort_version(), ep_versions()]).encode()
     )[:16]
 
 
@@ -53,9 +53,7 @@ def local_request(model: str, entry: ModelEntry, ep: str, local: LocalTarget) ->
             device=local.device,
             provider_options=local.provider_options,
             input_shapes=entry.source.input_shapes,
-            source_key=entry.source.uri,
-            source_sha256=entry.source.sha256,
-            source_size=entry.source.size,
+            **source_fields(entry.source),  # type: ignore[arg-type]
             graph_optimization=module.default_graph_optimization,
             tolerance=module.default_tolerance(local.provider_options).relative,
             abs_tolerance=module.default_tolerance(local.provider_options).absolute,

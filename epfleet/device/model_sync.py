@@ -43,7 +43,7 @@ def considered(local: LocalEps, entry: ModelEntry) -> list[Considered]:
                 target=target,
                 ep=variant.ep,
                 device=variant.device,
-                sha256=variant.artifact.sha256,
+                sha256=variant.digest or variant.artifact.sha256,
                 compatibility_string=string,
                 verdict=judgement.verdict,
                 reason=judgement.reason,
@@ -70,7 +70,7 @@ def sync_model(
         ActiveVariant(
             origin=active.origin,
             target=active.target,
-            sha256=active.sha256,
+            sha256=active.digest,
             source_sha256=active.source_sha256,
             verdict=steps.judge_installed(active).verdict,
         )
@@ -81,7 +81,7 @@ def sync_model(
     plan = decide(
         judged,
         active_view,
-        entry.source.sha256,
+        entry.source.digest,
         recompile=policy.recompile,
         recompile_failed_before=key in mstate.recompile_failed,
         preference=policy.prefer,

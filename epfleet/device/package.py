@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from epfleet import ort_version
-from epfleet.device.cache_layout import MODEL_FILE, PACKAGE_MANIFEST, PACKAGE_NAME
+from epfleet.device.cache_layout import PACKAGE_MANIFEST, PACKAGE_NAME
 from epfleet.device.cache_space import CacheSpace
 from epfleet.device.cache_state import CacheState, Installed
 from epfleet.device.local_eps import ep_versions
@@ -21,7 +21,7 @@ from epfleet.device.local_eps import ep_versions
 
 def package_json(cache: CacheSpace, state: CacheState) -> bytes:
     """The package manifest listing each model's active and previous variant whose
-    directory holds its model file."""
+    directory holds its main file (``executor_info.ort.model_file``)."""
     components = {}
     for model, entry in sorted(state.models.items()):
         listed = [entry.active, entry.previous]
@@ -29,7 +29,7 @@ def package_json(cache: CacheSpace, state: CacheState) -> bytes:
             v.name: _package_variant(model, v)
             for v in listed
             if v is not None
-            and cache.regular_file(("models", model, v.name, MODEL_FILE)) is not None
+            and cache.regular_file(("models", model, v.name, *v.model_file.split("/"))) is not None
         }  # a missing directory would make ORT refuse the whole package
         if variants:
             components[model] = {"variants": variants}
@@ -90,5 +90,5 @@ def _package_variant(model: str, variant: Installed) -> dict[str, object]:
     if variant.compatibility_string:
         entry["compatibility_string"] = variant.compatibility_string
     entry["variant_directory"] = f"models/{model}/{variant.name}"
-    entry["executor_info"] = {"ort": {"model_file": MODEL_FILE}}
+    entry["executor_info"] = {"ort": {"model_file": variant.model_file}}
     return entry

@@ -1,4 +1,5 @@
-"""What a device sync is asked to do: which models, whether to recompile, which devices first."""
+"""What a device sync is asked to do: which models, whether to recompile, which devices first,
+whether to re-hash, whether to drop models the manifest no longer lists."""
 
 from __future__ import annotations
 
@@ -19,4 +20,9 @@ class SyncPolicy(BaseModel):
     verify: bool = Field(
         default=False,
         description="Re-hash active files (default: trust size and mtime as activated)",
+    )
+    drop_unlisted: bool = Field(
+        default=False,
+        description="Remove models the manifest no longer lists from the cache (default: keep "
+        "them, or EPFLEET_DROP_UNLISTED); never when the manifest could not be fetched",
     )

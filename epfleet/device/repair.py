@@ -1,9 +1,11 @@
 """Rebuilding the device cache's state from what the cache holds, when ``state.json`` is
 missing, damaged, of another schema or not a regular file.
 
-Every variant directory ``models/<model>/<prefix>-<sha12>/model.onnx`` (real
-directories and a regular file, never through a link) is hashed; one whose sha256 does
-not start with its name's is not kept. What it is, is then read from:
+Every file in a variant directory ``models/<model>/<prefix>-<digest12>/`` (real
+directories and regular files, never through a link) is hashed; the main file is the
+one the package's entry names (``executor_info.ort.model_file``), else the fleet
+manifest's, else ``model.onnx``; a directory whose file set's digest does not start
+with its name's is not kept. What it is, is then read from:
 
 - the cached fleet manifest: a published variant whose sha256 is the manifest's for
   that target is verified, and taken with the manifest's fields;
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from datetime import datetime, timezone
 from io import BytesIO
 from pathlib import Path
@@ -37,9 +40,15 @@ from pydantic import ValidationError
 from epfleet.device.activation import local_target_name
 from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_layout import MODEL_FILE, VARIANT_DIR
-from epfleet.device.cache_state import CacheState, Installed, ModelState
+from epfleet.device.cache_state import (
+    CacheState,
+    Installed,
+    InstalledFile,
+    ModelState,
+    set_digest,
+)
 from epfleet.fsutil import open_nofollow, sha256_nofollow
-from epfleet.manifest import NAME_PATTERN, ModelEntry
+from epfleet.manifest import FILE_PATH_PATTERN, NAME_PATTERN, ModelEntry, VariantEntry
 
 COMPATIBILITY_KEY = "ep_compatibility_info."
 METADATA_FIELD = 14  # ModelProto.metadata_props
@@ -82,24 +91,28 @@ def adopt(
 ) -> Installed | None:
     """The variant in ``models/<model>/<name>`` as the state records it, or None if it
     cannot be kept (see the module's docstring)."""
-    info = cache.regular_file(("models", model, name, MODEL_FILE))
-    if info is None:
-        return None
-    path = cache.root / "models" / model / name / MODEL_FILE
-    try:
-        sha256, size = sha256_nofollow(path)
-    except OSError:
-        return None
+    entry = listed or {}
     prefix, short = name[:-13], name[-12:]
-    if not sha256.startswith(short):
-        return None  # changed since it was installed
+    published = fleet.variants.get(prefix) if fleet is not None else None
+    model_file = _main_file(entry, published, fleet, prefix)
+    found = _hashed_files(cache, ("models", model, name))
+    if model_file not in found:
+        return None
+    sha256, size, mtime_ns = found.pop(model_file)
+    files = [InstalledFile(path=p, sha256=h, size=n, mtime_ns=t) for p, (h, n, t) in found.items()]
+    path = cache.path(("models", model, name, *model_file.split("/")))
     common: dict[str, Any] = {
         "name": name,
         "sha256": sha256,
         "size": size,
-        "activated_at": datetime.fromtimestamp(info.st_mtime_ns / 1e9, timezone.utc),
-        "mtime_ns": info.st_mtime_ns,
+        "activated_at": datetime.fromtimestamp(mtime_ns / 1e9, timezone.utc),
+        "mtime_ns": mtime_ns,
+        "model_file": model_file,
+        "files": files,
     }
+    digest = set_digest(sha256, size, model_file, files)
+    if not digest.startswith(short):
+        return None  # changed since it was installed
     if prefix == "fallback":
         return Installed(
             origin="fallback",
@@ -108,15 +121,10 @@ def adopt(
             device="cpu",
             compatibility_string=None,
             provider_options={},
-            source_sha256=sha256,
+            source_sha256=digest,
             **common,
         )
-    published = fleet.variants.get(prefix) if fleet is not None else None
-    if (
-        published is not None
-        and published.artifact is not None
-        and published.artifact.sha256 == sha256
-    ):
+    if published is not None and published.digest == digest:
         return Installed(
             origin="published",
             target=prefix,
@@ -133,7 +141,6 @@ def adopt(
         for key, value in metadata.items()
         if key.startswith(COMPATIBILITY_KEY)
     }
-    entry = listed or {}
     ep, device = entry.get("ep"), entry.get("device")
     if not isinstance(ep, str) or ep not in strings or device not in DEVICE_TYPES:
         return None  # not in the package, or not what the package says it is
@@ -149,6 +156,47 @@ def adopt(
         source_sha256=metadata.get("epfleet.source_sha256", ""),
         **common,
     )
+
+
+def _main_file(
+    listed: dict[str, Any], published: VariantEntry | None, fleet: ModelEntry | None, prefix: str
+) -> str:
+    """The variant's main file: as the package lists it, else as the fleet manifest
+    gives it (the variant's, or the source's for a fallback), else ``model.onnx``."""
+    executor = listed.get("executor_info")
+    named = executor.get("ort", {}).get("model_file") if isinstance(executor, dict) else None
+    if isinstance(named, str) and re.fullmatch(FILE_PATH_PATTERN, named):
+        return named
+    if published is not None:
+        return published.model_file
+    if prefix == "fallback" and fleet is not None:
+        return fleet.source.model_file
+    return MODEL_FILE
+
+
+def _hashed_files(cache: DeviceCache, parts: tuple[str, ...]) -> dict[str, tuple[str, int, int]]:
+    """Every regular file under ``DIR/<parts>`` (links and what they point to left out):
+    its relative path -> (sha256, size, mtime_ns)."""
+    try:
+        fd = cache.open_dir(parts, create=False)
+    except OSError:
+        return {}
+    found: dict[str, tuple[str, int, int]] = {}
+    try:
+        for top, _, names, dir_fd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+            for name in names:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                relative = os.path.normpath(os.path.join(top, name))
+                try:
+                    sha256, size = sha256_nofollow(cache.path((*parts, *relative.split("/"))))
+                except OSError:
+                    continue
+                found[relative] = (sha256, size, info.st_mtime_ns)
+    finally:
+        os.close(fd)
+    return found
 
 
 def package_listing(data: bytes | None) -> dict[str, dict[str, dict[str, Any]]]:

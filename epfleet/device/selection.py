@@ -38,7 +38,7 @@ class Considered(BaseModel):
     target: str
     ep: str
     device: DeviceType
-    sha256: str
+    sha256: str  # the variant's digest: its file's sha256, or its file set's digest
     compatibility_string: str
     verdict: Verdict
     reason: str
@@ -49,7 +49,7 @@ class ActiveVariant(BaseModel):
 
     origin: Literal["published", "local", "fallback"]
     target: str | None
-    sha256: str
+    sha256: str  # its digest, as Considered's
     source_sha256: str
     verdict: Verdict
 

@@ -5,6 +5,7 @@ and one worker process for every model the sync wants, then writes the device re
 
     with SyncSession(store_uri, cache_dir, policy) as session:
         session.fetch_manifest()
+        session.drop_unlisted()
         for model in session.wanted():
             session.sync_model(model)
         report = session.finish()
@@ -29,8 +30,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
-import socket
 import time
 from contextlib import ExitStack, suppress
 from pathlib import Path
@@ -51,13 +50,15 @@ from epfleet.device.manifest_cache import (
     manifest_in_force,
 )
 from epfleet.device.policy import SyncPolicy
+from epfleet.device.reporting import device_id, upload_report
 from epfleet.device.steps import Steps
-from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
-from epfleet.errors import BadInputError, EpfleetError, StoreError
+from epfleet.device.unlisted import drop_models, unlisted
+from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport
+from epfleet.errors import BadInputError, EpfleetError
 from epfleet.limits import Deadline, within
-from epfleet.manifest import NAME_PATTERN, Manifest, utcnow
+from epfleet.manifest import Manifest, utcnow
 from epfleet.settings import settings
-from epfleet.stores import Store, open_store
+from epfleet.stores import open_store
 from epfleet.stores.local import LocalStore
 from epfleet.trust.client import ROOT_HISTORY, provisioned_root, trust_dir, trust_parts
 from epfleet.trust.repository import ROOT_COPY, development_keys_dir
@@ -277,6 +278,17 @@ class SyncSession:
         BadInputError names a model the manifest does not have."""
         return list(self.manifest.models)
 
+    def drop_unlisted(self) -> list[str]:
+        """With ``drop_unlisted`` (the policy's, or EPFLEET_DROP_UNLISTED), remove the models
+        the manifest in force no longer lists (``epfleet.device.unlisted``); the models
+        dropped."""
+        if not (self.policy.drop_unlisted or settings().drop_unlisted):
+            return []
+        subset = self.policy.models is not None
+        gone = unlisted(self.state, set(self.manifest.models), self.status, subset)
+        drop_models(self.cache, self.state, gone)
+        return gone
+
     def sync_model(self, model: str) -> ModelReport:
         """Sync one wanted model; anything it raises beyond a step's failure is reported as
         the model's failure, not raised, so that it does not starve the others."""
@@ -358,34 +370,7 @@ def sync(
         allow_unsigned=allow_unsigned,
     ) as session:
         session.fetch_manifest()
+        session.drop_unlisted()
         for model in session.wanted():
             session.sync_model(model)
         return session.finish()
-
-
-def device_id(given: str | None) -> str:
-    """The device's id in reports: ``given``, else $EPFLEET_DEVICE_ID, else the host name."""
-    chosen = given or settings().device_id  # EPFLEET_DEVICE_ID
-    if chosen:
-        if not re.fullmatch(NAME_PATTERN, chosen):
-            raise BadInputError(
-                f"device id {chosen!r} must match {NAME_PATTERN} (lowercase letters, digits, "
-                "'.', '_' and '-')"
-            )
-        return chosen
-    host = re.sub(r"[^a-z0-9._-]+", "-", socket.gethostname().lower()).strip("-._")
-    return host or "device"
-
-
-def upload_report(store: Store, report: DeviceReport) -> DeviceReport:
-    """Put the report at reports/devices/<id>.json when the store accepts writes."""
-    if report.manifest.offline:
-        return report.model_copy(
-            update={"report_uploaded": False, "report_error": "offline: not uploaded"}
-        )
-    data = report.model_dump_json(indent=2, exclude={"report_uploaded", "report_error"})
-    try:
-        store.write(report_key(report.device_id), data.encode())
-    except StoreError as exc:
-        return report.model_copy(update={"report_uploaded": False, "report_error": str(exc)})
-    return report.model_copy(update={"report_uploaded": True})

@@ -20,12 +20,13 @@ import eps
 from epfleet.compiler import CompileJob, discard
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
 from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_state import Installed, ModelState
+from epfleet.device.cache_state import Installed, InstalledFile, ModelState
 from epfleet.device.fetching import Fetcher
 from epfleet.device.health import Health, HealthJob, check_health
 from epfleet.device.local_build import local_request, local_targets
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.selection import Considered, Step
+from epfleet.device.variant_sets import fetch_set, is_file_set
 from epfleet.device_report import Action
 from epfleet.errors import CompileError, EpfleetError, HealthCheckError, IntegrityError
 from epfleet.limits import DeadlineExceeded, time_limit
@@ -127,15 +128,21 @@ class Steps:
                 reason=f"rolled back to {previous.name}, kept in the cache: {chosen.reason}",
             )
         self.fetcher.require_store()
-        part, moved = self.fetcher.to_partial(artifact.uri, artifact.sha256, artifact.size)
-        check_string(part, variant)
-        health = self.health(part, installed, entry)
-        installed = self.cache.install(model, installed, part)
+        got = fetch_set(self.fetcher, installed.name, artifact, variant.model_file, variant.files)
+        try:
+            check_string(got.main, variant)
+            health = self.health(got.main, installed, entry)
+            installed = got.install(model, installed)
+        except (IntegrityError, HealthCheckError):
+            got.drop()  # verified bytes, but not what the manifest says or they do not run
+            raise
+        finally:
+            got.close()
         logger.info(
             "%s: downloaded %s (%d bytes), health check passed%s",
             model,
             installed.name,
-            moved,
+            got.moved,
             f" on {health.samples} golden samples" if health.samples else "",
         )
         return Done(
@@ -150,22 +157,28 @@ class Steps:
         if not targets:
             raise EpfleetError("no EP here builds for this device's hardware")
         source = entry.source
-        part, _ = self.fetcher.to_partial(source.uri, source.sha256, source.size)
-        # A build writes about the source's size twice (the EP's output, then the stamped
-        # artifact): no room for that fails the step before a compile, and is not recorded
-        # as a build that cannot work (DiskFull).
-        self.cache.make_room(2 * source.size, self.cache.scratch(), f"building {model} here")
-        failures = []
-        for ep, local in targets:
-            try:
-                done = self.build_locally(model, entry, part, ep, local)
-            except DeadlineExceeded:
-                raise  # not a build that cannot work: the next sync tries it again
-            except EpfleetError as exc:
-                failures.append(f"{ep}: {exc}")
-                continue
-            part.unlink(missing_ok=True)
-            return done
+        got = fetch_set(
+            self.fetcher, f"the source of {model}", source, source.model_file, source.files
+        )
+        try:
+            # A build writes about the source's size twice (the EP's output, then the
+            # stamped artifact): no room for that fails the step before a compile, and is
+            # not recorded as a build that cannot work (DiskFull).
+            scratch = self.cache.scratch()
+            self.cache.make_room(2 * source.total_size, scratch, f"building {model} here")
+            failures = []
+            for ep, local in targets:
+                try:
+                    done = self.build_locally(model, entry, got.main, ep, local)
+                except DeadlineExceeded:
+                    raise  # not a build that cannot work: the next sync tries it again
+                except EpfleetError as exc:
+                    failures.append(f"{ep}: {exc}")
+                    continue
+                got.drop()
+                return done
+        finally:
+            got.close()
         # The verified source stays in partial/: the fallback step runs it without a
         # second download (and tidy() removes it if nothing does).
         raise EpfleetError("; ".join(failures))
@@ -199,11 +212,16 @@ class Steps:
                 output.compatibility_string,
                 output.sha256,
                 output.size,
-                entry.source.sha256,
+                entry.source.digest,
+                model_file=output.model_file,
+                files=[InstalledFile(path=p, sha256=h, size=n) for p, h, n in output.files],
             )
             artifact = Path(output.artifact_path)
             self.health(artifact, installed, entry)
-            installed = self.cache.install(model, installed, artifact)
+            if is_file_set(installed.model_file, output.files):
+                installed = self.cache.place(model, installed, artifact.parent)
+            else:
+                installed = self.cache.install(model, installed, artifact)
         finally:
             discard(output)
         return Done(
@@ -218,13 +236,19 @@ class Steps:
         source = entry.source
         reason = "nothing published or built here runs on this device's EPs; running the "
         reason += "source model on the CPU EP"
-        if active is not None and active.origin == "fallback" and active.sha256 == source.sha256:
+        installed = fallback_variant(source)
+        if active is not None and active.origin == "fallback" and active.name == installed.name:
             return Done(installed=active, action="fallback", verdict=None, reason=reason)
         self.fetcher.require_store()
-        installed = fallback_variant(source)
-        part, _ = self.fetcher.to_partial(source.uri, source.sha256, source.size)
-        self.health(part, installed, entry)
-        installed = self.cache.install(model, installed, part)
+        got = fetch_set(self.fetcher, installed.name, source, source.model_file, source.files)
+        try:
+            self.health(got.main, installed, entry)
+            installed = got.install(model, installed)
+        except HealthCheckError:
+            got.drop()
+            raise
+        finally:
+            got.close()
         return Done(installed=installed, action="fallback", verdict=None, reason=reason)
 
     # -- the health check --

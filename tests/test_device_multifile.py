@@ -1,0 +1,439 @@
+"""Multi-file variants and sources on the device (issue 13 part 3), and dropping models the
+manifest no longer lists.
+
+A small model with external data (``model.onnx`` + ``model.onnx.data``) in a GenAI-like
+folder (``genai_config.json``, ``tokenizer.json``, ``tokenizer/vocab.txt``) is published
+by hand through the store API under the contract's keys (main files under
+``sources/``/``variants/``, every other file under ``files/<sha256>``), with a CPU
+variant stamped with the CPU EP's own compatibility string; then a real device sync
+(moto S3 or a local store, real ORT) downloads, verifies, assembles and activates it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_device_faults import fill, small_disk  # noqa: F401 (the fixture)
+
+import eps
+from epfleet import ort_version
+from epfleet.device.cache import DeviceCache
+from epfleet.device.cache_layout import DISK_MARGIN, MB
+from epfleet.device.cache_state import Installed
+from epfleet.device.policy import SyncPolicy
+from epfleet.device.session import sync
+from epfleet.device_report import DeviceReport, ModelReport
+from epfleet.hashing import sha256_file
+from epfleet.manifest import (
+    ArtifactRef,
+    Manifest,
+    ModelEntry,
+    PackageFile,
+    SourceEntry,
+    VariantEntry,
+    files_key,
+)
+from epfleet.plan import source_key, variant_key
+from epfleet.stores import MANIFEST_KEY, Store, open_store
+
+pytestmark = pytest.mark.slow
+
+CPU = "CPUExecutionProvider"
+TARGET = "x86-cpu"
+SIDECARS = {
+    "genai_config.json": b'{"model": {"decoder": {"filename": "model.onnx"}}}\n',
+    "tokenizer.json": b'{"version": "1.0", "model": {"type": "BPE"}}\n',
+    "tokenizer/vocab.txt": b"hello\nworld\n",
+}
+
+
+def weights(seed: int, rows: int = 64, cols: int = 64) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+
+
+def write_folder(folder: Path, w: np.ndarray, *, stamp: bool, extra: dict[str, bytes]) -> None:
+    """``folder``: model.onnx (Y = X @ W, W in model.onnx.data) and the sidecars; with
+    ``stamp``, the CPU EP's compatibility string in its metadata (a CPU variant)."""
+    folder.mkdir(parents=True)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, w.shape[0]])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, w.shape[1]])],
+        initializer=[numpy_helper.from_array(w, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = folder / "model.onnx"
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="model.onnx.data",
+        size_threshold=256,
+    )
+    if stamp:
+        string = eps.load(CPU).generate_compatibility_string(path)
+        assert string is not None
+        model = onnx.load(str(path), load_external_data=False)
+        helper.set_model_props(model, {f"ep_compatibility_info.{CPU}": string})
+        onnx.save_model(model, str(path))  # the graph alone: its data file is unchanged
+    for name, data in {**SIDECARS, **extra}.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+
+
+def upload_set(
+    store: Store, folder: Path, main_key: Callable[[str], str]
+) -> tuple[ArtifactRef, list[PackageFile]]:
+    """The folder's files in the store under the contract's keys: the main file under
+    ``main_key(sha256)``, the others under ``files/<sha256>``."""
+    main = folder / "model.onnx"
+    sha, size = sha256_file(main)
+    store.upload(main_key(sha), main, sha)
+    ref = ArtifactRef(uri=main_key(sha), sha256=sha, size=size)
+    files = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p != main):
+        digest, _ = sha256_file(path)
+        store.upload(files_key(digest), path, digest)
+        relative = path.relative_to(folder).as_posix()
+        files.append(
+            PackageFile(
+                path=relative, uri=files_key(digest), sha256=digest, size=path.stat().st_size
+            )
+        )
+    return ref, files
+
+
+def publish(
+    store: Store,
+    work: Path,
+    model: str,
+    *,
+    seed: int = 0,
+    variant: bool = True,
+    extra: dict[str, bytes] | None = None,
+    rows: int = 64,
+) -> ModelEntry:
+    """A model entry whose source and CPU variant are multi-file folders, uploaded."""
+    w = weights(seed, rows)
+    source_dir, variant_dir = work / f"{model}-{seed}-src", work / f"{model}-{seed}-cpu"
+    write_folder(source_dir, w, stamp=False, extra=extra or {})
+    main, files = upload_set(store, source_dir, source_key)
+    source = SourceEntry(uri=main.uri, sha256=main.sha256, size=main.size, files=files)
+    entry = ModelEntry(source=source)
+    if variant:
+        write_folder(variant_dir, w, stamp=True, extra=extra or {})
+        artifact, vfiles = upload_set(store, variant_dir, lambda s: variant_key(model, TARGET, s))
+        string = eps.load(CPU).generate_compatibility_string(variant_dir / "model.onnx")
+        entry.variants[TARGET] = VariantEntry(
+            ep=CPU,
+            device="cpu",
+            compatibility_string=string,
+            artifact=artifact,
+            files=vfiles,
+            ort_version=ort_version(),
+            compiled_at=datetime.now(timezone.utc),
+            status="ok",
+            source_sha256=source.digest,
+            fingerprint=f"by-hand-{seed}",
+        )
+    return entry
+
+
+def put_manifest(store: Store, models: dict[str, ModelEntry], generation: int) -> None:
+    manifest = Manifest(generation=generation, models=models)
+    store.write(MANIFEST_KEY, manifest.to_json())
+
+
+def run_sync(store: str, cache: Path, **policy: object) -> DeviceReport:
+    return sync(store, cache, SyncPolicy(**policy), device="test-device")  # type: ignore[arg-type]
+
+
+def one(report: DeviceReport, model: str) -> ModelReport:
+    return next(m for m in report.models if m.model == model)
+
+
+def variant_dir(cache: Path, model: str, name: str) -> Path:
+    return cache / "models" / model / name
+
+
+def assert_same_files(folder: Path, installed: Path) -> None:
+    """``installed`` holds exactly ``folder``'s files, byte for byte."""
+    want = {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+    got = {
+        p.relative_to(installed).as_posix(): p.read_bytes()
+        for p in installed.rglob("*")
+        if p.is_file()
+    }
+    assert got == want
+
+
+def assert_runs(cache: Path, model: str, variant: str, w: np.ndarray) -> None:
+    """ORT's model package selects ``variant`` and runs it: Y = X @ W, from its data file."""
+    context = ort.ModelPackageContext(str(cache))
+    chosen = context.select_component(model, ort.ModelPackageOptions(ort.SessionOptions()))
+    assert chosen.get_selected_variant_name() == variant
+    session = chosen.create_session()
+    x = np.arange(w.shape[0], dtype=np.float32)[None, :] / w.shape[0]
+    [y] = session.run(None, {"X": x})
+    np.testing.assert_allclose(y, x @ w, rtol=1e-4, atol=1e-4)
+
+
+def no_leftovers(cache: Path) -> None:
+    """No assembly directory and no partial download left behind."""
+    scratch = cache / ".epfleet" / "scratch"
+    assert not scratch.exists() or not any(scratch.iterdir())
+    partial = cache / ".epfleet" / "partial"
+    assert not partial.exists() or not any(partial.iterdir())
+
+
+# --- a multi-file variant over S3 ----------------------------------------------------------
+
+
+def test_a_multi_file_variant_arrives_byte_for_byte_and_runs(
+    s3_store_uri: str, tmp_path: Path
+) -> None:
+    store = open_store(s3_store_uri)
+    entry = publish(store, tmp_path / "work", "genai")
+    put_manifest(store, {"genai": entry}, 1)
+    cache = tmp_path / "device"
+    variant = entry.variants[TARGET]
+    name = f"{TARGET}-{variant.digest[:12]}"  # type: ignore[index]
+    assert variant.digest != variant.artifact.sha256  # type: ignore[union-attr]
+
+    report = run_sync(s3_store_uri, cache)
+
+    result = one(report, "genai")
+    assert (result.action, result.variant) == ("downloaded", name), result.reason
+    assert result.bytes_downloaded == variant.total_size
+    assert_same_files(tmp_path / "work" / "genai-0-cpu", variant_dir(cache, "genai", name))
+    assert_runs(cache, "genai", name, weights(0))
+    package = json.loads((cache / "manifest.json").read_bytes())
+    listed = package["components"]["genai"]["variants"][name]
+    assert listed["executor_info"]["ort"]["model_file"] == "model.onnx"
+    no_leftovers(cache)
+
+    again = run_sync(s3_store_uri, cache, verify=True)  # every file re-hashed: intact
+    assert (one(again, "genai").action, one(again, "genai").bytes_downloaded) == ("kept", 0)
+
+    # A sidecar changed in place (same size): the cheap check sees its mtime, --verify its
+    # bytes; the variant is fetched again whole.
+    vocab = variant_dir(cache, "genai", name) / "tokenizer" / "vocab.txt"
+    vocab.write_bytes(b"HELLO\nWORLD\n")
+    mended = run_sync(s3_store_uri, cache)
+    assert one(mended, "genai").action == "downloaded"
+    assert "changed on disk" in one(mended, "genai").reason
+    assert vocab.read_bytes() == SIDECARS["tokenizer/vocab.txt"]
+    assert_runs(cache, "genai", name, weights(0))
+
+
+def test_a_tampered_file_is_refused_and_the_previous_variant_kept(
+    s3_store_uri: str, tmp_path: Path
+) -> None:
+    store = open_store(s3_store_uri)
+    first = publish(store, tmp_path / "work", "genai", seed=0)
+    put_manifest(store, {"genai": first}, 1)
+    cache = tmp_path / "device"
+    before = one(run_sync(s3_store_uri, cache), "genai").variant
+    assert before is not None
+
+    second = publish(store, tmp_path / "work", "genai", seed=1)
+    data = next(f for f in second.variants[TARGET].files if f.path == "model.onnx.data")
+    tampered = tmp_path / "tampered"
+    tampered.write_bytes(b"\x01" * data.size)  # same size, other bytes, under its key
+    store.upload(data.uri, tampered, sha256_file(tampered)[0])
+    put_manifest(store, {"genai": second}, 2)
+
+    report = run_sync(s3_store_uri, cache, recompile=False)
+
+    result = one(report, "genai")
+    assert result.action == "failed" and result.variant == before, result.reason
+    assert "sha256" in result.reason, result.reason
+    assert sorted(p.name for p in (cache / "models" / "genai").iterdir()) == [before]
+    assert_runs(cache, "genai", before, weights(0))
+    no_leftovers(cache)
+
+
+def test_a_set_too_large_for_the_disk_is_refused_before_any_download(
+    tmp_path: Path,
+    small_disk: Path,  # noqa: F811
+) -> None:
+    store_dir = tmp_path / "store"
+    store = open_store(str(store_dir))
+    big = {"weights.bin": os.urandom(3 * MB), "more.bin": os.urandom(3 * MB)}
+    entry = publish(store, tmp_path / "work", "big", extra=big)
+    put_manifest(store, {"big": entry}, 1)
+    cache = small_disk / "device"
+    cache.mkdir()
+    fill(small_disk, DISK_MARGIN + 5 * MB)  # room for each file, not for the set
+
+    report = run_sync(str(store_dir), cache, recompile=False)
+
+    result = one(report, "big")
+    assert result.action == "failed", result.reason
+    assert "not enough disk space" in result.reason and "files" in result.reason, result.reason
+    assert result.bytes_downloaded == 0
+    assert not (cache / "models" / "big").exists() or not any((cache / "models" / "big").iterdir())
+    no_leftovers(cache)
+
+    (small_disk / "filler").unlink()
+    again = run_sync(str(store_dir), cache, recompile=False)
+    assert one(again, "big").action == "downloaded"
+
+
+# --- multi-file sources: fallback and a local build ------------------------------------------
+
+
+def test_the_fallback_of_a_multi_file_source_is_its_folder(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    store = open_store(str(store_dir))
+    entry = publish(store, tmp_path / "work", "src", variant=False)
+    put_manifest(store, {"src": entry}, 1)
+    cache = tmp_path / "device"
+
+    report = run_sync(str(store_dir), cache, recompile=False)
+
+    result = one(report, "src")
+    name = f"fallback-{entry.source.digest[:12]}"
+    assert (result.action, result.variant) == ("fallback", name), result.reason
+    assert_same_files(tmp_path / "work" / "src-0-src", variant_dir(cache, "src", name))
+    assert_runs(cache, "src", name, weights(0))
+    again = run_sync(str(store_dir), cache, recompile=False)
+    assert (one(again, "src").action, one(again, "src").bytes_downloaded) == ("fallback", 0)
+
+
+def test_a_multi_file_source_is_built_here_with_its_sidecars(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    store = open_store(str(store_dir))
+    entry = publish(store, tmp_path / "work", "local", variant=False)
+    put_manifest(store, {"local": entry}, 1)
+    cache = tmp_path / "device"
+
+    report = run_sync(str(store_dir), cache)
+
+    result = one(report, "local")
+    assert result.action == "recompiled", result.reason
+    assert result.variant is not None
+    installed = variant_dir(cache, "local", result.variant)
+    for path, data in SIDECARS.items():
+        assert (installed / path).read_bytes() == data
+    assert_runs(cache, "local", result.variant, weights(0))
+    state = DeviceCache(cache).load_state()
+    active = state.models["local"].active
+    assert active is not None and active.source_sha256 == entry.source.digest
+    assert {f.path for f in active.files} >= set(SIDECARS)
+    no_leftovers(cache)
+
+
+# --- state repair ----------------------------------------------------------------------------
+
+
+def test_a_lost_state_is_rebuilt_from_a_multi_file_directory(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    store = open_store(str(store_dir))
+    entry = publish(store, tmp_path / "work", "genai")
+    put_manifest(store, {"genai": entry}, 1)
+    cache = tmp_path / "device"
+    name = one(run_sync(str(store_dir), cache, recompile=False), "genai").variant
+    saved = DeviceCache(cache).load_state().models["genai"].active
+    assert saved is not None and len(saved.files) == 1 + len(SIDECARS)
+
+    (cache / ".epfleet" / "state.json").unlink()
+    device = DeviceCache(cache)
+    with device.locked():
+        rebuilt = device.load_state().models["genai"].active
+
+    assert rebuilt is not None and rebuilt.name == name
+    assert (rebuilt.origin, rebuilt.target, rebuilt.digest) == ("published", TARGET, saved.digest)
+    assert sorted(f.path for f in rebuilt.files) == sorted(f.path for f in saved.files)
+    assert any("rebuilt from the variant directories" in note for note in device.repairs)
+    again = run_sync(str(store_dir), cache, recompile=False)
+    assert (one(again, "genai").action, one(again, "genai").bytes_downloaded) == ("kept", 0)
+
+
+def test_the_installed_digest_is_the_manifests() -> None:
+    entry = VariantEntry(
+        ep=CPU,
+        device="cpu",
+        compatibility_string="x",
+        artifact=ArtifactRef(uri="variants/m/t/a.onnx", sha256="a" * 64, size=3),
+        model_file="decoder/model.onnx",
+        files=[
+            PackageFile(path="z.bin", uri=files_key("b" * 64), sha256="b" * 64, size=5),
+            PackageFile(
+                path="decoder/model.onnx.data", uri=files_key("c" * 64), sha256="c" * 64, size=7
+            ),
+        ],
+        ort_version="1",
+        compiled_at=datetime.now(timezone.utc),
+        status="ok",
+        source_sha256="d" * 64,
+        fingerprint="f",
+    )
+    from epfleet.device.activation import published_variant
+
+    installed = published_variant(TARGET, entry)
+    assert installed.digest == entry.digest
+    assert installed.name == f"{TARGET}-{entry.digest[:12]}"  # type: ignore[index]
+    assert installed.total_size == entry.total_size
+    old = Installed.model_validate(
+        {k: v for k, v in installed.model_dump().items() if k not in ("model_file", "files")}
+    )  # a state.json written before multi-file variants
+    assert (old.model_file, old.files, old.digest) == ("model.onnx", [], "a" * 64)
+
+
+# --- dropping models the manifest no longer lists --------------------------------------------
+
+
+def test_unlisted_models_are_dropped_only_when_asked_and_the_manifest_is_valid(
+    tmp_path: Path,
+) -> None:
+    store_dir = tmp_path / "store"
+    store = open_store(str(store_dir))
+    keep = publish(store, tmp_path / "work", "keep", seed=0)
+    gone = publish(store, tmp_path / "work", "gone", seed=1)
+    put_manifest(store, {"keep": keep, "gone": gone}, 1)
+    cache = tmp_path / "device"
+    first = run_sync(str(store_dir), cache, recompile=False)
+    gone_variant = one(first, "gone").variant
+    assert gone_variant is not None
+
+    put_manifest(store, {"keep": keep}, 2)  # "gone" retired from the manifest
+    default = run_sync(str(store_dir), cache, recompile=False)
+    assert [m.model for m in default.models] == ["keep"]
+    assert (cache / "models" / "gone" / gone_variant).is_dir()
+    assert_runs(cache, "gone", gone_variant, weights(1))  # off by default: still served
+
+    (store_dir / "manifest.json").write_bytes(b'{"schema_version": "1.0", "models": 7}')
+    rejected = run_sync(str(store_dir), cache, recompile=False, drop_unlisted=True)
+    assert rejected.manifest.status == "rejected"
+    assert (cache / "models" / "gone" / gone_variant).is_dir()  # never on a stale list
+    assert not any("dropped model" in w for w in rejected.warnings)
+
+    put_manifest(store, {"keep": keep}, 3)
+    subset = run_sync(str(store_dir), cache, recompile=False, drop_unlisted=True, models=["keep"])
+    assert subset.manifest.status == "fetched"
+    assert (cache / "models" / "gone" / gone_variant).is_dir()  # --model: not its to judge
+    assert not any("dropped model" in w for w in subset.warnings)
+
+    dropped = run_sync(str(store_dir), cache, recompile=False, drop_unlisted=True)
+    assert dropped.manifest.status == "unchanged"
+    assert [w for w in dropped.warnings if "dropped model gone" in w], dropped.warnings
+    assert not (cache / "models" / "gone").exists()
+    assert "gone" not in DeviceCache(cache).load_state().models
+    context = ort.ModelPackageContext(str(cache))
+    assert sorted(context.get_component_names()) == ["keep"]
+    assert_runs(cache, "keep", one(dropped, "keep").variant or "", weights(0))
