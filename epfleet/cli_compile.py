@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epfleet import MAX_WORKERS
+from epfleet.cli_interrupts import interrupts
 from epfleet.cli_options import Json, Repeatable, RunnerName, Store
 from epfleet.cli_prefect_api import start_temporary_api, temporary_api_dies_with_us
 from epfleet.errors import BadInputError
@@ -73,14 +74,13 @@ def compile_(
     as_json
         Print one JSON object on stdout.
     """
-    from epfleet.cli import _interrupts
     from epfleet.report import render_report
 
     if not 1 <= workers <= MAX_WORKERS:
         raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {workers}")
     if dask_address and task_runner != "dask":
         raise BadInputError("--dask-address needs --task-runner dask")
-    with _interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
+    with interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
         report = _compile(spec, store, workers, force, model, target, task_runner, dask_address)
     print(json.dumps(_json_report(report)) if as_json else render_report(report))
     return report.exit_code
