@@ -19,7 +19,7 @@ from epfleet.stores.s3_errors import code_of
 if TYPE_CHECKING:
     from epfleet.stores.s3 import S3Store
 
-logger = logging.getLogger("epfleet.stores.s3")
+logger = logging.getLogger("epfleet.stores.s3")  # the S3 store's logger, as before the split
 
 
 def _root(store: S3Store) -> str:
