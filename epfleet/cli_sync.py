@@ -81,7 +81,7 @@ def sync(
         Serve device-sync/periodic, a sync every SERVE seconds, one at a time; its
         schedule stays active when this stops.
     """
-    from epfleet.cli import _interrupts
+    from epfleet.cli_interrupts import interrupts
     from epfleet.report import render_device_report
 
     wanted = SyncPolicy.model_validate(policy.model_dump()) if policy else SyncPolicy()
@@ -104,14 +104,14 @@ def sync(
                 limit=1,  # one sync of this cache at a time; late runs wait their turn
             )
             return 0
-        with _interrupts(INTERRUPTED):
+        with interrupts(INTERRUPTED):
             report = device_sync(**parameters)
     else:
         from epfleet.device.session import sync as sync_device
         from epfleet.logs import log_to_stderr
 
         log_to_stderr()  # progress lines on stderr, the report alone on stdout
-        with _interrupts(INTERRUPTED, unwind=True):  # the cache lock released on the way out
+        with interrupts(INTERRUPTED, unwind=True):  # the cache lock released on the way out
             report = sync_device(
                 store,
                 cache,
