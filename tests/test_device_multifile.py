@@ -60,9 +60,12 @@ def weights(seed: int, rows: int = 64, cols: int = 64) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
 
 
-def write_folder(folder: Path, w: np.ndarray, *, stamp: bool, extra: dict[str, bytes]) -> None:
-    """``folder``: model.onnx (Y = X @ W, W in model.onnx.data) and the sidecars; with
-    ``stamp``, the CPU EP's compatibility string in its metadata (a CPU variant)."""
+def write_folder(
+    folder: Path, w: np.ndarray, *, stamp: bool, extra: dict[str, bytes], main: str
+) -> None:
+    """``folder``: the main file ``main`` (Y = X @ W, W in ``main``.data beside it) and the
+    sidecars; with ``stamp``, the CPU EP's compatibility string in its metadata (a CPU
+    variant)."""
     folder.mkdir(parents=True)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["X", "W"], ["Y"])],
@@ -73,13 +76,14 @@ def write_folder(folder: Path, w: np.ndarray, *, stamp: bool, extra: dict[str, b
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    path = folder / "model.onnx"
+    path = folder / main
+    path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(
         model,
         str(path),
         save_as_external_data=True,
         all_tensors_to_one_file=True,
-        location="model.onnx.data",
+        location=f"{path.name}.data",
         size_threshold=256,
     )
     if stamp:
@@ -94,11 +98,11 @@ def write_folder(folder: Path, w: np.ndarray, *, stamp: bool, extra: dict[str, b
 
 
 def upload_set(
-    store: Store, folder: Path, main_key: Callable[[str], str]
+    store: Store, folder: Path, main_key: Callable[[str], str], model_file: str
 ) -> tuple[ArtifactRef, list[PackageFile]]:
     """The folder's files in the store under the contract's keys: the main file under
     ``main_key(sha256)``, the others under ``files/<sha256>``."""
-    main = folder / "model.onnx"
+    main = folder / model_file
     sha, size = sha256_file(main)
     store.upload(main_key(sha), main, sha)
     ref = ArtifactRef(uri=main_key(sha), sha256=sha, size=size)
@@ -123,24 +127,29 @@ def publish(
     seed: int = 0,
     variant: bool = True,
     extra: dict[str, bytes] | None = None,
-    rows: int = 64,
+    model_file: str = "model.onnx",
 ) -> ModelEntry:
     """A model entry whose source and CPU variant are multi-file folders, uploaded."""
-    w = weights(seed, rows)
+    w = weights(seed)
     source_dir, variant_dir = work / f"{model}-{seed}-src", work / f"{model}-{seed}-cpu"
-    write_folder(source_dir, w, stamp=False, extra=extra or {})
-    main, files = upload_set(store, source_dir, source_key)
-    source = SourceEntry(uri=main.uri, sha256=main.sha256, size=main.size, files=files)
+    write_folder(source_dir, w, stamp=False, extra=extra or {}, main=model_file)
+    main, files = upload_set(store, source_dir, source_key, model_file)
+    source = SourceEntry(
+        uri=main.uri, sha256=main.sha256, size=main.size, model_file=model_file, files=files
+    )
     entry = ModelEntry(source=source)
     if variant:
-        write_folder(variant_dir, w, stamp=True, extra=extra or {})
-        artifact, vfiles = upload_set(store, variant_dir, lambda s: variant_key(model, TARGET, s))
-        string = eps.load(CPU).generate_compatibility_string(variant_dir / "model.onnx")
+        write_folder(variant_dir, w, stamp=True, extra=extra or {}, main=model_file)
+        artifact, vfiles = upload_set(
+            store, variant_dir, lambda s: variant_key(model, TARGET, s), model_file
+        )
+        string = eps.load(CPU).generate_compatibility_string(variant_dir / model_file)
         entry.variants[TARGET] = VariantEntry(
             ep=CPU,
             device="cpu",
             compatibility_string=string,
             artifact=artifact,
+            model_file=model_file,
             files=vfiles,
             ort_version=ort_version(),
             compiled_at=datetime.now(timezone.utc),
@@ -238,6 +247,25 @@ def test_a_multi_file_variant_arrives_byte_for_byte_and_runs(
     assert "changed on disk" in one(mended, "genai").reason
     assert vocab.read_bytes() == SIDECARS["tokenizer/vocab.txt"]
     assert_runs(cache, "genai", name, weights(0))
+
+
+def test_a_main_file_in_a_subdirectory_is_what_the_package_names(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    store = open_store(str(store_dir))
+    entry = publish(store, tmp_path / "work", "nested", model_file="onnx/decoder.onnx")
+    put_manifest(store, {"nested": entry}, 1)
+    cache = tmp_path / "device"
+
+    result = one(run_sync(str(store_dir), cache, recompile=False), "nested")
+
+    assert result.action == "downloaded" and result.variant is not None, result.reason
+    installed = variant_dir(cache, "nested", result.variant)
+    assert_same_files(tmp_path / "work" / "nested-0-cpu", installed)
+    assert (installed / "onnx" / "decoder.onnx.data").is_file()
+    package = json.loads((cache / "manifest.json").read_bytes())
+    listed = package["components"]["nested"]["variants"][result.variant]
+    assert listed["executor_info"]["ort"]["model_file"] == "onnx/decoder.onnx"
+    assert_runs(cache, "nested", result.variant, weights(0))
 
 
 def test_a_tampered_file_is_refused_and_the_previous_variant_kept(
