@@ -14,12 +14,11 @@ from epfleet.errors import BadInputError
 from epfleet.stores.base import (
     MANIFEST_KEY,
     UNCHANGED,
-    DocumentTooLarge,
     Store,
     Versioned,
     check_key,
-    document_limit,
 )
+from epfleet.stores.documents import DocumentTooLarge, document_limit
 
 __all__ = [
     "MANIFEST_KEY",

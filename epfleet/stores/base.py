@@ -1,18 +1,12 @@
-"""The one small interface every store backend implements, and the size limit of the
-documents a store reads whole."""
+"""The one small interface every store backend implements (its keys, objects and methods)."""
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Literal, Protocol
-
-from epfleet.errors import StoreError
-from epfleet.limits import format_size
 
 MANIFEST_KEY = "manifest.json"
 UNCHANGED: Literal["unchanged"] = "unchanged"
@@ -125,73 +119,3 @@ def check_prefix(prefix: str) -> str:
 def is_hidden(key: str) -> bool:
     """Temporary and lock files of the local backend; never listed by either backend."""
     return any(part.startswith(".") for part in key.split("/"))
-
-
-class DocumentTooLarge(StoreError):
-    """A document in the store is larger than its limit; it was not read whole. ``etag``
-    is the version it was found at, when known, so that a caller can tell the same body
-    again without reading it (``read_if_changed``)."""
-
-    def __init__(self, message: str, *, key: str, limit: int, etag: str | None) -> None:
-        super().__init__(message)
-        self.key, self.limit, self.etag = key, limit, etag
-
-    def __reduce__(self) -> tuple[object, ...]:  # picklable with its fields
-        return (_document_too_large, (str(self), self.key, self.limit, self.etag))
-
-
-def _document_too_large(message: str, key: str, limit: int, etag: str | None) -> DocumentTooLarge:
-    return DocumentTooLarge(message, key=key, limit=limit, etag=etag)
-
-
-def document_limit(key: str) -> tuple[int, str]:
-    """The largest object ``read`` returns whole for ``key``, and the variable that sets
-    it: ``EPFLEET_MAX_MANIFEST_BYTES`` for a manifest, ``EPFLEET_MAX_DOCUMENT_BYTES`` for
-    anything else (device reports, hand-over files)."""
-    manifest, document = _limits(
-        os.environ.get("EPFLEET_MAX_MANIFEST_BYTES"), os.environ.get("EPFLEET_MAX_DOCUMENT_BYTES")
-    )
-    if key.rsplit("/", 1)[-1] == MANIFEST_KEY:
-        return manifest, "EPFLEET_MAX_MANIFEST_BYTES"
-    return document, "EPFLEET_MAX_DOCUMENT_BYTES"
-
-
-@functools.lru_cache(maxsize=8)
-def _limits(manifest: str | None, document: str | None) -> tuple[int, int]:
-    """The two limits for these values of their variables: building the settings takes
-    milliseconds, and a publish of signed metadata reads hundreds of documents."""
-    from epfleet.settings import settings  # not at import: settings imports this package
-
-    s = settings()
-    return int(s.max_manifest_bytes), int(s.max_document_bytes)
-
-
-def too_large(where: str, key: str, size: int | None, etag: str | None) -> DocumentTooLarge:
-    """The error for ``key`` (at ``where``) over its limit: ``size`` when known (a
-    Content-Length, a file's size), else it was found streaming past the limit."""
-    limit, variable = document_limit(key)
-    kind = "a manifest" if key.rsplit("/", 1)[-1] == MANIFEST_KEY else "a store document"
-    held = f"is {format_size(size)}, over" if size is not None else "goes on past"
-    return DocumentTooLarge(
-        f"{where} {held} the limit of {format_size(limit)} for {kind} ({variable}); not read",
-        key=key,
-        limit=limit,
-        etag=etag,
-    )
-
-
-class OverLimit(Exception):
-    """``read_bounded`` found more than its limit (the caller says which document)."""
-
-
-def read_bounded(chunks: Iterator[bytes], limit: int) -> bytes:
-    """The bytes of ``chunks`` when they total at most ``limit``; else ``OverLimit`` as
-    soon as they pass it, having held no more than ``limit`` bytes."""
-    held: list[bytes] = []
-    total = 0
-    for chunk in chunks:
-        total += len(chunk)
-        if total > limit:
-            raise OverLimit
-        held.append(chunk)
-    return b"".join(held)

@@ -24,16 +24,13 @@ from epfleet.fsutil import atomic_copy, atomic_write_bytes
 from epfleet.hashing import CHUNK, sha256_bytes
 from epfleet.stores.base import (
     UNCHANGED,
-    OverLimit,
     StoredObject,
     Versioned,
     check_key,
     check_prefix,
-    document_limit,
     is_hidden,
-    read_bounded,
-    too_large,
 )
+from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
 
 LOCK_NAME = ".epfleet.lock"
 

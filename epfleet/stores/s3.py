@@ -45,16 +45,13 @@ from epfleet.limits import TransferGuard, TransferLimits, stalled
 from epfleet.stores import s3_multipart, s3_transfers
 from epfleet.stores.base import (
     UNCHANGED,
-    OverLimit,
     StoredObject,
     Versioned,
     check_key,
     check_prefix,
-    document_limit,
     is_hidden,
-    read_bounded,
-    too_large,
 )
+from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
 from epfleet.stores.s3_client import env_attempts, shared_client
 from epfleet.stores.s3_errors import code_of, is_missing, raise_store_error, status_of
 from epfleet.stores.s3_transfers import SHA256_META
