@@ -10,8 +10,8 @@ partial download, nested directories made without following links) and installed
 one rename of that directory (``DeviceCache.place``). A failure at any file leaves
 nothing installed; the assembly directory is removed (``close``), and the partial
 downloads stay for the next sync to resume, unless a file's bytes were not the
-manifest's (the set's partials are dropped: the store serves another set) or the set
-was refused by its checks (``drop``).
+manifest's (the store serves another set), the disk has no room for the set (a partial
+download never keeps the disk full) or the set was refused by its checks (``drop``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epfleet.device.cache import DeviceCache
+from epfleet.device.cache_errors import DiskFull
 from epfleet.device.cache_layout import MODEL_FILE, STATE_DIR
 from epfleet.device.cache_state import Installed
 from epfleet.device.fetching import Fetcher
@@ -93,20 +94,24 @@ def fetch_set(
     wanted = [SetFile(model_file, main.uri, main.sha256, main.size)]
     wanted += [SetFile(f.path, f.uri, f.sha256, f.size) for f in files]
     distinct = {f.sha256: f for f in wanted}  # a file stored once may sit at two paths
-    missing = 0
-    for f in distinct.values():
-        missing += max(0, f.size - cache.held(cache.partial(f.sha256)))
+    held = {f.sha256: cache.partial(f.sha256) for f in distinct.values()}
+    cache.in_use.update(held.values())  # what the set holds is not dropped to make room
+    missing = sum(max(0, f.size - cache.held(held[f.sha256])) for f in distinct.values())
     total = sum(f.size for f in distinct.values())
-    cache.make_room(missing, cache.meta / "partial", f"{what} ({len(wanted)} files, {total} bytes)")
     parts: dict[str, Path] = {}
     moved = 0
     try:
+        cache.make_room(
+            missing, cache.meta / "partial", f"{what} ({len(wanted)} files, {total} bytes)"
+        )
         for f in distinct.values():
             part, got = fetcher.to_partial(f.uri, f.sha256, f.size)
             parts[f.sha256] = part
             moved += got
-    except IntegrityError:
-        for part in parts.values():  # the store serves a set that is not the manifest's
+    except (IntegrityError, DiskFull):
+        # The store serves a set that is not the manifest's, or there is no room for it:
+        # its partial downloads go (a partial download never keeps the disk full).
+        for part in held.values():
             cache.drop_partial(part)
         raise
     directory = Path(tempfile.mkdtemp(dir=cache.scratch(), prefix="set-"))
@@ -128,7 +133,12 @@ def fetch_set(
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
-    """``target`` with ``source``'s bytes: a hard link (no bytes written), else a copy."""
+    """``target`` with ``source``'s bytes: a hard link (no bytes written), else a copy.
+
+    Only complete, verified partials are linked, and they are dropped as soon as the set
+    is installed. One that a crash left linked to an installed file is never written
+    again: a download finds it whole and only verifies it (``epfleet.device.download``),
+    and one that does not verify is unlinked before a fresh file takes its name."""
     try:
         os.link(source, target, follow_symlinks=False)
     except OSError:
