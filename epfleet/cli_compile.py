@@ -39,6 +39,7 @@ def compile_(
     target: Repeatable = None,
     task_runner: RunnerName = "threads",
     dask_address: str | None = None,
+    prune: bool = False,
     as_json: Json = False,
 ) -> int:
     """Compile every model of the fleet spec for every target, and publish.
@@ -50,6 +51,7 @@ def compile_(
       epfleet compile examples/fleet.yaml --store ./epfleet-store
       epfleet compile fleet.yaml --store s3://bucket/fleet --model ocr-det --json
       epfleet compile fleet.yaml --task-runner dask --dask-address tcp://h:8786
+      epfleet compile fleet.yaml --store s3://bucket/fleet --prune
 
     Exit codes: 0 every pair ok or up to date; 1 a pair failed (the others are
     still published) or the store failed; 2 bad input (nothing compiled).
@@ -71,6 +73,10 @@ def compile_(
         --dask-address, or a local one of --workers processes).
     dask_address
         The Dask scheduler, e.g. tcp://10.0.0.5:8786.
+    prune
+        Then retire from the manifest the models and targets the spec no longer
+        lists (as epfleet retire --spec SPEC --unlisted): judged on the whole spec,
+        never on a --model/--target subset.
     as_json
         Print one JSON object on stdout.
     """
@@ -82,8 +88,36 @@ def compile_(
         raise BadInputError("--dask-address needs --task-runner dask")
     with interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
         report = _compile(spec, store, workers, force, model, target, task_runner, dask_address)
-    print(json.dumps(_json_report(report)) if as_json else render_report(report))
+        pruned = _prune(spec, store) if prune else None
+    if as_json:
+        print(json.dumps(_json_report(report) | ({"pruned": pruned} if prune else {})))
+    else:
+        print(render_report(report))
     return report.exit_code
+
+
+def _prune(spec: Path, store: str) -> dict[str, object]:
+    """Retire what the spec no longer lists; say what went on stderr."""
+    from epfleet.report import format_bytes
+    from epfleet.retire import Retirement, apply_retirement
+    from epfleet.spec import load_spec
+    from epfleet.stores import MANIFEST_KEY, open_store
+
+    opened = open_store(store)
+    if opened.size(MANIFEST_KEY) is None:  # nothing published yet, so nothing to retire
+        return Retirement().model_dump(mode="json")
+    done = apply_retirement(opened, spec=load_spec(spec))
+    for name in done.models:
+        print(f"epfleet: pruned model {name} (no longer in the spec)", file=sys.stderr)
+    for pair in done.variants:
+        print(f"epfleet: pruned variant {pair} (no longer in the spec)", file=sys.stderr)
+    if not done.empty:
+        print(
+            f"epfleet: {format_bytes(done.bytes)} no longer referenced; epfleet gc collects "
+            "it after its grace period",
+            file=sys.stderr,
+        )
+    return done.model_dump(mode="json")
 
 
 def _compile(

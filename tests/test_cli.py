@@ -164,6 +164,37 @@ def test_concurrent_runs_on_different_models_both_land(
     assert manifest.generation == 2
 
 
+def test_prune_retires_what_the_spec_no_longer_lists_never_a_subset(
+    tmp_path: Path, model_dir: Path, cli_env: dict[str, str]
+) -> None:
+    store = str(tmp_path / "store")
+    both = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET], "both.yaml")
+    assert epfleet("compile", str(both), "--store", store, env=cli_env).returncode == 0
+    # A --model subset with --prune retires nothing: pruning is judged on the whole spec.
+    subset = epfleet(
+        "compile",
+        str(both),
+        "--store",
+        store,
+        "--model",
+        "tiny-cls",
+        "--prune",
+        "--json",
+        env=cli_env,
+    )
+    assert subset.returncode == 0, subset.stderr
+    assert json.loads(subset.stdout)["pruned"]["models"] == []
+    one = write_spec(tmp_path, tiny_models(model_dir)[:1], [CPU_TARGET], "one.yaml")
+    assert [m["name"] for m in tiny_models(model_dir)[:1]] == ["tiny-cls"]
+    pruned = epfleet("compile", str(one), "--store", store, "--prune", "--json", env=cli_env)
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["pruned"]["models"] == ["tiny-det"]
+    assert "pruned model tiny-det (no longer in the spec)" in pruned.stderr
+    manifest = Manifest.from_json(Path(store, "manifest.json").read_bytes())
+    assert list(manifest.models) == ["tiny-cls"]
+    assert manifest.models["tiny-cls"].variants["x86-cpu"].status == "ok"
+
+
 FILES_AND_COMMANDS = {
     "flows/fleet_compile.py": "compile",
     "flows/runtime_watch.py": "watch",
