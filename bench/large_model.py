@@ -38,6 +38,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,9 +156,17 @@ class Measured:
     stderr: str = ""
 
 
-def measure(what: str, command: list[str], env: dict[str, str] | None = None) -> Measured:
-    """Run a command, polling its process tree's memory every ~50 ms until it exits."""
+def measure(
+    what: str,
+    command: list[str],
+    env: dict[str, str] | None = None,
+    every: float | None = None,
+    extra: Callable[[], str] = str,
+) -> Measured:
+    """Run a command, polling its process tree's memory every ~50 ms until it exits; with
+    ``every``, print a line of the tree's memory (and ``extra()``) every that many seconds."""
     result = Measured(what)
+    next_line = every
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         proc = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=ROOT)
@@ -171,6 +180,10 @@ def measure(what: str, command: list[str], env: dict[str, str] | None = None) ->
             pid, status = os.waitpid(proc.pid, os.WNOHANG)
             if pid:
                 break
+            elapsed = time.perf_counter() - started
+            if every and next_line and elapsed >= next_line:
+                next_line += every
+                print(f"    {elapsed:6.0f} s  RSS {gb(rss)}  RssAnon {gb(anon)}  {extra()}")
             time.sleep(0.05)
         result.seconds = time.perf_counter() - started
         proc.returncode = result.returncode = os.waitstatus_to_exitcode(status)
@@ -394,9 +407,16 @@ def stored_objects() -> list[tuple[str, int, int]]:
     return found
 
 
-def step(what: str, command: list[str], env: dict[str, str], relay: Relay) -> Measured:
+def step(
+    what: str, command: list[str], env: dict[str, str], relay: Relay, every: float | None
+) -> Measured:
     before = list(relay.bytes)
-    m = measure(what, command, env)
+
+    def moved() -> str:
+        return f"HTTP up {gb(relay.bytes[0] - before[0])}, down {gb(relay.bytes[1] - before[1])}"
+
+    print(f"{what} ...", flush=True)
+    m = measure(what, command, env, every, moved)
     up, down = (relay.bytes[i] - before[i] for i in (0, 1))
     print(
         f"{what}: exit {m.returncode} in {m.seconds:.1f} s; HTTP bytes up {gb(up)}, down {gb(down)}"
@@ -421,7 +441,7 @@ def print_device(report: str, cache: Path) -> None:
             print(f"  {path.relative_to(cache)}  {path.stat().st_size} B")
 
 
-def end_to_end(source: Path, work: Path) -> None:
+def end_to_end(source: Path, work: Path, every: float | None) -> None:
     """compile -> S3 (moto, multipart) -> sync -> ModelPackageContext, each measured."""
     import boto3
     import yaml
@@ -449,6 +469,7 @@ def end_to_end(source: Path, work: Path) -> None:
                 [*epfleet, "compile", str(spec), "--store", STORE, "--json"],
                 env,
                 relay,
+                every,
             )
         ]
         try:
@@ -457,7 +478,9 @@ def end_to_end(source: Path, work: Path) -> None:
         except (ValueError, KeyError):
             print(f"  compile printed no JSON report: {rows[0].stdout[-300:]!r}")
         reference = [sys.executable, "-c", UPLOAD, str(source.parent / DATA_FILE), BUCKET]
-        rows.append(step("reference: boto3 upload_file of the data file", reference, env, relay))
+        rows.append(
+            step("reference: boto3 upload_file of the data file", reference, env, relay, every)
+        )
         objects = stored_objects()
         print(f"stored in s3://{BUCKET}: {len(objects)} objects, {gb(sum(o[1] for o in objects))}")
         for key, size, parts in sorted(objects, key=lambda o: -o[1])[:6]:
@@ -470,6 +493,7 @@ def end_to_end(source: Path, work: Path) -> None:
                     [*epfleet, "sync", "--store", STORE, "--cache", str(cache), "--json"],
                     env,
                     relay,
+                    every,
                 )
             )
             if rows[-1].returncode == 0:
@@ -480,6 +504,7 @@ def end_to_end(source: Path, work: Path) -> None:
                     [sys.executable, "-c", OPEN, str(cache), MODEL, how],
                     env,
                     relay,
+                    every,
                 )
                 print(f"  {opened.stdout.strip()}")
                 rows.append(opened)
@@ -493,6 +518,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--ort-probes", action="store_true", help="measure ORT itself")
     parser.add_argument("--skip-e2e", action="store_true", help="no compile, publish, sync")
+    parser.add_argument(
+        "--every", type=float, help="print each step's memory and transfers every N seconds"
+    )
     args = parser.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="epfleet-large-", dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
@@ -508,7 +536,7 @@ def main() -> None:
         if args.ort_probes:
             ort_probes(source, work / "probes")
         if not args.skip_e2e:
-            end_to_end(source, work)
+            end_to_end(source, work, args.every)
     finally:
         if args.keep:
             print(f"kept {work}")
