@@ -29,6 +29,10 @@ def open_session(
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    # A check runs a few samples, so packing weights buys nothing, and ORT's CPU EP packs
+    # by copying every MatMul weight to the heap: a 2.2 GB model then peaks at 2.8 GB
+    # of RSS instead of running from its memory-mapped data file (bench/large_model.py).
+    options.add_session_config_entry("session.disable_prepacking", "1")
     with ep_errors():
         eps.load(ep).configure_session(options, provider_options, device)
     try:
