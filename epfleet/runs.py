@@ -70,7 +70,7 @@ class PairResult(BaseModel):
     status: Literal["ok", "skipped", "failed"]
     compatibility_string: str | None = None
     artifact_uri: str | None = None
-    size: int | None = None
+    size: int | None = None  # every file of the variant
     seconds: float | None = None
     error: str | None = None
     coverage: float | None = None
@@ -94,7 +94,7 @@ class PairResult(BaseModel):
             status=status,
             compatibility_string=entry.compatibility_string if entry else None,
             artifact_uri=artifact.uri if artifact else None,
-            size=artifact.size if artifact else None,
+            size=entry.total_size if entry and artifact else None,
             seconds=seconds,
             error=entry.error if entry and status == "failed" else None,
             coverage=entry.coverage.fraction if entry and entry.coverage else None,

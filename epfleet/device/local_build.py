@@ -54,6 +54,9 @@ def local_request(model: str, entry: ModelEntry, ep: str, local: LocalTarget) ->
             provider_options=local.provider_options,
             input_shapes=entry.source.input_shapes,
             **source_fields(entry.source),  # type: ignore[arg-type]
+            # as the fleet lays out a large source's variant: its weights stay in files
+            embed_context=not (module.partitions_graph and entry.source.files),
+            external_initializers=bool(entry.source.files),
             graph_optimization=module.default_graph_optimization,
             tolerance=module.default_tolerance(local.provider_options).relative,
             abs_tolerance=module.default_tolerance(local.provider_options).absolute,
