@@ -42,6 +42,8 @@ from eps import cpu
 from eps.base import Layout
 from tests.conftest import write_spec
 
+pytestmark = pytest.mark.slow
+
 HTP = {
     "backend_type": "htp",
     "enable_htp_fp16_precision": "1",
