@@ -73,6 +73,14 @@ class ModelReport(BaseModel):
     action: Action
     variant: str | None = Field(description="The active variant's name in the device cache")
     target: str | None = Field(description="The fleet target it was published for")
+    artifact_sha256: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description="The sha256 of the active variant's main file when the fleet published "
+        "it (its store key is variants/<model>/<target>/<sha256>.onnx, which epfleet gc "
+        "keeps with its files while the report is recent); None for a local build, the "
+        "fallback, and in reports of older devices",
+    )
     ep: str | None
     verdict: Verdict | None
     bytes_downloaded: int
