@@ -18,8 +18,10 @@ from onnx import TensorProto, helper, numpy_helper
 from epfleet import RECIPE_VERSION
 from epfleet.build import build_variant
 from epfleet.costs import costs
+from epfleet.device.policy import SyncPolicy
+from epfleet.device.session import sync
 from epfleet.errors import BadInputError, IntegrityError
-from epfleet.gc import collect, needed_keys, pinned_files, plan_collection
+from epfleet.gc import collect, kind_of, needed_keys, pinned_prefixes
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.manifest import (
     ArtifactRef,
@@ -326,7 +328,7 @@ def test_gc_collects_unreferenced_files_and_keeps_referenced_and_pinned_ones(
     manifest, _ = compile_and_publish(spec, uri)
     store = open_store(uri)
     variant = manifest.models["dense"].variants["cpu"]
-    assert variant.artifact is not None
+    assert variant.artifact is not None and variant.digest is not None
     listing = listing_key(variant.artifact.uri)
     assert json.loads(store.read(listing).data)[0]["path"] == "dense.onnx.data"  # type: ignore[union-attr]
     orphan = files_key("a" * 64)
@@ -343,20 +345,36 @@ def test_gc_collects_unreferenced_files_and_keeps_referenced_and_pinned_ones(
     for key in [*referenced, listing]:
         assert store.size(key) is not None, key
 
-    # A variant a device runs pins the files its listing names, after the manifest drops it.
-    prefix = variant.artifact.uri.rsplit("/", 1)[0] + "/" + variant.artifact.sha256[:12]
-    objects = store.list_objects("", hidden=True)
-    pinned, problems = pinned_files(store, objects, {prefix: "dev-1"})
-    assert problems == [] and set(pinned) == {f.uri for f in variant.files}
-    dropped = Manifest(generation=9, published_at=later - timedelta(days=2))
-    plan = plan_collection(
-        objects, [], dropped, {prefix: "dev-1"}, later, timedelta(hours=1), None, pinned
-    )
-    kept = {k.key: k.reason for k in plan.kept}
-    for f in variant.files:
-        assert "device dev-1 reported active" in kept[f.uri]
-    assert {variant.artifact.uri, listing} <= set(kept)
-    assert manifest.models["dense"].source.uri in {c.key for c in plan.candidates}
+    # A real device sync runs the variant; its report (uploaded now) names the main file.
+    report = sync(uri, tmp_path / "device", SyncPolicy(recompile=False), device="dev-1")
+    (ran,) = report.models
+    assert ran.action == "downloaded" and report.report_uploaded
+    assert ran.artifact_sha256 == variant.artifact.sha256
+    # named from the set's digest, which no store key shows (the old name rule missed it)
+    assert variant.digest != variant.artifact.sha256
+    assert ran.variant == f"cpu-{variant.digest[:12]}"
+    assert pinned_prefixes([report]) == {variant.artifact.uri.removesuffix("onnx"): "dev-1"}
+
+    # The manifest drops the model: gc keeps what the device runs while its report is recent.
+    dropped = Manifest(generation=manifest.generation + 1, published_at=later - timedelta(days=2))
+    store.write(MANIFEST_KEY, dropped.to_json())
+    runs = {variant.artifact.uri, listing, *(f.uri for f in variant.files)}
+    assert variant.files and {f.uri for f in variant.files} <= referenced  # shared with source
+    pinned = collect(store, delete=True, now=later)
+    assert pinned.errors == [] and pinned.warnings == []
+    kept = {k.key: k.reason for k in pinned.plan.kept}
+    for key in runs:
+        assert "device dev-1 reported" in kept[key], key
+        assert store.size(key) is not None, key
+    assert manifest.models["dense"].source.uri in pinned.removed  # the source is not pinned
+    assert store.size(manifest.models["dense"].source.uri) is None
+
+    # Once the report is older than the retention window, they go too.
+    aged = collect(store, delete=True, now=later, retention_days=1)
+    assert set(aged.removed) == runs
+    for key in runs:
+        assert store.size(key) is None, key
+    assert not [o.key for o in store.list_objects("", hidden=True) if kind_of(o.key)]
 
 
 def test_a_worker_fetches_a_source_set_whole_and_checked(
