@@ -1,7 +1,9 @@
 """epfleet gc on a local store and on S3 (moto over HTTP): a store with a retired model,
-superseded builds, orphan temp files, an incomplete multipart upload and device reports
-pinning an old build. It removes exactly the unreferenced, unpinned objects past the
-grace period; a dry run removes nothing; a publish racing it is safe."""
+superseded builds (single-file and multi-file), orphan temp and files/ objects, an
+incomplete multipart upload and device reports pinning old builds (one multi-file, pinned
+by its main file's sha256 with its listing and files). It removes exactly the
+unreferenced, unpinned objects past the grace period; a dry run removes nothing; a
+publish racing it is safe."""
 
 from __future__ import annotations
 
@@ -12,19 +14,22 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
-from epfleet.gc import collect, kind_of, plan_collection, render
+from epfleet.gc import collect, kind_of, needed_keys, pinned_prefixes, plan_collection, render
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import (
     ArtifactRef,
     Manifest,
     ModelEntry,
+    PackageFile,
     SamplesRef,
     SourceEntry,
     VariantEntry,
+    files_key,
 )
-from epfleet.plan import samples_key, source_key, variant_key
+from epfleet.plan import listing_key, samples_key, source_key, variant_key
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.stores.base import StoredObject
 from epfleet.stores.local import LocalStore
@@ -44,7 +49,9 @@ def put(store: Store, key_for: object, data: bytes) -> ArtifactRef:
     return ArtifactRef(uri=key, sha256=sha256, size=len(data))
 
 
-def ok_variant(artifact: ArtifactRef, source_sha256: str) -> VariantEntry:
+def ok_variant(
+    artifact: ArtifactRef, source_sha256: str, files: list[PackageFile] | None = None
+) -> VariantEntry:
     return VariantEntry(
         ep="CPUExecutionProvider",
         device="cpu",
@@ -55,7 +62,33 @@ def ok_variant(artifact: ArtifactRef, source_sha256: str) -> VariantEntry:
         status="ok",
         source_sha256=source_sha256,
         fingerprint=artifact.sha256,
+        files=files or [],
     )
+
+
+def put_files(store: Store, files: dict[str, bytes]) -> list[PackageFile]:
+    """Files beside a main file, stored under files/<sha256>."""
+    return [PackageFile(path=p, **put(store, files_key, d).model_dump()) for p, d in files.items()]
+
+
+def multi_file_variant(
+    store: Store, model: str, target: str, main: bytes, files: dict[str, bytes], source: str
+) -> VariantEntry:
+    """A variant with files beside its main file, stored as a build stores one: the main
+    file, each file under files/, and the listing beside the main file."""
+    artifact = put(store, lambda sha: variant_key(model, target, sha), main)
+    refs = put_files(store, files)
+    listing = [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in refs]
+    store.write(listing_key(artifact.uri), json.dumps(listing, indent=1).encode())
+    return ok_variant(artifact, source, refs)
+
+
+def keys_of(variant: VariantEntry) -> set[str]:
+    """A multi-file variant's store keys: main file, listing, and its files."""
+    assert variant.artifact is not None
+    return {variant.artifact.uri, listing_key(variant.artifact.uri)} | {
+        f.uri for f in variant.files
+    }
 
 
 def model_entry(
@@ -81,7 +114,19 @@ def write_manifest(
     return manifest
 
 
-def device_report(device: str, model: str, target: str, sha256: str, at: datetime) -> DeviceReport:
+def device_report(
+    device: str,
+    model: str,
+    target: str,
+    sha256: str,
+    at: datetime,
+    variant: VariantEntry | None = None,
+) -> DeviceReport:
+    """A device running the build of main file ``sha256``. Given the ``variant`` entry,
+    the report is a current device's: the variant named from its set's digest, with its
+    main file's sha256 (``artifact_sha256``); else an older device's, with the name only."""
+    digest = variant.digest if variant is not None else sha256
+    assert digest is not None
     return DeviceReport(
         device_id=device,
         generated_at=at.isoformat(),
@@ -95,8 +140,9 @@ def device_report(device: str, model: str, target: str, sha256: str, at: datetim
             ModelReport(
                 model=model,
                 action="kept",
-                variant=f"{target}-{sha256[:12]}",
+                variant=f"{target}-{digest[:12]}",
                 target=target,
+                artifact_sha256=sha256 if variant is not None else None,
                 ep="CPUExecutionProvider",
                 verdict=None,
                 bytes_downloaded=0,
@@ -116,7 +162,8 @@ class Fleet:
     manifest: Manifest
     retired: ModelEntry
     removable: set[str] = field(default_factory=set)
-    pinned: set[str] = field(default_factory=set)
+    pinned: dict[str, str] = field(default_factory=dict)
+    """Key -> the device that pins it."""
     young: set[str] = field(default_factory=set)
     untouchable: set[str] = field(default_factory=set)
 
@@ -144,50 +191,85 @@ def make_fleet(store: Store) -> tuple[Store, Fleet]:
     current = model_entry(store, "cls", {"x86-cpu": b"cls build 2" * 50, "htp": b"cls htp" * 20})
     superseded = put(store, lambda sha: variant_key("cls", "x86-cpu", sha), b"cls build 1" * 40)
     pinned = put(store, lambda sha: variant_key("cls", "x86-cpu", sha), b"cls build 0" * 30)
+    # a multi-file model: its source's data file, shared by every build of it, and builds
+    # each with a context file of its own: the current one, one superseded and unpinned,
+    # and one a device still runs
+    llm_main = put(store, source_key, b"llm source" * 10)
+    llm = ModelEntry(
+        source=SourceEntry(
+            **llm_main.model_dump(), files=put_files(store, {"model.onnx.data": b"W" * 300})
+        )
+    )
+    shared = {"model.onnx.data": b"W" * 300}
+
+    def llm_build(n: int) -> VariantEntry:
+        context = {"model_ctx.bin": f"context {n}".encode() * 20}
+        main = f"llm build {n}".encode() * 30
+        return multi_file_variant(
+            store, "llm", "x86-cpu", main, shared | context, llm.source.sha256
+        )
+
+    llm.variants["x86-cpu"] = llm_build(2)
+    llm_superseded, llm_pinned = llm_build(1), llm_build(0)
     # no samples: the first removal (in key order) is then a temp file, not the retired
     # model's, so that the racing publish lands before their turn
     retired = model_entry(store, "old-det", {"x86-cpu": b"det build" * 60}, samples=False)
-    manifest = write_manifest(store, {"cls": current}, generation=3, at=OLD)
-    store.write(
-        report_key("dev-1"),
-        device_report("dev-1", "cls", "x86-cpu", pinned.sha256, NOW - timedelta(days=2))
-        .model_dump_json()
-        .encode(),
-    )
-    # a report past the retention window pins nothing
-    store.write(
-        report_key("dev-2"),
-        device_report("dev-2", "cls", "x86-cpu", superseded.sha256, NOW - timedelta(days=60))
-        .model_dump_json()
-        .encode(),
-    )
-    temp = f"sources/.{'e' * 64}.onnx.abcd1234.tmp"
-    store.write(temp, b"half a source")
+    manifest = write_manifest(store, {"cls": current, "llm": llm}, generation=3, at=OLD)
+    assert llm_pinned.artifact is not None and llm_superseded.artifact is not None
+    reports = {
+        # an older device's report: the variant's name only, <target>-<12 digits>
+        "dev-1": device_report("dev-1", "cls", "x86-cpu", pinned.sha256, NOW - timedelta(days=2)),
+        # past the retention window: pins nothing
+        "dev-2": device_report(
+            "dev-2", "cls", "x86-cpu", superseded.sha256, NOW - timedelta(days=60)
+        ),
+        # a current device's report of a multi-file variant (named from its set's digest)
+        "dev-3": device_report(
+            "dev-3",
+            "llm",
+            "x86-cpu",
+            llm_pinned.artifact.sha256,
+            NOW - timedelta(days=2),
+            variant=llm_pinned,
+        ),
+    }
+    for device, report in reports.items():
+        store.write(report_key(device), report.model_dump_json().encode())
+    # a temp file at the store's root: it comes first in key order (before files/)
+    temp = ".manifest.json.abcd1234.tmp"
+    store.write(temp, b"half a manifest")
+    orphan = put(store, files_key, b"a context file no listing names").uri
     untouchable = {
         MANIFEST_KEY,
-        report_key("dev-1"),
-        report_key("dev-2"),
+        *(report_key(device) for device in reports),
         "trust/metadata/1.root.json",
         f"trust/targets/{'a' * 64}.manifest.json",
         "runs/0b7e5c5e-5b0f-4a8e-9d6e-3f1f0e0e0e0e-1-1700000000/pool.json",
         "notes/what-is-this.txt",
         "sources/not-a-digest.onnx",
     }
-    for key in untouchable - {MANIFEST_KEY, report_key("dev-1"), report_key("dev-2")}:
+    for key in untouchable - {MANIFEST_KEY, *(report_key(device) for device in reports)}:
         store.write(key, b"{}")
     young = put(store, lambda sha: variant_key("cls", "htp", sha), b"a build in flight" * 9)
     fleet = Fleet(
         manifest=manifest,
         retired=retired,
-        removable={superseded.uri, temp} | referenced_by(retired),
-        pinned={pinned.uri},
+        removable={superseded.uri, temp, orphan}
+        | referenced_by(retired)
+        | keys_of(llm_superseded) - needed_keys(manifest),
+        pinned={pinned.uri: "dev-1"} | dict.fromkeys(keys_of(llm_pinned), "dev-3"),
         young={young.uri},
         untouchable=untouchable,
     )
+    # the shared data file stays referenced; each build's context and listing are its own
+    shared_key = files_key(sha256_bytes(shared["model.onnx.data"]))
+    assert shared_key in needed_keys(manifest) and shared_key not in fleet.removable
+    assert len(keys_of(llm_superseded) & fleet.removable) == 3
+    del fleet.pinned[shared_key]
     everything = {o.key for o in store.list_objects("", hidden=True)}
     ages = dict.fromkeys(everything - fleet.young, OLD)
-    ages[report_key("dev-1")] = NOW - timedelta(days=2)
-    ages[report_key("dev-2")] = NOW - timedelta(days=60)  # past the retention window
+    for device, report in reports.items():
+        ages[report_key(device)] = datetime.fromisoformat(report.generated_at)
     if isinstance(store, LocalStore):
         for key, at in ages.items():
             os.utime(store.root / key, (at.timestamp(), at.timestamp()))
@@ -209,8 +291,14 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
 
 
 def referenced_by(entry: ModelEntry) -> set[str]:
-    found = {entry.source.uri} | ({entry.samples.uri} if entry.samples else set())
-    return found | {v.artifact.uri for v in entry.variants.values() if v.artifact}
+    """The keys of a model's source, samples and variants, with every file they list and
+    the listings of multi-file variants."""
+    found = {entry.source.uri} | {f.uri for f in entry.source.files}
+    found |= {entry.samples.uri} if entry.samples else set()
+    for variant in entry.variants.values():
+        if variant.artifact is not None:
+            found |= keys_of(variant) if variant.files else {variant.artifact.uri}
+    return found
 
 
 def keys(store: Store) -> set[str]:
@@ -229,10 +317,14 @@ def test_dry_run_lists_and_removes_nothing(store: Store) -> None:
     assert keys(store) == before and result.removed == []
     totals = result.plan.totals()
     assert totals["temp"].count == 1 and totals["source"].count == 1
-    assert totals["variant"].count == 2
+    # cls and old-det superseded and retired; llm's superseded main file and its listing
+    assert totals["variant"].count == 4
+    assert totals["file"].count == 2  # that build's context file, and the orphan
     assert totals["multipart"].count == (1 if isinstance(store, Aged) else 0)
     kept = {k.key: k.reason for k in result.plan.kept}
-    assert "dev-1" in kept[next(iter(fleet.pinned))]
+    assert len(fleet.pinned) == 4  # cls's old build; llm's main file, listing, context
+    for key, device in fleet.pinned.items():
+        assert f"device {device} reported" in kept[key], key
     assert "grace" in kept[next(iter(fleet.young))]
     text = render(result)
     assert "would remove" in text and "--delete" in text
@@ -245,7 +337,7 @@ def test_delete_removes_exactly_the_unreferenced_unpinned_old_objects(store: Sto
     result = collect(store, delete=True)
     after = keys(store)
     assert before - after == fleet.removable
-    assert referenced(fleet.manifest) | fleet.pinned | fleet.young | fleet.untouchable <= after
+    assert referenced(fleet.manifest) | set(fleet.pinned) | fleet.young | fleet.untouchable <= after
     assert store.incomplete_uploads() == []
     assert result.errors == []
     assert result.freed == sum(c.size for c in result.plan.candidates) > 0
@@ -258,7 +350,7 @@ def test_grace_and_retention_are_options(store: Store) -> None:
     store, fleet = make_fleet(store)
     # a retention window of a day: the device report of two days ago no longer pins
     result = collect(store, retention_days=1)
-    assert fleet.pinned <= {c.key for c in result.plan.candidates}
+    assert set(fleet.pinned) <= {c.key for c in result.plan.candidates}
     # a grace period of four days: everything is too young, and so is the manifest
     result = collect(store, grace_hours=96)
     assert result.plan.candidates == []
@@ -362,8 +454,9 @@ def test_gc_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert fleet.removable <= keys(store)
     assert run_cli(["gc", "--store", store.uri, "--delete", "--retention-days", "1"]) == 0
     out = capsys.readouterr().out
-    assert f"removed {len(fleet.removable) + 1} object(s)" in out  # the pin expired too
-    assert not (fleet.removable | fleet.pinned) & keys(store)
+    assert f"removed {len(fleet.removable) + len(fleet.pinned)} object(s)" in out  # pins expired
+    assert not (fleet.removable | set(fleet.pinned)) & keys(store)
+    assert referenced(fleet.manifest) <= keys(store)
     assert run_cli(["gc", "--store", store.uri, "--grace", "-1"]) == 2
     assert "--grace must be 0 hours or more, got -1" in capsys.readouterr().err
     store.write(MANIFEST_KEY, b'{"models": 3}')
@@ -375,7 +468,7 @@ def test_an_unreadable_recent_report_keeps_every_variant(store: Store) -> None:
     store, fleet = make_fleet(store)
     store.write(report_key("broken"), b"{not json")
     result = collect(store)
-    assert not [c for c in result.plan.candidates if c.kind == "variant"]
+    assert not [c for c in result.plan.candidates if c.kind in ("variant", "file")]
     kept = {k.key: k.reason for k in result.plan.kept}
     retired_variant = next(k for k in fleet.removable if kind_of(k) == "variant" and "old-det" in k)
     assert "1 device report(s) could not be read" in kept[retired_variant]
@@ -391,3 +484,37 @@ def test_what_it_leaves_alone_is_counted(store: Store) -> None:
     # notes/what-is-this.txt and sources/not-a-digest.onnx
     assert plan.unrecognised == 2
     assert plan.protected == len(fleet.untouchable) - 2
+
+
+def test_a_report_pins_the_main_file_it_names_and_an_older_one_the_name_prefix() -> None:
+    digest, sha = "d" * 64, "5" * 64
+    files = [PackageFile(path="model_ctx.bin", uri=files_key("c" * 64), sha256="c" * 64, size=1)]
+    variant = ok_variant(ArtifactRef(uri=variant_key("llm", "t", sha), sha256=sha, size=9), digest)
+    variant = VariantEntry.model_validate(variant.model_dump() | {"files": files})
+    assert variant.digest is not None and variant.digest != sha
+    current = device_report("dev-3", "llm", "t", sha, NOW, variant=variant)
+    assert current.models[0].variant == f"t-{variant.digest[:12]}"
+    older = device_report("dev-1", "cls", "t", "a" * 64, NOW)
+    # exactly the main file and its listing, never another build sharing its first digits
+    assert pinned_prefixes([current, older]) == {
+        f"variants/llm/t/{sha}.": "dev-3",
+        f"variants/cls/t/{'a' * 12}": "dev-1",
+    }
+    local = current.model_copy(deep=True)
+    local.models[0] = local.models[0].model_copy(
+        update={"variant": "local-cpu-0123456789ab", "target": None, "artifact_sha256": None}
+    )
+    assert pinned_prefixes([local]) == {}
+
+
+def test_device_reports_without_the_artifact_field_still_parse() -> None:
+    report = device_report("dev-1", "cls", "t", "a" * 64, NOW)
+    old = json.loads(report.model_dump_json())
+    for model in old["models"]:
+        del model["artifact_sha256"]
+    parsed = DeviceReport.model_validate(old)
+    assert parsed.models[0].artifact_sha256 is None
+    assert pinned_prefixes([parsed]) == {f"variants/cls/t/{'a' * 12}": "dev-1"}
+    old["models"][0]["artifact_sha256"] = "../../sources/x"
+    with pytest.raises(ValidationError, match="artifact_sha256"):
+        DeviceReport.model_validate(old)
