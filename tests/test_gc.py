@@ -162,8 +162,9 @@ class Fleet:
     manifest: Manifest
     retired: ModelEntry
     removable: set[str] = field(default_factory=set)
-    pinned: dict[str, str] = field(default_factory=dict)
-    """Key -> the device that pins it."""
+    pinned: set[str] = field(default_factory=set)
+    pinned_by: dict[str, str] = field(default_factory=dict)
+    """Each pinned key's device."""
     young: set[str] = field(default_factory=set)
     untouchable: set[str] = field(default_factory=set)
 
@@ -187,35 +188,33 @@ class Aged:
         return [replace(o, modified=OLD) for o in self._store.incomplete_uploads()]
 
 
-def make_fleet(store: Store) -> tuple[Store, Fleet]:
+def multi_file_model(store: Store) -> tuple[ModelEntry, VariantEntry, VariantEntry]:
+    """A model whose source has a data file, which every build of it shares, and builds
+    each with a context file of its own: the current one (in the entry), one superseded,
+    and one a device still runs."""
+    shared = {"model.onnx.data": b"W" * 300}
+    main = put(store, source_key, b"llm source" * 10)
+    llm = ModelEntry(source=SourceEntry(**main.model_dump(), files=put_files(store, shared)))
+
+    def build(n: int) -> VariantEntry:
+        context = {"model_ctx.bin": f"context {n}".encode() * 20}
+        data = f"llm build {n}".encode() * 30
+        return multi_file_variant(store, "llm", "x86-cpu", data, shared | context, main.sha256)
+
+    llm.variants["x86-cpu"] = build(2)
+    return llm, build(1), build(0)
+
+
+def make_fleet(store: Store, multi_file: bool = False) -> tuple[Store, Fleet]:
+    """The fleet store; with ``multi_file``, also the model of ``multi_file_model``, its
+    pinned build run by a current device (dev-3), and an orphan files/ object."""
     current = model_entry(store, "cls", {"x86-cpu": b"cls build 2" * 50, "htp": b"cls htp" * 20})
     superseded = put(store, lambda sha: variant_key("cls", "x86-cpu", sha), b"cls build 1" * 40)
     pinned = put(store, lambda sha: variant_key("cls", "x86-cpu", sha), b"cls build 0" * 30)
-    # a multi-file model: its source's data file, shared by every build of it, and builds
-    # each with a context file of its own: the current one, one superseded and unpinned,
-    # and one a device still runs
-    llm_main = put(store, source_key, b"llm source" * 10)
-    llm = ModelEntry(
-        source=SourceEntry(
-            **llm_main.model_dump(), files=put_files(store, {"model.onnx.data": b"W" * 300})
-        )
-    )
-    shared = {"model.onnx.data": b"W" * 300}
-
-    def llm_build(n: int) -> VariantEntry:
-        context = {"model_ctx.bin": f"context {n}".encode() * 20}
-        main = f"llm build {n}".encode() * 30
-        return multi_file_variant(
-            store, "llm", "x86-cpu", main, shared | context, llm.source.sha256
-        )
-
-    llm.variants["x86-cpu"] = llm_build(2)
-    llm_superseded, llm_pinned = llm_build(1), llm_build(0)
     # no samples: the first removal (in key order) is then a temp file, not the retired
     # model's, so that the racing publish lands before their turn
     retired = model_entry(store, "old-det", {"x86-cpu": b"det build" * 60}, samples=False)
-    manifest = write_manifest(store, {"cls": current, "llm": llm}, generation=3, at=OLD)
-    assert llm_pinned.artifact is not None and llm_superseded.artifact is not None
+    models = {"cls": current}
     reports = {
         # an older device's report: the variant's name only, <target>-<12 digits>
         "dev-1": device_report("dev-1", "cls", "x86-cpu", pinned.sha256, NOW - timedelta(days=2)),
@@ -223,22 +222,34 @@ def make_fleet(store: Store) -> tuple[Store, Fleet]:
         "dev-2": device_report(
             "dev-2", "cls", "x86-cpu", superseded.sha256, NOW - timedelta(days=60)
         ),
-        # a current device's report of a multi-file variant (named from its set's digest)
-        "dev-3": device_report(
+    }
+    removable = {superseded.uri} | referenced_by(retired)
+    pinned_by = {pinned.uri: "dev-1"}
+    if multi_file:
+        models["llm"], llm_superseded, llm_pinned = multi_file_model(store)
+        assert llm_pinned.artifact is not None
+        # a current device's report, naming the variant's main file
+        reports["dev-3"] = device_report(
             "dev-3",
             "llm",
             "x86-cpu",
             llm_pinned.artifact.sha256,
             NOW - timedelta(days=2),
             variant=llm_pinned,
-        ),
-    }
+        )
+        # the data file the builds share stays referenced: its main file, listing and
+        # context file go (or stay pinned) with each build
+        shared = {f.uri for f in models["llm"].source.files}
+        removable |= keys_of(llm_superseded) - shared
+        removable.add(put(store, files_key, b"a context file no listing names").uri)
+        pinned_by |= dict.fromkeys(keys_of(llm_pinned) - shared, "dev-3")
+        assert len(keys_of(llm_superseded) - shared) == len(keys_of(llm_pinned) - shared) == 3
+    manifest = write_manifest(store, models, generation=3, at=OLD)
     for device, report in reports.items():
         store.write(report_key(device), report.model_dump_json().encode())
     # a temp file at the store's root: it comes first in key order (before files/)
     temp = ".manifest.json.abcd1234.tmp"
     store.write(temp, b"half a manifest")
-    orphan = put(store, files_key, b"a context file no listing names").uri
     untouchable = {
         MANIFEST_KEY,
         *(report_key(device) for device in reports),
@@ -254,18 +265,13 @@ def make_fleet(store: Store) -> tuple[Store, Fleet]:
     fleet = Fleet(
         manifest=manifest,
         retired=retired,
-        removable={superseded.uri, temp, orphan}
-        | referenced_by(retired)
-        | keys_of(llm_superseded) - needed_keys(manifest),
-        pinned={pinned.uri: "dev-1"} | dict.fromkeys(keys_of(llm_pinned), "dev-3"),
+        removable=removable | {temp},
+        pinned=set(pinned_by),
+        pinned_by=pinned_by,
         young={young.uri},
         untouchable=untouchable,
     )
-    # the shared data file stays referenced; each build's context and listing are its own
-    shared_key = files_key(sha256_bytes(shared["model.onnx.data"]))
-    assert shared_key in needed_keys(manifest) and shared_key not in fleet.removable
-    assert len(keys_of(llm_superseded) & fleet.removable) == 3
-    del fleet.pinned[shared_key]
+    assert not (fleet.removable | fleet.pinned) & needed_keys(manifest)
     everything = {o.key for o in store.list_objects("", hidden=True)}
     ages = dict.fromkeys(everything - fleet.young, OLD)
     for device, report in reports.items():
@@ -310,7 +316,7 @@ def referenced(manifest: Manifest) -> set[str]:
 
 
 def test_dry_run_lists_and_removes_nothing(store: Store) -> None:
-    store, fleet = make_fleet(store)
+    store, fleet = make_fleet(store, multi_file=True)
     before = keys(store)
     result = collect(store)
     assert {c.key for c in result.plan.candidates if c.kind != "multipart"} == fleet.removable
@@ -323,7 +329,7 @@ def test_dry_run_lists_and_removes_nothing(store: Store) -> None:
     assert totals["multipart"].count == (1 if isinstance(store, Aged) else 0)
     kept = {k.key: k.reason for k in result.plan.kept}
     assert len(fleet.pinned) == 4  # cls's old build; llm's main file, listing, context
-    for key, device in fleet.pinned.items():
+    for key, device in fleet.pinned_by.items():
         assert f"device {device} reported" in kept[key], key
     assert "grace" in kept[next(iter(fleet.young))]
     text = render(result)
@@ -332,12 +338,12 @@ def test_dry_run_lists_and_removes_nothing(store: Store) -> None:
 
 
 def test_delete_removes_exactly_the_unreferenced_unpinned_old_objects(store: Store) -> None:
-    store, fleet = make_fleet(store)
+    store, fleet = make_fleet(store, multi_file=True)
     before = keys(store)
     result = collect(store, delete=True)
     after = keys(store)
     assert before - after == fleet.removable
-    assert referenced(fleet.manifest) | set(fleet.pinned) | fleet.young | fleet.untouchable <= after
+    assert referenced(fleet.manifest) | fleet.pinned | fleet.young | fleet.untouchable <= after
     assert store.incomplete_uploads() == []
     assert result.errors == []
     assert result.freed == sum(c.size for c in result.plan.candidates) > 0
@@ -347,10 +353,10 @@ def test_delete_removes_exactly_the_unreferenced_unpinned_old_objects(store: Sto
 
 
 def test_grace_and_retention_are_options(store: Store) -> None:
-    store, fleet = make_fleet(store)
+    store, fleet = make_fleet(store, multi_file=True)
     # a retention window of a day: the device report of two days ago no longer pins
     result = collect(store, retention_days=1)
-    assert set(fleet.pinned) <= {c.key for c in result.plan.candidates}
+    assert fleet.pinned <= {c.key for c in result.plan.candidates}
     # a grace period of four days: everything is too young, and so is the manifest
     result = collect(store, grace_hours=96)
     assert result.plan.candidates == []
@@ -361,7 +367,7 @@ def test_a_fresh_publish_defers_collection(store: Store) -> None:
     """A device that read the manifest before the last publish may still be downloading
     what it referenced: unreferenced objects wait until the manifest in force is older
     than the grace period (temp files do not)."""
-    store, fleet = make_fleet(store)
+    store, fleet = make_fleet(store, multi_file=True)
     write_manifest(store, fleet.manifest.models, generation=4, at=datetime.now(timezone.utc))
     before = keys(store)
     result = collect(store, delete=True)
@@ -390,7 +396,7 @@ class PublishesDuringDeletes:
 
 
 def test_a_racing_publish_keeps_what_it_references(store: Store) -> None:
-    aged, fleet = make_fleet(store)
+    aged, fleet = make_fleet(store, multi_file=True)
     plain = collect(aged)  # what it would remove without the race
     first = plain.plan.candidates[0].key
     assert kind_of(first) == "temp" and referenced_by(fleet.retired) <= {
@@ -446,7 +452,7 @@ def run_cli(argv: list[str]) -> int:
 
 
 def test_gc_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    store, fleet = make_fleet(open_store(str(tmp_path / "store")))
+    store, fleet = make_fleet(open_store(str(tmp_path / "store")), multi_file=True)
     assert run_cli(["gc", "--store", store.uri, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert {c["key"] for c in listed["plan"]["candidates"]} == fleet.removable
@@ -455,7 +461,7 @@ def test_gc_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(["gc", "--store", store.uri, "--delete", "--retention-days", "1"]) == 0
     out = capsys.readouterr().out
     assert f"removed {len(fleet.removable) + len(fleet.pinned)} object(s)" in out  # pins expired
-    assert not (fleet.removable | set(fleet.pinned)) & keys(store)
+    assert not (fleet.removable | fleet.pinned) & keys(store)
     assert referenced(fleet.manifest) <= keys(store)
     assert run_cli(["gc", "--store", store.uri, "--grace", "-1"]) == 2
     assert "--grace must be 0 hours or more, got -1" in capsys.readouterr().err
@@ -465,7 +471,7 @@ def test_gc_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_an_unreadable_recent_report_keeps_every_variant(store: Store) -> None:
-    store, fleet = make_fleet(store)
+    store, fleet = make_fleet(store, multi_file=True)
     store.write(report_key("broken"), b"{not json")
     result = collect(store)
     assert not [c for c in result.plan.candidates if c.kind in ("variant", "file")]
@@ -479,7 +485,7 @@ def test_an_unreadable_recent_report_keeps_every_variant(store: Store) -> None:
 
 
 def test_what_it_leaves_alone_is_counted(store: Store) -> None:
-    store, fleet = make_fleet(store)
+    store, fleet = make_fleet(store, multi_file=True)
     plan = collect(store).plan
     # notes/what-is-this.txt and sources/not-a-digest.onnx
     assert plan.unrecognised == 2
