@@ -354,6 +354,10 @@ def test_gc_collects_unreferenced_files_and_keeps_referenced_and_pinned_ones(
     assert variant.digest != variant.artifact.sha256
     assert ran.variant == f"cpu-{variant.digest[:12]}"
     assert pinned_prefixes([report]) == {variant.artifact.uri.removesuffix("onnx"): "dev-1"}
+    again = sync(uri, tmp_path / "device", SyncPolicy(recompile=False), device="dev-1")
+    assert [(m.action, m.artifact_sha256) for m in again.models] == [
+        ("kept", variant.artifact.sha256)
+    ]
 
     # The manifest drops the model: gc keeps what the device runs while its report is recent.
     dropped = Manifest(generation=manifest.generation + 1, published_at=later - timedelta(days=2))
