@@ -2,6 +2,7 @@
 loopback S3 (moto, multipart) and synced onto a device, with each step's peak memory.
 
     python bench/large_model.py [--gb 2.2] [--dir DIR] [--keep] [--ort-probes] [--skip-e2e]
+                                [--every SECONDS]
 
 The model is generated streaming (the weights are never in memory: the data file is
 written in 64 MB blocks of random fp32, each tensor at a 4096-aligned offset so ORT can
@@ -12,14 +13,15 @@ End to end, each step in its own process: `epfleet compile SPEC --store s3://ben
 `onnxruntime.ModelPackageContext(DIR).select_component(...).create_session()` and one run,
 once with the package's session options and once with session.disable_prepacking=1 (as a
 reference, so is a plain boto3 upload_file of the data file to the same moto).
+
 Per step: wall seconds, and the peak over the step of its process tree's RSS and of its
-RssAnon (polled from /proc every ~50 ms, so a spike between two polls can be missed;
-hence also the largest VmHWM, one process's own peak RSS, which the kernel keeps). Weights that ORT
-mmaps from a file count in RSS (as RssFile: clean page cache the kernel can drop and
-re-read) but not in RssAnon (heap copies that have to stay resident): RssAnon is the
-figure that grows with the model if something copies it. The bytes the compile sent to
-S3 are counted by a TCP relay in front of moto, and each stored object's ETag tells
-whether it went up in parts (multipart).
+RssAnon, polled from /proc every ~50 ms (a spike between two polls can be missed, hence
+also the largest VmHWM: one process's own peak RSS, which the kernel keeps). Weights that
+ORT mmaps from a file count in RSS (as RssFile: clean page cache the kernel can drop and
+read again) but not in RssAnon (heap copies that have to stay resident): RssAnon is the
+figure that grows with the model if something copies it. The bytes each step moves are
+counted by a TCP relay in front of moto, and each stored object's ETag tells whether it
+went up in parts (multipart).
 
 --ort-probes measures ONNX Runtime itself on the generated model (graph-only load and
 save, the CPU "compile" = an optimised session saving its model, with and without the
@@ -150,7 +152,7 @@ class Measured:
     rss: int = 0  # peak of the tree's RSS sum
     anon: int = 0  # peak of the tree's RssAnon sum
     hwm: int = 0  # the largest VmHWM of one process of the tree (misses its last ~50 ms)
-    biggest: dict[str, tuple[int, int]] = field(default_factory=dict)  # process: peak rss, anon
+    biggest: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # pid: name, peaks
     returncode: int = 0
     stdout: str = ""
     stderr: str = ""
@@ -173,10 +175,10 @@ def measure(
         while True:
             rss, anon, each = tree_memory(proc.pid)
             result.rss, result.anon = max(result.rss, rss), max(result.anon, anon)
-            for name, p_rss, p_anon, p_hwm in each.values():
+            for child, (name, p_rss, p_anon, p_hwm) in each.items():
                 result.hwm = max(result.hwm, p_hwm)
-                old = result.biggest.get(name, (0, 0))
-                result.biggest[name] = (max(old[0], p_rss), max(old[1], p_anon))
+                old = result.biggest.get(child, (name, 0, 0))  # the name seen first: alive
+                result.biggest[child] = (old[0], max(old[1], p_rss), max(old[2], p_anon))
             pid, status = os.waitpid(proc.pid, os.WNOHANG)
             if pid:
                 break
@@ -213,9 +215,8 @@ def print_table(rows: list[Measured], budget: bool) -> None:
         if m.returncode:
             line += f"   exit {m.returncode}"
         print(line)
-        top = sorted(m.biggest.items(), key=lambda kv: -kv[1][0])[:3]
         if len(m.biggest) > 1:
-            for name, (r, a) in top:
+            for name, r, a in sorted(m.biggest.values(), key=lambda v: -v[1])[:3]:
                 print(f"    {name:<64} peak RSS {gb(r)}, RssAnon {gb(a)}")
 
 
@@ -443,8 +444,9 @@ def print_device(report: str, cache: Path) -> None:
             print(f"  {path.relative_to(cache)}  {path.stat().st_size} B")
 
 
-def end_to_end(source: Path, work: Path, every: float | None) -> None:
-    """compile -> S3 (moto, multipart) -> sync -> ModelPackageContext, each measured."""
+def end_to_end(source: Path, work: Path, every: float | None) -> bool:
+    """compile -> S3 (moto, multipart) -> sync -> ModelPackageContext, each measured;
+    whether every step ran and exited 0."""
     import boto3
     import yaml
 
@@ -511,6 +513,7 @@ def end_to_end(source: Path, work: Path, every: float | None) -> None:
                 print(f"  {opened.stdout.strip()}")
                 rows.append(opened)
     print_table(rows, budget=True)
+    return len(rows) == 5 and not any(m.returncode for m in rows)
 
 
 def main() -> None:
@@ -526,6 +529,7 @@ def main() -> None:
     args = parser.parse_args()
     work = args.dir or Path(tempfile.mkdtemp(prefix="epfleet-large-", dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
+    ok = True
     try:
         started = time.perf_counter()
         source = generate(work / "source", args.gb)
@@ -538,12 +542,13 @@ def main() -> None:
         if args.ort_probes:
             ort_probes(source, work / "probes")
         if not args.skip_e2e:
-            end_to_end(source, work, args.every)
+            ok = end_to_end(source, work, args.every)
     finally:
         if args.keep:
             print(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
