@@ -228,6 +228,7 @@ def test_a_multi_file_variant_arrives_byte_for_byte_and_runs(
     result = one(report, "genai")
     assert (result.action, result.variant) == ("downloaded", name), result.reason
     assert result.bytes_downloaded == variant.total_size
+    assert variant.artifact is not None and result.artifact_sha256 == variant.artifact.sha256
     assert_same_files(tmp_path / "work" / "genai-0-cpu", variant_dir(cache, "genai", name))
     assert_runs(cache, "genai", name, weights(0))
     package = json.loads((cache / "manifest.json").read_bytes())
@@ -337,6 +338,7 @@ def test_the_fallback_of_a_multi_file_source_is_its_folder(tmp_path: Path) -> No
     result = one(report, "src")
     name = f"fallback-{entry.source.digest[:12]}"
     assert (result.action, result.variant) == ("fallback", name), result.reason
+    assert result.artifact_sha256 is None  # nothing of the fleet's for gc to keep
     assert_same_files(tmp_path / "work" / "src-0-src", variant_dir(cache, "src", name))
     assert_runs(cache, "src", name, weights(0))
     again = run_sync(str(store_dir), cache, recompile=False)
@@ -354,6 +356,7 @@ def test_a_multi_file_source_is_built_here_with_its_sidecars(tmp_path: Path) -> 
 
     result = one(report, "local")
     assert result.action == "recompiled", result.reason
+    assert result.artifact_sha256 is None
     assert result.variant is not None
     installed = variant_dir(cache, "local", result.variant)
     for path, data in SIDECARS.items():
