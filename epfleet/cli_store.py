@@ -22,8 +22,8 @@ def gc(
     *,
     store: Store = DEFAULT_STORE,
     delete: bool = False,
-    grace: float = 24.0,
-    retention_days: float = 30.0,
+    grace: float | None = None,
+    retention_days: float | None = None,
     as_json: Json = False,
 ) -> int:
     """List the store objects nothing needs, and with --delete remove them.
@@ -47,15 +47,20 @@ def gc(
     delete
         Remove what it lists (default: a dry run, nothing removed).
     grace
-        Hours an object (and the manifest in force) must be older than to be collected.
+        Hours an object (and the manifest in force) must be older than to be collected
+        (default EPFLEET_GC_GRACE_HOURS, else 24).
     retention_days
-        Keep every variant a device reported active within this many days.
+        Keep every variant a device reported active within this many days (default
+        EPFLEET_GC_RETENTION_DAYS, else 30).
     as_json
         Print one JSON object on stdout.
     """
     from epfleet.gc import collect, render
+    from epfleet.settings import settings
     from epfleet.stores import open_store
 
+    grace = settings().gc_grace_hours if grace is None else grace
+    retention_days = settings().gc_retention_days if retention_days is None else retention_days
     if grace < 0:
         raise BadInputError(f"--grace must be 0 hours or more, got {grace:g}")
     if retention_days < 0:

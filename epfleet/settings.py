@@ -115,6 +115,18 @@ class Settings(BaseSettings):
         description="Largest other document read from a store (device reports, hand-over "
         "files under runs/), e.g. 16MiB (the default)",
     )
+    gc_grace_hours: float = Field(
+        default=24.0,
+        ge=0,
+        description="Hours a store object (and the manifest in force) must be older than for "
+        "epfleet gc to collect it (--grace wins); default 24",
+    )
+    gc_retention_days: float = Field(
+        default=30.0,
+        ge=0,
+        description="epfleet gc keeps every variant a device reported active within this many "
+        "days (--retention-days wins); default 30",
+    )
     multipart_grace: float = Field(
         default=86400.0,
         ge=0,

@@ -451,13 +451,25 @@ def run_cli(argv: list[str]) -> int:
     return cli.main(argv)
 
 
-def test_gc_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_gc_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, fleet = make_fleet(open_store(str(tmp_path / "store")), multi_file=True)
     assert run_cli(["gc", "--store", store.uri, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert {c["key"] for c in listed["plan"]["candidates"]} == fleet.removable
     assert listed["deleted"] is False and listed["removed"] == [] and listed["freed"] == 0
     assert fleet.removable <= keys(store)
+    # the environment sets the defaults of --retention-days and --grace
+    monkeypatch.setenv("EPFLEET_GC_RETENTION_DAYS", "1")
+    assert run_cli(["gc", "--store", store.uri, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {c["key"] for c in listed["plan"]["candidates"]} == fleet.removable | fleet.pinned
+    monkeypatch.setenv("EPFLEET_GC_GRACE_HOURS", "100000")
+    assert run_cli(["gc", "--store", store.uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["candidates"] == []
+    monkeypatch.delenv("EPFLEET_GC_RETENTION_DAYS")
+    monkeypatch.delenv("EPFLEET_GC_GRACE_HOURS")
     assert run_cli(["gc", "--store", store.uri, "--delete", "--retention-days", "1"]) == 0
     out = capsys.readouterr().out
     assert f"removed {len(fleet.removable) + len(fleet.pinned)} object(s)" in out  # pins expired
