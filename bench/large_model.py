@@ -2,7 +2,7 @@
 loopback S3 (moto, multipart) and synced onto a device, with each step's peak memory.
 
     python bench/large_model.py [--gb 2.2] [--dir DIR] [--keep] [--ort-probes] [--skip-e2e]
-                                [--every SECONDS]
+                                [--every SECONDS] [--folded]
 
 The model is generated streaming (the weights are never in memory: the data file is
 written in 64 MB blocks of random fp32, each tensor at a 4096-aligned offset so ORT can
@@ -22,6 +22,9 @@ read again) but not in RssAnon (heap copies that have to stay resident): RssAnon
 figure that grows with the model if something copies it. The bytes each step moves are
 counted by a TCP relay in front of moto, and each stored object's ETag tells whether it
 went up in parts (multipart).
+
+--folded feeds each weight through a Transpose, so the CPU build's constant folding makes
+2 GB of new initializers that cannot stay references into the source's data file.
 
 --ort-probes measures ONNX Runtime itself on the generated model (graph-only load and
 save, the CPU "compile" = an optimised session saving its model, with and without the
@@ -300,9 +303,11 @@ def probe(what: str, code: str, *args: str) -> tuple[Measured, dict]:
     return m, got
 
 
-def transposed(source: Path) -> Path:
+def transposed(source: Path, path: Path | None = None) -> Path:
     """The source's graph with each weight fed through a Transpose: ORT's constant folding
-    then makes new initializers, which it cannot leave in the source's data file."""
+    then makes new initializers, which it cannot leave in the source's data file. Written
+    to ``path`` (default transposed.onnx beside the source), which must sit beside the
+    source's data file."""
     import onnx
     from onnx import helper
 
@@ -315,7 +320,7 @@ def transposed(source: Path) -> Path:
         nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    path = source.with_name("transposed.onnx")  # beside the source: same data file
+    path = path or source.with_name("transposed.onnx")  # beside the source: same data file
     path.write_bytes(model.SerializeToString())
     return path
 
@@ -524,6 +529,11 @@ def main() -> None:
     parser.add_argument("--ort-probes", action="store_true", help="measure ORT itself")
     parser.add_argument("--skip-e2e", action="store_true", help="no compile, publish, sync")
     parser.add_argument(
+        "--folded",
+        action="store_true",
+        help="weights behind Transposes: the CPU build's constant folding makes new ones",
+    )
+    parser.add_argument(
         "--every", type=float, help="print each step's memory and transfers every N seconds"
     )
     args = parser.parse_args()
@@ -539,6 +549,13 @@ def main() -> None:
             f"generated {source}: {layers} x MatMul [1, {n}] x [{n}, {n}] + Add, "
             f"external data {gb(total)} ({total} bytes) in {time.perf_counter() - started:.1f} s"
         )
+        if args.folded:  # the same weights behind Transposes, in a folder of its own
+            folder = work / "source-folded"
+            folder.mkdir(exist_ok=True)
+            if not (folder / DATA_FILE).exists():
+                os.link(source.parent / DATA_FILE, folder / DATA_FILE)
+            source = transposed(source, folder / "model.onnx")
+            print(f"folded: {source} feeds each weight through a Transpose")
         if args.ort_probes:
             ort_probes(source, work / "probes")
         if not args.skip_e2e:
