@@ -434,7 +434,7 @@ def step(
     return m
 
 
-def print_device(report: str, cache: Path) -> None:
+def print_device(report: str, cache: Path, source: Path) -> None:
     """What the sync says it did, and the variant directory it activated."""
     try:
         models = json.loads(report)["models"]
@@ -444,9 +444,14 @@ def print_device(report: str, cache: Path) -> None:
     for entry in models:
         keys = ("model", "action", "variant", "bytes_downloaded")
         print("  sync report: " + ", ".join(f"{k} {entry.get(k)}" for k in keys))
+    from epfleet.hashing import sha256_file
+
     for path in sorted((cache / "models").rglob("*")):
         if path.is_file():
             print(f"  {path.relative_to(cache)}  {path.stat().st_size} B")
+            if path.name == DATA_FILE:
+                same = sha256_file(path) == sha256_file(source.parent / DATA_FILE)
+                print(f"    byte for byte the source's {DATA_FILE}: {'yes' if same else 'no'}")
 
 
 def end_to_end(source: Path, work: Path, every: float | None) -> bool:
@@ -506,7 +511,7 @@ def end_to_end(source: Path, work: Path, every: float | None) -> bool:
                 )
             )
             if rows[-1].returncode == 0:
-                print_device(rows[-1].stdout, cache)
+                print_device(rows[-1].stdout, cache, source)
             for how in ("package options", "no-prepacking") if rows[-1].returncode == 0 else ():
                 opened = step(
                     f"ModelPackageContext + create_session + run, {how}",
