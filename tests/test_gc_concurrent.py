@@ -1,15 +1,15 @@
 """``epfleet gc --delete`` while devices sync and a publisher supersedes a variant they use.
 
-A local store holds two multi-file models (small real ONNX models with external data and
-GenAI-like sidecars, each with a CPU variant stamped with the CPU EP's own compatibility
-string: what tests/test_device_multifile.py publishes by hand), a superseded build, a
-build a device report pins, and a few thousand orphans aged past the grace period
-(``files/`` objects, variant main files, temp files). Two device threads sync (real
-engine, real ORT, a fresh cache each time so every sync downloads every file) over and
-over while ``collect(store, delete=True)`` removes the orphans; in the middle of the
-removals (after its ``PUBLISH_AFTER``-th one, by construction, not by timing) a publisher
-uploads a new build of ``genai`` and publishes a manifest naming it instead of the one
-the devices are downloading.
+A store (local, and S3 on moto) holds two multi-file models (small real ONNX models with
+external data and GenAI-like sidecars, each with a CPU variant stamped with the CPU EP's
+own compatibility string: what tests/test_device_multifile.py publishes by hand), a
+superseded build, a build a device report pins, and orphans aged past the grace period
+(3,060 on the local store, 312 on S3: ``files/`` objects, variant main files, temp
+files). Two device threads sync (real engine, real ORT, a fresh cache each time so every
+sync downloads every file) over and over while ``collect(store, delete=True)`` removes
+them; in the middle of the removals (right after the ``PUBLISH_AFTER``-th, by
+construction, not by timing) a publisher uploads a new build of ``genai`` and publishes a
+manifest naming it instead of the one the devices are downloading.
 
 A safety property, so no assertion depends on how much overlaps: every sync serves each
 model with the variant of the manifest it read, byte for byte; gc removes only objects
@@ -17,12 +17,20 @@ that were unreferenced, unpinned and past the grace period (never one of the man
 force or the one before it), all temp files, and all the rest when it finished before
 seeing the new manifest; everything the new manifest references is present afterwards.
 
-Overlap measured on the 2-core development box (busy with other agents), local store
-(the test prints an ``OVERLAP:`` line, ``pytest -s``): gc ran 1.7 s and removed 2,468 of
-the 3,061 removable objects (publish after removal 800; it kept removing under its first
-plan for up to ``RECHECK_SECONDS`` before it saw the new manifest, then re-planned and
-deferred the rest, temp files apart); 5 syncs, 3 of them overlapping the collection, 3 on
-the new manifest.
+The ``rollback`` case publishes the superseded build again instead (a deterministic
+rebuild, or a rollback: its files are all in the store, so nothing is uploaded), right
+when gc, having checked the manifest, removes that build's weights file. gc removes it,
+and every device syncing the manifest in force fails (``... does not exist``): xfail,
+see ``ROLLBACK_BUG``.
+
+Overlap measured on the 2-core development box (busy with other agents); the test prints
+an ``OVERLAP`` line (``pytest -s``). Local: gc ran 1.1 to 1.7 s; in one run it removed
+2,468 of the 3,061 removable objects (it kept removing under its first plan for up to
+``RECHECK_SECONDS`` after the publish, then re-planned and deferred the rest, temp files
+apart), in another all 3,061 (it finished within ``RECHECK_SECONDS`` of the publish and
+never saw the new manifest: safe here, as the new manifest names none of them); 5 to 6
+syncs, 3 to 4 of them overlapping the collection, 3 to 4 on the new manifest. S3: gc ran
+1.7 s, removed 87 of 313 before re-planning; 6 syncs, 4 overlapping, 2 on the new one.
 """
 
 from __future__ import annotations
@@ -45,24 +53,26 @@ from test_device_multifile import (
     run_sync,
     variant_dir,
 )
-from test_gc import device_report
+from test_gc import Aged, device_report
 
 from epfleet.device_report import DeviceReport, report_key
 from epfleet.gc import Collection, collect, kind_of, needed_keys
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Manifest, ModelEntry, VariantEntry, files_key
+from epfleet.manifest import Manifest, ModelEntry, VariantEntry, files_key, referenced_keys
 from epfleet.plan import listing_key, variant_key
+from epfleet.publishing import check_present
 from epfleet.stores import MANIFEST_KEY, Store, open_store
+from epfleet.stores.local import LocalStore
 
 pytestmark = pytest.mark.slow
 
 OLD = datetime.now(timezone.utc) - timedelta(days=3)
 """Past the grace period of a day."""
-ORPHAN_FILES = 2400
-ORPHAN_VARIANTS = 600
-ORPHAN_TEMPS = 60
-PUBLISH_AFTER = 800
-"""The publisher publishes right after gc's removal number ``PUBLISH_AFTER``."""
+ORPHANS = {"local": (2400, 600, 60), "s3": (240, 60, 12)}
+"""Orphan files/ objects, variant main files and temp files, per store: a removal on S3
+(moto) is a DELETE of some 10 ms, 100 times a local one."""
+PUBLISH_AFTER = {"local": 800, "s3": 80}
+"""The publisher publishes right before gc's removal number ``PUBLISH_AFTER + 1``."""
 DEVICES = 2
 WAIT = 600.0
 """Seconds a thread waits for another's signal before the test fails (never reached
@@ -99,18 +109,24 @@ def keys(store: Store) -> set[str]:
 @dataclass
 class Fleet:
     store: Store
-    root: Path
+    uri: str
+    collected: Store
+    """The store gc collects: on S3, one whose listing shows every object written as
+    aged past the grace period (``test_gc.Aged``: S3 sets LastModified itself)."""
     work: Path
     first: Manifest
     removable: set[str]
     pinned: set[str]
+    superseded: ModelEntry
+    """An older build of genai the manifest no longer names (its weights file is
+    removable): what a rollback publishes again."""
     folders: dict[str, Path] = field(default_factory=dict)
     """Each published variant's name -> the folder it was built from."""
 
 
-def make_fleet(tmp_path: Path) -> Fleet:
-    root, work = tmp_path / "store", tmp_path / "work"
-    store = open_store(str(root))
+def make_fleet(tmp_path: Path, uri: str, kind: str) -> Fleet:
+    work = tmp_path / "work"
+    store = open_store(uri)
     models = {"genai": publish(store, work, "genai", seed=0), "tok": publish(store, work, "tok")}
     folders = {
         variant_name(models["genai"].variants[TARGET]): work / "genai-0-cpu",
@@ -118,8 +134,8 @@ def make_fleet(tmp_path: Path) -> Fleet:
     }
     for entry in models.values():
         write_listing(store, entry.variants[TARGET])
-    superseded = publish(store, work, "genai", seed=7).variants[TARGET]
-    write_listing(store, superseded)
+    superseded = publish(store, work, "genai", seed=7)
+    write_listing(store, superseded.variants[TARGET])
     pinned_variant = publish(store, work, "genai", seed=8).variants[TARGET]
     pinned = write_listing(store, pinned_variant)
     assert pinned_variant.artifact is not None
@@ -132,35 +148,50 @@ def make_fleet(tmp_path: Path) -> Fleet:
         variant=pinned_variant,
     )
     store.write(report_key("dev-old"), report.model_dump_json().encode())
-    for i in range(ORPHAN_FILES):
+    orphan_files, orphan_variants, orphan_temps = ORPHANS[kind]
+    for i in range(orphan_files):
         store.write(files_key(sha256_bytes(f"orphan {i}".encode())), f"orphan {i}".encode())
-    for i in range(ORPHAN_VARIANTS):
+    for i in range(orphan_variants):
         data = f"old build {i}".encode()
         store.write(variant_key("genai", TARGET, sha256_bytes(data)), data)
-    for i in range(ORPHAN_TEMPS):
+    for i in range(orphan_temps):
         folder = ("", "sources/", "files/", "variants/genai/x86-cpu/")[i % 4]
         store.write(f"{folder}.interrupted-{i}.onnx.abcd{i:04d}.tmp", b"half")
     first = write_manifest(store, models, generation=1, at=OLD)
     everything = keys(store)
-    for key in everything:
-        if not key.startswith("reports/") and key != MANIFEST_KEY:
-            os.utime(root / key, (OLD.timestamp(), OLD.timestamp()))
+    aged = {k for k in everything if not k.startswith("reports/") and k != MANIFEST_KEY}
+    if isinstance(store, LocalStore):
+        for key in aged:
+            os.utime(store.root / key, (OLD.timestamp(), OLD.timestamp()))
+        collected = store
+    else:
+        collected = Aged(store, dict.fromkeys(aged, OLD))  # type: ignore[assignment]
     referenced = needed_keys(first)
     pinned -= referenced
     removable = everything - referenced - pinned - {MANIFEST_KEY, report_key("dev-old")}
     assert all(kind_of(k) is not None for k in removable)
-    assert len(removable) >= ORPHAN_FILES + ORPHAN_VARIANTS + ORPHAN_TEMPS
-    return Fleet(store, root, work, first, removable, pinned, folders)
+    assert len(removable) >= sum(ORPHANS[kind])
+    folders[variant_name(superseded.variants[TARGET])] = work / "genai-7-cpu"
+    return Fleet(store, uri, collected, work, first, removable, pinned, superseded, folders)
 
 
 class PublishesMidway:
-    """The collector's store: after its ``PUBLISH_AFTER``-th removal it lets the publisher
-    go and waits until the new manifest is written; its first removal waits until every
-    device has started a sync."""
+    """The collector's store: right before it removes a key of ``publish_before`` (when
+    given, else after ``PUBLISH_AFTER`` removals) it lets the publisher go and waits until
+    the new manifest is written; its first removal waits until every device has started a
+    sync."""
 
-    def __init__(self, store: Store, devices_started: list[threading.Event]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        devices_started: list[threading.Event],
+        publish_after: int,
+        publish_before: set[str],
+    ) -> None:
         self._store = store
+        self._publish_after = publish_after
         self._devices_started = devices_started
+        self._publish_before = publish_before
         self.deleted: list[str] = []
         self.publish_now = threading.Event()
         self.published = threading.Event()
@@ -173,12 +204,16 @@ class PublishesMidway:
         if not self.deleted:
             for started in self._devices_started:
                 assert started.wait(WAIT), "a device never started syncing"
-        self._store.delete(key)
-        self.deleted.append(key)
-        if len(self.deleted) == PUBLISH_AFTER:
+        if self.published_after is None and (
+            key in self._publish_before
+            if self._publish_before
+            else len(self.deleted) == self._publish_after
+        ):
             self.publish_now.set()
             assert self.published.wait(WAIT), "the publisher never published"
             self.published_after = len(self.deleted)
+        self._store.delete(key)
+        self.deleted.append(key)
 
 
 @dataclass
@@ -189,12 +224,46 @@ class Sync:
     ended: float
 
 
-def test_devices_syncing_during_a_collection_never_miss_an_object(tmp_path: Path) -> None:
-    fleet = make_fleet(tmp_path)
+ROLLBACK_BUG = (
+    "gc removes an object a racing publish references again: it checks manifest.json at "
+    "most every RECHECK_SECONDS and never between that check and the removal, so a "
+    "rollback published meanwhile (to a build whose files the store still holds, which "
+    "the publisher therefore does not upload) loses them, and devices syncing the "
+    "manifest in force fail: '... does not exist'"
+)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return str(request.getfixturevalue("s3_store_uri"))
+
+
+@pytest.mark.parametrize(
+    "rollback",
+    [
+        pytest.param(False, id="new-build"),
+        pytest.param(
+            True, id="rollback", marks=pytest.mark.xfail(strict=True, reason=ROLLBACK_BUG)
+        ),
+    ],
+)
+def test_devices_syncing_during_a_collection_never_miss_an_object(
+    tmp_path: Path, store_uri: str, rollback: bool
+) -> None:
+    """With ``rollback``, the publisher puts back the superseded build (its weights file is
+    one of gc's candidates), right when gc, having checked the manifest, removes it."""
+    kind = "local" if "://" not in store_uri else "s3"
+    fleet = make_fleet(tmp_path, store_uri, kind)
     store = fleet.store
     before = keys(store)
     started = [threading.Event() for _ in range(DEVICES)]
-    collecting = PublishesMidway(store, started)
+    again = needed_keys(Manifest(models={"genai": fleet.superseded})) & fleet.removable
+    assert len(again) == 1  # the weights (the graph and sidecars are genai's current ones)
+    collecting = PublishesMidway(
+        fleet.collected, started, PUBLISH_AFTER[kind], again if rollback else set()
+    )
     done = threading.Event()
     syncs: list[list[Sync]] = [[] for _ in range(DEVICES)]
     errors: list[BaseException] = []
@@ -208,7 +277,7 @@ def test_devices_syncing_during_a_collection_never_miss_an_object(tmp_path: Path
                 cache = tmp_path / f"device-{n}-{count}"
                 started[n].set()
                 began = time.monotonic()
-                report = run_sync(str(fleet.root), cache, recompile=False)
+                report = run_sync(fleet.uri, cache, recompile=False)
                 syncs[n].append(Sync(report, cache, began, time.monotonic()))
                 count += 1
                 if last:
@@ -220,10 +289,16 @@ def test_devices_syncing_during_a_collection_never_miss_an_object(tmp_path: Path
     def publisher() -> None:
         try:
             assert collecting.publish_now.wait(WAIT), "gc never reached the publish point"
-            newer = publish(store, fleet.work, "genai", seed=1)
-            fleet.folders[variant_name(newer.variants[TARGET])] = fleet.work / "genai-1-cpu"
-            write_listing(store, newer.variants[TARGET])
+            if rollback:  # every file is in the store: nothing to upload
+                newer = fleet.superseded
+            else:
+                newer = publish(store, fleet.work, "genai", seed=1)
+                fleet.folders[variant_name(newer.variants[TARGET])] = fleet.work / "genai-1-cpu"
+                write_listing(store, newer.variants[TARGET])
             models = {**fleet.first.models, "genai": newer}
+            # what epfleet.publishing.update_manifest checks before it writes the manifest
+            added = referenced_keys(Manifest(models=models)) - referenced_keys(fleet.first)
+            check_present(store, added)
             second.append(write_manifest(store, models, 2, datetime.now(timezone.utc)))
         except BaseException as exc:
             errors.append(exc)
@@ -280,7 +355,8 @@ def test_devices_syncing_during_a_collection_never_miss_an_object(tmp_path: Path
     # (after a re-plan, result.plan is the last plan's: what it removed under the first
     # plan is in result.removed only)
     assert {c.key for c in result.plan.candidates} <= removed
-    assert collecting.published_after == PUBLISH_AFTER
+    assert collecting.published_after is not None
+    assert rollback or collecting.published_after == PUBLISH_AFTER[kind]
     # What the manifest in force references is all there, and a device syncs it.
     assert needed_keys(newest) <= after
     for device_syncs in syncs:
@@ -288,7 +364,7 @@ def test_devices_syncing_during_a_collection_never_miss_an_object(tmp_path: Path
 
     overlapping = [s for d in syncs for s in d if s.started < gc_ended and s.ended > gc_began]
     print(
-        f"OVERLAP: gc {gc_ended - gc_began:.2f} s, removed {len(removed)} of "
+        f"OVERLAP ({kind}): gc {gc_ended - gc_began:.2f} s, removed {len(removed)} of "
         f"{len(fleet.removable)} (re-planned: {replanned}); {sum(map(len, syncs))} syncs, "
         f"{len(overlapping)} overlapping the collection, "
         f"{sum(1 for d in syncs for s in d if s.report.manifest.generation == 2)} on generation 2"
