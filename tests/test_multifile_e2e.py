@@ -356,13 +356,6 @@ def test_a_qnn_context_beside_the_model_is_verified_per_file_and_activated(
     assert fleet.variant_dirs() == sorted([htp_name, cpu_name])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a variant rolled back from (changed on disk) whose download then fails "
-    "stays in models/<model>/ while neither state nor package references it: "
-    "model_sync.sync_model prunes only on activation, and keeping the rolled-back-to "
-    "variant activates nothing",
-)
 def test_a_damaged_variant_rolled_back_from_leaves_no_directory_behind(
     tmp_path: Path, s3_bucket: str, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -106,6 +106,8 @@ def sync_model(
     seconds = round(time.perf_counter() - started, 3)
     moved = steps.fetcher.moved - moved_before
     if done is None:
+        if notes:  # rolled back from a changed variant: its directory must go too
+            settle(cache, model, state)
         kept = mstate.active
         reason = "; ".join(notes + failures) or "nothing published can run here"
         if kept is not None and cache.intact(model, kept):
@@ -113,6 +115,8 @@ def sync_model(
         return failed(model, kept, reason, verdicts, moved, seconds)
     if done.installed is not mstate.active:
         activate(cache, model, state, done.installed)
+    elif notes:
+        settle(cache, model, state)
     return ModelReport(
         model=model,
         action=done.action,
@@ -131,13 +135,18 @@ def sync_model(
 def activate(cache: DeviceCache, model: str, state: CacheState, installed: Installed) -> None:
     """Make ``installed`` active (the old active kept for rollback), write the state and
     then the package manifest, and only then remove what neither references."""
-    mstate = state.models[model]
-    promote(mstate, installed)
+    promote(state.models[model], installed)
+    settle(cache, model, state)
+
+
+def settle(cache: DeviceCache, model: str, state: CacheState) -> None:
+    """Write the state and then the package manifest, and only then remove the model's
+    directories that neither references (a replaced or rolled-back-from variant)."""
     cache.save_state(state)
     outvoted = cache.write_package(state)
     if model in outvoted:
         logger.info("%s: ORT would select the rollback variant; listing the active alone", model)
-    cache.prune(model, mstate)
+    cache.prune(model, state.models[model])
 
 
 def unexpected(model: str, state: CacheState, exc: Exception) -> ModelReport:
