@@ -99,7 +99,8 @@ class Collection(BaseModel):
 
     @property
     def freed(self) -> int:
-        return sum(c.size for c in self.plan.candidates if c.key in set(self.removed))
+        removed = set(self.removed)
+        return sum(c.size for c in self.plan.candidates if c.key in removed)
 
 
 def collect(
@@ -151,6 +152,9 @@ def collect(
     if not delete:
         return result
     pending = [c for c in plan.candidates if c.kind != "multipart"]
+    planned_by_key = {c.key: c for c in pending}
+    touched: list[Kept] = []
+    cutoff = now - grace
     checked = time.monotonic()
     while pending:
         candidate = pending.pop(0)
@@ -171,14 +175,28 @@ def collect(
             if candidate.key not in still:
                 continue
         try:
-            store.delete(candidate.key)
-            result.removed.append(candidate.key)
+            # Only if still older than the cutoff: a publish that reuses an object touches
+            # it (publishing.check_present), and the local store checks under its lock.
+            if candidate.kind == "temp" or store.delete_if_older(candidate.key, cutoff):
+                if candidate.kind == "temp":
+                    store.delete(candidate.key)
+                result.removed.append(candidate.key)
+            else:
+                touched.append(
+                    Kept(
+                        key=candidate.key,
+                        kind=candidate.kind,
+                        size=candidate.size,
+                        reason="touched since planned: a publish reuses it",
+                    )
+                )
         except StoreError as exc:
             result.errors.append(str(exc))
     if any(c.kind == "multipart" for c in plan.candidates):
         result.removed += store.clean_up_incomplete(older_than=grace.total_seconds())
-    result.plan.candidates = [
-        c for c in result.plan.candidates if c.kind == "multipart" or c.key in set(result.removed)
+    result.plan.kept += touched  # (kept across re-plans)
+    result.plan.candidates = [c for c in result.plan.candidates if c.kind == "multipart"] + [
+        planned_by_key[key] for key in result.removed if key in planned_by_key
     ]
     return result
 

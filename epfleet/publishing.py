@@ -123,11 +123,18 @@ def update_manifest(
     return result
 
 
+REUSE_TOUCH_AGE = 600.0
+"""Seconds after which an object a publish newly references is touched (younger ones were
+just uploaded, and gc keeps them for its grace period anyway)."""
+
+
 def check_present(store: Store, keys: set[str]) -> None:
-    """Refuse to publish a manifest naming objects the store no longer has: a run that found
-    an object already stored skips its upload, and ``epfleet gc`` may have removed that
-    object (unreferenced, past its grace period) while the run compiled."""
-    missing = sorted(key for key in keys if store.size(key) is None)
+    """Refuse to publish a manifest naming objects the store no longer has, and touch the
+    older ones it names: a run that found an object already stored skips its upload, and
+    ``epfleet gc`` may remove that object (unreferenced, past its grace period) while the
+    run compiles. gc deletes only objects older than its cutoff (``delete_if_older``),
+    so a touched object is kept."""
+    missing = sorted(key for key in keys if not store.touch(key, REUSE_TOUCH_AGE))
     if missing:
         raise StoreError(
             f"not published: {', '.join(missing)} in {store.uri} was removed while this run "

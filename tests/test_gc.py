@@ -187,6 +187,19 @@ class Aged:
     def incomplete_uploads(self) -> list[StoredObject]:
         return [replace(o, modified=OLD) for o in self._store.incomplete_uploads()]
 
+    def touch(self, key: str, min_age: float = 0.0) -> bool:
+        self._ages.pop(key, None)  # its real (fresh) modification time counts from now on
+        return self._store.touch(key, min_age)
+
+    def delete_if_older(self, key: str, cutoff: datetime) -> bool:
+        aged = self._ages.get(key)
+        if aged is None:
+            return self._store.delete_if_older(key, cutoff)
+        if aged >= cutoff:
+            return False
+        self._store.delete(key)
+        return True
+
 
 def multi_file_model(store: Store) -> tuple[ModelEntry, VariantEntry, VariantEntry]:
     """A model whose source has a data file, which every build of it shares, and builds

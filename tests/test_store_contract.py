@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.errors import PreconditionFailed, StoreError
+from epfleet.hashing import sha256_file
 from epfleet.stores import UNCHANGED, Store, open_store
 from epfleet.stores.s3 import S3Store
 
@@ -133,3 +134,36 @@ def test_incomplete_uploads(store: Store) -> None:
     assert store.list_objects("") == []
     assert store.clean_up_incomplete(older_than=0) == ["variants/m/t/x.onnx"]
     assert store.incomplete_uploads() == []
+
+
+def test_touch_and_delete_if_older(store: Store, tmp_path: Path) -> None:
+    """What keeps gc off an object a publish reuses: a touch renews its modification time
+    (content and sha256 unchanged), and gc's delete_if_older spares what is newer than
+    its cutoff."""
+    source = tmp_path / "weights.bin"
+    source.write_bytes(b"w" * 1000)
+    sha, _ = sha256_file(source)
+    store.upload("files/w", source, sha)
+    written = store.list_objects("files/")[0].modified
+    assert store.delete_if_older("files/w", written - timedelta(seconds=1)) is False
+    assert store.size("files/w") == 1000
+    assert store.touch("files/w", min_age=3600) is True  # younger: left as it is
+    assert store.list_objects("files/")[0].modified == written
+    future = datetime.now(timezone.utc) + timedelta(minutes=5)
+    assert store.delete_if_older("files/w", future) is True
+    assert store.size("files/w") is None
+    assert store.delete_if_older("files/w", future) is True  # already gone
+    assert store.touch("files/w") is False
+    store.upload("files/w", source, sha)
+    first = store.list_objects("files/")[0].modified
+    deadline = first + timedelta(seconds=1.1)  # S3 times have a resolution of a second
+    while datetime.now(timezone.utc) < deadline:
+        pass
+    assert store.touch("files/w") is True
+    touched = store.list_objects("files/")[0].modified
+    assert touched > first
+    assert store.delete_if_older("files/w", touched) is False
+    assert b"".join(store.read_range("files/w", 0)) == b"w" * 1000
+    if isinstance(store, S3Store):
+        head = store.client.head_object(Bucket=store.bucket, Key=store._key("files/w"))
+        assert head["Metadata"].get("sha256") == sha  # the object's own sha256 kept

@@ -83,6 +83,20 @@ class Store(Protocol):
         but never the store's lock file. For the garbage collector (``epfleet.gc``)."""
         ...
 
+    def touch(self, key: str, min_age: float = 0.0) -> bool:
+        """Mark the object as just used (its modification time becomes now, content
+        unchanged) so that ``epfleet gc`` does not collect it, unless it was modified less
+        than ``min_age`` seconds ago; False when it is missing. A publish touches every
+        stored object it newly references."""
+        ...
+
+    def delete_if_older(self, key: str, cutoff: datetime) -> bool:
+        """Delete the object only if it was last modified before ``cutoff``; True when it
+        is gone (or was missing), False when it is newer (touched since gc planned). The
+        local store does the check and the removal under its lock, so no ``touch``
+        falls between them; on S3 they are a HEAD and a DELETE."""
+        ...
+
     def incomplete_uploads(self) -> list[StoredObject]:
         """The multipart uploads under the store's root that were started and never
         completed nor aborted (what ``clean_up_incomplete`` aborts); [] for a backend

@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -175,6 +176,27 @@ class LocalStore:
     def delete(self, key: str) -> None:
         with self._os_errors("deleting", key):
             self._path(key).unlink(missing_ok=True)
+
+    def touch(self, key: str, min_age: float = 0.0) -> bool:
+        with self._os_errors("touching", key), self._locked():
+            try:
+                if time.time() - self._path(key).stat().st_mtime >= min_age:
+                    os.utime(self._path(key))
+            except FileNotFoundError:
+                return False
+            return True
+
+    def delete_if_older(self, key: str, cutoff: datetime) -> bool:
+        path = self._path(key)
+        with self._os_errors("deleting", key), self._locked():
+            try:
+                modified = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+            except FileNotFoundError:
+                return True
+            if modified >= cutoff:
+                return False
+            path.unlink(missing_ok=True)
+            return True
 
     def clean_up_incomplete(self, older_than: float | None = None) -> list[str]:
         """A local store has no multipart uploads: its writes are a temporary file renamed

@@ -31,6 +31,7 @@ import threading
 import uuid
 from collections.abc import Generator, Iterator
 from contextlib import closing
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 from urllib.parse import urlparse
@@ -42,7 +43,7 @@ from boto3.s3.transfer import TransferConfig
 from epfleet.errors import BadInputError, PreconditionFailed, TransientStoreError
 from epfleet.hashing import sha256_bytes
 from epfleet.limits import TransferGuard, TransferLimits, stalled
-from epfleet.stores import s3_multipart, s3_transfers
+from epfleet.stores import s3_aging, s3_multipart, s3_transfers
 from epfleet.stores.base import (
     UNCHANGED,
     StoredObject,
@@ -359,6 +360,12 @@ class S3Store:
         except (bce.BotoCoreError, bce.ClientError) as exc:
             if not is_missing(exc):
                 self._raise(exc, key, "deleting")
+
+    def touch(self, key: str, min_age: float = 0.0) -> bool:
+        return s3_aging.touch(self, key, min_age)
+
+    def delete_if_older(self, key: str, cutoff: datetime) -> bool:
+        return s3_aging.delete_if_older(self, key, cutoff)
 
     def clean_up_incomplete(self, older_than: float | None = None) -> list[str]:
         return s3_multipart.clean_up_incomplete(self, older_than)
