@@ -28,11 +28,12 @@ def build_variant(request: CompileRequest, store: Store, workers: int) -> Compil
     """Compile one pair in this machine's shared pool of ``workers`` processes and upload
     its artifact once it passed its checks. CompileError when it compiles short of its
     coverage floor or fails verification; store errors raise through."""
-    output = shared_pool(workers).run(compile_job_for(request, store))
+    job = compile_job_for(request, store)
+    output = shared_pool(workers).run(job)
     key = variant_key(request.model, request.target, output.sha256)
     try:
         check_coverage(request, output.coverage)
-        verification = verify_output(request, output, store)
+        verification = verify_output(request, output, store, job.source_path)
         if verification.status == "failed":
             raise CompileError(f"verification failed: {verification.reason}")
         upload_variant(store, output, key)
@@ -57,9 +58,12 @@ def upload_variant(store: Store, output: CompileOutput, key: str) -> None:
         store.write(listing_key(key), json.dumps(listing, indent=1).encode())
 
 
-def verify_output(request: CompileRequest, output: CompileOutput, store: Store) -> Verification:
+def verify_output(
+    request: CompileRequest, output: CompileOutput, store: Store, source_path: str | None = None
+) -> Verification:
     """Run the fresh variant with its own EP on the model's golden samples, in a killable
-    worker, and compare with the source's outputs."""
+    worker, and compare with the source's outputs (``source_path``: the source, to say
+    why a variant computing in fp16 failed)."""
     if not request.verify:
         return skipped("not run: verify is false for this target")
     if request.samples is None:
@@ -75,6 +79,7 @@ def verify_output(request: CompileRequest, output: CompileOutput, store: Store) 
         provider_options=request.provider_options,
         tolerance=request.tolerance,
         abs_tolerance=request.abs_tolerance,
+        source_path=source_path,
     )
     return verify_artifact(job, request.verify_timeout)
 

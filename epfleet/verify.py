@@ -92,6 +92,8 @@ class VerifyJob(BaseModel):
     provider_options: dict[str, str]
     tolerance: float
     abs_tolerance: float = 0.0
+    source_path: str | None = None
+    """The source (a failure in fp16 is then checked for intermediates past its range)."""
 
 
 def run_verification(job: VerifyJob) -> Verification:
@@ -113,6 +115,8 @@ def run_verification(job: VerifyJob) -> Verification:
     except (HealthCheckError, ValueError) as exc:
         return _checked(job, "failed", str(exc), started, samples=len(samples), runner=runner)
     failure = comparison.failure(job.tolerance, job.abs_tolerance)
+    if failure and job.source_path and computes_in_fp16(job):
+        failure += fp16_overflow(job.source_path, samples)
     return _checked(
         job,
         "failed" if failure else "passed",
@@ -123,6 +127,56 @@ def run_verification(job: VerifyJob) -> Verification:
         max_abs_error=_rounded(comparison.max_abs_error),
         max_rel_error=_rounded(comparison.max_rel_error),
         top1_agreement=comparison.top1_agreement,
+    )
+
+
+FP16_MAX = 65504.0
+
+
+def computes_in_fp16(job: VerifyJob) -> bool:
+    """Whether the EP module says this target computes in fp16 (its default tolerance)."""
+    import eps
+    from eps.base import FP16_TOLERANCE
+
+    return eps.load(job.ep).default_tolerance(job.provider_options) == FP16_TOLERANCE
+
+
+def fp16_overflow(source_path: str, samples: list[Any]) -> str:
+    """Why a variant computing in fp16 may be far off: the source's intermediate values on
+    the samples that float16 cannot hold ("" when none, or when the source's weights are
+    in external data: this check loads the whole graph into one session)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(source_path, load_external_data=False)
+    if uses_external_data(model):
+        return ""
+    names = [name for node in model.graph.node for name in node.output if name]
+    known = {output.name for output in model.graph.output}
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        wanted = [o.name for o in session.get_outputs()]
+        largest: dict[str, float] = {}
+        for sample in samples:
+            for name, value in zip(wanted, session.run(wanted, sample), strict=True):
+                if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size:
+                    peak = float(np.abs(value.astype(np.float64)).max())
+                    largest[name] = max(largest.get(name, 0.0), peak)
+    except Exception:  # a diagnosis only: the failure stands without it
+        return ""
+    over = sorted(((peak, name) for name, peak in largest.items() if peak > FP16_MAX), reverse=True)
+    if not over:
+        return ""
+    peak, name = over[0]
+    return (
+        f"; the source's intermediate {name!r} reaches {peak:,.0f} on the samples, past "
+        f"float16's largest value ({FP16_MAX:,.0f}; {len(over)} intermediate(s) in all): "
+        "computed in fp16 it overflows. Quantise the model, or compile for a backend that "
+        "computes in fp32"
     )
 
 

@@ -281,3 +281,48 @@ def test_golden_of_a_source_from_a_samples_file(tmp_path: Path, model_dir: Path)
     inputs, outputs = read_golden(golden)
     np.testing.assert_array_equal(inputs[2]["x"], x[2])
     assert len(outputs) == 3 and outputs[0][0].shape[0] == 1
+
+
+def _overflows_in_fp16(path: Path) -> Path:
+    """y = (x @ W) * 1e-5 with W = 3e4: fine in fp32, but x @ W reaches about 2e5, past
+    float16's largest value (65,504)."""
+    weights = numpy_helper.from_array(np.full((8, 8), 3e4, dtype=np.float32), "w")
+    scale = numpy_helper.from_array(np.array(1e-5, dtype=np.float32), "scale")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["wide"]),
+            helper.make_node("Mul", ["wide", "scale"], ["y"]),
+        ],
+        "overflow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [weights, scale],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_fp16_failure_names_the_source_intermediate_past_float16s_range(
+    tmp_path: Path,
+) -> None:
+    source = _overflows_in_fp16(tmp_path / "overflow.onnx")
+    np.savez(tmp_path / "samples.npz", x=np.ones((1, 8), dtype=np.float32))
+    spec = write_spec(
+        tmp_path,
+        [{"name": "overflow", "source": str(source), "samples": "samples.npz"}],
+        [HTP_TARGETS[0]],
+    )
+    plan = plan_run(spec, str(tmp_path / "store"))
+    [pair] = plan.pairs
+    output = _compile(pair.request, source, tmp_path / "work")
+    store = open_store(str(tmp_path / "store"))
+    failed = verify_output(pair.request, output, store, str(source))
+    assert failed.status == "failed", failed
+    assert failed.reason is not None
+    assert "the source's intermediate 'wide' reaches 240,000 on the samples" in failed.reason
+    assert "past float16's largest value (65,504; 1 intermediate(s) in all)" in failed.reason
+    # without the source, the failure stands alone
+    plain = verify_output(pair.request, output, store)
+    assert plain.status == "failed" and "intermediate" not in (plain.reason or "")
