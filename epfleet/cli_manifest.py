@@ -44,14 +44,23 @@ def show(*, store: Store = DEFAULT_STORE, as_json: Json = False, costs: bool = F
     """
     from epfleet.costs import cost_table
     from epfleet.costs import costs as store_costs
-    from epfleet.publishing import read_manifest
+    from epfleet.publishing import read_in_force
     from epfleet.report import render_manifest
-    from epfleet.stores import open_store
+    from epfleet.stores import MANIFEST_KEY, open_store
 
     opened = open_store(store)
-    manifest, _ = read_manifest(opened)
+    in_force = read_in_force(opened)
+    manifest = in_force.manifest
     if manifest is None:
         raise BadInputError(f"no manifest at {store}/manifest.json: run epfleet compile first")
+    copy = opened.read(MANIFEST_KEY) if in_force.key != MANIFEST_KEY else None
+    if in_force.key != MANIFEST_KEY and (copy is None or copy.data != manifest.to_json()):
+        print(
+            f"epfleet: {store}/manifest.json is not the copy of the signed manifest shown "
+            "here (a publish under way, or changed by someone without the keys: the next "
+            "publish or epfleet trust refresh puts it right)",
+            file=sys.stderr,
+        )
     if as_json and costs:
         sys.stdout.write(store_costs(opened, manifest).model_dump_json(indent=2) + "\n")
     elif as_json:

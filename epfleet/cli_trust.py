@@ -175,14 +175,16 @@ def rotate(
 @trust_app.command
 def refresh(*, store: Store) -> int:
     """Sign the timestamp and snapshot again (and bins near expiry), so devices never see
-    expired metadata while nothing is published. Signs with EPFLEET_TRUST_SIGNER.
+    expired metadata while nothing is published. Signs with EPFLEET_TRUST_SIGNER, from the
+    signed metadata alone; then puts manifest.json right as the copy of the signed
+    manifest, warning of entries someone without the keys changed in it.
 
     For example:
       EPFLEET_TRUST_SIGNER=awskms:... epfleet trust refresh --store s3://bucket/fleet
 
     Exit codes: 0 refreshed; 1 the store failed; 2 no trust metadata or no signer.
     """
-    from epfleet.publishing import signer_for
+    from epfleet.publishing import put_copy_right, signer_for
     from epfleet.stores import open_store
     from epfleet.trust.repository import has_trust
     from epfleet.trust.repository import refresh as refresh_trust
@@ -193,6 +195,7 @@ def refresh(*, store: Store) -> int:
     signer = signer_for(opened)
     assert signer is not None  # a store with trust metadata has one or raised
     done = refresh_trust(opened, signer)
+    put_copy_right(opened)  # warns of entries changed without the keys
     print(
         f"refreshed the signed metadata of {store}: timestamp version {done.version}"
         f"{', bins ' + ', '.join(done.bins) if done.bins else ''}"

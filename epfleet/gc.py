@@ -47,9 +47,9 @@ from epfleet.gc_plan import (
     plan_collection,
 )
 from epfleet.manifest import Manifest
-from epfleet.publishing import read_manifest
+from epfleet.publishing import InForce, read_in_force
 from epfleet.report import format_bytes
-from epfleet.stores import MANIFEST_KEY, UNCHANGED, Store
+from epfleet.stores import UNCHANGED, Store
 
 __all__ = [
     "DEFAULT_GRACE_HOURS",
@@ -132,14 +132,15 @@ def collect(
         else None
     )
 
-    def planned() -> tuple[GcPlan, Manifest | None, str | None]:
-        manifest, etag = read_manifest(store)
+    def planned() -> tuple[GcPlan, Manifest | None, InForce]:
+        in_force = read_in_force(store)
+        manifest = in_force.manifest
         plan = plan_collection(
             objects, uploads, manifest, pinned, now, grace, keep_variants, file_keys
         )
-        return plan, manifest, etag
+        return plan, manifest, in_force
 
-    plan, manifest, etag = planned()
+    plan, manifest, in_force = planned()
     result = Collection(
         store=store.uri,
         generation=manifest.generation if manifest else None,
@@ -159,12 +160,12 @@ def collect(
     while pending:
         candidate = pending.pop(0)
         if candidate.kind != "temp" and time.monotonic() - checked >= recheck_seconds:
-            changed = _manifest_changed(store, etag)
+            changed = _manifest_changed(store, in_force)
             checked = time.monotonic()
         else:
             changed = False
         if changed:
-            plan, manifest, etag = planned()
+            plan, manifest, in_force = planned()
             result.plan, result.generation = plan, manifest.generation if manifest else None
             result.warnings.append(
                 f"the manifest changed during the collection (now generation "
@@ -201,10 +202,10 @@ def collect(
     return result
 
 
-def _manifest_changed(store: Store, etag: str | None) -> bool:
-    if etag is None:
-        return store.size(MANIFEST_KEY) is not None
-    return store.read_if_changed(MANIFEST_KEY, etag) != UNCHANGED
+def _manifest_changed(store: Store, in_force: InForce) -> bool:
+    if in_force.etag is None:
+        return store.size(in_force.key) is not None
+    return store.read_if_changed(in_force.key, in_force.etag) != UNCHANGED
 
 
 def render(collection: Collection) -> str:

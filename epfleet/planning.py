@@ -15,7 +15,7 @@ from epfleet.errors import BadInputError, EpfleetError, ep_errors
 from epfleet.handover import PoolPair
 from epfleet.manifest import SamplesRef, SourceEntry
 from epfleet.plan import CompileRequest, decide_pair, fingerprinted, plan_pairs
-from epfleet.publishing import read_manifest
+from epfleet.publishing import read_in_force
 from epfleet.runs import RunPlan
 from epfleet.spec import FleetSpec, TargetSpec, load_spec
 from epfleet.staging import resolve_source, stage_samples, stage_source
@@ -50,7 +50,7 @@ def plan_run(
     for model, target in pairs:
         needs_static = eps.load(target.ep).requires_static_shapes
         static_eps.setdefault(model.name, set()).update([target.ep] if needs_static else [])
-    manifest, _ = read_manifest(store)
+    manifest = read_in_force(store).manifest
     published = manifest.models if manifest else {}
     sources: dict[str, SourceEntry] = {}
     samples: dict[str, SamplesRef | None] = {}

@@ -1,19 +1,24 @@
-"""Publishing to the store's manifest: read it, and change it with compare-and-swap, then
-sign it (the store's TUF metadata, ``epfleet.trust.repository``).
+"""Publishing to the store's manifest: read the one in force, and change it with
+compare-and-swap.
 
-Retry layer of this module (see ``epfleet.retries`` for the others): ``update_manifest``
-re-reads, re-applies its change and re-writes when its conditional write loses a race to
-another publisher (``PreconditionFailed``), up to ``PUBLISH_ATTEMPTS`` times with jittered
-backoff; ``publish_trust`` does the same for the signed metadata. That is the only fault
-they retry; a store that cannot be reached raises through (the store's client and the
-Prefect task above it handle those).
+A store with trust metadata: the manifest in force is the signed document (verified,
+``epfleet.trust.state``); a publish applies its change to it and signs the result with
+the online key ``EPFLEET_TRUST_SIGNER`` (checked before anything is written), the
+timestamp's compare-and-swap being the commit point (``epfleet.trust.signing``). Only then
+is ``manifest.json`` written, as a copy of the signed document: it is never read back to be
+signed, so whoever can write to the store but holds no key gets nothing signed. Every
+publish and refresh puts the copy right; entries someone changed in it are named
+(``Published.tampered``) and logged. A local store with no trust metadata and no signer
+configured gets development keys beside it (``<store>.dev-keys/``).
 
-Signing: a store with trust metadata is signed with the online key
-``EPFLEET_TRUST_SIGNER`` (checked before anything is written); every publish also
-reconciles, so metadata left behind by a crash after a manifest write is signed by the
-next one. A local store with no trust metadata and no signer configured gets development
-keys beside it (``<store>.dev-keys/``); any other store without trust metadata is
-published unsigned, with a warning.
+Any other store without trust metadata is published unsigned, with a warning: its
+``manifest.json`` is the manifest in force, changed with compare-and-swap.
+
+Retry layer of this module (see ``epfleet.retries`` for the others): a publish re-reads,
+re-applies its change and re-writes when its conditional write loses a race to another
+publisher (``PreconditionFailed``), up to ``PUBLISH_ATTEMPTS`` times with jittered
+backoff. That is the only fault retried here; a store that cannot be reached raises
+through (the store's client and the Prefect task above it handle those).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field, ValidationError
 from securesystemslib.signer import Key, Signer
@@ -41,6 +47,7 @@ from epfleet.settings import settings
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import LocalStore
 from epfleet.trust.keys import ONLINE_KEY, file_uri, load_offline, online_signer, public_key_of
+from epfleet.trust.layout import TIMESTAMP_KEY
 from epfleet.trust.repository import (
     DEFAULT_BINS,
     ROOT_COPY,
@@ -50,6 +57,7 @@ from epfleet.trust.repository import (
     init_with_key_files,
     latest_root,
     publish_trust,
+    read_state,
 )
 
 logger = logging.getLogger(__name__)
@@ -61,8 +69,9 @@ PUBLISH_ATTEMPTS = 20
 
 
 def read_manifest(store: Store) -> tuple[Manifest | None, str | None]:
-    """The store's manifest and its etag; (None, None) when it has none. StoreError when
-    the manifest there fails validation."""
+    """The store's ``manifest.json`` and its etag; (None, None) when it has none.
+    StoreError when it fails validation. On a store with trust metadata it is only a copy:
+    read the manifest in force with ``read_in_force``."""
     found = store.read(MANIFEST_KEY)
     if found is None:
         return None, None
@@ -73,6 +82,27 @@ def read_manifest(store: Store) -> tuple[Manifest | None, str | None]:
             f"{store.uri}/{MANIFEST_KEY} fails validation, refusing to publish over it: "
             f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
         ) from None
+
+
+@dataclass(frozen=True)
+class InForce:
+    """The manifest in force in a store, and how to tell when a publish replaces it."""
+
+    manifest: Manifest | None
+    key: str
+    """The object a publish replaces: timestamp.json on a signed store, else manifest.json."""
+    etag: str | None
+    """``key``'s etag when read (None: no such object)."""
+
+
+def read_in_force(store: Store) -> InForce:
+    """The manifest in force: the signed document on a store with trust metadata (verified
+    against the store's root chain), else ``manifest.json``."""
+    if has_trust(store):
+        state = read_state(store, rotating=True)  # readers go on through a key rotation
+        return InForce(state.document, TIMESTAMP_KEY, state.timestamp_etag)
+    manifest, etag = read_manifest(store)
+    return InForce(manifest, MANIFEST_KEY, etag)
 
 
 class Published(BaseModel):
@@ -86,16 +116,23 @@ class Published(BaseModel):
         description="The version of the store's signed timestamp now; None for a store "
         "published unsigned (no trust metadata)",
     )
+    tampered: list[str] = Field(
+        default_factory=list,
+        description="Models whose entries in manifest.json differed from the signed ones "
+        "(changed by someone without the keys); manifest.json was put right",
+    )
 
 
 def update_manifest(
     store: Store, change: Callable[[Manifest | None], Manifest | None]
 ) -> Published:
-    """Compare-and-swap the store's manifest: read it, apply ``change`` (None: nothing to
-    change), write it only if it is still the version read, and start again on a lost race.
-    Then sign it (or reconcile the signed metadata with it, when ``change`` changed nothing).
-    ``change`` may run more than once: it must derive everything from its argument."""
+    """Apply ``change`` to the manifest in force (None: nothing to change) with
+    compare-and-swap, starting again on a lost race; on a signed store, sign the result and
+    then write ``manifest.json`` as its copy. ``change`` may run more than once: it must
+    derive everything from its argument."""
     signer = signer_for(store)  # before anything is written: a store it cannot sign is refused
+    if signer is not None:
+        return _publish_signed(store, signer, change)
     result = None
     for attempt in range(PUBLISH_ATTEMPTS):
         current, etag = read_manifest(store)
@@ -118,9 +155,94 @@ def update_manifest(
         raise StoreError(
             f"could not publish {store.uri}/{MANIFEST_KEY}: lost the race {PUBLISH_ATTEMPTS} times"
         )
-    if signer is not None:
-        result.signed_version = publish_trust(store, signer).version
     return result
+
+
+def _publish_signed(
+    store: Store, signer: Signer, change: Callable[[Manifest | None], Manifest | None]
+) -> Published:
+    def checked(current: Manifest | None) -> Manifest | None:
+        changed = change(current)
+        if changed is not None:
+            check_present(store, referenced_keys(changed) - referenced_keys(current))
+        return changed
+
+    tampered = tampered_entries(store)  # before this publish changes the signed manifest
+    done = publish_trust(store, signer, checked)
+    write_copy(store)
+    return Published(
+        manifest=done.document,
+        published=done.changed,
+        signed_version=done.version,
+        tampered=tampered,
+    )
+
+
+def put_copy_right(store: Store) -> list[str]:
+    """Check ``manifest.json`` against the signed manifest (``tampered_entries``) and make
+    it its copy; returns the models someone without the keys changed in it."""
+    tampered = tampered_entries(store)
+    write_copy(store)
+    return tampered
+
+
+def tampered_entries(store: Store) -> list[str]:
+    """The models whose entries in ``manifest.json`` differ from the signed ones although
+    the copy claims the signed generation (or a later one): changed by someone without the
+    keys, logged as such. An older copy is only late: a publisher signs, then copies."""
+    found = store.read(MANIFEST_KEY)  # before the signed state: no copy is newer than it
+    document = read_state(store, rotating=True).document
+    if found is None or document is None or found.data == document.to_json():
+        return []
+    tampered = _tampered_entries(found.data, document)
+    if tampered:
+        logger.warning(
+            "%s/%s differs from the signed manifest (generation %d) in %s: changed by "
+            "someone without the keys; devices never trusted it, nothing is signed from it, "
+            "and it is made the copy of the signed manifest again",
+            store.uri,
+            MANIFEST_KEY,
+            document.generation,
+            ", ".join(tampered),
+        )
+    return tampered
+
+
+def write_copy(store: Store) -> None:
+    """Make ``manifest.json`` the copy of the signed manifest in force, by compare-and-swap
+    (a copy of a newer signed manifest written meanwhile by another publisher wins)."""
+    for attempt in range(PUBLISH_ATTEMPTS):
+        found = store.read(MANIFEST_KEY)
+        document = read_state(store, rotating=True).document
+        if document is None:
+            return
+        data = document.to_json()
+        if found is not None and found.data == data:
+            return
+        try:
+            if found is None:
+                store.write(MANIFEST_KEY, data, if_none_match=True)
+            else:
+                store.write(MANIFEST_KEY, data, if_match=found.etag)
+            return
+        except PreconditionFailed:
+            time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+    raise StoreError(
+        f"could not write {store.uri}/{MANIFEST_KEY}, the copy of the signed manifest: lost "
+        f"the race {PUBLISH_ATTEMPTS} times"
+    )
+
+
+def _tampered_entries(stored: bytes, signed: Manifest) -> list[str]:
+    try:
+        copy = Manifest.from_json(stored)
+    except ValidationError:
+        return [f"{MANIFEST_KEY} as a whole (it fails validation)"]
+    if copy.generation < signed.generation:
+        return []  # a copy not yet replaced
+    names = sorted(set(copy.models) | set(signed.models))
+    differing = [n for n in names if copy.models.get(n) != signed.models.get(n)]
+    return differing or ["its generation or date"]
 
 
 REUSE_TOUCH_AGE = 600.0

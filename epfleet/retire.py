@@ -156,14 +156,14 @@ def apply_retirement(
     """Retire from the store's manifest what ``spec`` no longer lists (when given), or the
     ``models`` and ``targets`` named, with compare-and-swap; with ``dry_run`` only say
     what would go. BadInputError for no manifest, nothing chosen, or a name it lacks."""
-    from epfleet.publishing import read_manifest
+    from epfleet.publishing import read_in_force
 
     models, targets = list(models), list(targets)
     if spec is None and not (models or targets):
         raise BadInputError(
             "name the models or targets to retire, or give a spec to retire what it no longer lists"
         )
-    current, _ = read_manifest(store)
+    current = read_in_force(store).manifest
     if current is None:
         raise BadInputError(f"no manifest at {store.uri}/{MANIFEST_KEY}: nothing to retire")
     check_names(

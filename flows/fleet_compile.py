@@ -19,7 +19,7 @@ from epfleet.errors import StoreError
 from epfleet.outcomes import PairOutcome
 from epfleet.plan import PlannedPair
 from epfleet.publish_rules import news, settle, to_publish
-from epfleet.publishing import read_manifest
+from epfleet.publishing import read_in_force
 from epfleet.report import matrix_rows
 from epfleet.runners import from_environment
 from epfleet.runs import DEFAULT_STORE, RunPlan, RunReport
@@ -116,7 +116,7 @@ def _cost_artifact(store: str) -> None:
     that fails here costs the run only this artifact: the manifest is already published."""
     try:
         opened = open_store(store)
-        data = costs(opened, read_manifest(opened)[0])
+        data = costs(opened, read_in_force(opened).manifest)
     except StoreError as exc:
         get_run_logger().warning("no cost artifact: %s", exc)
         return

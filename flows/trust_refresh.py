@@ -1,6 +1,8 @@
 """The ``trust-refresh`` flow: sign a store's TUF timestamp and snapshot again (and the
 bins near expiry) before they expire, so devices keep verifying while nothing is
-published. Compare-and-swap as every publish: a publish racing it loses nothing.
+published, from the signed metadata alone. Compare-and-swap as every publish: a publish
+racing it loses nothing. Then ``manifest.json`` is put right as the copy of the signed
+manifest (``epfleet.manifest.tampered`` names the entries someone without keys changed).
 
     python flows/trust_refresh.py --store s3://bucket/fleet
 
@@ -15,10 +17,11 @@ import sys
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from epfleet.publishing import signer_for
+from epfleet.publishing import put_copy_right, signer_for
 from epfleet.runs import DEFAULT_STORE
 from epfleet.stores import open_store
 from epfleet.trust.repository import has_trust, refresh, status
+from tasks.events import emit_tampered_event
 
 
 @flow(
@@ -41,6 +44,7 @@ def trust_refresh(store: str = DEFAULT_STORE) -> int | None:
     signer = signer_for(opened)
     assert signer is not None  # a store with trust metadata has one, or signer_for raised
     done = refresh(opened, signer)
+    emit_tampered_event(put_copy_right(opened), store)
     logger.info(
         "signed timestamp version %d%s",
         done.version,

@@ -25,6 +25,7 @@ from epfleet.publishing import Published, publish
 from epfleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
 from epfleet.runs import RunPlan
 from epfleet.stores import open_store
+from tasks.events import emit_tampered_event
 
 
 @task(
@@ -98,6 +99,7 @@ def publish_task(
         logger.info("manifest unchanged; nothing published")
     for model in outcome.conflicts:
         logger.warning("model %s: its source changed in the store meanwhile; left as is", model)
+    emit_tampered_event(outcome.tampered, store)  # publishing logged it
     return outcome
 
 

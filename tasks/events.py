@@ -4,6 +4,8 @@
 - ``epfleet.variant.failed``: a pair failed to compile (or to be published).
 - ``epfleet.device.unserved``: devices of one hardware profile run a model on no
   variant the fleet published for them (runtime-watch, from the device reports).
+- ``epfleet.manifest.tampered``: a publish or refresh found ``manifest.json`` changed, in
+  the entries named, by someone without the signing keys (and put it right).
 
 Resources are ``epfleet.variant.<model>.<target>`` and
 ``epfleet.device-profile.<profile>``, with the names as labels to match on.
@@ -68,3 +70,19 @@ def emit_unserved_events(profiles: list[UnservedProfile], store: str) -> None:
             },
             payload=profile.model_dump(mode="json"),
         )
+
+
+def emit_tampered_event(models: list[str], store: str) -> None:
+    """Say that ``manifest.json`` of ``store`` differed from the signed manifest in the
+    entries of ``models`` (nothing is emitted for none)."""
+    if not models:
+        return
+    emit_event(
+        event="epfleet.manifest.tampered",
+        resource={
+            "prefect.resource.id": f"epfleet.store.{store}",
+            "prefect.resource.name": store,
+            "epfleet.store": store,
+        },
+        payload={"models": models},
+    )

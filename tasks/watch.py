@@ -20,7 +20,7 @@ from prefect.exceptions import ObjectNotFound
 from epfleet import ort_version
 from epfleet.errors import BadInputError
 from epfleet.manifest import utcnow
-from epfleet.publishing import read_manifest
+from epfleet.publishing import read_in_force
 from epfleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
 from epfleet.spec import load_spec
 from epfleet.stores import open_store
@@ -39,7 +39,7 @@ def watch_task(spec: str, store: str, report_max_age_days: int) -> tuple[WatchPl
     """The watch's findings and the manifest generation they were made on."""
     fleet = load_spec(Path(spec))
     target_store = open_store(store)
-    manifest, _ = read_manifest(target_store)
+    manifest = read_in_force(target_store).manifest
     runtime = compile_worker_runtime(fleet)
     checks = check_pairs(fleet, manifest, runtime)
     reports, skipped = read_reports(target_store)

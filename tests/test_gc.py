@@ -266,7 +266,7 @@ def make_fleet(store: Store, multi_file: bool = False) -> tuple[Store, Fleet]:
     untouchable = {
         MANIFEST_KEY,
         *(report_key(device) for device in reports),
-        "trust/metadata/1.root.json",
+        "trust/metadata/3.snapshot.json",  # (no 1.root.json: the store is unsigned)
         f"trust/targets/{'a' * 64}.manifest.json",
         "runs/0b7e5c5e-5b0f-4a8e-9d6e-3f1f0e0e0e0e-1-1700000000/pool.json",
         "notes/what-is-this.txt",

@@ -27,7 +27,7 @@ import boto3
 import onnx
 import pytest
 from s3proxy import FaultProxy
-from securesystemslib.signer import CryptoSigner
+from securesystemslib.signer import CryptoSigner, Signer
 from test_sync import (  # fleet_store: the session's compiled store, a fixture
     assert_package_runs,
     copy_store,
@@ -583,10 +583,10 @@ def test_a_store_signed_by_epfleets_publisher_is_followed_through_its_key_rotati
     """The publisher's side (epfleet.trust.repository, 16 bins here) and this device agree:
     a publish is synced, rotations of the online key and of the root keys are followed,
     and a root signed by the retired root keys alone is refused."""
-    from trust_helpers import make_trusted_store, sign_manifest
+    from trust_helpers import make_trusted_store, online_key, publish_new_build
 
     from epfleet.trust.keys import load_offline, new_key
-    from epfleet.trust.repository import publish_trust, rotate_online_key, rotate_root_keys
+    from epfleet.trust.repository import rotate_online_key, rotate_root_keys
 
     site.push()
     keys, cache = tmp_path / "keys", tmp_path / "device"
@@ -596,27 +596,23 @@ def test_a_store_signed_by_epfleets_publisher_is_followed_through_its_key_rotati
     def run() -> DeviceReport:
         return sync(site.uri, cache, SyncPolicy(models=[MODEL]), DEVICE, trust_root=root)
 
-    def new_build() -> None:
-        republish_edited_cpu_variant(site.directory, rebuilt)
-        site.push()
+    def new_build(online: Signer) -> None:
+        publish_new_build(store, online, MODEL, "x86-cpu")
 
     first = only(run())
     assert first.action == "downloaded", first.reason
-    new_build()
-    sign_manifest(store, keys)
+    new_build(online_key(keys))
     assert only(run()).action == "downloaded"
 
     offline, online = load_offline(keys), new_key()
     rotate_online_key(store, offline, online)
-    new_build()
-    publish_trust(store, online)
+    new_build(online)
     after_online = only(run())
     assert after_online.action == "downloaded", after_online.reason
 
     retired = offline.root
     rotate_root_keys(store, offline, [new_key() for _ in range(3)])
-    new_build()
-    publish_trust(store, online)
+    new_build(online)
     rotated = run()
     assert rotated.exit_code == 0 and only(rotated).action == "downloaded", rotated.manifest
     history = trust_of(cache, site.uri) / "root_history"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import stat
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from publish_helpers import publish_new, race
 from trust_helpers import make_trusted_store, online_key
 
-from epfleet.errors import BadInputError
+from epfleet.errors import BadInputError, StoreError
 from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.publishing import read_manifest, update_manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
@@ -29,6 +30,7 @@ from epfleet.trust.keys import generate_online_file, load_offline, new_key
 from epfleet.trust.repository import (
     TIMESTAMP_KEY,
     development_keys_dir,
+    latest_root,
     publish_trust,
     read_state,
     refresh,
@@ -180,18 +182,28 @@ def test_unchanged_publish_writes_nothing(trusted: tuple[Store, Path, bytes]) ->
     assert store.read(TIMESTAMP_KEY) == stamp
 
 
+def changing(name: str, new: ModelEntry | None) -> Callable[[Manifest | None], Manifest]:
+    """A publisher's change to the signed document: ``name``'s entry set (None: removed)."""
+
+    def change(current: Manifest | None) -> Manifest:
+        assert current is not None
+        models = {n: e for n, e in current.models.items() if n != name}
+        if new is not None:
+            models[name] = new
+        return Manifest(generation=current.generation + 1, models=models)
+
+    return change
+
+
 def test_one_model_changed_signs_its_bin_again_with_snapshot_and_timestamp(
     trusted: tuple[Store, Path, bytes], tmp_path: Path
 ) -> None:
     store, keys, root = trusted
-    manifest = Manifest.from_json(store.read(MANIFEST_KEY).data)  # type: ignore[union-attr]
-    manifest.models["model-7"] = entry("model-7", fingerprint="rebuilt")
-    manifest.generation += 1
-    store.write(MANIFEST_KEY, manifest.to_json())
     state = read_state(store)
     before = metadata_files(store)
 
-    done = publish_trust(store, online_key(keys))
+    rebuilt = entry("model-7", fingerprint="rebuilt")
+    done = publish_trust(store, online_key(keys), changing("model-7", rebuilt))
 
     model_bin = state.succinct.get_role_for_target("models/model-7")
     manifest_bin = state.succinct.get_role_for_target(MANIFEST_KEY)
@@ -211,10 +223,7 @@ def test_a_retired_model_leaves_the_signed_metadata(
     trusted: tuple[Store, Path, bytes], tmp_path: Path
 ) -> None:
     store, keys, root = trusted
-    manifest = Manifest.from_json(store.read(MANIFEST_KEY).data)  # type: ignore[union-attr]
-    del manifest.models["model-2"]
-    store.write(MANIFEST_KEY, manifest.to_json())
-    publish_trust(store, online_key(keys))
+    publish_trust(store, online_key(keys), changing("model-2", None))
     with pytest.raises(BadInputError, match="has no target models/model-2"):
         verify(store, tmp_path / "device", root, ["model-2"])
 
@@ -244,22 +253,23 @@ def test_racing_publishers_lose_no_model_in_the_signed_metadata(
     assert sorted(signed_models(store, tmp_path / "some", root, names)) == sorted(names)
 
 
-def test_a_crash_between_manifest_and_signing_is_repaired_by_the_next_publish(
+def test_a_crash_between_signing_and_the_copy_is_put_right_by_the_next_publish(
     trusted: tuple[Store, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, keys, root = trusted
     signer_env(monkeypatch, keys)
-    # A publisher wrote manifest.json and died before signing it.
-    manifest = Manifest.from_json(store.read(MANIFEST_KEY).data)  # type: ignore[union-attr]
-    manifest.models["late"] = entry("late")
-    store.write(MANIFEST_KEY, manifest.to_json())
-    with pytest.raises(BadInputError, match="has no target models/late"):
-        verify(store, tmp_path / "before", root, ["late"])
+    # A publisher signed its change and died before writing manifest.json, its copy.
+    publish_trust(store, online_key(keys), changing("late", entry("late")))
+    assert "late" in signed_models(store, tmp_path / "device", root, ["late"])
+    assert "late" not in read_manifest(store)[0].models  # type: ignore[union-attr]
 
-    outcome = update_manifest(store, lambda current: None)  # nothing to change: reconciles
+    outcome = update_manifest(store, lambda current: None)  # nothing to change
 
     assert not outcome.published and outcome.signed_version is not None
-    assert "late" in signed_models(store, tmp_path / "after", root, ["late"])
+    assert outcome.tampered == []  # a late copy is not a tampered one
+    copy = read_manifest(store)[0]
+    assert copy is not None and "late" in copy.models
+    assert copy == signed_manifest(store, tmp_path / "everything", root)
 
 
 def test_store_with_trust_metadata_and_no_signer_is_refused_before_publishing(
@@ -418,7 +428,9 @@ def test_an_interrupted_online_key_rotation_is_finished_by_running_it_again(
         patch.setattr(rotation, "write_versioned", killed)
         with pytest.raises(Killed):
             rotate_online_key(store, offline, new)
-    assert read_state(store).root.signed.version == 2  # the new root is out
+    assert latest_root(store).signed.version == 2  # the new root is out
+    with pytest.raises(StoreError, match="rotation stopped half-way"):
+        publish_trust(store, new)  # a publish meanwhile is told how to finish it
 
     rotate_online_key(store, offline, new)
 

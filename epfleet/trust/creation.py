@@ -12,12 +12,14 @@ import os
 from datetime import datetime
 from pathlib import Path
 
+from pydantic import ValidationError
 from securesystemslib.signer import Signer
 from tuf.api.metadata import Root
 
-from epfleet.errors import BadInputError, PreconditionFailed
+from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.fsutil import atomic_write_bytes
-from epfleet.stores import Store
+from epfleet.manifest import Manifest
+from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import local_path
 from epfleet.trust.keys import (
     ONLINE_KEY,
@@ -42,8 +44,9 @@ def init_repository(
     bins: int = DEFAULT_BINS,
     now: datetime | None = None,
 ) -> bytes:
-    """Create the signed metadata of ``store`` and sign its manifest.json (if any).
-    Returns the root metadata (``1.root.json``) devices are provisioned with."""
+    """Create the signed metadata of ``store`` and sign its manifest.json (if any: an
+    unsigned store's manifest becomes the first signed document). Returns the root
+    metadata (``1.root.json``) devices are provisioned with."""
     now = now or utcnow()
     bits = bin_bits(bins)
     if not 1 <= root_threshold <= len(offline.root):
@@ -77,8 +80,24 @@ def init_repository(
         ) from None
     raw_root = sign_metadata(root, offline.root)
     store.write(FIRST_ROOT_KEY, raw_root, if_none_match=True)
-    publish_trust(store, online, now=now)
+    adopted = _unsigned_manifest(store)
+    publish_trust(store, online, (lambda _: adopted) if adopted else None, now=now)
     return raw_root
+
+
+def _unsigned_manifest(store: Store) -> Manifest | None:
+    """The manifest an unsigned store published before ``trust init``: the operator who
+    runs init vouches for it, the only time a document read from the store is signed."""
+    found = store.read(MANIFEST_KEY)
+    if found is None:
+        return None
+    try:
+        return Manifest.from_json(found.data)
+    except ValidationError as exc:
+        raise StoreError(
+            f"{store.uri}/{MANIFEST_KEY} fails validation, refusing to publish over it or sign it: "
+            f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+        ) from None
 
 
 # --- development keys ------------------------------------------------------------------------

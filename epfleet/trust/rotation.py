@@ -86,14 +86,17 @@ def rotate_online_key(
                 root.signed.revoke_key(old, role)
             root.signed.add_key(new_online.public_key, role)
         _write_root(store, root.signed, offline.root)
-    state = read_state(store)
+    state = read_state(store, rotating=True)
     bits = state.succinct.bit_length
     targets = delegating_targets(
         state.targets.signed.version + 1, new_online.public_key, bits, now or utcnow()
     )
     raw_targets = write_versioned(store, "targets", targets, [offline.targets])
     return publish_signed(
-        store, new_online, now, Changes(targets=raw_targets, every_bin=True, renew=True)
+        store,
+        new_online,
+        now,
+        Changes(targets=raw_targets, every_bin=True, renew=True, rotating=True),
     )
 
 

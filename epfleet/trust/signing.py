@@ -1,32 +1,34 @@
-"""Signing a store's manifest.json: bins, snapshot and timestamp, by compare-and-swap.
+"""Signing a store's manifest document: bins, snapshot and timestamp, by compare-and-swap.
+
+The signer's input is the last signed state, verified (``epfleet.trust.state``), and the
+publisher's own change to it, never a document read back from the store unsigned:
+``manifest.json`` is a convenience copy written after signing (``epfleet.publishing``),
+so whoever can write to the store but holds no key cannot get anything signed.
 
 Versioned files are written once (``if_none_match``; a version taken by another publisher
 or left by a crashed one is skipped), then ``timestamp.json`` is replaced with
-``if_match``; a publisher that loses re-reads everything and signs again. The signed
-state is always derived from the ``manifest.json`` read *after* the timestamp it
-replaces, so the last publisher to win signs a manifest at least as new as every manifest
-whose publisher lost: racing publishers lose nothing, and a crash between writing
-``manifest.json`` and its metadata is repaired by the next publish or refresh.
+``if_match``; a publisher that loses re-reads the signed state, applies its change to it
+again and signs again: racing publishers lose nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
-from pydantic import ValidationError
 from securesystemslib.signer import Signer
 from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, Targets, Timestamp
 from tuf.api.serialization.json import JSONSerializer
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.manifest import Manifest
-from epfleet.stores import MANIFEST_KEY, Store
+from epfleet.stores import Store
 from epfleet.trust.layout import (
     LIFETIME,
     OFFLINE_RENEWAL,
@@ -90,22 +92,40 @@ class TrustPublished:
     """Whether new metadata was signed (False: it already signed this manifest)."""
     bins: list[str]
     """The bins signed again."""
+    document: Manifest | None = None
+    """The signed manifest document now in force."""
+    changed: bool = False
+    """Whether this publish changed the document (False: its change found nothing to do)."""
+    healed: dict[str, str] = field(default_factory=dict)
+    """Bins that did not verify, signed again from the signed document, and why."""
+
+
+Change = Callable[[Manifest | None], Manifest | None]
+"""A publisher's change to the signed document (None: nothing to change). It may run more
+than once (after a lost race, on the newer signed document): it must derive everything
+from its argument."""
 
 
 @dataclass
 class Changes:
+    change: Change | None = None
+    """The publisher's own change to the signed document."""
     targets: bytes | None = None
     """A new targets role's signed bytes, already written (online-key rotation)."""
     every_bin: bool = False
     renew: bool = False
     """Sign snapshot and timestamp again even when nothing else changed (refresh)."""
+    rotating: bool = False
+    """An online-key rotation: the state in force may be signed by the previous root's key."""
 
 
 def _check_online_key(store: Store, state: RepositoryState, signer: Signer) -> None:
+    """The signer's key must be the only key of timestamp, snapshot and the bins: then
+    every online-signed file of the state, verified against them, is this key's work."""
     keyid = signer.public_key.keyid
     roles = state.root.signed.roles
-    bins = state.succinct.keyids
-    if keyid not in roles["timestamp"].keyids or keyid not in bins:
+    named = [roles["timestamp"].keyids, roles["snapshot"].keyids, state.succinct.keyids]
+    if any(keyids != [keyid] for keyids in named):
         raise BadInputError(
             f"EPFLEET_TRUST_SIGNER's key {keyid[:12]} is not the online key of "
             f"{store.uri}/trust (root version {state.root.signed.version}); was it rotated? (a "
@@ -113,27 +133,18 @@ def _check_online_key(store: Store, state: RepositoryState, signer: Signer) -> N
         )
 
 
-def _manifest(store: Store) -> bytes | None:
-    found = store.read(MANIFEST_KEY)
-    if found is None:
-        return None
-    try:
-        Manifest.from_json(found.data)
-    except ValidationError as exc:
-        raise StoreError(
-            f"{store.uri}/{MANIFEST_KEY} fails validation, refusing to publish over it or sign it: "
-            f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
-        ) from None
-    return found.data
-
-
 def _publish_once(
-    store: Store, state: RepositoryState, signer: Signer, now: datetime, changes: Changes
+    store: Store,
+    state: RepositoryState,
+    signer: Signer,
+    now: datetime,
+    changes: Changes,
+    document: Manifest | None,
 ) -> TrustPublished | None:
-    """One attempt; None when another publisher replaced the timestamp first."""
-    manifest = _manifest(store)  # read after the timestamp it is to replace
+    """One attempt at signing ``document``; None when another publisher replaced the
+    timestamp first."""
     targets_md = state.targets
-    wanted = model_targets(manifest) if manifest is not None else {}
+    wanted = model_targets(document.to_json()) if document is not None else {}
     bins = plan_bins(state.succinct, state.bins, wanted, now, every_bin=changes.every_bin)
     snapshot, timestamp = state.snapshot, state.timestamp
     due = (
@@ -146,7 +157,7 @@ def _publish_once(
     )
     if not bins and not due:
         assert timestamp is not None
-        return TrustPublished(timestamp.signed.version, written=False, bins=[])
+        return TrustPublished(timestamp.signed.version, written=False, bins=[], document=document)
     meta = dict(snapshot.signed.meta) if snapshot is not None else {}
     for name, wanted_here in bins.items():
         for target in wanted_here.values():
@@ -185,20 +196,26 @@ def _publish_once(
             store.write(TIMESTAMP_KEY, raw_timestamp, if_match=state.timestamp_etag)
     except PreconditionFailed:
         return None
-    return TrustPublished(new_timestamp.version, written=True, bins=sorted(bins))
+    return TrustPublished(new_timestamp.version, written=True, bins=sorted(bins), document=document)
 
 
 def publish_signed(
     store: Store, signer: Signer, now: datetime | None, changes: Changes
 ) -> TrustPublished:
+    """Apply ``changes`` to the verified signed state and sign the result, again on the
+    newer state after each lost race."""
     for attempt in range(ATTEMPTS):
-        state = read_state(store)
+        state = read_state(store, rotating=changes.rotating)
         if changes.targets is not None:  # a new targets role, not in the snapshot yet
             state.targets = Metadata.from_bytes(changes.targets)
         _check_online_key(store, state, signer)
-        done = _publish_once(store, state, signer, now or utcnow(), changes)
+        changed = changes.change(state.document) if changes.change is not None else None
+        for reason in state.refused.values():
+            logger.warning("%s; signing it again from the signed document", reason)
+        document = changed if changed is not None else state.document
+        done = _publish_once(store, state, signer, now or utcnow(), changes, document)
         if done is not None:
-            return done
+            return dataclasses.replace(done, changed=changed is not None, healed=state.refused)
         time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
     raise StoreError(
         f"could not publish the signed metadata of {store.uri}: lost the race for "
@@ -206,16 +223,20 @@ def publish_signed(
     )
 
 
-def publish_trust(store: Store, online: Signer, *, now: datetime | None = None) -> TrustPublished:
-    """Sign the store's current manifest.json: the bins whose targets changed (or that are
-    stale), then snapshot and timestamp; nothing when it is signed already."""
-    return publish_signed(store, online, now, Changes())
+def publish_trust(
+    store: Store, online: Signer, change: Change | None = None, *, now: datetime | None = None
+) -> TrustPublished:
+    """Apply ``change`` to the signed document and sign the result: the bins whose targets
+    changed (or that are stale, or did not verify), then snapshot and timestamp; nothing
+    when there is nothing to sign."""
+    return publish_signed(store, online, now, Changes(change=change))
 
 
 def refresh(store: Store, online: Signer, *, now: datetime | None = None) -> TrustPublished:
-    """Sign timestamp and snapshot again (and the stale bins, and any the manifest
-    changed), so that devices never see expired metadata while publishing is quiet.
-    Warns when root or targets, which only the offline keys sign, expire within 30 days."""
+    """Sign timestamp and snapshot again (and the stale bins, and any that did not verify),
+    from the signed metadata alone, so that devices never see expired metadata while
+    publishing is quiet. Warns when root or targets, which only the offline keys sign,
+    expire within 30 days."""
     done = publish_signed(store, online, now, Changes(renew=True))
     state = read_state(store)
     for role, signed in (("root", state.root.signed), ("targets", state.targets.signed)):
