@@ -17,9 +17,11 @@ and the ratios cold/plain (target <= 0.75) and warm/cold (target <= 0.10), and t
 seconds the cold run spent compiling and verifying (running each variant on this host).
 
 It also prints what signing (the store's TUF metadata, epfleet.trust) adds to a publish,
-on local stores with 256 hashed bins: signing the cold run's manifest from scratch, signing
-it again after one model changed (a publisher in a fresh process: every bin read, one
-bin re-signed besides manifest.json's, snapshot, timestamp), and checking an unchanged one;
+on local stores with 256 hashed bins: signing the cold run's manifest from scratch, a
+publish of one changed model (a publisher in a fresh process: the signed state read and
+verified, every bin's signature and the signed manifest's hash, one bin re-signed besides
+manifest.json's, snapshot, timestamp, then manifest.json written as its copy), and a
+publish that changes nothing;
 the same for a synthetic manifest of 1,000 models x 10 variants. `--signing-only` prints
 just those figures (the synthetic manifest; no compile).
 """
@@ -289,11 +291,15 @@ def synthetic_manifest(models: int = 1000, variants: int = 10) -> bytes:
 
 
 def signing_cost(manifest_json: bytes, work: Path) -> dict[str, float]:
-    """Seconds signing takes on a local store holding ``manifest_json`` (256 bins)."""
+    """Seconds a publish on a signed local store holding ``manifest_json`` (256 bins)
+    takes: ``trust init`` signing it all, then ``update_manifest`` (what every compile's
+    publish does: read and verify the signed state, change it, sign, write the copy) with
+    one model changed, and with nothing to change."""
     from epfleet.manifest import Manifest
+    from epfleet.publishing import update_manifest
     from epfleet.stores import MANIFEST_KEY, open_store
-    from epfleet.trust.keys import online_signer, public_key_of
-    from epfleet.trust.repository import init_with_key_files, publish_trust
+    from epfleet.trust.repository import init_with_key_files
+    from epfleet.trust.state import clear_cache
 
     store_dir = work / "signed-store"
     store = open_store(str(store_dir))
@@ -301,27 +307,26 @@ def signing_cost(manifest_json: bytes, work: Path) -> dict[str, float]:
     started = time.perf_counter()
     _, uri = init_with_key_files(store, work / "signing-keys", bins=256)
     first = time.perf_counter() - started
-    signer = online_signer(uri, public_key_of(uri))
+    os.environ["EPFLEET_TRUST_SIGNER"] = uri
 
-    manifest = Manifest.from_json(manifest_json)
-    name = sorted(manifest.models)[0]
-    manifest.models[name].source.size += 1  # one model changed
-    manifest.generation += 1
-    store.write(MANIFEST_KEY, manifest.to_json())
-    # A publisher in a fresh process knows none of the metadata yet: the store under a
-    # new path has nothing in this process's cache of immutable metadata.
-    moved = work / "signed-store-again"
-    store_dir.rename(moved)
-    store = open_store(str(moved))
+    def one_changed(current: Manifest | None) -> Manifest:
+        assert current is not None
+        name = sorted(current.models)[0]
+        entry = current.models[name].model_copy(deep=True)
+        entry.source.size += 1
+        models = current.models | {name: entry}
+        return Manifest(generation=current.generation + 1, models=models)
+
+    clear_cache()  # a publisher in a fresh process has verified none of the metadata yet
     started = time.perf_counter()
-    changed = publish_trust(store, signer)
+    changed = update_manifest(store, one_changed)
     one_model = time.perf_counter() - started
-    assert changed.written and len(changed.bins) <= 2, changed
+    assert changed.published and not changed.tampered, changed.tampered
     started = time.perf_counter()
-    unchanged = publish_trust(store, signer)
+    unchanged = update_manifest(store, lambda current: None)
     unchanged_s = time.perf_counter() - started
-    assert not unchanged.written, unchanged
-    metadata = sum(p.stat().st_size for p in (moved / "trust" / "metadata").iterdir())
+    assert not unchanged.published
+    metadata = sum(p.stat().st_size for p in (store_dir / "trust" / "metadata").iterdir())
     return {
         "first": first,
         "one_model": one_model,

@@ -304,7 +304,15 @@ def merge(
     - ``samples`` sets each model's golden samples.
     """
     base = current or Manifest()
-    models = {name: entry.model_copy(deep=True) for name, entry in base.models.items()}
+    models = dict(base.models)  # ``current`` is never changed: an entry is copied to change it
+    copied: set[str] = set()
+
+    def editable(name: str) -> ModelEntry:
+        if name not in copied:
+            models[name] = models[name].model_copy(deep=True)
+            copied.add(name)
+        return models[name]
+
     conflicts = []
     changed = False
     for name, source in sources.items():
@@ -315,17 +323,17 @@ def merge(
             conflicts.append(name)
             continue
         models[name] = ModelEntry(source=source)
+        copied.add(name)
         changed = True
     for name, golden in (samples or {}).items():
         if name in conflicts or name not in models or models[name].samples == golden:
             continue
-        models[name].samples = golden
+        editable(name).samples = golden
         changed = True
     for (model_name, target), variant in variants.items():
         if model_name in conflicts:
             continue
-        entry = models[model_name]
-        previous = entry.variants.get(target)
+        previous = models[model_name].variants.get(target)
         if previous is not None and previous.status == "ok" and variant.status == "failed":
             if previous.fingerprint == variant.fingerprint:
                 continue  # the same build failed again here (e.g. no device on this worker)
@@ -343,7 +351,7 @@ def merge(
             variant = variant.model_copy(update=kept | {"files": previous.files})
         if previous is not None and previous.same_build(variant):
             continue
-        entry.variants[target] = variant
+        editable(model_name).variants[target] = variant
         changed = True
     if not changed:
         return Merged(manifest=None, conflicts=conflicts)

@@ -97,7 +97,7 @@ def retire(manifest: Manifest, selection: Selection) -> tuple[Manifest | None, R
     """``manifest`` without the selected models, targets and pairs (a new generation), and
     what was removed; None when nothing in it is selected. Names it does not hold are
     skipped (``check_names`` refuses them first)."""
-    models = {name: entry.model_copy(deep=True) for name, entry in manifest.models.items()}
+    models = dict(manifest.models)  # ``manifest`` is never changed: an entry is copied first
     done = Retirement()
     released: dict[str, int] = {}
     for name in sorted(set(selection.models)):
@@ -106,13 +106,16 @@ def retire(manifest: Manifest, selection: Selection) -> tuple[Manifest | None, R
             done.models.append(name)
             released |= files_of(entry)
     drop = set(selection.targets)
-    for name, entry in models.items():
-        for target in sorted(entry.variants):
-            if target in drop or (name, target) in selection.pairs:
-                artifact = entry.variants.pop(target).artifact
-                done.variants.append(f"{name}/{target}")
-                if artifact is not None:
-                    released[artifact.uri] = artifact.size
+    for name, entry in list(models.items()):
+        chosen = [t for t in sorted(entry.variants) if t in drop or (name, t) in selection.pairs]
+        if chosen:
+            variants = {t: v for t, v in entry.variants.items() if t not in chosen}
+            models[name] = entry.model_copy(update={"variants": variants})
+        for target in chosen:
+            artifact = entry.variants[target].artifact
+            done.variants.append(f"{name}/{target}")
+            if artifact is not None:
+                released[artifact.uri] = artifact.size
     if done.empty:
         return None, done
     still: dict[str, int] = {}

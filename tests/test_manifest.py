@@ -202,3 +202,22 @@ def test_numbers_and_names_a_device_cannot_use_are_refused(edit, field: str) -> 
     with pytest.raises(ValidationError) as raised:
         Manifest.model_validate(document)
     assert field in str(raised.value)
+
+
+def test_merge_never_changes_the_manifest_it_is_given() -> None:
+    """Publishers merge into the signed manifest that readers of the same process share
+    (a cached, verified document): it must come out as it went in."""
+    first = run(None, {"m": source(), "n": source(SHA_B)}, {("m", "t"): variant()}).manifest
+    assert first is not None
+    before = first.model_dump_json()
+    golden = SamplesRef(uri=f"samples/{SHA_B}.npz", sha256=SHA_B, size=3, count=1, basis="b")
+    second = merge(
+        first,
+        {"m": source()},
+        {"m": source()},
+        {("m", "t"): variant(fingerprint="f2"), ("m", "u"): variant()},
+        {"m": golden},
+    ).manifest
+    assert second is not None and set(second.models["m"].variants) == {"t", "u"}
+    assert first.model_dump_json() == before
+    assert second.models["n"] is first.models["n"]  # an entry it left alone is not copied

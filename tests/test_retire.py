@@ -106,6 +106,14 @@ def test_retire_named_models_and_targets(store: Store) -> None:
     assert read_manifest(store)[0] == manifest
 
 
+def test_retire_never_changes_the_manifest_it_is_given(local: Store) -> None:
+    manifest = fleet(local)
+    before = manifest.model_dump_json()
+    after, done = retire(manifest, Selection(models=["gone"], targets=["old-npu"]))
+    assert after is not None and done.variants == ["det/old-npu"]
+    assert manifest.model_dump_json() == before
+
+
 def test_dry_run_writes_nothing(store: Store) -> None:
     fleet(store)
     before = store.read(MANIFEST_KEY)

@@ -28,7 +28,7 @@ from tuf.api.serialization.json import JSONSerializer
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.manifest import Manifest
-from epfleet.stores import Store
+from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.layout import (
     LIFETIME,
     OFFLINE_RENEWAL,
@@ -37,7 +37,7 @@ from epfleet.trust.layout import (
     target_key,
     utcnow,
 )
-from epfleet.trust.state import RepositoryState, read_state
+from epfleet.trust.state import RepositoryState, read_state, remember_document
 from epfleet.trust.targets import Target, model_targets, plan_bins, stale
 
 ATTEMPTS = 20
@@ -159,6 +159,8 @@ def _publish_once(
         assert timestamp is not None
         return TrustPublished(timestamp.signed.version, written=False, bins=[], document=document)
     meta = dict(snapshot.signed.meta) if snapshot is not None else {}
+    if document is not None:
+        remember_document(store, wanted[MANIFEST_KEY].info.hashes["sha256"], document)
     for name, wanted_here in bins.items():
         for target in wanted_here.values():
             _write_target(store, target)

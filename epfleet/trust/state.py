@@ -351,11 +351,18 @@ def read_document(store: Store, info: TargetFile) -> Manifest:
             f"{store.uri}/{key}: the signed manifest document fails validation: "
             f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
         ) from None
+    remember_document(store, sha256, document)
+    return document
+
+
+def remember_document(store: Store, sha256: str, document: Manifest) -> None:
+    """Cache ``document``, the signed manifest whose bytes hash to ``sha256`` (a publisher
+    that just signed it need not read it back). Readers share cached documents: they must
+    not change them."""
     with _immutable_lock:
         if len(_documents) >= DOCUMENT_CACHE_ENTRIES:
             _documents.clear()
         _documents[(store.uri, sha256)] = document
-    return document
 
 
 @dataclass(frozen=True)
