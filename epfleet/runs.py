@@ -73,7 +73,8 @@ def _up_to_date(pair: PlannedPair) -> PairResult:
     if failure is None:
         return PairResult.of(pair.request, previous, "skipped", None)
     result = PairResult.of(pair.request, failure, "failed", None)
-    return result.model_copy(update={"error": f"{failure.error} [{SETTLED}]"})
+    kept = "; an older build stays published" if failure is not previous else ""
+    return result.model_copy(update={"error": f"{failure.error} [{SETTLED}{kept}]"})
 
 
 class PairResult(BaseModel):

@@ -124,6 +124,22 @@ def test_a_verification_past_its_time_limit_fails_the_pair_until_its_inputs_chan
     assert variant.verification.samples_origin == "generated"
     assert variant.fingerprint != entry.fingerprint
 
+    # Lowered again: that build fails, the passing one stays published with the failure
+    # (and what was measured) beside it, and the next run compiles nothing.
+    spec = write_spec(tmp_path, models, [target])
+    failed_again, kept, compiled = run(spec, store)
+    assert compiled == 1 and failed_again.exit_code == 1
+    stays = kept.models["slow"].variants["x86-cpu"]
+    assert stays.status == "ok" and stays.fingerprint == variant.fingerprint
+    assert stays.failed_build is not None and stays.failed_build.fingerprint == entry.fingerprint
+    assert stays.failed_build.verification is not None
+    assert stays.failed_build.verification.status == "failed"
+    settled_again, same, compiled = run(spec, store)
+    [result] = settled_again.variants
+    assert compiled == 0 and same == kept and result.status == "failed"
+    assert result.error is not None and result.error.startswith("verification failed: ")
+    assert result.error.endswith(f"[{SETTLED}; an older build stays published]")
+
     # --force compiles a settled pair again.
     _, _, compiled = run(spec, store, force=True)
     assert compiled == 1
