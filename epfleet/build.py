@@ -16,7 +16,7 @@ from pathlib import Path
 from epfleet.compiler import CompileOutput, check_coverage, discard
 from epfleet.errors import CompileError
 from epfleet.manifest import Verification, files_key
-from epfleet.outcomes import CompiledVariant, ok_entry
+from epfleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
 from epfleet.plan import CompileRequest, listing_key, variant_key
 from epfleet.pool import shared_pool
 from epfleet.staging import compile_job_for, fetch_verified
@@ -26,16 +26,24 @@ from epfleet.verify import VerifyJob, skipped, verify_artifact
 
 def build_variant(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
     """Compile one pair in this machine's shared pool of ``workers`` processes and upload
-    its artifact once it passed its checks. CompileError when it compiles short of its
-    coverage floor or fails verification; store errors raise through."""
+    its artifact once it passed its checks. RejectedBuild (a CompileError carrying the
+    failed entry and its measurements) when it compiles short of its coverage floor or
+    fails verification; CompileError when it does not compile; store errors raise
+    through."""
     job = compile_job_for(request, store)
     output = shared_pool(workers).run(job)
     key = variant_key(request.model, request.target, output.sha256)
     try:
-        check_coverage(request, output.coverage)
+        try:
+            check_coverage(request, output.coverage)
+        except CompileError as exc:
+            rejected = failed_entry(request, str(exc), output.coverage)
+            raise RejectedBuild(rejected, output.seconds) from None
         verification = verify_output(request, output, store, job.source_path)
         if verification.status == "failed":
-            raise CompileError(f"verification failed: {verification.reason}")
+            error = f"verification failed: {verification.reason}"
+            rejected = failed_entry(request, error, output.coverage, verification)
+            raise RejectedBuild(rejected, output.seconds)
         upload_variant(store, output, key)
     finally:
         discard(output)
@@ -67,7 +75,12 @@ def verify_output(
     if not request.verify:
         return skipped("not run: verify is false for this target")
     if request.samples is None:
-        return skipped(request.samples_problem or "not run: the model has no golden samples")
+        problem = request.samples_problem or "the model has no golden samples"
+        return Verification(
+            status="failed",
+            reason=f"{problem}; nothing to compare the variant with (set verify: false "
+            "on the target to publish it unverified)",
+        )
     samples = request.samples
     golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
     job = VerifyJob(
@@ -80,6 +93,7 @@ def verify_output(
         tolerance=request.tolerance,
         abs_tolerance=request.abs_tolerance,
         source_path=source_path,
+        samples_origin=request.samples_origin,
     )
     return verify_artifact(job, request.verify_timeout)
 
@@ -88,6 +102,7 @@ def describe_verification(verification: Verification) -> str:
     if verification.status == "passed":
         return (
             f"passed ({verification.max_rel_error:.2%} of range, tolerance "
-            f"{verification.tolerance:.2%}, {verification.seconds:.2f} s)"
+            f"{verification.tolerance:.2%}, {verification.seconds:.2f} s, on "
+            f"{verification.samples_origin or 'golden'} inputs)"
         )
     return f"{verification.status}: {verification.reason}"

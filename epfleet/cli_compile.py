@@ -198,7 +198,7 @@ def _run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunRepo
     from concurrent.futures import ThreadPoolExecutor
 
     from epfleet.build import build_variant
-    from epfleet.outcomes import PairOutcome, failed_outcome, ok_outcome
+    from epfleet.outcomes import PairOutcome, failed_outcome, ok_outcome, outcome_of_failure
     from epfleet.plan import PlannedPair
     from epfleet.publish_rules import settle, to_publish
     from epfleet.publishing import publish
@@ -216,7 +216,7 @@ def _run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunRepo
         try:
             return ok_outcome(pair.request, build_variant(pair.request, store, workers))
         except Exception as exc:  # one pair's failure never stops the others
-            return failed_outcome(pair.request, str(exc))
+            return outcome_of_failure(pair.request, exc)
 
     with ThreadPoolExecutor(max(1, min(len(plan.to_compile), 4 * workers))) as threads:
         outcomes = list(threads.map(build, plan.to_compile))
@@ -256,6 +256,7 @@ def _run_fleet_flow(
 REPORT_FIELDS = [
     *("model", "target", "ep", "status", "compatibility_string", "artifact_uri", "seconds"),
     *("error", "coverage", "verification", "max_rel_error", "verification_seconds"),
+    "samples_origin",
 ]
 """Each variant's keys in ``epfleet compile --json`` (a contract: tests/test_cli.py)."""
 

@@ -23,11 +23,13 @@ from pydantic import (
 )
 
 from epfleet.hashing import sha256_bytes
+from epfleet.manifest_checks import Coverage, FailedBuild, Verification
 from epfleet.stores.base import check_key
 
 # Bump whenever validation tightens: a device then re-fetches, and so re-validates, the
-# manifest it cached under the older rules instead of trusting it.
-VALIDATION_RULES = "5"
+# manifest it cached under the older rules instead of trusting it. 6: verification
+# tolerances bounded by eps.base.LOOSEST_TOLERANCE.
+VALIDATION_RULES = "6"
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
@@ -148,36 +150,6 @@ class SamplesRef(ArtifactRef):
     )
 
 
-class Coverage(_Strict):
-    """How much of the source graph the EP took."""
-
-    ep_nodes: int = Field(ge=0, description="Source nodes inside the EP's partitions")
-    other_nodes: int = Field(ge=0, description="Nodes left to other EPs (ORT's CPU EP)")
-    fraction: float = Field(ge=0, le=1, description="ep_nodes / all nodes; 1.0 is a full compile")
-    other_op_types: list[str] = Field(default_factory=list)
-
-
-class Verification(_Strict):
-    """Whether the variant was run on the compile host and matched its source."""
-
-    status: Literal["passed", "failed", "unverified"]
-    runner: str | None = Field(default=None, description="The EPs that ran it, and where")
-    samples: int = Field(default=0, ge=0)
-    max_abs_error: float | None = None
-    max_rel_error: float | None = Field(
-        default=None, description="max |variant - source| / range of the source's output"
-    )
-    top1_agreement: float | None = Field(
-        default=None, description="Share of class-score rows whose argmax agrees"
-    )
-    tolerance: float | None = Field(default=None, description="Largest max_rel_error accepted")
-    abs_tolerance: float | None = Field(
-        default=None, description="Absolute errors up to this pass whatever the output's range"
-    )
-    seconds: float | None = None
-    reason: str | None = Field(default=None, description="Why it failed or was not run")
-
-
 class VariantEntry(FileSet):
     """One compiled variant. ``artifact`` is its main ONNX file (it carries the
     compatibility string); ``files`` sit beside it in the variant's directory."""
@@ -198,6 +170,11 @@ class VariantEntry(FileSet):
     )
     coverage: Coverage | None = None
     verification: Verification | None = None
+    failed_build: FailedBuild | None = Field(
+        default=None,
+        exclude_if=lambda build: build is None,
+        description="The newest compile for other inputs, which failed (this build stays)",
+    )
 
     @model_validator(mode="after")
     def _status_fields(self) -> VariantEntry:
@@ -223,6 +200,19 @@ class VariantEntry(FileSet):
         again would change nothing."""
         ignore: dict[str, object] = {"compiled_at": True, "verification": {"seconds"}}
         return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)  # type: ignore[arg-type]
+
+    def failure_for(self, fingerprint: str) -> VariantEntry | None:
+        """The failed compile this entry records for the inputs ``fingerprint`` hashes (the
+        entry itself, or its ``failed_build``), as a failed entry; None when it has none:
+        such a pair is up to date, failed, until its inputs change."""
+        if self.status == "failed":
+            return self if self.fingerprint == fingerprint else None
+        failed = self.failed_build
+        if failed is None or failed.fingerprint != fingerprint:
+            return None
+        fields = {name: getattr(failed, name) for name in FailedBuild.model_fields}
+        gone: dict[str, object] = {"artifact": None, "files": [], "compatibility_string": None}
+        return self.model_copy(update={"status": "failed", "failed_build": None, **gone, **fields})
 
     def rebuilt_alike(self, other: VariantEntry) -> bool:
         """Whether ``other``, a fresh build of this published one, is the same build with
@@ -298,7 +288,8 @@ def merge(
     - If another publisher changed a model's source since this run planned, that model
       is left as they published it and reported in ``conflicts``.
     - A failed compile never replaces a working build. If the failure was for other
-      inputs (a new fingerprint), the working entry records it in ``error``.
+      inputs (a new fingerprint), the working entry records it in ``error`` and, with
+      its measurements, in ``failed_build``.
     - A rebuild that is the same build with other bytes (``rebuilt_alike``) keeps the
       published artifact and files while ``present`` says each is still in the store.
     - ``samples`` sets each model's golden samples.
@@ -337,8 +328,12 @@ def merge(
         if previous is not None and previous.status == "ok" and variant.status == "failed":
             if previous.fingerprint == variant.fingerprint:
                 continue  # the same build failed again here (e.g. no device on this worker)
+            failed = FailedBuild.model_validate(variant.model_dump(include=_FAILED_FIELDS))
             variant = previous.model_copy(
-                update={"error": f"kept this build; a newer compile failed: {variant.error}"}
+                update={
+                    "error": f"kept this build; a newer compile failed: {variant.error}",
+                    "failed_build": failed,
+                }
             )
         if (
             previous is not None
@@ -357,6 +352,9 @@ def merge(
         return Merged(manifest=None, conflicts=conflicts)
     manifest = Manifest(generation=base.generation + 1, published_at=utcnow(), models=models)
     return Merged(manifest=manifest, conflicts=conflicts)
+
+
+_FAILED_FIELDS = set(FailedBuild.model_fields)
 
 
 def referenced_keys(manifest: Manifest | None) -> set[str]:

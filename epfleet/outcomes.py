@@ -13,8 +13,10 @@ from pydantic import BaseModel, Field
 import eps
 from epfleet import ort_version
 from epfleet.compiler import CompileOutput
+from epfleet.errors import CompileError
 from epfleet.manifest import (
     ArtifactRef,
+    Coverage,
     PackageFile,
     VariantEntry,
     Verification,
@@ -39,8 +41,9 @@ class PairOutcome(BaseModel):
     result: PairResult
     publish: bool = Field(
         default=True,
-        description="False for a pair its work pool never decided (the pool did not run): "
-        "the run reports it failed, the manifest keeps the entry it has",
+        description="False for a pair its work pool never decided (the pool did not run), "
+        "or whose compile failed for a reason other than a verdict on the build: the run "
+        "reports it failed, the manifest keeps the entry it has",
     )
 
     @property
@@ -75,8 +78,26 @@ def ok_entry(
     )
 
 
-def failed_entry(request: CompileRequest, error: str) -> VariantEntry:
-    """The entry of a pair that failed with ``error`` (merge keeps a working build over it)."""
+class RejectedBuild(CompileError):
+    """A compiled variant refused by its checks (coverage floor, verification): its failed
+    entry, with what was measured, and the compile's seconds."""
+
+    def __init__(self, entry: VariantEntry, seconds: float) -> None:
+        super().__init__(entry.error)
+        self.entry, self.seconds = entry, seconds
+
+    def __reduce__(self) -> tuple[object, ...]:  # crosses processes (Dask) intact
+        return (RejectedBuild, (self.entry, self.seconds))
+
+
+def failed_entry(
+    request: CompileRequest,
+    error: str,
+    coverage: Coverage | None = None,
+    verification: Verification | None = None,
+) -> VariantEntry:
+    """The entry of a pair that failed with ``error``, with what was measured of its build
+    (merge keeps a working build over it)."""
     try:
         ep_version: str | None = eps.load(request.ep).build_identity()["version"]
     except Exception:
@@ -92,6 +113,8 @@ def failed_entry(request: CompileRequest, error: str) -> VariantEntry:
         error=error,
         source_sha256=request.source_sha256,
         fingerprint=request.fingerprint,
+        coverage=coverage,
+        verification=verification,
     )
 
 
@@ -105,3 +128,17 @@ def ok_outcome(request: CompileRequest, compiled: CompiledVariant) -> PairOutcom
 def failed_outcome(request: CompileRequest, error: str) -> PairOutcome:
     entry = failed_entry(request, error)
     return PairOutcome(entry=entry, result=PairResult.of(request, entry, "failed", None))
+
+
+def outcome_of_failure(request: CompileRequest, exc: Exception) -> PairOutcome:
+    """The outcome of a compile task that raised ``exc``. A verdict on the build (the EP
+    refused or crashed on it, its checks rejected it: a CompileError) is recorded, and the
+    pair stays failed until its inputs change. Anything else (a store still failing after
+    its retries, an EP package missing on this worker) is reported but not recorded, so
+    the next run tries again."""
+    if isinstance(exc, RejectedBuild):
+        result = PairResult.of(request, exc.entry, "failed", exc.seconds)
+        return PairOutcome(entry=exc.entry, result=result)
+    outcome = failed_outcome(request, str(exc))
+    outcome.publish = isinstance(exc, CompileError)
+    return outcome

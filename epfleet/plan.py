@@ -19,7 +19,7 @@ from epfleet.manifest import (
     SourceEntry,
     VariantEntry,
 )
-from epfleet.spec import ModelSpec, TargetSpec
+from epfleet.spec import DEFAULT_VERIFY_TIMEOUT, ModelSpec, TargetSpec
 from eps.base import FP16_TOLERANCE, DeviceType, GraphOptimization
 
 
@@ -73,9 +73,12 @@ class CompileRequest(BaseModel):
     verify: bool = True
     tolerance: float = FP16_TOLERANCE.relative
     abs_tolerance: float = FP16_TOLERANCE.absolute
-    verify_timeout: float = 600
+    verify_timeout: float = DEFAULT_VERIFY_TIMEOUT
     samples: SamplesRef | None = Field(
         default=None, description="The model's golden samples, verification's reference"
+    )
+    samples_origin: Literal["spec", "generated"] = Field(
+        default="generated", description="Whether the spec gave the samples' inputs"
     )
     samples_problem: str | None = Field(
         default=None, description="Why the model has no golden samples"
@@ -113,8 +116,9 @@ def fingerprinted(
 ) -> CompileRequest:
     """The request with the fingerprint these ORT and EP package versions give it:
     everything that decides the pair's artifact and whether it is published (recipe,
-    coverage floor, verification settings and samples). Same fingerprint, same build. (A
-    pair bound to a work pool is fingerprinted there, with the pool's packages.)"""
+    coverage floor, verification settings and samples). Same fingerprint, same build, or
+    the same failure. (A pair bound to a work pool is fingerprinted there, with the pool's
+    packages.)"""
     payload: dict[str, object] = {
         "recipe": RECIPE_VERSION,
         "source_sha256": request.source_sha256,
@@ -131,6 +135,9 @@ def fingerprinted(
         "ort_version": ort_version,
         "build": build_identity,
     }
+    if request.verify_timeout != DEFAULT_VERIFY_TIMEOUT:
+        # Only when not the default: pairs with the default keep their fingerprints.
+        payload["verify_timeout"] = request.verify_timeout
     if not request.embed_context or request.external_initializers:
         # Only when not the single-file layout: single-file pairs keep their fingerprints.
         payload["layout"] = {
@@ -167,7 +174,8 @@ def plan_pairs(
 ) -> list[PlannedPair]:
     """Decide compile or skip for each pair. A pair is skipped when the manifest holds an
     ok build with the same fingerprint whose artifact and files are still in the store
-    at their sizes. ``embed_max_bytes``: EPFLEET_EMBED_CONTEXT_MAX_BYTES when None."""
+    at their sizes, or a failed compile with the same fingerprint (up to date, failed).
+    ``embed_max_bytes``: EPFLEET_EMBED_CONTEXT_MAX_BYTES when None."""
     if embed_max_bytes is None:
         from epfleet.settings import settings
 
@@ -198,6 +206,7 @@ def plan_pairs(
             else target.abs_tolerance,
             verify_timeout=target.verify_timeout,
             samples=samples.get(model.name),
+            samples_origin="spec" if model.samples else "generated",
             samples_problem=samples_problems.get(model.name),
             fingerprint="",
         )
@@ -231,6 +240,8 @@ def decide_pair(
         return "compile", "forced"
     if previous is None:
         return "compile", "new pair"
+    if previous.failure_for(request.fingerprint) is not None:
+        return "skip", "up to date, failed: these inputs failed before (--force compiles again)"
     if previous.fingerprint != request.fingerprint:
         return "compile", "inputs changed (source, target, shapes, ORT/EP version or recipe)"
     if previous.status != "ok" or previous.artifact is None:

@@ -18,6 +18,19 @@ def format_bytes(size: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+GENERATED_MARK = "†"
+GENERATED_LEGEND = (
+    f"{GENERATED_MARK} an NPU variant checked on generated inputs only: it may pass on them "
+    "and be wrong on real ones; give the model spec samples (real inputs)"
+)
+
+
+def generated_only(device: str | None, origin: str | None) -> bool:
+    """An NPU variant verified on generated inputs only (flagged: it computes in a reduced
+    precision, and uniform inputs in [-1, 1) may miss the ranges real inputs reach)."""
+    return device == "npu" and origin == "generated"
+
+
 def cell(result: PairResult) -> str:
     parts: list[str] = [result.status]
     if result.seconds is not None:
@@ -26,10 +39,14 @@ def cell(result: PairResult) -> str:
         parts.append(format_bytes(result.size))
     if result.coverage is not None:
         parts.append(f"{result.coverage:.0%} on EP")
+    mark = GENERATED_MARK if generated_only(result.device, result.samples_origin) else ""
     if result.verification == "passed" and result.max_rel_error is not None:
-        parts.append(f"verified {result.max_rel_error:.2%}")
+        parts.append(f"verified {result.max_rel_error:.2%}{mark}")
+    elif result.verification == "failed":
+        error = "" if result.max_rel_error is None else f" {result.max_rel_error:.2%}"
+        parts.append(f"verification failed{error}{mark}")
     elif result.verification is not None:
-        parts.append(result.verification)
+        parts.append(result.verification + mark)
     return " · ".join(parts)
 
 
@@ -57,6 +74,8 @@ def render_report(report: RunReport) -> str:
     rows = matrix_rows(report)
     headers = list(rows[0]) if rows else ["model"]
     out = [table(headers, [[row[h] for h in headers] for row in rows])]
+    if any(GENERATED_MARK in cell for row in rows for cell in row.values()):
+        out.append(GENERATED_LEGEND)
     for result in report.variants:
         if result.status == "failed":
             out.append(f"FAILED {result.model} × {result.target}: {result.error}")
@@ -94,16 +113,18 @@ def render_manifest(manifest: Manifest, store: str) -> str:
     )
     headers = ["model", "target", "ep", "device", "status", "size", "coverage", "verified"]
     headers += ["compiled", "compatibility"]
-    return header + "\n" + table(headers, rows)
+    legend = [GENERATED_LEGEND] if any(GENERATED_MARK in row[7] for row in rows) else []
+    return "\n".join([header, table(headers, rows), *legend])
 
 
 def _verified(variant: VariantEntry) -> str:
     check = variant.verification
     if check is None:
         return "-"
-    if check.status == "passed" and check.max_rel_error is not None:
-        return f"passed {check.max_rel_error:.2%}"
-    return check.status
+    mark = GENERATED_MARK if generated_only(variant.device, check.samples_origin) else ""
+    if check.status in ("passed", "failed") and check.max_rel_error is not None:
+        return f"{check.status} {check.max_rel_error:.2%}{mark}"
+    return check.status + mark
 
 
 def device_rows(report: DeviceReport) -> list[dict[str, str]]:

@@ -38,11 +38,10 @@ class RunPlan(BaseModel):
     def report(
         self, results: dict[tuple[str, str], PairResult], generation: int, published: bool
     ) -> RunReport:
-        """The run's report in spec order; pairs without a result were up to date."""
+        """The run's report in spec order; pairs without a result were up to date (and
+        failed, when a failed compile of these very inputs is what they are up to)."""
         ordered = [
-            results.get((p.request.model, p.request.target))
-            or PairResult.of(p.request, p.previous, "skipped", None)
-            for p in self.pairs
+            results.get((p.request.model, p.request.target)) or _up_to_date(p) for p in self.pairs
         ]
         return RunReport(
             generation=generation,
@@ -63,6 +62,21 @@ class RunPlan(BaseModel):
         )
 
 
+SETTLED = "up to date, not compiled again until its inputs change (--force compiles it)"
+
+
+def _up_to_date(pair: PlannedPair) -> PairResult:
+    previous = pair.previous
+    failure = previous.failure_for(pair.request.fingerprint) if previous else None
+    if failure is None and pair.work_pool and previous and previous.status == "failed":
+        failure = previous  # its pool skipped it: a failure of the pool's fingerprint
+    if failure is None:
+        return PairResult.of(pair.request, previous, "skipped", None)
+    result = PairResult.of(pair.request, failure, "failed", None)
+    kept = "; an older build stays published" if failure is not previous else ""
+    return result.model_copy(update={"error": f"{failure.error} [{SETTLED}{kept}]"})
+
+
 class PairResult(BaseModel):
     model: str
     target: str
@@ -77,6 +91,8 @@ class PairResult(BaseModel):
     verification: Literal["passed", "failed", "unverified"] | None = None
     max_rel_error: float | None = None
     verification_seconds: float | None = None
+    samples_origin: Literal["spec", "generated"] | None = None
+    device: Literal["cpu", "gpu", "npu"] | None = None
 
     @classmethod
     def of(
@@ -105,6 +121,10 @@ class PairResult(BaseModel):
             verification_seconds=(
                 entry.verification.seconds if entry and entry.verification else None
             ),
+            samples_origin=(
+                entry.verification.samples_origin if entry and entry.verification else None
+            ),
+            device=pair.device,
         )
 
 

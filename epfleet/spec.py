@@ -6,7 +6,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 import eps
@@ -17,9 +25,13 @@ from epfleet.manifest import (
     NAME_MAX_LENGTH,
     NAME_PATTERN,
 )
-from eps.base import DeviceType, GraphOptimization
+from eps.base import LOOSEST_TOLERANCE, DeviceType, GraphOptimization
 
 WORK_POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+DEFAULT_VERIFY_TIMEOUT = 600.0
+MAX_NESTING = 32
+"""How deep a spec's YAML may nest (a fleet spec needs 5 levels): PyYAML composes nodes
+recursively, and a deeper document would exhaust Python's stack."""
 
 
 class ModelSpec(BaseModel):
@@ -127,7 +139,9 @@ class TargetSpec(BaseModel):
         "samples); the EP module's default for the target's precision when omitted",
     )
     verify_timeout: float = Field(
-        default=600, gt=0, description="Seconds one verification may take"
+        default=DEFAULT_VERIFY_TIMEOUT,
+        gt=0,
+        description="Seconds one verification may take; past it the pair fails",
     )
 
     @property
@@ -150,6 +164,21 @@ class TargetSpec(BaseModel):
                 )
             stringified[str(key)] = "1" if value is True else "0" if value is False else str(value)
         return stringified
+
+    @field_validator("tolerance", "abs_tolerance")
+    @classmethod
+    def _bounded(cls, value: float | None, info: ValidationInfo) -> float | None:
+        loosest = (
+            LOOSEST_TOLERANCE.relative
+            if info.field_name == "tolerance"
+            else LOOSEST_TOLERANCE.absolute
+        )
+        if value is not None and not value <= loosest:
+            raise ValueError(
+                f"{value:g} is looser than any variant may be verified with ({loosest:g}): "
+                "a device refuses such an entry; quantise or fix the model instead"
+            )
+        return value
 
     @field_validator("ep")
     @classmethod
@@ -275,12 +304,65 @@ def parse_spec(data: Any, origin: str = "spec") -> FleetSpec:
 
 
 def load_spec(path: Path) -> FleetSpec:
+    """The spec at ``path``; BadInputError on one line naming the file (and the line, where
+    known) when it cannot be read, is not UTF-8, is not YAML or nests too deep."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise BadInputError(f"cannot read spec {path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BadInputError(f"{path} is not valid YAML: {exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise BadInputError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the spec as UTF-8"
+        ) from None
+    try:
+        data = _SpecLoader.load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = " ".join(str(exc.problem or exc.context).split())
+        if exc.context and exc.problem:
+            problem += f" ({' '.join(exc.context.split())})"
+        kind = "" if isinstance(exc, _TooDeep) else "not valid YAML: "
+        raise BadInputError(f"{where}: {kind}{problem}") from None
+    except yaml.YAMLError as exc:  # a character YAML does not allow, at a position
+        position = getattr(exc, "position", None)
+        at = f":{text[:position].count(chr(10)) + 1}" if isinstance(position, int) else ""
+        problem = " ".join(str(exc).split("\n")[0].split())
+        raise BadInputError(f"{path}{at}: not valid YAML: {problem}") from None
     return parse_spec(data, origin=str(path))
+
+
+class _TooDeep(yaml.MarkedYAMLError):
+    pass
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing documents nested deeper than ``MAX_NESTING``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self._depth = 0
+
+    @classmethod
+    def load(cls, text: str) -> Any:
+        loader = cls(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_NESTING:
+                mark = self.peek_event().start_mark
+                raise _TooDeep(
+                    problem=f"nested more than {MAX_NESTING} levels deep (a fleet spec needs 5)",
+                    problem_mark=mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1

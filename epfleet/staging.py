@@ -24,6 +24,7 @@ from epfleet.compiler import CompileJob
 from epfleet.errors import BadInputError, IntegrityError, StoreError
 from epfleet.filesets import LocalSet, check_external_data, file_set, link_or_copy
 from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.input_memory import check_input_memory
 from epfleet.manifest import PackageFile, SamplesRef, SourceEntry, files_key
 from epfleet.plan import CompileRequest, samples_key, source_key
 from epfleet.samples import GOLDEN_VERSION
@@ -182,7 +183,8 @@ def stage_source(
     model: ModelSpec, uri: str, static_eps: set[str], store: Store
 ) -> tuple[SourceEntry, PreparedSource]:
     """Hash the source's files, check that its input_shapes apply (and leave every input
-    static when an EP in ``static_eps`` needs that), and upload them content-addressed,
+    static when an EP in ``static_eps`` needs that, and one sample of inputs fits in
+    memory: ``check_input_memory``), and upload them content-addressed,
     once: the main file under sources/, the others (external data, a folder's other
     files) under files/. Also returns the source with its shapes fixed."""
     where = f"models[{model.name}].source"
@@ -205,6 +207,7 @@ def stage_source(
             prepare_model(
                 loaded, model.input_shapes, bool(static_eps), " and ".join(sorted(static_eps))
             )
+            check_input_memory(loaded)  # before the golden samples try to allocate them
         except ValueError as exc:
             raise BadInputError(f"models[{model.name}] ({uri}): {exc}") from None
         sha256, size = sha256_file(main_path)

@@ -73,6 +73,10 @@ def golden_for(job: GoldenJob) -> int:
         ) from None
     except WorkerDied as exc:
         raise EpfleetError(f"the source crashed the CPU EP ({exc})") from None
+    except MemoryError as exc:
+        raise EpfleetError(
+            f"running the source on the CPU EP ran out of memory: {summarize(exc, 300)}"
+        ) from None
     except ValueError as exc:  # the samples file does not fit the model
         raise BadInputError(str(exc)) from None
     except EpfleetError:
@@ -94,6 +98,8 @@ class VerifyJob(BaseModel):
     abs_tolerance: float = 0.0
     source_path: str | None = None
     """The source (a failure in fp16 is then checked for intermediates past its range)."""
+    samples_origin: Literal["spec", "generated"] | None = None
+    """Where the golden inputs came from, recorded with the result."""
 
 
 def run_verification(job: VerifyJob) -> Verification:
@@ -104,7 +110,7 @@ def run_verification(job: VerifyJob) -> Verification:
             job.artifact_path, job.ep, job.provider_options, job.device, job.label
         )
     except HealthCheckError as exc:
-        return _checked(job, "failed", str(exc), started, samples=len(samples))
+        return _checked(job, "failed", str(exc), started, samples=len(samples), ran=True)
     except (MissingExtraError, EpfleetError) as exc:  # NoDeviceError is a CompileError
         reason = f"this host cannot run {job.ep} on a {job.device} device: {exc}"
         return _checked(job, "unverified", reason)
@@ -113,7 +119,9 @@ def run_verification(job: VerifyJob) -> Verification:
         outputs = run_samples(session, samples, f"{job.ep} loaded {job.label}")
         comparison = compare(outputs, reference)
     except (HealthCheckError, ValueError) as exc:
-        return _checked(job, "failed", str(exc), started, samples=len(samples), runner=runner)
+        return _checked(
+            job, "failed", str(exc), started, samples=len(samples), runner=runner, ran=True
+        )
     failure = comparison.failure(job.tolerance, job.abs_tolerance)
     if failure and job.source_path and computes_in_fp16(job):
         failure += fp16_overflow(job.source_path, samples)
@@ -124,6 +132,7 @@ def run_verification(job: VerifyJob) -> Verification:
         started,
         samples=len(samples),
         runner=runner,
+        ran=True,
         max_abs_error=_rounded(comparison.max_abs_error),
         max_rel_error=_rounded(comparison.max_rel_error),
         top1_agreement=comparison.top1_agreement,
@@ -131,6 +140,9 @@ def run_verification(job: VerifyJob) -> Verification:
 
 
 FP16_MAX = 65504.0
+SENTINEL_FLOOR = 3.4028235e38 / 1024
+"""Magnitudes from here to float32's largest (3.4e38) are mask sentinels (finfo.min,
+finfo.max and values computed from them), not results of computation."""
 
 
 def computes_in_fp16(job: VerifyJob) -> bool:
@@ -142,10 +154,11 @@ def computes_in_fp16(job: VerifyJob) -> bool:
 
 
 def fp16_overflow(source_path: str, samples: list[Any]) -> str:
-    """Why a variant computing in fp16 may be far off: the source's intermediate values on
-    the samples that float16 cannot hold ("" when none, or when the source's weights are
-    in external data: this check loads the whole graph into one session)."""
-    import numpy as np
+    """Why a variant computing in fp16 may be far off: the largest value the source's
+    intermediates reach on the samples past what float16 holds ("" when none, or when
+    the source's weights are in external data: this check loads the whole graph into one
+    session). Values already infinite or NaN in fp32 (a Log of 0) and mask sentinels
+    are not overflows of fp16: they are left out (``computed_peak``)."""
     import onnx
     import onnxruntime as ort
 
@@ -163,8 +176,8 @@ def fp16_overflow(source_path: str, samples: list[Any]) -> str:
         largest: dict[str, float] = {}
         for sample in samples:
             for name, value in zip(wanted, session.run(wanted, sample), strict=True):
-                if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size:
-                    peak = float(np.abs(value.astype(np.float64)).max())
+                peak = computed_peak(value)
+                if peak is not None:
                     largest[name] = max(largest.get(name, 0.0), peak)
     except Exception:  # a diagnosis only: the failure stands without it
         return ""
@@ -174,10 +187,23 @@ def fp16_overflow(source_path: str, samples: list[Any]) -> str:
     peak, name = over[0]
     return (
         f"; the source's intermediate {name!r} reaches {peak:,.0f} on the samples, past "
-        f"float16's largest value ({FP16_MAX:,.0f}; {len(over)} intermediate(s) in all): "
-        "computed in fp16 it overflows. Quantise the model, or compile for a backend that "
-        "computes in fp32"
+        f"float16's largest value ({FP16_MAX:,.0f}; {len(over)} intermediate(s) in all, "
+        "not counting values already infinite in fp32 or mask sentinels): computed in fp16 "
+        "it overflows. Quantise the model, or compile for a backend that computes in fp32"
     )
+
+
+def computed_peak(value: Any) -> float | None:
+    """The largest magnitude among a float array's values that computation reached: NaN
+    and infinities (already past fp32) and mask sentinels (``SENTINEL_FLOOR`` and up)
+    left out. None for anything else, or when nothing is left."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or not value.size:
+        return None
+    magnitudes = np.abs(value[np.isfinite(value)].astype(np.float64))
+    computed = magnitudes[magnitudes < SENTINEL_FLOOR]
+    return float(computed.max()) if computed.size else None
 
 
 def _rounded(value: float) -> float:
@@ -189,9 +215,11 @@ def _checked(
     status: Literal["passed", "failed", "unverified"],
     reason: str | None,
     started: float | None = None,
+    ran: bool = False,
     **measured: Any,
 ) -> Verification:
-    """The job's verification record: its tolerances, and the seconds since ``started``."""
+    """The job's verification record: its tolerances, the seconds since ``started`` and,
+    when the variant ``ran`` on the golden inputs, where those came from."""
     seconds = None if started is None else round(time.perf_counter() - started, 3)
     return Verification(
         status=status,
@@ -199,24 +227,33 @@ def _checked(
         tolerance=job.tolerance,
         abs_tolerance=job.abs_tolerance,
         seconds=seconds,
+        samples_origin=job.samples_origin if ran else None,
         **measured,
     )
 
 
 def verify_artifact(job: VerifyJob, timeout: float) -> Verification:
-    """``run_verification`` in a killable worker: a crash is ``failed``, running past
-    ``timeout`` is ``unverified``."""
+    """``run_verification`` in a killable worker. A variant that could not be checked
+    because it ran past ``timeout``, crashed its process or ran out of memory is
+    ``failed``: nothing unchecked is published."""
     started = time.perf_counter()
     try:
         return shared_workers().call(run_verification, job, timeout)
     except WorkerTimeout:
-        reason = f"verification ran past its time limit of {timeout:g} s (verify_timeout)"
-        return _checked(job, "unverified", reason, started)
+        reason = (
+            f"verification ran past its time limit of {timeout:g} s (verify_timeout); its "
+            "process was killed. Raise the target's verify_timeout, or set verify: false "
+            "to publish it unverified"
+        )
     except WorkerDied as exc:
         reason = f"{job.ep} crashed the process running {job.label} ({exc})"
-        return _checked(job, "failed", reason, started)
-    except ValueError as exc:
+    except MemoryError as exc:
+        reason = f"verifying {job.label} ran out of memory: {summarize(exc, 300)}"
+    except ValueError as exc:  # the golden file is malformed
         return _checked(job, "failed", str(exc))
+    except Exception as exc:
+        reason = f"verifying {job.label} failed unexpectedly: {summarize(exc, 400)}"
+    return _checked(job, "failed", reason, started)
 
 
 def skipped(reason: str) -> Verification:

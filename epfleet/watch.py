@@ -3,7 +3,8 @@
 A published pair is *stale* when it was compiled with another ORT or EP package
 version than the compile workers now have, and *missing* when the spec has it but
 the manifest does not. Both are worth a compile. A pair that failed with the very
-versions the workers still have would fail again: it is reported, not retried.
+versions the workers still have would fail again (also one whose older build stays
+published beside that failure, ``failed_build``): it is reported, not retried.
 
 Device reports say which devices run a model on something the fleet did not publish
 for them (a local build or the CPU fallback). Devices with the same EPs and hardware
@@ -97,6 +98,11 @@ def check_pairs(spec: FleetSpec, manifest: Manifest | None, runtime: Runtime) ->
         if worker_ep is None:
             # A compile started from here could not build it: never trigger one.
             checks.append(check(status="unknown", reason=f"{target.ep} is not installed here"))
+            continue
+        newer = variant.failed_build
+        if newer and (newer.ort_version, newer.ep_version) == (runtime.ort_version, worker_ep):
+            reason = f"failed with these very versions (an older build stays): {newer.error}"
+            checks.append(check(status="failing", reason=reason))
             continue
         changes = []
         if variant.ort_version != runtime.ort_version:

@@ -18,7 +18,7 @@ from prefect.futures import as_completed
 
 from epfleet.build import build_variant, describe_verification
 from epfleet.manifest import SamplesRef, SourceEntry, VariantEntry
-from epfleet.outcomes import CompiledVariant, PairOutcome, failed_outcome, ok_outcome
+from epfleet.outcomes import CompiledVariant, PairOutcome, ok_outcome, outcome_of_failure
 from epfleet.plan import CompileRequest
 from epfleet.planning import plan_run
 from epfleet.publishing import Published, publish
@@ -105,7 +105,8 @@ def publish_task(
 
 def compile_all(requests: list[CompileRequest], store: str, workers: int) -> list[PairOutcome]:
     """Run ``compile_task`` for every request on the flow's task runner, logging progress
-    as each finishes. A failed pair becomes a failed outcome; it never stops the others.
+    as each finishes. A failed pair becomes a failed outcome (``outcome_of_failure``); it
+    never stops the others.
     Call from inside a flow."""
     logger = get_run_logger()
     futures = {compile_task.submit(request, store, workers): request for request in requests}
@@ -115,7 +116,7 @@ def compile_all(requests: list[CompileRequest], store: str, workers: int) -> lis
         try:
             outcome = ok_outcome(request, future.result())
         except Exception as exc:
-            outcome = failed_outcome(request, str(exc))
+            outcome = outcome_of_failure(request, exc)
         outcomes.append(outcome)
         logger.info(
             "[%d/%d] %s × %s: %s",

@@ -39,6 +39,7 @@ VARIANT_KEYS = {
     "verification",
     "max_rel_error",
     "verification_seconds",
+    "samples_origin",
 }
 
 

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from epfleet.manifest import (
     ArtifactRef,
+    Coverage,
     Manifest,
     SamplesRef,
     SourceEntry,
@@ -89,6 +90,55 @@ def test_failure_never_replaces_a_working_build() -> None:
     assert "newer compile failed: boom" in (kept.error or "")
     # The same build failing again on some worker changes nothing at all.
     assert run(first, {"m": source()}, {("m", "t"): variant("failed")}).manifest is None
+
+
+def test_a_failure_keeps_its_measurements_and_settles_its_inputs() -> None:
+    checked = Coverage(ep_nodes=3, other_nodes=0, fraction=1.0)
+    failed_check = Verification(status="failed", max_rel_error=0.37, tolerance=0.05, seconds=2.5)
+    rejected = variant(
+        "failed", fingerprint="f2", coverage=checked, verification=failed_check, error="wrong"
+    )
+    # A new pair: the failed entry itself, with what was measured.
+    alone = run(None, {"m": source()}, {("m", "t"): rejected}).manifest
+    assert alone is not None
+    entry = alone.models["m"].variants["t"]
+    assert (entry.coverage, entry.verification) == (checked, failed_check)
+    assert entry.failure_for("f2") == entry and entry.failure_for("f3") is None
+    # Beside a working build: the build stays, the failure and its measurements beside it.
+    first = run(None, {"m": source()}, {("m", "t"): variant()}).manifest
+    second = run(first, {"m": source()}, {("m", "t"): rejected}).manifest
+    assert second is not None
+    kept = second.models["m"].variants["t"]
+    assert kept.status == "ok" and kept.fingerprint == "f1" and kept.artifact is not None
+    assert kept.failed_build is not None and kept.failed_build.verification == failed_check
+    assert kept.failure_for("f1") is None  # its own inputs built fine
+    as_failed = kept.failure_for("f2")
+    assert as_failed is not None and as_failed.status == "failed"
+    assert (as_failed.error, as_failed.fingerprint, as_failed.artifact) == ("wrong", "f2", None)
+    assert (as_failed.coverage, as_failed.verification) == (checked, failed_check)
+    assert Manifest.from_json(second.to_json()) == second  # round-trips as published
+    # The failure's record is left out of entries without one: their bytes are unchanged.
+    assert b"failed_build" not in first.to_json() and b"samples_origin" not in first.to_json()
+
+
+@pytest.mark.parametrize(
+    "loosened",
+    [{"tolerance": 1e9}, {"tolerance": 0.26}, {"abs_tolerance": 0.5}, {"tolerance": -1.0}],
+)
+def test_an_entry_loosening_a_devices_check_past_the_bound_is_refused(loosened: dict) -> None:
+    check = {"status": "passed", "tolerance": 0.05, "abs_tolerance": 1e-3} | loosened
+    entry = variant().model_dump(mode="json") | {"verification": check}
+    document = {"generation": 1, "models": {"m": {"source": source().model_dump(mode="json")}}}
+    document["models"]["m"]["variants"] = {"t": entry}
+    with pytest.raises(ValidationError, match="verification"):
+        Manifest.from_json(json.dumps(document).encode())
+    nan = json.dumps(document).replace(json.dumps(check), '{"status": "passed", "tolerance": NaN}')
+    assert "NaN" in nan
+    with pytest.raises(ValidationError):
+        Manifest.from_json(nan.encode())
+    bounded = check | {"tolerance": 0.25, "abs_tolerance": 0.05}
+    document["models"]["m"]["variants"]["t"]["verification"] = bounded
+    assert Manifest.from_json(json.dumps(document).encode()).generation == 1
 
 
 def test_new_source_drops_variants_built_from_the_old_one() -> None:

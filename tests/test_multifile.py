@@ -33,7 +33,7 @@ from epfleet.manifest import (
     files_key,
     merge,
 )
-from epfleet.outcomes import PairOutcome, failed_outcome, ok_outcome
+from epfleet.outcomes import PairOutcome, ok_outcome, outcome_of_failure
 from epfleet.plan import CompileRequest, fingerprinted, listing_key
 from epfleet.planning import plan_run
 from epfleet.publish_rules import to_publish
@@ -109,7 +109,7 @@ def compile_and_publish(spec: Path, store_uri: str) -> tuple[Manifest, list[Pair
         try:
             outcomes.append(ok_outcome(pair.request, build_variant(pair.request, store, 1)))
         except Exception as exc:
-            outcomes.append(failed_outcome(pair.request, str(exc)))
+            outcomes.append(outcome_of_failure(pair.request, exc))
     variants = {(m, t): entry for m, t, entry in to_publish(plan, outcomes)}
     publish(store, plan.sources, plan.published_sources, variants, plan.samples)
     manifest, _ = read_manifest(store)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+import yaml
 
 from epfleet.errors import BadInputError
 from epfleet.planning import plan_run
@@ -92,6 +93,60 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     broken.write_text("models: [\n")
     with pytest.raises(BadInputError, match="not valid YAML"):
         load_spec(broken)
+
+
+def test_encoding_nesting_and_syntax_errors_are_one_line_with_file_and_line(
+    tmp_path: Path,
+) -> None:
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"models:\n  - name: m\n    source: m.onnx  # caf\xe9\n")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("models: " + "[" * 50_000 + "]" * 50_000 + "\n")  # a RecursionError
+    indented = tmp_path / "indented.yaml"
+    indented.write_text("models:\n" + "".join(" " * i + "a:\n" for i in range(1, 200)))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models: [a\n  b: {\n")
+    nul = tmp_path / "nul.yaml"
+    nul.write_bytes(b"targets: []\nmodels: \x00\n")
+    expected = {
+        latin1: f"{latin1}:3: not UTF-8 text (byte 0xe9); save the spec as UTF-8",
+        deep: f"{deep}:1: nested more than 32 levels deep (a fleet spec needs 5)",
+        indented: f"{indented}:32: nested more than 32 levels deep (a fleet spec needs 5)",
+        broken: f"{broken}:2: not valid YAML: expected ',' or ']', but got ':' "
+        "(while parsing a flow sequence)",
+        nul: f"{nul}:2: not valid YAML: unacceptable character #x0000: special characters "
+        "are not allowed",
+    }
+    for path, message in expected.items():
+        with pytest.raises(BadInputError) as raised:
+            load_spec(path)
+        assert str(raised.value) == message
+
+
+def test_a_spec_nesting_as_deep_as_allowed_loads(tmp_path: Path) -> None:
+    nested = {"name": "m", "source": "m.onnx", "input_shapes": {"x": [1, 3, 8, 8]}}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(spec(models=[nested]), sort_keys=False))
+    assert load_spec(path).models[0].input_shapes == {"x": [1, 3, 8, 8]}
+
+
+def test_tolerances_looser_than_any_device_accepts_are_refused_naming_the_target() -> None:
+    loose = [
+        {"name": "loose-rel", "ep": "CPUExecutionProvider", "tolerance": 0.3},
+        {"name": "loose-abs", "ep": "CPUExecutionProvider", "abs_tolerance": 1e9},
+        {"name": "nan", "ep": "CPUExecutionProvider", "tolerance": float("nan")},
+    ]
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(spec(targets=loose))
+    message = str(raised.value)
+    assert (
+        "targets[loose-rel].tolerance: 0.3 is looser than any variant may be verified with "
+        "(0.25): a device refuses such an entry"
+    ) in message
+    assert "targets[loose-abs].abs_tolerance: 1e+09 is looser than any variant" in message
+    assert "targets[nan].tolerance: Input should be greater than 0" in message
+    edge = {"name": "edge", "ep": "CPUExecutionProvider", "tolerance": 0.25, "abs_tolerance": 0.05}
+    assert parse_spec(spec(targets=[edge])).targets[0].tolerance == 0.25
 
 
 def test_missing_source_is_refused_before_compiling(tmp_path: Path) -> None:

@@ -4,8 +4,10 @@ plugin's HTP backend, which executes context binaries on this x86 CPU."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,14 @@ from epfleet.samples import (
     write_golden,
 )
 from epfleet.stores import open_store
-from epfleet.verify import GoldenJob, VerifyJob, make_golden, verify_artifact
+from epfleet.verify import (
+    GoldenJob,
+    VerifyJob,
+    computed_peak,
+    fp16_overflow,
+    make_golden,
+    verify_artifact,
+)
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
 pytestmark = pytest.mark.fast
@@ -160,6 +169,7 @@ def test_a_variant_is_run_on_its_own_ep_and_an_altered_one_fails(
 
     passed = verify_output(request, output, open_store(str(store)))
     assert passed.status == "passed", passed.reason
+    assert passed.samples_origin == "generated"  # the spec names no samples file
     assert passed.runner is not None and passed.runner.startswith(request.ep)
     assert passed.max_rel_error is not None and passed.max_rel_error <= request.tolerance
     assert passed.samples == 1
@@ -217,7 +227,7 @@ def _endless_loop_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_a_verification_past_its_time_limit_is_unverified_and_killed(tmp_path: Path) -> None:
+def test_a_verification_past_its_time_limit_fails_and_is_killed(tmp_path: Path) -> None:
     model = tmp_path / "endless.onnx"
     onnx.save(_endless_loop_model(), str(model))
     golden = tmp_path / "golden.npz"
@@ -232,8 +242,10 @@ def test_a_verification_past_its_time_limit_is_unverified_and_killed(tmp_path: P
         tolerance=1e-3,
     )
     result = verify_artifact(job, timeout=3)
-    assert result.status == "unverified"
-    assert result.reason == "verification ran past its time limit of 3 s (verify_timeout)"
+    assert result.status == "failed"  # unchecked is never published ok
+    assert result.reason is not None
+    assert result.reason.startswith("verification ran past its time limit of 3 s (verify_timeout)")
+    assert "Raise the target's verify_timeout, or set verify: false" in result.reason
     assert result.seconds is not None and result.seconds < 30
 
 
@@ -320,9 +332,95 @@ def test_an_fp16_failure_names_the_source_intermediate_past_float16s_range(
     store = open_store(str(tmp_path / "store"))
     failed = verify_output(pair.request, output, store, str(source))
     assert failed.status == "failed", failed
+    assert failed.samples_origin == "spec"
     assert failed.reason is not None
     assert "the source's intermediate 'wide' reaches 240,000 on the samples" in failed.reason
-    assert "past float16's largest value (65,504; 1 intermediate(s) in all)" in failed.reason
+    assert "past float16's largest value (65,504; 1 intermediate(s) in all" in failed.reason
     # without the source, the failure stands alone
     plain = verify_output(pair.request, output, store)
     assert plain.status == "failed" and "intermediate" not in (plain.reason or "")
+
+
+def _overflows_beside_sentinels(path: Path) -> Path:
+    """Three real fp16 overflows on ones (x @ W reaches 240,000, x * 1e5 100,000, their sum
+    340,000) beside values that are not fp16's problem: Log(0) is -inf already in fp32,
+    and an attention-style mask fills with float32's lowest value (finfo.min), then adds
+    x to it."""
+    lowest = float(np.finfo(np.float32).min)
+    keep = np.array([[True, False] * 4])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Sub", ["x", "x"], ["zeros"]),
+            helper.make_node("Log", ["zeros"], ["log0"]),
+            helper.make_node("Max", ["log0", "nothing"], ["floor"]),
+            helper.make_node("Where", ["keep", "x", "lowest"], ["masked"]),
+            helper.make_node("Add", ["masked", "x"], ["masked_shifted"]),
+            helper.make_node("Max", ["masked_shifted", "nothing"], ["clipped"]),
+            helper.make_node("MatMul", ["x", "w"], ["wide"]),
+            helper.make_node("Mul", ["x", "big"], ["mid"]),
+            helper.make_node("Add", ["wide", "mid"], ["both"]),
+            helper.make_node("Mul", ["both", "scale"], ["scaled"]),
+            helper.make_node("Add", ["scaled", "floor"], ["partial"]),
+            helper.make_node("Add", ["partial", "clipped"], ["y"]),
+        ],
+        "sentinels",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [
+            numpy_helper.from_array(np.full((8, 8), 3e4, dtype=np.float32), "w"),
+            numpy_helper.from_array(np.array(1e5, dtype=np.float32), "big"),
+            numpy_helper.from_array(np.array(1e-5, dtype=np.float32), "scale"),
+            numpy_helper.from_array(np.array(0.0, dtype=np.float32), "nothing"),
+            numpy_helper.from_array(np.array(lowest, dtype=np.float32), "lowest"),
+            numpy_helper.from_array(keep, "keep"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_the_fp16_diagnosis_skips_fp32_infinities_and_mask_sentinels(tmp_path: Path) -> None:
+    source = _overflows_beside_sentinels(tmp_path / "sentinels.onnx")
+    why = fp16_overflow(str(source), [{"x": np.ones((1, 8), dtype=np.float32)}])
+    # Before: the -inf of Log(0) (or the 3.4e38 of the mask) was named as the overflow.
+    assert "the source's intermediate 'both' reaches 340,000 on the samples" in why, why
+    assert "(65,504; 3 intermediate(s) in all, not counting values already infinite" in why
+
+
+def test_computed_peak_leaves_out_non_finite_values_and_sentinels() -> None:
+    lowest = np.finfo(np.float32).min
+    assert computed_peak(np.array([1.0, -np.inf, np.nan, 3.0], np.float32)) == 3.0
+    assert computed_peak(np.array([lowest, lowest + 5, -7.0], np.float32)) == 7.0
+    assert computed_peak(np.array([-1e9, 2.0], np.float32)) == 1e9  # not a float32 limit
+    assert computed_peak(np.array([np.inf, lowest], np.float32)) is None
+    assert computed_peak(np.array([1, 2], np.int64)) is None
+
+
+def _golden_too_large_to_load(path: Path) -> Path:
+    """A golden file whose arrays' headers declare 364 TiB each (and hold no data):
+    loading it runs out of memory inside the verification worker."""
+    header = io.BytesIO()
+    shape = {"descr": "<f4", "fortran_order": False, "shape": (10**7, 10**7)}
+    np.lib.format.write_array_header_1_0(header, shape)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("input/0/x.npy", header.getvalue())
+        archive.writestr("output/0/0.npy", header.getvalue())
+    return path
+
+
+def test_a_verification_that_runs_out_of_memory_fails(tmp_path: Path, model_dir: Path) -> None:
+    job = VerifyJob(
+        label="tiny-cls × x86-cpu",
+        artifact_path=str(model_dir / "tiny-cls.onnx"),
+        golden_path=str(_golden_too_large_to_load(tmp_path / "golden.npz")),
+        ep="CPUExecutionProvider",
+        device="cpu",
+        provider_options={},
+        tolerance=1e-3,
+    )
+    result = verify_artifact(job, timeout=120)
+    assert result.status == "failed"
+    assert result.reason is not None
+    assert result.reason.startswith("verifying tiny-cls × x86-cpu ran out of memory: Unable to")

@@ -91,4 +91,23 @@ def test_a_partial_compile_is_published_verified_or_refused_by_min_coverage(
         "QNNExecutionProvider took 75% of 'partial' (3 of 4 nodes), below the target's "
         "min_coverage 1; left out: NonZero"
     )
-    assert published.variants["sd8g2-htp"].status == "failed"
+    # The refused build keeps what was measured, in --json and in the manifest.
+    assert refused["coverage"] == 0.75 and refused["seconds"] is not None
+    failed = published.variants["sd8g2-htp"]
+    assert failed.status == "failed" and failed.coverage is not None
+    assert failed.coverage.fraction == 0.75 and failed.coverage.other_op_types == ["NonZero"]
+    assert by_target["sd8g3-htp"]["samples_origin"] == "generated"
+
+    # Up to date, failed: the next run compiles nothing and reports the same failure.
+    again = epfleet("compile", str(spec), "--store", str(store), "--json", env=cli_env)
+    assert again.returncode == 1, again.stderr
+    report = json.loads(again.stdout)
+    assert (report["compiled"], report["skipped"], report["failed"]) == (0, 1, 1)
+    settled = {v["target"]: v for v in report["variants"]}["sd8g2-htp"]
+    assert settled["error"].startswith(refused["error"] + " [up to date, not compiled again")
+    assert settled["coverage"] == 0.75
+    assert Manifest.from_json((store / "manifest.json").read_bytes()).models["partial"] == (
+        published
+    )
+    shown = epfleet("manifest", "show", "--store", str(store), env=cli_env).stdout
+    assert "passed" in shown and "†" in shown  # HTP verified on generated inputs only

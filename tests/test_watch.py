@@ -13,7 +13,14 @@ from epfleet.device_report import (
     ModelReport,
     VariantVerdict,
 )
-from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
+from epfleet.manifest import (
+    ArtifactRef,
+    FailedBuild,
+    Manifest,
+    ModelEntry,
+    SourceEntry,
+    VariantEntry,
+)
 from epfleet.spec import parse_spec
 from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved
 from eps.base import Verdict
@@ -128,6 +135,27 @@ def test_failed_with_same_versions_is_not_retried_but_with_new_ones_is() -> None
     checks = {(c.model, c.target): c for c in check_pairs(SPEC, fleet, RUNTIME)}
     assert checks[("det", "sd8g3-htp")].status == "failing"
     assert "QNN said no" in checks[("det", "sd8g3-htp")].reason
+    assert checks[("cls", "sd8g3-htp")].status == "stale"
+
+
+def test_an_older_build_kept_beside_a_failure_with_the_same_versions_is_not_retried() -> None:
+    fleet = current_fleet()
+    older = variant(QNN, ep_version="2.6.0")
+    failed = FailedBuild(
+        fingerprint="f2",
+        error="verification failed: output 0 differs",
+        compiled_at=NOW,
+        ort_version="1.32.0",
+        ep_version="2.7.0",
+    )
+    fleet.models["det"].variants["sd8g3-htp"] = older.model_copy(update={"failed_build": failed})
+    fleet.models["cls"].variants["sd8g3-htp"] = older  # no failure recorded: stale
+    checks = {(c.model, c.target): c for c in check_pairs(SPEC, fleet, RUNTIME)}
+    assert checks[("det", "sd8g3-htp")].status == "failing"
+    assert checks[("det", "sd8g3-htp")].reason == (
+        "failed with these very versions (an older build stays): verification failed: "
+        "output 0 differs"
+    )
     assert checks[("cls", "sd8g3-htp")].status == "stale"
 
 

@@ -1,7 +1,8 @@
 """The device's health check: run a variant before activating it, in a worker process.
 
 On the model's golden samples when the manifest has them (compared with the source's
-outputs within the variant's tolerance), on zero inputs otherwise. The session
+outputs within the variant's tolerance, never looser than ``eps.base.LOOSEST_TOLERANCE``),
+on zero inputs otherwise. The session
 helpers are shared with the compile host's verification (``epfleet.running``).
 """
 
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 from epfleet.errors import EpfleetError, HealthCheckError, summarize
 from epfleet.running import input_infos, open_session, run_samples
 from epfleet.samples import compare, read_golden
-from eps.base import DeviceType, Tolerance
+from eps.base import DeviceType, Tolerance, bounded
 
 
 class HealthJob(BaseModel):
@@ -71,7 +72,9 @@ def check_health(job: HealthJob) -> Health:
         comparison = compare(outputs, reference)
     except ValueError as exc:
         raise HealthCheckError(f"{name} disagrees with its golden samples: {exc}") from None
-    allowed = job.tolerance or Tolerance(relative=0.0, absolute=0.0)
+    # Never looser than LOOSEST_TOLERANCE, whatever the entry says (an entry validated
+    # under older rules, or signed with a stolen online key).
+    allowed = bounded(job.tolerance or Tolerance(relative=0.0, absolute=0.0))
     failure = comparison.failure(allowed.relative, allowed.absolute)
     if failure:
         raise HealthCheckError(f"{name} on its golden samples: {failure}; not activated")
