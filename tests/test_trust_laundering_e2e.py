@@ -1,7 +1,7 @@
 # ruff: noqa: F401, F811  (fleet_store, a fixture imported from test_sync, is a parameter name)
 """The laundering attack, end to end: someone who can write to a signed store but holds no
-key rewrites ``manifest.json`` to point a model at their own artifact (with a tolerance
-that passes anything) and uploads it; then the routine operations run as an operator runs
+key rewrites ``manifest.json`` to point a model at their own artifact (with the loosest
+tolerance the manifest's rules allow) and uploads it; then the routine operations run as an operator runs
 them: ``epfleet trust refresh``, ``epfleet compile`` of another model, and the
 trust-refresh flow (the deployment's work) on a Prefect API. A device that trusts the
 store's root syncs before and after: it keeps the genuine variant, and the attacker's is
@@ -76,7 +76,7 @@ def device_sync(uri: str, cache: Path, root: Path) -> ModelReport:
 
 def plant_evil_variant(store: Store) -> str:
     """The attack: an artifact of the attacker's in the store, and manifest.json pointing
-    MODEL's CPU variant at it with tolerances that pass anything. Returns its sha256."""
+    MODEL's CPU variant at it with the loosest tolerances the rules allow. Returns its sha256."""
     found = store.read(MANIFEST_KEY)
     assert found is not None
     manifest = Manifest.from_json(found.data)
@@ -93,7 +93,7 @@ def plant_evil_variant(store: Store) -> str:
     variant.artifact = variant.artifact.model_copy(
         update={"uri": key, "sha256": digest, "size": len(data)}
     )
-    variant.verification = Verification(status="passed", tolerance=1e9, abs_tolerance=1e9)
+    variant.verification = Verification(status="passed", tolerance=0.25, abs_tolerance=0.05)
     manifest.generation += 1
     store.write(MANIFEST_KEY, manifest.to_json())
     return digest
