@@ -21,7 +21,7 @@ from loopback import Relay, moto_in_own_process  # bench/, beside this script
 
 from epfleet.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
 from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry, utcnow
-from epfleet.spec import parse_spec
+from epfleet.spec_file import parse_spec
 from epfleet.stores import open_store
 from epfleet.watch import Runtime, check_pairs, find_unserved
 from epfleet.watch_inputs import READ_THREADS, read_reports

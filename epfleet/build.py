@@ -15,7 +15,7 @@ from pathlib import Path
 
 from epfleet.compiler import CompileOutput, check_coverage, discard
 from epfleet.errors import CompileError
-from epfleet.manifest import Verification, files_key
+from epfleet.manifest import PrecisionTried, Verification, files_key
 from epfleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
 from epfleet.plan import CompileRequest, listing_key, variant_key
 from epfleet.pool import shared_pool
@@ -25,11 +25,52 @@ from epfleet.verify import VerifyJob, skipped, verify_artifact
 
 
 def build_variant(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
-    """Compile one pair in this machine's shared pool of ``workers`` processes and upload
-    its artifact once it passed its checks. RejectedBuild (a CompileError carrying the
-    failed entry and its measurements) when it compiles short of its coverage floor or
-    fails verification; CompileError when it does not compile; store errors raise
-    through."""
+    """Build one pair at each precision of its ladder in turn (``build_at``) and publish
+    the first that passes its checks; its entry names the precisions that lost and why.
+    With one precision, what ``build_at`` raises raises through; when every precision of
+    a ladder fails, RejectedBuild with each one's reason."""
+    rungs = request.rungs
+    tried: list[PrecisionTried] = []
+    seconds = 0.0
+    last: CompileError | None = None
+    for rung in rungs:
+        try:
+            built = build_at(rung, store, workers)
+        except CompileError as exc:
+            if len(rungs) == 1:
+                raise
+            last = exc
+            rejected = exc.entry if isinstance(exc, RejectedBuild) else None
+            seconds += exc.seconds if isinstance(exc, RejectedBuild) else 0.0
+            verified = rejected.verification if rejected else None
+            tried.append(
+                PrecisionTried(
+                    precision=rung.precision or "fp32",
+                    reason=str(exc)[:TRIED_REASON_CHARS],
+                    max_rel_error=verified.max_rel_error if verified else None,
+                )
+            )
+            continue
+        entry = built.entry.model_copy(update={"precision_tried": tried})
+        return CompiledVariant(entry=entry, seconds=round(seconds + built.seconds, 3))
+    assert last is not None
+    summary = "no precision of the ladder passed: " + "; ".join(
+        f"{t.precision}: {t.reason}" for t in tried
+    )
+    base = last.entry if isinstance(last, RejectedBuild) else failed_entry(rungs[-1], summary)
+    entry = base.model_copy(update={"error": summary, "precision_tried": tried[:-1]})
+    raise RejectedBuild(entry, round(seconds, 3))
+
+
+TRIED_REASON_CHARS = 1500
+
+
+def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
+    """Compile one pair at its precision in this machine's shared pool of ``workers``
+    processes and upload its artifact once it passed its checks. RejectedBuild (a
+    CompileError carrying the failed entry and its measurements) when it compiles short
+    of its coverage floor or fails verification; CompileError when it does not compile;
+    store errors raise through."""
     job = compile_job_for(request, store)
     output = shared_pool(workers).run(job)
     key = variant_key(request.model, request.target, output.sha256)
@@ -39,7 +80,9 @@ def build_variant(request: CompileRequest, store: Store, workers: int) -> Compil
         except CompileError as exc:
             rejected = failed_entry(request, str(exc), output.coverage)
             raise RejectedBuild(rejected, output.seconds) from None
-        verification = verify_output(request, output, store, job.source_path)
+        # A QDQ variant's failure is traced in the float model it was quantised from.
+        source = output.qdq_float_path or job.source_path
+        verification = verify_output(request, output, store, source)
         if verification.status == "failed":
             error = f"verification failed: {verification.reason}"
             rejected = failed_entry(request, error, output.coverage, verification)
@@ -94,6 +137,8 @@ def verify_output(
         abs_tolerance=request.abs_tolerance,
         source_path=source_path,
         samples_origin=request.samples_origin,
+        precision=request.precision,
+        qdq_path=output.qdq_path,
     )
     return verify_artifact(job, request.verify_timeout)
 

@@ -100,7 +100,7 @@ def _prune(spec: Path, store: str) -> dict[str, object]:
     """Retire what the spec no longer lists; say what went on stderr."""
     from epfleet.report import format_bytes
     from epfleet.retire import Retirement, apply_retirement
-    from epfleet.spec import load_spec
+    from epfleet.spec_file import load_spec
     from epfleet.stores import MANIFEST_KEY, open_store
 
     opened = open_store(store)
@@ -221,7 +221,7 @@ def _run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunRepo
     with ThreadPoolExecutor(max(1, min(len(plan.to_compile), 4 * workers))) as threads:
         outcomes = list(threads.map(build, plan.to_compile))
     variants = {(m, t): entry for m, t, entry in to_publish(plan, outcomes)}
-    published = publish(store, plan.sources, plan.published_sources, variants, plan.samples)
+    published = publish(store, plan.sources, plan.published_sources, variants, plan.model_facts)
     report, refused = settle(plan, outcomes, published)
     for result in refused:
         print(f"epfleet: {result.model} × {result.target}: {result.error}", file=sys.stderr)

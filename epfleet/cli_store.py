@@ -115,7 +115,7 @@ def retire(
     """
     from epfleet.report import format_bytes
     from epfleet.retire import apply_retirement
-    from epfleet.spec import load_spec
+    from epfleet.spec_file import load_spec
     from epfleet.stores import open_store
 
     if spec is not None and not unlisted:

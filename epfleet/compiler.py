@@ -24,8 +24,9 @@ from epfleet.errors import CompileError, ep_errors, summarize
 from epfleet.filesets import external_locations, link_or_copy, listed_files
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes, sha256_file
-from epfleet.manifest import Coverage, FileSet, PackageFile, files_key
+from epfleet.manifest import Coverage, FileSet, PackageFile, Quantization, files_key
 from epfleet.plan import CompileRequest
+from epfleet.quantize import quantized_source
 from epfleet.shapes import prepare_model, uses_external_data
 from eps.base import GraphOptimization, Layout, ort_level
 
@@ -41,6 +42,8 @@ class CompileJob(BaseModel):
     request: CompileRequest
     source_path: str
     workdir: str
+    calibration_path: str | None = None
+    """The model's calibration inputs, for a request at an integer precision."""
 
 
 class CompileOutput(BaseModel):
@@ -58,6 +61,11 @@ class CompileOutput(BaseModel):
     compatibility_written_by: str  # "ep" or "epfleet"
     seconds: float
     coverage: Coverage | None = None
+    quantization: Quantization | None = None
+    """How the QDQ model of an integer variant was made."""
+    qdq_path: str | None = None
+    """That QDQ model, and the float model it was quantised from (for ``blame_layers``)."""
+    qdq_float_path: str | None = None
 
 
 def compatibility_key(ep_name: str) -> str:
@@ -113,6 +121,11 @@ def compile_job(job: CompileJob) -> CompileOutput:
     request = job.request
     module = eps.load(request.ep)
     src = prepared_source(job, module.requires_static_shapes)
+    quantized: tuple[Path, Path, Quantization] | None = None
+    if request.integer:
+        calibration = Path(job.calibration_path) if job.calibration_path else None
+        quantized = quantized_source(request, src, Path(job.workdir), calibration)
+        src = quantized[0]
     variants = Path(job.workdir) / "variants"
     variants.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=variants, prefix=f"{request.model}.{request.target}."))
@@ -159,6 +172,9 @@ def compile_job(job: CompileJob) -> CompileOutput:
         compatibility_written_by=written_by,
         seconds=round(time.perf_counter() - started, 3),
         coverage=coverage,
+        quantization=quantized[2] if quantized else None,
+        qdq_path=str(quantized[0]) if quantized else None,
+        qdq_float_path=str(quantized[1]) if quantized else None,
     )
 
 

@@ -9,7 +9,6 @@ All URIs are keys relative to the store root.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
@@ -23,8 +22,15 @@ from pydantic import (
 )
 
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest_checks import Coverage, FailedBuild, Verification
+from epfleet.manifest_checks import (
+    Coverage,
+    FailedBuild,
+    PrecisionTried,
+    Quantization,
+    Verification,
+)
 from epfleet.stores.base import check_key
+from eps.base import Precision
 
 # Bump whenever validation tightens: a device then re-fetches, and so re-validates, the
 # manifest it cached under the older rules instead of trusting it. 6: verification
@@ -175,6 +181,21 @@ class VariantEntry(FileSet):
         exclude_if=lambda build: build is None,
         description="The newest compile for other inputs, which failed (this build stays)",
     )
+    precision: Precision | None = Field(
+        default=None,
+        exclude_if=lambda precision: precision is None,
+        description="What the variant computes in (None: recorded before precisions were)",
+    )
+    precision_tried: list[PrecisionTried] = Field(
+        default_factory=list,
+        exclude_if=lambda tried: not tried,
+        description="Precisions of the target's ladder tried first, and why each lost",
+    )
+    quantization: Quantization | None = Field(
+        default=None,
+        exclude_if=lambda quantization: quantization is None,
+        description="How an integer variant's QDQ model was made",
+    )
 
     @model_validator(mode="after")
     def _status_fields(self) -> VariantEntry:
@@ -236,6 +257,18 @@ class ModelEntry(_Strict):
     samples: SamplesRef | None = Field(
         default=None, description="Golden samples a device checks a new variant against"
     )
+    calibration: ArtifactRef | None = Field(
+        default=None,
+        exclude_if=lambda calibration: calibration is None,
+        description="The inputs integer variants were calibrated on (.npz; never the "
+        "golden samples' inputs)",
+    )
+    preference: list[Name] = Field(
+        default_factory=list,
+        exclude_if=lambda preference: not preference,
+        description="The spec's targets in its order: of variants a device can run "
+        "equally well, it takes the one listed first",
+    )
     variants: dict[Name, VariantEntry] = Field(
         default_factory=dict, description="Keyed by target name"
     )
@@ -259,104 +292,6 @@ def json_schema() -> str:
     return json.dumps(Manifest.model_json_schema(), indent=2, sort_keys=True) + "\n"
 
 
-class Merged(BaseModel):
-    manifest: Manifest | None = Field(description="The next manifest; None when unchanged")
-    conflicts: list[str] = Field(
-        default_factory=list,
-        description="Models whose source another publisher changed since this run planned",
-    )
-
-
-def merge(
-    current: Manifest | None,
-    sources: dict[str, SourceEntry],
-    planned_on: dict[str, SourceEntry | None],
-    variants: dict[tuple[str, str], VariantEntry],
-    samples: dict[str, SamplesRef | None] | None = None,
-    present: Callable[[ArtifactRef], bool] | None = None,
-) -> Merged:
-    """Apply one run's sources and (model, target) results to ``current``.
-
-    ``planned_on`` holds each model's source entry as the run found it when it planned.
-    The rules:
-
-    - Entries this run did not touch are kept: concurrent runs on different models
-      never drop each other's work.
-    - A model whose source entry (sha256 or input shapes) changes loses the variants
-      built for the old one: a device must never pair a source with a variant of
-      something else.
-    - If another publisher changed a model's source since this run planned, that model
-      is left as they published it and reported in ``conflicts``.
-    - A failed compile never replaces a working build. If the failure was for other
-      inputs (a new fingerprint), the working entry records it in ``error`` and, with
-      its measurements, in ``failed_build``.
-    - A rebuild that is the same build with other bytes (``rebuilt_alike``) keeps the
-      published artifact and files while ``present`` says each is still in the store.
-    - ``samples`` sets each model's golden samples.
-    """
-    base = current or Manifest()
-    models = dict(base.models)  # ``current`` is never changed: an entry is copied to change it
-    copied: set[str] = set()
-
-    def editable(name: str) -> ModelEntry:
-        if name not in copied:
-            models[name] = models[name].model_copy(deep=True)
-            copied.add(name)
-        return models[name]
-
-    conflicts = []
-    changed = False
-    for name, source in sources.items():
-        published = models[name].source if name in models else None
-        if published == source:
-            continue
-        if published != planned_on.get(name):
-            conflicts.append(name)
-            continue
-        models[name] = ModelEntry(source=source)
-        copied.add(name)
-        changed = True
-    for name, golden in (samples or {}).items():
-        if name in conflicts or name not in models or models[name].samples == golden:
-            continue
-        editable(name).samples = golden
-        changed = True
-    for (model_name, target), variant in variants.items():
-        if model_name in conflicts:
-            continue
-        previous = models[model_name].variants.get(target)
-        if previous is not None and previous.status == "ok" and variant.status == "failed":
-            if previous.fingerprint == variant.fingerprint:
-                continue  # the same build failed again here (e.g. no device on this worker)
-            failed = FailedBuild.model_validate(variant.model_dump(include=_FAILED_FIELDS))
-            variant = previous.model_copy(
-                update={
-                    "error": f"kept this build; a newer compile failed: {variant.error}",
-                    "failed_build": failed,
-                }
-            )
-        if (
-            previous is not None
-            and previous.artifact is not None
-            and present is not None
-            and previous.rebuilt_alike(variant)
-            and all(present(ref) for ref in [previous.artifact, *previous.files])
-        ):
-            kept = {"artifact": previous.artifact, "model_file": previous.model_file}
-            variant = variant.model_copy(update=kept | {"files": previous.files})
-        if previous is not None and previous.same_build(variant):
-            continue
-        editable(model_name).variants[target] = variant
-        changed = True
-    if not changed:
-        return Merged(manifest=None, conflicts=conflicts)
-    manifest = Manifest(generation=base.generation + 1, published_at=utcnow(), models=models)
-    return Merged(manifest=manifest, conflicts=conflicts)
-
-
-_FAILED_FIELDS = set(FailedBuild.model_fields)
-
-
 def referenced_keys(manifest: Manifest | None) -> set[str]:
     """Every store key the manifest names: sources, samples, variant artifacts and the
     files beside sources and variants."""
@@ -366,6 +301,8 @@ def referenced_keys(manifest: Manifest | None) -> set[str]:
         keys.update(f.uri for f in entry.source.files)
         if entry.samples is not None:
             keys.add(entry.samples.uri)
+        if entry.calibration is not None:
+            keys.add(entry.calibration.uri)
         for variant in entry.variants.values():
             if variant.artifact is not None:
                 keys.add(variant.artifact.uri)

@@ -1,6 +1,8 @@
 """What the compile host measured of a variant, as the manifest records it: how much of
 the graph the EP took (``Coverage``), how the variant compared with its source
-(``Verification``), and a failed compile kept beside a working build (``FailedBuild``).
+(``Verification``), a failed compile kept beside a working build (``FailedBuild``), and
+how it reached its precision (``PrecisionTried``: the ladder's precisions that lost;
+``Quantization``: how its QDQ model was made).
 
 Pure pydantic models; ``epfleet.manifest`` holds them in its entries. A device checks a
 new variant with the tolerances recorded here, so they are bounded: no entry, signed or
@@ -14,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eps.base import LOOSEST_TOLERANCE
+from eps.base import LOOSEST_TOLERANCE, Precision
 
 
 class _Strict(BaseModel):
@@ -78,3 +80,29 @@ class FailedBuild(_Strict):
     ep_version: str | None = None
     coverage: Coverage | None = None
     verification: Verification | None = None
+
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class PrecisionTried(_Strict):
+    """A precision of the target's ladder tried before the one published, and why it lost."""
+
+    precision: Precision
+    reason: str = Field(max_length=2000)
+    max_rel_error: float | None = Field(default=None, description="Its verification's error")
+
+
+class Quantization(_Strict):
+    """How an integer variant's QDQ model was made from the fp32 source (ORT's QNN
+    quantisation tools), or that the source was QDQ already."""
+
+    qdq_sha256: str = Field(pattern=SHA256_PATTERN, description="The QDQ model compiled")
+    calibration_sha256: str | None = Field(
+        default=None, pattern=SHA256_PATTERN, description="None: the source was QDQ already"
+    )
+    calibration_samples: int = Field(default=0, ge=0)
+    method: str | None = Field(default=None, description="Calibration method, e.g. minmax")
+    per_channel: bool = False
+    nodes_to_exclude: list[str] = Field(default_factory=list)
+    seconds: float | None = Field(default=None, description="Time the quantise step took")

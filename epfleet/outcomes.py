@@ -75,6 +75,8 @@ def ok_entry(
         fingerprint=request.fingerprint,
         coverage=output.coverage,
         verification=verification,
+        precision=request.precision,
+        quantization=output.quantization,
     )
 
 
@@ -115,6 +117,7 @@ def failed_entry(
         fingerprint=request.fingerprint,
         coverage=coverage,
         verification=verification,
+        precision=request.precision,
     )
 
 

@@ -13,14 +13,22 @@ from epfleet import RECIPE_VERSION
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import (
     MODEL_FILE,
+    ArtifactRef,
     Manifest,
     PackageFile,
     SamplesRef,
     SourceEntry,
     VariantEntry,
 )
-from epfleet.spec import DEFAULT_VERIFY_TIMEOUT, ModelSpec, TargetSpec
-from eps.base import FP16_TOLERANCE, DeviceType, GraphOptimization
+from epfleet.spec import DEFAULT_VERIFY_TIMEOUT, CalibrateMethod, ModelSpec, TargetSpec
+from eps.base import (
+    FP16_TOLERANCE,
+    INTEGER_PRECISIONS,
+    TOLERANCE_OF,
+    DeviceType,
+    GraphOptimization,
+    Precision,
+)
 
 
 def source_key(sha256: str) -> str:
@@ -41,8 +49,32 @@ def listing_key(artifact_key: str) -> str:
     return artifact_key.removesuffix(".onnx") + ".files.json"
 
 
+class Rung(BaseModel):
+    """One precision of a target's ladder, with what a compile at it is built and verified
+    with."""
+
+    precision: Precision
+    provider_options: dict[str, str]
+    tolerance: float
+    abs_tolerance: float
+
+
+class QuantizeOptions(BaseModel):
+    """How the quantise step makes the QDQ model of an integer precision (the spec's
+    ``quantization``) and from which calibration inputs."""
+
+    calibration: ArtifactRef | None = Field(
+        description="The calibration inputs (.npz) in the store; None: the source is QDQ"
+    )
+    per_channel: bool = False
+    calibrate_method: CalibrateMethod = "minmax"
+    nodes_to_exclude: list[str] = Field(default_factory=list)
+
+
 class CompileRequest(BaseModel):
-    """What a compile task needs: names, store keys and digests, never a loaded model."""
+    """What a compile task needs: names, store keys and digests, never a loaded model.
+    It builds at ``precision`` (its ``provider_options`` and tolerances are that rung's);
+    ``fallbacks`` are the ladder's later rungs, tried in order when it fails verification."""
 
     model: str
     target: str
@@ -83,12 +115,35 @@ class CompileRequest(BaseModel):
     samples_problem: str | None = Field(
         default=None, description="Why the model has no golden samples"
     )
+    precision: Precision | None = Field(
+        default=None, description="What it builds at; None: the EP's default (older requests)"
+    )
+    fallbacks: list[Rung] = Field(
+        default_factory=list, description="The ladder's later precisions, tried in order"
+    )
+    quantize: QuantizeOptions | None = Field(
+        default=None, description="How to make the QDQ model of an integer precision"
+    )
     fingerprint: str
 
     @property
     def source_main_sha256(self) -> str:
         """The sha256 of the source's main file (its key's content)."""
         return self.source_file_sha256 or self.source_sha256
+
+    @property
+    def rungs(self) -> list[CompileRequest]:
+        """The request at each precision of its ladder, in order (itself first)."""
+        later = [
+            self.model_copy(update={**rung.model_dump(), "fallbacks": []})
+            for rung in self.fallbacks
+        ]
+        return [self.model_copy(update={"fallbacks": []}), *later]
+
+    @property
+    def integer(self) -> bool:
+        """Whether it builds a QDQ model's variant."""
+        return self.precision in INTEGER_PRECISIONS
 
 
 def source_fields(source: SourceEntry) -> dict[str, object]:
@@ -138,6 +193,13 @@ def fingerprinted(
     if request.verify_timeout != DEFAULT_VERIFY_TIMEOUT:
         # Only when not the default: pairs with the default keep their fingerprints.
         payload["verify_timeout"] = request.verify_timeout
+    # Each only where precisions matter: float pairs of one precision keep their fingerprints.
+    if request.precision in INTEGER_PRECISIONS:
+        payload["precision"] = request.precision
+    if request.fallbacks:
+        payload["fallbacks"] = [rung.model_dump() for rung in request.fallbacks]
+    if request.quantize is not None:
+        payload["quantize"] = request.quantize.model_dump(mode="json")
     if not request.embed_context or request.external_initializers:
         # Only when not the single-file layout: single-file pairs keep their fingerprints.
         payload["layout"] = {
@@ -160,6 +222,36 @@ class PlannedPair(BaseModel):
     )
 
 
+def ladder_of(target: TargetSpec) -> list[Rung]:
+    """The target's precisions, each with the provider options that build it and the
+    tolerances it is verified with (the spec's, else its precision's default)."""
+    module = eps.load(target.ep)
+    rungs = []
+    for precision in target.ladder:
+        default = TOLERANCE_OF[precision]
+        rungs.append(
+            Rung(
+                precision=precision,
+                provider_options=module.with_precision(precision, target.provider_options),
+                tolerance=default.relative if target.tolerance is None else target.tolerance,
+                abs_tolerance=default.absolute
+                if target.abs_tolerance is None
+                else target.abs_tolerance,
+            )
+        )
+    return rungs
+
+
+def quantize_options(model: ModelSpec, calibration: ArtifactRef | None) -> QuantizeOptions:
+    options = model.quantization
+    return QuantizeOptions(
+        calibration=calibration,
+        per_channel=options.per_channel,
+        calibrate_method=options.calibrate_method,
+        nodes_to_exclude=options.nodes_to_exclude,
+    )
+
+
 def plan_pairs(
     pairs: list[tuple[ModelSpec, TargetSpec]],
     sources: dict[str, SourceEntry],
@@ -171,6 +263,7 @@ def plan_pairs(
     force: bool,
     stored_size: Callable[[str], int | None],
     embed_max_bytes: int | None = None,
+    calibrations: dict[str, ArtifactRef | None] | None = None,
 ) -> list[PlannedPair]:
     """Decide compile or skip for each pair. A pair is skipped when the manifest holds an
     ok build with the same fingerprint whose artifact and files are still in the store
@@ -183,12 +276,17 @@ def plan_pairs(
     planned = []
     for model, target in pairs:
         source = sources[model.name]
+        first, *fallbacks = ladder_of(target)
+        calibration = (calibrations or {}).get(model.name)
         unfingerprinted = CompileRequest(
             model=model.name,
             target=target.name,
             ep=target.ep,
             device=target.device_type,
-            provider_options=target.provider_options,
+            provider_options=first.provider_options,
+            precision=first.precision,
+            fallbacks=fallbacks,
+            quantize=quantize_options(model, calibration) if target.quantizes else None,
             input_shapes=model.input_shapes,
             **source_fields(source),  # type: ignore[arg-type]
             embed_context=(
@@ -200,13 +298,12 @@ def plan_pairs(
             graph_optimization=target.graph_optimization or "basic",  # set by validation
             min_coverage=target.min_coverage,
             verify=target.verify,
-            tolerance=target.tolerance or FP16_TOLERANCE.relative,  # set by validation
-            abs_tolerance=FP16_TOLERANCE.absolute
-            if target.abs_tolerance is None
-            else target.abs_tolerance,
+            tolerance=first.tolerance,
+            abs_tolerance=first.abs_tolerance,
             verify_timeout=target.verify_timeout,
             samples=samples.get(model.name),
-            samples_origin="spec" if model.samples else "generated",
+            # a model with calibration inputs and no samples is verified on held-out ones
+            samples_origin="spec" if model.samples or calibration else "generated",
             samples_problem=samples_problems.get(model.name),
             fingerprint="",
         )

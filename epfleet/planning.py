@@ -7,19 +7,34 @@ the pairs a fleet run handed over to it.
 
 from __future__ import annotations
 
+import logging
+import shutil
+from contextlib import ExitStack
 from pathlib import Path
 
 import eps
 from epfleet import ort_version
+from epfleet.calibration import StagedCalibration, stage_calibration
 from epfleet.errors import BadInputError, EpfleetError, ep_errors
 from epfleet.handover import PoolPair
-from epfleet.manifest import SamplesRef, SourceEntry
+from epfleet.manifest import ArtifactRef, SamplesRef, SourceEntry
 from epfleet.plan import CompileRequest, decide_pair, fingerprinted, plan_pairs
 from epfleet.publishing import read_in_force
+from epfleet.quantize import is_qdq
 from epfleet.runs import RunPlan
-from epfleet.spec import FleetSpec, TargetSpec, load_spec
-from epfleet.staging import resolve_source, stage_samples, stage_source
-from epfleet.stores import open_store
+from epfleet.spec import FleetSpec, ModelSpec, TargetSpec
+from epfleet.spec_file import load_spec
+from epfleet.staging import (
+    PreparedSource,
+    cache_dir,
+    local_source,
+    resolve_source,
+    stage_samples,
+    stage_source,
+)
+from epfleet.stores import Store, open_store
+
+logger = logging.getLogger(__name__)
 
 
 def _identity(target: TargetSpec) -> dict[str, str]:
@@ -54,6 +69,7 @@ def plan_run(
     published = manifest.models if manifest else {}
     sources: dict[str, SourceEntry] = {}
     samples: dict[str, SamplesRef | None] = {}
+    calibrations: dict[str, ArtifactRef | None] = {}
     problems: dict[str, str] = {}
     for name, static in static_eps.items():
         model = spec.model(name)
@@ -61,21 +77,39 @@ def plan_run(
             model, resolve_source(spec_path, model.source), static, store
         )
         before = published.get(name)
-        try:
-            samples[name] = stage_samples(
-                model,
-                resolve_source(spec_path, model.samples) if model.samples else None,
-                sources[name],
-                prepared,
-                before.samples if before and before.source == sources[name] else None,
-                store,
-            )
-        except BadInputError:
-            raise
-        except EpfleetError as exc:
-            samples[name], problems[name] = None, f"no golden samples: {exc}"
+        with ExitStack() as stack:
+            samples_uri = resolve_source(spec_path, model.samples) if model.samples else None
+            quantizing = [t.name for m, t in pairs if m.name == name and t.quantizes]
+            if quantizing and not is_qdq(prepared.model):
+                staged = _calibration(spec_path, model, quantizing, samples_uri, prepared, store)
+                calibrations[name] = staged.ref
+                if staged.held_out is not None:
+                    stack.callback(shutil.rmtree, staged.held_out.parent, ignore_errors=True)
+                    samples_uri = str(staged.held_out)
+            try:
+                samples[name] = stage_samples(
+                    model,
+                    samples_uri,
+                    sources[name],
+                    prepared,
+                    before.samples if before and before.source == sources[name] else None,
+                    store,
+                )
+            except BadInputError:
+                raise
+            except EpfleetError as exc:
+                samples[name], problems[name] = None, f"no golden samples: {exc}"
     planned = plan_pairs(
-        pairs, sources, samples, problems, manifest, ort_version(), identities, force, store.size
+        pairs,
+        sources,
+        samples,
+        problems,
+        manifest,
+        ort_version(),
+        identities,
+        force,
+        store.size,
+        calibrations=calibrations,
     )
     return RunPlan(
         store=store_uri,
@@ -89,7 +123,65 @@ def plan_run(
         published_samples={
             name: published[name].samples if name in published else None for name in sources
         },
+        calibrations=calibrations,
+        published_calibrations={
+            name: published[name].calibration if name in published else None
+            for name in calibrations
+        },
+        preferences=(preferences := _preferences(spec, pairs)),
+        published_preferences={
+            name: published[name].preference if name in published else [] for name in preferences
+        },
     )
+
+
+def _preferences(
+    spec: FleetSpec, pairs: list[tuple[ModelSpec, TargetSpec]]
+) -> dict[str, list[str]]:
+    """Each model's targets in the spec's order: the whole spec's, whichever pairs run."""
+    return {
+        model.name: [t.name for t in spec.targets if t.models is None or model.name in t.models]
+        for model in {m.name: m for m, _ in pairs}.values()
+    }
+
+
+def _calibration(
+    spec_path: Path,
+    model: ModelSpec,
+    quantizing: list[str],
+    samples_uri: str | None,
+    prepared: PreparedSource,
+    store: Store,
+) -> StagedCalibration:
+    if model.calibration is None:
+        raise BadInputError(
+            f"models[{model.name}]: target(s) {', '.join(quantizing)} build integer (QDQ) "
+            "variants, which are calibrated on inputs like the model's real data: give "
+            f"models[{model.name}].calibration, an .npz of arrays by input name with a "
+            "leading sample axis (without samples, a fifth of them are held out to verify on)"
+        )
+    scratch = cache_dir() / "work"
+    scratch.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        field = f"models[{model.name}]"
+        calibration = stack.enter_context(
+            local_source(resolve_source(spec_path, model.calibration), f"{field}.calibration")
+        )
+        samples = (
+            stack.enter_context(local_source(samples_uri, f"{field}.samples"))
+            if samples_uri
+            else None
+        )
+        staged = stage_calibration(model, calibration, samples, prepared.model, scratch, store)
+    if staged.held_out is not None:
+        logger.warning(
+            "models[%s]: no samples given, so %d of its %d calibration inputs are held out "
+            "to verify its integer variants on, and not calibrated on",
+            model.name,
+            staged.held_out_count,
+            staged.held_out_count + staged.count,
+        )
+    return staged
 
 
 def plan_on_pool(

@@ -37,12 +37,11 @@ from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.manifest import (
     Manifest,
-    SamplesRef,
     SourceEntry,
     VariantEntry,
-    merge,
     referenced_keys,
 )
+from epfleet.merging import ModelFacts, merge
 from epfleet.settings import settings
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import LocalStore
@@ -269,7 +268,7 @@ def publish(
     sources: dict[str, SourceEntry],
     planned_on: dict[str, SourceEntry | None],
     variants: dict[tuple[str, str], VariantEntry],
-    samples: dict[str, SamplesRef | None] | None = None,
+    facts: ModelFacts | None = None,
 ) -> Published:
     """Merge a run into the manifest with ``update_manifest`` (see ``merge`` for what a run
     may change)."""
@@ -281,7 +280,7 @@ def publish(
             sources,
             planned_on,
             variants,
-            samples,
+            facts,
             present=lambda ref: store.size(ref.uri) == ref.size,
         )
         conflicts[:] = merged.conflicts

@@ -11,7 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from epfleet.manifest import SamplesRef, SourceEntry, VariantEntry
+from epfleet.manifest import ArtifactRef, SamplesRef, SourceEntry, VariantEntry
+from epfleet.merging import ModelFacts
 from epfleet.plan import CompileRequest, PlannedPair
 
 DEFAULT_STORE = "./epfleet-store"
@@ -30,6 +31,14 @@ class RunPlan(BaseModel):
         default_factory=dict, description="Each model's golden samples (verification)"
     )
     published_samples: dict[str, SamplesRef | None] = Field(default_factory=dict)
+    calibrations: dict[str, ArtifactRef | None] = Field(
+        default_factory=dict, description="Each model's calibration inputs (integer variants)"
+    )
+    published_calibrations: dict[str, ArtifactRef | None] = Field(default_factory=dict)
+    preferences: dict[str, list[str]] = Field(
+        default_factory=dict, description="Each model's targets, in the spec's order"
+    )
+    published_preferences: dict[str, list[str]] = Field(default_factory=dict)
 
     @property
     def to_compile(self) -> list[PlannedPair]:
@@ -59,6 +68,15 @@ class RunPlan(BaseModel):
             not self.to_compile
             and self.published_sources == self.sources
             and self.published_samples == self.samples
+            and self.published_calibrations == self.calibrations
+            and self.published_preferences == self.preferences
+        )
+
+    @property
+    def model_facts(self) -> ModelFacts:
+        """What the run sets on each model's entry besides its variants."""
+        return ModelFacts(
+            samples=self.samples, calibration=self.calibrations, preference=self.preferences
         )
 
 

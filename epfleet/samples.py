@@ -12,6 +12,7 @@ so it can be stored content-addressed.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import zipfile
 from dataclasses import dataclass
@@ -121,6 +122,24 @@ def write_golden(path: Path, samples: list[Sample], outputs: list[list[np.ndarra
                 _add(archive, f"input/{k}/{name}", sample[name])
             for index, array in enumerate(outputs[k]):
                 _add(archive, f"output/{k}/{index}", array)
+
+
+def write_samples(path: Path, samples: list[Sample]) -> None:
+    """``samples`` in the samples format (arrays by input name, a leading axis of samples),
+    byte for byte the same for the same arrays."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(samples[0]):
+            _add(archive, name, np.stack([sample[name] for sample in samples]))
+
+
+def sample_digest(sample: Sample) -> str:
+    """One sample's identity: its arrays' names, dtypes, shapes and bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(sample):
+        array = np.ascontiguousarray(sample[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def _add(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:

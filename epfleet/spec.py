@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,13 +23,37 @@ from epfleet.manifest import (
     NAME_MAX_LENGTH,
     NAME_PATTERN,
 )
-from eps.base import LOOSEST_TOLERANCE, DeviceType, GraphOptimization
+from eps.base import (
+    INTEGER_PRECISIONS,
+    LOOSEST_TOLERANCE,
+    DeviceType,
+    GraphOptimization,
+    Precision,
+)
 
 WORK_POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 DEFAULT_VERIFY_TIMEOUT = 600.0
-MAX_NESTING = 32
-"""How deep a spec's YAML may nest (a fleet spec needs 5 levels): PyYAML composes nodes
-recursively, and a deeper document would exhaust Python's stack."""
+CalibrateMethod = Literal["minmax", "entropy", "percentile"]
+
+
+class QuantizationSpec(BaseModel):
+    """Options of the quantise step that makes a model's QDQ model for integer variants."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_channel: bool = Field(
+        default=False, description="Quantise Conv and MatMul weights per output channel"
+    )
+    calibrate_method: CalibrateMethod = Field(
+        default="minmax",
+        description="How activation ranges are taken from the calibration inputs: minmax, "
+        "entropy or percentile",
+    )
+    nodes_to_exclude: list[str] = Field(
+        default_factory=list,
+        description="Node names left in float (a failed verification names the layers "
+        "whose error explodes)",
+    )
 
 
 class ModelSpec(BaseModel):
@@ -66,6 +88,18 @@ class ModelSpec(BaseModel):
         "(relative to the spec); an extra leading axis holds several samples. "
         "Omitted: seeded generated inputs",
     )
+    calibration: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Inputs that integer (w8a16, w8a8) variants are calibrated on: an .npz "
+        "in the samples format (relative to the spec), inputs like the real data, none of "
+        "them among the samples. Without samples, a fifth of them (at least one) is held "
+        "out for verification",
+    )
+    quantization: QuantizationSpec = Field(
+        default_factory=lambda: QuantizationSpec(),
+        description="How integer variants are quantised (ORT's QNN quantisation tools)",
+    )
 
     @field_validator("input_shapes")
     @classmethod
@@ -94,6 +128,13 @@ class TargetSpec(BaseModel):
         default=None, description="cpu, gpu or npu; the EP module's default when omitted"
     )
     provider_options: dict[str, str] = Field(default_factory=dict)
+    precision: list[Precision] | None = Field(
+        default=None,
+        description="What variants compute in: fp32, fp16, w8a16 or w8a8 (8-bit weights, "
+        "16- or 8-bit activations: a QDQ model quantised with the model's calibration "
+        "inputs); a list is a ladder, tried in order, the first that passes verification "
+        "published. Omitted: the EP's default for the target's hardware",
+    )
     models: list[str] | None = Field(
         default=None, description="Subset of model names; every model when omitted"
     )
@@ -149,6 +190,22 @@ class TargetSpec(BaseModel):
         """The target's device; validation fills in the EP module's default."""
         assert self.device is not None
         return self.device
+
+    @property
+    def ladder(self) -> list[Precision]:
+        """The precisions to try, in order; validation fills in the EP module's default."""
+        assert self.precision is not None
+        return self.precision
+
+    @property
+    def quantizes(self) -> bool:
+        """Whether some precision of its ladder is an integer one (a QDQ model)."""
+        return any(p in INTEGER_PRECISIONS for p in self.ladder)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _one_or_a_ladder(cls, precision: Any) -> Any:
+        return [precision] if isinstance(precision, str) else precision
 
     @field_validator("provider_options", mode="before")
     @classmethod
@@ -206,17 +263,38 @@ class TargetSpec(BaseModel):
             ) from None
         if self.graph_optimization is None:
             self.graph_optimization = module.default_graph_optimization
-        default = module.default_tolerance(self.provider_options)
-        if self.tolerance is None:
-            self.tolerance = default.relative
-        if self.abs_tolerance is None:
-            self.abs_tolerance = default.absolute
+        self._precisions(module)
         if self.device is None:
             self.device = module.default_device(self.provider_options)
         elif self.device not in module.device_types:
             supported = ", ".join(sorted(module.device_types))
             raise ValueError(f"device {self.device!r}: {self.ep} targets {supported}")
         return self
+
+    def _precisions(self, module: eps.ExecutionProvider) -> None:
+        makes = module.precisions(self.provider_options)
+        if self.precision is None:
+            self.precision = [makes[0]]
+        if not self.precision:
+            raise ValueError("precision: an empty ladder; name at least one precision")
+        if len(set(self.precision)) != len(self.precision):
+            raise ValueError(f"precision: {self.precision} names a precision twice")
+        for precision in self.precision:
+            if precision not in makes:
+                raise ValueError(
+                    f"precision: {precision} is not one this target can make ({self.ep}"
+                    f"{_options_said(self.provider_options)} makes {', '.join(makes)}: "
+                    f"{module.precision_limits(self.provider_options)})"
+                )
+            try:
+                module.with_precision(precision, self.provider_options)
+            except ValueError as exc:
+                raise ValueError(f"provider_options.{exc}") from None
+
+
+def _options_said(options: dict[str, str]) -> str:
+    said = [f"{key} {options[key]}" for key in ("backend_type", "htp_arch") if key in options]
+    return f" with {', '.join(said)}" if said else ""
 
 
 class FleetSpec(BaseModel):
@@ -273,96 +351,3 @@ def _require_known(kind: str, asked: list[str] | None, known: list[str]) -> None
     unknown = sorted(set(asked or ()) - set(known))
     if unknown:
         raise BadInputError(f"unknown {kind} {', '.join(unknown)}; the spec has {', '.join(known)}")
-
-
-def _location(loc: tuple[int | str, ...], data: Any) -> str:
-    """Render a pydantic error location as models[ocr-det].input_shapes.x, naming list items."""
-    path, node = "", data
-    for item in loc:
-        if isinstance(item, int):
-            node = node[item] if isinstance(node, list) and item < len(node) else None
-            label = node.get("name") if isinstance(node, dict) else None
-            path += f"[{label or item}]"
-        else:
-            path += f".{item}" if path else str(item)
-            node = node.get(item) if isinstance(node, dict) else None
-    return path or "spec"
-
-
-def parse_spec(data: Any, origin: str = "spec") -> FleetSpec:
-    """Validate a parsed YAML document; BadInputError naming each offending field."""
-    if not isinstance(data, dict):
-        raise BadInputError(f"{origin}: expected a mapping with 'models' and 'targets'")
-    try:
-        return FleetSpec.model_validate(data)
-    except ValidationError as exc:
-        problems = [
-            f"{_location(tuple(err['loc']), data)}: {err['msg'].removeprefix('Value error, ')}"
-            for err in exc.errors()
-        ]
-        raise BadInputError(f"{origin} is invalid:\n  " + "\n  ".join(problems)) from None
-
-
-def load_spec(path: Path) -> FleetSpec:
-    """The spec at ``path``; BadInputError on one line naming the file (and the line, where
-    known) when it cannot be read, is not UTF-8, is not YAML or nests too deep."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise BadInputError(f"cannot read spec {path}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise BadInputError(
-            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the spec as UTF-8"
-        ) from None
-    try:
-        data = _SpecLoader.load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = " ".join(str(exc.problem or exc.context).split())
-        if exc.context and exc.problem:
-            problem += f" ({' '.join(exc.context.split())})"
-        kind = "" if isinstance(exc, _TooDeep) else "not valid YAML: "
-        raise BadInputError(f"{where}: {kind}{problem}") from None
-    except yaml.YAMLError as exc:  # a character YAML does not allow, at a position
-        position = getattr(exc, "position", None)
-        at = f":{text[:position].count(chr(10)) + 1}" if isinstance(position, int) else ""
-        problem = " ".join(str(exc).split("\n")[0].split())
-        raise BadInputError(f"{path}{at}: not valid YAML: {problem}") from None
-    return parse_spec(data, origin=str(path))
-
-
-class _TooDeep(yaml.MarkedYAMLError):
-    pass
-
-
-class _SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing documents nested deeper than ``MAX_NESTING``."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self._depth = 0
-
-    @classmethod
-    def load(cls, text: str) -> Any:
-        loader = cls(text)
-        try:
-            return loader.get_single_data()
-        finally:
-            loader.dispose()
-
-    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
-        self._depth += 1
-        try:
-            if self._depth > MAX_NESTING:
-                mark = self.peek_event().start_mark
-                raise _TooDeep(
-                    problem=f"nested more than {MAX_NESTING} levels deep (a fleet spec needs 5)",
-                    problem_mark=mark,
-                )
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1

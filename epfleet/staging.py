@@ -369,6 +369,18 @@ def _complete(folder: Path, wanted: list[tuple[str, int]]) -> bool:
 
 
 def compile_job_for(request: CompileRequest, store: Store) -> CompileJob:
-    """The job a compile worker runs for one planned pair, with the source cached locally."""
+    """The job a compile worker runs for one planned pair, with the source (and the
+    calibration inputs of an integer precision) cached locally."""
     source = fetch_source(store, request)
-    return CompileJob(request=request, source_path=str(source), workdir=str(cache_dir() / "work"))
+    calibration = request.quantize.calibration if request.quantize else None
+    calibration_path = (
+        fetch_verified(store, calibration.uri, calibration.sha256, calibration.size)
+        if calibration is not None and request.integer
+        else None
+    )
+    return CompileJob(
+        request=request,
+        source_path=str(source),
+        workdir=str(cache_dir() / "work"),
+        calibration_path=str(calibration_path) if calibration_path else None,
+    )

@@ -27,7 +27,7 @@ from epfleet.manifest import Verification
 from epfleet.running import input_infos, open_session, run_samples
 from epfleet.samples import compare, generated_samples, load_samples, read_golden, write_golden
 from epfleet.shapes import uses_external_data
-from eps.base import DeviceType
+from eps.base import DeviceType, Precision
 
 GOLDEN_TIMEOUT = 900.0
 GENERATED_COUNT = 1
@@ -100,6 +100,11 @@ class VerifyJob(BaseModel):
     """The source (a failure in fp16 is then checked for intermediates past its range)."""
     samples_origin: Literal["spec", "generated"] | None = None
     """Where the golden inputs came from, recorded with the result."""
+    precision: Precision | None = None
+    """What the variant computes in (None: its EP's default for its options)."""
+    qdq_path: str | None = None
+    """The QDQ model an integer variant was compiled from (a failure is then traced to the
+    layers whose quantisation error explodes)."""
 
 
 def run_verification(job: VerifyJob) -> Verification:
@@ -125,6 +130,10 @@ def run_verification(job: VerifyJob) -> Verification:
     failure = comparison.failure(job.tolerance, job.abs_tolerance)
     if failure and job.source_path and computes_in_fp16(job):
         failure += fp16_overflow(job.source_path, samples)
+    elif failure and job.source_path and job.qdq_path:
+        from epfleet.quantize import blame_layers
+
+        failure += blame_layers(job.source_path, job.qdq_path, samples)
     return _checked(
         job,
         "failed" if failure else "passed",
@@ -146,11 +155,11 @@ finfo.max and values computed from them), not results of computation."""
 
 
 def computes_in_fp16(job: VerifyJob) -> bool:
-    """Whether the EP module says this target computes in fp16 (its default tolerance)."""
+    """Whether the variant computes in fp16 (its precision, else its EP's default)."""
     import eps
-    from eps.base import FP16_TOLERANCE
 
-    return eps.load(job.ep).default_tolerance(job.provider_options) == FP16_TOLERANCE
+    precision = job.precision or eps.load(job.ep).precisions(job.provider_options)[0]
+    return precision == "fp16"
 
 
 def fp16_overflow(source_path: str, samples: list[Any]) -> str:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eps.base import (
-    FP16_TOLERANCE,
     SINGLE_FILE,
     DeviceType,
     GraphOptimization,
@@ -26,7 +25,7 @@ from eps.base import (
     LocalTarget,
     MissingExtraError,
     NoDeviceError,
-    Tolerance,
+    Precision,
     check_option_keys,
     ort_level,
 )
@@ -57,9 +56,17 @@ class PluginEP(ABC):
     partitions_graph: bool = True
     default_graph_optimization: GraphOptimization = "basic"
 
-    def default_tolerance(self, provider_options: Mapping[str, str]) -> Tolerance:
-        """Plugin EPs' NPU and GPU devices compute in fp16 by default."""
-        return FP16_TOLERANCE
+    def precisions(self, provider_options: Mapping[str, str]) -> tuple[Precision, ...]:
+        """Plugin EPs' NPU and GPU devices compute float models in fp16 by default."""
+        return ("fp16",)
+
+    def precision_limits(self, provider_options: Mapping[str, str]) -> str:
+        return f"epfleet builds {self.name} variants of float models only"
+
+    def with_precision(
+        self, precision: Precision, provider_options: Mapping[str, str]
+    ) -> dict[str, str]:
+        return dict(provider_options)
 
     @abstractmethod
     def default_device(self, provider_options: Mapping[str, str]) -> DeviceType: ...

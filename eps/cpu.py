@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eps.base import (
-    FP32_TOLERANCE,
     SINGLE_FILE,
     DeviceType,
     ExecutionProvider,
@@ -28,7 +27,7 @@ from eps.base import (
     Layout,
     LocalTarget,
     NoDeviceError,
-    Tolerance,
+    Precision,
     Verdict,
     ort_level,
     ort_version,
@@ -151,8 +150,16 @@ class Cpu:
     partitions_graph = False
     default_graph_optimization: GraphOptimization = "all"
 
-    def default_tolerance(self, provider_options: Mapping[str, str]) -> Tolerance:
-        return FP32_TOLERANCE
+    def precisions(self, provider_options: Mapping[str, str]) -> tuple[Precision, ...]:
+        return ("fp32",)
+
+    def precision_limits(self, provider_options: Mapping[str, str]) -> str:
+        return "the CPU variant is ORT's optimised fp32 model"
+
+    def with_precision(
+        self, precision: Precision, provider_options: Mapping[str, str]
+    ) -> dict[str, str]:
+        return dict(provider_options)
 
     def default_device(self, provider_options: Mapping[str, str]) -> DeviceType:
         return "cpu"

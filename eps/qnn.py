@@ -20,13 +20,11 @@ from typing import TYPE_CHECKING
 
 from eps._plugin import PluginEP, has_device_type
 from eps.base import (
-    FP16_TOLERANCE,
-    FP32_TOLERANCE,
     DeviceType,
     ExecutionProvider,
     LocalTarget,
     NoDeviceError,
-    Tolerance,
+    Precision,
 )
 
 if TYPE_CHECKING:
@@ -34,6 +32,11 @@ if TYPE_CHECKING:
 
 _BACKENDS = {"htp", "cpu", "gpu", "saver"}
 _HTP_ARCHS = {"68", "69", "73", "75", "79", "81"}
+_INTEGER_ONLY_ARCHS = {"68"}
+"""Measured here: the QNN EP takes no float node for v68 (fp16 HTP starts at v69). And
+reported for real v68 parts (QCS6490 in Qualcomm AI Hub's issues): no 16-bit activations,
+although this host's HTP emulator accepts them; an EP module says what the hardware
+does."""
 _DEVICE_OF_BACKEND: dict[str, DeviceType] = {"htp": "npu", "gpu": "gpu", "cpu": "cpu"}
 
 # The keys onnxruntime-qnn 2.7.0 reads (QnnEp's constructor in qnn_execution_provider.cc of
@@ -102,11 +105,42 @@ class Qnn(PluginEP):
     option_keys = OPTION_KEYS
     device_types = frozenset({"npu", "gpu", "cpu"})  # HTP, GPU, CPU backends
 
-    def default_tolerance(self, provider_options: Mapping[str, str]) -> Tolerance:
-        """The HTP computes float models in fp16 (or quantised); the CPU backend in fp32."""
-        if provider_options.get("backend_type", "htp") == "cpu":
-            return FP32_TOLERANCE
-        return FP16_TOLERANCE
+    def precisions(self, provider_options: Mapping[str, str]) -> tuple[Precision, ...]:
+        """The HTP computes float models in fp16 from v69 on and QDQ models in integers;
+        v68 has no fp16 unit and no 16-bit activations; the CPU backend computes in fp32,
+        the GPU backend in fp16."""
+        backend = provider_options.get("backend_type", "htp")
+        if backend != "htp":
+            return ("fp32",) if backend == "cpu" else ("fp16",)
+        if provider_options.get("htp_arch") in _INTEGER_ONLY_ARCHS:
+            return ("w8a8",)
+        return ("fp16", "w8a16", "w8a8")
+
+    def precision_limits(self, provider_options: Mapping[str, str]) -> str:
+        backend = provider_options.get("backend_type", "htp")
+        if backend != "htp":
+            return f"the QNN {backend} backend builds float models only"
+        arch = provider_options.get("htp_arch")
+        if arch in _INTEGER_ONLY_ARCHS:
+            return (
+                f"HTP v{arch} (e.g. Snapdragon 888, QCS6490) has no fp16 unit, and its "
+                "hardware takes 8-bit activations only"
+            )
+        return f"HTP v{arch or '69+'} computes fp16, w8a16 and w8a8"
+
+    def with_precision(
+        self, precision: Precision, provider_options: Mapping[str, str]
+    ) -> dict[str, str]:
+        """fp16 is the HTP's switch to run a float model in fp16; a QDQ model needs none."""
+        options = dict(provider_options)
+        if precision == "fp16" and options.get("backend_type", "htp") == "htp":
+            if options.get("enable_htp_fp16_precision", "1") != "1":
+                raise ValueError(
+                    "enable_htp_fp16_precision: set to 0, but the target builds fp16 "
+                    "variants (precision fp16); remove the option"
+                )
+            options["enable_htp_fp16_precision"] = "1"
+        return options
 
     def default_device(self, provider_options: Mapping[str, str]) -> DeviceType:
         return _DEVICE_OF_BACKEND.get(provider_options.get("backend_type", "htp"), "npu")

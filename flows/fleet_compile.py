@@ -82,7 +82,7 @@ def fleet_compile(
 def _publish(plan: RunPlan, outcomes: list[PairOutcome], store: str) -> RunReport:
     """Publish the run's outcomes (rules: ``epfleet.publish_rules``) and report."""
     variants = to_publish(plan, outcomes)
-    outcome = publish_task(store, plan.sources, plan.published_sources, variants, plan.samples)
+    outcome = publish_task(store, plan.sources, plan.published_sources, variants, plan.model_facts)
     report, refused = settle(plan, outcomes, outcome)
     for result in refused:
         get_run_logger().warning("%s × %s: %s", result.model, result.target, result.error)

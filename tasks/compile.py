@@ -17,7 +17,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from epfleet.build import build_variant, describe_verification
-from epfleet.manifest import SamplesRef, SourceEntry, VariantEntry
+from epfleet.manifest import SourceEntry, VariantEntry
+from epfleet.merging import ModelFacts
 from epfleet.outcomes import CompiledVariant, PairOutcome, ok_outcome, outcome_of_failure
 from epfleet.plan import CompileRequest
 from epfleet.planning import plan_run
@@ -87,10 +88,10 @@ def publish_task(
     sources: dict[str, SourceEntry],
     planned_on: dict[str, SourceEntry | None],
     variants: list[tuple[str, str, VariantEntry]],
-    samples: dict[str, SamplesRef | None] | None = None,
+    facts: ModelFacts | None = None,
 ) -> Published:
     outcome = publish(
-        open_store(store), sources, planned_on, {(m, t): v for m, t, v in variants}, samples
+        open_store(store), sources, planned_on, {(m, t): v for m, t, v in variants}, facts
     )
     logger = get_run_logger()
     if outcome.published and outcome.manifest is not None:

@@ -22,7 +22,7 @@ from epfleet.errors import BadInputError
 from epfleet.manifest import utcnow
 from epfleet.publishing import read_in_force
 from epfleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
-from epfleet.spec import load_spec
+from epfleet.spec_file import load_spec
 from epfleet.stores import open_store
 from epfleet.watch import WatchPlan, check_pairs, find_unserved
 from epfleet.watch_inputs import compile_worker_runtime, read_reports

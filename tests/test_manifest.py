@@ -18,8 +18,8 @@ from epfleet.manifest import (
     VariantEntry,
     Verification,
     json_schema,
-    merge,
 )
+from epfleet.merging import ModelFacts, merge
 
 pytestmark = pytest.mark.fast
 
@@ -228,10 +228,14 @@ def test_a_rebuild_with_other_bytes_keeps_the_published_artifact() -> None:
 def test_golden_samples_are_set_per_model_and_kept_with_their_source() -> None:
     golden = SamplesRef(uri=f"samples/{SHA_B}.npz", sha256=SHA_B, size=9, count=1, basis="x")
     first = merge(
-        None, {"m": source()}, {"m": None}, {("m", "t"): variant()}, {"m": golden}
+        None,
+        {"m": source()},
+        {"m": None},
+        {("m", "t"): variant()},
+        ModelFacts(samples={"m": golden}),
     ).manifest
     assert first is not None and first.models["m"].samples == golden
-    again = merge(first, {"m": source()}, {"m": source()}, {}, {"m": golden})
+    again = merge(first, {"m": source()}, {"m": source()}, {}, ModelFacts(samples={"m": golden}))
     assert again.manifest is None
 
 
@@ -266,7 +270,7 @@ def test_merge_never_changes_the_manifest_it_is_given() -> None:
         {"m": source()},
         {"m": source()},
         {("m", "t"): variant(fingerprint="f2"), ("m", "u"): variant()},
-        {"m": golden},
+        ModelFacts(samples={"m": golden}),
     ).manifest
     assert second is not None and set(second.models["m"].variants) == {"t", "u"}
     assert first.model_dump_json() == before

@@ -31,8 +31,8 @@ from epfleet.manifest import (
     SourceEntry,
     VariantEntry,
     files_key,
-    merge,
 )
+from epfleet.merging import merge
 from epfleet.outcomes import PairOutcome, ok_outcome, outcome_of_failure
 from epfleet.plan import CompileRequest, fingerprinted, listing_key
 from epfleet.planning import plan_run

@@ -60,7 +60,7 @@ def test_openvino_targets_next_to_qnn(tmp_path: Path, model_dir: Path) -> None:
 
 def test_plugin_mode_options_that_openvino_ignores_are_refused() -> None:
     from epfleet.errors import BadInputError
-    from epfleet.spec import parse_spec
+    from epfleet.spec_file import parse_spec
 
     with pytest.raises(BadInputError, match="device_type is ignored by the OpenVINO plugin EP"):
         parse_spec(

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from epfleet.errors import BadInputError
+from epfleet.plan import ladder_of
 from epfleet.planning import plan_run
-from epfleet.spec import load_spec, parse_spec
+from epfleet.spec_file import load_spec, parse_spec
 
 pytestmark = pytest.mark.fast
 
@@ -336,12 +337,17 @@ def test_recipe_and_verification_defaults_come_from_the_ep_module() -> None:
         )
     )
     by_name = {t.name: t for t in parsed.targets}
-    assert (by_name["htp"].graph_optimization, by_name["htp"].tolerance) == ("basic", 0.05)
-    assert (by_name["htp"].abs_tolerance, by_name["cpu"].abs_tolerance) == (1e-3, 1e-5)
-    assert by_name["qnn-cpu"].tolerance == 0.001
-    assert (by_name["cpu"].graph_optimization, by_name["cpu"].tolerance) == ("all", 0.001)
+    # the precision each computes in by default, and that precision's tolerances
+    rungs = {name: ladder_of(target) for name, target in by_name.items()}
+    assert [r.precision for r in rungs["htp"]] == ["fp16"]
+    assert rungs["htp"][0].provider_options["enable_htp_fp16_precision"] == "1"
+    assert by_name["htp"].graph_optimization == "basic"
+    assert (rungs["htp"][0].tolerance, rungs["htp"][0].abs_tolerance) == (0.05, 1e-3)
+    assert (rungs["cpu"][0].precision, rungs["cpu"][0].abs_tolerance) == ("fp32", 1e-5)
+    assert (rungs["qnn-cpu"][0].precision, rungs["qnn-cpu"][0].tolerance) == ("fp32", 0.001)
+    assert (by_name["cpu"].graph_optimization, rungs["cpu"][0].tolerance) == ("all", 0.001)
     ov = by_name["ov"]
-    assert (ov.graph_optimization, ov.tolerance, ov.min_coverage, ov.verify) == (
+    assert (ov.graph_optimization, rungs["ov"][0].tolerance, ov.min_coverage, ov.verify) == (
         "extended",
         0.1,
         0.9,

@@ -21,7 +21,7 @@ from epfleet.manifest import (
     SourceEntry,
     VariantEntry,
 )
-from epfleet.spec import parse_spec
+from epfleet.spec_file import parse_spec
 from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved
 from eps.base import Verdict
 

@@ -19,7 +19,7 @@ from epfleet.device.local_eps import LocalEps, ep_versions
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import ModelEntry
 from epfleet.plan import CompileRequest, fingerprinted, source_fields
-from eps.base import DeviceType, LocalTarget
+from eps.base import DeviceType, LocalTarget, default_tolerance
 
 
 def build_key(entry: ModelEntry) -> str:
@@ -58,8 +58,8 @@ def local_request(model: str, entry: ModelEntry, ep: str, local: LocalTarget) ->
             embed_context=not (module.partitions_graph and entry.source.files),
             external_initializers=bool(entry.source.files),
             graph_optimization=module.default_graph_optimization,
-            tolerance=module.default_tolerance(local.provider_options).relative,
-            abs_tolerance=module.default_tolerance(local.provider_options).absolute,
+            tolerance=default_tolerance(module, local.provider_options).relative,
+            abs_tolerance=default_tolerance(module, local.provider_options).absolute,
             samples=entry.samples,
             fingerprint="",
         ),

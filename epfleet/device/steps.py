@@ -33,7 +33,15 @@ from epfleet.limits import DeadlineExceeded, time_limit
 from epfleet.manifest import ModelEntry, VariantEntry
 from epfleet.pool import CompilePool, TimeLimitExceeded
 from epfleet.settings import settings
-from eps.base import DeviceType, Judgement, LocalTarget, Tolerance, Verdict
+from eps.base import (
+    TOLERANCE_OF,
+    DeviceType,
+    Judgement,
+    LocalTarget,
+    Tolerance,
+    Verdict,
+    default_tolerance,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -293,9 +301,13 @@ class Steps:
 
 
 def tolerance(installed: Installed, entry: ModelEntry) -> Tolerance:
-    """What the compile host verified the variant with, else its EP's default."""
-    default = eps.load(installed.ep).default_tolerance(installed.provider_options)
+    """What the compile host verified the variant with, else its precision's default."""
     variant = entry.variants.get(installed.target or "")
+    default = (
+        TOLERANCE_OF[variant.precision]
+        if variant is not None and variant.precision is not None
+        else default_tolerance(eps.load(installed.ep), installed.provider_options)
+    )
     verified = variant.verification if variant and installed.origin == "published" else None
     if verified is None or verified.tolerance is None:
         return default
