@@ -241,7 +241,13 @@ def measure_coverage(
         count = len(variant.graph.node)
         return Coverage(ep_nodes=count, other_nodes=0, fraction=1.0)
     contexts = [node for node in variant.graph.node if node.op_type == EP_CONTEXT_OP]
-    others = [node for node in variant.graph.node if node.op_type != EP_CONTEXT_OP]
+    # A QDQ model's variant keeps the (de)quantisation of the graph's inputs and outputs
+    # outside its contexts: conversions at the edges, not work left to the CPU.
+    others = [
+        node
+        for node in variant.graph.node
+        if node.op_type != EP_CONTEXT_OP and not _edge_conversion(node, variant.graph)
+    ]
     if not others:
         return Coverage(ep_nodes=max(len(contexts), source_nodes()), other_nodes=0, fraction=1.0)
     ep_nodes = max(len(contexts), source_nodes() - len(others))
@@ -251,6 +257,15 @@ def measure_coverage(
         fraction=round(ep_nodes / (ep_nodes + len(others)), 4),
         other_op_types=sorted({node.op_type for node in others}),
     )
+
+
+def _edge_conversion(node: onnx.NodeProto, graph: onnx.GraphProto) -> bool:
+    """A QuantizeLinear of a graph input, or a DequantizeLinear to a graph output."""
+    if node.op_type == "QuantizeLinear":
+        return node.input[0] in {i.name for i in graph.input}
+    if node.op_type == "DequantizeLinear":
+        return node.output[0] in {o.name for o in graph.output}
+    return False
 
 
 @functools.cache

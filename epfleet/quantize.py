@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,36 @@ def _ort_version() -> str:
     return str(onnxruntime.__version__)
 
 
+def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model`` converted to ``opset`` of the default domain, when older; as it is when
+    ONNX's converter cannot convert it (quantising still works, only the diagnosis not)."""
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), opset)
+    if current >= opset:
+        return model
+    try:
+        return onnx.version_converter.convert_version(model, opset)
+    except Exception:
+        return model
+
+
+def _reader(samples: Callable[[], Iterator[dict[str, np.ndarray]]]) -> Any:
+    """An ORT ``CalibrationDataReader`` over the samples ``samples()`` yields (again from
+    the start after ``rewind``)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = samples()
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.left, None)
+
+        def rewind(self) -> None:
+            self.left = samples()
+
+    return Reader()
+
+
 def quantize(
     src: Path,
     dst: Path,
@@ -128,7 +159,7 @@ def quantize(
     """Write the QDQ model of ``src`` at ``precision`` to ``dst``, and the float model it
     was quantised from (preprocessed) to ``float_dst``; the seconds it took. CompileError
     naming the step that failed."""
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType
+    from onnxruntime.quantization import CalibrationMethod, QuantType
     from onnxruntime.quantization import quantize as ort_quantize
     from onnxruntime.quantization.execution_providers.qnn import (
         get_qnn_qdq_config,
@@ -145,28 +176,27 @@ def quantize(
         "percentile": CalibrationMethod.Percentile,
     }[options.calibrate_method]
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.samples = calibration_samples(calibration)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.samples, None)
-
-        def rewind(self) -> None:
-            self.samples = calibration_samples(calibration)
-
     model = onnx.load(str(src))
     del model.metadata_props[:]  # qnn_preprocess_model fails on any (onnxruntime 1.32)
+    if precision == "w8a16":
+        # 16-bit QDQ needs opset 21; quantize() upgrades a model itself, but with
+        # com.microsoft Q/DQ whose outputs qdq_loss_debug cannot match: upgrade it first.
+        model = _at_opset(model, 21)
     plain = dst.with_name(dst.stem + ".plain.onnx")
     onnx.save(model, str(plain))
     step = "preprocessing it (qnn_preprocess_model)"
+    # ORT's tools warn on the root logger about every unnamed node and advise steps this
+    # recipe runs: noise on the compile's stderr. Their errors raise.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
     try:
         if not qnn_preprocess_model(str(plain), str(float_dst), fuse_layernorm=True):
             plain.replace(float_dst)
         step = "calibrating it (get_qnn_qdq_config)"
         config = get_qnn_qdq_config(
             str(float_dst),
-            Reader(),
+            _reader(lambda: calibration_samples(calibration)),
             activation_type=activation,
             weight_type=weights,
             per_channel=options.per_channel,
@@ -180,6 +210,7 @@ def quantize(
             f"quantising to {precision} failed while {step}: {summarize(exc, 500)}"
         ) from None
     finally:
+        root.setLevel(level)
         plain.unlink(missing_ok=True)
     return time.perf_counter() - started
 
@@ -198,24 +229,14 @@ def blame_layers(float_path: str, qdq_path: str, samples: list[Sample]) -> str:
         modify_model_output_intermediate_tensors,
     )
 
-    class Reader:
-        def __init__(self) -> None:
-            self.left = iter(samples)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.left, None)
-
-        def rewind(self) -> None:
-            self.left = iter(samples)
-
     try:
         with tempfile.TemporaryDirectory() as scratch:
             aug_float, aug_qdq = Path(scratch) / "float.onnx", Path(scratch) / "qdq.onnx"
             modify_model_output_intermediate_tensors(float_path, str(aug_float))
             modify_model_output_intermediate_tensors(qdq_path, str(aug_qdq))
             matching = create_activation_matching(
-                collect_activations(str(aug_qdq), Reader()),
-                collect_activations(str(aug_float), Reader()),
+                collect_activations(str(aug_qdq), _reader(lambda: iter(samples))),
+                collect_activations(str(aug_float), _reader(lambda: iter(samples))),
             )
             # compute_activation_error expects every tensor in both models
             errors = compute_activation_error({k: v for k, v in matching.items() if "float" in v})
@@ -237,14 +258,19 @@ def blame_layers(float_path: str, qdq_path: str, samples: list[Sample]) -> str:
 def _blamed(
     graph: onnx.GraphProto, errors: dict[str, dict[str, Any]]
 ) -> list[tuple[str, str, float]]:
-    best = float("-inf")
+    """Nodes whose output is below the floor and well below the worst of their inputs (the
+    graph's inputs and weights are exact): where the error is made, not carried along."""
+    exact = float("inf")
+    db_of: dict[str, float] = {}
     found = []
     for node in graph.node:
+        upstream = min((db_of.get(name, exact) for name in node.input if name), default=exact)
         for output in node.output:
             if output not in errors:
+                db_of[output] = upstream
                 continue
             db = float(errors[output]["xmodel_err"])
-            if db < BLAME_FLOOR_DB and db < best - BLAME_DROP_DB:
-                found.append((node.name or output, node.op_type, db))
-            best = max(best, db)
+            if db < BLAME_FLOOR_DB and db < upstream - BLAME_DROP_DB:
+                found.append((node.name or output, f"{node.op_type} -> {output}", db))
+            db_of[output] = db
     return found[:BLAMED_SHOWN]
