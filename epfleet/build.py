@@ -15,9 +15,9 @@ from pathlib import Path
 
 from epfleet.compiler import CompileOutput, check_coverage, discard
 from epfleet.errors import CompileError
-from epfleet.manifest import PrecisionTried, Verification, files_key
+from epfleet.manifest import PrecisionTried, Quantization, Verification, files_key
 from epfleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
-from epfleet.plan import CompileRequest, listing_key, variant_key
+from epfleet.plan import CompileRequest, listing_key, source_key, variant_key
 from epfleet.pool import shared_pool
 from epfleet.staging import compile_job_for, fetch_verified
 from epfleet.stores import Store
@@ -87,12 +87,27 @@ def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVar
             error = f"verification failed: {verification.reason}"
             rejected = failed_entry(request, error, output.coverage, verification)
             raise RejectedBuild(rejected, output.seconds)
+        quantization = stage_qdq(store, output)
         upload_variant(store, output, key)
     finally:
         discard(output)
+    entry = ok_entry(request, output, key, verification)
     return CompiledVariant(
-        entry=ok_entry(request, output, key, verification), seconds=output.seconds
+        entry=entry.model_copy(update={"quantization": quantization}), seconds=output.seconds
     )
+
+
+def stage_qdq(store: Store, output: CompileOutput) -> Quantization | None:
+    """Keep the QDQ model an integer variant was compiled from in the store, as sources
+    are kept (content-addressed, once for every target compiled from it)."""
+    done = output.quantization
+    if done is None or output.qdq_path is None or output.qdq_float_path == output.qdq_path:
+        return done  # a float variant, or a source that was QDQ already
+    key = source_key(done.qdq_sha256)
+    path = Path(output.qdq_path)
+    if store.size(key) != path.stat().st_size:
+        store.upload(key, path, done.qdq_sha256)
+    return done.model_copy(update={"qdq_uri": key})
 
 
 def upload_variant(store: Store, output: CompileOutput, key: str) -> None:

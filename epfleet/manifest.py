@@ -304,6 +304,8 @@ def referenced_keys(manifest: Manifest | None) -> set[str]:
         if entry.calibration is not None:
             keys.add(entry.calibration.uri)
         for variant in entry.variants.values():
+            if variant.quantization is not None and variant.quantization.qdq_uri is not None:
+                keys.add(variant.quantization.qdq_uri)
             if variant.artifact is not None:
                 keys.add(variant.artifact.uri)
             keys.update(f.uri for f in variant.files)

@@ -98,6 +98,11 @@ class Quantization(_Strict):
     quantisation tools), or that the source was QDQ already."""
 
     qdq_sha256: str = Field(pattern=SHA256_PATTERN, description="The QDQ model compiled")
+    qdq_uri: str | None = Field(
+        default=None,
+        description="Where the store keeps that QDQ model (sources/<sha256>.onnx), once for "
+        "every target compiled from it; None: the source itself",
+    )
     calibration_sha256: str | None = Field(
         default=None, pattern=SHA256_PATTERN, description="None: the source was QDQ already"
     )
