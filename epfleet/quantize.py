@@ -244,15 +244,33 @@ def blame_layers(float_path: str, qdq_path: str, samples: list[Sample]) -> str:
     except Exception:  # a diagnosis only: the failure stands without it
         return ""
     blamed = _blamed(graph, errors)
-    if not blamed:
+    local = _worst_local(graph, errors)
+    if not blamed and not local:
         return ""
     named = ", ".join(f"{node!r} ({op}, {db:.1f} dB)" for node, op, db in blamed)
+    first = f"; the quantisation error explodes first at {named}" if blamed else ""
+    worst = f"; worst quantised ops: {local}" if local else ""
     return (
-        f"; the quantisation error explodes first at {named} (SQNR against the fp32 model "
-        "on the samples): leave those layers in float with the model's "
-        "quantization.nodes_to_exclude, give more representative calibration inputs, or "
-        "use a wider precision (w8a16)"
+        f"{first}{worst} (SQNR against the fp32 model on the samples). The levers, most "
+        "often first: a wider precision (w8a16), per-channel weights "
+        "(quantization.per_channel), calibration inputs like the real data, leaving those "
+        "layers in float (quantization.nodes_to_exclude)"
     )
+
+
+def _worst_local(graph: onnx.GraphProto, errors: dict[str, dict[str, Any]]) -> str:
+    """The op types whose own quantisation (Q then DQ of their output) loses most, e.g.
+    "Softmax x12 (10.2-23.1 dB)"; Relu and Clip are folded into their producer's
+    quantisation, so their rows compare different tensors and are left out."""
+    by_op: dict[str, list[float]] = {}
+    for node in graph.node:
+        if node.op_type in ("Relu", "Clip"):
+            continue
+        for output in node.output:
+            if output in errors and float(errors[output]["qdq_err"]) < BLAME_FLOOR_DB:
+                by_op.setdefault(node.op_type, []).append(float(errors[output]["qdq_err"]))
+    worst = sorted(by_op.items(), key=lambda item: min(item[1]))[:3]
+    return ", ".join(f"{op} x{len(dbs)} ({min(dbs):.1f}-{max(dbs):.1f} dB)" for op, dbs in worst)
 
 
 def _blamed(

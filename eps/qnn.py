@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 _BACKENDS = {"htp", "cpu", "gpu", "saver"}
 _HTP_ARCHS = {"68", "69", "73", "75", "79", "81"}
+_REFERENCE_SOC = {"68": "35", "69": "36", "73": "43", "75": "57", "79": "69", "81": "87"}
+"""A SoC of each HTP arch, by QNN chipset id (confirmed by QNN's log): SM7325/QCS6490,
+SM8450, SM8550 (Snapdragon 8 Gen 2), SM8650 (8 Gen 3), SM8750 (8 Elite), SM8850."""
 _INTEGER_ONLY_ARCHS = {"68"}
 """Measured here: the QNN EP takes no float node for v68 (fp16 HTP starts at v69). And
 reported for real v68 parts (QCS6490 in Qualcomm AI Hub's issues): no 16-bit activations,
@@ -131,8 +134,14 @@ class Qnn(PluginEP):
     def with_precision(
         self, precision: Precision, provider_options: Mapping[str, str]
     ) -> dict[str, str]:
-        """fp16 is the HTP's switch to run a float model in fp16; a QDQ model needs none."""
+        """fp16 is the HTP's switch to run a float model in fp16; a QDQ model needs none.
+        An HTP target that names its arch alone gets that arch's reference SoC: compiled
+        without a SoC, this host's HTP backend computes float graphs in fp32 (measured),
+        and verification would not see fp16's error (QNN also deprecates the arch alone)."""
         options = dict(provider_options)
+        arch = options.get("htp_arch")
+        if options.get("backend_type", "htp") == "htp" and "soc_model" not in options and arch:
+            options["soc_model"] = _REFERENCE_SOC[arch]
         if precision == "fp16" and options.get("backend_type", "htp") == "htp":
             if options.get("enable_htp_fp16_precision", "1") != "1":
                 raise ValueError(
