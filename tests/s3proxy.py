@@ -30,6 +30,7 @@ with Content-Length). Faults, armed at runtime by the test:
 - ``trickle_next_continues(path, interval, n)``: the next ``n`` requests to ``path``
   that ask ``Expect: 100-continue`` get their ``100 Continue`` one byte every
   ``interval`` seconds.
+  ``heal()`` disarms both.
 - ``stall_next_get_responses(path, after, n)``: the next ``n`` GETs of ``path`` send the
   status line, headers and first ``after`` body bytes, then nothing, holding the
   connection open until the client gives up.
@@ -155,6 +156,12 @@ class FaultProxy:
     def trickle_next_request_bodies(self, path: str, *, rate: float, n: int = 1) -> None:
         with self._lock:
             self._slow_body[path] = (rate, n)
+
+    def heal(self) -> None:
+        """Disarm the trickled heads and continues not yet taken."""
+        with self._lock:
+            self._slow_head.clear()
+            self._slow_continue.clear()
 
     def seen(self, path_suffix: str, method: str = "GET") -> list[Seen]:
         with self._lock:

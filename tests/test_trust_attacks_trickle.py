@@ -62,9 +62,11 @@ def timed_sync(fleet: Fleet) -> tuple[DeviceReport, float]:
     return report, time.monotonic() - started
 
 
-def assert_lock_free_and_synced(fleet: Fleet) -> None:
-    """The lock is free: a sync right after is not busy, and takes the new build."""
+def assert_lock_free_and_synced(fleet: Fleet, proxy: FaultProxy) -> None:
+    """The lock is free: a sync right after (the store healed) is not busy, and takes the
+    new build."""
     assert not lock_held(DeviceCache(fleet.cache))
+    proxy.heal()
     again = fleet.sync()
     assert again.exit_code == 0, again.manifest.reason
     assert only(again).action == "downloaded", only(again).reason
@@ -78,7 +80,7 @@ def test_timestamp_headers_that_trickle_end_the_sync_within_the_stall_timeouts(
     good = first_sync(fleet)
     fleet.republish()
     timestamp = proxy_path(fleet, "trust/metadata/timestamp.json")
-    s3_proxy.trickle_next_response_heads(timestamp, interval=1.0, n=2)  # every attempt
+    s3_proxy.trickle_next_response_heads(timestamp, interval=1.0, n=10)  # every attempt
 
     report, seconds = timed_sync(fleet)
 
@@ -89,7 +91,7 @@ def test_timestamp_headers_that_trickle_end_the_sync_within_the_stall_timeouts(
         "metadata retrieval too slow",
         f"s3:/{timestamp}: no complete answer within 2 s (EPFLEET_STALL_TIMEOUT; 2 attempts)",
     )
-    assert_lock_free_and_synced(fleet)
+    assert_lock_free_and_synced(fleet, s3_proxy)
 
 
 @pytest.mark.usefixtures("small_limits")
@@ -101,7 +103,7 @@ def test_artifact_headers_that_trickle_fail_the_model_within_the_stall_timeouts(
     fleet.republish()
     artifact = read_manifest(fleet.site.directory).models[MODEL].variants["x86-cpu"].artifact
     assert artifact is not None
-    s3_proxy.trickle_next_response_heads(proxy_path(fleet, artifact.uri), interval=1.0, n=2)
+    s3_proxy.trickle_next_response_heads(proxy_path(fleet, artifact.uri), interval=1.0, n=10)
 
     report, seconds = timed_sync(fleet)
 
@@ -115,7 +117,7 @@ def test_artifact_headers_that_trickle_fail_the_model_within_the_stall_timeouts(
     assert result.variant == good.variant  # the previous variant stays active
     assert_package_runs(fleet.cache, {MODEL: good.variant or ""})
     assert report.report_uploaded, report.report_error
-    assert_lock_free_and_synced(fleet)
+    assert_lock_free_and_synced(fleet, s3_proxy)
 
 
 def test_the_sync_deadline_cuts_a_trickled_timestamp_short(
@@ -129,7 +131,7 @@ def test_the_sync_deadline_cuts_a_trickled_timestamp_short(
     fleet.republish()
     monkeypatch.setenv("EPFLEET_SYNC_DEADLINE", "4")
     timestamp = proxy_path(fleet, "trust/metadata/timestamp.json")
-    s3_proxy.trickle_next_response_heads(timestamp, interval=1.0)
+    s3_proxy.trickle_next_response_heads(timestamp, interval=1.0, n=10)
 
     report, seconds = timed_sync(fleet)
 
@@ -143,7 +145,48 @@ def test_the_sync_deadline_cuts_a_trickled_timestamp_short(
     assert result.variant == good.variant
     assert_package_runs(fleet.cache, {MODEL: good.variant or ""})
     monkeypatch.delenv("EPFLEET_SYNC_DEADLINE")
-    assert_lock_free_and_synced(fleet)
+    assert_lock_free_and_synced(fleet, s3_proxy)
+
+
+@pytest.mark.parametrize("report_trickles", [False, True], ids=["report", "trickled-report"])
+def test_past_the_deadline_the_report_still_goes_up_within_a_stall_timeout(
+    fleet_on_s3: Fleet,
+    s3_proxy: FaultProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    report_trickles: bool,
+) -> None:
+    """A sync that ran out of time has the most to report: its upload gets a stall timeout
+    past the deadline, and no more."""
+    fleet = fleet_on_s3
+    good = first_sync(fleet)
+    fleet.republish()
+    monkeypatch.setenv("EPFLEET_STALL_TIMEOUT", "3")
+    monkeypatch.setenv("EPFLEET_SYNC_DEADLINE", "4")
+    artifact = read_manifest(fleet.site.directory).models[MODEL].variants["x86-cpu"].artifact
+    assert artifact is not None
+    s3_proxy.trickle_next_response_heads(proxy_path(fleet, artifact.uri), interval=1.0, n=10)
+    report_key = f"reports/devices/{DEVICE}.json"
+    if report_trickles:
+        s3_proxy.trickle_next_response_heads(
+            proxy_path(fleet, report_key), method="PUT", interval=1.0, n=10
+        )
+
+    report, seconds = timed_sync(fleet)
+
+    assert seconds < BOUND
+    deadline = "the sync ran past its deadline of 4 s (EPFLEET_SYNC_DEADLINE)"
+    result = only(report)
+    assert result.action == "failed" and deadline in result.reason, result.reason
+    assert result.variant == good.variant
+    if report_trickles:
+        assert not report.report_uploaded
+        assert report.report_error == (
+            f"{deadline}: writing {fleet.site.uri}/{report_key} stopped"
+        ), report.report_error
+    else:
+        assert report.report_uploaded, report.report_error
+    monkeypatch.delenv("EPFLEET_SYNC_DEADLINE")
+    assert_lock_free_and_synced(fleet, s3_proxy)
 
 
 @pytest.mark.usefixtures("small_limits")
@@ -153,7 +196,7 @@ def test_the_cli_sync_and_manifest_show_end_with_the_reason_when_answers_trickle
     fleet = fleet_on_s3
     good = first_sync(fleet)
     timestamp = proxy_path(fleet, "trust/metadata/timestamp.json")
-    s3_proxy.trickle_next_response_heads(timestamp, interval=1.0, n=2)
+    s3_proxy.trickle_next_response_heads(timestamp, interval=1.0, n=10)
     sync = [sys.executable, "-m", "epfleet", "sync", "--store", fleet.site.uri]
     sync += ["--cache", str(fleet.cache), "--model", MODEL, "--device-id", DEVICE]
 
@@ -165,12 +208,13 @@ def test_the_cli_sync_and_manifest_show_end_with_the_reason_when_answers_trickle
     assert trickled.returncode == 1, trickled.stderr
     assert f"s3:/{timestamp}: no complete answer within 2 s" in trickled.stdout, trickled.stdout
     assert "Traceback" not in trickled.stderr
+    s3_proxy.heal()
     again = subprocess.run(sync, capture_output=True, text=True, timeout=300, env=os.environ)
     assert again.returncode == 0, again.stdout + again.stderr  # not busy
     assert good.variant and good.variant in again.stdout
 
     manifest = proxy_path(fleet, "manifest.json")
-    s3_proxy.trickle_next_response_heads(manifest, interval=1.0, n=2)
+    s3_proxy.trickle_next_response_heads(manifest, interval=1.0, n=10)
     show = [sys.executable, "-m", "epfleet", "manifest", "show", "--store", fleet.site.uri]
     started = time.monotonic()
     shown = subprocess.run(show, capture_output=True, text=True, timeout=300, env=os.environ)
