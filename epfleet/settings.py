@@ -74,7 +74,7 @@ class Settings(BaseSettings):
         description="Seconds a store transfer (download, upload, document read) may go "
         "without moving a byte before it is aborted, and the most the head of a store's "
         "answer (status line and headers) may take to arrive whole, per attempt; a connect "
-        "waits no longer either; default 30",
+        "(but an upload's) waits no longer either, nor more than 10 s; default 30",
     )
     min_rate: ByteSize = Field(
         default=ByteSize(1024),

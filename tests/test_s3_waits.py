@@ -96,10 +96,12 @@ def test_a_body_slower_than_the_stall_timeout_as_a_whole_still_arrives(
     """The head's bound ends with the head: a streamed body is timed per byte (and by its
     rate), as before."""
     monkeypatch.setenv("EPFLEET_MIN_RATE", "0")
-    s3_proxy.trickle_next_get_responses(f"/{s3_bucket}/p/doc.json", interval=0.3)
+    monkeypatch.setenv("EPFLEET_STALL_TIMEOUT", "2")  # each byte well within it, under load
+    patient = open_store(f"s3://{s3_bucket}/p")
+    s3_proxy.trickle_next_get_responses(f"/{s3_bucket}/p/doc.json", interval=0.4)
     started = time.monotonic()
-    assert b"".join(store.read_range("doc.json", 0)) == b'{"a": 1}'
-    assert time.monotonic() - started > 1.5  # 8 bytes, one every 0.3 s: past one stall timeout
+    assert b"".join(patient.read_range("doc.json", 0)) == b'{"a": 1}'
+    assert time.monotonic() - started > 2.5  # 8 bytes, one every 0.4 s: past a stall timeout
 
 
 def test_the_sync_deadline_stops_an_attempt_in_flight_and_starts_none_after_it(

@@ -88,11 +88,12 @@ class S3Store:
         # answers a byte at a time, and a body that stops all end there. Uploads keep the
         # longer one: once a part is handed to the kernel, the answer waits until its send
         # buffer (megabytes) drains on a slow link; their progress is timed by their
-        # callback instead (``upload``). A connect waits no longer than a stall either.
+        # callback instead (``upload``). A connect waits no longer than a stall either,
+        # except an upload's: urllib3 sends a request's body under the connect timeout, and
+        # an upload's callback should be what says its link stalled.
         self._limits = TransferLimits.from_settings()
         stall = self._limits.stall_timeout
-        connect_timeout = min(connect_timeout, stall)
-        self._settings = (attempts, connect_timeout, stall)
+        self._settings = (attempts, min(connect_timeout, stall), stall)
         self._upload_settings = (attempts, connect_timeout, max(read_timeout, stall))
         self._client: S3Client | None = None
         self._uploader: S3Client | None = None
