@@ -158,13 +158,16 @@ class _Watched:
 
     def _handle_expect_response(self, message_body: Any) -> Any:
         """botocore's read of the answer to ``Expect: 100-continue`` (a private method of its
-        connection: were it renamed, that wait would be bounded by the deadline alone)."""
+        connection: were it renamed, that wait would be bounded by the deadline alone, and
+        tests/test_s3_waits.py would say so)."""
         return self._head(super()._handle_expect_response, message_body)  # type: ignore[misc]
 
     def _head(self, read: Any, *args: Any) -> Any:
         watch = self.watch
         if watch is None or not isinstance(self.timeout, (int, float)):
             return read(*args)
+        if watch.fired:  # it came due while the connection had no socket yet: no wait now
+            raise TimeoutError(f"the attempt's {watch.fired} has passed")
         watch.answer_timeout = float(self.timeout)
         watch.start(ANSWER, float(self.timeout))
         try:
