@@ -6,7 +6,7 @@ none after it (``epfleet.stores.s3_bounds``).
 
 S3 is moto's server on loopback behind the fault proxy (tests/s3proxy.py), which sends
 the heads one byte every half second: each would take minutes. The limits are small
-(``EPFLEET_STALL_TIMEOUT=1``, two attempts), and the bounds asserted are generous beside
+(``EPFLEET_STALL_TIMEOUT=2``, two attempts), and the bounds asserted are generous beside
 them: a loaded machine passes, a wait that the limits did not end fails.
 """
 
@@ -29,13 +29,13 @@ from epfleet.stores.s3 import S3Store
 pytestmark = pytest.mark.fast
 
 SLOW = 0.5  # seconds per byte of a trickled head: ~200 bytes and more, so minutes each
-TRICKLED = "no complete answer within 1 s (EPFLEET_STALL_TIMEOUT; 2 attempts)"
-BOUND = 30.0  # seconds: the limits' own total is ~3 s; the trickle's, minutes
+TRICKLED = "no complete answer within 2 s (EPFLEET_STALL_TIMEOUT; 2 attempts)"
+BOUND = 30.0  # seconds: the limits' own total is ~5 s; the trickle's, minutes
 
 
 @pytest.fixture
 def store(s3_bucket: str, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> S3Store:
-    monkeypatch.setenv("EPFLEET_STALL_TIMEOUT", "1")
+    monkeypatch.setenv("EPFLEET_STALL_TIMEOUT", "2")  # a busy moto may take a second
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     found = open_store(f"s3://{s3_bucket}/p")
     assert isinstance(found, S3Store)
@@ -79,6 +79,7 @@ def test_an_answer_whose_head_trickles_fails_within_the_stall_timeout_per_attemp
 def test_a_100_continue_that_trickles_fails_within_the_stall_timeout_per_attempt(
     store: S3Store, s3_bucket: str, s3_proxy: FaultProxy
 ) -> None:
+    puts = len(s3_proxy.seen("/p/doc.json", "PUT"))
     s3_proxy.trickle_next_continues(f"/{s3_bucket}/p/doc.json", interval=SLOW, n=2)
 
     error, seconds = timed(lambda: store.write("doc.json", b'{"a": 3}'))
@@ -87,7 +88,7 @@ def test_a_100_continue_that_trickles_fails_within_the_stall_timeout_per_attempt
     assert seconds < BOUND
     found = store.read("doc.json")  # the store still answers; the body was never sent
     assert found is not None and found.data == b'{"a": 1}'
-    assert [s.status for s in s3_proxy.seen("/p/doc.json", "PUT")] == [200]  # only the first
+    assert len(s3_proxy.seen("/p/doc.json", "PUT")) == puts  # no trickled PUT went through
 
 
 def test_a_body_slower_than_the_stall_timeout_as_a_whole_still_arrives(

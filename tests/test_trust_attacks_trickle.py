@@ -1,11 +1,13 @@
-# ruff: noqa: F401, F811  (fleet_store, fleet_on_s3, _signed_only: fixtures, imported)
+# ruff: noqa: F401, F811  (fleet_store, fleet_on_s3, local_fleet, _signed_only: fixtures)
 """The attack suite's header trickle (tests/test_trust_attacks.py): a store, or anything in
 its path, that sends the status line and headers of ``timestamp.json`` or of an artifact
 one byte a second, each byte inside the socket's read timeout, used to keep ``epfleet
 sync`` reading them past 300 s while it held the device cache's lock, so that every
 scheduled sync failed as busy. Now the sync ends within the stall timeout per attempt
 (or its deadline), exits 1 naming the object, keeps the active variant and frees the
-lock; on the compile host, reading manifest.json ends with a one-line error.
+lock; on the compile host, reading manifest.json ends with a one-line error. The local
+store's counterpart, a FIFO planted in place of ``timestamp.json``, held the sync the
+same way until someone wrote to it; it is refused at once.
 
 Real syncs of the attack suite's signed fleet on S3 (moto over HTTP, behind the fault
 proxy, tests/s3proxy.py, trickling a byte a second: minutes per answer). Limits are set
@@ -31,6 +33,7 @@ from test_trust_attacks import (  # fleet_on_s3, _signed_only: its fixtures
     assert_refused,
     first_sync,
     fleet_on_s3,
+    local_fleet,
     only,
 )
 
@@ -92,6 +95,27 @@ def test_timestamp_headers_that_trickle_end_the_sync_within_the_stall_timeouts(
         f"s3:/{timestamp}: no complete answer within 2 s (EPFLEET_STALL_TIMEOUT; 2 attempts)",
     )
     assert_lock_free_and_synced(fleet, s3_proxy)
+
+
+def test_a_fifo_in_place_of_the_local_timestamp_is_refused_without_waiting(
+    local_fleet: Fleet,
+) -> None:
+    fleet = local_fleet
+    good = first_sync(fleet)
+    timestamp = fleet.site.directory / "trust" / "metadata" / "timestamp.json"
+    genuine = timestamp.read_bytes()
+    timestamp.unlink()
+    os.mkfifo(timestamp)  # nobody ever writes to it
+
+    report, seconds = timed_sync(fleet)
+
+    assert seconds < BOUND
+    assert_refused(report, good, "timestamp.json is not a regular file; not read")
+    assert not lock_held(DeviceCache(fleet.cache))
+    timestamp.unlink()
+    timestamp.write_bytes(genuine)
+    again = fleet.sync()
+    assert again.exit_code == 0 and only(again).action == "kept", again.manifest.reason
 
 
 @pytest.mark.usefixtures("small_limits")
