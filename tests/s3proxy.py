@@ -30,7 +30,7 @@ with Content-Length). Faults, armed at runtime by the test:
 - ``trickle_next_continues(path, interval, n)``: the next ``n`` requests to ``path``
   that ask ``Expect: 100-continue`` get their ``100 Continue`` one byte every
   ``interval`` seconds.
-  ``heal()`` disarms both.
+- ``heal()``: disarms the trickled heads and continues not yet taken.
 - ``stall_next_get_responses(path, after, n)``: the next ``n`` GETs of ``path`` send the
   status line, headers and first ``after`` body bytes, then nothing, holding the
   connection open until the client gives up.
