@@ -72,7 +72,9 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         description="Seconds a store transfer (download, upload, document read) may go "
-        "without moving a byte before it is aborted; default 30",
+        "without moving a byte before it is aborted, and the most the head of a store's "
+        "answer (status line and headers) may take to arrive whole, per attempt; a connect "
+        "(but an upload's) waits no longer either, nor more than 10 s; default 30",
     )
     min_rate: ByteSize = Field(
         default=ByteSize(1024),
@@ -88,8 +90,10 @@ class Settings(BaseSettings):
     sync_deadline: float = Field(
         default=3600.0,
         gt=0,
-        description="Seconds one device sync may take: models not done by then are reported "
-        "failed and keep their previous variant; default 3600",
+        description="Seconds one device sync may take: every store request, download and "
+        "worker call in flight stops when it passes, models not done by then are reported "
+        "failed and keep their previous variant, and the report still goes up within "
+        "EPFLEET_STALL_TIMEOUT more; default 3600",
     )
     health_timeout: float = Field(
         default=300.0,

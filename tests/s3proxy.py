@@ -23,6 +23,14 @@ with Content-Length). Faults, armed at runtime by the test:
 - ``trickle_next_get_responses(path, interval, after, n)``: the next ``n`` GETs of
   ``path`` send the status line, headers and first ``after`` body bytes at once, then one
   byte every ``interval`` seconds (a store on a link that barely moves).
+- ``trickle_next_response_heads(path, method, interval, n)``: the next ``n`` ``method``
+  requests of ``path`` are forwarded (so a PUT takes effect), then the response's status
+  line and headers are sent one byte every ``interval`` seconds, the body at once after
+  them (a store, or something in its path, that never finishes answering).
+- ``trickle_next_continues(path, interval, n)``: the next ``n`` requests to ``path``
+  that ask ``Expect: 100-continue`` get their ``100 Continue`` one byte every
+  ``interval`` seconds.
+- ``heal()``: disarms the trickled heads and continues not yet taken.
 - ``stall_next_get_responses(path, after, n)``: the next ``n`` GETs of ``path`` send the
   status line, headers and first ``after`` body bytes, then nothing, holding the
   connection open until the client gives up.
@@ -92,6 +100,8 @@ class FaultProxy:
         self._slow_get: dict[str, tuple[str, float, int, int]] = {}
         self._endless: dict[str, int | None] = {}
         self._slow_body: dict[str, tuple[float, int]] = {}
+        self._slow_head: dict[tuple[str, str], tuple[float, int]] = {}
+        self._slow_continue: dict[str, tuple[float, int]] = {}
         self._closing = threading.Event()
         self.ignore_range = False
         self.uploads_initiated: datetime | None = None
@@ -125,6 +135,16 @@ class FaultProxy:
         with self._lock:
             self._slow_get[path] = ("trickle", interval, after, n)
 
+    def trickle_next_response_heads(
+        self, path: str, *, method: str = "GET", interval: float = 1.0, n: int = 1
+    ) -> None:
+        with self._lock:
+            self._slow_head[(method, path)] = (interval, n)
+
+    def trickle_next_continues(self, path: str, *, interval: float = 1.0, n: int = 1) -> None:
+        with self._lock:
+            self._slow_continue[path] = (interval, n)
+
     def stall_next_get_responses(self, path: str, *, after: int = 0, n: int = 1) -> None:
         with self._lock:
             self._slow_get[path] = ("stall", 0.0, after, n)
@@ -136,6 +156,12 @@ class FaultProxy:
     def trickle_next_request_bodies(self, path: str, *, rate: float, n: int = 1) -> None:
         with self._lock:
             self._slow_body[path] = (rate, n)
+
+    def heal(self) -> None:
+        """Disarm the trickled heads and continues not yet taken."""
+        with self._lock:
+            self._slow_head.clear()
+            self._slow_continue.clear()
 
     def seen(self, path_suffix: str, method: str = "GET") -> list[Seen]:
         with self._lock:
@@ -178,6 +204,20 @@ class FaultProxy:
             self._slow_get[path] = (mode, interval, after, n - 1)
             return mode, interval, after
 
+    def _take_slow_head(self, method: str, path: str) -> float | None:
+        return self._take_one(self._slow_head, (method, path))
+
+    def _take_slow_continue(self, path: str) -> float | None:
+        return self._take_one(self._slow_continue, path)
+
+    def _take_one(self, armed: dict, key: object) -> float | None:
+        with self._lock:
+            interval, n = armed.get(key, (0.0, 0))
+            if n <= 0:
+                return None
+            armed[key] = (interval, n - 1)
+            return interval
+
     def _take_endless(self, method: str, path: str) -> tuple[bool, int | None]:
         with self._lock:
             if method == "GET" and path in self._endless:
@@ -214,8 +254,30 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"  # keep-alive, and Expect: 100-continue like S3
         timeout = 30  # idle keep-alive connections do not hold a thread for long
 
+        head_interval: float | None = None  # set: the next head goes one byte at a time
+
         def log_message(self, format: str, *args: object) -> None:
             pass
+
+        def handle_expect_100(self) -> bool:
+            self.head_interval = proxy._take_slow_continue(unquote(urlsplit(self.path).path))
+            return super().handle_expect_100()
+
+        def flush_headers(self) -> None:
+            """Send the buffered status line and headers, one byte per ``head_interval``
+            when armed (until the client gives up), else at once."""
+            interval, self.head_interval = self.head_interval, None
+            head = b"".join(getattr(self, "_headers_buffer", []))
+            self._headers_buffer: list[bytes] = []
+            if interval is None:
+                self.wfile.write(head)
+                return
+            self.close_connection = True
+            for i in range(len(head)):
+                if i and not self._hold(interval):
+                    raise ConnectionError("the client gave up on the head")
+                self.wfile.write(head[i : i + 1])
+                self.wfile.flush()
 
         def handle(self) -> None:
             with contextlib.suppress(ConnectionError):  # a client that gave up on us
@@ -378,6 +440,7 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 data = data[:cut]
             sent = 0 if self.command == "HEAD" else len(data)
             proxy._record(Seen(self.command, path, self.headers.get("Range"), status, sent))
+            self.head_interval = proxy._take_slow_head(self.command, path)
             self.send_response_only(status, reason)
             chunked = False
             for name, value in headers:

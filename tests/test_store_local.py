@@ -202,10 +202,25 @@ def test_other_documents_have_their_own_limit(store: LocalStore) -> None:
     assert found is not None and len(found.data) == 20 << 10
 
 
-@pytest.mark.usefixtures("small_limits")
-def test_an_endless_file_is_cut_off_at_the_limit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("planted", ["fifo", "device"])
+def test_anything_but_a_regular_file_at_a_key_is_refused_without_waiting(
+    tmp_path: Path, planted: str
+) -> None:
+    """A FIFO (or a device: a terminal, a pty) at a key used to hold its reader forever: a
+    device sync holding its cache's lock, until someone wrote to it."""
     store = LocalStore(tmp_path / "store")
     store.root.mkdir()
-    (store.root / "manifest.json").symlink_to("/dev/zero")  # no size to go by
-    with pytest.raises(DocumentTooLarge, match=r"manifest.json goes on past the limit of 64 KiB"):
-        store.read("manifest.json")
+    key = "trust/metadata/timestamp.json"
+    (store.root / key).parent.mkdir(parents=True)
+    if planted == "fifo":
+        os.mkfifo(store.root / key)
+    else:
+        (store.root / key).symlink_to("/dev/zero")  # endless, no size to go by
+    not_regular = f"{store.uri}/{key} is not a regular file; not read"
+    with pytest.raises(StoreError, match=not_regular):
+        store.read(key)
+    with pytest.raises(StoreError, match=not_regular):
+        list(store.read_range(key, 0))
+    with pytest.raises(StoreError, match=not_regular):
+        store.download(key, tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()

@@ -82,9 +82,11 @@ class SyncSession:
     whether or not ``finish`` ran.
 
     The sync has a deadline, ``EPFLEET_SYNC_DEADLINE`` seconds from entering: the manifest
-    fetch and each model's sync run within it (``epfleet.limits.within``), so that a
-    download or worker call in flight stops when it passes, and a model not reached by
-    then is reported failed with its previous variant kept.
+    fetch (the signed metadata's refresh) and each model's sync run within it
+    (``epfleet.limits.within``), so that a store request, download or worker call in
+    flight stops when it passes (``epfleet.stores.s3_bounds``), and a model not reached
+    by then is reported failed with its previous variant kept. The report's upload runs
+    within it too, with at least a stall timeout left (``_report_deadline``).
 
     Trust: ``trust_root`` (default ``EPFLEET_TRUST_ROOT``) is the root metadata file the
     device is provisioned with, ``allow_unsigned`` (default ``EPFLEET_ALLOW_UNSIGNED``)
@@ -322,6 +324,15 @@ class SyncSession:
             reason += f" (still running {kept.name})"
         return model_sync.failed(model, kept, reason, [], 0, 0.0)
 
+    def _report_deadline(self) -> Deadline:
+        """The report's upload ends by the sync's deadline, or, when less than a stall
+        timeout is left (a sync that ran out of time has the most to report), a stall
+        timeout from now: a sync ends within EPFLEET_SYNC_DEADLINE plus EPFLEET_STALL_TIMEOUT."""
+        grace = settings().stall_timeout
+        if self.deadline.remaining() >= grace:
+            return self.deadline
+        return Deadline(time.monotonic() + grace, self.deadline.seconds)
+
     def finish(self) -> DeviceReport:
         """Write and tidy the cache, then the device report of the models synced so far:
         uploaded to the store when it accepts writes, and kept in the cache."""
@@ -341,7 +352,8 @@ class SyncSession:
             seconds=round(time.perf_counter() - self.started, 3),
             warnings=list(self.cache.repairs),
         )
-        report = upload_report(self.store, report)
+        with within(self._report_deadline()):
+            report = upload_report(self.store, report)
         try:
             self.cache.save_last_report(report.model_dump_json(indent=2).encode())
         except (OSError, EpfleetError) as exc:  # the report is returned (and printed) anyway

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import BinaryIO, Literal
 from urllib.parse import unquote, urlparse
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
-from epfleet.fsutil import atomic_copy, atomic_write_bytes
+from epfleet.fsutil import atomic_copy, atomic_file, atomic_write_bytes
 from epfleet.hashing import CHUNK, sha256_bytes
 from epfleet.stores.base import (
     UNCHANGED,
@@ -62,19 +63,32 @@ class LocalStore:
     def read_if_changed(self, key: str, etag: str) -> Versioned | Literal["unchanged"] | None:
         return self._read_document(key, etag)
 
+    @contextmanager
+    def _open_object(self, key: str) -> Iterator[BinaryIO]:
+        """The object's file, open for reading (links are followed): FileNotFoundError when
+        it is missing, StoreError when it is anything but a regular file. Opened without
+        blocking, then checked: a FIFO planted at a key would hold its reader (a device
+        sync, and its cache's lock) until someone wrote to it, a terminal until a key was
+        pressed."""
+        fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreError(f"{self.uri}/{key} is not a regular file; not read")
+            os.set_blocking(fd, True)
+            yield f
+
     def _read_document(self, key: str, etag: str | None) -> Versioned | Literal["unchanged"] | None:
         """The document at ``key`` within its limit (``document_limit``), or UNCHANGED when
         its sha256 is ``etag``. A file over the limit is never held: its size says so before
         a byte is read (and it is hashed in chunks, for its version), and a file that grows
-        while read, or is no regular file, is cut off at the limit."""
-        path = self._path(key)
+        while read is cut off at the limit."""
         where = f"{self.uri}/{key}"
         limit, _ = document_limit(key)
         with self._os_errors("reading", key):
             try:
-                with open(path, "rb") as f:
+                with self._open_object(key) as f:
                     info = os.fstat(f.fileno())
-                    if stat.S_ISREG(info.st_mode) and info.st_size > limit:
+                    if info.st_size > limit:
                         digest = _sha256_stream(f)
                         if digest == etag:
                             return UNCHANGED
@@ -92,7 +106,7 @@ class LocalStore:
         path = self._path(key)
         if not path.exists():
             raise StoreError(f"{self.uri}/{key} does not exist")
-        with self._os_errors("reading", key), open(path, "rb") as f:
+        with self._os_errors("reading", key), self._open_object(key) as f:
             f.seek(start)
             left = None if end is None else end - start
             while left is None or left > 0:
@@ -138,8 +152,12 @@ class LocalStore:
         src = self._path(key)
         if not src.exists():
             raise StoreError(f"{self.uri}/{key} does not exist")
-        with self._os_errors("downloading", key):
-            atomic_copy(src, dest)
+        with (
+            self._os_errors("downloading", key),
+            self._open_object(key) as inp,
+            atomic_file(dest) as out,
+        ):
+            shutil.copyfileobj(inp, out, CHUNK)
 
     def list_keys(self, prefix: str) -> list[str]:
         folder = self.root / check_prefix(prefix)

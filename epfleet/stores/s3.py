@@ -82,14 +82,18 @@ class S3Store:
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         attempts = max_attempts or env_attempts()
-        # The read timeout is how long a socket may wait for a byte. For reads (and small
-        # writes) it is the stall timeout: a request nobody answers and a body that stops
-        # both end there. Uploads keep the longer one: once a part is handed to the
-        # kernel, the answer waits until its send buffer (megabytes) drains on a slow
-        # link; their progress is timed by their callback instead (``upload``).
+        # The read timeout is how long a socket may wait for a byte, and how long the head
+        # of an answer (status line and headers) may take as a whole (``s3_bounds``). For
+        # reads (and small writes) it is the stall timeout: a request nobody answers, or
+        # answers a byte at a time, and a body that stops all end there. Uploads keep the
+        # longer one: once a part is handed to the kernel, the answer waits until its send
+        # buffer (megabytes) drains on a slow link; their progress is timed by their
+        # callback instead (``upload``). A connect waits no longer than a stall either,
+        # except an upload's: urllib3 sends a request's body under the connect timeout, and
+        # an upload's callback should be what says its link stalled.
         self._limits = TransferLimits.from_settings()
         stall = self._limits.stall_timeout
-        self._settings = (attempts, connect_timeout, stall)
+        self._settings = (attempts, min(connect_timeout, stall), stall)
         self._upload_settings = (attempts, connect_timeout, max(read_timeout, stall))
         self._client: S3Client | None = None
         self._uploader: S3Client | None = None

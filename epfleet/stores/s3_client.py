@@ -3,7 +3,9 @@
 Making a client costs ~0.1 s (botocore loads its S3 model) and a device sync opens the
 store several times; clients are thread-safe, so every store of this process with the
 same settings and AWS environment shares one. Retries are botocore's standard mode with
-``AWS_MAX_ATTEMPTS`` attempts (5 by default).
+``AWS_MAX_ATTEMPTS`` attempts (5 by default). Every request of a client is bounded in time
+(``epfleet.stores.s3_bounds``): socket timeouts alone let an answer that trickles in a byte
+at a time wait forever.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import boto3
 from botocore.config import Config
+
+from epfleet.stores.s3_bounds import bound_waits
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -52,7 +56,9 @@ def shared_client(settings: tuple[int, float, float]) -> S3Client:
             if len(_clients) >= MAX_SHARED_CLIENTS:
                 _clients.clear()
             config = Config(
-                retries={"mode": "standard", "max_attempts": attempts},
+                # total_max_attempts counts the first attempt, as AWS_MAX_ATTEMPTS does
+                # (botocore reads a max_attempts here as retries: one attempt more)
+                retries={"mode": "standard", "total_max_attempts": attempts},
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
                 # one shared client serves threaded reads (runtime-watch reads 16 reports
@@ -61,7 +67,8 @@ def shared_client(settings: tuple[int, float, float]) -> S3Client:
             )
             session = boto3.session.Session()
             region = session.region_name or DEFAULT_REGION
-            client = _clients[key] = session.client("s3", region_name=region, config=config)
+            client = session.client("s3", region_name=region, config=config)
+            client = _clients[key] = bound_waits(client)
         return client
 
 

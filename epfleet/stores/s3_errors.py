@@ -1,7 +1,9 @@
 """How a boto3 or botocore failure of an S3 store becomes an epfleet error.
 
 A transient failure (5xx, throttling, a dropped or unreachable connection) becomes
-TransientStoreError, which the caller may retry; a socket that stalled, TransferTooSlow;
+TransientStoreError, which the caller may retry; a socket that stalled (or an answer that
+did not come whole in time), TransferTooSlow; an attempt the sync's deadline stopped,
+DeadlineExceeded;
 anything else (no bucket, no object, no credentials, TLS) StoreError naming the object
 and what to check.
 """
@@ -15,6 +17,7 @@ from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 
 from epfleet.errors import StoreError, TransientStoreError
 from epfleet.limits import TransferTooSlow
+from epfleet.stores.s3_bounds import DeadlineReached
 
 THROTTLING_CODES = frozenset(
     {
@@ -74,9 +77,11 @@ def raise_store_error(
         raise StoreError(
             f"{action} {where}: TLS error ({exc}); check AWS_ENDPOINT_URL and CA settings"
         ) from exc
+    if isinstance(exc, DeadlineReached):
+        raise exc.deadline.exceeded(f"{action} {where} stopped") from None
     if isinstance(exc, bce.ReadTimeoutError):
         raise TransferTooSlow(
-            f"{action} {where}: no answer within {stall_timeout:g} s "
+            f"{action} {where}: no complete answer within {stall_timeout:g} s "
             f"(EPFLEET_STALL_TIMEOUT; {attempts} attempts)"
         ) from exc
     if isinstance(exc, (bce.ConnectionError, bce.HTTPClientError)):
