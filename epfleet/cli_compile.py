@@ -252,11 +252,10 @@ def _run_fleet_flow(
     )
 
 
-# Run by the temporary API's process before it becomes uvicorn: die with this process.
 REPORT_FIELDS = [
     *("model", "target", "ep", "status", "compatibility_string", "artifact_uri", "seconds"),
     *("error", "coverage", "verification", "max_rel_error", "verification_seconds"),
-    "samples_origin",
+    *("samples_origin", "precision"),
 ]
 """Each variant's keys in ``epfleet compile --json`` (a contract: tests/test_cli.py)."""
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from eps.base import DeviceType, Verdict
+from eps.base import DeviceType, Precision, Verdict
 
 REPORTS_PREFIX = "reports/devices"
 """Store key prefix of the device reports: ``reports/devices/<device id>.json``."""
@@ -87,6 +87,14 @@ class ModelReport(BaseModel):
     reason: str
     considered: list[VariantVerdict]
     seconds: float
+    precision: Precision | None = Field(
+        default=None,
+        exclude_if=lambda precision: precision is None,
+        description="What the active variant computes in (fp32, fp16, w8a16, w8a8): a "
+        "published variant's as its manifest entry records it, a local build's as its EP "
+        "module says, fp32 for the source on the CPU EP; left out when unknown (a variant "
+        "published before precisions were recorded) and in reports of older devices",
+    )
 
     @property
     def served(self) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from epfleet.device_report import DeviceReport
 from epfleet.manifest import Manifest, VariantEntry
 from epfleet.runs import PairResult, RunReport
@@ -31,8 +33,18 @@ def generated_only(device: str | None, origin: str | None) -> bool:
     return device == "npu" and origin == "generated"
 
 
+def precision_text(precision: str | None, lost: Sequence[str]) -> str | None:
+    """``w8a16 (fp16 failed)``: the precision a variant was built at and those of its
+    ladder that failed first; None when its entry records none (built before precisions)."""
+    if precision is None:
+        return None
+    return precision + (f" ({', '.join(lost)} failed)" if lost else "")
+
+
 def cell(result: PairResult) -> str:
     parts: list[str] = [result.status]
+    if shown := precision_text(result.precision, result.precisions_lost):
+        parts.append(shown)
     if result.seconds is not None:
         parts.append(f"{result.seconds:.2f} s")
     if result.size is not None:
@@ -88,9 +100,10 @@ def render_report(report: RunReport) -> str:
 
 
 def render_manifest(manifest: Manifest, store: str) -> str:
-    rows = []
+    rows, failures = [], []
     for model_name, model in sorted(manifest.models.items()):
         for target, v in model.variants.items():
+            lost = [t.precision for t in v.precision_tried]
             rows.append(
                 [
                     model_name,
@@ -98,23 +111,27 @@ def render_manifest(manifest: Manifest, store: str) -> str:
                     v.ep.removesuffix("ExecutionProvider"),
                     v.device,
                     v.status,
+                    precision_text(v.precision, lost) or "-",
                     format_bytes(v.artifact.size if v.artifact else None),
                     f"{v.coverage.fraction:.0%}" if v.coverage else "-",
                     _verified(v),
                     v.compiled_at.strftime("%Y-%m-%d %H:%M"),
-                    v.compatibility_string or (v.error or "")[:60],
+                    v.compatibility_string or "-",
                 ]
             )
+            if v.status == "failed":
+                failures.append(f"FAILED {model_name} × {target}: {v.error}")
     header = (
         f"{store}/manifest.json  generation {manifest.generation}  "
         f"published {manifest.published_at:%Y-%m-%d %H:%M:%S %Z}"
         if manifest.published_at
         else f"{store}/manifest.json  generation {manifest.generation}"
     )
-    headers = ["model", "target", "ep", "device", "status", "size", "coverage", "verified"]
-    headers += ["compiled", "compatibility"]
-    legend = [GENERATED_LEGEND] if any(GENERATED_MARK in row[7] for row in rows) else []
-    return "\n".join([header, table(headers, rows), *legend])
+    headers = ["model", "target", "ep", "device", "status", "precision", "size", "coverage"]
+    headers += ["verified", "compiled", "compatibility"]
+    verified = headers.index("verified")
+    legend = [GENERATED_LEGEND] if any(GENERATED_MARK in row[verified] for row in rows) else []
+    return "\n".join([header, table(headers, rows), *legend, *failures])
 
 
 def _verified(variant: VariantEntry) -> str:
@@ -135,6 +152,7 @@ def device_rows(report: DeviceReport) -> list[dict[str, str]]:
             "action": m.action,
             "variant": m.variant or "-",
             "ep": (m.ep or "-").removesuffix("ExecutionProvider"),
+            "precision": m.precision or "-",
             "verdict": m.verdict.value if m.verdict else "-",
             "downloaded": format_bytes(m.bytes_downloaded),
             "reason": m.reason,

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from epfleet.manifest import ArtifactRef, SamplesRef, SourceEntry, VariantEntry
 from epfleet.merging import ModelFacts
 from epfleet.plan import CompileRequest, PlannedPair
+from eps.base import Precision
 
 DEFAULT_STORE = "./epfleet-store"
 """The store a run publishes to, and a device syncs from, when none is given."""
@@ -111,6 +112,12 @@ class PairResult(BaseModel):
     verification_seconds: float | None = None
     samples_origin: Literal["spec", "generated"] | None = None
     device: Literal["cpu", "gpu", "npu"] | None = None
+    precision: Precision | None = Field(
+        default=None, description="What the variant computes in, as its entry records it"
+    )
+    precisions_lost: list[Precision] = Field(
+        default_factory=list, description="The ladder's precisions tried before it, which failed"
+    )
 
     @classmethod
     def of(
@@ -143,6 +150,8 @@ class PairResult(BaseModel):
                 entry.verification.samples_origin if entry and entry.verification else None
             ),
             device=pair.device,
+            precision=entry.precision if entry else None,
+            precisions_lost=[t.precision for t in entry.precision_tried] if entry else [],
         )
 
 

@@ -40,6 +40,7 @@ VARIANT_KEYS = {
     "max_rel_error",
     "verification_seconds",
     "samples_origin",
+    "precision",
 }
 
 
@@ -94,6 +95,13 @@ def test_compile_to_s3_then_rerun_compiles_nothing(
     assert by_pair[("tiny-cls", "sd8g3-htp")]["compatibility_string"] == (
         manifest.models["tiny-cls"].variants["sd8g3-htp"].compatibility_string
     )
+    precisions = {pair: v["precision"] for pair, v in by_pair.items()}
+    assert precisions == {
+        (model, target): manifest.models[model].variants[target].precision
+        for model, target in by_pair
+    }
+    assert precisions[("tiny-cls", "sd8g3-htp")] == "fp16"  # the HTP's float default
+    assert precisions[("tiny-cls", "x86-cpu")] == "fp32"
 
     scratch = Path(cli_env["EPFLEET_CACHE"]) / "work" / "variants"
     assert list(scratch.iterdir()) == []  # every compile's scratch was cleaned up
@@ -107,6 +115,7 @@ def test_compile_to_s3_then_rerun_compiles_nothing(
     shown = epfleet("manifest", "show", "--store", store, env=cli_env)
     assert shown.returncode == 0
     assert "generation 1" in shown.stdout and "v2:6:2.51.0" in shown.stdout
+    assert " precision " in shown.stdout.splitlines()[1] and " fp16 " in shown.stdout
     as_json = epfleet("manifest", "show", "--store", store, "--json", env=cli_env)
     assert Manifest.model_validate_json(as_json.stdout) == manifest
 

@@ -1,15 +1,24 @@
-"""The CLI's renderings of a run and of the manifest (pure): measurements of failed pairs,
-and the flag on NPU variants verified on generated inputs only."""
+"""The CLI's renderings of a run, of the manifest and of a device report (pure):
+measurements of failed pairs, the flag on NPU variants verified on generated inputs only,
+and the precision each variant was built at and each device runs."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import pytest
 
+from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport
 from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
-from epfleet.manifest_checks import Coverage, Verification
-from epfleet.report import GENERATED_LEGEND, render_manifest, render_report
+from epfleet.manifest_checks import Coverage, PrecisionTried, Verification
+from epfleet.plan import CompileRequest
+from epfleet.report import (
+    GENERATED_LEGEND,
+    render_device_report,
+    render_manifest,
+    render_report,
+)
 from epfleet.runs import PairResult, RunReport
 
 pytestmark = pytest.mark.fast
@@ -103,3 +112,129 @@ def test_manifest_show_flags_the_same_variants() -> None:
     assert "passed 0.04%†" in rows["htp"]
     assert "†" not in rows["htp-real"] and "†" not in rows["older"]
     assert lines[-1] == GENERATED_LEGEND
+
+
+# --- precisions ------------------------------------------------------------------------
+
+
+def test_the_matrix_shows_each_variants_precision_and_the_ladders_losers() -> None:
+    shown = render_report(
+        report(
+            result("v68", "npu", "spec", precision="w8a8"),
+            result("v73", "npu", "spec", precision="w8a16", precisions_lost=["fp16"]),
+            result("older", "npu", "spec"),  # an entry from before precisions were recorded
+        )
+    )
+    row = shown.splitlines()[2]
+    assert "ok · w8a8 · 0.41 s · 2.0 KB · 100% on EP · verified 0.04%" in row
+    assert "ok · w8a16 (fp16 failed) · 0.41 s" in row
+    assert "ok · 0.41 s · 2.0 KB" in row
+
+
+def test_a_pair_result_takes_its_precision_from_the_entry() -> None:
+    entry = variant("npu", "spec").model_copy(
+        update={
+            "precision": "w8a16",
+            "precision_tried": [PrecisionTried(precision="fp16", reason="overflow")],
+        }
+    )
+    request = CompileRequest(
+        model="mel",
+        target="v73",
+        ep="QNNExecutionProvider",
+        device="npu",
+        provider_options={},
+        input_shapes={},
+        source_key=f"sources/{SHA}.onnx",
+        source_sha256=SHA,
+        source_size=10,
+        fingerprint="f",
+    )
+    got = PairResult.of(request, entry, "ok", 1.0)
+    assert (got.precision, got.precisions_lost) == ("w8a16", ["fp16"])
+    assert PairResult.of(request, None, "failed", None).precision is None
+
+
+def test_manifest_show_has_a_precision_column_and_failures_below_the_table() -> None:
+    source = SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=10)
+    won = variant("npu", "spec").model_copy(
+        update={
+            "precision": "w8a16",
+            "precision_tried": [PrecisionTried(precision="fp16", reason="overflow")],
+        }
+    )
+    reason = "no precision of the ladder passed: w8a8: verification failed: " + "x" * 200
+    lost = variant("npu", "spec").model_copy(
+        update={
+            "status": "failed",
+            "artifact": None,
+            "compatibility_string": None,
+            "error": reason,
+            "precision": "w8a8",
+        }
+    )
+    variants = {"v73": won, "v68": lost, "older": variant("npu", "spec")}
+    manifest = Manifest(generation=1, models={"mel": ModelEntry(source=source, variants=variants)})
+    lines = render_manifest(manifest, "file:///store").splitlines()
+    assert lines[1].split()[:7] == [
+        *("model", "target", "ep", "device", "status", "precision", "size")
+    ]
+    rows = {line.split()[1]: line for line in lines[3:6]}
+    assert "ok      w8a16 (fp16 failed)" in rows["v73"]
+    assert rows["v68"].split()[5] == "w8a8" and rows["v68"].rstrip().endswith(" -")
+    assert "verification" not in rows["v68"]  # the reason is not cut into a column
+    assert rows["older"].split()[5] == "-"
+    assert lines[-1] == f"FAILED mel × v68: {reason}"
+
+
+def device_report(*models: ModelReport) -> DeviceReport:
+    return DeviceReport(
+        device_id="d",
+        generated_at="2026-12-01T00:00:00Z",
+        ort_version="1.32.0",
+        ep_packages={},
+        devices=[],
+        store="file:///store",
+        cache="/cache",
+        manifest=ManifestStatus(status="fetched", generation=1, body_bytes=1),
+        models=list(models),
+        seconds=1.0,
+    )
+
+
+def model_report(model: str, precision: str | None) -> ModelReport:
+    return ModelReport.model_validate(
+        {
+            "model": model,
+            "action": "downloaded",
+            "variant": f"{model}-0123456789ab",
+            "target": "v68",
+            "ep": "QNNExecutionProvider",
+            "verdict": "optimal",
+            "bytes_downloaded": 10,
+            "reason": "ok",
+            "considered": [],
+            "seconds": 0.1,
+            "precision": precision,
+        }
+    )
+
+
+def test_the_sync_table_names_the_precision_each_model_runs() -> None:
+    shown = render_device_report(
+        device_report(model_report("det", "w8a8"), model_report("old", None))
+    )
+    lines = shown.splitlines()
+    header = lines[2].split()
+    assert header[:5] == ["model", "action", "variant", "ep", "precision"]
+    rows = {line.split()[0]: line.split() for line in lines[4:6]}
+    assert rows["det"][4] == "w8a8" and rows["old"][4] == "-"
+
+
+def test_a_report_leaves_out_an_unknown_precision_and_older_reports_parse() -> None:
+    known = json.loads(device_report(model_report("det", "w8a8")).model_dump_json())
+    assert known["models"][0]["precision"] == "w8a8"
+    unknown = json.loads(device_report(model_report("old", None)).model_dump_json())
+    assert "precision" not in unknown["models"][0]
+    older = DeviceReport.model_validate(unknown)  # as a device before precisions wrote it
+    assert older.models[0].precision is None

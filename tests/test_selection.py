@@ -15,7 +15,9 @@ SOURCE = "5" * 64
 V = Verdict
 
 
-def variant(target: str, verdict: Verdict, device: DeviceType = "npu") -> Considered:
+def variant(
+    target: str, verdict: Verdict, device: DeviceType = "npu", declared: int | None = None
+) -> Considered:
     return Considered(
         target=target,
         ep="CPUExecutionProvider" if device == "cpu" else "QNNExecutionProvider",
@@ -24,6 +26,7 @@ def variant(target: str, verdict: Verdict, device: DeviceType = "npu") -> Consid
         compatibility_string=f"s-{target}",
         verdict=verdict,
         reason=verdict.value,
+        declared_rank=declared,
     )
 
 
@@ -58,6 +61,48 @@ def test_rank_orders_by_verdict_then_preference_then_manifest_order() -> None:
         "cpu-b",
         "gpu",
     ]
+
+
+def test_declared_preference_breaks_ties_between_equally_good_variants() -> None:
+    """Same verdict and device type: the target the spec lists first wins; targets it does
+    not list come after the listed ones, in manifest order."""
+    considered = [
+        variant("unlisted-a", V.OPTIMAL, "npu"),
+        variant("htp-fp16", V.OPTIMAL, "npu", declared=2),
+        variant("unlisted-b", V.OPTIMAL, "npu"),
+        variant("htp-w8a8", V.OPTIMAL, "npu", declared=0),
+        variant("htp-w8a16", V.OPTIMAL, "npu", declared=1),
+    ]
+    ranked = [c.target for c in rank(considered, ("npu", "gpu", "cpu"))]
+    assert ranked == ["htp-w8a8", "htp-w8a16", "htp-fp16", "unlisted-a", "unlisted-b"]
+
+
+def test_declared_preference_never_outranks_verdict_or_device_type() -> None:
+    considered = [
+        variant("cpu-first", V.OPTIMAL, "cpu", declared=0),
+        variant("npu-prefer", V.PREFER_RECOMPILATION, "npu", declared=1),
+        variant("npu-last", V.OPTIMAL, "npu", declared=2),
+    ]
+    ranked = [c.target for c in rank(considered, ("npu", "gpu", "cpu"))]
+    assert ranked == ["npu-last", "cpu-first", "npu-prefer"]
+    ranked = [c.target for c in rank(considered, ("cpu", "npu"))]
+    assert ranked == ["cpu-first", "npu-last", "npu-prefer"]
+
+
+def test_a_reordered_preference_switches_the_active_variant() -> None:
+    """The fleet now lists the other of two equally good variants first: the device
+    downloads it, and keeps the active one if that download fails."""
+    first, second = variant("a", V.OPTIMAL, "cpu", 0), variant("b", V.OPTIMAL, "cpu", 1)
+    got = decide(
+        [first, second], active_of(first), SOURCE, recompile=True, recompile_failed_before=False
+    )
+    assert got == steps(("keep", "a"))
+    reordered = [
+        first.model_copy(update={"declared_rank": 1}),
+        second.model_copy(update={"declared_rank": 0}),
+    ]
+    got = decide(reordered, active_of(first), SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("download", "b"), ("keep", "a"))
 
 
 @pytest.mark.parametrize("verdicts", list(itertools.product(list(Verdict), repeat=2)))

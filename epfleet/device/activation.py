@@ -13,7 +13,7 @@ from __future__ import annotations
 from epfleet.device.cache_layout import MODEL_FILE
 from epfleet.device.cache_state import Installed, InstalledFile, ModelState, Origin
 from epfleet.manifest import PackageFile, SourceEntry, VariantEntry, utcnow
-from eps.base import DeviceType, LocalTarget
+from eps.base import DeviceType, LocalTarget, Precision
 
 
 def variant_name(prefix: str, sha256: str) -> str:
@@ -41,6 +41,7 @@ def published_variant(target: str, variant: VariantEntry) -> Installed:
         source_sha256=variant.source_sha256,
         model_file=variant.model_file,
         files=installed_files(variant.files),
+        precision=variant.precision,
     )
 
 
@@ -53,9 +54,11 @@ def local_variant(
     source: str,
     model_file: str = MODEL_FILE,
     files: list[InstalledFile] | None = None,
+    precision: Precision | None = None,
 ) -> Installed:
     """A variant built here for ``ep`` from the source whose digest is ``source``: its
-    main file (``sha256``, ``size``) and the ``files`` beside it."""
+    main file (``sha256``, ``size``) and the ``files`` beside it; ``precision`` is what
+    the EP computes it in (its module's default for these options)."""
     return _new(
         prefix=local_target_name(ep),
         origin="local",
@@ -69,6 +72,7 @@ def local_variant(
         source_sha256=source,
         model_file=model_file,
         files=files or [],
+        precision=precision,
     )
 
 
@@ -87,6 +91,7 @@ def fallback_variant(source: SourceEntry) -> Installed:
         source_sha256=source.digest,
         model_file=source.model_file,
         files=installed_files(source.files),
+        precision="fp32",  # as the CPU EP module says it computes (eps/cpu.py)
     )
 
 
@@ -109,6 +114,7 @@ def _new(
     source_sha256: str,
     model_file: str,
     files: list[InstalledFile],
+    precision: Precision | None,
 ) -> Installed:
     """The one place an ``Installed`` is made; the cache stamps its mtimes when it installs
     it."""
@@ -127,6 +133,7 @@ def _new(
         mtime_ns=0,
         model_file=model_file,
         files=files,
+        precision=precision,
     )
     return installed.model_copy(update={"name": variant_name(prefix, installed.digest)})
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from epfleet.device.cache_layout import MODEL_FILE
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Name
-from eps.base import DeviceType
+from eps.base import DeviceType, Precision
 
 Origin = Literal["published", "local", "fallback"]
 
@@ -43,6 +43,9 @@ class Installed(BaseModel):
     mtime_ns: int = Field(description="The file's mtime when activated: a cheap tamper check")
     model_file: str = Field(default=MODEL_FILE, description="The main file's path in the directory")
     files: list[InstalledFile] = Field(default_factory=list, description="The other files")
+    precision: Precision | None = Field(
+        default=None, description="What it computes in; None: unknown (an older epfleet's)"
+    )
 
     @property
     def digest(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
+import eps
 from epfleet.device.activation import drop_changed_active, promote
 from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_errors import WRITE_DENIED, DiskFull
@@ -22,13 +23,15 @@ from epfleet.device.steps import Done, Steps
 from epfleet.device_report import ModelReport, VariantVerdict
 from epfleet.errors import EpfleetError, StoreError
 from epfleet.manifest import ModelEntry
-from eps.base import Judgement, Verdict
+from eps.base import Judgement, Precision, Verdict
 
 logger = logging.getLogger(__name__)
 
 
 def considered(local: LocalEps, entry: ModelEntry) -> list[Considered]:
-    """Every published variant of the model, judged here by its compatibility string."""
+    """Every published variant of the model, judged here by its compatibility string, with
+    its place in the fleet's declared preference."""
+    declared = {target: entry.preference.index(target) for target in entry.preference}
     judged = []
     for target, variant in entry.variants.items():
         if variant.status != "ok" or variant.artifact is None:
@@ -47,6 +50,7 @@ def considered(local: LocalEps, entry: ModelEntry) -> list[Considered]:
                 compatibility_string=string,
                 verdict=judgement.verdict,
                 reason=judgement.reason,
+                declared_rank=declared.get(target),
             )
         )
     return judged
@@ -112,7 +116,7 @@ def sync_model(
         reason = "; ".join(notes + failures) or "nothing published can run here"
         if kept is not None and cache.intact(model, kept):
             reason += f" (still running {kept.name})"
-        return failed(model, kept, reason, verdicts, moved, seconds)
+        return failed(model, kept, reason, verdicts, moved, seconds, entry)
     if done.installed is not mstate.active:
         activate(cache, model, state, done.installed)
     elif notes:
@@ -129,7 +133,27 @@ def sync_model(
         reason="; ".join([*notes, *failures, done.reason]),
         considered=verdicts,
         seconds=seconds,
+        precision=precision_of(done.installed, entry),
     )
+
+
+def precision_of(installed: Installed, entry: ModelEntry | None) -> Precision | None:
+    """What ``installed`` computes in, as recorded when it was installed. For one an older
+    epfleet installed: fp32 for the source on the CPU EP, what its EP module says of a
+    local build, the manifest entry's of the same published build; else None."""
+    if installed.precision is not None:
+        return installed.precision
+    if installed.origin == "fallback":
+        return "fp32"
+    if installed.origin == "local":
+        try:
+            return eps.load(installed.ep).precisions(installed.provider_options)[0]
+        except KeyError:  # an EP this epfleet does not know
+            return None
+    published = entry.variants.get(installed.target or "") if entry is not None else None
+    if published is None or published.digest != installed.digest:
+        return None
+    return published.precision
 
 
 def activate(cache: DeviceCache, model: str, state: CacheState, installed: Installed) -> None:
@@ -170,6 +194,7 @@ def failed(
     considered: list[VariantVerdict],
     moved: int,
     seconds: float,
+    entry: ModelEntry | None = None,
 ) -> ModelReport:
     """A model nothing could be done for; ``kept`` (if any) is still what runs."""
     return ModelReport(
@@ -184,6 +209,7 @@ def failed(
         reason=reason,
         considered=considered,
         seconds=seconds,
+        precision=precision_of(kept, entry) if kept else None,
     )
 
 

@@ -122,6 +122,7 @@ def adopt(
             compatibility_string=None,
             provider_options={},
             source_sha256=digest,
+            precision="fp32",
             **common,
         )
     if published is not None and published.digest == digest:
@@ -133,6 +134,7 @@ def adopt(
             compatibility_string=published.compatibility_string,
             provider_options=published.provider_options,
             source_sha256=published.source_sha256,
+            precision=published.precision,
             **common,
         )
     metadata = model_metadata(path)

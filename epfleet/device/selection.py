@@ -7,7 +7,9 @@ order; the sync engine runs them until one succeeds. The rules:
 1. Usable variants are those judged optimal or prefer-recompilation; unsupported
    and unknown (ORT's EP_NOT_APPLICABLE) never are. They rank by verdict, then by
    the device's preference of device type (npu, gpu, cpu unless configured), then
-   by manifest order.
+   by the fleet's declared preference (the model entry's ``preference``: the spec's
+   target order, e.g. a w8a8 target listed before an fp16 one; targets it does not
+   list come after those it does), then by manifest order.
 2. If some published variant is optimal: download the optimal ones in rank order,
    except that the active variant is kept rather than fetched again (and nothing
    ranked below it is tried). If all fail, a device that runs something keeps it;
@@ -42,6 +44,9 @@ class Considered(BaseModel):
     compatibility_string: str
     verdict: Verdict
     reason: str
+    declared_rank: int | None = None
+    """Its target's position in the model's declared preference (0 first); None when the
+    entry does not list it (or lists no preference)."""
 
 
 class ActiveVariant(BaseModel):
@@ -61,12 +66,18 @@ class Step(BaseModel):
 
 
 def rank(considered: Sequence[Considered], preference: Sequence[DeviceType]) -> list[Considered]:
-    """The usable variants, best first (see the module's rules); manifest order breaks ties."""
+    """The usable variants, best first (see the module's rules); manifest order breaks ties
+    (the sort is stable)."""
     usable = [c for c in considered if c.verdict in USABLE]
     order = {device: i for i, device in enumerate(preference)}
     return sorted(
         usable,
-        key=lambda c: (USABLE.index(c.verdict), order.get(c.device, len(order))),
+        key=lambda c: (
+            USABLE.index(c.verdict),
+            order.get(c.device, len(order)),
+            c.declared_rank is None,
+            c.declared_rank or 0,
+        ),
     )
 
 

@@ -223,6 +223,7 @@ class Steps:
                 entry.source.digest,
                 model_file=output.model_file,
                 files=[InstalledFile(path=p, sha256=h, size=n) for p, h, n in output.files],
+                precision=eps.load(ep).precisions(local.provider_options)[0],
             )
             artifact = Path(output.artifact_path)
             self.health(artifact, installed, entry)
