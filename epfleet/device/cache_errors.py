@@ -8,7 +8,7 @@ from pathlib import Path
 
 from epfleet.device.cache_layout import mb
 from epfleet.errors import EpfleetError
-from epfleet.fsutil import NO_SPACE, free_bytes
+from epfleet.fsutil import NO_SPACE, free_space
 
 
 class CacheBusy(EpfleetError):
@@ -44,17 +44,8 @@ def cannot_write(path: Path, exc: OSError) -> CacheNotWritable | DiskFull:
     if exc.errno in NO_SPACE:
         return DiskFull(
             f"no disk space to write {path}: {exc.strerror or exc} "
-            f"({mb(_free(path))} MB free); the next sync tries again"
+            f"({mb(free_space(path) or 0)} MB free); the next sync tries again"
         )
     if exc.errno in WRITE_DENIED:
         return not_writable(path, exc)
     return CacheNotWritable(f"cannot write {path}: {exc.strerror or exc}")
-
-
-def _free(path: Path) -> int:
-    for where in (path, *path.parents):
-        try:
-            return free_bytes(where)
-        except OSError:
-            continue
-    return 0
