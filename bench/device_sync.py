@@ -290,7 +290,7 @@ def fetch_signed(store_uri: str, cache_dir: Path, root: bytes, wanted: list[str]
     """A signed sync's metadata step: lock the cache, load its state, refresh, look up the
     wanted models' entries."""
     from epfleet.device.cache import DeviceCache
-    from epfleet.device.manifest_cache import fetch_signed_manifest
+    from epfleet.device.signed_manifest import fetch_signed_manifest
     from epfleet.stores import open_store
 
     cache = DeviceCache(cache_dir)

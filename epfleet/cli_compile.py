@@ -8,6 +8,7 @@ When the temporary API does not start, the pairs compile and publish without Pre
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ from epfleet import MAX_WORKERS
 from epfleet.cli_interrupts import interrupts
 from epfleet.cli_options import Json, Repeatable, RunnerName, Store
 from epfleet.cli_prefect_api import start_temporary_api, temporary_api_dies_with_us
-from epfleet.errors import BadInputError
+from epfleet.errors import BadInputError, EpfleetError
+from epfleet.fsutil import NO_SPACE, no_room
 from epfleet.runs import DEFAULT_STORE
 
 if TYPE_CHECKING:
@@ -86,14 +88,30 @@ def compile_(
         raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {workers}")
     if dask_address and task_runner != "dask":
         raise BadInputError("--dask-address needs --task-runner dask")
-    with interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
-        report = _compile(spec, store, workers, force, model, target, task_runner, dask_address)
-        pruned = _prune(spec, store) if prune else None
+    try:
+        with interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
+            report = _compile(spec, store, workers, force, model, target, task_runner, dask_address)
+            pruned = _prune(spec, store) if prune else None
+    except OSError as exc:  # a full disk: the worker cache or a local store
+        if exc.errno not in NO_SPACE:
+            raise
+        raise EpfleetError(no_room(exc, _disks(store))) from None
     if as_json:
         print(json.dumps(_json_report(report) | ({"pruned": pruned} if prune else {})))
     else:
         print(render_report(report))
     return report.exit_code
+
+
+def _disks(store: str) -> dict[str, Path]:
+    """Where a compile writes: the worker cache, and a local store's directory."""
+    from epfleet.settings import settings
+    from epfleet.stores.local import local_path
+
+    places = {"the worker cache (EPFLEET_CACHE)": settings().cache}
+    if "://" not in store or store.startswith("file://"):
+        places["the store"] = local_path(store)
+    return places
 
 
 def _prune(spec: Path, store: str) -> dict[str, object]:
@@ -241,6 +259,10 @@ def _run_fleet_flow(
     from flows.fleet_compile import fleet_compile
 
     temporary_api_dies_with_us()
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackOfOurErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackOfOurErrors())
     flow = fleet_compile.with_options(task_runner=runner)
     return flow(
         spec=str(spec.resolve()),
@@ -250,6 +272,16 @@ def _run_fleet_flow(
         models=models,
         targets=targets,
     )
+
+
+class _NoTracebackOfOurErrors(logging.Filter):
+    """Prefect logs a run that raised with its traceback; an ``EpfleetError`` (a full
+    disk, a store that refuses) says all in its one line, which the run's log keeps."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], EpfleetError):
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 REPORT_FIELDS = [

@@ -6,8 +6,9 @@ The temporary file of a write is ``.<name>.<8 random characters>.tmp`` beside th
 (``is_temp_name``), so that a run killed mid-write leaves something the next run can
 recognise and remove.
 
-Also here: reading a file without following a symbolic link (``read_nofollow``) and the
-free space of a filesystem (``free_bytes``), for the device cache.
+Also here: reading a file without following a symbolic link (``read_nofollow``), the
+free space of a filesystem (``free_bytes``), for the device cache, and the one line that
+says which disk a write found full (``no_room``).
 """
 
 from __future__ import annotations
@@ -140,3 +141,28 @@ def free_bytes(path: Path) -> int:
     """Bytes an unprivileged writer may still use on the filesystem holding ``path``."""
     found = os.statvfs(path)
     return found.f_bavail * found.f_frsize
+
+
+def free_space(path: Path) -> int | None:
+    """``free_bytes`` of the filesystem holding ``path`` or its nearest existing parent."""
+    for where in (path, *path.parents):
+        try:
+            return free_bytes(where)
+        except OSError:
+            continue
+    return None
+
+
+def no_room(exc: OSError, places: dict[str, Path]) -> str:
+    """One line for a write that found no room (``exc.errno`` in ``NO_SPACE``): the file
+    when the error names it, and the place among ``places`` (what it is -> its path)
+    with the least free space, with what is free there."""
+    free = {what: free_space(path) for what, path in places.items()}
+    known = {what: room for what, room in free.items() if room is not None}
+    line = f"no disk space left ({exc.strerror or exc})"
+    if exc.filename:
+        line += f" writing {exc.filename}"
+    if known:
+        fullest = min(known, key=lambda what: known[what])
+        line += f"; {fullest} {places[fullest]} has {known[fullest] / 1e6:.1f} MB free"
+    return line + ": free space there and run again"

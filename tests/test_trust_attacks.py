@@ -816,8 +816,10 @@ def test_a_link_in_place_of_the_root_history_is_removed_not_followed(tmp_path: P
     shutil.rmtree(history)
     history.symlink_to(elsewhere)
 
-    with pytest.raises(BadInputError, match="--trust-root"):  # no root left to trust
-        SyncSession(str(store), cache, policy, DEVICE).__enter__()
+    with SyncSession(str(store), cache, policy, DEVICE) as session:  # no root left to trust
+        refused = session.fetch_manifest()
+    assert refused.status == "rejected" and refused.signed, refused
+    assert "trust cache was lost" in (refused.reason or "") and "--trust-root" in refused.reason
     assert not history.is_symlink() and (elsewhere / "1.root.json").exists()
     with SyncSession(str(store), cache, policy, DEVICE, trust_root=repo.root_file) as session:
         status = session.fetch_manifest()

@@ -6,7 +6,9 @@ import errno
 import os
 from pathlib import Path
 
+from epfleet.device.cache_layout import mb
 from epfleet.errors import EpfleetError
+from epfleet.fsutil import NO_SPACE, free_space
 
 
 class CacheBusy(EpfleetError):
@@ -34,3 +36,16 @@ def not_writable(path: Path, exc: OSError) -> CacheNotWritable:
 
 class DiskFull(EpfleetError):
     """Not enough free disk space for a download or a write; the next sync tries again."""
+
+
+def cannot_write(path: Path, exc: OSError) -> CacheNotWritable | DiskFull:
+    """The error of a failed write in the cache: DiskFull when no room was left (a full
+    disk, a quota), CacheNotWritable otherwise (read-only, permissions, an I/O error)."""
+    if exc.errno in NO_SPACE:
+        return DiskFull(
+            f"no disk space to write {path}: {exc.strerror or exc} "
+            f"({mb(free_space(path) or 0)} MB free); the next sync tries again"
+        )
+    if exc.errno in WRITE_DENIED:
+        return not_writable(path, exc)
+    return CacheNotWritable(f"cannot write {path}: {exc.strerror or exc}")

@@ -20,10 +20,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime
 
-from epfleet.device.cache_errors import WRITE_DENIED, CacheBusy, CacheDamaged
+from epfleet.device.cache_errors import WRITE_DENIED, CacheBusy, CacheDamaged, cannot_write
 from epfleet.device.cache_layout import LOCK_FILE, STATE_DIR
 from epfleet.device.nofollow import CacheFiles, lstat_at
 from epfleet.errors import EpfleetError
+from epfleet.fsutil import NO_SPACE
 
 
 @contextmanager
@@ -33,6 +34,8 @@ def cache_locked(files: CacheFiles) -> Iterator[None]:
     try:
         fd = _lock(files)
     except OSError as exc:
+        if exc.errno in NO_SPACE:
+            raise cannot_write(path, exc) from None
         raise EpfleetError(
             f"cannot lock the cache at {path}: {exc.strerror or exc}; check that the "
             "cache directory is writable by this user"

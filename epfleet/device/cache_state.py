@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from epfleet.device.cache_layout import MODEL_FILE
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import Name
+from epfleet.trust.highwater import TrustMark
 from eps.base import DeviceType, Precision
 
 Origin = Literal["published", "local", "fallback"]
@@ -90,4 +91,10 @@ class CacheState(BaseModel):
         default=None, description="ORT and EP versions the package's selection was checked with"
     )
     manifest_rejected: dict[str, str] | None = None  # see epfleet.device.manifest_cache
+    trust: dict[str, TrustMark] = Field(
+        default_factory=dict,
+        description="Per trust directory (trust/<id>): the high-water mark of the signed "
+        "metadata accepted from its store, kept here so that losing the trust directory "
+        "does not lose it (epfleet.trust.highwater)",
+    )
     models: dict[Name, ModelState] = Field(default_factory=dict)

@@ -11,11 +11,9 @@ the sync fail (exit 1) with the reason in its report, and is remembered by its v
 since (a conditional GET on that version), so the same body is not downloaded again,
 until a day has passed or the rules or the limit have changed.
 
-With a trusted root (``fetch_signed_manifest``), the manifest in force comes from the
-store's signed (TUF) metadata instead (``epfleet.trust.client``): the wanted models'
-signed entries, or the signed manifest.json when every model is wanted, cached in the
-same place with a note in the trust directory saying it was verified; metadata that
-does not verify leaves the last verified one in force and fails the sync (exit 1).
+With a trusted root, the manifest in force comes from the store's signed (TUF) metadata
+instead (``epfleet.device.signed_manifest``), cached in the same place with a note in the
+trust directory saying it was verified (``VERIFIED_NOTE``).
 
 The caller holds the cache's lock (``DeviceCache.locked``) and passes the state it loaded;
 every write of the state here checks that the lock is held (``save_state``).
@@ -28,35 +26,23 @@ import gc
 import json
 import os
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_layout import LOCK_FILE, STATE_DIR, STATE_FILE
+from epfleet.device.cache_layout import LOCK_FILE, STATE_FILE
 from epfleet.device.cache_state import CacheState
 from epfleet.device_report import ManifestStatus
 from epfleet.errors import BadInputError, StoreError
-from epfleet.fsutil import atomic_write_bytes, read_nofollow
+from epfleet.fsutil import read_nofollow
 from epfleet.hashing import sha256_bytes
 from epfleet.manifest import VALIDATION_RULES, Manifest, ModelEntry
 from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store, document_limit
-from epfleet.trust.client import (
-    ROOT_HISTORY,
-    TARGETS_DIR,
-    MetadataRefused,
-    StoreUnreachable,
-    cached_expiry,
-    cached_version,
-    trust_dir,
-    trust_parts,
-    verify,
-)
+from epfleet.trust.client import trust_dir
 
 REJECTED_FOR = 24 * 3600.0
 """Seconds a rejected manifest is not fetched again while the store still has it."""
-NOTHING_VERIFIED = "; no signed manifest is cached to fall back on"
 VERIFIED_NOTE = "in-force.json"
 """In the trust directory: the store and sha256 of the cached manifest when it came from
 signed metadata (a cached unsigned manifest is never in force for a signed sync)."""
@@ -199,96 +185,12 @@ def cached_manifest(
     return data
 
 
-def fetch_signed_manifest(
-    store: Store, cache: DeviceCache, state: CacheState, root: bytes, models: list[str] | None
-) -> ManifestStatus:
-    """Refresh the store's signed metadata from ``root`` and make the wanted models' signed
-    entries (every model's: the signed manifest.json) the manifest in force. An
-    unreachable store leaves the last verified one in force (offline, saying when its
-    signed metadata expires); metadata that does not verify leaves it in force too and is
-    ``rejected`` (the sync fails), or raises StoreError when none was ever verified."""
-    parts = (STATE_DIR, *trust_parts(store.uri))
-    directory = cache.directory(*parts)
-    for sub in (ROOT_HISTORY, TARGETS_DIR):  # ngclient writes there: real directories
-        cache.directory(*parts, sub)
-    trusted = cached_manifest(cache, state, store.uri, signed=True) is not None
-    generation = state.manifest_generation if trusted else None
-    try:
-        verified = verify(store, directory, root, models)
-    except StoreUnreachable as exc:
-        return ManifestStatus(
-            status="offline",
-            generation=generation,
-            body_bytes=0,
-            reason=f"{exc}{expiry_note(directory)}",
-            signed=True,
-            signed_version=cached_version(directory),
-        )
-    except MetadataRefused as exc:
-        if not trusted:
-            raise StoreError(f"{exc}{NOTHING_VERIFIED}") from None
-        return ManifestStatus(
-            status="rejected",
-            generation=generation,
-            body_bytes=0,
-            reason=f"{exc}; the manifest last verified stays in force",
-            signed=True,
-            signed_version=cached_version(directory),
-        )
-    data = verified.document
-    digest = sha256_bytes(data)
-    replaced = not (trusted and state.manifest_sha256 == digest)
-    if replaced:
-        try:
-            generation = Manifest.from_json(data).generation  # validated whole once
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            reason = (
-                f"the signed {MANIFEST_KEY} of {store.uri} fails validation at "
-                f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
-            )
-            if not trusted:
-                raise StoreError(reason + NOTHING_VERIFIED) from None
-            return ManifestStatus(
-                status="rejected",
-                generation=generation,
-                body_bytes=verified.metadata_bytes,
-                reason=f"{reason}; the manifest last verified stays in force",
-                signed=True,
-                signed_version=verified.version,
-            )
-        if cache.cached_manifest() != data:
-            cache.save_manifest(data)
-        note = json.dumps({"store": store.uri, "sha256": digest}).encode()
-        atomic_write_bytes(directory / VERIFIED_NOTE, note)
-        state.store, state.manifest_etag = store.uri, None
-        state.manifest_generation = generation
-        state.manifest_sha256, state.manifest_rules = digest, VALIDATION_RULES
-        state.manifest_rejected = None
-        save_state(cache, state)
-    return ManifestStatus(
-        status="fetched" if verified.changed or replaced else "unchanged",
-        generation=state.manifest_generation if verified.every_model else None,
-        body_bytes=verified.metadata_bytes,
-        signed=True,
-        signed_version=verified.version,
-    )
-
-
 def verified_note(directory: Path) -> dict[str, str] | None:
     try:
         note = json.loads(read_nofollow(directory / VERIFIED_NOTE))
     except (OSError, ValueError):
         return None
     return note if isinstance(note, dict) else None
-
-
-def expiry_note(directory: Path) -> str:
-    """``; the cached signed metadata expired at ...`` when it has (else '')."""
-    expires = cached_expiry(directory)
-    if expires is None or expires > datetime.now(timezone.utc):
-        return ""
-    return f"; the signed metadata cached here expired at {expires.isoformat()}"
 
 
 def save_state(cache: DeviceCache, state: CacheState) -> None:

@@ -22,6 +22,7 @@ from epfleet.device.selection import ActiveVariant, Considered, Step, decide
 from epfleet.device.steps import Done, Steps
 from epfleet.device_report import ModelReport, VariantVerdict
 from epfleet.errors import EpfleetError, StoreError
+from epfleet.fsutil import NO_SPACE
 from epfleet.manifest import ModelEntry
 from eps.base import Judgement, Precision, Verdict
 
@@ -178,8 +179,8 @@ def unexpected(model: str, state: CacheState, exc: Exception) -> ModelReport:
     kept = state.models.get(model, ModelState()).active
     if isinstance(exc, EpfleetError):
         reason = str(exc)
-    elif isinstance(exc, OSError) and exc.errno in WRITE_DENIED:
-        reason = f"cannot write {exc.filename} in the device cache: {exc.strerror}"
+    elif isinstance(exc, OSError) and (exc.errno in WRITE_DENIED or exc.errno in NO_SPACE):
+        reason = f"cannot write {exc.filename or 'the device cache'}: {exc.strerror}"
     else:
         reason = f"unexpected {type(exc).__name__}: {exc}"
     if kept is not None:

@@ -20,7 +20,7 @@ from collections.abc import Collection
 from contextlib import suppress
 from pathlib import Path
 
-from epfleet.device.cache_errors import WRITE_DENIED, CacheDamaged, not_writable
+from epfleet.device.cache_errors import CacheDamaged, cannot_write
 from epfleet.errors import BadInputError
 from epfleet.fsutil import is_temp_name, read_nofollow
 
@@ -78,10 +78,8 @@ class CacheFiles:
                     os.mkdir(name, 0o777, dir_fd=parent)
                 except FileExistsError:
                     pass
-                except OSError as exc:
-                    if exc.errno not in WRITE_DENIED:
-                        raise
-                    raise not_writable(self.path(parts), exc) from None
+                except OSError as exc:  # read-only, permissions, a full disk
+                    raise cannot_write(self.path(parts), exc) from None
             except OSError as exc:
                 if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
                     raise

@@ -17,40 +17,38 @@ serves one thread at a time.
 
 The manifest in force comes from the store's signed (TUF) metadata when the device has a
 trusted root (``--trust-root``, or the root chain kept in the cache since it was first
-given; for a local store that ``epfleet compile`` made development keys for, the root it
-wrote beside them, with a warning): see
-``epfleet.device.manifest_cache.fetch_signed_manifest``. A device with no
+given; for a local store that ``epfleet compile`` made development keys for, in a cache
+that never trusted anything, the root it wrote beside them, with a warning): see
+``epfleet.device.provisioning`` and ``epfleet.device.signed_manifest``. A device with no
 trusted root refuses to sync unless it is configured ``--allow-unsigned``
 (``EPFLEET_ALLOW_UNSIGNED``), which syncs from the unsigned manifest.json with a warning
-in the report.
+in the report; a device that trusted the store before never does.
+
+A write that fails in the cache (a full disk, a read-only mount) fails what needed it
+with one line in the report: the report is still printed, and what is active stays so.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 
 from epfleet import ort_version
 from epfleet.device import model_sync
 from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_errors import CacheNotWritable, DiskFull
-from epfleet.device.cache_layout import STATE_DIR
+from epfleet.device.cache_errors import CacheNotWritable, DiskFull, cannot_write
 from epfleet.device.cache_state import CacheState
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_eps import LocalEps, discover, ep_versions
-from epfleet.device.manifest_cache import (
-    cached_manifest,
-    fetch_manifest,
-    fetch_signed_manifest,
-    manifest_in_force,
-)
+from epfleet.device.manifest_cache import cached_manifest, fetch_manifest, manifest_in_force
 from epfleet.device.policy import SyncPolicy
+from epfleet.device.provisioning import trusted_root
 from epfleet.device.reporting import device_id, upload_report
+from epfleet.device.signed_manifest import fetch_signed_manifest, untrusted
 from epfleet.device.steps import Steps
 from epfleet.device.unlisted import drop_models, unlisted
 from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport
@@ -59,9 +57,6 @@ from epfleet.limits import Deadline, within
 from epfleet.manifest import Manifest, utcnow
 from epfleet.settings import settings
 from epfleet.stores import open_store
-from epfleet.stores.local import LocalStore
-from epfleet.trust.client import ROOT_HISTORY, provisioned_root, trust_dir, trust_parts
-from epfleet.trust.repository import ROOT_COPY, development_keys_dir
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +106,10 @@ class SyncSession:
             configured.allow_unsigned if allow_unsigned is None else allow_unsigned
         )
         self.root: bytes | None = None
-        """The root metadata the sync trusts (None: unsigned, as allowed)."""
+        """The root metadata the sync trusts (None: unsigned, as allowed, or a problem)."""
+        self.root_problem: str | None = None
+        """Why a device that trusts signed metadata only has no root now (a damaged root,
+        a lost trust cache): the signed manifest last verified stays in force."""
         self.trust_warning: str | None = None
         """Why the sync trusts less than a provisioned root (a development root)."""
         self.started = time.perf_counter()
@@ -136,9 +134,16 @@ class SyncSession:
         with ExitStack() as stack:
             stack.enter_context(self.cache.locked())
             self.deadline = Deadline.after(self.deadline.seconds)
-            self.cache.check_layout()  # links and odd entries in epfleet's paths: see cache
-            self._state = self.cache.load_state()  # rebuilt from the cache if damaged
-            self.root = self._trusted_root()
+            try:
+                self.cache.check_layout()  # links and odd entries in epfleet's paths
+                self._state = self.cache.load_state()  # rebuilt from the cache if damaged
+                trust = trusted_root(
+                    self.cache, self._state, self.store, self.trust_root, self.allow_unsigned
+                )
+            except OSError as exc:  # a cache that cannot be written at all: one line
+                raise cannot_write(Path(exc.filename or self.cache.root), exc) from None
+            self.root, self.root_problem = trust.root, trust.problem
+            self.trust_warning = trust.warning
             stack.callback(self._close)
             self._stack = stack.pop_all()
         return self
@@ -173,45 +178,10 @@ class SyncSession:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
                 self.cache.note(f"could not {doing} in {self.cache.root}: {reason}")
 
-    def _trusted_root(self) -> bytes | None:
-        """The newest root the cache follows, or the one given; BadInputError when there
-        is none and unsigned syncs are not allowed."""
-        parts = (STATE_DIR, *trust_parts(self.store.uri))
-        for depth in range(2, len(parts) + 2):
-            with suppress(FileNotFoundError):  # a link on the way is removed, not followed
-                os.close(self.cache.open_dir((*parts, ROOT_HISTORY)[:depth], create=False))
-        directory = trust_dir(self.cache.meta, self.store.uri)
-        root = provisioned_root(directory, self.trust_root)
-        development = self._development_root() if root is None else None
-        if development is not None:
-            root = provisioned_root(directory, development)
-            self.trust_warning = (
-                f"trusting the development root {development} that epfleet compile created "
-                "beside this local store: for development only; provision devices with "
-                "--trust-root"
-            )
-        if root is None and not self.allow_unsigned:
-            raise BadInputError(
-                f"no trusted root to verify {self.store_uri} with: pass --trust-root PATH "
-                "(the root.json of the store's signed metadata, from epfleet trust init; or "
-                "EPFLEET_TRUST_ROOT), or --allow-unsigned (EPFLEET_ALLOW_UNSIGNED) to sync "
-                "from the unsigned manifest.json"
-            )
-        return root
-
-    def _development_root(self) -> Path | None:
-        """The root ``epfleet compile`` wrote beside a local store it made development keys
-        for (``<store>.dev-keys/root.json``), so that a first sync on the same machine
-        verifies what the first compile signed."""
-        if not isinstance(self.store, LocalStore):
-            return None
-        path = development_keys_dir(self.store.root) / ROOT_COPY
-        return path if path.is_file() else None
-
     @property
     def signed(self) -> bool:
         """The sync trusts only signed metadata."""
-        return self.root is not None
+        return self.root is not None or self.root_problem is not None
 
     @property
     def state(self) -> CacheState:
@@ -230,8 +200,12 @@ class SyncSession:
 
     @functools.cached_property
     def manifest(self) -> Manifest:
-        """The wanted models' part of the manifest in force, parsed once per session."""
+        """The wanted models' part of the manifest in force, parsed once per session. A
+        new manifest the cache could not keep (a full disk) leaves none in force in a new
+        cache: no model is synced, and the report says why."""
         cached = cached_manifest(self.cache, self.state, self.store.uri, signed=self.signed)
+        if cached is None and self.status is not None and self.status.status == "rejected":
+            return Manifest.model_construct(generation=0, models={})
         return manifest_in_force(cached, self.policy.models, self.store_uri, self.cache_dir)
 
     # -- the sync --
@@ -243,7 +217,9 @@ class SyncSession:
         in force before in force."""
         with within(self.deadline):
             try:
-                if self.root is not None:
+                if self.root_problem is not None:
+                    status = untrusted(self.store, self.cache, self.state, self.root_problem)
+                elif self.root is not None:
                     status = fetch_signed_manifest(
                         self.store, self.cache, self.state, self.root, self.policy.models
                     )
@@ -259,8 +235,9 @@ class SyncSession:
                     status="rejected",
                     generation=self.state.manifest_generation,
                     body_bytes=0,
-                    reason=f"the new manifest could not be kept (the one before stays in "
+                    reason=f"the new manifest could not be kept (any kept before stays in "
                     f"force): {exc}",
+                    signed=self.signed,
                 )
         self.status = status
         self.fetcher.offline = status.offline

@@ -22,7 +22,7 @@ from typing import BinaryIO, Literal
 from urllib.parse import unquote, urlparse
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
-from epfleet.fsutil import atomic_copy, atomic_file, atomic_write_bytes
+from epfleet.fsutil import NO_SPACE, atomic_copy, atomic_file, atomic_write_bytes, no_room
 from epfleet.hashing import CHUNK, sha256_bytes
 from epfleet.stores.base import (
     UNCHANGED,
@@ -226,10 +226,16 @@ class LocalStore:
         try:
             yield
         except OSError as exc:
+            if exc.errno in NO_SPACE:
+                raise StoreError(f"{action} {self.uri}/{key}: {no_room(exc, self._disk)}") from exc
             raise StoreError(
                 f"{action} {self.uri}/{key}: {exc.strerror or exc} "
                 f"({exc.filename or self.root}); check the store directory and its permissions"
             ) from exc
+
+    @property
+    def _disk(self) -> dict[str, Path]:
+        return {"the store": self.root}
 
 
 def _sha256_stream(f: BinaryIO) -> str:

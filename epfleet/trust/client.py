@@ -6,11 +6,18 @@ cache (``epfleet.trust.directory``), fetching through ``StoreFetcher``
 field ``epfleet`` of their targets (``models/<name>``), loading only the bins responsible
 for them, or, for every model, the signed ``manifest.json`` target. Trust starts from a
 root file the device is provisioned with (``--trust-root``), or the newest root the
-cache verified (``provisioned_root``).
+cache verified (``epfleet.trust.roots``).
+
+Every refresh is also held to the device's high-water mark of the repository, kept in
+the cache's state (``epfleet.trust.updater``, ``epfleet.trust.highwater``): a root,
+timestamp or snapshot older than what the device accepted before is refused before it is
+written to the trust directory, so that a lost or emptied trust directory does not open
+the way to a rollback.
 
 Errors: ``MetadataRefused`` when the metadata does not verify (bad or missing
 signatures, rollback, expired, mix-and-match, longer than signed, trickled, absent),
-``StoreUnreachable`` when the store cannot be reached at all.
+``StoreUnreachable`` when the store cannot be reached at all; a trust directory that
+cannot be written raises the cache's ``CacheNotWritable`` or ``DiskFull``.
 
 The device engine's names from the fetcher and the trust directory are gathered here
 too (``__all__``).
@@ -18,21 +25,18 @@ too (``__all__``).
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 from tuf.api import exceptions as tuf_errors
-from tuf.ngclient import Updater, UpdaterConfig
+from tuf.ngclient import Updater
 
-from epfleet.device.cache import not_writable
+from epfleet.device.cache_errors import cannot_write
 from epfleet.errors import BadInputError, EpfleetError, TransientStoreError
-from epfleet.fsutil import atomic_write_bytes, read_nofollow
+from epfleet.fsutil import read_nofollow
 from epfleet.manifest import Manifest, ModelEntry
 from epfleet.settings import settings
 from epfleet.stores import MANIFEST_KEY, Store
@@ -41,18 +45,20 @@ from epfleet.trust.directory import (
     TARGETS_DIR,
     cached_expiry,
     cached_version,
-    provisioned_root,
     read_file,
     signed_version,
     trust_dir,
     trust_parts,
 )
-from epfleet.trust.fetcher import STORE_URL, StoreFetcher, Unreachable
-from epfleet.trust.layout import CUSTOM_FIELD, METADATA_KEYS, TARGETS_KEYS
+from epfleet.trust.fetcher import StoreFetcher, Unreachable
+from epfleet.trust.highwater import Lineage, TrustMark, advanced
+from epfleet.trust.layout import CUSTOM_FIELD, METADATA_KEYS
+from epfleet.trust.updater import BelowHighWater, ForkedRoot, open_updater
 
 __all__ = [
     "ROOT_HISTORY",
     "TARGETS_DIR",
+    "BelowHighWater",
     "MetadataRefused",
     "StoreFetcher",
     "StoreUnreachable",
@@ -62,7 +68,6 @@ __all__ = [
     "describe",
     "model_target",
     "open_updater",
-    "provisioned_root",
     "signed_entry",
     "trust_dir",
     "trust_parts",
@@ -97,54 +102,35 @@ class Verified:
     version: int
     """The signed timestamp's version."""
     fetched: list[str]
+    mark: TrustMark
+    """The high-water mark once this refresh is accepted (without the manifest's
+    generation, which the caller adds once it has validated the manifest)."""
+    lineage: Lineage
+    """How this refresh's root chain relates to the mark it was held to: ``new`` when
+    the device was provisioned for another repository (the mark started again)."""
 
 
-class _Updater(Updater):
-    """ngclient's Updater writing its metadata as epfleet writes the device cache's files
-    (atomic, never through a link, readable as the umask says: ngclient's own temporary
-    files are 0600, and another user running the package reads the cache)."""
-
-    def _persist_file(self, filename: str, data: bytes) -> None:
-        path = Path(filename)
-        if read_file(path) == data:  # ngclient saves the trusted root on every start
-            return
-        with _refused_as_not_writable(path):
-            atomic_write_bytes(path, data)
-
-    def _update_root_symlink(self) -> None:
-        # ngclient points root.json at the trusted root's file in root_history on every
-        # start; leave a link that already does (a read-only cache verifies all the same)
-        link = Path(self._dir, "root.json")
-        current = os.path.join(ROOT_HISTORY, f"{self._trusted_set.root.version}.root.json")
-        with contextlib.suppress(OSError):
-            if os.readlink(link) == current:
-                return
-        with _refused_as_not_writable(link):
-            super()._update_root_symlink()
-
-
-@contextlib.contextmanager
-def _refused_as_not_writable(path: Path) -> Iterator[None]:
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise not_writable(path, exc) from None
-        raise
-
-
-def verify(store: Store, directory: Path, root: bytes, models: list[str] | None) -> Verified:
+def verify(
+    store: Store,
+    directory: Path,
+    root: bytes,
+    models: list[str] | None,
+    mark: TrustMark | None = None,
+) -> Verified:
     """Refresh the store's signed metadata into ``directory`` (a real directory of the
-    device cache) from ``root``, then the entries of ``models`` (their bins only), or the
-    signed manifest.json when ``models`` is None or empty.
+    device cache) from ``root``, held to the high-water ``mark``, then the entries of
+    ``models`` (their bins only), or the signed manifest.json when ``models`` is None or
+    empty.
 
-    MetadataRefused when anything fails verification, StoreUnreachable when the store
-    cannot be reached, BadInputError for a wanted model the signed metadata lacks."""
+    MetadataRefused when anything fails verification (BelowHighWater's message when it is
+    older than the mark), StoreUnreachable when the store cannot be reached, BadInputError
+    for a wanted model the signed metadata lacks, CacheNotWritable or DiskFull when the
+    trust directory cannot be written."""
     before = read_file(directory / "timestamp.json")
     where = f"{store.uri}/{METADATA_KEYS}"
     fetcher = StoreFetcher(store)
     try:
-        updater = open_updater(fetcher, directory, root)
+        updater = open_updater(fetcher, directory, root, mark)
         updater.refresh()
         if models:
             wanted = list(dict.fromkeys(models))
@@ -161,6 +147,11 @@ def verify(store: Store, directory: Path, root: bytes, models: list[str] | None)
         ) from None
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
         raise MetadataRefused(f"{where}: {describe(exc)}") from None
+    except OSError as exc:  # ngclient's own writes (a target file): a full disk, say
+        raise cannot_write(Path(exc.filename or directory), exc) from None
+    trusted = updater._trusted_set
+    floor = mark if updater.lineage == "same" else None
+    accepted = advanced(floor, updater.chain, trusted.timestamp.version, trusted.snapshot.version)
     after = read_file(directory / "timestamp.json")
     version = signed_version(after)
     others = [k for k in fetcher.fetched if not k.endswith("/timestamp.json")]
@@ -171,26 +162,18 @@ def verify(store: Store, directory: Path, root: bytes, models: list[str] | None)
         metadata_bytes=fetcher.bytes,
         version=version if version is not None else 0,
         fetched=list(fetcher.fetched),
-    )
-
-
-def open_updater(fetcher: StoreFetcher, directory: Path, root: bytes) -> Updater:
-    """ngclient's Updater over ``fetcher``'s store, its metadata in ``directory``, trusting
-    ``root`` (and the newer roots it finds signed by it)."""
-    return _Updater(
-        str(directory),
-        STORE_URL + METADATA_KEYS,
-        str(directory / TARGETS_DIR),
-        STORE_URL + TARGETS_KEYS,
-        fetcher=fetcher,
-        config=UpdaterConfig(),
-        bootstrap=root,
+        mark=accepted,
+        lineage=updater.lineage,
     )
 
 
 def describe(exc: Exception) -> str:
     """What a TUF failure means for the device, with python-tuf's own words."""
-    if isinstance(exc, tuf_errors.ExpiredMetadataError):
+    if isinstance(exc, BelowHighWater):
+        kind = "a rollback"
+    elif isinstance(exc, ForkedRoot):
+        kind = "a root that is not the one this device verified before"
+    elif isinstance(exc, tuf_errors.ExpiredMetadataError):
         kind = "expired signed metadata (a frozen or unrefreshed repository)"
     elif isinstance(exc, tuf_errors.BadVersionNumberError):
         kind = "signed metadata older than what this device trusts (rollback or mix-and-match)"

@@ -1,10 +1,8 @@
-"""A device's trust directory of a store: where it is, the root a refresh starts from.
-
-What is kept there: the store's verified metadata, and what its cached timestamp says.
+"""A device's trust directory of a store: where it is, and what its cached timestamp says.
 
 One directory per store in the device cache (``<cache>/.epfleet/trust/<store>/``):
 ngclient's metadata, and every root version it verified in ``root_history/``. Later
-syncs start from the newest of those (``provisioned_root``), so a rotated root is
+syncs start from the newest of those (``epfleet.trust.roots``), so a rotated root is
 followed and the old keys are not trusted again.
 """
 
@@ -15,7 +13,6 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-from epfleet.errors import BadInputError
 from epfleet.fsutil import read_nofollow
 from epfleet.hashing import sha256_bytes
 
@@ -38,67 +35,23 @@ def trust_dir(cache_meta: Path, store_uri: str) -> Path:
     return cache_meta.joinpath(*trust_parts(store_uri))
 
 
-def provisioned_root(directory: Path, given: Path | None) -> bytes | None:
-    """The root metadata a refresh starts from: the newest root this cache verified
-    (``root_history``), or ``given`` (``--trust-root``) when the cache has none yet or
-    ``given`` is newer (a device provisioned again). None when there is neither.
-
-    BadInputError when ``given`` cannot be read, is no root metadata, or is another
-    repository's root than the one the cache follows."""
-    cached = _cached_roots(directory)
-    if given is None:
-        return cached[max(cached)] if cached else None
+def ever_trusted(cache_meta: Path) -> bool:
+    """Some trust directory of the cache holds a root file (intact or not): the cache
+    trusted a root once, for some store."""
     try:
-        data = given.read_bytes()
-    except OSError as exc:
-        raise BadInputError(
-            f"--trust-root {given}: cannot read it ({exc.strerror or exc})"
-        ) from None
-    version = _root_version(data)
-    if version is None:
-        raise BadInputError(
-            f"--trust-root {given} is not TUF root metadata (a root.json written by "
-            "epfleet trust init)"
-        )
-    if not cached or version > max(cached):
-        return data
-    if cached.get(version) not in (None, data):
-        raise BadInputError(
-            f"--trust-root {given} (root version {version}) is not the root this device "
-            f"already trusts ({directory / ROOT_HISTORY}); to trust another repository, "
-            f"remove {directory} and sync again"
-        )
-    return cached[max(cached)]
-
-
-def _cached_roots(directory: Path) -> dict[int, bytes]:
-    history = directory / ROOT_HISTORY
-    try:
-        names = [entry.name for entry in os.scandir(history)]
+        stores = [
+            e.name for e in os.scandir(cache_meta / TRUST_DIR) if e.is_dir(follow_symlinks=False)
+        ]
     except OSError:
-        return {}
-    roots = {}
-    for name in names:
-        number = name.removesuffix(".root.json")
-        if not number.isdigit() or number == name:
-            continue
+        return False
+    for store in stores:
         try:
-            data = read_nofollow(history / name)
+            with os.scandir(cache_meta / TRUST_DIR / store / ROOT_HISTORY) as entries:
+                if any(True for _ in entries):
+                    return True
         except OSError:
             continue
-        if _root_version(data) == int(number):
-            roots[int(number)] = data
-    return roots
-
-
-def _root_version(data: bytes) -> int | None:
-    try:
-        signed = json.loads(data)["signed"]
-        if signed["_type"] != "root":
-            return None
-        return int(signed["version"])
-    except (ValueError, KeyError, TypeError):
-        return None
+    return False
 
 
 def read_file(path: Path) -> bytes | None:
