@@ -55,7 +55,7 @@ from loopback import Relay, moto_in_own_process  # noqa: E402  (bench/, beside t
 if TYPE_CHECKING:
     from epfleet.device.local_eps import LocalEps
     from epfleet.device.policy import SyncPolicy
-    from epfleet.device_report import ManifestStatus, ModelReport
+    from epfleet.formats.device_report import ManifestStatus, ModelReport
 
 T = TypeVar("T")
 Row = tuple[str, str, str, bool | None]  # metric, value, target, met (None: no target)
@@ -113,7 +113,7 @@ def pad_manifest(real: list[str], cpu_target: str) -> int:
     """Give each real model 9 synthetic variants, add 980 synthetic models, publish."""
     import eps.cpu as cpu
     from epfleet import ort_version
-    from epfleet.manifest import Manifest, ModelEntry, SourceEntry, VariantEntry, utcnow
+    from epfleet.formats.manifest import Manifest, ModelEntry, SourceEntry, VariantEntry, utcnow
     from epfleet.stores import MANIFEST_KEY, open_store
 
     store, now, ort, arch = open_store(STORE), utcnow(), ort_version(), cpu.machine_arch()
@@ -157,7 +157,7 @@ def publish_revision(wanted: list[str], cpu_target: str) -> None:
     """A fleet update: a new build (one more metadata entry) of each real CPU variant."""
     import onnx
 
-    from epfleet.manifest import Manifest
+    from epfleet.formats.manifest import Manifest
     from epfleet.stores import MANIFEST_KEY, open_store
 
     store = open_store(STORE)
@@ -216,7 +216,7 @@ def measure_sync(args: argparse.Namespace, work: Path, port: int, local: LocalEp
     import eps.cpu as cpu
     from epfleet.device.cache import DeviceCache
     from epfleet.device.policy import SyncPolicy
-    from epfleet.manifest import Manifest
+    from epfleet.formats.manifest import Manifest
 
     wanted = compile_real_models(work, cpu_target := f"cpu-{cpu.isa_class()}")
     size = pad_manifest(wanted, cpu_target)
@@ -334,7 +334,7 @@ def measure_signed(
 ) -> list[Row]:
     """The signed path beside the unsigned one, on the fleet as it is now."""
     from epfleet.device.cache import DeviceCache
-    from epfleet.manifest import Manifest
+    from epfleet.formats.manifest import Manifest
     from epfleet.stores import MANIFEST_KEY, open_store
     from epfleet.trust.client import trust_dir
     from epfleet.trust.keys import online_signer, public_key_of

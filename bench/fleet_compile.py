@@ -169,7 +169,7 @@ def run_epfleet(
         [
             sys.executable,
             "-m",
-            "epfleet.cli",
+            "epfleet.cli.app",
             "compile",
             str(spec),
             "--store",
@@ -229,7 +229,7 @@ def synthetic_manifest(models: int = 1000, variants: int = 10) -> bytes:
     """A manifest of ``models`` x ``variants`` ok variants with realistic fields."""
     from datetime import datetime, timezone
 
-    from epfleet.manifest import (
+    from epfleet.formats.manifest import (
         ArtifactRef,
         Coverage,
         Manifest,
@@ -295,8 +295,8 @@ def signing_cost(manifest_json: bytes, work: Path) -> dict[str, float]:
     takes: ``trust init`` signing it all, then ``update_manifest`` (what every compile's
     publish does: read and verify the signed state, change it, sign, write the copy) with
     one model changed, and with nothing to change."""
-    from epfleet.manifest import Manifest
-    from epfleet.publishing import update_manifest
+    from epfleet.fleet.publishing import update_manifest
+    from epfleet.formats.manifest import Manifest
     from epfleet.stores import MANIFEST_KEY, open_store
     from epfleet.trust.repository import init_with_key_files
     from epfleet.trust.state import clear_cache

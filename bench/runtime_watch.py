@@ -19,12 +19,19 @@ from datetime import timedelta
 
 from loopback import Relay, moto_in_own_process  # bench/, beside this script
 
-from epfleet.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
-from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry, utcnow
-from epfleet.spec_file import parse_spec
+from epfleet.fleet.watch_inputs import READ_THREADS, read_reports
+from epfleet.fleet.watch_rules import Runtime, check_pairs, find_unserved
+from epfleet.formats.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
+from epfleet.formats.manifest import (
+    ArtifactRef,
+    Manifest,
+    ModelEntry,
+    SourceEntry,
+    VariantEntry,
+    utcnow,
+)
+from epfleet.formats.spec_file import parse_spec
 from epfleet.stores import open_store
-from epfleet.watch import Runtime, check_pairs, find_unserved
-from epfleet.watch_inputs import READ_THREADS, read_reports
 
 BUCKET = "bench-watch"
 QNN, CPU, OV = "QNNExecutionProvider", "CPUExecutionProvider", "OpenVINOExecutionProvider"

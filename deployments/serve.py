@@ -13,6 +13,7 @@ and the automation. Schedules are not paused when it stops, so a machine that re
 keeps them.
 """
 
+import runpy
 import sys
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ def _deployment(flow: Flow[Any, Any], name: str, **options: Any) -> RunnerDeploy
 
 
 if __name__ == "__main__":
-    from epfleet.cli import main
-
-    sys.exit(main(["serve", *sys.argv[1:]]))
+    # The epfleet command's own entry point (``python -m epfleet``), not an import of it:
+    # the CLI imports the flows, so a flow importing the CLI would close a circle.
+    sys.argv[1:1] = ["serve"]
+    runpy.run_module("epfleet", run_name="__main__", alter_sys=True)

@@ -2,6 +2,6 @@
 
 import sys
 
-from epfleet.cli import main
+from epfleet.cli.app import main
 
 sys.exit(main())

@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from epfleet import MAX_WORKERS
 from epfleet.errors import BadInputError
-from epfleet.manifest import NAME_PATTERN
+from epfleet.formats.manifest import NAME_PATTERN
 
 ENV_PREFIX = "EPFLEET_"
 

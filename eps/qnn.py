@@ -10,7 +10,7 @@ Measured here (onnxruntime 1.32.0, onnxruntime-qnn 2.7.0): on a host without an
 NPU, ``get_model_compatibility_for_ep_devices`` with the QNN device raises
 RuntimeError, as documented, but only until a QNN compile has run in the same
 process; after one, the same call segfaults. Compiles therefore run in worker
-processes (``epfleet.pool``), and a validator must run in one that has not compiled.
+processes (``epfleet.runtime.compile_pool``), and a validator must run in one that has not compiled.
 """
 
 from __future__ import annotations

@@ -12,15 +12,17 @@ Prefect; here one session serves the whole flow run, with a task per step.
 # No `from __future__ import annotations` here: Prefect builds each flow's parameter model
 # from its annotations when it loads the flow from this file (deployments), and string
 # annotations do not resolve there.
+import runpy
 import sys
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from epfleet.device.policy import SyncPolicy
-from epfleet.device_report import DeviceReport
-from epfleet.report import device_rows, format_bytes, verdict_rows
-from epfleet.runs import DEFAULT_STORE
+from epfleet.device.views import device_rows, verdict_rows
+from epfleet.formats.device_report import DeviceReport
+from epfleet.stores import DEFAULT_STORE
+from epfleet.text import format_bytes
 from tasks.sync import (
     drop_unlisted_task,
     fetch_manifest_task,
@@ -100,7 +102,7 @@ def _publish_artifacts(report: DeviceReport) -> None:
 
 
 if __name__ == "__main__":
-    from epfleet.cli import main
-
-    # The report as JSON on stdout, as this file has always printed it.
-    sys.exit(main(["sync", "--flow", "--json", *sys.argv[1:]]))
+    # The epfleet command's own entry point (``python -m epfleet``), not an import of it:
+    # the CLI imports the flows, so a flow importing the CLI would close a circle.
+    sys.argv[1:1] = ["sync", "--flow", "--json"]
+    runpy.run_module("epfleet", run_name="__main__", alter_sys=True)

@@ -6,6 +6,7 @@ python flows/fleet_compile.py examples/fleet.yaml --store ./epfleet-store
 # No `from __future__ import annotations` here: Prefect builds each flow's parameter model
 # from its annotations when it loads the flow from this file (deployments), and string
 # annotations do not resolve there.
+import runpy
 import sys
 from typing import Annotated
 
@@ -14,16 +15,16 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from epfleet import MAX_WORKERS
-from epfleet.costs import cost_markdown, costs
 from epfleet.errors import StoreError
-from epfleet.outcomes import PairOutcome
-from epfleet.plan import PlannedPair
-from epfleet.publish_rules import news, settle, to_publish
-from epfleet.publishing import read_in_force
-from epfleet.report import matrix_rows
-from epfleet.runners import from_environment
-from epfleet.runs import DEFAULT_STORE, RunPlan, RunReport
-from epfleet.stores import open_store
+from epfleet.fleet.outcomes import PairOutcome
+from epfleet.fleet.plan_rules import PlannedPair
+from epfleet.fleet.publish_rules import news, settle, to_publish
+from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.runs import RunPlan, RunReport
+from epfleet.fleet.task_runners import from_environment
+from epfleet.fleet.views import matrix_rows
+from epfleet.lifecycle.costs import cost_markdown, costs
+from epfleet.stores import DEFAULT_STORE, open_store
 from tasks.compile import compile_all, plan_task, publish_task
 from tasks.dispatch import collect, discard_results, dispatch
 from tasks.events import emit_variant_events
@@ -80,7 +81,7 @@ def fleet_compile(
 
 
 def _publish(plan: RunPlan, outcomes: list[PairOutcome], store: str) -> RunReport:
-    """Publish the run's outcomes (rules: ``epfleet.publish_rules``) and report."""
+    """Publish the run's outcomes (rules: ``epfleet.fleet.publish_rules``) and report."""
     variants = to_publish(plan, outcomes)
     outcome = publish_task(store, plan.sources, plan.published_sources, variants, plan.model_facts)
     report, refused = settle(plan, outcomes, outcome)
@@ -129,6 +130,7 @@ def _cost_artifact(store: str) -> None:
 
 
 if __name__ == "__main__":
-    from epfleet.cli import main
-
-    sys.exit(main(["compile", *sys.argv[1:]]))
+    # The epfleet command's own entry point (``python -m epfleet``), not an import of it:
+    # the CLI imports the flows, so a flow importing the CLI would close a circle.
+    sys.argv[1:1] = ["compile"]
+    runpy.run_module("epfleet", run_name="__main__", alter_sys=True)

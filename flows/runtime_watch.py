@@ -9,6 +9,7 @@ python flows/runtime_watch.py examples/fleet.yaml --store ./epfleet-store [--dry
 """
 
 # No `from __future__ import annotations`: see flows/fleet_compile.py.
+import runpy
 import sys
 from datetime import timedelta
 from typing import Annotated
@@ -17,8 +18,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from epfleet.runs import DEFAULT_STORE
-from epfleet.watch import WatchPlan
+from epfleet.fleet.watch_rules import WatchPlan
+from epfleet.stores import DEFAULT_STORE
 from tasks.dispatch import sweep_results
 from tasks.events import emit_unserved_events
 from tasks.watch import trigger_compile, watch_task
@@ -100,6 +101,7 @@ def _artifacts(plan: WatchPlan, store: str, deployment: str, started: str | None
 
 
 if __name__ == "__main__":
-    from epfleet.cli import main
-
-    sys.exit(main(["watch", *sys.argv[1:]]))
+    # The epfleet command's own entry point (``python -m epfleet``), not an import of it:
+    # the CLI imports the flows, so a flow importing the CLI would close a circle.
+    sys.argv[1:1] = ["watch"]
+    runpy.run_module("epfleet", run_name="__main__", alter_sys=True)

@@ -2,7 +2,7 @@
 bins near expiry) before they expire, so devices keep verifying while nothing is
 published, from the signed metadata alone. Compare-and-swap as every publish: a publish
 racing it loses nothing. Then ``manifest.json`` is put right as the copy of the signed
-manifest (``epfleet.manifest.tampered`` names the entries someone without keys changed).
+manifest (``epfleet.formats.manifest.tampered`` names the entries someone without keys changed).
 
     python flows/trust_refresh.py --store s3://bucket/fleet
 
@@ -12,15 +12,16 @@ completes.
 """
 
 # No `from __future__ import annotations`: see flows/device_sync.py.
+import runpy
 import sys
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from epfleet.publishing import put_copy_right, signer_for
-from epfleet.runs import DEFAULT_STORE
-from epfleet.stores import open_store
+from epfleet.fleet.publishing import put_copy_right
+from epfleet.stores import DEFAULT_STORE, open_store
 from epfleet.trust.repository import has_trust, refresh, status
+from epfleet.trust.signers import signer_for
 from tasks.events import emit_tampered_event
 
 
@@ -63,6 +64,7 @@ def trust_refresh(store: str = DEFAULT_STORE) -> int | None:
 
 
 if __name__ == "__main__":
-    from epfleet.cli import main
-
-    sys.exit(main(["trust", "refresh", *sys.argv[1:]]))
+    # The epfleet command's own entry point (``python -m epfleet``), not an import of it:
+    # the CLI imports the flows, so a flow importing the CLI would close a circle.
+    sys.argv[1:1] = ["trust", "refresh"]
+    runpy.run_module("epfleet", run_name="__main__", alter_sys=True)

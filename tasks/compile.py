@@ -1,7 +1,7 @@
 """Prefect tasks of the fleet compile: plan, compile one pair, publish.
 
-Thin glue: each task calls a plain function (``epfleet.planning``, ``epfleet.build``,
-``epfleet.publishing``) and logs what it did. Retries (see ``epfleet.retries``): each
+Thin glue: each task calls a plain function (``epfleet.fleet.planning``, ``epfleet.fleet.build``,
+``epfleet.fleet.publishing``) and logs what it did. Retries (see ``epfleet.fleet.retries``): each
 task is retried only for ``TransientStoreError`` and ``IntegrityError``; lost publish
 races are retried inside ``publish``, transient HTTP faults inside the store's client.
 Incremental builds are decided by epfleet's own fingerprints against the manifest (the
@@ -16,15 +16,15 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
-from epfleet.build import build_variant, describe_verification
-from epfleet.manifest import SourceEntry, VariantEntry
-from epfleet.merging import ModelFacts
-from epfleet.outcomes import CompiledVariant, PairOutcome, ok_outcome, outcome_of_failure
-from epfleet.plan import CompileRequest
-from epfleet.planning import plan_run
-from epfleet.publishing import Published, publish
-from epfleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
-from epfleet.runs import RunPlan
+from epfleet.fleet.build import build_variant, describe_verification
+from epfleet.fleet.merge_rules import ModelFacts
+from epfleet.fleet.outcomes import CompiledVariant, PairOutcome, ok_outcome, outcome_of_failure
+from epfleet.fleet.planning import plan_run
+from epfleet.fleet.publishing import Published, publish
+from epfleet.fleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
+from epfleet.fleet.runs import RunPlan
+from epfleet.formats.manifest import SourceEntry, VariantEntry
+from epfleet.runtime.requests import CompileRequest
 from epfleet.stores import open_store
 from tasks.events import emit_tampered_event
 

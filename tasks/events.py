@@ -4,7 +4,7 @@
 - ``epfleet.variant.failed``: a pair failed to compile (or to be published).
 - ``epfleet.device.unserved``: devices of one hardware profile run a model on no
   variant the fleet published for them (runtime-watch, from the device reports).
-- ``epfleet.manifest.tampered``: a publish or refresh found ``manifest.json`` changed, in
+- ``epfleet.formats.manifest.tampered``: a publish or refresh found ``manifest.json`` changed, in
   the entries named, by someone without the signing keys (and put it right).
 
 Resources are ``epfleet.variant.<model>.<target>`` and
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from prefect.events import emit_event
 
-from epfleet.runs import PairResult
-from epfleet.watch import UnservedProfile
+from epfleet.fleet.runs import PairResult
+from epfleet.fleet.watch_rules import UnservedProfile
 
 
 def variant_resource(result: PairResult, store: str) -> dict[str, str]:
@@ -78,7 +78,7 @@ def emit_tampered_event(models: list[str], store: str) -> None:
     if not models:
         return
     emit_event(
-        event="epfleet.manifest.tampered",
+        event="epfleet.formats.manifest.tampered",
         resource={
             "prefect.resource.id": f"epfleet.store.{store}",
             "prefect.resource.name": store,

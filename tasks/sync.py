@@ -28,8 +28,8 @@ from prefect.cache_policies import NO_CACHE
 
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import SyncSession
-from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport
 from epfleet.errors import EpfleetError
+from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
 from epfleet.logs import PACKAGE_LOGGER
 
 _open: dict[Path, SyncSession] = {}

@@ -1,7 +1,8 @@
 """Prefect tasks of runtime-watch: read what the watch compares, start the compile.
 
-Thin glue over ``epfleet.watch_inputs`` (what is read) and ``epfleet.watch`` (what is
-decided); the watch task is retried only for store faults (``epfleet.retries``).
+Thin glue over ``epfleet.fleet.watch_inputs`` (what is read) and
+``epfleet.fleet.watch_rules`` (what is
+decided); the watch task is retried only for store faults (``epfleet.fleet.retries``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from prefect.exceptions import ObjectNotFound
 
 from epfleet import ort_version
 from epfleet.errors import BadInputError
-from epfleet.manifest import utcnow
-from epfleet.publishing import read_in_force
-from epfleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
-from epfleet.spec_file import load_spec
+from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
+from epfleet.fleet.watch_inputs import compile_worker_runtime, read_reports
+from epfleet.fleet.watch_rules import WatchPlan, check_pairs, find_unserved
+from epfleet.formats.manifest import utcnow
+from epfleet.formats.spec_file import load_spec
 from epfleet.stores import open_store
-from epfleet.watch import WatchPlan, check_pairs, find_unserved
-from epfleet.watch_inputs import compile_worker_runtime, read_reports
 
 
 @task(

@@ -22,8 +22,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # the refusal without a root are tested in test_trust_*.py, which unset this.
 os.environ.setdefault("EPFLEET_ALLOW_UNSIGNED", "true")
 
+from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Manifest
 from examples.build_models import npu_partial, npu_unfriendly, tiny_cls, tiny_det
 
 HTP_TARGETS = [

@@ -10,7 +10,7 @@ import pytest
 
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
 from epfleet.device.model_sync import precision_of
-from epfleet.manifest import ArtifactRef, ModelEntry, SourceEntry, VariantEntry
+from epfleet.formats.manifest import ArtifactRef, ModelEntry, SourceEntry, VariantEntry
 from eps.base import LocalTarget
 
 pytestmark = pytest.mark.fast

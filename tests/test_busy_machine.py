@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.device_report import DeviceReport
+from epfleet.formats.device_report import DeviceReport
 
 pytestmark = pytest.mark.slow
 

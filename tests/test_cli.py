@@ -12,7 +12,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from epfleet.manifest import Manifest
+from epfleet.formats.manifest import Manifest
 from tests.conftest import (
     CPU_TARGET,
     HTP_TARGETS,
@@ -46,7 +46,7 @@ VARIANT_KEYS = {
 
 def epfleet(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "epfleet.cli", *args],
+        [sys.executable, "-m", "epfleet.cli.app", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -8,10 +8,10 @@ from typing import get_args
 import pytest
 
 from epfleet import __version__
-from epfleet.cli import EXIT_BAD_INPUT, EXIT_OK, app, main
-from epfleet.cli_options import RunnerName
+from epfleet.cli.app import EXIT_BAD_INPUT, EXIT_OK, app, main
+from epfleet.cli.options import RunnerName
 from epfleet.device.policy import SyncPolicy
-from epfleet.runners import TASK_RUNNERS
+from epfleet.fleet.task_runners import TASK_RUNNERS
 
 pytestmark = pytest.mark.fast
 

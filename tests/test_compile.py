@@ -18,11 +18,11 @@ import pytest
 from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
 
 import eps
-from epfleet.compiler import CompileJob, CompileOutput, compile_job
 from epfleet.errors import CompileError, WorkerCrashed
 from epfleet.hashing import sha256_file
-from epfleet.plan import CompileRequest
-from epfleet.pool import CompilePool
+from epfleet.runtime.compile_pool import CompilePool
+from epfleet.runtime.compiler import CompileJob, CompileOutput, compile_job
+from epfleet.runtime.requests import CompileRequest
 
 pytestmark = pytest.mark.fast
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.costs import cost_markdown, cost_table, costs
-from epfleet.publishing import read_manifest
+from epfleet.fleet.publishing import read_manifest
+from epfleet.lifecycle.costs import cost_markdown, cost_table, costs
 from epfleet.stores import Store, open_store
 from tests.test_gc import make_fleet, referenced, referenced_by
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from epfleet.errors import BadInputError
-from epfleet.runners import task_runner
+from epfleet.fleet.task_runners import task_runner
 
 pytestmark = pytest.mark.fast
 
@@ -39,7 +39,7 @@ def test_dask_without_an_address_starts_a_local_cluster_of_the_asked_size() -> N
 
 
 def test_environment_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from epfleet.runners import from_environment
+    from epfleet.fleet.task_runners import from_environment
 
     monkeypatch.setenv("EPFLEET_TASK_RUNNER", "ray")
     with pytest.raises(BadInputError, match="EPFLEET_TASK_RUNNER='ray': unknown task runner"):

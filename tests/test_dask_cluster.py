@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.manifest import Manifest
+from epfleet.formats.manifest import Manifest
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def dask_cluster() -> Iterator[str]:
     import dask
     from distributed import LocalCluster
 
-    # as epfleet.runners does for its own clusters: compiles are child processes
+    # as epfleet.fleet.task_runners does for its own clusters: compiles are child processes
     with dask.config.set({"distributed.worker.daemon": False}):
         cluster = LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None

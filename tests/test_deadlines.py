@@ -32,11 +32,11 @@ from test_sync import (  # fleet_store: the session's compiled store, a fixture
 )
 
 from epfleet.device.cache import DeviceCache
-from epfleet.device_report import DeviceReport, ModelReport
 from epfleet.errors import WorkerCrashed
-from epfleet.pool import CompilePool, TimeLimitExceeded
+from epfleet.fleet.watch_inputs import read_reports
+from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.runtime.compile_pool import CompilePool, TimeLimitExceeded
 from epfleet.stores.local import LocalStore
-from epfleet.watch_inputs import read_reports
 
 pytestmark = pytest.mark.slow
 

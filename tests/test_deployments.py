@@ -24,8 +24,8 @@ import httpx
 import pytest
 from prefect.client.base import PrefectHttpxSyncClient
 
-from epfleet.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
-from epfleet.manifest import Manifest, utcnow
+from epfleet.formats.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
+from epfleet.formats.manifest import Manifest, utcnow
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
 pytestmark = pytest.mark.slow

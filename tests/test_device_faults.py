@@ -40,8 +40,8 @@ from test_sync import (  # fleet_store: the session's compiled store, a fixture
 from epfleet.device.cache_errors import CacheBusy, CacheDamaged
 from epfleet.device.cache_layout import DISK_MARGIN, MB
 from epfleet.device.repair import model_metadata
-from epfleet.device_report import DeviceReport
 from epfleet.errors import StoreError
+from epfleet.formats.device_report import DeviceReport
 from epfleet.stores.local import LocalStore
 
 pytestmark = pytest.mark.slow
@@ -650,7 +650,7 @@ def test_a_read_only_cache_verifies_a_signed_store_without_writing(
         [
             sys.executable,
             "-c",
-            "import sys; from epfleet.publishing import update_manifest; "
+            "import sys; from epfleet.fleet.publishing import update_manifest; "
             "from epfleet.stores import open_store; update_manifest(open_store(sys.argv[1]), lambda m: None)",
             str(store),
         ],

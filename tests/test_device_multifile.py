@@ -31,18 +31,17 @@ from epfleet.device.cache_layout import DISK_MARGIN, MB
 from epfleet.device.cache_state import Installed
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.device_report import DeviceReport, ModelReport
-from epfleet.hashing import sha256_file
-from epfleet.manifest import (
+from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.formats.keys import files_key, source_key, variant_key
+from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,
     ModelEntry,
     PackageFile,
     SourceEntry,
     VariantEntry,
-    files_key,
 )
-from epfleet.plan import source_key, variant_key
+from epfleet.hashing import sha256_file
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 
 pytestmark = pytest.mark.slow

@@ -25,10 +25,10 @@ import eps
 from epfleet import ort_version
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.device_report import DeviceReport, ModelReport
+from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.formats.keys import source_key, variant_key
+from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.hashing import sha256_file
-from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
-from epfleet.plan import source_key, variant_key
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from eps.base import Precision
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.manifest import Manifest
+from epfleet.formats.manifest import Manifest
 from epfleet.stores import open_store
 from tests.test_dispatch import CPU
 
@@ -73,7 +73,7 @@ def test_sweep_removes_hand_overs_of_ended_or_unknown_fleet_runs_only(
     from prefect.client.orchestration import get_client
     from prefect.states import Running
 
-    from epfleet.handover import results_key
+    from epfleet.fleet.handover import results_key
     from tasks.dispatch import sweep_results
 
     @flow

@@ -18,9 +18,9 @@ import pytest
 
 import eps
 from epfleet import errors
-from epfleet.compiler import CompileJob, compile_job
 from epfleet.hashing import sha256_file
-from epfleet.plan import CompileRequest
+from epfleet.runtime.compiler import CompileJob, compile_job
+from epfleet.runtime.requests import CompileRequest
 from eps import cpu
 from eps._plugin import PluginEP
 from eps.base import DeviceType, LocalTarget, MissingExtraError, NoDeviceError
@@ -167,7 +167,7 @@ def test_compile_worker_fails_a_pair_without_a_device_as_a_compile_error(
 
 @pytest.mark.skipif(trt_rtx_installed, reason="needs a host without the TensorRT-RTX plugin")
 def test_a_session_for_a_missing_ep_is_refused_with_its_extra() -> None:
-    from epfleet.running import open_session
+    from epfleet.runtime.sessions import open_session
 
     with pytest.raises(errors.MissingExtraError, match=r"pip install 'epfleet\[trt-rtx\]'"):
         open_session("x.onnx", TRT_RTX, {}, "gpu", "x")
@@ -178,7 +178,15 @@ def test_compiling_for_a_missing_ep_is_bad_input(tmp_path: Path, model_dir: Path
     models = [{"name": "tiny-cls", "source": str(model_dir / "tiny-cls.onnx")}]
     spec = write_spec(tmp_path, models, [{"name": "rtx", "ep": TRT_RTX}])
     done = subprocess.run(
-        [sys.executable, "-m", "epfleet.cli", "compile", str(spec), "--store", str(tmp_path / "s")],
+        [
+            sys.executable,
+            "-m",
+            "epfleet.cli.app",
+            "compile",
+            str(spec),
+            "--store",
+            str(tmp_path / "s"),
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,

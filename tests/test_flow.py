@@ -9,8 +9,8 @@ import onnx
 import pytest
 from prefect.artifacts import Artifact
 
+from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_file
-from epfleet.manifest import Manifest
 from flows.fleet_compile import fleet_compile
 from tests.conftest import (
     CPU_TARGET,

@@ -32,7 +32,7 @@ from test_trust_attacks import DEVICE, MODEL, Repo, rebuilt, unsigned_copy
 
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.device_report import DeviceReport
+from epfleet.formats.device_report import DeviceReport
 from epfleet.fsutil import free_bytes, is_temp_name
 
 pytestmark = pytest.mark.slow

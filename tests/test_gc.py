@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
-from epfleet.gc import collect, kind_of, needed_keys, pinned_prefixes, plan_collection, render
-from epfleet.hashing import sha256_bytes
-from epfleet.manifest import (
+from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
+from epfleet.formats.keys import files_key, listing_key, samples_key, source_key, variant_key
+from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,
     ModelEntry,
@@ -27,9 +26,16 @@ from epfleet.manifest import (
     SamplesRef,
     SourceEntry,
     VariantEntry,
-    files_key,
 )
-from epfleet.plan import listing_key, samples_key, source_key, variant_key
+from epfleet.hashing import sha256_bytes
+from epfleet.lifecycle.gc import (
+    collect,
+    kind_of,
+    needed_keys,
+    pinned_prefixes,
+    plan_collection,
+    render,
+)
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.stores.base import StoredObject
 from epfleet.stores.local import LocalStore
@@ -458,10 +464,10 @@ def test_no_manifest_collects_only_temp_files() -> None:
 
 
 def run_cli(argv: list[str]) -> int:
-    """``epfleet.cli.main``: its exit codes and error lines."""
-    from epfleet import cli
+    """``epfleet.cli.app.main``: its exit codes and error lines."""
+    from epfleet.cli.app import main
 
-    return cli.main(argv)
+    return main(argv)
 
 
 def test_gc_command(

@@ -33,10 +33,10 @@ from test_sync import (  # fleet_store: the session's compiled store, a fixture
     run_sync,
 )
 
-from epfleet.device_report import DeviceReport
+from epfleet.fleet.staging import TEMP_GRACE_SECONDS, tidy_cache
+from epfleet.formats.device_report import DeviceReport
+from epfleet.formats.manifest import Manifest
 from epfleet.fsutil import is_temp_name
-from epfleet.manifest import Manifest
-from epfleet.staging import TEMP_GRACE_SECONDS, tidy_cache
 
 pytestmark = pytest.mark.slow
 

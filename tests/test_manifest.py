@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from epfleet.manifest import (
+from epfleet.fleet.merge_rules import ModelFacts, merge
+from epfleet.formats.manifest import (
     ArtifactRef,
     Coverage,
     Manifest,
@@ -19,7 +20,6 @@ from epfleet.manifest import (
     Verification,
     json_schema,
 )
-from epfleet.merging import ModelFacts, merge
 
 pytestmark = pytest.mark.fast
 
@@ -186,9 +186,9 @@ def test_status_fields_are_enforced() -> None:
 
 
 def test_published_schema_matches_the_model() -> None:
-    shipped = Path(__file__).parents[1] / "epfleet" / "schema" / "manifest.schema.json"
+    shipped = Path(__file__).parents[1] / "epfleet" / "formats" / "schema" / "manifest.schema.json"
     assert json.loads(shipped.read_text()) == json.loads(json_schema()), (
-        "regenerate with: epfleet manifest schema > epfleet/schema/manifest.schema.json"
+        "regenerate with: epfleet manifest schema > epfleet/formats/schema/manifest.schema.json"
     )
 
 

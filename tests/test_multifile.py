@@ -16,29 +16,29 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from epfleet import RECIPE_VERSION
-from epfleet.build import build_variant
-from epfleet.costs import costs
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.errors import BadInputError, IntegrityError
-from epfleet.gc import collect, kind_of, needed_keys, pinned_prefixes
-from epfleet.hashing import sha256_bytes, sha256_file
-from epfleet.manifest import (
+from epfleet.fleet.build import build_variant
+from epfleet.fleet.merge_rules import merge
+from epfleet.fleet.outcomes import PairOutcome, ok_outcome, outcome_of_failure
+from epfleet.fleet.planning import plan_run
+from epfleet.fleet.publish_rules import to_publish
+from epfleet.fleet.publishing import publish, read_manifest
+from epfleet.fleet.staging import cache_dir, fetch_source, tidy_cache
+from epfleet.formats.keys import files_key, listing_key
+from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,
     ModelEntry,
     PackageFile,
     SourceEntry,
     VariantEntry,
-    files_key,
 )
-from epfleet.merging import merge
-from epfleet.outcomes import PairOutcome, ok_outcome, outcome_of_failure
-from epfleet.plan import CompileRequest, fingerprinted, listing_key
-from epfleet.planning import plan_run
-from epfleet.publish_rules import to_publish
-from epfleet.publishing import publish, read_manifest
-from epfleet.staging import cache_dir, fetch_source, tidy_cache
+from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.lifecycle.costs import costs
+from epfleet.lifecycle.gc import collect, kind_of, needed_keys, pinned_prefixes
+from epfleet.runtime.requests import CompileRequest, fingerprinted
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from eps import cpu
 from eps.base import Layout

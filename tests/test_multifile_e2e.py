@@ -39,9 +39,9 @@ from epfleet.device import local_eps
 from epfleet.device.cache import DeviceCache
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.device_report import DeviceReport, ModelReport
+from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.formats.manifest import Manifest, PackageFile, VariantEntry
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Manifest, PackageFile, VariantEntry
 from eps.base import Judgement, Verdict
 from tests.conftest import write_spec
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import eps
-from epfleet.manifest import Manifest
+from epfleet.formats.manifest import Manifest
 from flows.fleet_compile import fleet_compile
 from tests.conftest import HTP_TARGETS, assert_variants_match_store, write_spec
 
@@ -60,7 +60,7 @@ def test_openvino_targets_next_to_qnn(tmp_path: Path, model_dir: Path) -> None:
 
 def test_plugin_mode_options_that_openvino_ignores_are_refused() -> None:
     from epfleet.errors import BadInputError
-    from epfleet.spec_file import parse_spec
+    from epfleet.formats.spec_file import parse_spec
 
     with pytest.raises(BadInputError, match="device_type is ignored by the OpenVINO plugin EP"):
         parse_spec(

@@ -8,11 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from epfleet.calibration import split
 from epfleet.errors import BadInputError
-from epfleet.manifest import ArtifactRef
-from epfleet.plan import CompileRequest, fingerprinted, ladder_of, quantize_options
-from epfleet.spec_file import parse_spec
+from epfleet.fleet.calibration import split
+from epfleet.fleet.plan_rules import ladder_of, quantize_options
+from epfleet.formats.manifest import ArtifactRef
+from epfleet.formats.spec_file import parse_spec
+from epfleet.runtime.requests import CompileRequest, fingerprinted
 
 pytestmark = pytest.mark.fast
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 from test_interrupts import processes_with
 
-from epfleet.manifest import Manifest
+from epfleet.formats.manifest import Manifest
 
 pytestmark = pytest.mark.slow
 

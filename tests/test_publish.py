@@ -9,7 +9,7 @@ from publish_helpers import one_model, publish_new, race
 from s3proxy import FaultProxy
 
 from epfleet.errors import StoreError
-from epfleet.publishing import publish, read_manifest
+from epfleet.fleet.publishing import publish, read_manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 
 pytestmark = pytest.mark.fast

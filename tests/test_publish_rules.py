@@ -9,7 +9,7 @@ from uuid import uuid4
 import pytest
 
 from epfleet import ort_version
-from epfleet.handover import (
+from epfleet.fleet.handover import (
     Dispatched,
     PoolPair,
     Returned,
@@ -20,12 +20,20 @@ from epfleet.handover import (
     pool_outcomes,
     results_key,
 )
-from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry, utcnow
-from epfleet.outcomes import PairOutcome, failed_outcome
-from epfleet.plan import CompileRequest, PlannedPair
-from epfleet.publish_rules import not_published_error, settle, to_publish
-from epfleet.publishing import Published
-from epfleet.runs import PairResult, RunPlan
+from epfleet.fleet.outcomes import PairOutcome, failed_outcome
+from epfleet.fleet.plan_rules import PlannedPair
+from epfleet.fleet.publish_rules import not_published_error, settle, to_publish
+from epfleet.fleet.publishing import Published
+from epfleet.fleet.runs import PairResult, RunPlan
+from epfleet.formats.manifest import (
+    ArtifactRef,
+    Manifest,
+    ModelEntry,
+    SourceEntry,
+    VariantEntry,
+    utcnow,
+)
+from epfleet.runtime.requests import CompileRequest
 
 pytestmark = pytest.mark.fast
 

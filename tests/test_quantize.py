@@ -23,7 +23,7 @@ import pytest
 from conftest import tiny_cls, write_spec
 from onnx import TensorProto, helper, numpy_helper
 
-from epfleet.manifest import Manifest
+from epfleet.formats.manifest import Manifest
 
 pytestmark = pytest.mark.slow
 

@@ -9,17 +9,13 @@ from datetime import datetime, timezone
 
 import pytest
 
-from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport
-from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
-from epfleet.manifest_checks import Coverage, PrecisionTried, Verification
-from epfleet.plan import CompileRequest
-from epfleet.report import (
-    GENERATED_LEGEND,
-    render_device_report,
-    render_manifest,
-    render_report,
-)
-from epfleet.runs import PairResult, RunReport
+from epfleet.device.views import render_device_report
+from epfleet.fleet.runs import PairResult, RunReport
+from epfleet.fleet.views import GENERATED_LEGEND, render_manifest, render_report
+from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
+from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
+from epfleet.formats.variant_checks import Coverage, PrecisionTried, Verification
+from epfleet.runtime.requests import CompileRequest
 
 pytestmark = pytest.mark.fast
 

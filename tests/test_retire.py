@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from epfleet.errors import BadInputError
-from epfleet.manifest import Manifest
-from epfleet.publishing import read_manifest
-from epfleet.retire import Selection, apply_retirement, retire, unlisted
-from epfleet.spec import FleetSpec
-from epfleet.spec_file import parse_spec
+from epfleet.fleet.publishing import read_manifest
+from epfleet.formats.manifest import Manifest
+from epfleet.formats.spec import FleetSpec
+from epfleet.formats.spec_file import parse_spec
+from epfleet.lifecycle.retire import Selection, apply_retirement, retire, unlisted
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from tests.test_gc import OLD, model_entry, run_cli, write_manifest
 

@@ -20,9 +20,9 @@ import pytest
 from s3proxy import FaultProxy
 
 from epfleet.errors import StoreError
+from epfleet.fleet.publishing import read_manifest, update_manifest
+from epfleet.formats.manifest import Manifest
 from epfleet.limits import Deadline, DeadlineExceeded, TransferTooSlow, within
-from epfleet.manifest import Manifest
-from epfleet.publishing import read_manifest, update_manifest
 from epfleet.stores import MANIFEST_KEY, open_store
 from epfleet.stores.s3 import S3Store
 

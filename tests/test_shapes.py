@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from epfleet.shapes import dynamic_inputs, fix_input_shapes, graph_inputs, prepare_model
+from epfleet.runtime.shapes import dynamic_inputs, fix_input_shapes, graph_inputs, prepare_model
 from examples.build_models import tiny_cls, tiny_det
 
 pytestmark = pytest.mark.fast

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from epfleet.errors import BadInputError
-from epfleet.plan import ladder_of
-from epfleet.planning import plan_run
-from epfleet.spec_file import load_spec, parse_spec
+from epfleet.fleet.plan_rules import ladder_of
+from epfleet.fleet.planning import plan_run
+from epfleet.formats.spec_file import load_spec, parse_spec
 
 pytestmark = pytest.mark.fast
 
@@ -376,7 +376,7 @@ def test_bad_verification_settings_are_refused(field: str, value: object, expect
 
 
 def test_the_recipe_is_part_of_the_fingerprint(tmp_path: Path) -> None:
-    from epfleet.plan import CompileRequest, fingerprinted
+    from epfleet.runtime.requests import CompileRequest, fingerprinted
 
     base = CompileRequest(
         model="m",

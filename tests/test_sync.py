@@ -29,10 +29,10 @@ from s3proxy import FaultProxy
 from epfleet.device.cache import DeviceCache
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.device_report import DeviceReport, ModelReport
 from epfleet.errors import BadInputError, StoreError
+from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes, sha256_file
-from epfleet.manifest import Manifest
 
 pytestmark = pytest.mark.slow
 

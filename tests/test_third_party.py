@@ -15,8 +15,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from epfleet.manifest import Manifest
-from epfleet.shapes import graph_inputs
+from epfleet.formats.manifest import Manifest
+from epfleet.runtime.shapes import graph_inputs
 from examples import ddddocr, paddle_ocr
 from tests.conftest import assert_variants_match_store, write_spec
 from tests.test_cli import epfleet, s3_manifest, s3_reader

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from epfleet.device.health import HealthJob, check_health
 from epfleet.errors import HealthCheckError
-from epfleet.samples import write_golden
+from epfleet.runtime.samples import write_golden
 from eps.base import LOOSEST_TOLERANCE, Tolerance, bounded
 
 pytestmark = pytest.mark.fast

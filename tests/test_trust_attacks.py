@@ -53,10 +53,10 @@ from epfleet.device.cache import DeviceCache
 from epfleet.device.manifest_cache import fetch_manifest, lock_held
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.device_report import DeviceReport, ModelReport
 from epfleet.errors import BadInputError, StoreError
+from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Manifest
 from epfleet.stores import open_store
 from epfleet.trust.client import model_target, trust_dir, verify
 

@@ -39,7 +39,7 @@ from test_trust_attacks import (  # fleet_on_s3, _signed_only: its fixtures
 
 from epfleet.device.cache import DeviceCache
 from epfleet.device.manifest_cache import lock_held
-from epfleet.device_report import DeviceReport
+from epfleet.formats.device_report import DeviceReport
 
 pytestmark = pytest.mark.slow
 

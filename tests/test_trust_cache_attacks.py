@@ -42,8 +42,8 @@ from tuf.api.metadata import Metadata, Root
 
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import SyncSession, sync
-from epfleet.device_report import DeviceReport
 from epfleet.errors import BadInputError, StoreError
+from epfleet.formats.device_report import DeviceReport
 from epfleet.stores import open_store
 from epfleet.trust.client import trust_parts
 

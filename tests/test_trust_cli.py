@@ -1,5 +1,5 @@
-"""``epfleet trust init|rotate|refresh|status`` (epfleet.cli_trust, run through
-``epfleet.cli.main``): exit codes, errors naming the option, and metadata a device verifies after
+"""``epfleet trust init|rotate|refresh|status`` (epfleet.cli.trust, run through
+``epfleet.cli.app.main``): exit codes, errors naming the option, and metadata a device verifies after
 each command (epfleet.trust.client, python-tuf's ngclient)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from publish_helpers import publish_new
 
-from epfleet.cli import main
+from epfleet.cli.app import main
 from epfleet.errors import BadInputError
-from epfleet.publishing import read_manifest
+from epfleet.fleet.publishing import read_manifest
 from epfleet.stores import Store, open_store
 from epfleet.stores.local import LocalStore
 from epfleet.trust.client import verify

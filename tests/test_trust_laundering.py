@@ -26,8 +26,8 @@ from test_trust_repo import Records, entry, signed_manifest, signed_models, writ
 from trust_helpers import make_trusted_store, online_key
 
 from epfleet.errors import StoreError
-from epfleet.manifest import ArtifactRef, Manifest, Verification
-from epfleet.publishing import put_copy_right, read_in_force, read_manifest, update_manifest
+from epfleet.fleet.publishing import put_copy_right, read_in_force, read_manifest, update_manifest
+from epfleet.formats.manifest import ArtifactRef, Manifest, Verification
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust.layout import TIMESTAMP_KEY, metadata_key, target_key
 from epfleet.trust.repository import publish_trust, read_state, refresh

@@ -32,9 +32,9 @@ from trust_helpers import make_trusted_store
 
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.device_report import DeviceReport, ModelReport
+from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.formats.manifest import Manifest, Verification
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Manifest, Verification
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust.client import verify
 from epfleet.trust.state import clear_cache

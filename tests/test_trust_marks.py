@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_trust_attacks import Keys, Repo, synthetic_store
 
-from epfleet.device.cache_errors import CacheNotWritable, DiskFull
+from epfleet.disk import CacheNotWritable, DiskFull
 from epfleet.errors import BadInputError
 from epfleet.stores import open_store
 from epfleet.trust.client import MetadataRefused, verify

@@ -21,8 +21,8 @@ from publish_helpers import publish_new, race
 from trust_helpers import make_trusted_store, online_key
 
 from epfleet.errors import BadInputError, StoreError
-from epfleet.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
-from epfleet.publishing import read_manifest, update_manifest
+from epfleet.fleet.publishing import read_manifest, update_manifest
+from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust import rotation
 from epfleet.trust.client import ROOT_HISTORY, verify
@@ -228,7 +228,7 @@ def test_a_retired_model_leaves_the_signed_metadata(
         verify(store, tmp_path / "device", root, ["model-2"])
 
 
-# --- publishing through epfleet.publishing ------------------------------------------------------
+# --- publishing through epfleet.fleet.publishing ------------------------------------------------------
 
 
 def signer_env(monkeypatch: pytest.MonkeyPatch, keys: Path) -> None:

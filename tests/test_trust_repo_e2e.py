@@ -15,8 +15,8 @@ from trust_helpers import make_trusted_store
 
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.device_report import DeviceReport
-from epfleet.manifest import Manifest
+from epfleet.formats.device_report import DeviceReport
+from epfleet.formats.manifest import Manifest
 from epfleet.stores import open_store
 from epfleet.trust.client import verify
 

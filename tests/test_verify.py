@@ -15,22 +15,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from epfleet.build import verify_output
-from epfleet.compiler import CompileJob, CompileOutput, compile_job, measure_coverage
-from epfleet.isolated import IsolatedWorkers, WorkerDied, WorkerTimeout
-from epfleet.plan import CompileRequest
-from epfleet.planning import plan_run
-from epfleet.pool import CompilePool
-from epfleet.samples import (
-    InputInfo,
-    compare,
-    generated_samples,
-    load_samples,
-    read_golden,
-    write_golden,
-)
-from epfleet.stores import open_store
-from epfleet.verify import (
+from epfleet.fleet.build import verify_output
+from epfleet.fleet.planning import plan_run
+from epfleet.fleet.verify import (
     GoldenJob,
     VerifyJob,
     computed_peak,
@@ -38,6 +25,19 @@ from epfleet.verify import (
     make_golden,
     verify_artifact,
 )
+from epfleet.runtime.compile_pool import CompilePool
+from epfleet.runtime.compiler import CompileJob, CompileOutput, compile_job, measure_coverage
+from epfleet.runtime.requests import CompileRequest
+from epfleet.runtime.samples import (
+    InputInfo,
+    compare,
+    generated_samples,
+    load_samples,
+    read_golden,
+    write_golden,
+)
+from epfleet.runtime.workers import IsolatedWorkers, WorkerDied, WorkerTimeout
+from epfleet.stores import open_store
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
 pytestmark = pytest.mark.fast
@@ -275,7 +275,7 @@ def test_golden_of_a_source_from_a_samples_file(tmp_path: Path, model_dir: Path)
     x = np.random.default_rng(1).normal(size=(3, 1, 3, 48, 192)).astype(np.float32)
     np.savez(samples, x=x)
     model = onnx.load(str(model_dir / "tiny-cls.onnx"))
-    from epfleet.shapes import prepare_model
+    from epfleet.runtime.shapes import prepare_model
 
     prepare_model(model, {"x": [1, 3, 48, 192]}, True, "QNN")
     source = tmp_path / "src.onnx"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.manifest import Manifest
+from epfleet.formats.manifest import Manifest
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 from tests.test_cli import epfleet
 

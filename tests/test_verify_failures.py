@@ -3,7 +3,7 @@ past its time limit, or with no golden to compare against, fails the pair with i
 reason; the failure keeps what was measured (coverage, seconds, verification) in the
 report and the manifest, and the pair is not compiled again until its inputs change (the
 verification settings are inputs) or --force. Real CPU compiles and verifications, run
-as the CLI runs them without Prefect (``epfleet.cli_compile._run_without_prefect``)."""
+as the CLI runs them without Prefect (``epfleet.cli.compile._run_without_prefect``)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from epfleet.cli_compile import _run_without_prefect
+from epfleet.cli.compile import _run_without_prefect
 from epfleet.errors import BadInputError, CompileError, StoreError
-from epfleet.input_memory import check_input_memory
-from epfleet.manifest import Coverage, Manifest, SamplesRef
-from epfleet.outcomes import RejectedBuild, failed_entry, outcome_of_failure
-from epfleet.plan import CompileRequest, fingerprinted
-from epfleet.planning import plan_run
-from epfleet.publishing import read_manifest
-from epfleet.runs import SETTLED, RunReport
+from epfleet.fleet.input_memory import check_input_memory
+from epfleet.fleet.outcomes import RejectedBuild, failed_entry, outcome_of_failure
+from epfleet.fleet.planning import plan_run
+from epfleet.fleet.publishing import read_manifest
+from epfleet.fleet.runs import SETTLED, RunReport
+from epfleet.formats.manifest import Coverage, Manifest, SamplesRef
+from epfleet.runtime.requests import CompileRequest, fingerprinted
 from epfleet.stores import open_store
 from tests.conftest import tiny_models, write_spec
 
@@ -196,7 +196,7 @@ def test_the_input_memory_bound_is_an_eighth_of_memory_for_all_inputs_together(
     model_dir: Path,
 ) -> None:
     model = onnx.load(str(model_dir / "tiny-det.onnx"))
-    from epfleet.shapes import fix_input_shapes
+    from epfleet.runtime.shapes import fix_input_shapes
 
     fix_input_shapes(model, {"image": [1, 3, 64, 64]})  # 48 KiB, and 'gain' beside it
     check_input_memory(model, memory=8 * 64 * 1024)

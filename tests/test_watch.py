@@ -6,14 +6,15 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from epfleet.device_report import (
+from epfleet.fleet.watch_rules import Runtime, WatchPlan, check_pairs, find_unserved
+from epfleet.formats.device_report import (
     DeviceInfo,
     DeviceReport,
     ManifestStatus,
     ModelReport,
     VariantVerdict,
 )
-from epfleet.manifest import (
+from epfleet.formats.manifest import (
     ArtifactRef,
     FailedBuild,
     Manifest,
@@ -21,8 +22,7 @@ from epfleet.manifest import (
     SourceEntry,
     VariantEntry,
 )
-from epfleet.spec_file import parse_spec
-from epfleet.watch import Runtime, WatchPlan, check_pairs, find_unserved
+from epfleet.formats.spec_file import parse_spec
 from eps.base import Verdict
 
 pytestmark = pytest.mark.fast
@@ -293,8 +293,8 @@ def test_old_reports_are_ignored() -> None:
 
 
 def test_a_report_without_utc_offset_is_skipped_by_the_reader(tmp_path) -> None:
+    from epfleet.fleet.watch_inputs import read_reports
     from epfleet.stores import open_store
-    from epfleet.watch_inputs import read_reports
 
     store = open_store(str(tmp_path / "store"))
     good = report("ok", [(CPU, "cpu", 1)], {"det": "kept"})

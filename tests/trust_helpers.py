@@ -9,8 +9,8 @@ from pathlib import Path
 import onnx
 from securesystemslib.signer import Signer
 
+from epfleet.formats.manifest import ArtifactRef, Manifest
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import ArtifactRef, Manifest
 from epfleet.stores import Store, open_store
 from epfleet.trust.keys import ONLINE_KEY, file_uri, online_signer, public_key_of
 from epfleet.trust.repository import init_with_key_files, publish_trust

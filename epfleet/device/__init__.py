@@ -14,5 +14,5 @@ longer lists when it is asked to; ``reporting`` names the device and uploads its
 A failure at any step keeps the previous active variant.
 
 The fleet side never imports this package: the device report it writes is a shared
-format in ``epfleet.device_report``.
+format in ``epfleet.formats.device_report``.
 """

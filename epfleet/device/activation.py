@@ -2,7 +2,7 @@
 
 A variant's name is its target (or ``local-<ep>``, or ``fallback``) and the first 12
 hex digits of its digest (its file's sha256 when it is one file; the file set's digest,
-``epfleet.manifest.set_digest``, when it has files beside the main one); it is also its
+``epfleet.formats.manifest.set_digest``, when it has files beside the main one); it is also its
 directory in the cache. A model keeps its
 active variant and the one before it, for rollback; the cache's files follow the state
 (``epfleet.device.cache``; the state models are in ``epfleet.device.cache_state``).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from epfleet.device.cache_layout import MODEL_FILE
 from epfleet.device.cache_state import Installed, InstalledFile, ModelState, Origin
-from epfleet.manifest import PackageFile, SourceEntry, VariantEntry, utcnow
+from epfleet.formats.manifest import PackageFile, SourceEntry, VariantEntry, utcnow
 from eps.base import DeviceType, LocalTarget, Precision
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from epfleet.device import package
-from epfleet.device.cache_errors import WRITE_DENIED, not_writable
 from epfleet.device.cache_layout import (
     FLEET_MANIFEST,
     LAST_REPORT,
@@ -37,6 +36,7 @@ from epfleet.device.cache_lock import cache_locked
 from epfleet.device.cache_space import CacheSpace
 from epfleet.device.cache_state import CacheState, Installed, ModelState
 from epfleet.device.nofollow import lstat_at
+from epfleet.disk import WRITE_DENIED, not_writable
 from epfleet.fsutil import read_nofollow, sha256_nofollow
 
 

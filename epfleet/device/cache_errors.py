@@ -1,14 +1,9 @@
-"""The errors a device cache raises: busy, damaged, not writable, disk full."""
+"""The errors a device cache raises of its own: busy, damaged (a full disk and a path that
+cannot be written are ``epfleet.disk``'s)."""
 
 from __future__ import annotations
 
-import errno
-import os
-from pathlib import Path
-
-from epfleet.device.cache_layout import mb
 from epfleet.errors import EpfleetError
-from epfleet.fsutil import NO_SPACE, free_space
 
 
 class CacheBusy(EpfleetError):
@@ -17,35 +12,3 @@ class CacheBusy(EpfleetError):
 
 class CacheDamaged(EpfleetError):
     """Something in the cache is in the way and epfleet will not remove it."""
-
-
-class CacheNotWritable(EpfleetError):
-    """A path in the cache cannot be written (a read-only file system, or permissions):
-    nothing there changes, and what is active stays active."""
-
-
-WRITE_DENIED = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-def not_writable(path: Path, exc: OSError) -> CacheNotWritable:
-    return CacheNotWritable(
-        f"cannot write {path}: {exc.strerror or exc}; the device cache must be writable by "
-        f"this user (uid {os.getuid()}), or sync into another --cache"
-    )
-
-
-class DiskFull(EpfleetError):
-    """Not enough free disk space for a download or a write; the next sync tries again."""
-
-
-def cannot_write(path: Path, exc: OSError) -> CacheNotWritable | DiskFull:
-    """The error of a failed write in the cache: DiskFull when no room was left (a full
-    disk, a quota), CacheNotWritable otherwise (read-only, permissions, an I/O error)."""
-    if exc.errno in NO_SPACE:
-        return DiskFull(
-            f"no disk space to write {path}: {exc.strerror or exc} "
-            f"({mb(free_space(path) or 0)} MB free); the next sync tries again"
-        )
-    if exc.errno in WRITE_DENIED:
-        return not_writable(path, exc)
-    return CacheNotWritable(f"cannot write {path}: {exc.strerror or exc}")

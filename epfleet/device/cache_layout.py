@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from epfleet.text import MB
+
 PACKAGE_MANIFEST = "manifest.json"
 PACKAGE_NAME = "epfleet-device-cache"
 MODEL_FILE = "model.onnx"
@@ -23,15 +25,10 @@ FLEET_MANIFEST = "fleet-manifest.json"
 LAST_REPORT = "last-report.json"
 LOCK_FILE = "lock"
 PARTIAL_MAX_AGE = 7 * 24 * 3600.0
-MB = 1_000_000
+
 DISK_MARGIN = 16 * MB
 """Free space a download leaves beyond its own bytes: the state, the manifests and the
 report are written after it, and the device's other programs need room too."""
 VARIANT_DIR = re.compile(r"[a-z0-9][a-z0-9._-]*-[0-9a-f]{12}")
 PARTIAL_FILE = re.compile(r"[0-9a-f]{64}\.part(\.progress)?")
 OWN_FILES = frozenset({PACKAGE_MANIFEST, STATE_FILE, FLEET_MANIFEST, LAST_REPORT})
-
-
-def mb(size: int) -> str:
-    """``size`` in MB for messages (two decimals below 1 MB)."""
-    return f"{size / MB:.2f}" if 0 < size < MB else f"{size / MB:.1f}"

@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from epfleet.device.cache_layout import MODEL_FILE
+from epfleet.formats.manifest import Name
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Name
 from epfleet.trust.highwater import TrustMark
 from eps.base import DeviceType, Precision
 
@@ -50,7 +50,7 @@ class Installed(BaseModel):
 
     @property
     def digest(self) -> str:
-        """The variant's identity, as ``epfleet.manifest.set_digest`` gives it for the
+        """The variant's identity, as ``epfleet.formats.manifest.set_digest`` gives it for the
         manifest's file set: the main file's sha256 when it stands alone."""
         return set_digest(self.sha256, self.size, self.model_file, self.files)
 
@@ -60,7 +60,7 @@ class Installed(BaseModel):
 
 
 def set_digest(sha256: str, size: int, model_file: str, files: list[InstalledFile]) -> str:
-    """``epfleet.manifest.set_digest`` of a main file and the files beside it."""
+    """``epfleet.formats.manifest.set_digest`` of a main file and the files beside it."""
     if not files:
         return sha256
     listing = sorted([[f.path, f.sha256, f.size] for f in files])

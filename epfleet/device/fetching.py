@@ -17,13 +17,13 @@ import os
 from pathlib import Path
 
 from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_errors import DiskFull
-from epfleet.device.cache_layout import MB
 from epfleet.device.download import Transfer
+from epfleet.disk import DiskFull
 from epfleet.errors import TransientStoreError
+from epfleet.formats.manifest import ModelEntry
 from epfleet.fsutil import NO_SPACE, free_bytes
-from epfleet.manifest import ModelEntry
 from epfleet.stores import Store
+from epfleet.text import MB
 
 
 class Fetcher:

@@ -3,7 +3,7 @@
 On the model's golden samples when the manifest has them (compared with the source's
 outputs within the variant's tolerance, never looser than ``eps.base.LOOSEST_TOLERANCE``),
 on zero inputs otherwise. The session
-helpers are shared with the compile host's verification (``epfleet.running``).
+helpers are shared with the compile host's verification (``epfleet.runtime.sessions``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from epfleet.errors import EpfleetError, HealthCheckError, summarize
-from epfleet.running import input_infos, open_session, run_samples
-from epfleet.samples import compare, read_golden
+from epfleet.runtime.samples import compare, read_golden
+from epfleet.runtime.sessions import input_infos, open_session, run_samples
 from eps.base import DeviceType, Tolerance, bounded
 
 

@@ -16,9 +16,9 @@ import eps
 from epfleet import RECIPE_VERSION, ort_version
 from epfleet.device.activation import local_target_name
 from epfleet.device.local_eps import LocalEps, ep_versions
+from epfleet.formats.manifest import ModelEntry
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import ModelEntry
-from epfleet.plan import CompileRequest, fingerprinted, source_fields
+from epfleet.runtime.requests import CompileRequest, fingerprinted, source_fields
 from eps.base import DeviceType, LocalTarget, default_tolerance
 
 

@@ -21,7 +21,7 @@ import functools
 from typing import TYPE_CHECKING
 
 import eps
-from epfleet.device_report import DeviceInfo
+from epfleet.formats.device_report import DeviceInfo
 from eps.base import Judgement, MissingExtraError, NoDeviceError, Verdict
 
 if TYPE_CHECKING:

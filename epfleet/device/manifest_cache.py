@@ -33,11 +33,11 @@ from pydantic import ValidationError
 from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_layout import LOCK_FILE, STATE_FILE
 from epfleet.device.cache_state import CacheState
-from epfleet.device_report import ManifestStatus
 from epfleet.errors import BadInputError, StoreError
+from epfleet.formats.device_report import ManifestStatus
+from epfleet.formats.manifest import VALIDATION_RULES, Manifest, ModelEntry
 from epfleet.fsutil import read_nofollow
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import VALIDATION_RULES, Manifest, ModelEntry
 from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store, document_limit
 from epfleet.trust.client import trust_dir
 

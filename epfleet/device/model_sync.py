@@ -13,17 +13,17 @@ import time
 import eps
 from epfleet.device.activation import drop_changed_active, promote
 from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_errors import WRITE_DENIED, DiskFull
 from epfleet.device.cache_state import CacheState, Installed, ModelState
 from epfleet.device.local_build import build_key
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.selection import ActiveVariant, Considered, Step, decide
 from epfleet.device.steps import Done, Steps
-from epfleet.device_report import ModelReport, VariantVerdict
+from epfleet.disk import WRITE_DENIED, DiskFull
 from epfleet.errors import EpfleetError, StoreError
+from epfleet.formats.device_report import ModelReport, VariantVerdict
+from epfleet.formats.manifest import ModelEntry
 from epfleet.fsutil import NO_SPACE
-from epfleet.manifest import ModelEntry
 from eps.base import Judgement, Precision, Verdict
 
 logger = logging.getLogger(__name__)

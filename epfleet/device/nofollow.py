@@ -20,7 +20,8 @@ from collections.abc import Collection
 from contextlib import suppress
 from pathlib import Path
 
-from epfleet.device.cache_errors import CacheDamaged, cannot_write
+from epfleet.device.cache_errors import CacheDamaged
+from epfleet.disk import cannot_write
 from epfleet.errors import BadInputError
 from epfleet.fsutil import is_temp_name, read_nofollow
 

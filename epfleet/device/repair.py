@@ -33,12 +33,11 @@ import stat
 from datetime import datetime, timezone
 from io import BytesIO
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pydantic import ValidationError
 
 from epfleet.device.activation import local_target_name
-from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_layout import MODEL_FILE, VARIANT_DIR
 from epfleet.device.cache_state import (
     CacheState,
@@ -47,8 +46,11 @@ from epfleet.device.cache_state import (
     ModelState,
     set_digest,
 )
+from epfleet.formats.manifest import FILE_PATH_PATTERN, NAME_PATTERN, ModelEntry, VariantEntry
 from epfleet.fsutil import open_nofollow, sha256_nofollow
-from epfleet.manifest import FILE_PATH_PATTERN, NAME_PATTERN, ModelEntry, VariantEntry
+
+if TYPE_CHECKING:  # the cache calls this module to rebuild its state: no import back
+    from epfleet.device.cache import DeviceCache
 
 COMPATIBILITY_KEY = "ep_compatibility_info."
 METADATA_FIELD = 14  # ModelProto.metadata_props

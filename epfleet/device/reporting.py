@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import socket
 
-from epfleet.device_report import DeviceReport, report_key
 from epfleet.errors import BadInputError, StoreError
-from epfleet.manifest import NAME_PATTERN
+from epfleet.formats.device_report import DeviceReport, report_key
+from epfleet.formats.manifest import NAME_PATTERN
 from epfleet.settings import settings
 from epfleet.stores import Store
 

@@ -40,7 +40,6 @@ from types import TracebackType
 from epfleet import ort_version
 from epfleet.device import model_sync
 from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_errors import CacheNotWritable, DiskFull, cannot_write
 from epfleet.device.cache_state import CacheState
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_eps import LocalEps, discover, ep_versions
@@ -51,10 +50,11 @@ from epfleet.device.reporting import device_id, upload_report
 from epfleet.device.signed_manifest import fetch_signed_manifest, untrusted
 from epfleet.device.steps import Steps
 from epfleet.device.unlisted import drop_models, unlisted
-from epfleet.device_report import DeviceReport, ManifestStatus, ModelReport
+from epfleet.disk import CacheNotWritable, DiskFull, cannot_write
 from epfleet.errors import BadInputError, EpfleetError
+from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
+from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.limits import Deadline, within
-from epfleet.manifest import Manifest, utcnow
 from epfleet.settings import settings
 from epfleet.stores import open_store
 

@@ -27,10 +27,10 @@ from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_layout import STATE_DIR
 from epfleet.device.cache_state import CacheState
 from epfleet.device.manifest_cache import VERIFIED_NOTE, cached_manifest, save_state
-from epfleet.device_report import ManifestStatus
 from epfleet.errors import StoreError
+from epfleet.formats.device_report import ManifestStatus
+from epfleet.formats.manifest import VALIDATION_RULES, Manifest
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import VALIDATION_RULES, Manifest
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.client import (
     ROOT_HISTORY,

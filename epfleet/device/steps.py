@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import eps
-from epfleet.compiler import CompileJob, discard
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
 from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_state import Installed, InstalledFile, ModelState
@@ -27,11 +26,12 @@ from epfleet.device.local_build import local_request, local_targets
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.selection import Considered, Step
 from epfleet.device.variant_sets import fetch_set, is_file_set
-from epfleet.device_report import Action
 from epfleet.errors import CompileError, EpfleetError, HealthCheckError, IntegrityError
+from epfleet.formats.device_report import Action
+from epfleet.formats.manifest import ModelEntry, VariantEntry
 from epfleet.limits import DeadlineExceeded, time_limit
-from epfleet.manifest import ModelEntry, VariantEntry
-from epfleet.pool import CompilePool, TimeLimitExceeded
+from epfleet.runtime.compile_pool import CompilePool, TimeLimitExceeded
+from epfleet.runtime.compiler import CompileJob, discard
 from epfleet.settings import settings
 from eps.base import (
     TOLERANCE_OF,

@@ -16,7 +16,7 @@ import logging
 
 from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_state import CacheState
-from epfleet.device_report import ManifestStatus
+from epfleet.formats.device_report import ManifestStatus
 
 logger = logging.getLogger(__name__)
 

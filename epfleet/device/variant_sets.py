@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_errors import DiskFull
 from epfleet.device.cache_layout import MODEL_FILE, STATE_DIR
 from epfleet.device.cache_state import Installed
 from epfleet.device.fetching import Fetcher
+from epfleet.disk import DiskFull
 from epfleet.errors import IntegrityError
-from epfleet.manifest import ArtifactRef, PackageFile
+from epfleet.formats.manifest import ArtifactRef, PackageFile
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 
 from epfleet.errors import BadInputError
 from epfleet.stores.base import (
+    DEFAULT_STORE,
     MANIFEST_KEY,
     UNCHANGED,
     Store,
@@ -21,6 +22,7 @@ from epfleet.stores.base import (
 from epfleet.stores.documents import DocumentTooLarge, document_limit
 
 __all__ = [
+    "DEFAULT_STORE",
     "MANIFEST_KEY",
     "UNCHANGED",
     "DocumentTooLarge",

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 MANIFEST_KEY = "manifest.json"
+DEFAULT_STORE = "./epfleet-store"
+"""The store a run publishes to, and a device syncs from, when none is given."""
 UNCHANGED: Literal["unchanged"] = "unchanged"
 
 
@@ -80,7 +82,7 @@ class Store(Protocol):
     def list_objects(self, prefix: str, *, hidden: bool = False) -> list[StoredObject]:
         """Like ``list_keys``, with each object's size and modification time; with
         ``hidden``, also the hidden names (temporary files of interrupted local writes),
-        but never the store's lock file. For the garbage collector (``epfleet.gc``)."""
+        but never the store's lock file. For the garbage collector (``epfleet.lifecycle.gc``)."""
         ...
 
     def touch(self, key: str, min_age: float = 0.0) -> bool:

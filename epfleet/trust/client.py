@@ -34,10 +34,10 @@ from pydantic import ValidationError
 from tuf.api import exceptions as tuf_errors
 from tuf.ngclient import Updater
 
-from epfleet.device.cache_errors import cannot_write
+from epfleet.disk import cannot_write
 from epfleet.errors import BadInputError, EpfleetError, TransientStoreError
+from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.fsutil import read_nofollow
-from epfleet.manifest import Manifest, ModelEntry
 from epfleet.settings import settings
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.directory import (

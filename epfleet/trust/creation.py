@@ -17,8 +17,8 @@ from securesystemslib.signer import Signer
 from tuf.api.metadata import Root
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.formats.manifest import Manifest
 from epfleet.fsutil import atomic_write_bytes
-from epfleet.manifest import Manifest
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import local_path
 from epfleet.trust.keys import (

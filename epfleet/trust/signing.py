@@ -2,7 +2,7 @@
 
 The signer's input is the last signed state, verified (``epfleet.trust.state``), and the
 publisher's own change to it, never a document read back from the store unsigned:
-``manifest.json`` is a convenience copy written after signing (``epfleet.publishing``),
+``manifest.json`` is a convenience copy written after signing (``epfleet.fleet.publishing``),
 so whoever can write to the store but holds no key cannot get anything signed.
 
 Versioned files are written once (``if_none_match``; a version taken by another publisher
@@ -27,7 +27,7 @@ from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, Targets, Timest
 from tuf.api.serialization.json import JSONSerializer
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
-from epfleet.manifest import Manifest
+from epfleet.formats.manifest import Manifest
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.layout import (
     LIFETIME,

@@ -41,8 +41,8 @@ from tuf.api.metadata import (
 from tuf.api.serialization import DeserializationError
 
 from epfleet.errors import BadInputError, StoreError
+from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes
-from epfleet.manifest import Manifest
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.layout import FIRST_ROOT_KEY, TIMESTAMP_KEY, metadata_key, target_key
 

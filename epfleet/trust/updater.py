@@ -21,7 +21,7 @@ from tuf.api import exceptions as tuf_errors
 from tuf.api.metadata import Root, Targets
 from tuf.ngclient import Updater, UpdaterConfig
 
-from epfleet.device.cache_errors import cannot_write
+from epfleet.disk import cannot_write
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.trust.directory import ROOT_HISTORY, TARGETS_DIR, read_file, signed_version
 from epfleet.trust.fetcher import STORE_URL, StoreFetcher

@@ -1,0 +1,115 @@
+"""The ``epfleet`` command line: its app, its entry point ``main`` and its exit codes.
+
+Commands ``compile`` (``epfleet.cli.compile``), ``manifest show|schema``
+(``epfleet.cli.manifest``), ``sync`` (``epfleet.cli.sync``), ``watch`` and ``serve``
+(``epfleet.cli.serve``), ``trust`` (``epfleet.cli.trust``), ``gc`` and ``retire``
+(``epfleet.cli.store``), and ``--version``; ``epfleet COMMAND --help`` shows each with
+examples and exit codes (0 ok, 1 a pair or model failed or the store failed, 2 bad
+input). Options come from type hints (cyclopts, ``epfleet.cli.options``). The flow
+files run by path (``python flows/runtime_watch.py ...``) call ``main`` with their
+command. Ctrl-C (exit 130) is handled by ``epfleet.cli.interrupts``.
+
+Engine code, Prefect and the flows are imported inside each command, never at module
+level: ``--help`` starts no Prefect, and the module-level import graph has no cycle
+through this module (``tests/test_imports.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+from cyclopts import App, CycloptsError, Parameter
+
+from epfleet import RECIPE_VERSION, __version__, ort_version
+from epfleet.cli.compile import compile_
+from epfleet.cli.interrupts import EXIT_INTERRUPTED, announce_stopped, interrupts
+from epfleet.cli.manifest import manifest_app
+from epfleet.cli.options import cli_error, default_text
+from epfleet.cli.serve import serve, watch
+from epfleet.cli.store import gc, retire
+from epfleet.cli.sync import sync
+from epfleet.cli.trust import trust_app
+from epfleet.errors import BadInputError, EpfleetError
+from epfleet.settings import describe
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
+execution provider each device really has.
+
+For example:
+  epfleet compile examples/fleet.yaml --store ./epfleet-store
+  epfleet sync --store ./epfleet-store --cache ./epfleet-device
+  epfleet COMMAND --help
+
+Exit codes: 0 ok; 1 a pair or a model failed, or the store failed; 2 bad input;
+130 interrupted (Ctrl-C).
+"""
+
+
+def _environment() -> str:
+    lines = ["Environment (an empty variable counts as unset):"]
+    for name, text in describe():
+        lines += [
+            f"  {name}",
+            *textwrap.wrap(text, 76, initial_indent="    ", subsequent_indent="    "),
+        ]
+    return "\n".join(lines)
+
+
+app = App(
+    name="epfleet",
+    help=APP_HELP + "\n" + _environment(),
+    help_format="plaintext",
+    version=lambda: f"epfleet {__version__} (onnxruntime {ort_version()}, recipe {RECIPE_VERSION})",
+    default_parameter=Parameter(negative=(), show_default=default_text),
+    suppress_keyboard_interrupt=False,  # main says "interrupted" (cyclopts exits silently)
+)
+app.command(compile_, name="compile")
+app.command(manifest_app)
+app.command(sync)
+app.command(watch)
+app.command(serve)
+app.command(trust_app)
+app.command(gc)
+app.command(retire)
+
+_interrupts = interrupts
+"""The Ctrl-C handling (``epfleet.cli.interrupts``) under its former name here, which
+``epfleet.cli.sync`` still imports."""
+
+
+@app.default
+def _no_command(*unknown: str) -> int:
+    what = f"unknown command {unknown[0]!r}" if unknown else "a command is required"
+    print(f"epfleet: error: {what} (epfleet --help)", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command line; return its exit code."""
+    try:
+        result = app(
+            sys.argv[1:] if argv is None else argv,
+            exit_on_error=False,
+            print_error=False,
+            result_action="return_value",
+        )
+    except CycloptsError as exc:
+        print(f"epfleet: error: {cli_error(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BadInputError as exc:
+        print(f"epfleet: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except EpfleetError as exc:
+        print(f"epfleet: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:  # our handler's, or a Ctrl-C before it was installed
+        announce_stopped()
+        return EXIT_INTERRUPTED
+    return result if isinstance(result, int) else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""``epfleet compile``: plan, compile every pair (through Prefect, or without it), publish.
+
+The compiles start in this machine's workers before the flow run (importing Prefect and
+starting its temporary API take seconds); the fleet-compile flow then collects them.
+When the temporary API does not start, the pairs compile and publish without Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from epfleet import MAX_WORKERS
+from epfleet.cli.interrupts import interrupts
+from epfleet.cli.options import Json, Repeatable, RunnerName, Store
+from epfleet.cli.prefect_api import start_temporary_api, temporary_api_dies_with_us
+from epfleet.errors import BadInputError, EpfleetError
+from epfleet.fsutil import NO_SPACE, no_room
+from epfleet.stores import DEFAULT_STORE
+
+if TYPE_CHECKING:
+    from prefect.task_runners import TaskRunner
+
+    from epfleet.fleet.runs import RunPlan, RunReport
+    from epfleet.logs import CompileProgress
+    from epfleet.runtime.compile_pool import CompilePool
+
+
+def compile_(
+    spec: Path,
+    /,
+    *,
+    store: Store = DEFAULT_STORE,
+    workers: int = os.cpu_count() or 1,
+    force: bool = False,
+    model: Repeatable = None,
+    target: Repeatable = None,
+    task_runner: RunnerName = "threads",
+    dask_address: str | None = None,
+    prune: bool = False,
+    as_json: Json = False,
+) -> int:
+    """Compile every model of the fleet spec for every target, and publish.
+
+    Pairs up to date are skipped (with no Prefect run when all are); pairs of a
+    target with a work_pool compile on that pool. Progress goes to stderr.
+
+    For example:
+      epfleet compile examples/fleet.yaml --store ./epfleet-store
+      epfleet compile fleet.yaml --store s3://bucket/fleet --model ocr-det --json
+      epfleet compile fleet.yaml --task-runner dask --dask-address tcp://h:8786
+      epfleet compile fleet.yaml --store s3://bucket/fleet --prune
+
+    Exit codes: 0 every pair ok or up to date; 1 a pair failed (the others are
+    still published) or the store failed; 2 bad input (nothing compiled).
+
+    Parameters
+    ----------
+    spec
+        The fleet spec YAML.
+    workers
+        Compiles in parallel (default: the CPU count).
+    force
+        Recompile pairs that are up to date.
+    model
+        Only this model (repeatable).
+    target
+        Only this target (repeatable).
+    task_runner
+        Where compile tasks run: threads (this machine) or dask (a Dask cluster:
+        --dask-address, or a local one of --workers processes).
+    dask_address
+        The Dask scheduler, e.g. tcp://10.0.0.5:8786.
+    prune
+        Then retire from the manifest the models and targets the spec no longer
+        lists (as epfleet retire --spec SPEC --unlisted): judged on the whole spec,
+        never on a --model/--target subset.
+    as_json
+        Print one JSON object on stdout.
+    """
+    from epfleet.fleet.views import render_report
+
+    if not 1 <= workers <= MAX_WORKERS:
+        raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {workers}")
+    if dask_address and task_runner != "dask":
+        raise BadInputError("--dask-address needs --task-runner dask")
+    try:
+        with interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
+            report = _compile(spec, store, workers, force, model, target, task_runner, dask_address)
+            pruned = _prune(spec, store) if prune else None
+    except OSError as exc:  # a full disk: the worker cache or a local store
+        if exc.errno not in NO_SPACE:
+            raise
+        raise EpfleetError(no_room(exc, _disks(store))) from None
+    if as_json:
+        print(json.dumps(_json_report(report) | ({"pruned": pruned} if prune else {})))
+    else:
+        print(render_report(report))
+    return report.exit_code
+
+
+def _disks(store: str) -> dict[str, Path]:
+    """Where a compile writes: the worker cache, and a local store's directory."""
+    from epfleet.settings import settings
+    from epfleet.stores.local import local_path
+
+    places = {"the worker cache (EPFLEET_CACHE)": settings().cache}
+    if "://" not in store or store.startswith("file://"):
+        places["the store"] = local_path(store)
+    return places
+
+
+def _prune(spec: Path, store: str) -> dict[str, object]:
+    """Retire what the spec no longer lists; say what went on stderr."""
+    from epfleet.formats.spec_file import load_spec
+    from epfleet.lifecycle.retire import Retirement, apply_retirement
+    from epfleet.stores import MANIFEST_KEY, open_store
+    from epfleet.text import format_bytes
+
+    opened = open_store(store)
+    if opened.size(MANIFEST_KEY) is None:  # nothing published yet, so nothing to retire
+        return Retirement().model_dump(mode="json")
+    done = apply_retirement(opened, spec=load_spec(spec))
+    for name in done.models:
+        print(f"epfleet: pruned model {name} (no longer in the spec)", file=sys.stderr)
+    for pair in done.variants:
+        print(f"epfleet: pruned variant {pair} (no longer in the spec)", file=sys.stderr)
+    if not done.empty:
+        print(
+            f"epfleet: {format_bytes(done.bytes)} no longer referenced; epfleet gc collects "
+            "it after its grace period",
+            file=sys.stderr,
+        )
+    return done.model_dump(mode="json")
+
+
+def _compile(
+    spec: Path,
+    store: str,
+    workers: int,
+    force: bool,
+    model: list[str] | None,
+    target: list[str] | None,
+    task_runner: str,
+    dask_address: str | None,
+) -> RunReport:
+    from epfleet.fleet.planning import plan_run
+    from epfleet.fleet.staging import tidy_cache
+    from epfleet.fleet.task_runners import task_runner as make_runner
+
+    tidy_cache()  # temp files of killed runs, and the cache's size bound
+    plan = plan_run(spec, store, model, target, force)
+    if plan.is_noop:
+        # Up to date: answer without starting a Prefect flow run (that costs seconds).
+        report = plan.report({}, plan.generation, published=False)
+    else:
+        print(
+            f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs to compile "
+            f"with {workers} workers",
+            file=sys.stderr,
+        )
+        # Compiles start at once in this machine's workers, unless Dask runs them.
+        pool, progress = None, None
+        if task_runner == "threads":
+            pool, progress = _prestart(plan, store, workers)
+        try:
+            problem = start_temporary_api() if task_runner == "threads" else None
+            if problem is None:
+                runner = make_runner(task_runner, dask_address, workers)
+                report = _run_fleet_flow(runner, spec, store, workers, force, model, target)
+            else:
+                print(
+                    f"epfleet: Prefect's temporary API did not start ({problem}); "
+                    "compiling and publishing without Prefect (no flow run, artifacts or "
+                    "events recorded)",
+                    file=sys.stderr,
+                )
+                report = _run_without_prefect(plan, store, workers)
+        finally:
+            if progress is not None:
+                progress.close()
+            if pool is not None:
+                pool.drop_unclaimed()
+    return report
+
+
+def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool, CompileProgress]:
+    """Start the compiles before the flow run: importing Prefect and starting its API
+    take seconds, and the flow's compile tasks collect these same jobs from the pool.
+    Their progress goes to stderr as they run."""
+    from epfleet.fleet.staging import compile_job_for
+    from epfleet.logs import CompileProgress
+    from epfleet.runtime.compile_pool import shared_pool
+    from epfleet.stores import open_store
+
+    store = open_store(store_uri)
+    pool = shared_pool(workers)
+    compiles = []
+    for pair in plan.to_compile:
+        if pair.work_pool is None:  # the others compile on their work pool
+            job = compile_job_for(pair.request, store)
+            pool.prestart(job)
+            label = f"{pair.request.model} × {pair.request.target}"
+            compiles.append((label, pool._early[job.model_dump_json()]))
+    return pool, CompileProgress(compiles)
+
+
+def _run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunReport:
+    """The fleet-compile flow's work without Prefect: compile every pair (collecting the
+    compiles started early), then publish as the flow does. Pairs of a work pool need
+    Prefect to reach it: they fail, naming the pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from epfleet.fleet.build import build_variant
+    from epfleet.fleet.outcomes import PairOutcome, failed_outcome, ok_outcome, outcome_of_failure
+    from epfleet.fleet.plan_rules import PlannedPair
+    from epfleet.fleet.publish_rules import settle, to_publish
+    from epfleet.fleet.publishing import publish
+    from epfleet.stores import open_store
+
+    store = open_store(store_uri)
+
+    def build(pair: PlannedPair) -> PairOutcome:
+        if pair.work_pool is not None:
+            return failed_outcome(
+                pair.request,
+                f"not compiled: work pool {pair.work_pool} is reached through "
+                "Prefect, whose API did not start",
+            )
+        try:
+            return ok_outcome(pair.request, build_variant(pair.request, store, workers))
+        except Exception as exc:  # one pair's failure never stops the others
+            return outcome_of_failure(pair.request, exc)
+
+    with ThreadPoolExecutor(max(1, min(len(plan.to_compile), 4 * workers))) as threads:
+        outcomes = list(threads.map(build, plan.to_compile))
+    variants = {(m, t): entry for m, t, entry in to_publish(plan, outcomes)}
+    published = publish(store, plan.sources, plan.published_sources, variants, plan.model_facts)
+    report, refused = settle(plan, outcomes, published)
+    for result in refused:
+        print(f"epfleet: {result.model} × {result.target}: {result.error}", file=sys.stderr)
+    return report
+
+
+def _run_fleet_flow(
+    runner: TaskRunner[Any],
+    spec: Path,
+    store: str,
+    workers: int,
+    force: bool,
+    models: list[str] | None,
+    targets: list[str] | None,
+) -> RunReport:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.fleet_compile import fleet_compile
+
+    temporary_api_dies_with_us()
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackOfOurErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackOfOurErrors())
+    flow = fleet_compile.with_options(task_runner=runner)
+    return flow(
+        spec=str(spec.resolve()),
+        store=store,
+        workers=workers,
+        force=force,
+        models=models,
+        targets=targets,
+    )
+
+
+class _NoTracebackOfOurErrors(logging.Filter):
+    """Prefect logs a run that raised with its traceback; an ``EpfleetError`` (a full
+    disk, a store that refuses) says all in its one line, which the run's log keeps."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], EpfleetError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+REPORT_FIELDS = [
+    *("model", "target", "ep", "status", "compatibility_string", "artifact_uri", "seconds"),
+    *("error", "coverage", "verification", "max_rel_error", "verification_seconds"),
+    *("samples_origin", "precision"),
+]
+"""Each variant's keys in ``epfleet compile --json`` (a contract: tests/test_cli.py)."""
+
+
+def _json_report(report: RunReport) -> dict[str, object]:
+    return {
+        "generation": report.generation,
+        "compiled": report.compiled,
+        "skipped": report.skipped,
+        "failed": report.failed,
+        "variants": [{k: getattr(v, k) for k in REPORT_FIELDS} for v in report.variants],
+    }

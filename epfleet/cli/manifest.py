@@ -1,0 +1,85 @@
+"""``epfleet manifest show|schema``: print the published manifest, its costs, its schema."""
+
+from __future__ import annotations
+
+import sys
+
+from cyclopts import App
+
+from epfleet.cli.options import Json, Store
+from epfleet.errors import BadInputError
+from epfleet.stores import DEFAULT_STORE
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+
+manifest_app = App(name="manifest", help="Inspect the published manifest.")
+
+
+@manifest_app.default
+def _no_manifest_command(*unknown: str) -> int:
+    what = f"unknown command 'manifest {unknown[0]}'" if unknown else "manifest needs a command"
+    print(f"epfleet: error: {what}: show or schema", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+@manifest_app.command
+def show(*, store: Store = DEFAULT_STORE, as_json: Json = False, costs: bool = False) -> int:
+    """Print the published manifest as a table, with what the store holds per model and
+    target, or as JSON.
+
+    For example:
+      epfleet manifest show --store s3://bucket/fleet
+      epfleet manifest show --store ./epfleet-store --json
+      epfleet manifest show --store ./epfleet-store --json --costs
+
+    Exit codes: 0 shown; 1 the store failed; 2 no manifest there.
+
+    Parameters
+    ----------
+    as_json
+        Print the manifest document itself.
+    costs
+        With --json: print the store's bytes per model and target, and its total
+        (referenced, unreferenced, other), instead of the manifest.
+    """
+    from epfleet.fleet.publishing import read_in_force
+    from epfleet.fleet.views import render_manifest
+    from epfleet.lifecycle.costs import cost_table
+    from epfleet.lifecycle.costs import costs as store_costs
+    from epfleet.stores import MANIFEST_KEY, open_store
+
+    opened = open_store(store)
+    in_force = read_in_force(opened)
+    manifest = in_force.manifest
+    if manifest is None:
+        raise BadInputError(f"no manifest at {store}/manifest.json: run epfleet compile first")
+    copy = opened.read(MANIFEST_KEY) if in_force.key != MANIFEST_KEY else None
+    if in_force.key != MANIFEST_KEY and (copy is None or copy.data != manifest.to_json()):
+        print(
+            f"epfleet: {store}/manifest.json is not the copy of the signed manifest shown "
+            "here (a publish under way, or changed by someone without the keys: the next "
+            "publish or epfleet trust refresh puts it right)",
+            file=sys.stderr,
+        )
+    if as_json and costs:
+        sys.stdout.write(store_costs(opened, manifest).model_dump_json(indent=2) + "\n")
+    elif as_json:
+        sys.stdout.write(manifest.to_json().decode())
+    else:
+        print(render_manifest(manifest, store))
+        print()
+        print(cost_table(opened, manifest))
+    return EXIT_OK
+
+
+@manifest_app.command
+def schema() -> int:
+    """Print the manifest's JSON Schema.
+
+    For example:
+      epfleet manifest schema > manifest.schema.json
+    """
+    from epfleet.formats.manifest import json_schema
+
+    sys.stdout.write(json_schema())
+    return EXIT_OK

@@ -1,0 +1,86 @@
+"""Command-line options built from pydantic models, and the option types commands share.
+
+A flow that takes a pydantic model as a parameter (the device-sync flow's ``policy``)
+gets the same model on the command line: ``options_from`` keeps each field's type,
+default, constraints and description, and adds only how the command line spells it.
+Cyclopts hands the options to pydantic, so a bad value fails with the model's own
+message; ``cli_error`` names the option in it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar, cast
+
+from cyclopts import CycloptsError, Parameter
+from pydantic import BaseModel, ValidationError, create_model, field_validator
+
+M = TypeVar("M", bound=BaseModel)
+
+Json = Annotated[bool, Parameter(name="--json", allow_repeating=True)]
+Store = Annotated[
+    str, Parameter(help="The store: a directory, file:///abs/dir or s3://bucket/prefix.")
+]
+Repeatable = Annotated[list[str] | None, Parameter(negative_iterable=())]
+"""A repeatable option (``--model a --model b``), all when not given."""
+RunnerName = Literal["threads", "dask"]
+"""The names of ``epfleet.fleet.task_runners.TASK_RUNNERS`` (tests/test_cli_options.py keeps them
+equal)."""
+
+OPTION_NAMES: dict[str, str] = {}
+"""Model fields whose option is not ``--<field-name>`` (``options_from`` records them)."""
+
+
+def options_from(
+    model: type[M], parameters: dict[str, Parameter], comma_lists: tuple[str, ...] = ()
+) -> type[M]:
+    """``model`` as command-line options: a subclass with its fields' types, defaults,
+    constraints and descriptions, a cyclopts ``Parameter`` for the fields the command
+    line spells differently, and comma-separated values accepted for the list fields
+    named. Annotate the command's parameter with ``Parameter(name="*")``."""
+    fields: dict[str, Any] = {}
+    for name, how in parameters.items():
+        info = model.model_fields[name]
+        fields[name] = (Annotated[info.annotation, how], info)
+        if isinstance(how.name, tuple) and how.name:
+            OPTION_NAMES[name] = how.name[0]
+
+    def split(value: Any) -> Any:
+        values = [value] if isinstance(value, str) else value
+        if not isinstance(values, list):
+            return value
+        items = [part.strip() for v in values for part in str(v).split(",") if part.strip()]
+        if not items:
+            raise ValueError("expected one or more comma-separated values")
+        return items
+
+    checks = {f"split_{name}": field_validator(name, mode="before")(split) for name in comma_lists}
+    made = create_model(
+        f"{model.__name__}Options",
+        __base__=model,
+        __module__=model.__module__,
+        __validators__=checks,
+        **fields,
+    )
+    return cast("type[M]", made)
+
+
+def cli_error(exc: CycloptsError) -> str:
+    """The message of a command-line error: one part per problem, naming the option
+    (pydantic's errors name the model's fields)."""
+    if isinstance(exc.__cause__, ValidationError):
+        return "; ".join(
+            f"{option_name(str(e['loc'][0]))}: {e['msg']}, got {e['input']!r}"
+            for e in exc.__cause__.errors()
+        )
+    return str(exc).strip()
+
+
+def option_name(field: str) -> str:
+    return OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
+
+
+def default_text(value: Any) -> Any:
+    """Defaults as help shows them: none for an off flag, lists comma-separated."""
+    if value is False:
+        return None
+    return ",".join(str(v) for v in value) if isinstance(value, list) else value

@@ -1,0 +1,135 @@
+"""Prefect's temporary API for ``epfleet compile``: started early and quiet, dying with us.
+
+Without PREFECT_API_URL a flow run starts Prefect's temporary API server (a ``python -m
+uvicorn`` subprocess). The compile command starts it while its compiles already run,
+keeps its INFO lines off the terminal, reports why it did not come up (then the command
+compiles without Prefect), and on Linux makes it die when this process is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+
+def start_temporary_api() -> str | None:
+    """Start Prefect's temporary API now (none when PREFECT_API_URL names a server), while
+    the compiles run: why it did not come up within its start-up time, or None. The flow
+    run then uses this same server."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.settings import get_current_settings
+
+    _quiet_prefect_console()
+    if get_current_settings().api.url:
+        return None
+    temporary_api_dies_with_us()
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    try:
+        server.start()
+    except Exception as exc:  # Prefect's: a RuntimeError after its start-up timeout
+        if server.server_process is not None:
+            server.server_process.kill()  # a slow one may still be starting
+        first = str(exc).split(" stdout:")[0].strip().rstrip(".") or type(exc).__name__
+        logged = _temporary_api_error()
+        return f"{first}: {logged}" if logged else first
+    return None
+
+
+def _quiet_prefect_console() -> None:
+    """Keep Prefect's INFO lines (each task run's, the temporary server's) off the
+    terminal; they still reach the API's run logs."""
+    import logging
+
+    from prefect.logging.configuration import setup_logging
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    setup_logging()
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.setLevel(logging.WARNING)
+
+
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "try: ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"  # PR_SET_PDEATHSIG
+    "except (OSError, AttributeError): pass\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # a Ctrl-C is ours; we kill it
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"  # one pending: discarded
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+class _PopenDyingWithUs:
+    """Stands in for the ``subprocess`` module in Prefect's server module: its Popen
+    starts the temporary API through ``_DIE_WITH_PARENT``, from epfleet's spawner thread
+    (PR_SET_PDEATHSIG follows the thread that started a process)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        from epfleet.runtime.workers import spawn
+
+        wrapped = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *args]
+        if kwargs.get("stdout") is None and kwargs.get("stderr") is None:
+            # Its log lines (a start-up traceback) go to a file, not into our output.
+            kwargs["stdout"] = kwargs["stderr"] = _temporary_api_log()
+
+        def start() -> subprocess.Popen[Any]:
+            # Started with SIGINT blocked: a terminal's Ctrl-C while the stub imports
+            # stays pending until it ignores SIGINT (else a KeyboardInterrupt traceback).
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                return subprocess.Popen(wrapped, **kwargs)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+        return spawn(start)
+
+
+_api_log: Any = None
+
+
+def _temporary_api_log() -> Any:
+    global _api_log
+    if _api_log is None:
+        import tempfile
+
+        _api_log = tempfile.TemporaryFile()  # noqa: SIM115 (read back on failure)
+    return _api_log
+
+
+def _temporary_api_error() -> str | None:
+    """The last error line the temporary API logged, if any."""
+    if _api_log is None:
+        return None
+    _api_log.seek(0)
+    lines = _api_log.read()[-65536:].decode(errors="replace").splitlines()
+    errors = [line.strip() for line in lines if "Error" in line and not line.startswith(" ")]
+    return errors[-1] if errors else None
+
+
+def temporary_api_dies_with_us() -> None:
+    """On Linux, make Prefect's temporary API server (``SubprocessASGIServer`` runs
+    ``python -m uvicorn`` with ``subprocess.Popen``) die when this process is killed.
+    Best effort: skipped with a real API (PREFECT_API_URL) or where Prefect changed."""
+    if not sys.platform.startswith("linux"):
+        return
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return
+    try:
+        from prefect.server.api import server as prefect_server
+    except ImportError:
+        return
+    if isinstance(getattr(prefect_server, "subprocess", None), type(subprocess)):
+        prefect_server.subprocess = _PopenDyingWithUs()  # type: ignore[assignment]

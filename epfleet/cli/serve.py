@@ -1,0 +1,123 @@
+"""``epfleet watch`` and ``epfleet serve``: run the fleet's Prefect flows from the command line.
+
+``watch`` runs the runtime-watch flow once; ``serve`` serves the deployments
+(deployments/serve.py) from this process on their schedules.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from epfleet.cli.options import Json, Store
+from epfleet.errors import BadInputError
+from epfleet.stores import DEFAULT_STORE
+
+EXIT_OK = 0
+
+
+def watch(
+    spec: str,
+    /,
+    *,
+    store: Store = DEFAULT_STORE,
+    dry_run: bool = False,
+    compile_deployment: str | None = None,
+    report_max_age_days: int | None = None,
+    as_json: Json = False,
+) -> int:
+    """Run the runtime-watch flow once: compare the ORT and EP versions here with
+    those each published variant was compiled with, read the device reports for
+    unserved devices, and start fleet-compile for stale or missing pairs.
+
+    For example:
+      epfleet watch examples/fleet.yaml --store ./epfleet-store --dry-run
+      epfleet watch fleet.yaml --store s3://bucket/fleet --report-max-age-days 7
+
+    Exit codes: 0 watched; 2 bad input.
+
+    Parameters
+    ----------
+    spec
+        The fleet spec YAML (relative to the working directory).
+    dry_run
+        Report only: start nothing, emit no event, remove nothing.
+    compile_deployment
+        The deployment started for stale or missing pairs (default: the flow's,
+        fleet-compile/on-demand).
+    report_max_age_days
+        Ignore device reports older than this (default: the flow's, 30).
+    as_json
+        Print the watch plan as JSON.
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.runtime_watch import runtime_watch
+
+    given = {"compile_deployment": compile_deployment, "report_max_age_days": report_max_age_days}
+    parameters: dict[str, Any] = {"spec": spec, "store": store, "trigger": not dry_run}
+    parameters |= {name: value for name, value in given.items() if value is not None}
+    _check_flow_parameters(runtime_watch, parameters)
+    plan = runtime_watch(**parameters)
+    if as_json:
+        print(plan.model_dump_json())
+        return EXIT_OK
+    print(f"{'model':24} {'target':20} {'status':8} why")
+    for pair in plan.pairs:
+        print(f"{pair.model:24} {pair.target:20} {pair.status:8} {pair.reason}")
+    for profile in plan.unserved:
+        print(f"unserved: {', '.join(profile.devices)} ({profile.label}): {profile.models}")
+    return EXIT_OK
+
+
+def _check_flow_parameters(flow: Any, parameters: dict[str, Any]) -> None:
+    """Validate with the flow's own parameter model, before a run of it starts."""
+    from prefect.exceptions import ParameterTypeError
+
+    try:
+        flow.validate_parameters(parameters)
+    except ParameterTypeError as exc:
+        raise BadInputError(str(exc)) from None
+
+
+def serve(
+    *,
+    spec: Path = Path("examples/fleet.yaml"),
+    store: Store = DEFAULT_STORE,
+    cache: Path = Path("epfleet-device"),
+    nightly: str = "0 2 * * *",
+    sync_every: float = 900,
+    watch_every: float = 3600,
+) -> int:
+    """Serve fleet-compile/nightly and /on-demand, runtime-watch/hourly and
+    device-sync/periodic from this process, without a work pool.
+
+    For one machine that compiles the fleet and keeps its own device cache
+    (deployments/serve.py). Not served: compile-pairs (targets bound to a work
+    pool need that pool's workers) and the automation. Schedules stay active
+    when it stops, so a machine that restarts keeps them.
+
+    For example:
+      epfleet serve --spec examples/fleet.yaml --store ./epfleet-store
+      epfleet serve --store s3://bucket/fleet --nightly "30 3 * * *"
+
+    Exit codes: 0 stopped; 2 bad input.
+
+    Parameters
+    ----------
+    spec
+        The fleet spec YAML.
+    cache
+        This machine's device cache.
+    nightly
+        The cron of fleet-compile/nightly (UTC).
+    sync_every
+        Seconds between device syncs.
+    watch_every
+        Seconds between runtime watches.
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from deployments.serve import serve_all
+
+    serve_all(spec, store, cache, nightly, sync_every, watch_every)
+    return EXIT_OK

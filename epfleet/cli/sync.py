@@ -1,0 +1,124 @@
+"""``epfleet sync``: the device sync on the command line, once, as a flow run, or served.
+
+Its policy options (``--model``, ``--no-recompile``, ``--prefer``, ``--verify``,
+``--drop-unlisted``) are
+``SyncPolicy``'s fields, the model the device-sync flow takes as its ``policy``. The
+device engine and the flow are imported inside the command.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+from cyclopts import Parameter
+
+from epfleet.cli.options import Json, Store, options_from
+from epfleet.device.policy import SyncPolicy
+from epfleet.stores import DEFAULT_STORE
+
+if TYPE_CHECKING:
+    SyncOptions = SyncPolicy
+else:
+    SyncOptions = options_from(
+        SyncPolicy,
+        {
+            "models": Parameter(name="--model", negative_iterable=()),
+            "recompile": Parameter(negative="--no-recompile"),
+            "prefer": Parameter(negative_iterable=()),
+        },
+        comma_lists=("prefer",),
+    )
+
+
+INTERRUPTED = "epfleet: interrupted; the previous variants stay active"
+
+
+def sync(
+    *,
+    cache: Path,
+    store: Store = DEFAULT_STORE,
+    policy: Annotated[SyncOptions | None, Parameter(name="*")] = None,
+    device_id: str | None = None,
+    trust_root: Path | None = None,
+    allow_unsigned: bool = False,
+    as_json: Json = False,
+    flow: bool = False,
+    serve: float | None = None,
+) -> int:
+    """On a device: judge the published variants here, then keep, download,
+    recompile or fall back, and report to the store.
+
+    Runs without Prefect; --flow runs it as the device-sync flow (a flow run with
+    artifacts); --serve serves that flow as deployment device-sync/periodic.
+
+    For example:
+      epfleet sync --store s3://bucket/fleet --cache /var/lib/epfleet --trust-root root.json
+      epfleet sync --store ./epfleet-store --cache ./epfleet-device --json
+      epfleet sync --store s3://bucket/fleet --cache /var/lib/epfleet --serve 900
+
+    Exit codes: 0 every wanted model kept, downloaded or recompiled; 1 a model
+    fell back or failed; 2 bad input; 130 interrupted (Ctrl-C: nothing half-activated).
+
+    Parameters
+    ----------
+    cache
+        The device cache directory (an ORT model package).
+    device_id
+        This device's id in reports (default $EPFLEET_DEVICE_ID or the host name).
+    trust_root
+        The root.json of the store's signed metadata, which this device trusts (default
+        $EPFLEET_TRUST_ROOT); kept in the cache on first use: later syncs do not need it.
+    allow_unsigned
+        With no trusted root, sync from the unsigned manifest.json (the report warns);
+        default $EPFLEET_ALLOW_UNSIGNED, else refused.
+    as_json
+        Print the device report as JSON.
+    flow
+        Run as the device-sync Prefect flow, once.
+    serve
+        Serve device-sync/periodic, a sync every SERVE seconds, one at a time; its
+        schedule stays active when this stops.
+    """
+    from epfleet.cli.interrupts import interrupts
+    from epfleet.device.views import render_device_report
+
+    wanted = SyncPolicy.model_validate(policy.model_dump()) if policy else SyncPolicy()
+    if flow or serve is not None:
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        from flows.device_sync import device_sync
+
+        parameters: dict[str, Any] = {"cache": str(cache.resolve()), "store": store}
+        parameters |= {"policy": wanted, "device": device_id}
+        if trust_root is not None:
+            parameters["trust_root"] = str(trust_root.resolve())
+        if allow_unsigned:
+            parameters["allow_unsigned"] = True
+        if serve is not None:
+            device_sync.serve(
+                name="periodic",
+                interval=serve,
+                parameters=parameters,
+                pause_on_shutdown=False,  # a device that restarts keeps its schedule
+                limit=1,  # one sync of this cache at a time; late runs wait their turn
+            )
+            return 0
+        with interrupts(INTERRUPTED):
+            report = device_sync(**parameters)
+    else:
+        from epfleet.device.session import sync as sync_device
+        from epfleet.logs import log_to_stderr
+
+        log_to_stderr()  # progress lines on stderr, the report alone on stdout
+        with interrupts(INTERRUPTED, unwind=True):  # the cache lock released on the way out
+            report = sync_device(
+                store,
+                cache,
+                wanted,
+                device_id,
+                trust_root=trust_root,
+                allow_unsigned=allow_unsigned or None,  # unset: EPFLEET_ALLOW_UNSIGNED
+            )
+    print(report.model_dump_json() if as_json else render_device_report(report))
+    return report.exit_code

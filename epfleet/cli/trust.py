@@ -1,0 +1,234 @@
+"""``epfleet trust``: the signed (TUF) metadata of a store: ``init``, ``rotate``,
+``refresh`` and ``status``.
+
+Exit codes as every epfleet command: 0 ok, 1 the store failed, 2 bad input (an option
+named). The repository code is imported inside each command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+from cyclopts import App, Parameter
+
+from epfleet.cli.options import Json, Store
+from epfleet.errors import BadInputError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+trust_app = App(
+    name="trust",
+    help="The signed (TUF) metadata devices verify a store with: create it, rotate its "
+    "keys, keep it fresh, show it.",
+)
+
+Keys = Annotated[
+    Path,
+    Parameter(help="The offline key directory (root-N.pem, targets.pem): keep it offline."),
+]
+OnlineSigner = Annotated[
+    str | None,
+    Parameter(
+        help="The online key's securesystemslib signer URI (file2:<path>, awskms:, gcpkms:, "
+        "azurekms:, hv:); default EPFLEET_TRUST_SIGNER"
+    ),
+]
+OnlinePublicKey = Annotated[
+    Path | None,
+    Parameter(help="The online key's public key (PEM), for a KMS signer URI."),
+]
+
+
+@trust_app.command
+def init(
+    *,
+    store: Store,
+    keys: Keys,
+    online_signer: OnlineSigner = None,
+    online_public_key: OnlinePublicKey = None,
+    root_keys: int = 3,
+    root_threshold: int = 2,
+    bins: int = 256,
+) -> int:
+    """Create the store's signed metadata: root (a threshold of offline keys), targets
+    (an offline key), and the online key that signs bins, snapshot and timestamp; then
+    sign the store's manifest.json. New key files go to --keys (0600); without
+    --online-signer or EPFLEET_TRUST_SIGNER an online key file is made there too.
+
+    For example:
+      epfleet trust init --store s3://bucket/fleet --keys /media/offline/fleet-keys
+      epfleet trust init --store ./epfleet-store --keys ./keys --online-signer awskms:... \\
+        --online-public-key online.pub.pem
+
+    Exit codes: 0 created; 1 the store failed; 2 bad input (the store has trust metadata,
+    --keys holds keys, an impossible threshold or bin count).
+
+    Parameters
+    ----------
+    root_keys
+        How many root keys to create.
+    root_threshold
+        How many root keys must sign a new root.
+    bins
+        How many hashed bins the targets are spread over (a power of two; fixed for good:
+        devices cache them).
+    """
+    from epfleet.settings import settings
+    from epfleet.stores import open_store
+    from epfleet.trust.repository import init_with_key_files
+
+    uri = online_signer or settings().trust_signer
+    root_file, uri = init_with_key_files(
+        open_store(store),
+        keys,
+        online_uri=uri,
+        online_public_key=online_public_key,
+        root_keys=root_keys,
+        root_threshold=root_threshold,
+        bins=bins,
+    )
+    print(
+        f"created the signed metadata of {store} ({bins} bins, root {root_threshold} of "
+        f"{root_keys} keys in {keys})"
+    )
+    print(f"provision devices with: epfleet sync --trust-root {root_file}")
+    print(f"publishers sign with: EPFLEET_TRUST_SIGNER={uri}")
+    return EXIT_OK
+
+
+@trust_app.command
+def rotate(
+    *,
+    store: Store,
+    keys: Keys,
+    online_signer: OnlineSigner = None,
+    online_public_key: OnlinePublicKey = None,
+    root: bool = False,
+    root_keys: int | None = None,
+    root_threshold: int | None = None,
+) -> int:
+    """Replace the online key (--online-signer) or the root keys (--root). Devices follow:
+    a new root version, signed by the old keys and the new ones, names the new keys.
+
+    For example:
+      epfleet trust rotate --store s3://bucket/fleet --keys /media/offline/fleet-keys \\
+        --online-signer file2:/secure/online-2.pem
+      epfleet trust rotate --store s3://bucket/fleet --keys /media/offline/fleet-keys --root
+
+    Exit codes: 0 rotated; 1 the store failed; 2 bad input.
+
+    Parameters
+    ----------
+    root
+        New root keys: written to --keys as root-1.pem ..; the old ones move to
+        --keys/retired/<root version>/.
+    root_keys
+        How many new root keys (default: as many as now).
+    root_threshold
+        The new root threshold (default: unchanged).
+    """
+    from epfleet.stores import open_store
+    from epfleet.trust.keys import (
+        load_offline,
+        new_key,
+        public_key_of,
+        replace_root_keys,
+        restore_root_keys,
+    )
+    from epfleet.trust.keys import online_signer as load_signer
+    from epfleet.trust.repository import (
+        check_offline_keys,
+        latest_root,
+        rotate_online_key,
+        rotate_root_keys,
+    )
+
+    if root == (online_signer is not None):
+        raise BadInputError("give exactly one of --online-signer URI and --root")
+    opened = open_store(store)
+    offline = load_offline(keys)
+    if online_signer is not None:
+        signer = load_signer(online_signer, public_key_of(online_signer, online_public_key))
+        done = rotate_online_key(opened, offline, signer)
+        print(f"rotated the online key of {store}: timestamp version {done.version}")
+        print(f"publishers sign with: EPFLEET_TRUST_SIGNER={online_signer}")
+        return EXIT_OK
+    check_offline_keys(opened, offline)
+    version = latest_root(opened).signed.version
+    new_root = [new_key() for _ in range(root_keys or len(offline.root))]
+    # The new keys are on disk before any root names them: a crash loses no key.
+    replace_root_keys(offline, new_root, version)
+    try:
+        rotate_root_keys(opened, offline, list(new_root), threshold=root_threshold)
+    except BaseException:
+        restore_root_keys(keys, version)  # no root names the new keys: the old stay in force
+        raise
+    print(
+        f"rotated the root keys of {store}: root version {version + 1}; the old keys are "
+        f"in {keys / 'retired' / str(version)}"
+    )
+    return EXIT_OK
+
+
+@trust_app.command
+def refresh(*, store: Store) -> int:
+    """Sign the timestamp and snapshot again (and bins near expiry), so devices never see
+    expired metadata while nothing is published. Signs with EPFLEET_TRUST_SIGNER, from the
+    signed metadata alone; then puts manifest.json right as the copy of the signed
+    manifest, warning of entries someone without the keys changed in it.
+
+    For example:
+      EPFLEET_TRUST_SIGNER=awskms:... epfleet trust refresh --store s3://bucket/fleet
+
+    Exit codes: 0 refreshed; 1 the store failed; 2 no trust metadata or no signer.
+    """
+    from epfleet.fleet.publishing import put_copy_right
+    from epfleet.stores import open_store
+    from epfleet.trust.repository import has_trust
+    from epfleet.trust.repository import refresh as refresh_trust
+    from epfleet.trust.signers import signer_for
+
+    opened = open_store(store)
+    if not has_trust(opened):
+        raise BadInputError(f"--store {store} has no trust metadata: epfleet trust init first")
+    signer = signer_for(opened)
+    assert signer is not None  # a store with trust metadata has one or raised
+    done = refresh_trust(opened, signer)
+    put_copy_right(opened)  # warns of entries changed without the keys
+    print(
+        f"refreshed the signed metadata of {store}: timestamp version {done.version}"
+        f"{', bins ' + ', '.join(done.bins) if done.bins else ''}"
+    )
+    return EXIT_OK
+
+
+@trust_app.command
+def status(*, store: Store, as_json: Json = False) -> int:
+    """Show the signed metadata: each role's version and expiry, and the bin count.
+
+    For example:
+      epfleet trust status --store s3://bucket/fleet
+
+    Exit codes: 0 shown; 1 the store failed; 2 no trust metadata.
+    """
+    from epfleet.stores import open_store
+    from epfleet.trust.repository import status as trust_status
+
+    rows, bins = trust_status(open_store(store))
+    if as_json:
+        document = {
+            "bins": bins,
+            "roles": [
+                {"role": r.role, "version": r.version, "expires": r.expires.isoformat()}
+                for r in rows
+            ],
+        }
+        print(json.dumps(document, indent=2))
+        return EXIT_OK
+    width = max(len(r.role) for r in rows)
+    for r in rows:
+        print(f"{r.role:<{width}}  version {r.version:<6} expires {r.expires:%Y-%m-%d %H:%M} UTC")
+    print(f"{bins} hashed bins")
+    return EXIT_OK

@@ -1,0 +1,79 @@
+"""Readable renderings of a device report: the ``epfleet sync`` table and its Prefect artifacts."""
+
+from __future__ import annotations
+
+from epfleet.formats.device_report import DeviceReport
+from epfleet.text import format_bytes, table
+
+
+def device_rows(report: DeviceReport) -> list[dict[str, str]]:
+    """One row per model: what the sync did and why."""
+    return [
+        {
+            "model": m.model,
+            "action": m.action,
+            "variant": m.variant or "-",
+            "ep": (m.ep or "-").removesuffix("ExecutionProvider"),
+            "precision": m.precision or "-",
+            "verdict": m.verdict.value if m.verdict else "-",
+            "downloaded": format_bytes(m.bytes_downloaded),
+            "reason": m.reason,
+        }
+        for m in report.models
+    ]
+
+
+def verdict_rows(report: DeviceReport) -> list[dict[str, str]]:
+    """One row per published variant considered: how this device judged it."""
+    return [
+        {
+            "model": m.model,
+            "target": v.target,
+            "ep": v.ep.removesuffix("ExecutionProvider"),
+            "device": v.device,
+            "verdict": v.verdict.value,
+            "reason": v.reason,
+        }
+        for m in report.models
+        for v in m.considered
+    ]
+
+
+def _signing(signed: bool | None, version: int | None) -> str:
+    if signed is None:
+        return ""
+    if not signed:
+        return ", unsigned"
+    return f", signed, timestamp v{version}" if version is not None else ", signed"
+
+
+def render_device_report(report: DeviceReport) -> str:
+    devices = ", ".join(
+        f"{d.ep.removesuffix('ExecutionProvider')}:{d.type}" for d in report.devices
+    )
+    manifest = report.manifest
+    out = [
+        f"device {report.device_id}  ORT {report.ort_version}  devices: {devices}",
+        f"manifest: {manifest.status} (generation {manifest.generation}, "
+        f"{format_bytes(manifest.body_bytes)}{_signing(manifest.signed, manifest.signed_version)})"
+        + (f": {manifest.reason}" if manifest.reason else "")
+        + (f" [warning: {manifest.warning}]" if manifest.warning else ""),
+    ]
+    verdicts = verdict_rows(report)
+    if verdicts:
+        headers = list(verdicts[0])
+        out.append(table(headers, [[_clip(row[h]) for h in headers] for row in verdicts]))
+    rows = device_rows(report)
+    if rows:
+        headers = list(rows[0])
+        out.append(table(headers, [[_clip(row[h]) for h in headers] for row in rows]))
+    served = sum(m.action in ("kept", "downloaded", "recompiled") for m in report.models)
+    out.append(f"{served} of {len(report.models)} models served in {report.seconds:.2f} s")
+    if report.report_uploaded is False:
+        out.append(f"report not uploaded: {report.report_error}")
+    out.extend(f"warning: {warning}" for warning in report.warnings)
+    return "\n".join(out)
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

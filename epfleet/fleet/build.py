@@ -1,0 +1,169 @@
+"""Building one variant on a compile host: compile, check coverage, verify, upload.
+
+The compile runs in a worker process; the variant is verified on the model's golden
+samples and uploaded content-addressed only once it passed.
+
+The compile task of the fleet flow (and of a work pool's compile-pairs run) calls
+``build_variant``; ``verify_output`` and ``describe_verification`` are the compile
+host's verification glue around ``epfleet.fleet.verify``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from epfleet.errors import CompileError
+from epfleet.fleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
+from epfleet.fleet.staging import compile_job_for, fetch_verified
+from epfleet.fleet.verify import VerifyJob, skipped, verify_artifact
+from epfleet.formats.keys import files_key, listing_key, source_key, variant_key
+from epfleet.formats.manifest import PrecisionTried, Quantization, Verification
+from epfleet.runtime.compile_pool import shared_pool
+from epfleet.runtime.compiler import CompileOutput, check_coverage, discard
+from epfleet.runtime.requests import CompileRequest
+from epfleet.stores import Store
+
+
+def build_variant(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
+    """Build one pair at each precision of its ladder in turn (``build_at``) and publish
+    the first that passes its checks; its entry names the precisions that lost and why.
+    With one precision, what ``build_at`` raises raises through; when every precision of
+    a ladder fails, RejectedBuild with each one's reason."""
+    rungs = request.rungs
+    tried: list[PrecisionTried] = []
+    seconds = 0.0
+    last: CompileError | None = None
+    for rung in rungs:
+        try:
+            built = build_at(rung, store, workers)
+        except CompileError as exc:
+            if len(rungs) == 1:
+                raise
+            last = exc
+            rejected = exc.entry if isinstance(exc, RejectedBuild) else None
+            seconds += exc.seconds if isinstance(exc, RejectedBuild) else 0.0
+            verified = rejected.verification if rejected else None
+            tried.append(
+                PrecisionTried(
+                    precision=rung.precision or "fp32",
+                    reason=str(exc)[:TRIED_REASON_CHARS],
+                    max_rel_error=verified.max_rel_error if verified else None,
+                )
+            )
+            continue
+        entry = built.entry.model_copy(update={"precision_tried": tried})
+        return CompiledVariant(entry=entry, seconds=round(seconds + built.seconds, 3))
+    assert last is not None
+    summary = "no precision of the ladder passed: " + "; ".join(
+        f"{t.precision}: {t.reason}" for t in tried
+    )
+    base = last.entry if isinstance(last, RejectedBuild) else failed_entry(rungs[-1], summary)
+    entry = base.model_copy(update={"error": summary, "precision_tried": tried[:-1]})
+    raise RejectedBuild(entry, round(seconds, 3))
+
+
+TRIED_REASON_CHARS = 1500
+
+
+def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
+    """Compile one pair at its precision in this machine's shared pool of ``workers``
+    processes and upload its artifact once it passed its checks. RejectedBuild (a
+    CompileError carrying the failed entry and its measurements) when it compiles short
+    of its coverage floor or fails verification; CompileError when it does not compile;
+    store errors raise through."""
+    job = compile_job_for(request, store)
+    output = shared_pool(workers).run(job)
+    key = variant_key(request.model, request.target, output.sha256)
+    try:
+        try:
+            check_coverage(request, output.coverage)
+        except CompileError as exc:
+            rejected = failed_entry(request, str(exc), output.coverage)
+            raise RejectedBuild(rejected, output.seconds) from None
+        # A QDQ variant's failure is traced in the float model it was quantised from.
+        source = output.qdq_float_path or job.source_path
+        verification = verify_output(request, output, store, source)
+        if verification.status == "failed":
+            error = f"verification failed: {verification.reason}"
+            rejected = failed_entry(request, error, output.coverage, verification)
+            raise RejectedBuild(rejected, output.seconds)
+        quantization = stage_qdq(store, output)
+        upload_variant(store, output, key)
+    finally:
+        discard(output)
+    entry = ok_entry(request, output, key, verification)
+    return CompiledVariant(
+        entry=entry.model_copy(update={"quantization": quantization}), seconds=output.seconds
+    )
+
+
+def stage_qdq(store: Store, output: CompileOutput) -> Quantization | None:
+    """Keep the QDQ model an integer variant was compiled from in the store, as sources
+    are kept (content-addressed, once for every target compiled from it)."""
+    done = output.quantization
+    if done is None or output.qdq_path is None or output.qdq_float_path == output.qdq_path:
+        return done  # a float variant, or a source that was QDQ already
+    key = source_key(done.qdq_sha256)
+    path = Path(output.qdq_path)
+    if store.size(key) != path.stat().st_size:
+        store.upload(key, path, done.qdq_sha256)
+    return done.model_copy(update={"qdq_uri": key})
+
+
+def upload_variant(store: Store, output: CompileOutput, key: str) -> None:
+    """Upload the variant's main file at ``key`` and each other file under files/<sha256>,
+    from their paths (streamed), skipping those the store holds at their size."""
+    directory = Path(output.artifact_path).parent
+    uploads = [(key, Path(output.artifact_path), output.sha256, output.size)]
+    uploads += [(files_key(sha), directory / path, sha, size) for path, sha, size in output.files]
+    for store_key, path, sha256, size in uploads:
+        if store.size(store_key) != size:
+            store.upload(store_key, path, sha256)
+    if output.files:
+        listing = [{"path": p, "sha256": h, "size": n} for p, h, n in output.files]
+        store.write(listing_key(key), json.dumps(listing, indent=1).encode())
+
+
+def verify_output(
+    request: CompileRequest, output: CompileOutput, store: Store, source_path: str | None = None
+) -> Verification:
+    """Run the fresh variant with its own EP on the model's golden samples, in a killable
+    worker, and compare with the source's outputs (``source_path``: the source, to say
+    why a variant computing in fp16 failed)."""
+    if not request.verify:
+        return skipped("not run: verify is false for this target")
+    if request.samples is None:
+        problem = request.samples_problem or "the model has no golden samples"
+        return Verification(
+            status="failed",
+            reason=f"{problem}; nothing to compare the variant with (set verify: false "
+            "on the target to publish it unverified)",
+        )
+    samples = request.samples
+    golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
+    job = VerifyJob(
+        label=f"{request.model} × {request.target}",
+        artifact_path=output.artifact_path,
+        golden_path=str(golden),
+        ep=request.ep,
+        device=request.device,
+        provider_options=request.provider_options,
+        tolerance=request.tolerance,
+        abs_tolerance=request.abs_tolerance,
+        source_path=source_path,
+        samples_origin=request.samples_origin,
+        precision=request.precision,
+        qdq_path=output.qdq_path,
+    )
+    return verify_artifact(job, request.verify_timeout)
+
+
+def describe_verification(verification: Verification) -> str:
+    if verification.status == "passed":
+        return (
+            f"passed ({verification.max_rel_error:.2%} of range, tolerance "
+            f"{verification.tolerance:.2%}, {verification.seconds:.2f} s, on "
+            f"{verification.samples_origin or 'golden'} inputs)"
+        )
+    return f"{verification.status}: {verification.reason}"

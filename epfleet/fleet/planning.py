@@ -1,0 +1,204 @@
+"""Planning compiles against the published manifest: a fleet run's plan, a pool's own decision.
+
+``plan_run`` loads the spec, stages the sources and golden samples and decides each pair
+(the rules are ``epfleet.fleet.plan_rules``'s, pure); ``plan_on_pool`` decides, on a pool's worker,
+the pairs a fleet run handed over to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from contextlib import ExitStack
+from pathlib import Path
+
+import eps
+from epfleet import ort_version
+from epfleet.errors import BadInputError, EpfleetError, ep_errors
+from epfleet.fleet.calibration import StagedCalibration, stage_calibration
+from epfleet.fleet.handover import PoolPair
+from epfleet.fleet.plan_rules import decide_pair, plan_pairs
+from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.runs import RunPlan
+from epfleet.fleet.staging import (
+    PreparedSource,
+    cache_dir,
+    local_source,
+    resolve_source,
+    stage_samples,
+    stage_source,
+)
+from epfleet.formats.manifest import ArtifactRef, SamplesRef, SourceEntry
+from epfleet.formats.spec import FleetSpec, ModelSpec, TargetSpec
+from epfleet.formats.spec_file import load_spec
+from epfleet.runtime.quantize import is_qdq
+from epfleet.runtime.requests import CompileRequest, fingerprinted
+from epfleet.stores import Store, open_store
+
+logger = logging.getLogger(__name__)
+
+
+def _identity(target: TargetSpec) -> dict[str, str]:
+    if target.work_pool:
+        # Its pool decides (plan_on_pool): this machine need not even have the package.
+        return {"package": target.ep, "version": "decided on the pool", "pool": target.work_pool}
+    with ep_errors():
+        return eps.load(target.ep).build_identity()
+
+
+def plan_run(
+    spec_path: Path,
+    store_uri: str,
+    models: list[str] | None = None,
+    targets: list[str] | None = None,
+    force: bool = False,
+) -> RunPlan:
+    """Load and check the spec, stage the sources and decide which pairs to compile.
+    Raises BadInputError before anything compiles."""
+    spec: FleetSpec = load_spec(spec_path)
+    pairs = spec.pairs(models, targets)
+    if not pairs:
+        raise BadInputError("the selected models and targets form no pair to compile")
+    store = open_store(store_uri)
+    store.clean_up_incomplete()  # uploads killed runs left, after EPFLEET_MULTIPART_GRACE
+    identities = {target.ep: _identity(target) for _, target in pairs}
+    static_eps: dict[str, set[str]] = {}
+    for model, target in pairs:
+        needs_static = eps.load(target.ep).requires_static_shapes
+        static_eps.setdefault(model.name, set()).update([target.ep] if needs_static else [])
+    manifest = read_in_force(store).manifest
+    published = manifest.models if manifest else {}
+    sources: dict[str, SourceEntry] = {}
+    samples: dict[str, SamplesRef | None] = {}
+    calibrations: dict[str, ArtifactRef | None] = {}
+    problems: dict[str, str] = {}
+    for name, static in static_eps.items():
+        model = spec.model(name)
+        sources[name], prepared = stage_source(
+            model, resolve_source(spec_path, model.source), static, store
+        )
+        before = published.get(name)
+        with ExitStack() as stack:
+            samples_uri = resolve_source(spec_path, model.samples) if model.samples else None
+            quantizing = [t.name for m, t in pairs if m.name == name and t.quantizes]
+            if quantizing and not is_qdq(prepared.model):
+                staged = _calibration(spec_path, model, quantizing, samples_uri, prepared, store)
+                calibrations[name] = staged.ref
+                if staged.held_out is not None:
+                    stack.callback(shutil.rmtree, staged.held_out.parent, ignore_errors=True)
+                    samples_uri = str(staged.held_out)
+            try:
+                samples[name] = stage_samples(
+                    model,
+                    samples_uri,
+                    sources[name],
+                    prepared,
+                    before.samples if before and before.source == sources[name] else None,
+                    store,
+                )
+            except BadInputError:
+                raise
+            except EpfleetError as exc:
+                samples[name], problems[name] = None, f"no golden samples: {exc}"
+    planned = plan_pairs(
+        pairs,
+        sources,
+        samples,
+        problems,
+        manifest,
+        ort_version(),
+        identities,
+        force,
+        store.size,
+        calibrations=calibrations,
+    )
+    return RunPlan(
+        store=store_uri,
+        sources=sources,
+        pairs=planned,
+        generation=manifest.generation if manifest else 0,
+        published_sources={
+            name: published[name].source if name in published else None for name in sources
+        },
+        samples=samples,
+        published_samples={
+            name: published[name].samples if name in published else None for name in sources
+        },
+        calibrations=calibrations,
+        published_calibrations={
+            name: published[name].calibration if name in published else None
+            for name in calibrations
+        },
+        preferences=(preferences := _preferences(spec, pairs)),
+        published_preferences={
+            name: published[name].preference if name in published else [] for name in preferences
+        },
+    )
+
+
+def _preferences(
+    spec: FleetSpec, pairs: list[tuple[ModelSpec, TargetSpec]]
+) -> dict[str, list[str]]:
+    """Each model's targets in the spec's order: the whole spec's, whichever pairs run."""
+    return {
+        model.name: [t.name for t in spec.targets if t.models is None or model.name in t.models]
+        for model in {m.name: m for m, _ in pairs}.values()
+    }
+
+
+def _calibration(
+    spec_path: Path,
+    model: ModelSpec,
+    quantizing: list[str],
+    samples_uri: str | None,
+    prepared: PreparedSource,
+    store: Store,
+) -> StagedCalibration:
+    if model.calibration is None:
+        raise BadInputError(
+            f"models[{model.name}]: target(s) {', '.join(quantizing)} build integer (QDQ) "
+            "variants, which are calibrated on inputs like the model's real data: give "
+            f"models[{model.name}].calibration, an .npz of arrays by input name with a "
+            "leading sample axis (without samples, a fifth of them are held out to verify on)"
+        )
+    scratch = cache_dir() / "work"
+    scratch.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        field = f"models[{model.name}]"
+        calibration = stack.enter_context(
+            local_source(resolve_source(spec_path, model.calibration), f"{field}.calibration")
+        )
+        samples = (
+            stack.enter_context(local_source(samples_uri, f"{field}.samples"))
+            if samples_uri
+            else None
+        )
+        staged = stage_calibration(model, calibration, samples, prepared.model, scratch, store)
+    if staged.held_out is not None:
+        logger.warning(
+            "models[%s]: no samples given, so %d of its %d calibration inputs are held out "
+            "to verify its integer variants on, and not calibrated on",
+            model.name,
+            staged.held_out_count,
+            staged.held_out_count + staged.count,
+        )
+    return staged
+
+
+def plan_on_pool(
+    pairs: list[PoolPair], store: str, force: bool
+) -> tuple[list[CompileRequest], list[tuple[str, str]]]:
+    """On the pool's worker: fingerprint each pair with this machine's ORT and EP packages
+    and decide, as the fleet flow does for its own pairs, which to compile."""
+    target_store = open_store(store)
+    todo, skipped = [], []
+    for pair in pairs:
+        with ep_errors():
+            identity = eps.load(pair.request.ep).build_identity()
+        request = fingerprinted(pair.request, ort_version(), identity)
+        action, _ = decide_pair(request, pair.previous, force, target_store.size)
+        if action == "compile":
+            todo.append(request)
+        else:
+            skipped.append((request.model, request.target))
+    return todo, skipped

@@ -1,0 +1,299 @@
+"""Verification on the compile host: run each new variant with its own EP on the model's
+golden samples and compare with the source's outputs on the CPU EP, before it is
+published.
+
+``make_golden`` and ``run_verification`` run inside killable worker processes
+(``epfleet.runtime.workers``); ``golden_for`` and ``verify_artifact`` are what callers use.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from epfleet.errors import (
+    BadInputError,
+    EpfleetError,
+    HealthCheckError,
+    MissingExtraError,
+    summarize,
+)
+from epfleet.formats.manifest import Verification
+from epfleet.runtime.samples import (
+    compare,
+    generated_samples,
+    load_samples,
+    read_golden,
+    write_golden,
+)
+from epfleet.runtime.sessions import input_infos, open_session, run_samples
+from epfleet.runtime.shapes import uses_external_data
+from epfleet.runtime.workers import WorkerDied, WorkerTimeout, shared_workers
+from eps.base import DeviceType, Precision
+
+GOLDEN_TIMEOUT = 900.0
+GENERATED_COUNT = 1
+
+
+class GoldenJob(BaseModel):
+    source_path: str
+    """The source with its input shapes fixed (beside its external data files)."""
+    input_shapes: dict[str, list[int]]
+    samples_path: str | None
+    """The spec's ``samples`` file; None: seeded generated inputs."""
+    dest: str
+
+
+def make_golden(job: GoldenJob) -> int:
+    """Run the source on the CPU EP for each sample and write the golden file; the count."""
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if uses_external_data(onnx.load(job.source_path, load_external_data=False)):
+        # Weights stay in their memory-mapped files instead of a packed copy in the heap.
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    session = ort.InferenceSession(job.source_path, options, providers=["CPUExecutionProvider"])
+    infos = input_infos(session, job.input_shapes)
+    if job.samples_path is not None:
+        samples = load_samples(Path(job.samples_path), infos)
+    else:
+        samples = generated_samples(infos, GENERATED_COUNT)
+    outputs = run_samples(session, samples, "the source on the CPU EP")
+    write_golden(Path(job.dest), samples, outputs)
+    return len(samples)
+
+
+def golden_for(job: GoldenJob) -> int:
+    """``make_golden`` in a worker. Raises EpfleetError naming why no golden was made
+    (bad samples file, source that does not run on the CPU EP, time limit)."""
+    try:
+        return shared_workers().call(make_golden, job, GOLDEN_TIMEOUT)
+    except WorkerTimeout:
+        raise EpfleetError(
+            f"the source did not finish on the CPU EP within {GOLDEN_TIMEOUT:g} s"
+        ) from None
+    except WorkerDied as exc:
+        raise EpfleetError(f"the source crashed the CPU EP ({exc})") from None
+    except MemoryError as exc:
+        raise EpfleetError(
+            f"running the source on the CPU EP ran out of memory: {summarize(exc, 300)}"
+        ) from None
+    except ValueError as exc:  # the samples file does not fit the model
+        raise BadInputError(str(exc)) from None
+    except EpfleetError:
+        raise
+    except Exception as exc:
+        raise EpfleetError(
+            f"the source does not run on the CPU EP: {summarize(exc, 400)}"
+        ) from None
+
+
+class VerifyJob(BaseModel):
+    label: str
+    artifact_path: str
+    golden_path: str
+    ep: str
+    device: DeviceType
+    provider_options: dict[str, str]
+    tolerance: float
+    abs_tolerance: float = 0.0
+    source_path: str | None = None
+    """The source (a failure in fp16 is then checked for intermediates past its range)."""
+    samples_origin: Literal["spec", "generated"] | None = None
+    """Where the golden inputs came from, recorded with the result."""
+    precision: Precision | None = None
+    """What the variant computes in (None: its EP's default for its options)."""
+    qdq_path: str | None = None
+    """The QDQ model an integer variant was compiled from (a failure is then traced to the
+    layers whose quantisation error explodes)."""
+
+
+def run_verification(job: VerifyJob) -> Verification:
+    started = time.perf_counter()
+    samples, reference = read_golden(Path(job.golden_path))
+    try:
+        session = open_session(
+            job.artifact_path, job.ep, job.provider_options, job.device, job.label
+        )
+    except HealthCheckError as exc:
+        return _checked(job, "failed", str(exc), started, samples=len(samples), ran=True)
+    except (MissingExtraError, EpfleetError) as exc:  # NoDeviceError is a CompileError
+        reason = f"this host cannot run {job.ep} on a {job.device} device: {exc}"
+        return _checked(job, "unverified", reason)
+    runner = f"{'+'.join(session.get_providers())} on {platform.machine()}"
+    try:
+        outputs = run_samples(session, samples, f"{job.ep} loaded {job.label}")
+        comparison = compare(outputs, reference)
+    except (HealthCheckError, ValueError) as exc:
+        return _checked(
+            job, "failed", str(exc), started, samples=len(samples), runner=runner, ran=True
+        )
+    failure = comparison.failure(job.tolerance, job.abs_tolerance)
+    if failure and job.source_path and computes_in_fp16(job):
+        failure += fp16_overflow(job.source_path, samples)
+    elif failure and job.source_path and job.qdq_path:
+        from epfleet.runtime.quantize import blame_layers
+
+        failure += qdq_on_cpu(job, samples, reference) + blame_layers(
+            job.source_path, job.qdq_path, samples
+        )
+    return _checked(
+        job,
+        "failed" if failure else "passed",
+        failure,
+        started,
+        samples=len(samples),
+        runner=runner,
+        ran=True,
+        max_abs_error=_rounded(comparison.max_abs_error),
+        max_rel_error=_rounded(comparison.max_rel_error),
+        top1_agreement=comparison.top1_agreement,
+    )
+
+
+FP16_MAX = 65504.0
+SENTINEL_FLOOR = 3.4028235e38 / 1024
+"""Magnitudes from here to float32's largest (3.4e38) are mask sentinels (finfo.min,
+finfo.max and values computed from them), not results of computation."""
+
+
+def qdq_on_cpu(job: VerifyJob, samples: list[Any], reference: list[Any]) -> str:
+    """How far the QDQ model itself is, run on the CPU EP: within tolerance there, the loss
+    is in how the EP executes it (measured: a 16-bit Softmax at a graph's output 297 % off
+    on this host's HTP backend, its QDQ model 0.6 % on the CPU EP), not in quantising."""
+    import onnxruntime as ort
+
+    assert job.qdq_path is not None
+    try:
+        session = ort.InferenceSession(job.qdq_path, providers=["CPUExecutionProvider"])
+        comparison = compare(run_samples(session, samples, "the QDQ model"), reference)
+    except Exception:  # a diagnosis only: the failure stands without it
+        return ""
+    off = f"; the QDQ model itself is {comparison.max_rel_error:.1%} off on the CPU EP"
+    if comparison.failure(job.tolerance, job.abs_tolerance):
+        return off
+    return (
+        f"{off}, within tolerance: the loss is in how {job.ep} executes it, not in "
+        "quantising; leaving its last layers in float (quantization.nodes_to_exclude, e.g. "
+        "a Softmax at the output) or another precision of the ladder may pass"
+    )
+
+
+def computes_in_fp16(job: VerifyJob) -> bool:
+    """Whether the variant computes in fp16 (its precision, else its EP's default)."""
+    import eps
+
+    precision = job.precision or eps.load(job.ep).precisions(job.provider_options)[0]
+    return precision == "fp16"
+
+
+def fp16_overflow(source_path: str, samples: list[Any]) -> str:
+    """Why a variant computing in fp16 may be far off: the largest value the source's
+    intermediates reach on the samples past what float16 holds ("" when none, or when
+    the source's weights are in external data: this check loads the whole graph into one
+    session). Values already infinite or NaN in fp32 (a Log of 0) and mask sentinels
+    are not overflows of fp16: they are left out (``computed_peak``)."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(source_path, load_external_data=False)
+    if uses_external_data(model):
+        return ""
+    names = [name for node in model.graph.node for name in node.output if name]
+    known = {output.name for output in model.graph.output}
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        wanted = [o.name for o in session.get_outputs()]
+        largest: dict[str, float] = {}
+        for sample in samples:
+            for name, value in zip(wanted, session.run(wanted, sample), strict=True):
+                peak = computed_peak(value)
+                if peak is not None:
+                    largest[name] = max(largest.get(name, 0.0), peak)
+    except Exception:  # a diagnosis only: the failure stands without it
+        return ""
+    over = sorted(((peak, name) for name, peak in largest.items() if peak > FP16_MAX), reverse=True)
+    if not over:
+        return ""
+    peak, name = over[0]
+    return (
+        f"; the source's intermediate {name!r} reaches {peak:,.0f} on the samples, past "
+        f"float16's largest value ({FP16_MAX:,.0f}; {len(over)} intermediate(s) in all, "
+        "not counting values already infinite in fp32 or mask sentinels): computed in fp16 "
+        "it overflows. Quantise the model, or compile for a backend that computes in fp32"
+    )
+
+
+def computed_peak(value: Any) -> float | None:
+    """The largest magnitude among a float array's values that computation reached: NaN
+    and infinities (already past fp32) and mask sentinels (``SENTINEL_FLOOR`` and up)
+    left out. None for anything else, or when nothing is left."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or not value.size:
+        return None
+    magnitudes = np.abs(value[np.isfinite(value)].astype(np.float64))
+    computed = magnitudes[magnitudes < SENTINEL_FLOOR]
+    return float(computed.max()) if computed.size else None
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def _checked(
+    job: VerifyJob,
+    status: Literal["passed", "failed", "unverified"],
+    reason: str | None,
+    started: float | None = None,
+    ran: bool = False,
+    **measured: Any,
+) -> Verification:
+    """The job's verification record: its tolerances, the seconds since ``started`` and,
+    when the variant ``ran`` on the golden inputs, where those came from."""
+    seconds = None if started is None else round(time.perf_counter() - started, 3)
+    return Verification(
+        status=status,
+        reason=reason,
+        tolerance=job.tolerance,
+        abs_tolerance=job.abs_tolerance,
+        seconds=seconds,
+        samples_origin=job.samples_origin if ran else None,
+        **measured,
+    )
+
+
+def verify_artifact(job: VerifyJob, timeout: float) -> Verification:
+    """``run_verification`` in a killable worker. A variant that could not be checked
+    because it ran past ``timeout``, crashed its process or ran out of memory is
+    ``failed``: nothing unchecked is published."""
+    started = time.perf_counter()
+    try:
+        return shared_workers().call(run_verification, job, timeout)
+    except WorkerTimeout:
+        reason = (
+            f"verification ran past its time limit of {timeout:g} s (verify_timeout); its "
+            "process was killed. Raise the target's verify_timeout, or set verify: false "
+            "to publish it unverified"
+        )
+    except WorkerDied as exc:
+        reason = f"{job.ep} crashed the process running {job.label} ({exc})"
+    except MemoryError as exc:
+        reason = f"verifying {job.label} ran out of memory: {summarize(exc, 300)}"
+    except ValueError as exc:  # the golden file is malformed
+        return _checked(job, "failed", str(exc))
+    except Exception as exc:
+        reason = f"verifying {job.label} failed unexpectedly: {summarize(exc, 400)}"
+    return _checked(job, "failed", reason, started)
+
+
+def skipped(reason: str) -> Verification:
+    return Verification(status="unverified", reason=reason)

@@ -1,0 +1,124 @@
+"""Readable renderings of run reports and manifests: CLI tables and Prefect artifact rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epfleet.fleet.runs import PairResult, RunReport
+from epfleet.formats.manifest import Manifest, VariantEntry
+from epfleet.text import format_bytes, table
+
+GENERATED_MARK = "†"
+
+
+GENERATED_LEGEND = (
+    f"{GENERATED_MARK} an NPU variant checked on generated inputs only: it may pass on them "
+    "and be wrong on real ones; give the model spec samples (real inputs)"
+)
+
+
+def generated_only(device: str | None, origin: str | None) -> bool:
+    """An NPU variant verified on generated inputs only (flagged: it computes in a reduced
+    precision, and uniform inputs in [-1, 1) may miss the ranges real inputs reach)."""
+    return device == "npu" and origin == "generated"
+
+
+def precision_text(precision: str | None, lost: Sequence[str]) -> str | None:
+    """``w8a16 (fp16 failed)``: the precision a variant was built at and those of its
+    ladder that failed first; None when its entry records none (built before precisions)."""
+    if precision is None:
+        return None
+    return precision + (f" ({', '.join(lost)} failed)" if lost else "")
+
+
+def cell(result: PairResult) -> str:
+    parts: list[str] = [result.status]
+    if shown := precision_text(result.precision, result.precisions_lost):
+        parts.append(shown)
+    if result.seconds is not None:
+        parts.append(f"{result.seconds:.2f} s")
+    if result.size is not None:
+        parts.append(format_bytes(result.size))
+    if result.coverage is not None:
+        parts.append(f"{result.coverage:.0%} on EP")
+    mark = GENERATED_MARK if generated_only(result.device, result.samples_origin) else ""
+    if result.verification == "passed" and result.max_rel_error is not None:
+        parts.append(f"verified {result.max_rel_error:.2%}{mark}")
+    elif result.verification == "failed":
+        error = "" if result.max_rel_error is None else f" {result.max_rel_error:.2%}"
+        parts.append(f"verification failed{error}{mark}")
+    elif result.verification is not None:
+        parts.append(result.verification + mark)
+    return " · ".join(parts)
+
+
+def matrix_rows(report: RunReport) -> list[dict[str, str]]:
+    """One row per model, one column per target: the compile matrix."""
+    targets = list(dict.fromkeys(r.target for r in report.variants))
+    rows: dict[str, dict[str, str]] = {}
+    for result in report.variants:
+        row = rows.setdefault(result.model, {"model": result.model} | dict.fromkeys(targets, ""))
+        row[result.target] = cell(result)
+    return list(rows.values())
+
+
+def render_report(report: RunReport) -> str:
+    rows = matrix_rows(report)
+    headers = list(rows[0]) if rows else ["model"]
+    out = [table(headers, [[row[h] for h in headers] for row in rows])]
+    if any(GENERATED_MARK in cell for row in rows for cell in row.values()):
+        out.append(GENERATED_LEGEND)
+    for result in report.variants:
+        if result.status == "failed":
+            out.append(f"FAILED {result.model} × {result.target}: {result.error}")
+    out.append(
+        f"{report.compiled} compiled, {report.skipped} up to date, {report.failed} failed; "
+        f"manifest generation {report.generation}"
+        + (" (published)" if report.published else " (unchanged)")
+    )
+    return "\n".join(out)
+
+
+def render_manifest(manifest: Manifest, store: str) -> str:
+    rows, failures = [], []
+    for model_name, model in sorted(manifest.models.items()):
+        for target, v in model.variants.items():
+            lost = [t.precision for t in v.precision_tried]
+            rows.append(
+                [
+                    model_name,
+                    target,
+                    v.ep.removesuffix("ExecutionProvider"),
+                    v.device,
+                    v.status,
+                    precision_text(v.precision, lost) or "-",
+                    format_bytes(v.artifact.size if v.artifact else None),
+                    f"{v.coverage.fraction:.0%}" if v.coverage else "-",
+                    _verified(v),
+                    v.compiled_at.strftime("%Y-%m-%d %H:%M"),
+                    v.compatibility_string or "-",
+                ]
+            )
+            if v.status == "failed":
+                failures.append(f"FAILED {model_name} × {target}: {v.error}")
+    header = (
+        f"{store}/manifest.json  generation {manifest.generation}  "
+        f"published {manifest.published_at:%Y-%m-%d %H:%M:%S %Z}"
+        if manifest.published_at
+        else f"{store}/manifest.json  generation {manifest.generation}"
+    )
+    headers = ["model", "target", "ep", "device", "status", "precision", "size", "coverage"]
+    headers += ["verified", "compiled", "compatibility"]
+    verified = headers.index("verified")
+    legend = [GENERATED_LEGEND] if any(GENERATED_MARK in row[verified] for row in rows) else []
+    return "\n".join([header, table(headers, rows), *legend, *failures])
+
+
+def _verified(variant: VariantEntry) -> str:
+    check = variant.verification
+    if check is None:
+        return "-"
+    mark = GENERATED_MARK if generated_only(variant.device, check.samples_origin) else ""
+    if check.status in ("passed", "failed") and check.max_rel_error is not None:
+        return f"{check.status} {check.max_rel_error:.2%}{mark}"
+    return check.status + mark

@@ -1,0 +1,128 @@
+"""The device report: what a device's sync did, as it is stored under ``reports/devices/``.
+
+A shared format: the device writes it (``epfleet.device``), the fleet side reads it
+(``epfleet.fleet.watch_rules``), so this module imports only pydantic and epfleet's pure modules,
+never ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from eps.base import DeviceType, Precision, Verdict
+
+REPORTS_PREFIX = "reports/devices"
+"""Store key prefix of the device reports: ``reports/devices/<device id>.json``."""
+
+Action = Literal["kept", "downloaded", "recompiled", "fallback", "failed"]
+SERVED_ACTIONS: frozenset[str] = frozenset({"kept", "downloaded", "recompiled"})
+"""Actions after which a model runs a variant built for this device's EPs; the others
+(``fallback``, ``failed``) make a sync exit non-zero."""
+
+
+def report_key(device_id: str) -> str:
+    """The store key of a device's report."""
+    return f"{REPORTS_PREFIX}/{device_id}.json"
+
+
+class DeviceInfo(BaseModel):
+    """One OrtEpDevice, as a device report lists it."""
+
+    ep: str
+    type: str
+    vendor: str
+    vendor_id: int
+    device_id: int
+    ep_vendor: str
+
+
+class ManifestStatus(BaseModel):
+    status: Literal["fetched", "unchanged", "offline", "rejected"]
+    generation: int | None = Field(description="Generation of the manifest in force")
+    body_bytes: int = Field(description="Manifest bytes transferred by this fetch")
+    reason: str | None = None
+    signed: bool | None = Field(
+        default=None,
+        description="The manifest in force comes from signed (TUF) metadata; false for an "
+        "unsigned manifest.json (--allow-unsigned); None in reports of older devices",
+    )
+    signed_version: int | None = Field(
+        default=None, description="Version of the signed timestamp in force"
+    )
+    warning: str | None = Field(
+        default=None, description="Why the sync trusted less than it should"
+    )
+
+    @property
+    def offline(self) -> bool:
+        return self.status == "offline"
+
+
+class VariantVerdict(BaseModel):
+    target: str
+    ep: str
+    device: DeviceType
+    verdict: Verdict
+    reason: str
+
+
+class ModelReport(BaseModel):
+    model: str
+    action: Action
+    variant: str | None = Field(description="The active variant's name in the device cache")
+    target: str | None = Field(description="The fleet target it was published for")
+    artifact_sha256: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description="The sha256 of the active variant's main file when the fleet published "
+        "it (its store key is variants/<model>/<target>/<sha256>.onnx, which epfleet gc "
+        "keeps with its files while the report is recent); None for a local build, the "
+        "fallback, and in reports of older devices",
+    )
+    ep: str | None
+    verdict: Verdict | None
+    bytes_downloaded: int
+    reason: str
+    considered: list[VariantVerdict]
+    seconds: float
+    precision: Precision | None = Field(
+        default=None,
+        exclude_if=lambda precision: precision is None,
+        description="What the active variant computes in (fp32, fp16, w8a16, w8a8): a "
+        "published variant's as its manifest entry records it, a local build's as its EP "
+        "module says, fp32 for the source on the CPU EP; left out when unknown (a variant "
+        "published before precisions were recorded) and in reports of older devices",
+    )
+
+    @property
+    def served(self) -> bool:
+        return self.action in SERVED_ACTIONS
+
+
+class DeviceReport(BaseModel):
+    device_id: str
+    generated_at: str
+    ort_version: str
+    ep_packages: dict[str, str]
+    devices: list[DeviceInfo]
+    store: str
+    cache: str
+    manifest: ManifestStatus
+    models: list[ModelReport]
+    seconds: float
+    report_uploaded: bool | None = None
+    report_error: str | None = None
+    warnings: list[str] = Field(
+        default_factory=list, description="What the sync repaired in the cache, or could not write"
+    )
+
+    @property
+    def served(self) -> int:
+        """How many models are served (see ``SERVED_ACTIONS``)."""
+        return sum(m.served for m in self.models)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.served == len(self.models) and self.manifest.status != "rejected" else 1

@@ -1,0 +1,27 @@
+"""Where things live in a store: every object key epfleet writes, in one place (pure)."""
+
+from __future__ import annotations
+
+
+def source_key(sha256: str) -> str:
+    return f"sources/{sha256}.onnx"
+
+
+def samples_key(sha256: str) -> str:
+    return f"samples/{sha256}.npz"
+
+
+def variant_key(model: str, target: str, sha256: str) -> str:
+    return f"variants/{model}/{target}/{sha256}.onnx"
+
+
+def listing_key(artifact_key: str) -> str:
+    """Beside a multi-file variant's main file, the list of its other files (JSON): what
+    ``epfleet gc`` keeps of a variant a device runs after the manifest dropped it."""
+    return artifact_key.removesuffix(".onnx") + ".files.json"
+
+
+def files_key(sha256: str) -> str:
+    """Where a file beside a main model (external data, EP context, sidecar) is stored:
+    content-addressed, so a file shared by a source and all its variants is stored once."""
+    return f"files/{sha256}"

@@ -1,0 +1,306 @@
+"""The fleet manifest: what has been compiled, for which EP, with which compatibility string.
+
+Pure logic: the pydantic model, its JSON Schema, and how a compile run's results
+merge into a manifest. Field names follow ORT's model package manifest where
+they overlap (``ep``, ``device``, ``compatibility_string``, ``variants``).
+All URIs are keys relative to the store root.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from epfleet.formats.variant_checks import (
+    Coverage,
+    FailedBuild,
+    PrecisionTried,
+    Quantization,
+    Verification,
+)
+from epfleet.hashing import sha256_bytes
+from epfleet.stores.base import check_key
+from eps.base import Precision
+
+# Bump whenever validation tightens: a device then re-fetches, and so re-validates, the
+# manifest it cached under the older rules instead of trusting it. 6: verification
+# tolerances bounded by eps.base.LOOSEST_TOLERANCE.
+VALIDATION_RULES = "6"
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+NAME_MAX_LENGTH = 100
+"""Model and target names become directory names (a variant's is the target's plus 13
+characters): well under the 255 bytes a file name may take."""
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)]
+LARGEST_INT = 2**63 - 1
+"""Sizes and generations fit a signed 64-bit integer (what file offsets and S3 take)."""
+"""Model and target names: safe as file and directory names on every device."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ArtifactRef(_Strict):
+    uri: str = Field(description="Key of the file, relative to the store root")
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    size: int = Field(ge=0, le=LARGEST_INT)
+
+    @field_validator("uri")
+    @classmethod
+    def _inside_the_store(cls, uri: str) -> str:
+        return check_key(uri)
+
+
+MODEL_FILE = "model.onnx"
+"""The main ONNX file's name in a single-file source's or variant's directory."""
+FILE_PATH_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*(/[A-Za-z0-9_][A-Za-z0-9_.+-]*)*$"
+"""A file's path inside a variant directory: relative POSIX, no empty, hidden, ``.`` or
+``..`` component (a device creates these names)."""
+FILE_PATH_MAX_LENGTH = 200
+
+
+class PackageFile(ArtifactRef):
+    """One file beside the main ONNX file of a multi-file source or variant."""
+
+    path: str = Field(
+        pattern=FILE_PATH_PATTERN,
+        max_length=FILE_PATH_MAX_LENGTH,
+        description="Path relative to the main ONNX file's directory, e.g. model.onnx.data",
+    )
+
+
+class FileSet(_Strict):
+    """A main ONNX file (``model_file``) and the files that must sit beside it. Both are
+    left out of the JSON when they are the single-file defaults, so single-file entries
+    (and their signed bytes) stay as they were."""
+
+    model_file: str = Field(
+        default=MODEL_FILE,
+        exclude_if=lambda path: path == MODEL_FILE,
+        pattern=FILE_PATH_PATTERN,
+        max_length=FILE_PATH_MAX_LENGTH,
+        description="The main ONNX file's path in the directory (a GenAI config names it)",
+    )
+    files: list[PackageFile] = Field(
+        default_factory=list,
+        exclude_if=lambda files: not files,
+        description="Files beside the main one: external data, EP contexts, sidecars",
+    )
+
+    @model_validator(mode="after")
+    def _distinct_paths(self) -> FileSet:
+        paths = [self.model_file] + [f.path for f in self.files]
+        folded = [path.lower() for path in paths]
+        if len(set(folded)) != len(folded):
+            raise ValueError(f"file paths must be distinct (ignoring case): {paths}")
+        dirs = {"/".join(p.split("/")[:i]) for p in folded for i in range(1, p.count("/") + 1)}
+        if clash := sorted(dirs & set(folded)):
+            raise ValueError(f"{clash[0]!r} is both a file and a directory")
+        return self
+
+
+def set_digest(main: ArtifactRef, model_file: str, files: list[PackageFile]) -> str:
+    """One sha256 for a main file and the files beside it: the main file's own sha256 when
+    it stands alone (so single-file digests are unchanged), else a hash of the sorted
+    listing of (path, sha256, size)."""
+    if not files:
+        return main.sha256
+    listing = sorted([[f.path, f.sha256, f.size] for f in files])
+    listing.insert(0, [model_file, main.sha256, main.size])
+    return sha256_bytes(json.dumps(listing, separators=(",", ":")).encode())
+
+
+class SourceEntry(FileSet, ArtifactRef):
+    """A model's source: ``uri``/``sha256``/``size`` are its main ONNX file's."""
+
+    input_shapes: dict[str, list[int]] = Field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        """The whole source's identity (what fingerprints and device builds key on)."""
+        return set_digest(self, self.model_file, self.files)
+
+    @property
+    def total_size(self) -> int:
+        return self.size + sum(f.size for f in self.files)
+
+
+class SamplesRef(ArtifactRef):
+    """A model's golden samples: inputs and the source's outputs on the CPU EP (``.npz``)."""
+
+    count: int = Field(ge=1, description="How many samples it holds")
+    basis: str = Field(
+        description="Hash of what made it (source, input shapes, the spec's samples file)"
+    )
+
+
+class VariantEntry(FileSet):
+    """One compiled variant. ``artifact`` is its main ONNX file (it carries the
+    compatibility string); ``files`` sit beside it in the variant's directory."""
+
+    ep: str
+    device: Literal["cpu", "gpu", "npu"]
+    compatibility_string: str | None = None
+    provider_options: dict[str, str] = Field(default_factory=dict)
+    artifact: ArtifactRef | None = None
+    ort_version: str
+    ep_version: str | None = None
+    compiled_at: datetime
+    status: Literal["ok", "failed"]
+    error: str | None = None
+    source_sha256: str = Field(pattern=SHA256_PATTERN, description="Source this was built from")
+    fingerprint: str = Field(
+        description="Hash of everything that decides the artifact; unchanged means up to date"
+    )
+    coverage: Coverage | None = None
+    verification: Verification | None = None
+    failed_build: FailedBuild | None = Field(
+        default=None,
+        exclude_if=lambda build: build is None,
+        description="The newest compile for other inputs, which failed (this build stays)",
+    )
+    precision: Precision | None = Field(
+        default=None,
+        exclude_if=lambda precision: precision is None,
+        description="What the variant computes in (None: recorded before precisions were)",
+    )
+    precision_tried: list[PrecisionTried] = Field(
+        default_factory=list,
+        exclude_if=lambda tried: not tried,
+        description="Precisions of the target's ladder tried first, and why each lost",
+    )
+    quantization: Quantization | None = Field(
+        default=None,
+        exclude_if=lambda quantization: quantization is None,
+        description="How an integer variant's QDQ model was made",
+    )
+
+    @model_validator(mode="after")
+    def _status_fields(self) -> VariantEntry:
+        if self.status == "ok" and (self.artifact is None or not self.compatibility_string):
+            raise ValueError("an ok variant needs an artifact and a compatibility_string")
+        if self.status == "failed" and not self.error:
+            raise ValueError("a failed variant needs an error")
+        return self
+
+    @property
+    def digest(self) -> str | None:
+        """The variant's identity: its artifact's sha256, or its file set's digest."""
+        if self.artifact is None:
+            return None
+        return set_digest(self.artifact, self.model_file, self.files)
+
+    @property
+    def total_size(self) -> int:
+        return (self.artifact.size if self.artifact else 0) + sum(f.size for f in self.files)
+
+    def same_build(self, other: VariantEntry) -> bool:
+        """Equal but for when it was compiled and how long its checks took: publishing it
+        again would change nothing."""
+        ignore: dict[str, object] = {"compiled_at": True, "verification": {"seconds"}}
+        return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)  # type: ignore[arg-type]
+
+    def failure_for(self, fingerprint: str) -> VariantEntry | None:
+        """The failed compile this entry records for the inputs ``fingerprint`` hashes (the
+        entry itself, or its ``failed_build``), as a failed entry; None when it has none:
+        such a pair is up to date, failed, until its inputs change."""
+        if self.status == "failed":
+            return self if self.fingerprint == fingerprint else None
+        failed = self.failed_build
+        if failed is None or failed.fingerprint != fingerprint:
+            return None
+        fields = {name: getattr(failed, name) for name in FailedBuild.model_fields}
+        gone: dict[str, object] = {"artifact": None, "files": [], "compatibility_string": None}
+        return self.model_copy(update={"status": "failed", "failed_build": None, **gone, **fields})
+
+    def rebuilt_alike(self, other: VariantEntry) -> bool:
+        """Whether ``other``, a fresh build of this published one, is the same build with
+        other bytes: same fingerprint (every input, recipe and package version), same
+        compatibility string, and both verified alike. EPs such as QNN are not
+        byte-stable, and a device must not download a variant again for that."""
+        return (
+            self.status == other.status == "ok"
+            and self.fingerprint == other.fingerprint
+            and self.compatibility_string == other.compatibility_string
+            and _verified(self) == _verified(other)
+        )
+
+
+def _verified(entry: VariantEntry) -> str | None:
+    return entry.verification.status if entry.verification else None
+
+
+class ModelEntry(_Strict):
+    source: SourceEntry
+    samples: SamplesRef | None = Field(
+        default=None, description="Golden samples a device checks a new variant against"
+    )
+    calibration: ArtifactRef | None = Field(
+        default=None,
+        exclude_if=lambda calibration: calibration is None,
+        description="The inputs integer variants were calibrated on (.npz; never the "
+        "golden samples' inputs)",
+    )
+    preference: list[Name] = Field(
+        default_factory=list,
+        exclude_if=lambda preference: not preference,
+        description="The spec's targets in its order: of variants a device can run "
+        "equally well, it takes the one listed first",
+    )
+    variants: dict[Name, VariantEntry] = Field(
+        default_factory=dict, description="Keyed by target name"
+    )
+
+
+class Manifest(_Strict):
+    schema_version: Literal["1.0"] = "1.0"
+    generation: int = Field(default=0, ge=0, le=LARGEST_INT, description="+1 on every publish")
+    published_at: datetime | None = None
+    models: dict[Name, ModelEntry] = Field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return (self.model_dump_json(indent=2) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Manifest:
+        return cls.model_validate_json(data)
+
+
+def json_schema() -> str:
+    return json.dumps(Manifest.model_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def referenced_keys(manifest: Manifest | None) -> set[str]:
+    """Every store key the manifest names: sources, samples, variant artifacts and the
+    files beside sources and variants."""
+    keys: set[str] = set()
+    for entry in (manifest.models if manifest else {}).values():
+        keys.add(entry.source.uri)
+        keys.update(f.uri for f in entry.source.files)
+        if entry.samples is not None:
+            keys.add(entry.samples.uri)
+        if entry.calibration is not None:
+            keys.add(entry.calibration.uri)
+        for variant in entry.variants.values():
+            if variant.quantization is not None and variant.quantization.qdq_uri is not None:
+                keys.add(variant.quantization.qdq_uri)
+            if variant.artifact is not None:
+                keys.add(variant.artifact.uri)
+            keys.update(f.uri for f in variant.files)
+    return keys

@@ -1,0 +1,111 @@
+"""Reading a fleet spec file: YAML to a checked ``FleetSpec``, every error on one line (or
+one line per field) naming the file, the line or the field. The spec itself is
+``epfleet.formats.spec``'s (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from epfleet.errors import BadInputError
+from epfleet.formats.spec import FleetSpec
+
+MAX_NESTING = 32
+"""How deep a spec's YAML may nest (a fleet spec needs 5 levels): PyYAML composes nodes
+recursively, and a deeper document would exhaust Python's stack."""
+
+
+def _location(loc: tuple[int | str, ...], data: Any) -> str:
+    """Render a pydantic error location as models[ocr-det].input_shapes.x, naming list items."""
+    path, node = "", data
+    for item in loc:
+        if isinstance(item, int):
+            node = node[item] if isinstance(node, list) and item < len(node) else None
+            label = node.get("name") if isinstance(node, dict) else None
+            path += f"[{label or item}]"
+        else:
+            path += f".{item}" if path else str(item)
+            node = node.get(item) if isinstance(node, dict) else None
+    return path or "spec"
+
+
+def parse_spec(data: Any, origin: str = "spec") -> FleetSpec:
+    """Validate a parsed YAML document; BadInputError naming each offending field."""
+    if not isinstance(data, dict):
+        raise BadInputError(f"{origin}: expected a mapping with 'models' and 'targets'")
+    try:
+        return FleetSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            f"{_location(tuple(err['loc']), data)}: {err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
+        ]
+        raise BadInputError(f"{origin} is invalid:\n  " + "\n  ".join(problems)) from None
+
+
+def load_spec(path: Path) -> FleetSpec:
+    """The spec at ``path``; BadInputError on one line naming the file (and the line, where
+    known) when it cannot be read, is not UTF-8, is not YAML or nests too deep."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise BadInputError(f"cannot read spec {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise BadInputError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the spec as UTF-8"
+        ) from None
+    try:
+        data = _SpecLoader.load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = " ".join(str(exc.problem or exc.context).split())
+        if exc.context and exc.problem:
+            problem += f" ({' '.join(exc.context.split())})"
+        kind = "" if isinstance(exc, _TooDeep) else "not valid YAML: "
+        raise BadInputError(f"{where}: {kind}{problem}") from None
+    except yaml.YAMLError as exc:  # a character YAML does not allow, at a position
+        position = getattr(exc, "position", None)
+        at = f":{text[:position].count(chr(10)) + 1}" if isinstance(position, int) else ""
+        problem = " ".join(str(exc).split("\n")[0].split())
+        raise BadInputError(f"{path}{at}: not valid YAML: {problem}") from None
+    return parse_spec(data, origin=str(path))
+
+
+class _TooDeep(yaml.MarkedYAMLError):
+    pass
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing documents nested deeper than ``MAX_NESTING``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self._depth = 0
+
+    @classmethod
+    def load(cls, text: str) -> Any:
+        loader = cls(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_NESTING:
+                mark = self.peek_event().start_mark
+                raise _TooDeep(
+                    problem=f"nested more than {MAX_NESTING} levels deep (a fleet spec needs 5)",
+                    problem_mark=mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1

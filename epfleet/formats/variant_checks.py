@@ -1,0 +1,113 @@
+"""What the compile host measured of a variant, as the manifest records it: how much of
+the graph the EP took (``Coverage``), how the variant compared with its source
+(``Verification``), a failed compile kept beside a working build (``FailedBuild``), and
+how it reached its precision (``PrecisionTried``: the ladder's precisions that lost;
+``Quantization``: how its QDQ model was made).
+
+Pure pydantic models; ``epfleet.formats.manifest`` holds them in its entries. A device checks a
+new variant with the tolerances recorded here, so they are bounded: no entry, signed or
+not, loosens a device's health check past ``eps.base.LOOSEST_TOLERANCE``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eps.base import LOOSEST_TOLERANCE, Precision
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Coverage(_Strict):
+    """How much of the source graph the EP took."""
+
+    ep_nodes: int = Field(ge=0, description="Source nodes inside the EP's partitions")
+    other_nodes: int = Field(ge=0, description="Nodes left to other EPs (ORT's CPU EP)")
+    fraction: float = Field(ge=0, le=1, description="ep_nodes / all nodes; 1.0 is a full compile")
+    other_op_types: list[str] = Field(default_factory=list)
+
+
+class Verification(_Strict):
+    """Whether the variant was run on the compile host and matched its source."""
+
+    status: Literal["passed", "failed", "unverified"]
+    runner: str | None = Field(default=None, description="The EPs that ran it, and where")
+    samples: int = Field(default=0, ge=0)
+    max_abs_error: float | None = None
+    max_rel_error: float | None = Field(
+        default=None, description="max |variant - source| / range of the source's output"
+    )
+    top1_agreement: float | None = Field(
+        default=None, description="Share of class-score rows whose argmax agrees"
+    )
+    tolerance: float | None = Field(
+        default=None,
+        ge=0,
+        le=LOOSEST_TOLERANCE.relative,
+        allow_inf_nan=False,
+        description="Largest max_rel_error accepted (a device checks the variant with it)",
+    )
+    abs_tolerance: float | None = Field(
+        default=None,
+        ge=0,
+        le=LOOSEST_TOLERANCE.absolute,
+        allow_inf_nan=False,
+        description="Absolute errors up to this pass whatever the output's range",
+    )
+    seconds: float | None = None
+    reason: str | None = Field(default=None, description="Why it failed or was not run")
+    samples_origin: Literal["spec", "generated"] | None = Field(
+        default=None,
+        exclude_if=lambda origin: origin is None,
+        description="Where the inputs it ran came from: the spec's samples file, or seeded "
+        "generated inputs (which can miss what real inputs reach)",
+    )
+
+
+class FailedBuild(_Strict):
+    """A compile of a pair for other inputs than its working build's, which failed: the
+    entry keeps its working build, and these inputs are not compiled again."""
+
+    fingerprint: str
+    error: str
+    compiled_at: datetime
+    ort_version: str
+    ep_version: str | None = None
+    coverage: Coverage | None = None
+    verification: Verification | None = None
+
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class PrecisionTried(_Strict):
+    """A precision of the target's ladder tried before the one published, and why it lost."""
+
+    precision: Precision
+    reason: str = Field(max_length=2000)
+    max_rel_error: float | None = Field(default=None, description="Its verification's error")
+
+
+class Quantization(_Strict):
+    """How an integer variant's QDQ model was made from the fp32 source (ORT's QNN
+    quantisation tools), or that the source was QDQ already."""
+
+    qdq_sha256: str = Field(pattern=SHA256_PATTERN, description="The QDQ model compiled")
+    qdq_uri: str | None = Field(
+        default=None,
+        description="Where the store keeps that QDQ model (sources/<sha256>.onnx), once for "
+        "every target compiled from it; None: the source itself",
+    )
+    calibration_sha256: str | None = Field(
+        default=None, pattern=SHA256_PATTERN, description="None: the source was QDQ already"
+    )
+    calibration_samples: int = Field(default=0, ge=0)
+    method: str | None = Field(default=None, description="Calibration method, e.g. minmax")
+    per_channel: bool = False
+    nodes_to_exclude: list[str] = Field(default_factory=list)
+    seconds: float | None = Field(default=None, description="Time the quantise step took")

@@ -1,0 +1,213 @@
+"""Compile worker processes.
+
+Every compile runs in a separate process: an EP's native code that crashes
+(a segfault in a vendor SDK) takes down one worker, not the flow, and the GIL
+never serialises two compiles. Workers are reused across compiles, so ORT and
+each plugin are imported and registered once per worker.
+
+A call with a ``timeout`` (the device's health checks and local builds) runs in a
+killable worker instead (``epfleet.runtime.workers``): past its time limit the worker is
+killed and replaced, and the call raises ``TimeLimitExceeded``. A process pool's
+workers cannot be killed one at a time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.util
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import TypeVar
+
+from epfleet.errors import CompileError, EpfleetError, WorkerCrashed
+from epfleet.runtime.compiler import CompileJob, CompileOutput, compile_job, discard
+from epfleet.runtime.workers import (
+    IsolatedWorkers,
+    WorkerDied,
+    WorkerTimeout,
+    interrupted,
+    worker_context,
+    worker_started,
+)
+
+Arg = TypeVar("Arg")
+Result = TypeVar("Result")
+
+
+class TimeLimitExceeded(EpfleetError):
+    """A call into a worker ran past its time limit; the worker was killed (the next call
+    gets a new one)."""
+
+    def __init__(self, doing: str, seconds: float) -> None:
+        super().__init__(f"{doing} ran past its time limit of {seconds:g} s; its worker was killed")
+        self.doing, self.seconds = doing, seconds
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (TimeLimitExceeded, (self.doing, self.seconds))
+
+
+def _warm_up(parent: int) -> None:
+    worker_started(parent)  # SIGINT is the parent's to handle; die with the parent
+    # Vendor SDKs print banners from native code; keep stdout clean for --json callers.
+    os.dup2(2, 1)
+    import onnx  # noqa: F401
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)  # errors only: EP warnings would drown progress
+
+
+class CompilePool:
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._lock = threading.Lock()
+        self._executor = self._new_executor(workers)
+        self._early: dict[str, Future[CompileOutput]] = {}
+        self._killable: IsolatedWorkers | None = None
+        # Shut the workers down before multiprocessing's own exit handlers (priority 10)
+        # wait on them: in a Dask worker that wait hung until the nanny killed the worker,
+        # leaving the compile processes orphaned.
+        self._at_exit = multiprocessing.util.Finalize(None, self._shutdown_now, exitpriority=100)
+
+    @staticmethod
+    def _new_executor(workers: int) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=worker_context(),
+            initializer=_warm_up,
+            initargs=(os.getpid(),),
+        )
+
+    def prestart(
+        self, job: CompileJob, fn: Callable[[CompileJob], CompileOutput] = compile_job
+    ) -> None:
+        """Start ``fn(job)`` now; a later ``run`` of the same job collects it. The CLI uses
+        this to compile while Prefect's API is still starting."""
+        key = job.model_dump_json()
+        with self._lock:
+            if key not in self._early:
+                self._early[key] = self._executor.submit(fn, job)
+
+    def run(
+        self,
+        job: CompileJob,
+        fn: Callable[[CompileJob], CompileOutput] = compile_job,
+        timeout: float | None = None,
+    ) -> CompileOutput:
+        """Run ``fn(job)`` in a worker.
+
+        A worker that dies breaks every job in flight on the pool, and nothing says
+        which one killed it. So the pool is replaced, and each broken job is run once
+        more alone in a worker of its own: only the job that kills that worker too is
+        reported as the crash.
+
+        With ``timeout`` the job runs in a killable worker, alone: TimeLimitExceeded past
+        it, CompileError if the worker dies.
+        """
+        request = job.request
+        if timeout is not None:
+            doing = f"compiling {request.model!r} for {request.target!r} ({request.ep})"
+            try:
+                return self._call_killable(fn, job, doing, timeout)
+            except WorkerCrashed:
+                raise CompileError(
+                    f"the compile process crashed while compiling {request.model!r} for "
+                    f"{request.target!r} ({request.ep}): the EP's native code died "
+                    "(its message, if any, is on the worker's stderr)"
+                ) from None
+        with self._lock:
+            executor = self._executor
+            future = self._early.pop(job.model_dump_json(), None) or executor.submit(fn, job)
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            self._replace(executor)
+            if interrupted():  # killed on Ctrl-C, not a crash to rerun
+                raise KeyboardInterrupt from None
+        alone = self._new_executor(1)
+        try:
+            return alone.submit(fn, job).result()
+        except BrokenProcessPool:
+            if interrupted():
+                raise KeyboardInterrupt from None
+            raise CompileError(
+                f"the compile process crashed while compiling {request.model!r} for "
+                f"{request.target!r} ({request.ep}): the EP's native code died "
+                "(its message, if any, is on the worker's stderr)"
+            ) from None
+        finally:
+            alone.shutdown(wait=False)
+
+    def call(
+        self, fn: Callable[[Arg], Result], arg: Arg, doing: str, timeout: float | None = None
+    ) -> Result:
+        """Run ``fn(arg)`` in a worker; WorkerCrashed names ``doing`` if the worker dies.
+        With ``timeout``, in a killable worker: TimeLimitExceeded past it."""
+        if timeout is not None:
+            return self._call_killable(fn, arg, doing, timeout)
+        with self._lock:
+            executor = self._executor
+        try:
+            return executor.submit(fn, arg).result()
+        except BrokenProcessPool:
+            self._replace(executor)
+            if interrupted():
+                raise KeyboardInterrupt from None
+            raise WorkerCrashed(
+                f"the worker process crashed while {doing}: the EP's native code died "
+                "(its message, if any, is on stderr)"
+            ) from None
+
+    def _call_killable(
+        self, fn: Callable[[Arg], Result], arg: Arg, doing: str, timeout: float
+    ) -> Result:
+        with self._lock:
+            if self._killable is None:
+                self._killable = IsolatedWorkers(self.workers)
+            workers = self._killable
+        try:
+            return workers.call(fn, arg, max(timeout, 0.0))
+        except WorkerTimeout:
+            raise TimeLimitExceeded(doing, timeout) from None
+        except WorkerDied as exc:
+            raise WorkerCrashed(
+                f"the worker process crashed while {doing} ({exc}): the EP's native code "
+                "died (its message, if any, is on stderr)"
+            ) from None
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._executor is broken:
+                self._executor = self._new_executor(self.workers)
+        broken.shutdown(wait=False)
+
+    def drop_unclaimed(self) -> None:
+        """Cancel prestarted jobs nobody collected and remove what they produced."""
+        with self._lock:
+            unclaimed, self._early = list(self._early.values()), {}
+        for future in unclaimed:
+            if not future.cancel() and future.exception() is None:
+                discard(future.result())
+
+    def shutdown(self) -> None:
+        self._at_exit.cancel()  # releases this pool for the garbage collector
+        self._shutdown_now()
+
+    def _shutdown_now(self) -> None:
+        if self._killable is not None:
+            self._killable.shutdown()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+_pools: dict[int, CompilePool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(workers: int) -> CompilePool:
+    """One pool per size per process, shared by the compile tasks of a flow run."""
+    with _pools_lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            pool = _pools[workers] = CompilePool(workers)
+        return pool

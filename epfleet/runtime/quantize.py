@@ -1,0 +1,294 @@
+"""The quantise step: an fp32 model to the QDQ model of an integer precision, with ONNX
+Runtime's own QNN quantisation recipe; and, when such a variant fails verification, the
+layers whose quantisation error explodes.
+
+The recipe (``onnxruntime.quantization.execution_providers.qnn``): ``qnn_preprocess_model``
+(fuses LayerNorm and other sequences the HTP runs whole), ``get_qnn_qdq_config`` (QNN's
+overrides; opset 21 when 16-bit types are used) fed by the model's calibration inputs,
+then ``quantize``. Two traps of onnxruntime 1.32, measured: ``qnn_preprocess_model``
+fails on a model with any ``metadata_props`` (so they are dropped first), and given a
+``ModelProto`` it changes it (so it is always given a path).
+
+Everything here runs inside compile and verification workers (``epfleet.runtime.compiler``,
+``epfleet.fleet.verify``): quantising a ViT-S takes 15-30 s and a few GB.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from epfleet.errors import CompileError, summarize
+from epfleet.formats.manifest import Quantization
+from epfleet.fsutil import atomic_write_bytes
+from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.runtime.requests import CompileRequest, QuantizeOptions
+
+if TYPE_CHECKING:
+    from epfleet.runtime.samples import Sample
+
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
+BLAME_FLOOR_DB = 25.0
+"""A layer is blamed when its output's SQNR against the float model falls below this..."""
+BLAME_DROP_DB = 6.0
+"""...and this far below the best SQNR upstream of it: where error is made, not carried."""
+BLAMED_SHOWN = 5
+
+
+def is_qdq(model: onnx.ModelProto) -> bool:
+    """Whether the model is quantised already (QuantizeLinear / DequantizeLinear nodes)."""
+    return any(node.op_type in QDQ_OPS for node in model.graph.node)
+
+
+def calibration_samples(path: Path) -> Iterator[dict[str, np.ndarray]]:
+    """The samples of a calibration file (the samples format, written by the planner with
+    a leading sample axis on every array), one at a time."""
+    with np.load(path, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    count = len(next(iter(arrays.values())))
+    for k in range(count):
+        yield {name: array[k] for name, array in arrays.items()}
+
+
+def quantized_source(
+    request: CompileRequest, prepared: Path, workdir: Path, calibration: Path | None
+) -> tuple[Path, Path, Quantization]:
+    """The QDQ model of ``prepared`` (the source, shapes fixed) at the request's precision,
+    made once per (source, shapes, precision, calibration, options) on this machine and
+    shared by every target that needs it (a lock beside it: two workers quantising the
+    same model wait for each other). Returns the QDQ model, the float model its tensor
+    names come from (for ``blame_layers``) and what the manifest records of it. A source
+    that is QDQ already is compiled as it is."""
+    options = request.quantize
+    assert options is not None and request.precision is not None
+    if is_qdq(onnx.load(str(prepared), load_external_data=False)):
+        sha256, _ = sha256_file(prepared)
+        return prepared, prepared, Quantization(qdq_sha256=sha256)
+    if options.calibration is None or calibration is None:
+        raise CompileError(f"model {request.model!r}: {request.precision} needs calibration inputs")
+    if request.source_files:
+        raise CompileError(
+            f"model {request.model!r}: integer precisions are made here for single-file "
+            "sources only (this one has external data or sidecars); quantise it yourself "
+            "and give the QDQ model as its source"
+        )
+    recipe = {
+        "prepared": str(prepared.relative_to(workdir)),
+        "precision": request.precision,
+        "options": options.model_dump(mode="json"),
+        "ort": _ort_version(),
+    }
+    key = sha256_bytes(json.dumps(recipe, sort_keys=True).encode())[:24]
+    folder = workdir / "quantized"
+    folder.mkdir(parents=True, exist_ok=True)
+    qdq, float_model, record = (
+        folder / f"{key}.onnx",
+        folder / f"{key}.float.onnx",
+        folder / f"{key}.json",
+    )
+    with open(folder / f"{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (qdq.exists() and float_model.exists() and record.exists()):
+            seconds = quantize(prepared, qdq, float_model, request.precision, options, calibration)
+            sha256, _ = sha256_file(qdq)
+            done = Quantization(
+                qdq_sha256=sha256,
+                calibration_sha256=options.calibration.sha256,
+                calibration_samples=sum(1 for _ in calibration_samples(calibration)),
+                method=options.calibrate_method,
+                per_channel=options.per_channel,
+                nodes_to_exclude=options.nodes_to_exclude,
+                seconds=round(seconds, 2),
+            )
+            atomic_write_bytes(record, done.model_dump_json().encode())
+    return qdq, float_model, Quantization.model_validate_json(record.read_bytes())
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return str(onnxruntime.__version__)
+
+
+def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model`` converted to ``opset`` of the default domain, when older; as it is when
+    ONNX's converter cannot convert it (quantising still works, only the diagnosis not)."""
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), opset)
+    if current >= opset:
+        return model
+    try:
+        return onnx.version_converter.convert_version(model, opset)
+    except Exception:
+        return model
+
+
+def _reader(samples: Callable[[], Iterator[dict[str, np.ndarray]]]) -> Any:
+    """An ORT ``CalibrationDataReader`` over the samples ``samples()`` yields (again from
+    the start after ``rewind``)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = samples()
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.left, None)
+
+        def rewind(self) -> None:
+            self.left = samples()
+
+    return Reader()
+
+
+def quantize(
+    src: Path,
+    dst: Path,
+    float_dst: Path,
+    precision: str,
+    options: QuantizeOptions,
+    calibration: Path,
+) -> float:
+    """Write the QDQ model of ``src`` at ``precision`` to ``dst``, and the float model it
+    was quantised from (preprocessed) to ``float_dst``; the seconds it took. CompileError
+    naming the step that failed."""
+    from onnxruntime.quantization import CalibrationMethod, QuantType
+    from onnxruntime.quantization import quantize as ort_quantize
+    from onnxruntime.quantization.execution_providers.qnn import (
+        get_qnn_qdq_config,
+        qnn_preprocess_model,
+    )
+
+    started = time.perf_counter()
+    activation = {"w8a8": QuantType.QUInt8, "w8a16": QuantType.QUInt16}[precision]
+    # Per-channel weights are symmetric signed 8-bit, as the HTP takes them.
+    weights = QuantType.QInt8 if options.per_channel else QuantType.QUInt8
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[options.calibrate_method]
+
+    model = onnx.load(str(src))
+    del model.metadata_props[:]  # qnn_preprocess_model fails on any (onnxruntime 1.32)
+    if precision == "w8a16":
+        # 16-bit QDQ needs opset 21; quantize() upgrades a model itself, but with
+        # com.microsoft Q/DQ whose outputs qdq_loss_debug cannot match: upgrade it first.
+        model = _at_opset(model, 21)
+    plain = dst.with_name(dst.stem + ".plain.onnx")
+    onnx.save(model, str(plain))
+    step = "preprocessing it (qnn_preprocess_model)"
+    # ORT's tools warn on the root logger about every unnamed node and advise steps this
+    # recipe runs: noise on the compile's stderr. Their errors raise.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        if not qnn_preprocess_model(str(plain), str(float_dst), fuse_layernorm=True):
+            plain.replace(float_dst)
+        step = "calibrating it (get_qnn_qdq_config)"
+        config = get_qnn_qdq_config(
+            str(float_dst),
+            _reader(lambda: calibration_samples(calibration)),
+            activation_type=activation,
+            weight_type=weights,
+            per_channel=options.per_channel,
+            calibrate_method=method,
+            nodes_to_exclude=options.nodes_to_exclude or None,
+        )
+        step = "quantising it (quantize)"
+        ort_quantize(str(float_dst), str(dst), config)
+    except Exception as exc:
+        raise CompileError(
+            f"quantising to {precision} failed while {step}: {summarize(exc, 500)}"
+        ) from None
+    finally:
+        root.setLevel(level)
+        plain.unlink(missing_ok=True)
+    return time.perf_counter() - started
+
+
+def blame_layers(float_path: str, qdq_path: str, samples: list[Sample]) -> str:
+    """Why a QDQ model is far off: the first layers (in graph order) whose output's SQNR
+    against the float model drops below ``BLAME_FLOOR_DB`` and ``BLAME_DROP_DB`` under the
+    best upstream (``onnxruntime.quantization.qdq_loss_debug``), run on the CPU EP on
+    ``samples``. "" when nothing stands out, or the diagnosis itself fails."""
+    import tempfile
+
+    from onnxruntime.quantization.qdq_loss_debug import (
+        collect_activations,
+        compute_activation_error,
+        create_activation_matching,
+        modify_model_output_intermediate_tensors,
+    )
+
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            aug_float, aug_qdq = Path(scratch) / "float.onnx", Path(scratch) / "qdq.onnx"
+            modify_model_output_intermediate_tensors(float_path, str(aug_float))
+            modify_model_output_intermediate_tensors(qdq_path, str(aug_qdq))
+            matching = create_activation_matching(
+                collect_activations(str(aug_qdq), _reader(lambda: iter(samples))),
+                collect_activations(str(aug_float), _reader(lambda: iter(samples))),
+            )
+            # compute_activation_error expects every tensor in both models
+            errors = compute_activation_error({k: v for k, v in matching.items() if "float" in v})
+        graph = onnx.load(float_path, load_external_data=False).graph
+    except Exception:  # a diagnosis only: the failure stands without it
+        return ""
+    blamed = _blamed(graph, errors)
+    local = _worst_local(graph, errors)
+    if not blamed and not local:
+        return ""
+    named = ", ".join(f"{node!r} ({op}, {db:.1f} dB)" for node, op, db in blamed)
+    first = f"; the quantisation error explodes first at {named}" if blamed else ""
+    worst = f"; worst quantised ops: {local}" if local else ""
+    return (
+        f"{first}{worst} (SQNR against the fp32 model on the samples). The levers, most "
+        "often first: a wider precision (w8a16), per-channel weights "
+        "(quantization.per_channel), calibration inputs like the real data, leaving those "
+        "layers in float (quantization.nodes_to_exclude)"
+    )
+
+
+def _worst_local(graph: onnx.GraphProto, errors: dict[str, dict[str, Any]]) -> str:
+    """The op types whose own quantisation (Q then DQ of their output) loses most, e.g.
+    "Softmax x12 (10.2-23.1 dB)"; Relu and Clip are folded into their producer's
+    quantisation, so their rows compare different tensors and are left out."""
+    by_op: dict[str, list[float]] = {}
+    for node in graph.node:
+        if node.op_type in ("Relu", "Clip"):
+            continue
+        for output in node.output:
+            if output in errors and float(errors[output]["qdq_err"]) < BLAME_FLOOR_DB:
+                by_op.setdefault(node.op_type, []).append(float(errors[output]["qdq_err"]))
+    worst = sorted(by_op.items(), key=lambda item: min(item[1]))[:3]
+    return ", ".join(f"{op} x{len(dbs)} ({min(dbs):.1f}-{max(dbs):.1f} dB)" for op, dbs in worst)
+
+
+def _blamed(
+    graph: onnx.GraphProto, errors: dict[str, dict[str, Any]]
+) -> list[tuple[str, str, float]]:
+    """Nodes whose output is below the floor and well below the worst of their inputs (the
+    graph's inputs and weights are exact): where the error is made, not carried along."""
+    exact = float("inf")
+    db_of: dict[str, float] = {}
+    found = []
+    for node in graph.node:
+        upstream = min((db_of.get(name, exact) for name in node.input if name), default=exact)
+        for output in node.output:
+            if output not in errors:
+                db_of[output] = upstream
+                continue
+            db = float(errors[output]["xmodel_err"])
+            if db < BLAME_FLOOR_DB and db < upstream - BLAME_DROP_DB:
+                found.append((node.name or output, f"{node.op_type} -> {output}", db))
+            db_of[output] = db
+    return found[:BLAMED_SHOWN]

@@ -1,0 +1,74 @@
+"""Running a model with ONNX Runtime: open a session for an EP and feed it inputs.
+
+Shared by the compile host's verification before it publishes a variant
+(``epfleet.fleet.verify``) and the device's health check before it activates one
+(``epfleet.device.health``). Both call these in worker processes: an EP whose native
+code crashes on a bad artifact takes down the worker, not the caller.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import eps
+from epfleet.errors import HealthCheckError, ep_errors, summarize
+from epfleet.runtime.samples import NUMPY_TYPES, InputInfo, Sample
+from eps.base import DeviceType
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnxruntime
+
+
+def open_session(
+    path: str, ep: str, provider_options: dict[str, str], device: DeviceType, label: str
+) -> onnxruntime.InferenceSession:
+    """An ORT session for the variant at ``path`` on ``ep``. Raises epfleet's NoDeviceError
+    or MissingExtraError when this machine cannot run it, and
+    HealthCheckError when ORT refuses the model."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    # A check runs a few samples, so packing weights buys nothing, and ORT's CPU EP packs
+    # by copying every MatMul weight to the heap: a 2.2 GB model then peaks at 2.8 GB
+    # of RSS instead of running from its memory-mapped data file (bench/large_model.py).
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    with ep_errors():
+        eps.load(ep).configure_session(options, provider_options, device)
+    try:
+        return ort.InferenceSession(path, options)
+    except Exception as exc:
+        raise HealthCheckError(f"{ep} cannot load {label}: {summarize(exc, 400)}") from None
+
+
+def input_infos(
+    session: onnxruntime.InferenceSession, input_shapes: dict[str, list[int]]
+) -> list[InputInfo]:
+    infos = []
+    for arg in session.get_inputs():
+        dtype = NUMPY_TYPES.get(arg.type)
+        if dtype is None:
+            raise HealthCheckError(f"input {arg.name!r} has type {arg.type}, not a tensor")
+        given = input_shapes.get(arg.name)
+        shape = given or [d if isinstance(d, int) and d > 0 else 1 for d in arg.shape]
+        infos.append(InputInfo(arg.name, dtype, shape))
+    return infos
+
+
+def run_samples(
+    session: onnxruntime.InferenceSession, samples: list[Sample], what: str
+) -> list[list[np.ndarray]]:
+    """The session's outputs for each sample; HealthCheckError when a run fails."""
+    names = {arg.name for arg in session.get_inputs()}
+    outputs = []
+    for k, sample in enumerate(samples):
+        missing = sorted(names - set(sample))
+        if missing:
+            raise HealthCheckError(f"{what}: sample {k} has no array for inputs {missing}")
+        try:
+            outputs.append(session.run(None, {name: sample[name] for name in names}))
+        except Exception as exc:
+            raise HealthCheckError(
+                f"{what}: running sample {k} failed: {summarize(exc, 400)}"
+            ) from None
+    return outputs
