@@ -8,7 +8,8 @@ from typing import get_args
 import pytest
 
 from epfleet import __version__
-from epfleet.cli.app import EXIT_BAD_INPUT, EXIT_OK, app, main
+from epfleet.cli.app import app, main
+from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from epfleet.cli.options import RunnerName
 from epfleet.device.policy import SyncPolicy
 from epfleet.fleet.task_runners import TASK_RUNNERS

@@ -23,7 +23,8 @@ from cyclopts import App, CycloptsError, Parameter
 
 from epfleet import RECIPE_VERSION, __version__, ort_version
 from epfleet.cli.compile import compile_
-from epfleet.cli.interrupts import EXIT_INTERRUPTED, announce_stopped, interrupts
+from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from epfleet.cli.interrupts import announce_stopped, interrupts
 from epfleet.cli.manifest import manifest_app
 from epfleet.cli.options import cli_error, default_text
 from epfleet.cli.serve import serve, watch
@@ -32,8 +33,6 @@ from epfleet.cli.sync import sync
 from epfleet.cli.trust import trust_app
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.settings import describe
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
 execution provider each device really has.

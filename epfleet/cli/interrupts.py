@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C
+from epfleet.cli.exit_codes import EXIT_INTERRUPTED
 
 _stopping = threading.Event()
 _announced = threading.Lock()

@@ -6,11 +6,10 @@ import sys
 
 from cyclopts import App
 
+from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from epfleet.cli.options import Json, Store
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
-
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 manifest_app = App(name="manifest", help="Inspect the published manifest.")
 

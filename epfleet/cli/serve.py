@@ -10,11 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from epfleet.cli.exit_codes import EXIT_OK
 from epfleet.cli.options import Json, Store
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
-
-EXIT_OK = 0
 
 
 def watch(

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from epfleet.cli.exit_codes import EXIT_FAILED, EXIT_OK
 from epfleet.cli.options import Json, Repeatable, Store
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
-
-EXIT_OK, EXIT_FAILED = 0, 1
 
 
 def gc(

@@ -13,10 +13,9 @@ from typing import Annotated
 
 from cyclopts import App, Parameter
 
+from epfleet.cli.exit_codes import EXIT_OK
 from epfleet.cli.options import Json, Store
 from epfleet.errors import BadInputError
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 trust_app = App(
     name="trust",
