@@ -46,8 +46,6 @@ after a fork.
 from __future__ import annotations
 
 import functools
-import socket
-import threading
 from collections.abc import Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
@@ -64,18 +62,10 @@ from botocore.awsrequest import (
 from botocore.httpsession import URLLib3Session
 
 from epfleet.limits import Deadline, current_deadline
+from epfleet.stores.watch import DEADLINE, Watch, Watched, attempt
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
-
-ANSWER = "answer"
-DEADLINE = "deadline"
-
-_current = threading.local()
-"""``watch``: the attempt this thread is making, between ``_send_watched``'s start and end."""
-_firing = threading.Lock()
-"""Held while a watch fires and while a connection changes hands, so that a watch that
-fires late never shuts down a connection another attempt has taken since."""
 
 
 class DeadlineReached(bce.BotoCoreError):
@@ -89,98 +79,11 @@ class DeadlineReached(bce.BotoCoreError):
         self.deadline = deadline
 
 
-class Watch:
-    """The limits of one attempt: a timer each; the first to pass shuts the socket of the
-    attempt's connection down and is remembered as ``fired``."""
-
-    def __init__(self) -> None:
-        self.connection: _Watched | None = None
-        self.fired: str | None = None
-        self.answer_timeout: float | None = None
-        self._timers: dict[str, threading.Timer] = {}
-        self._ended = False
-
-    def start(self, limit: str, seconds: float) -> None:
-        timer = threading.Timer(max(seconds, 0.0), self._fire, (limit,))
-        timer.daemon = True
-        with _firing:
-            if self._ended:
-                return
-            self._timers[limit] = timer
-        timer.start()
-
-    def stop(self, limit: str) -> None:
-        with _firing:
-            timer = self._timers.pop(limit, None)
-        if timer is not None:
-            timer.cancel()
-
-    def end(self) -> str | None:
-        """Stop every timer; the limit that fired, if one did."""
-        with _firing:
-            self._ended = True
-            timers, self._timers = list(self._timers.values()), {}
-        for timer in timers:
-            timer.cancel()
-        return self.fired
-
-    def _fire(self, limit: str) -> None:
-        with _firing:
-            if self._ended or self.fired or limit not in self._timers:
-                return  # stopped as it came due
-            self.fired = limit
-            connection = self.connection
-            if connection is None or connection.watch is not self:
-                return  # no connection yet (the connect is bounded on its own), or reused
-            sock = connection.sock
-            if sock is not None:
-                with suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-
-class _Watched:
-    """What botocore's connections get: the attempt's watch knows the connection carrying
-    it, and times each wait for the head of an answer."""
-
-    watch: Watch | None = None
-    sock: Any
-    timeout: Any
-
-    def request(self, *args: Any, **kwargs: Any) -> Any:
-        with _firing:  # a new attempt on this connection: an earlier watch lets go of it
-            self.watch = getattr(_current, "watch", None)
-            if self.watch is not None:
-                self.watch.connection = self
-        return super().request(*args, **kwargs)  # type: ignore[misc]
-
-    def getresponse(self) -> Any:
-        return self._head(super().getresponse)  # type: ignore[misc]
-
-    def _handle_expect_response(self, message_body: Any) -> Any:
-        """botocore's read of the answer to ``Expect: 100-continue`` (a private method of its
-        connection: were it renamed, that wait would be bounded by the deadline alone, and
-        tests/test_s3_waits.py would say so)."""
-        return self._head(super()._handle_expect_response, message_body)  # type: ignore[misc]
-
-    def _head(self, read: Any, *args: Any) -> Any:
-        watch = self.watch
-        if watch is None or not isinstance(self.timeout, (int, float)):
-            return read(*args)
-        if watch.fired:  # it came due while the connection had no socket yet: no wait now
-            raise TimeoutError(f"the attempt's {watch.fired} has passed")
-        watch.answer_timeout = float(self.timeout)
-        watch.start(ANSWER, float(self.timeout))
-        try:
-            return read(*args)
-        finally:
-            watch.stop(ANSWER)
-
-
-class WatchedHTTPConnection(_Watched, AWSHTTPConnection):  # type: ignore[misc]  # stubs
+class WatchedHTTPConnection(Watched, AWSHTTPConnection):  # type: ignore[misc]  # stubs
     pass
 
 
-class WatchedHTTPSConnection(_Watched, AWSHTTPSConnection):  # type: ignore[misc]  # stubs
+class WatchedHTTPSConnection(Watched, AWSHTTPSConnection):  # type: ignore[misc]  # stubs
     pass
 
 
@@ -226,7 +129,7 @@ def _send_watched(http: URLLib3Session, request: AWSPreparedRequest, **_: Any) -
     watch = Watch()
     if deadline is not None:
         watch.start(DEADLINE, deadline.remaining())
-    _current.watch = watch
+    attempt.watch = watch
     try:
         response = http.send(request)
     except Exception as exc:
@@ -235,7 +138,7 @@ def _send_watched(http: URLLib3Session, request: AWSPreparedRequest, **_: Any) -
             raise
         raise _failure(fired, watch, deadline, request) from exc
     finally:
-        _current.watch = None
+        attempt.watch = None
     fired = watch.end()
     if fired is not None:  # what was read may be cut short: the attempt failed all the same
         with suppress(Exception):
