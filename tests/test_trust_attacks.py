@@ -26,6 +26,7 @@ from pathlib import Path
 import boto3
 import onnx
 import pytest
+from http_mirror import Mirror
 from s3proxy import FaultProxy
 from securesystemslib.signer import CryptoSigner, Signer
 from test_sync import (  # fleet_store: the session's compiled store, a fixture
@@ -216,6 +217,12 @@ class Site:
     directory: Path
     uri: str
     push: Callable[[], None]
+    origin: str = ""
+    """Where publishers write (the store behind a read-only mirror); default ``uri``."""
+
+    @property
+    def publish_uri(self) -> str:
+        return self.origin or self.uri
 
 
 def s3_mirror(directory: Path, bucket: str, prefix: str = "fleet") -> Callable[[], None]:
@@ -247,12 +254,22 @@ def unsigned_copy(store: Path, dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "https-mirror"])
 def site(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Site:
     directory = unsigned_copy(fleet_store, tmp_path / "store")
     if request.param == "local":
         return Site(directory, str(directory), lambda: None)
+    if request.param == "https-mirror":
+        return mirror_site(request, directory)
     return s3_site(request, directory)
+
+
+def mirror_site(request: pytest.FixtureRequest, directory: Path) -> Site:
+    """The store served read-only over HTTP by a hostile mirror (tests/http_mirror.py):
+    devices hold no credentials and trust only the signed metadata."""
+    served = Mirror(directory)
+    request.addfinalizer(served.close)
+    return Site(directory, served.url, lambda: None, origin=str(directory))
 
 
 def s3_site(request: pytest.FixtureRequest, directory: Path) -> Site:
@@ -590,8 +607,8 @@ def test_a_store_signed_by_epfleets_publisher_is_followed_through_its_key_rotati
 
     site.push()
     keys, cache = tmp_path / "keys", tmp_path / "device"
-    root = make_trusted_store(site.uri, keys)
-    store = open_store(site.uri)
+    root = make_trusted_store(site.publish_uri, keys)
+    store = open_store(site.publish_uri)
 
     def run() -> DeviceReport:
         return sync(site.uri, cache, SyncPolicy(models=[MODEL]), DEVICE, trust_root=root)

@@ -37,11 +37,14 @@ __all__ = [
 BACKENDS: dict[str, str] = {
     "file": "epfleet.stores.local",
     "s3": "epfleet.stores.s3",
+    "https": "epfleet.stores.https",
+    "http": "epfleet.stores.https",  # a mirror on loopback (tests, a local cache)
 }
 
 
 def open_store(uri: str) -> Store:
-    """A store for ``file:///abs/dir``, a plain path, or ``s3://bucket/prefix``."""
+    """A store for ``file:///abs/dir``, a plain path, ``s3://bucket/prefix``, or a read-only
+    mirror ``https://host/path``."""
     scheme = urlparse(uri).scheme if "://" in uri else "file"
     try:
         module = importlib.import_module(BACKENDS[scheme])
