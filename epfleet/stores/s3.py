@@ -52,6 +52,7 @@ from epfleet.stores.base import (
     check_prefix,
     is_hidden,
 )
+from epfleet.stores.caching import cache_control
 from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
 from epfleet.stores.s3_client import env_attempts, shared_client
 from epfleet.stores.s3_errors import code_of, is_missing, raise_store_error, status_of
@@ -273,6 +274,7 @@ class S3Store:
             "Key": self._key(key),
             "Body": data,
             "Metadata": {SHA256_META: sha256, WRITE_ID_META: write_id},
+            "CacheControl": cache_control(key),
         }
         if if_match is not None:
             args["IfMatch"] = if_match

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import botocore.exceptions as bce
 
+from epfleet.stores.caching import cache_control
 from epfleet.stores.s3_errors import is_missing
 
 if TYPE_CHECKING:
@@ -31,7 +32,11 @@ def touch(store: S3Store, key: str, min_age: float) -> bool:
             {"Bucket": store.bucket, "Key": store._key(key)},
             store.bucket,
             store._key(key),
-            ExtraArgs={"MetadataDirective": "REPLACE", "Metadata": head.get("Metadata", {})},
+            ExtraArgs={
+                "MetadataDirective": "REPLACE",
+                "Metadata": head.get("Metadata", {}),
+                "CacheControl": cache_control(key),
+            },
             Config=store._transfer,
         )
         return True

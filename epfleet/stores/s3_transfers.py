@@ -21,6 +21,7 @@ from boto3.exceptions import S3UploadFailedError
 
 from epfleet.errors import StoreError, TransientStoreError
 from epfleet.limits import TransferGuard, TransferTooSlow
+from epfleet.stores.caching import cache_control
 from epfleet.stores.s3_errors import is_missing
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def upload(store: S3Store, key: str, path: Path, sha256: str) -> None:
                 str(path),
                 store.bucket,
                 store._key(key),
-                ExtraArgs={"Metadata": {SHA256_META: sha256}},
+                ExtraArgs={"Metadata": {SHA256_META: sha256}, "CacheControl": cache_control(key)},
                 Config=store._transfer,
                 Callback=guard.add,
             )
