@@ -45,6 +45,11 @@ class StoreError(EpfleetError):
     """A store operation failed for a reason that retrying will not fix."""
 
 
+class MissingObject(StoreError):
+    """A read of a key with no object behind it (what a ranged read or a download of it
+    finds): callers that need "missing" learn it without asking again."""
+
+
 class TransientStoreError(StoreError):
     """A store operation failed for a reason that may go away (network, throttling, 5xx)."""
 

@@ -9,7 +9,6 @@ CPU EP here (this host has no GPU), which is all the routing and merging needs.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -24,8 +23,10 @@ import httpx
 import pytest
 from prefect.client.base import PrefectHttpxSyncClient
 
+from epfleet.fleet.publishing import update_manifest
 from epfleet.formats.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
 from epfleet.formats.manifest import Manifest, utcnow
+from epfleet.stores import open_store
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
 pytestmark = pytest.mark.slow
@@ -390,11 +391,17 @@ def test_on_demand_run_compiles_on_both_pools_and_publishes(
     assert summary.startswith("**0 compiled, 6 up to date, 0 failed**"), summary
 
     # runtime-watch: the manifest now says one pair was compiled with an older QNN EP (as
-    # workers with onnxruntime-qnn 2.6.0 would have published it: its fingerprint differs too)
-    document = json.loads((store / "manifest.json").read_text())
-    older = document["models"]["tiny-det"]["variants"]["sd8g3-htp"]
-    older["ep_version"], older["fingerprint"] = "2.6.0", "0" * 64
-    (store / "manifest.json").write_text(json.dumps(document))
+    # workers with onnxruntime-qnn 2.6.0 would have published it: its fingerprint differs
+    # too), published and signed as any publish is (the store has development keys)
+    def older_ep(current: Manifest | None) -> Manifest:
+        assert current is not None
+        entry = current.models["tiny-det"].model_copy(deep=True)
+        older = entry.variants["sd8g3-htp"]
+        older.ep_version, older.fingerprint = "2.6.0", "0" * 64
+        models = current.models | {"tiny-det": entry}
+        return Manifest(generation=current.generation + 1, models=models)
+
+    assert update_manifest(open_store(str(store)), older_ep).published
     # and a device whose NPU no target is for runs det on the CPU fallback
     (store / "reports" / "devices").mkdir(parents=True)
     (store / "reports" / "devices" / "npu-pc-1.json").write_text(unserved_report("npu-pc-1"))

@@ -79,14 +79,14 @@ def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVar
         try:
             check_coverage(request, output.coverage)
         except CompileError as exc:
-            rejected = failed_entry(request, str(exc), output.coverage)
+            rejected = failed_entry(request, str(exc), output.coverage, output=output)
             raise RejectedBuild(rejected, output.seconds) from None
         # A QDQ variant's failure is traced in the float model it was quantised from.
         source = output.qdq_float_path or job.source_path
         verification = verify_output(request, output, store, source)
         if verification.status == "failed":
             error = f"verification failed: {verification.reason}"
-            rejected = failed_entry(request, error, output.coverage, verification)
+            rejected = failed_entry(request, error, output.coverage, verification, output)
             raise RejectedBuild(rejected, output.seconds)
         quantization = stage_qdq(store, output)
         upload_variant(store, output, key)

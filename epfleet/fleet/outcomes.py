@@ -97,6 +97,7 @@ def failed_entry(
     error: str,
     coverage: Coverage | None = None,
     verification: Verification | None = None,
+    output: CompileOutput | None = None,
 ) -> VariantEntry:
     """The entry of a pair that failed with ``error``, with what was measured of its build
     (merge keeps a working build over it)."""
@@ -118,6 +119,7 @@ def failed_entry(
         coverage=coverage,
         verification=verification,
         precision=request.precision,
+        quantization=output.quantization if output is not None else None,
     )
 
 

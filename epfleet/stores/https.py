@@ -28,7 +28,7 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from epfleet.errors import BadInputError, StoreError, TransientStoreError
+from epfleet.errors import BadInputError, MissingObject, StoreError, TransientStoreError
 from epfleet.fsutil import atomic_file
 from epfleet.limits import DeadlineExceeded, TransferGuard, TransferLimits, current_deadline
 from epfleet.stores.base import UNCHANGED, StoredObject, Versioned, check_key
@@ -243,7 +243,7 @@ class HttpsStore:
         response = self._send("GET", key, headers)
         if response.status == 404:
             _discard(response)
-            raise StoreError(f"{self._url(key)} does not exist")
+            raise MissingObject(f"{self._url(key)} does not exist")
         if response.status not in (200, 206):
             self._refused(response, key, f"reading (from byte {start})")
         # A mirror that ignores Range sends the whole object: skip to ``start``.

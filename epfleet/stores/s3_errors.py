@@ -15,7 +15,7 @@ from typing import NoReturn
 import botocore.exceptions as bce
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 
-from epfleet.errors import StoreError, TransientStoreError
+from epfleet.errors import MissingObject, StoreError, TransientStoreError
 from epfleet.limits import TransferTooSlow
 from epfleet.stores.s3_bounds import DeadlineReached
 
@@ -108,7 +108,7 @@ def raise_store_error(
                 "check the store URI and AWS_ENDPOINT_URL"
             ) from exc
         if code in MISSING_CODES:
-            raise StoreError(
+            raise MissingObject(
                 f"{action} {where}: no such object (check the key and that "
                 f"bucket {bucket!r} exists)"
             ) from exc

@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterator
 from tuf.api import exceptions as tuf_errors
 from tuf.ngclient.fetcher import FetcherInterface
 
-from epfleet.errors import StoreError, TransientStoreError
+from epfleet.errors import MissingObject, StoreError, TransientStoreError
 from epfleet.limits import TransferGuard, TransferTooSlow
 from epfleet.stores import Store
 
@@ -72,6 +72,8 @@ class StoreFetcher(FetcherInterface):
             return tuf_errors.SlowRetrievalError(str(exc))
         if isinstance(exc, TransientStoreError):
             return Unreachable(str(exc))
+        if isinstance(exc, MissingObject):  # the read said so: no second request to ask
+            return tuf_errors.DownloadHTTPError(f"{where} does not exist", 404)
         try:
             missing = self.store.size(key) is None
         except TransientStoreError as again:
