@@ -17,6 +17,7 @@ import sys
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.events import emit_event
 
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.views import device_rows, verdict_rows
@@ -67,6 +68,16 @@ def device_sync(
             sync_model_task(cache, model)
         report = report_task(cache)
     _publish_artifacts(report)
+    if report.report_uploaded:  # the rollout-gate deployment's trigger
+        emit_event(
+            event="epfleet.device.reported",
+            resource={
+                "prefect.resource.id": f"epfleet.device.{report.device_id}",
+                "prefect.resource.name": report.device_id,
+                "epfleet.store": store,
+            },
+            payload={"served": report.served, "models": len(report.models)},
+        )
     get_run_logger().info("%d of %d models served", report.served, len(report.models))
     return report
 

@@ -27,6 +27,7 @@ from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from epfleet.cli.interrupts import announce_stopped, interrupts
 from epfleet.cli.manifest import manifest_app
 from epfleet.cli.options import cli_error, default_text
+from epfleet.cli.rollout import rollout_app
 from epfleet.cli.serve import serve, watch
 from epfleet.cli.store import gc, retire
 from epfleet.cli.sync import sync
@@ -71,6 +72,7 @@ app.command(sync)
 app.command(watch)
 app.command(serve)
 app.command(trust_app)
+app.command(rollout_app)
 app.command(gc)
 app.command(retire)
 

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from epfleet.device.cache_layout import MODEL_FILE
+from epfleet.formats.device_report import Profile
 from epfleet.formats.manifest import Name
 from epfleet.hashing import sha256_bytes
 from epfleet.trust.highwater import TrustMark
@@ -46,6 +47,9 @@ class Installed(BaseModel):
     files: list[InstalledFile] = Field(default_factory=list, description="The other files")
     precision: Precision | None = Field(
         default=None, description="What it computes in; None: unknown (an older epfleet's)"
+    )
+    profile: Profile | None = Field(
+        default=None, description="How it ran when activated here (its health check, timed)"
     )
 
     @property

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 from epfleet.errors import EpfleetError, HealthCheckError, summarize
+from epfleet.formats.device_report import Profile
 from epfleet.runtime.samples import compare, read_golden
 from epfleet.runtime.sessions import input_infos, open_session, run_samples
 from eps.base import DeviceType, Tolerance, bounded
@@ -41,6 +43,49 @@ class Health(BaseModel):
     outputs: int
     samples: int = 0
     max_rel_error: float | None = None
+    profile: Profile | None = None
+
+
+REPEATS = 4
+"""Runs of the first sample after the check's own, for the profile's percentiles."""
+
+
+def profiled(
+    session: Any, samples: list[Any], session_ms: float, first_ms: list[float], path: str
+) -> Profile:
+    """Time ``REPEATS`` more runs of the first sample and say how the variant ran: its
+    session, first run, median and 95th percentile, and which nodes its EP took (the
+    EPContext nodes of a compiled variant; every node of one its EP runs whole)."""
+    import numpy as np
+    import onnx
+
+    times = list(first_ms)
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        session.run(None, samples[0])
+        times.append((time.perf_counter() - started) * 1000)
+    nodes = onnx.load(path, load_external_data=False).graph.node
+    contexts = sum(node.op_type == "EPContext" for node in nodes)
+    ep_nodes, other = (contexts, len(nodes) - contexts) if contexts else (len(nodes), 0)
+    return Profile(
+        session_ms=round(session_ms, 2),
+        first_run_ms=round(first_ms[0], 2),
+        p50_ms=round(float(np.percentile(times, 50)), 3),
+        p95_ms=round(float(np.percentile(times, 95)), 3),
+        runs=len(times),
+        ep_nodes=ep_nodes,
+        other_nodes=other,
+    )
+
+
+def timed_runs(session: Any, samples: list[Any], what: str) -> tuple[list[Any], list[float]]:
+    """``run_samples``, each run timed (milliseconds)."""
+    outputs, times = [], []
+    for sample in samples:
+        started = time.perf_counter()
+        outputs.extend(run_samples(session, [sample], what))
+        times.append((time.perf_counter() - started) * 1000)
+    return outputs, times
 
 
 def check_health(job: HealthJob) -> Health:
@@ -54,20 +99,23 @@ def check_health(job: HealthJob) -> Health:
         raise
     except Exception as exc:
         raise HealthCheckError(f"{job.ep} cannot load {name}: {summarize(exc, 400)}") from None
+    session_ms = (time.perf_counter() - started) * 1000
     if job.golden_path is None:
         infos = input_infos(session, job.input_shapes)
         zeros = [{i.name: np.zeros(i.shape, dtype=i.dtype) for i in infos}]
-        outputs = run_samples(session, zeros, f"{job.ep} loaded {name} but on zero inputs")
+        outputs, times = timed_runs(session, zeros, f"{job.ep} loaded {name} but on zero inputs")
         return Health(
             seconds=round(time.perf_counter() - started, 3),
             providers=list(session.get_providers()),
             outputs=len(outputs[0]),
+            profile=profiled(session, zeros, session_ms, times, job.path),
         )
     try:
         samples, reference = read_golden(Path(job.golden_path))
     except ValueError as exc:
         raise HealthCheckError(f"{name}: {exc}") from None
-    outputs = run_samples(session, samples, f"{job.ep} loaded {name} but on its golden samples")
+    what = f"{job.ep} loaded {name} but on its golden samples"
+    outputs, times = timed_runs(session, samples, what)
     try:
         comparison = compare(outputs, reference)
     except ValueError as exc:
@@ -84,4 +132,5 @@ def check_health(job: HealthJob) -> Health:
         outputs=len(outputs[0]),
         samples=len(samples),
         max_rel_error=comparison.max_rel_error,
+        profile=profiled(session, samples, session_ms, times, job.path),
     )

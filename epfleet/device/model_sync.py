@@ -135,6 +135,7 @@ def sync_model(
         considered=verdicts,
         seconds=seconds,
         precision=precision_of(done.installed, entry),
+        profile=done.installed.profile,
     )
 
 
@@ -211,6 +212,7 @@ def failed(
         considered=considered,
         seconds=seconds,
         precision=precision_of(kept, entry) if kept else None,
+        profile=kept.profile if kept else None,
     )
 
 

@@ -52,8 +52,8 @@ from epfleet.device.steps import Steps
 from epfleet.device.unlisted import drop_models, unlisted
 from epfleet.disk import CacheNotWritable, DiskFull, cannot_write
 from epfleet.errors import BadInputError, EpfleetError
-from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
-from epfleet.formats.manifest import Manifest, utcnow
+from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport, RolloutSeen
+from epfleet.formats.manifest import Manifest, ModelEntry, utcnow
 from epfleet.limits import Deadline, within
 from epfleet.settings import settings
 from epfleet.stores import open_store
@@ -283,9 +283,11 @@ class SyncSession:
                 report = self._not_reached(model)
             else:
                 with within(self.deadline):
-                    report = model_sync.sync_model(
-                        self.steps, model, entry, self.state, self.policy
-                    )
+                    # a staged rollout decides, from the signed entry, what this device runs
+                    mine = entry.for_device(self.device)
+                    report = model_sync.sync_model(self.steps, model, mine, self.state, self.policy)
+                if entry.rollout is not None:
+                    report = report.model_copy(update={"rollout": rollout_seen(entry, mine)})
         except Exception as exc:
             report = model_sync.unexpected(model, self.state, exc)
         logger.info("%s: %s %s (%s)", model, report.action, report.variant or "", report.reason)
@@ -363,3 +365,14 @@ def sync(
         for model in session.wanted():
             session.sync_model(model)
         return session.finish()
+
+
+def rollout_seen(entry: ModelEntry, mine: ModelEntry) -> RolloutSeen:
+    """What the report says of the model's rollout: whether this device is in it."""
+    assert entry.rollout is not None
+    return RolloutSeen(
+        id=entry.rollout.id,
+        member=mine is entry,
+        stage=entry.rollout.stage,
+        state=entry.rollout.state,
+    )

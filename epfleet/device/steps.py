@@ -140,7 +140,7 @@ class Steps:
         try:
             check_string(got.main, variant)
             health = self.health(got.main, installed, entry)
-            installed = got.install(model, installed)
+            installed = got.install(model, installed.model_copy(update={"profile": health.profile}))
         except (IntegrityError, HealthCheckError):
             got.drop()  # verified bytes, but not what the manifest says or they do not run
             raise
@@ -226,7 +226,8 @@ class Steps:
                 precision=eps.load(ep).precisions(local.provider_options)[0],
             )
             artifact = Path(output.artifact_path)
-            self.health(artifact, installed, entry)
+            health = self.health(artifact, installed, entry)
+            installed = installed.model_copy(update={"profile": health.profile})
             if is_file_set(installed.model_file, output.files):
                 installed = self.cache.place(model, installed, artifact.parent)
             else:
@@ -251,8 +252,8 @@ class Steps:
         self.fetcher.require_store()
         got = fetch_set(self.fetcher, installed.name, source, source.model_file, source.files)
         try:
-            self.health(got.main, installed, entry)
-            installed = got.install(model, installed)
+            health = self.health(got.main, installed, entry)
+            installed = got.install(model, installed.model_copy(update={"profile": health.profile}))
         except HealthCheckError:
             got.drop()
             raise

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
+from epfleet.fleet.rollout_rules import start
 from epfleet.formats.manifest import (
     ArtifactRef,
     FailedBuild,
@@ -18,6 +19,7 @@ from epfleet.formats.manifest import (
     VariantEntry,
     utcnow,
 )
+from epfleet.formats.rollout import RolloutPolicy
 
 
 class Merged(BaseModel):
@@ -39,6 +41,9 @@ class ModelFacts(BaseModel):
     )
     preference: dict[str, list[str]] = Field(
         default_factory=dict, description="The spec's targets of the model, in its order"
+    )
+    rollout: dict[str, RolloutPolicy] = Field(
+        default_factory=dict, description="How new variants of the model reach the fleet"
     )
 
 
@@ -68,6 +73,8 @@ def merge(
     - A rebuild that is the same build with other bytes (``rebuilt_alike``) keeps the
       published artifact and files while ``present`` says each is still in the store.
     - ``facts`` sets each model's golden samples, calibration inputs and target order.
+    - A model with a rollout policy (``facts.rollout``) whose published variants this run
+      replaces, its source unchanged, is staged (``epfleet.fleet.rollout_rules.start``).
     """
     base = current or Manifest()
     models = dict(base.models)  # ``current`` is never changed: an entry is copied to change it
@@ -81,6 +88,8 @@ def merge(
 
     conflicts = []
     changed = False
+    new_sources: set[str] = set()
+    replaced: dict[str, dict[str, VariantEntry | None]] = {}
     for name, source in sources.items():
         published = models[name].source if name in models else None
         if published == source:
@@ -90,6 +99,7 @@ def merge(
             continue
         models[name] = ModelEntry(source=source)
         copied.add(name)
+        new_sources.add(name)
         changed = True
     facts = facts or ModelFacts()
     for field in ("samples", "calibration", "preference"):
@@ -123,8 +133,16 @@ def merge(
             variant = variant.model_copy(update=kept | {"files": previous.files})
         if previous is not None and previous.same_build(variant):
             continue
+        if variant.status == "ok" and (previous is None or previous.digest != variant.digest):
+            was = previous if previous is not None and previous.status == "ok" else None
+            replaced.setdefault(model_name, {})[target] = was
         editable(model_name).variants[target] = variant
         changed = True
+    now = utcnow()
+    for name, targets in replaced.items():
+        policy = facts.rollout.get(name)
+        if policy is not None and name not in new_sources:
+            start(editable(name), targets, policy, now)
     if not changed:
         return Merged(manifest=None, conflicts=conflicts)
     manifest = Manifest(generation=base.generation + 1, published_at=utcnow(), models=models)

@@ -129,6 +129,9 @@ def plan_run(
             name: published[name].calibration if name in published else None
             for name in calibrations
         },
+        rollouts={
+            name: policy for name in sources if (policy := spec.rollout_of(name)) is not None
+        },
         preferences=(preferences := _preferences(spec, pairs)),
         published_preferences={
             name: published[name].preference if name in published else [] for name in preferences

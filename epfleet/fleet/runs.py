@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from epfleet.fleet.merge_rules import ModelFacts
 from epfleet.fleet.plan_rules import PlannedPair
 from epfleet.formats.manifest import ArtifactRef, SamplesRef, SourceEntry, VariantEntry
+from epfleet.formats.rollout import RolloutPolicy
 from epfleet.runtime.requests import CompileRequest
 from eps.base import Precision
 
@@ -38,6 +39,9 @@ class RunPlan(BaseModel):
         default_factory=dict, description="Each model's targets, in the spec's order"
     )
     published_preferences: dict[str, list[str]] = Field(default_factory=dict)
+    rollouts: dict[str, RolloutPolicy] = Field(
+        default_factory=dict, description="Each staged model's rollout policy"
+    )
 
     @property
     def to_compile(self) -> list[PlannedPair]:
@@ -75,7 +79,10 @@ class RunPlan(BaseModel):
     def model_facts(self) -> ModelFacts:
         """What the run sets on each model's entry besides its variants."""
         return ModelFacts(
-            samples=self.samples, calibration=self.calibrations, preference=self.preferences
+            samples=self.samples,
+            calibration=self.calibrations,
+            preference=self.preferences,
+            rollout=self.rollouts,
         )
 
 

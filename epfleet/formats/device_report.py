@@ -68,6 +68,28 @@ class VariantVerdict(BaseModel):
     reason: str
 
 
+class Profile(BaseModel):
+    """How a variant ran on this device when it was activated: its health check's session
+    and runs on the model's golden samples, timed."""
+
+    session_ms: float = Field(description="Creating its inference session")
+    first_run_ms: float
+    p50_ms: float
+    p95_ms: float
+    runs: int
+    ep_nodes: int | None = Field(default=None, description="Nodes its EP took")
+    other_nodes: int | None = Field(default=None, description="Nodes left to other EPs")
+
+
+class RolloutSeen(BaseModel):
+    """The staged rollout a device acted on for a model, as its report says."""
+
+    id: str
+    member: bool = Field(description="The rollout reached this device: it runs the new variants")
+    stage: int
+    state: str
+
+
 class ModelReport(BaseModel):
     model: str
     action: Action
@@ -94,6 +116,18 @@ class ModelReport(BaseModel):
         "published variant's as its manifest entry records it, a local build's as its EP "
         "module says, fp32 for the source on the CPU EP; left out when unknown (a variant "
         "published before precisions were recorded) and in reports of older devices",
+    )
+
+    profile: Profile | None = Field(
+        default=None,
+        exclude_if=lambda profile: profile is None,
+        description="How the active variant ran when this device activated it",
+    )
+    rollout: RolloutSeen | None = Field(
+        default=None,
+        exclude_if=lambda rollout: rollout is None,
+        description="The staged rollout of the model this sync acted on (the rollout-gate "
+        "flow reads it); left out when the model has none",
     )
 
     @property

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from epfleet.formats.rollout import Rollout, is_member
 from epfleet.formats.variant_checks import (
     Coverage,
     FailedBuild,
@@ -266,6 +267,30 @@ class ModelEntry(_Strict):
     variants: dict[Name, VariantEntry] = Field(
         default_factory=dict, description="Keyed by target name"
     )
+    rollout: Rollout | None = Field(
+        default=None,
+        exclude_if=lambda rollout: rollout is None,
+        description="The staged rollout of the variants a publish replaced (see previous)",
+    )
+    previous: dict[Name, VariantEntry | None] = Field(
+        default_factory=dict,
+        exclude_if=lambda previous: not previous,
+        description="During a rollout, what each target's variant replaced (None: the "
+        "target had none): what devices outside the rollout run",
+    )
+
+    def for_device(self, device_id: str) -> ModelEntry:
+        """The entry as the device ``device_id`` runs it: the new variants when the rollout
+        reaches it (or there is none), else the ones they replaced."""
+        if self.rollout is None or is_member(self.rollout, device_id):
+            return self
+        variants = dict(self.variants)
+        for target, before in self.previous.items():
+            if before is None:
+                variants.pop(target, None)
+            else:
+                variants[target] = before
+        return self.model_copy(update={"variants": variants})
 
 
 class Manifest(_Strict):
@@ -288,7 +313,8 @@ def json_schema() -> str:
 
 def referenced_keys(manifest: Manifest | None) -> set[str]:
     """Every store key the manifest names: sources, samples, variant artifacts and the
-    files beside sources and variants."""
+    files beside sources and variants (those a rollout can still send devices back to
+    included)."""
     keys: set[str] = set()
     for entry in (manifest.models if manifest else {}).values():
         keys.add(entry.source.uri)
@@ -297,7 +323,8 @@ def referenced_keys(manifest: Manifest | None) -> set[str]:
             keys.add(entry.samples.uri)
         if entry.calibration is not None:
             keys.add(entry.calibration.uri)
-        for variant in entry.variants.values():
+        kept = [v for v in entry.previous.values() if v is not None]
+        for variant in [*entry.variants.values(), *kept]:
             if variant.quantization is not None and variant.quantization.qdq_uri is not None:
                 keys.add(variant.quantization.qdq_uri)
             if variant.artifact is not None:

@@ -23,6 +23,7 @@ from epfleet.formats.manifest import (
     NAME_MAX_LENGTH,
     NAME_PATTERN,
 )
+from epfleet.formats.rollout import RolloutPolicy
 from eps.base import (
     INTEGER_PRECISIONS,
     LOOSEST_TOLERANCE,
@@ -99,6 +100,10 @@ class ModelSpec(BaseModel):
     quantization: QuantizationSpec = Field(
         default_factory=lambda: QuantizationSpec(),
         description="How integer variants are quantised (ORT's QNN quantisation tools)",
+    )
+    rollout: RolloutPolicy | None = Field(
+        default=None,
+        description="How new variants of this model reach the fleet (overrides the spec's)",
     )
 
     @field_validator("input_shapes")
@@ -302,6 +307,15 @@ class FleetSpec(BaseModel):
 
     models: list[ModelSpec] = Field(min_length=1)
     targets: list[TargetSpec] = Field(min_length=1)
+    rollout: RolloutPolicy | None = Field(
+        default=None,
+        description="Staged rollouts of new variants: stages, canary devices and the gates "
+        "that advance or halt them; omitted: a publish reaches every device at once",
+    )
+
+    def rollout_of(self, model: str) -> RolloutPolicy | None:
+        """The model's rollout policy: its own, else the spec's."""
+        return self.model(model).rollout or self.rollout
 
     @model_validator(mode="after")
     def _names(self) -> FleetSpec:

@@ -55,7 +55,8 @@ def needed_keys(manifest: Manifest | None) -> set[str]:
     """What the manifest references, and the file listings of its multi-file variants."""
     keys = referenced_keys(manifest)
     for entry in (manifest.models if manifest else {}).values():
-        for variant in entry.variants.values():
+        kept = [v for v in entry.previous.values() if v is not None]  # a rollout's way back
+        for variant in [*entry.variants.values(), *kept]:
             if variant.artifact is not None and variant.files:
                 keys.add(listing_key(variant.artifact.uri))
     return keys

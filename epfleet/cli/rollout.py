@@ -1,0 +1,116 @@
+"""``epfleet rollout status|advance|halt|revert``: staged rollouts from the command line.
+
+Each move is a signed publish (it needs the store's signer, as a compile does). Exit codes
+as every epfleet command: 0 done, 1 the store failed, 2 bad input (no such model, or no
+rollout under way).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+from cyclopts import App, Parameter
+
+from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from epfleet.cli.options import Json, Repeatable, Store
+from epfleet.stores import DEFAULT_STORE
+
+rollout_app = App(
+    name="rollout",
+    help="Staged rollouts of new variants: their stage and field evidence, and moving them.",
+)
+
+Model = Annotated[str, Parameter(help="The model whose rollout to move.")]
+Reason = Annotated[str, Parameter(help="Why (recorded in the signed rollout state).")]
+
+
+@rollout_app.default
+def _no_rollout_command(*unknown: str) -> int:
+    what = f"unknown command 'rollout {unknown[0]}'" if unknown else "rollout needs a command"
+    print(f"epfleet: error: {what}: status, advance, halt or revert", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+@rollout_app.command
+def status(*, store: Store = DEFAULT_STORE, model: Repeatable = None, as_json: Json = False) -> int:
+    """Show every rollout: its stage and state, the devices on the new and the previous
+    variants, failures and latency from the device reports, and what the gate would do.
+
+    For example:
+      epfleet rollout status --store s3://bucket/fleet
+      epfleet rollout status --store ./epfleet-store --model ocr-det --json
+    """
+    from epfleet.fleet.rollouts import statuses
+    from epfleet.stores import open_store
+    from epfleet.text import table
+
+    found = statuses(open_store(store), model)
+    if as_json:
+        print(json.dumps([s.model_dump(mode="json") for s in found], indent=2))
+        return EXIT_OK
+    if not found:
+        print(f"no rollout in {store}")
+        return EXIT_OK
+    rows = []
+    for s in found:
+        ev, ro = s.evidence, s.rollout
+        regression = ev.latency_regression
+        rows.append(
+            [
+                s.model,
+                ro.id,
+                f"{ro.stage + 1}/{len(ro.policy.stages)} ({ro.percent:g} %)",
+                ro.state,
+                f"{ev.on_new} new, {ev.on_previous} previous",
+                f"{ev.failed_on_new} ({ev.failure_rate:.0%})",
+                "-" if regression is None else f"{regression:+.0%}",
+                f"{s.verdict.decision}: {s.verdict.reason}",
+            ]
+        )
+    headers = ["model", "rollout", "stage", "state", "devices", "failed", "p50", "gate"]
+    print(table(headers, rows))
+    return EXIT_OK
+
+
+def _move(store: str, model: str, how: str, reason: str) -> int:
+    from epfleet.fleet.rollouts import move
+    from epfleet.stores import open_store
+
+    moved = move(open_store(store), model, how, reason)  # type: ignore[arg-type]
+    print(
+        f"{moved.model}: rollout {moved.rollout_id} {moved.state}, stage {moved.stage + 1} "
+        f"({'published' if moved.published else 'unchanged'})"
+    )
+    return EXIT_OK
+
+
+@rollout_app.command
+def advance(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by hand") -> int:
+    """Move the model's rollout to its next stage (past the last: complete).
+
+    For example:
+      epfleet rollout advance --store s3://bucket/fleet --model ocr-det
+    """
+    return _move(store, model, "advance", reason)
+
+
+@rollout_app.command
+def halt(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by hand") -> int:
+    """Freeze the model's rollout at its stage: no more devices take the new variants.
+
+    For example:
+      epfleet rollout halt --store s3://bucket/fleet --model ocr-det --reason "crash reports"
+    """
+    return _move(store, model, "halt", reason)
+
+
+@rollout_app.command
+def revert(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by hand") -> int:
+    """Send every device back to the variants the rollout replaced, at its next sync.
+
+    For example:
+      epfleet rollout revert --store s3://bucket/fleet --model ocr-det --reason "accuracy"
+    """
+    return _move(store, model, "revert", reason)
