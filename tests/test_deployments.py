@@ -536,7 +536,14 @@ def test_serve_py_after_prefect_deploy_runs_the_flows_here(
         assert served.poll() is None, served.communicate()[1][-3000:]
         got = deployed.http.get("/deployments/name/fleet-compile/nightly")
         schedules = got.json().get("schedules") if got.status_code == 200 else None
-        return bool(schedules) and schedules[0]["schedule"].get("cron") == "45 4 * * *"
+        # serve.py takes the deployed ones over (deletes them) and then serves its own one
+        # by one: the on-demand one may follow the nightly one by a moment
+        on_demand = deployed.http.get("/deployments/name/fleet-compile/on-demand")
+        return (
+            bool(schedules)
+            and schedules[0]["schedule"].get("cron") == "45 4 * * *"
+            and on_demand.status_code == 200
+        )
 
     try:
         wait_until(served_here, 120, "serve.py to serve its deployments")
