@@ -207,3 +207,38 @@ def test_a_forged_signed_document_is_refused(signed: tuple[Store, Path, bytes]) 
     clear_cache()  # a publisher in another process, which never read the genuine one
     with pytest.raises(StoreError, match="not the signed manifest document"):
         refresh(store, online_key(keys))
+
+
+def test_nobody_without_the_keys_widens_or_narrows_a_rollout(
+    signed: tuple[Store, Path, bytes], tmp_path: Path
+) -> None:
+    """A model's rollout state rides in its signed entry: writing a wider stage (or a
+    reverted state) into manifest.json reaches no device and is never signed."""
+    from datetime import datetime, timezone
+
+    from epfleet.fleet.rollout_rules import start
+    from epfleet.formats.rollout import RolloutPolicy
+
+    store, keys, root = signed
+
+    def staged(current: Manifest | None) -> Manifest:
+        assert current is not None
+        entry = current.models[TARGET].model_copy(deep=True)
+        before = entry.variants["cpu"]
+        entry.variants["cpu"] = before.model_copy(update={"fingerprint": "rebuilt"})
+        start(entry, {"cpu": before}, RolloutPolicy(stages=[10, 100]), datetime.now(timezone.utc))
+        return Manifest(generation=current.generation + 1, models=current.models | {TARGET: entry})
+
+    publish_trust(store, online_key(keys), staged)
+    put_copy_right(store)
+    for widened in ({"stage": 1}, {"state": "reverted"}, {"state": "complete"}):
+        copy, _ = read_manifest(store)
+        assert copy is not None and copy.models[TARGET].rollout is not None
+        rollout = copy.models[TARGET].rollout.model_copy(update=widened)
+        copy.models[TARGET].rollout = rollout
+        store.write(MANIFEST_KEY, copy.to_json())
+        refresh(store, online_key(keys))
+        assert put_copy_right(store) == [TARGET]
+        signed_entry = signed_models(store, tmp_path / f"device-{len(widened)}", root, [TARGET])
+        assert signed_entry[TARGET]["rollout"]["stage"] == 0
+        assert signed_entry[TARGET]["rollout"]["state"] == "active"
