@@ -24,7 +24,7 @@ from epfleet.fleet.merge_rules import merge
 from epfleet.fleet.outcomes import PairOutcome, ok_outcome, outcome_of_failure
 from epfleet.fleet.planning import plan_run
 from epfleet.fleet.publish_rules import to_publish
-from epfleet.fleet.publishing import publish, read_manifest
+from epfleet.fleet.publishing import publish, read_manifest, update_manifest
 from epfleet.fleet.staging import cache_dir, fetch_source, tidy_cache
 from epfleet.formats.keys import files_key, listing_key
 from epfleet.formats.manifest import (
@@ -111,7 +111,7 @@ def compile_and_publish(spec: Path, store_uri: str) -> tuple[Manifest, list[Pair
         except Exception as exc:
             outcomes.append(outcome_of_failure(pair.request, exc))
     variants = {(m, t): entry for m, t, entry in to_publish(plan, outcomes)}
-    publish(store, plan.sources, plan.published_sources, variants, plan.samples)
+    publish(store, plan.sources, plan.published_sources, variants, plan.model_facts)
     manifest, _ = read_manifest(store)
     assert manifest is not None
     return manifest, outcomes
@@ -361,7 +361,7 @@ def test_gc_collects_unreferenced_files_and_keeps_referenced_and_pinned_ones(
 
     # The manifest drops the model: gc keeps what the device runs while its report is recent.
     dropped = Manifest(generation=manifest.generation + 1, published_at=later - timedelta(days=2))
-    store.write(MANIFEST_KEY, dropped.to_json())
+    update_manifest(store, lambda current: dropped)  # a publish (the store is signed)
     runs = {variant.artifact.uri, listing, *(f.uri for f in variant.files)}
     assert variant.files and {f.uri for f in variant.files} <= referenced  # shared with source
     pinned = collect(store, delete=True, now=later)

@@ -237,8 +237,8 @@ def test_the_cli_sync_and_manifest_show_end_with_the_reason_when_answers_trickle
     assert again.returncode == 0, again.stdout + again.stderr  # not busy
     assert good.variant and good.variant in again.stdout
 
-    manifest = proxy_path(fleet, "manifest.json")
-    s3_proxy.trickle_next_response_heads(manifest, interval=1.0, n=10)
+    # manifest show reads the manifest in force: on a signed store, its signed metadata
+    s3_proxy.trickle_next_response_heads(timestamp, interval=1.0, n=10)
     show = [sys.executable, "-m", "epfleet", "manifest", "show", "--store", fleet.site.uri]
     started = time.monotonic()
     shown = subprocess.run(show, capture_output=True, text=True, timeout=300, env=os.environ)
@@ -247,6 +247,6 @@ def test_the_cli_sync_and_manifest_show_end_with_the_reason_when_answers_trickle
     assert seconds < BOUND, seconds
     assert shown.returncode == 1
     assert shown.stderr.strip() == (
-        f"epfleet: reading s3:/{manifest}: no complete answer within 2 s "
+        f"epfleet: reading s3:/{timestamp}: no complete answer within 2 s "
         "(EPFLEET_STALL_TIMEOUT; 2 attempts)"
     ), shown.stderr
