@@ -83,6 +83,7 @@ def sync(
     """
     from epfleet.cli.interrupts import interrupts
     from epfleet.device.views import render_device_report
+    from epfleet.stores.probe import store_named_first
 
     wanted = SyncPolicy.model_validate(policy.model_dump()) if policy else SyncPolicy()
     if flow or serve is not None:
@@ -111,7 +112,10 @@ def sync(
         from epfleet.logs import log_to_stderr
 
         log_to_stderr()  # progress lines on stderr, the report alone on stdout
-        with interrupts(INTERRUPTED, unwind=True):  # the cache lock released on the way out
+        with (
+            interrupts(INTERRUPTED, unwind=True),  # the cache lock released on the way out
+            store_named_first(store),  # a missing store, before anything about trust
+        ):
             report = sync_device(
                 store,
                 cache,
