@@ -269,8 +269,8 @@ def _run_fleet_flow(
         store=store,
         workers=workers,
         force=force,
-        models=models,
-        targets=targets,
+        models=models or [],
+        targets=targets or [],
     )
 
 

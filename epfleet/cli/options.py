@@ -80,7 +80,8 @@ def option_name(field: str) -> str:
 
 
 def default_text(value: Any) -> Any:
-    """Defaults as help shows them: none for an off flag, lists comma-separated."""
-    if value is False:
+    """Defaults as help shows them: none for an off flag or an empty list (all), lists
+    comma-separated."""
+    if value is False or value == []:
         return None
     return ",".join(str(v) for v in value) if isinstance(value, list) else value

@@ -26,7 +26,7 @@ else:
         {
             "models": Parameter(name="--model", negative_iterable=()),
             "recompile": Parameter(negative="--no-recompile"),
-            "prefer": Parameter(negative_iterable=()),
+            "prefer": Parameter(negative_iterable=(), consume_multiple=True),
         },
         comma_lists=("prefer",),
     )
@@ -91,7 +91,7 @@ def sync(
         from flows.device_sync import device_sync
 
         parameters: dict[str, Any] = {"cache": str(cache.resolve()), "store": store}
-        parameters |= {"policy": wanted, "device": device_id}
+        parameters |= {"policy": wanted, "device": device_id or ""}
         if trust_root is not None:
             parameters["trust_root"] = str(trust_root.resolve())
         if allow_unsigned:

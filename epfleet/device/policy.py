@@ -10,7 +10,9 @@ from eps.base import DeviceType
 
 
 class SyncPolicy(BaseModel):
-    models: list[str] | None = Field(default=None, description="Only these (default: all)")
+    models: list[str] = Field(
+        default_factory=list, description="Only these models (empty: every model)"
+    )
     recompile: bool = Field(
         default=True, description="Recompile locally when nothing published is optimal here"
     )
