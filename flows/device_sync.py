@@ -87,12 +87,14 @@ def _publish_artifacts(report: DeviceReport) -> None:
     )
     moved = sum(m.bytes_downloaded for m in report.models)
     signed = report.manifest.signed
-    trust = "" if signed is None else ", signed" if signed else ", unsigned"
+    generation = report.manifest.generation
+    shown = [f"generation {generation}"] if generation is not None else []
+    shown += [] if signed is None else ["signed" if signed else "unsigned"]
+    details = f" ({', '.join(shown)})" if shown else ""
     create_markdown_artifact(
         key=f"{key}-summary",
         markdown=(
-            f"**{report.device_id}**: manifest {report.manifest.status} "
-            f"(generation {report.manifest.generation}{trust}) · "
+            f"**{report.device_id}**: manifest {report.manifest.status}{details} · "
             f"{format_bytes(moved)} downloaded · "
             + ", ".join(f"`{m.model}` {m.action}" for m in report.models)
             + "\n\n"

@@ -83,7 +83,9 @@ def compile_(
         Print one JSON object on stdout.
     """
     from epfleet.fleet.views import render_report
+    from epfleet.logs import log_to_stderr
 
+    log_to_stderr()  # epfleet's warnings as "epfleet: ..." lines, the report alone on stdout
     if not 1 <= workers <= MAX_WORKERS:
         raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {workers}")
     if dask_address and task_runner != "dask":

@@ -30,7 +30,7 @@ def start_temporary_api() -> str | None:
 
     server = SubprocessASGIServer()
     try:
-        server.start()
+        server.start(timeout=_startup_timeout())
     except Exception as exc:  # Prefect's: a RuntimeError after its start-up timeout
         if server.server_process is not None:
             server.server_process.kill()  # a slow one may still be starting
@@ -40,9 +40,30 @@ def start_temporary_api() -> str | None:
     return None
 
 
+STARTUP_TIMEOUT_SECONDS = 180
+"""How long ``epfleet compile`` waits for the temporary API unless
+PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is set. Prefect's default, 20 s, is
+too short on a busy 2-core machine: the server imports ~5 s of CPU (its FastAPI app and
+models) and migrates a new database (~5 s more, once), while this machine's compile
+workers take both cores; measured there it came up in 25-60 s, and 20 s failed 4 of 4
+times. Waiting longer costs nothing: the compiles run meanwhile, and the flow run
+collects them once the API answers."""
+
+
+def _startup_timeout() -> int:
+    from prefect.settings import get_current_settings
+
+    ephemeral = get_current_settings().server.ephemeral
+    if "startup_timeout_seconds" in ephemeral.model_fields_set:
+        return int(ephemeral.startup_timeout_seconds)
+    return STARTUP_TIMEOUT_SECONDS
+
+
 def _quiet_prefect_console() -> None:
     """Keep Prefect's INFO lines (each task run's, the temporary server's) off the
-    terminal; they still reach the API's run logs."""
+    terminal, and its warnings in epfleet's one format (``epfleet: <message>``); a run's
+    ERROR lines are left to the run's logs, since the command prints the error itself, on
+    one line. All of them still reach the API's run logs."""
     import logging
 
     from prefect.logging.configuration import setup_logging
@@ -53,6 +74,22 @@ def _quiet_prefect_console() -> None:
         for handler in getattr(logger, "handlers", []):
             if isinstance(handler, PrefectConsoleHandler):
                 handler.setLevel(logging.WARNING)
+                handler.setFormatter(logging.Formatter("epfleet: %(message)s"))
+                if not any(isinstance(f, _NoRunErrors) for f in handler.filters):
+                    handler.addFilter(_NoRunErrors())
+
+
+class _NoRunErrors:
+    """Drops a flow or task run's ERROR records from the console: the command's own last
+    line says what failed."""
+
+    RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+    def filter(self, record: object) -> bool:
+        import logging
+
+        assert isinstance(record, logging.LogRecord)
+        return not (record.levelno >= logging.ERROR and record.name in self.RUN_LOGGERS)
 
 
 _DIE_WITH_PARENT = (
