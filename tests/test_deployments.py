@@ -191,7 +191,7 @@ def fleet_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def deployed(server: Server, fleet_store: Path) -> Server:
-    """The README's Operate steps: set the store in deployments/prefect.yaml (a copy: the
+    """The Operate steps of the docs (docs/get-started/prefect-server.md): set the store in deployments/prefect.yaml (a copy: the
     checkout is left alone), create the pools, deploy everything from this clone."""
     shipped = (REPO / "deployments" / "prefect.yaml").read_text()
     assert shipped.count("./epfleet-store") == 1, "the store is set in one place"

@@ -26,12 +26,12 @@ from epfleet import RECIPE_VERSION, __version__, ort_version
 from epfleet.cli.compile import compile_
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from epfleet.cli.interrupts import announce_stopped, interrupts
-from epfleet.cli.manifest import manifest_app
-from epfleet.cli.options import cli_error, default_text
+from epfleet.cli.manifest import manifest_app, schema, show
+from epfleet.cli.options import cli_error, default_text, reflow_parameters
 from epfleet.cli.serve import serve, watch
 from epfleet.cli.store import gc, retire
 from epfleet.cli.sync import sync
-from epfleet.cli.trust import trust_app
+from epfleet.cli.trust import TRUST_COMMANDS, trust_app
 from epfleet.errors import BadInputError, EpfleetError
 
 APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
@@ -56,14 +56,13 @@ app = App(
     default_parameter=Parameter(negative=(), show_default=default_text),
     suppress_keyboard_interrupt=False,  # main says "interrupted" (cyclopts exits silently)
 )
-app.command(compile_, name="compile")
+for function in (compile_, sync, watch, serve, gc, retire, *TRUST_COMMANDS, show, schema):
+    function.__doc__ = reflow_parameters(function.__doc__)
+app.command(compile_, name="compile", help_epilogue="")
 app.command(manifest_app)
-app.command(sync)
-app.command(watch)
-app.command(serve)
+for command in (sync, watch, serve, gc, retire):
+    app.command(command, help_epilogue="")  # the app's examples are the app's alone
 app.command(trust_app)
-app.command(gc)
-app.command(retire)
 
 _interrupts = interrupts
 """The Ctrl-C handling (``epfleet.cli.interrupts``) under its former name here, which

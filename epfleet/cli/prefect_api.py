@@ -43,11 +43,12 @@ def start_temporary_api() -> str | None:
 STARTUP_TIMEOUT_SECONDS = 180
 """How long ``epfleet compile`` waits for the temporary API unless
 PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is set. Prefect's default, 20 s, is
-too short on a busy 2-core machine: the server imports ~5 s of CPU (its FastAPI app and
-models) and migrates a new database (~5 s more, once), while this machine's compile
-workers take both cores; measured there it came up in 25-60 s, and 20 s failed 4 of 4
-times. Waiting longer costs nothing: the compiles run meanwhile, and the flow run
-collects them once the API answers."""
+too short on a busy 2-core machine: the server's process imports ~5 s of CPU (its
+FastAPI app and database models) and migrates a new database once (~5 s more), while
+the compile workers take both cores. Measured on a 2-core machine: 6 s (11 s with a new
+database) quiet, 27 s (42 s) beside two busy processes, 39 s (86 s) beside four.
+Waiting longer costs nothing: the compiles run meanwhile, and the flow run collects them
+once the API answers."""
 
 
 def _startup_timeout() -> int:

@@ -38,6 +38,8 @@ def watch(
     those each published variant was compiled with, read the device reports for
     unserved devices, and start fleet-compile for stale or missing pairs.
 
+    --dry-run only reports, without a flow run (no Prefect API is started).
+
     For example:
       epfleet watch examples/fleet.yaml --store ./epfleet-store --dry-run
       epfleet watch fleet.yaml --store s3://bucket/fleet --report-max-age-days 7

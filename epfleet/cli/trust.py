@@ -233,3 +233,6 @@ def status(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
         print(f"{r.role:<{width}}  version {r.version:<6} expires {r.expires:%Y-%m-%d %H:%M} UTC")
     print(f"{bins} hashed bins")
     return EXIT_OK
+
+
+TRUST_COMMANDS = (init, rotate, refresh, status)
