@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 
@@ -29,15 +30,45 @@ def start_temporary_api() -> str | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
-    try:
-        server.start(timeout=_startup_timeout())
-    except Exception as exc:  # Prefect's: a RuntimeError after its start-up timeout
-        if server.server_process is not None:
-            server.server_process.kill()  # a slow one may still be starting
-        first = str(exc).split(" stdout:")[0].strip().rstrip(".") or type(exc).__name__
-        logged = _temporary_api_error()
-        return f"{first}: {logged}" if logged else first
-    return None
+    failed: list[Exception] = []
+
+    def start() -> None:
+        try:
+            server.start(timeout=_startup_timeout())
+        except Exception as exc:  # Prefect's: a RuntimeError after its start-up timeout
+            failed.append(exc)
+
+    # Prefect waits out its whole timeout even for a server that exited at start-up (a
+    # database it cannot open): its process is watched here, so that ends the wait.
+    starting = threading.Thread(target=start, name="epfleet-prefect-api", daemon=True)
+    starting.start()
+    exited: int | None = None
+    failed_starts: set[int] = set()  # the processes that exited with uvicorn's code 3
+    while starting.is_alive() and exited is None:
+        starting.join(0.5)
+        process = server.server_process
+        code = process.poll() if process is not None else None
+        if code == STARTUP_FAILED:
+            failed_starts.add(id(process))
+        if (code is not None and code != STARTUP_FAILED) or len(failed_starts) >= 2:
+            exited = code
+    if not failed and exited is None:
+        return None
+    if server.server_process is not None:
+        server.server_process.kill()  # a slow one may still be starting
+    first = (
+        str(failed[0]).split(" stdout:")[0].strip().rstrip(".") or type(failed[0]).__name__
+        if failed
+        else f"its process exited with code {exited} at start-up"
+    )
+    logged = _temporary_api_error()
+    return f"{first}: {logged}" if logged else first
+
+
+STARTUP_FAILED = 3
+"""uvicorn's exit code when the app's start-up fails: a port taken meanwhile (Prefect
+starts it again on another port) or a server that cannot start at all (a database it
+cannot open): a second such exit ends the wait."""
 
 
 STARTUP_TIMEOUT_SECONDS = 180
