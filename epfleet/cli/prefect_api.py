@@ -23,7 +23,7 @@ def start_temporary_api() -> str | None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import get_current_settings
 
-    _quiet_prefect_console()
+    quiet_prefect_console()
     if get_current_settings().api.url:
         return None
     temporary_api_dies_with_us()
@@ -91,7 +91,7 @@ def _startup_timeout() -> int:
     return STARTUP_TIMEOUT_SECONDS
 
 
-def _quiet_prefect_console() -> None:
+def quiet_prefect_console() -> None:
     """Keep Prefect's INFO lines (each task run's, the temporary server's) off the
     terminal, and its warnings in epfleet's one format (``epfleet: <message>``); a run's
     ERROR lines are left to the run's logs, since the command prints the error itself, on
