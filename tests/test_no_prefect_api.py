@@ -58,3 +58,21 @@ def test_commands_without_a_flow_run_import_no_prefect(tmp_path: Path, model_dir
     ]:
         result = probe(*argv, cwd=tmp_path)
         assert result == {"code": 0, "prefect": False}, (argv, result)
+
+
+def test_a_flow_run_refused_for_bad_input_prints_one_line(tmp_path: Path) -> None:
+    """``sync --flow`` against a store that is not there: the flow run fails on the
+    temporary API, and the terminal gets the one line (the run's traceback stays in its
+    logs)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "EPFLEET_"))}
+    env |= {"PYTHONPATH": str(ROOT), "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    done = subprocess.run(
+        [sys.executable, "-m", "epfleet", "sync", "--flow", "--store", str(tmp_path / "nope"),
+         "--cache", str(tmp_path / "device")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        f"epfleet: error: store {(tmp_path / 'nope').as_uri()} does not exist (no directory "
+        f"{tmp_path / 'nope'}): check --store; a fleet publishes there with epfleet compile"
+    ], done.stderr[-3000:]

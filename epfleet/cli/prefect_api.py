@@ -65,6 +65,21 @@ def start_temporary_api() -> str | None:
     return f"{first}: {logged}" if logged else first
 
 
+def api_for_a_flow_run(without: str) -> None:
+    """Prefect's API for a command that needs its flow run (``sync --flow``, ``watch``):
+    the temporary one started as ``epfleet compile`` starts it (waited for, dying with
+    us, its INFO lines and run errors off the terminal); EpfleetError naming ``without``,
+    the way to do without it, when it does not start."""
+    problem = start_temporary_api()
+    if problem is not None:
+        from epfleet.errors import EpfleetError
+
+        raise EpfleetError(
+            f"Prefect's temporary API did not start ({problem}): set PREFECT_API_URL to a "
+            f"Prefect server, or {without}"
+        )
+
+
 STARTUP_FAILED = 3
 """uvicorn's exit code when the app's start-up fails: a port taken meanwhile (Prefect
 starts it again on another port) or a server that cannot start at all (a database it

@@ -76,6 +76,9 @@ def watch(
         parameters: dict[str, Any] = {"spec": spec, "store": store, "trigger": True}
         parameters |= {name: value for name, value in given.items() if value is not None}
         _check_flow_parameters(runtime_watch, parameters)
+        from epfleet.cli.prefect_api import api_for_a_flow_run
+
+        api_for_a_flow_run(without="use --dry-run (a report needs no Prefect)")
         plan = runtime_watch(**parameters)
     if as_json:
         print(plan.model_dump_json())

@@ -105,6 +105,9 @@ def sync(
                 limit=1,  # one sync of this cache at a time; late runs wait their turn
             )
             return 0
+        from epfleet.cli.prefect_api import api_for_a_flow_run
+
+        api_for_a_flow_run(without="sync without --flow (it needs no Prefect)")
         with interrupts(INTERRUPTED):
             report = device_sync(**parameters)
     else:
