@@ -3,8 +3,8 @@
 epfleet's modules log to ``logging.getLogger(__name__)``; inside a Prefect run the
 flows hand those records to the run's logs (``tasks/sync.py``). A command-line front
 end calls ``log_to_stderr`` once, so that progress lines appear on stderr and stdout
-carries only the result. ``CompileProgress`` shows the compiles in flight of
-``epfleet compile``.
+carries only the result. ``CompileProgress`` shows each pair of ``epfleet compile`` as it
+compiles, verifies and ends (``pair_progress`` is how the build tells it).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -42,9 +43,22 @@ def log_to_stderr(level: int = logging.INFO) -> None:
     logger.propagate = False
 
 
+_pair_listeners: list[Callable[[str, str, bool], None]] = []
+
+
+def pair_progress(label: str, what: str, *, final: bool = False) -> None:
+    """Tell whatever shows the run's progress (``CompileProgress``) where pair ``label``
+    (``model × target``) is: a phase under way (``verifying``), or with ``final`` how it
+    ended (``verified ...``, ``failed verification: ...``)."""
+    for listener in list(_pair_listeners):
+        listener(label, what, final)
+
+
 class CompileProgress:
-    """The compiles in flight, on stderr: a line as each one finishes and, on a terminal,
-    a live line of those still compiling with their seconds so far (redrawn each second).
+    """Each pair's progress, on stderr: a line when it starts verifying (often the longest
+    phase), a counted line with its outcome (``[3/12] m × t: verified ...``, ``failed
+    verification: ...``, ``compile failed: ...``) and, on a terminal, a live line of the
+    pairs still compiling or verifying with their seconds so far (redrawn each second).
     Off a terminal only the plain lines are written."""
 
     REFRESH_SECONDS = 1.0
@@ -52,13 +66,15 @@ class CompileProgress:
     def __init__(self, compiles: list[tuple[str, Future[Any]]]) -> None:
         self._compiles = compiles
         self._lock = threading.Lock()
-        self._finished = 0
+        self._finished: set[str] = set()
         self._running_since: dict[str, float] = {}
+        self._verifying_since: dict[str, float] = {}
         self._live = sys.stderr.isatty()
         self._stop = threading.Event()
         self._drawn = False
         for label, future in compiles:
             future.add_done_callback(functools.partial(self._done, label))
+        _pair_listeners.append(self._on_pair)
         self._thread: threading.Thread | None = None
         if self._live and compiles:
             self._thread = threading.Thread(target=self._redraw, name="epfleet-progress")
@@ -66,17 +82,29 @@ class CompileProgress:
             self._thread.start()
 
     def _done(self, label: str, future: Future[Any]) -> None:
-        if future.cancelled():
+        """A compile ended: a failure is the pair's outcome; a success waits for it."""
+        if future.cancelled() or future.exception() is None:
             return
-        error = future.exception()
+        self._on_pair(
+            label, f"compile failed: {' '.join(str(future.exception()).split())[:200]}", True
+        )
+
+    def _on_pair(self, label: str, what: str, final: bool) -> None:
         with self._lock:
-            self._finished += 1
-            what = (
-                f"compiled in {future.result().seconds:.2f} s"
-                if error is None
-                else f"compile failed: {' '.join(str(error).split())[:200]}"
-            )
-            self._write(f"epfleet: [{self._finished}/{len(self._compiles)}] {label}: {what}\n")
+            if label not in self._labels or label in self._finished:
+                return
+            if not final:
+                self._verifying_since.setdefault(label, time.monotonic())
+                self._write(f"epfleet: {label}: {what}\n")
+                return
+            self._finished.add(label)
+            self._verifying_since.pop(label, None)
+            count = f"[{len(self._finished)}/{len(self._compiles)}]"
+            self._write(f"epfleet: {count} {label}: {what}\n")
+
+    @functools.cached_property
+    def _labels(self) -> frozenset[str]:
+        return frozenset(label for label, _ in self._compiles)
 
     def _write(self, text: str) -> None:
         """Write ``text`` (under the lock), clearing the live line first."""
@@ -97,16 +125,21 @@ class CompileProgress:
             with self._lock:
                 if self._stop.is_set():
                     return
-                if not running:
+                verifying = [f"{k} {now - t:.0f} s" for k, t in self._verifying_since.items()]
+                phases = [f"compiling: {', '.join(running)}"] if running else []
+                phases += [f"verifying: {', '.join(verifying)}"] if verifying else []
+                if not phases:
                     if self._drawn:
                         self._write("")
                     continue
                 width = shutil.get_terminal_size().columns - 1
-                self._write(f"compiling: {', '.join(running)}"[:width])
+                self._write(" · ".join(phases)[:width])
                 self._drawn = True
 
     def close(self) -> None:
         """Stop redrawing and clear the live line."""
+        if self._on_pair in _pair_listeners:
+            _pair_listeners.remove(self._on_pair)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(2 * self.REFRESH_SECONDS)

@@ -43,8 +43,8 @@ class Settings(BaseSettings):
         default=ByteSize(256 << 20),
         ge=0,
         description="A variant embeds its EP context binaries in the model when the source "
-        "totals less than this, e.g. 256MiB (the default); larger ones get them as files "
-        "beside the model. A target's embed_context overrides it",
+        "(with its external data) totals less than this, e.g. 256MiB (the default); larger "
+        "ones get them as files beside the model. A target's embed_context overrides it",
     )
     device_id: str | None = Field(
         default=None,
@@ -55,7 +55,8 @@ class Settings(BaseSettings):
     task_runner: str = Field(
         default="threads",
         description="Where a deployment's fleet-compile and compile-pairs runs execute their "
-        "compile tasks: threads or dask (epfleet[dask])",
+        "compile tasks: threads (the default) or dask (epfleet[dask]); --task-runner on the "
+        "command line",
     )
     dask_address: str | None = Field(
         default=None,
@@ -66,7 +67,7 @@ class Settings(BaseSettings):
         default=2,
         ge=1,
         le=MAX_WORKERS,
-        description="Worker processes of that local Dask cluster",
+        description="Worker processes of that local Dask cluster (1 to 64; default 2)",
     )
     stall_timeout: float = Field(
         default=30.0,
@@ -150,7 +151,8 @@ class Settings(BaseSettings):
     drop_unlisted: bool = Field(
         default=False,
         description="A device sync removes models the manifest no longer lists from its cache "
-        "(--drop-unlisted); default false: they stay as they were",
+        "(--drop-unlisted), never on an offline or rejected manifest nor a --model subset; "
+        "default false: they stay as they were",
     )
     trust_signer: str | None = Field(
         default=None,
@@ -180,7 +182,7 @@ def settings() -> Settings:
 
 
 def describe() -> list[tuple[str, str]]:
-    """Each variable with its description, for help texts and the README."""
+    """Each variable with its description, for the docs (docs/reference/settings.md)."""
     return [
         (env_name(name), field.description or "") for name, field in Settings.model_fields.items()
     ]

@@ -1,4 +1,5 @@
-"""Plain-text rendering shared by every command: byte sizes and aligned tables."""
+"""Plain-text rendering shared by every command: byte sizes, counted nouns and aligned
+tables."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ def format_bytes(size: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 golden sample``, ``2 golden samples``."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

@@ -38,7 +38,7 @@ def compile_pairs(
         pairs: The pairs, with their manifest entries when fleet-compile planned.
         store: Store URI of the fleet.
         results_key: Store key where the outcomes go.
-        workers: Compiles run in parallel on this machine.
+        workers: Compiles run in parallel on this machine (1 to 64).
         force: Recompile pairs that are up to date.
     """
     todo, skipped = plan_on_pool(pairs, store, force)

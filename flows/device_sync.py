@@ -43,25 +43,27 @@ def device_sync(
     cache: str,
     store: str = DEFAULT_STORE,
     policy: SyncPolicy = SyncPolicy(),  # noqa: B008 (a pydantic default is immutable enough for Prefect)
-    device: str | None = None,
-    trust_root: str | None = None,
-    allow_unsigned: bool | None = None,
+    device: str = "",
+    trust_root: str = "",
+    allow_unsigned: bool = False,
 ) -> DeviceReport:
     """Sync this device's cache with the fleet manifest.
 
     Args:
         cache: Device cache directory (an ORT model package).
         store: The fleet's store: a directory, file:///abs/dir or s3://bucket/prefix.
-        policy: Which models, whether to recompile, device preference, re-hashing,
-            dropping the models the manifest no longer lists.
-        device: Device id in reports (default $EPFLEET_DEVICE_ID or the host name).
-        trust_root: The root.json of the store's signed metadata (default
-            $EPFLEET_TRUST_ROOT; kept in the cache after the first sync).
-        allow_unsigned: With no trusted root, sync from the unsigned manifest.json
-            (default $EPFLEET_ALLOW_UNSIGNED, else refused).
+        policy: Which models (empty: every model), whether to recompile, device preference,
+            re-hashing, dropping the models the manifest no longer lists.
+        device: Device id in reports (empty: $EPFLEET_DEVICE_ID, else the host name).
+        trust_root: The root.json of the store's signed metadata (empty:
+            $EPFLEET_TRUST_ROOT, else the root kept in the cache by an earlier sync).
+        allow_unsigned: With no trusted root, sync from the unsigned manifest.json (off:
+            as $EPFLEET_ALLOW_UNSIGNED says, else refused).
     """
-    # The lock, state, discovery and worker: once per run.
-    with open_sync(store, cache, policy, device, trust_root, allow_unsigned):
+    # The lock, state, discovery and worker: once per run. Empty means "as configured".
+    with open_sync(
+        store, cache, policy, device or None, trust_root or None, allow_unsigned or None
+    ):
         fetch_manifest_task(cache)
         drop_unlisted_task(cache)
         for model in wanted_models_task(cache):
@@ -96,12 +98,14 @@ def _publish_artifacts(report: DeviceReport) -> None:
     )
     moved = sum(m.bytes_downloaded for m in report.models)
     signed = report.manifest.signed
-    trust = "" if signed is None else ", signed" if signed else ", unsigned"
+    generation = report.manifest.generation
+    shown = [f"generation {generation}"] if generation is not None else []
+    shown += [] if signed is None else ["signed" if signed else "unsigned"]
+    details = f" ({', '.join(shown)})" if shown else ""
     create_markdown_artifact(
         key=f"{key}-summary",
         markdown=(
-            f"**{report.device_id}**: manifest {report.manifest.status} "
-            f"(generation {report.manifest.generation}{trust}) · "
+            f"**{report.device_id}**: manifest {report.manifest.status}{details} · "
             f"{format_bytes(moved)} downloaded · "
             + ", ".join(f"`{m.model}` {m.action}" for m in report.models)
             + "\n\n"

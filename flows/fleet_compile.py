@@ -41,8 +41,8 @@ def fleet_compile(
     store: str = DEFAULT_STORE,
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] = 2,
     force: bool = False,
-    models: list[str] | None = None,
-    targets: list[str] | None = None,
+    models: list[str] = [],  # noqa: B006 (never changed; Prefect's form needs a list default)
+    targets: list[str] = [],  # noqa: B006
     work_pool_timeout: Annotated[int, Field(ge=1)] = 3600,
 ) -> RunReport:
     """Compile every model for every EP target and publish the manifest.
@@ -50,12 +50,12 @@ def fleet_compile(
     Args:
         spec: Path of the fleet spec YAML on the worker (relative to its working directory).
         store: Store URI: a directory, file:///abs/dir or s3://bucket/prefix.
-        workers: Compiles run in parallel on this machine.
+        workers: Compiles run in parallel on this machine (1 to 64).
         force: Recompile pairs that are up to date.
-        models: Only these models (default: all).
-        targets: Only these targets (default: all).
+        models: Only these models (empty: every model of the spec).
+        targets: Only these targets (empty: every target of the spec).
         work_pool_timeout: Seconds from dispatch to wait for pairs sent to a target's work
-            pool.
+            pool (1 or more; default an hour).
     """
     plan: RunPlan = plan_task(spec, store, models or None, targets or None, force)
     by_pool: dict[str, list[PlannedPair]] = {}

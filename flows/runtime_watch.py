@@ -45,7 +45,7 @@ def runtime_watch(
         store: Store URI: a directory, file:///abs/dir or s3://bucket/prefix.
         compile_deployment: The deployment started for stale or missing pairs.
         trigger: Start the compile and emit events (off: only report).
-        report_max_age_days: Ignore device reports older than this.
+        report_max_age_days: Ignore device reports older than this many days (1 or more).
     """
     logger = get_run_logger()
     plan, generation = watch_task(spec, store, report_max_age_days)

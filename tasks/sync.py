@@ -31,6 +31,7 @@ from epfleet.device.session import SyncSession
 from epfleet.errors import EpfleetError
 from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
 from epfleet.logs import PACKAGE_LOGGER
+from epfleet.stores.probe import store_named_first
 
 _open: dict[Path, SyncSession] = {}
 _open_lock = threading.Lock()
@@ -50,6 +51,7 @@ def open_sync(
     root = Path(trust_root) if trust_root else None
     with (
         logs_to_run(),
+        store_named_first(store),  # a missing store, before anything about trust
         SyncSession(
             store, Path(cache), policy, device, trust_root=root, allow_unsigned=allow_unsigned
         ) as session,

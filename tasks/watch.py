@@ -1,16 +1,13 @@
 """Prefect tasks of runtime-watch: read what the watch compares, start the compile.
 
-Thin glue over ``epfleet.fleet.watch_inputs`` (what is read) and
-``epfleet.fleet.watch_rules`` (what is
-decided); the watch task is retried only for store faults (``epfleet.fleet.retries``).
+Thin glue over ``epfleet.fleet.watching`` (one pass: what is read, what is decided); the
+watch task is retried only for store faults (``epfleet.fleet.retries``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from datetime import timedelta
-from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -20,12 +17,9 @@ from prefect.exceptions import ObjectNotFound
 
 from epfleet import ort_version
 from epfleet.errors import BadInputError
-from epfleet.fleet.publishing import read_in_force
 from epfleet.fleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
-from epfleet.fleet.watch_inputs import compile_worker_runtime, read_reports
-from epfleet.fleet.watch_rules import WatchPlan, check_pairs, find_unserved
-from epfleet.formats.manifest import utcnow
-from epfleet.formats.spec_file import load_spec
+from epfleet.fleet.watch_rules import WatchPlan
+from epfleet.fleet.watching import watch_once
 from epfleet.stores import open_store
 
 
@@ -38,24 +32,11 @@ from epfleet.stores import open_store
 )
 def watch_task(spec: str, store: str, report_max_age_days: int) -> tuple[WatchPlan, int]:
     """The watch's findings and the manifest generation they were made on."""
-    fleet = load_spec(Path(spec))
-    target_store = open_store(store)
-    manifest = read_in_force(target_store).manifest
-    runtime = compile_worker_runtime(fleet)
-    checks = check_pairs(fleet, manifest, runtime)
-    reports, skipped = read_reports(target_store)
-    unserved, quiet = find_unserved(
-        reports, fleet, checks, runtime, utcnow(), timedelta(days=report_max_age_days)
-    )
+    found = watch_once(spec, store, report_max_age_days)
     logger = get_run_logger()
-    for problem in skipped:
-        logger.warning("device report ignored: %s", problem)
-    if quiet:
-        logger.info("%d device reports older than %d days ignored", len(quiet), report_max_age_days)
-    plan = WatchPlan(
-        pairs=checks, unserved=unserved, reports_read=len(reports), reports_skipped=skipped
-    )
-    return plan, manifest.generation if manifest else 0
+    for note in found.notes:
+        logger.warning("%s", note)
+    return found.plan, found.generation
 
 
 def trigger_key(

@@ -192,8 +192,9 @@ def fleet_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def deployed(server: Server, fleet_store: Path) -> Server:
-    """The README's Operate steps: set the store in deployments/prefect.yaml (a copy: the
-    checkout is left alone), create the pools, deploy everything from this clone."""
+    """The docs' Prefect server steps (docs/get-started/prefect-server.md): set the store
+    in deployments/prefect.yaml (a copy: the checkout is left alone), create the pools,
+    deploy everything from this clone."""
     shipped = (REPO / "deployments" / "prefect.yaml").read_text()
     assert shipped.count("./epfleet-store") == 1, "the store is set in one place"
     edited = fleet_store.parent / "prefect.yaml"
@@ -311,7 +312,9 @@ def test_deployments_have_the_schedules_and_forms_of_prefect_yaml(
     assert on_demand["schedules"] == []
     form = on_demand["parameter_openapi_schema"]
     assert {"spec", "store", "models", "targets", "force"} <= set(form["properties"])
-    assert form["properties"]["models"]["description"] == "Only these models (default: all)."
+    models = form["properties"]["models"]
+    assert models["description"] == "Only these models (empty: every model of the spec)."
+    assert models["type"] == "array" and models["default"] == []  # a list, not list | None
     assert form["required"] == ["spec"]
     assert deployed.deployment("compile-pairs/gpu-compilers")["work_pool_name"] == "gpu-compilers"
     # the pull step runs each flow in this checkout, as recorded when it was deployed

@@ -202,7 +202,7 @@ def interrupt_and_check(
         for line in lines
         if line.startswith("epfleet")
         and "pairs to compile" not in line
-        and not line.startswith("epfleet: [")  # a compile's progress line
+        and " × " not in line  # a pair's progress line
     ]
     # (an EP's native banner from a worker may come before it: not epfleet's output)
     assert ours == ["epfleet: interrupted; compiles stopped, nothing half-published"], lines

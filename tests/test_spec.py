@@ -56,7 +56,15 @@ def test_valid_spec_fills_defaults_and_stringifies_options() -> None:
         (spec(models=[{"name": "Bad Name", "source": "m.onnx"}]), "models[Bad Name].name"),
         (
             spec(models=[{"name": "m", "source": "m.onnx", "colour": "red"}]),
-            "models[m].colour: Extra inputs are not permitted",
+            "models[m].colour: unknown key; known keys: name, source",
+        ),
+        (
+            spec(models=[{"name": "m", "sorce": "m.onnx"}]),
+            "models[m].sorce: unknown key; did you mean source?",
+        ),
+        (
+            spec(targets=[{**QNN, "tolerence": 0.1}]),
+            "tolerence: unknown key; did you mean tolerance?",
         ),
         (
             spec(targets=[{**QNN, "provider_options": {"htp_arch": "42"}}]),

@@ -745,7 +745,8 @@ def test_the_device_sync_flow_verifies_with_its_trust_root(local_fleet: Fleet) -
     )
     assert report.exit_code == 0 and report.manifest.signed, report.manifest
     summary = Artifact.get("device-sync-trusting-flow-summary")
-    assert summary is not None and ", signed)" in str(summary.data)
+    assert summary is not None and "signed)" in str(summary.data)
+    assert "unsigned" not in str(summary.data) and "None" not in str(summary.data)
 
 
 # --- no compiled fleet needed ------------------------------------------------------------------

@@ -16,8 +16,9 @@ through this module (``tests/test_imports.py``).
 
 from __future__ import annotations
 
+import os
 import sys
-import textwrap
+from typing import Annotated
 
 from cyclopts import App, CycloptsError, Parameter
 
@@ -25,56 +26,45 @@ from epfleet import RECIPE_VERSION, __version__, ort_version
 from epfleet.cli.compile import compile_
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from epfleet.cli.interrupts import announce_stopped, interrupts
-from epfleet.cli.manifest import manifest_app
-from epfleet.cli.options import cli_error, default_text
-from epfleet.cli.rollout import rollout_app
+from epfleet.cli.manifest import manifest_app, schema, show
+from epfleet.cli.options import cli_error, default_text, reflow_parameters
+from epfleet.cli.rollout import ROLLOUT_COMMANDS, rollout_app
 from epfleet.cli.serve import serve, watch
 from epfleet.cli.store import gc, retire
 from epfleet.cli.sync import sync
-from epfleet.cli.trust import trust_app
+from epfleet.cli.trust import TRUST_COMMANDS, trust_app
 from epfleet.errors import BadInputError, EpfleetError
-from epfleet.settings import describe
 
 APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
-execution provider each device really has.
+execution provider each device really has."""
 
-For example:
+APP_EPILOGUE = """For example:
   epfleet compile examples/fleet.yaml --store ./epfleet-store
   epfleet sync --store ./epfleet-store --cache ./epfleet-device
   epfleet COMMAND --help
 
 Exit codes: 0 ok; 1 a pair or a model failed, or the store failed; 2 bad input;
-130 interrupted (Ctrl-C).
-"""
-
-
-def _environment() -> str:
-    lines = ["Environment (an empty variable counts as unset):"]
-    for name, text in describe():
-        lines += [
-            f"  {name}",
-            *textwrap.wrap(text, 76, initial_indent="    ", subsequent_indent="    "),
-        ]
-    return "\n".join(lines)
+130 interrupted (Ctrl-C). --store defaults to ./epfleet-store. The EPFLEET_*
+environment variables are in the documentation (docs/reference/settings.md)."""
 
 
 app = App(
     name="epfleet",
-    help=APP_HELP + "\n" + _environment(),
+    help=APP_HELP,
+    help_epilogue=APP_EPILOGUE,
     help_format="plaintext",
     version=lambda: f"epfleet {__version__} (onnxruntime {ort_version()}, recipe {RECIPE_VERSION})",
     default_parameter=Parameter(negative=(), show_default=default_text),
     suppress_keyboard_interrupt=False,  # main says "interrupted" (cyclopts exits silently)
 )
-app.command(compile_, name="compile")
+for function in (compile_, sync, watch, serve, gc, retire, *TRUST_COMMANDS, *ROLLOUT_COMMANDS, show, schema):
+    function.__doc__ = reflow_parameters(function.__doc__)
+app.command(compile_, name="compile", help_epilogue="")
 app.command(manifest_app)
-app.command(sync)
-app.command(watch)
-app.command(serve)
+for command in (sync, watch, serve, gc, retire):
+    app.command(command, help_epilogue="")  # the app's examples are the app's alone
 app.command(trust_app)
 app.command(rollout_app)
-app.command(gc)
-app.command(retire)
 
 _interrupts = interrupts
 """The Ctrl-C handling (``epfleet.cli.interrupts``) under its former name here, which
@@ -82,7 +72,7 @@ _interrupts = interrupts
 
 
 @app.default
-def _no_command(*unknown: str) -> int:
+def _no_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
     what = f"unknown command {unknown[0]!r}" if unknown else "a command is required"
     print(f"epfleet: error: {what} (epfleet --help)", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -109,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # our handler's, or a Ctrl-C before it was installed
         announce_stopped()
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader went away (| head): quiet, as other tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     return result if isinstance(result, int) else EXIT_OK
 
 

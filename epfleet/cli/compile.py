@@ -12,7 +12,9 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from cyclopts import Parameter
 
 from epfleet import MAX_WORKERS
 from epfleet.cli.interrupts import interrupts
@@ -35,7 +37,7 @@ def compile_(
     /,
     *,
     store: Store = DEFAULT_STORE,
-    workers: int = os.cpu_count() or 1,
+    workers: Annotated[int, Parameter(show_default=False)] = os.cpu_count() or 1,
     force: bool = False,
     model: Repeatable = None,
     target: Repeatable = None,
@@ -71,8 +73,8 @@ def compile_(
     target
         Only this target (repeatable).
     task_runner
-        Where compile tasks run: threads (this machine) or dask (a Dask cluster:
-        --dask-address, or a local one of --workers processes).
+        Where compile tasks run: threads (this machine) or dask (a Dask cluster, the one
+        at --dask-address or a local one of --workers processes).
     dask_address
         The Dask scheduler, e.g. tcp://10.0.0.5:8786.
     prune
@@ -83,7 +85,9 @@ def compile_(
         Print one JSON object on stdout.
     """
     from epfleet.fleet.views import render_report
+    from epfleet.logs import log_to_stderr
 
+    log_to_stderr()  # epfleet's warnings as "epfleet: ..." lines, the report alone on stdout
     if not 1 <= workers <= MAX_WORKERS:
         raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {workers}")
     if dask_address and task_runner != "dask":
@@ -269,8 +273,8 @@ def _run_fleet_flow(
         store=store,
         workers=workers,
         force=force,
-        models=models,
-        targets=targets,
+        models=models or [],
+        targets=targets or [],
     )
 
 

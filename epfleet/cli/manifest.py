@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
-from cyclopts import App
+from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from epfleet.cli.options import Json, Store
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
-manifest_app = App(name="manifest", help="Inspect the published manifest.")
+manifest_app = App(name="manifest", help="Inspect the published manifest.", help_epilogue="")
 
 
 @manifest_app.default
-def _no_manifest_command(*unknown: str) -> int:
+def _no_manifest_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
     what = f"unknown command 'manifest {unknown[0]}'" if unknown else "manifest needs a command"
     print(f"epfleet: error: {what}: show or schema", file=sys.stderr)
     return EXIT_BAD_INPUT

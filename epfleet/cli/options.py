@@ -80,7 +80,25 @@ def option_name(field: str) -> str:
 
 
 def default_text(value: Any) -> Any:
-    """Defaults as help shows them: none for an off flag, lists comma-separated."""
-    if value is False:
+    """Defaults as help shows them: none for an off flag or an empty list (all), lists
+    comma-separated."""
+    if value is False or value == []:
         return None
     return ",".join(str(v) for v in value) if isinstance(value, list) else value
+
+
+def reflow_parameters(doc: str | None) -> str | None:
+    """``doc`` with each description of its numpydoc ``Parameters`` section on one line:
+    help in plain text keeps a docstring's line breaks, which a help column of another
+    width turns into ragged lines."""
+    if not doc or "Parameters\n" not in doc:
+        return doc
+    head, _, section = doc.partition("Parameters\n")
+    lines: list[str] = []
+    for line in section.splitlines():
+        continuing = lines and line.startswith(" " * 8) and lines[-1].startswith(" " * 8)
+        if continuing and line.strip():
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return head + "Parameters\n" + "\n".join(lines) + "\n"

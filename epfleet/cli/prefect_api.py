@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 
@@ -22,27 +23,94 @@ def start_temporary_api() -> str | None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import get_current_settings
 
-    _quiet_prefect_console()
+    quiet_prefect_console()
     if get_current_settings().api.url:
         return None
     temporary_api_dies_with_us()
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
-    try:
-        server.start()
-    except Exception as exc:  # Prefect's: a RuntimeError after its start-up timeout
-        if server.server_process is not None:
-            server.server_process.kill()  # a slow one may still be starting
-        first = str(exc).split(" stdout:")[0].strip().rstrip(".") or type(exc).__name__
-        logged = _temporary_api_error()
-        return f"{first}: {logged}" if logged else first
-    return None
+    failed: list[Exception] = []
+
+    def start() -> None:
+        try:
+            server.start(timeout=_startup_timeout())
+        except Exception as exc:  # Prefect's: a RuntimeError after its start-up timeout
+            failed.append(exc)
+
+    # Prefect waits out its whole timeout even for a server that exited at start-up (a
+    # database it cannot open): its process is watched here, so that ends the wait.
+    starting = threading.Thread(target=start, name="epfleet-prefect-api", daemon=True)
+    starting.start()
+    exited: int | None = None
+    failed_starts: set[int] = set()  # the processes that exited with uvicorn's code 3
+    while starting.is_alive() and exited is None:
+        starting.join(0.5)
+        process = server.server_process
+        code = process.poll() if process is not None else None
+        if code == STARTUP_FAILED:
+            failed_starts.add(id(process))
+        if (code is not None and code != STARTUP_FAILED) or len(failed_starts) >= 2:
+            exited = code
+    if not failed and exited is None:
+        return None
+    if server.server_process is not None:
+        server.server_process.kill()  # a slow one may still be starting
+    first = (
+        str(failed[0]).split(" stdout:")[0].strip().rstrip(".") or type(failed[0]).__name__
+        if failed
+        else f"its process exited with code {exited} at start-up"
+    )
+    logged = _temporary_api_error()
+    return f"{first}: {logged}" if logged else first
 
 
-def _quiet_prefect_console() -> None:
+def api_for_a_flow_run(without: str) -> None:
+    """Prefect's API for a command that needs its flow run (``sync --flow``, ``watch``):
+    the temporary one started as ``epfleet compile`` starts it (waited for, dying with
+    us, its INFO lines and run errors off the terminal); EpfleetError naming ``without``,
+    the way to do without it, when it does not start."""
+    problem = start_temporary_api()
+    if problem is not None:
+        from epfleet.errors import EpfleetError
+
+        raise EpfleetError(
+            f"Prefect's temporary API did not start ({problem}): set PREFECT_API_URL to a "
+            f"Prefect server, or {without}"
+        )
+
+
+STARTUP_FAILED = 3
+"""uvicorn's exit code when the app's start-up fails: a port taken meanwhile (Prefect
+starts it again on another port) or a server that cannot start at all (a database it
+cannot open): a second such exit ends the wait."""
+
+
+STARTUP_TIMEOUT_SECONDS = 180
+"""How long ``epfleet compile`` waits for the temporary API unless
+PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is set. Prefect's default, 20 s, is
+too short on a busy 2-core machine: the server's process imports ~5 s of CPU (its
+FastAPI app and database models) and migrates a new database once (~5 s more), while
+the compile workers take both cores. Measured on a 2-core machine: 6 s (11 s with a new
+database) quiet, 27 s (42 s) beside two busy processes, 39 s (86 s) beside four.
+Waiting longer costs nothing: the compiles run meanwhile, and the flow run collects them
+once the API answers."""
+
+
+def _startup_timeout() -> int:
+    from prefect.settings import get_current_settings
+
+    ephemeral = get_current_settings().server.ephemeral
+    if "startup_timeout_seconds" in ephemeral.model_fields_set:
+        return int(ephemeral.startup_timeout_seconds)
+    return STARTUP_TIMEOUT_SECONDS
+
+
+def quiet_prefect_console() -> None:
     """Keep Prefect's INFO lines (each task run's, the temporary server's) off the
-    terminal; they still reach the API's run logs."""
+    terminal, and its warnings in epfleet's one format (``epfleet: <message>``); a run's
+    ERROR lines are left to the run's logs, since the command prints the error itself, on
+    one line. All of them still reach the API's run logs."""
     import logging
 
     from prefect.logging.configuration import setup_logging
@@ -53,6 +121,22 @@ def _quiet_prefect_console() -> None:
         for handler in getattr(logger, "handlers", []):
             if isinstance(handler, PrefectConsoleHandler):
                 handler.setLevel(logging.WARNING)
+                handler.setFormatter(logging.Formatter("epfleet: %(message)s"))
+                if not any(isinstance(f, _NoRunErrors) for f in handler.filters):
+                    handler.addFilter(_NoRunErrors())
+
+
+class _NoRunErrors:
+    """Drops a flow or task run's ERROR records from the console: the command's own last
+    line says what failed."""
+
+    RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+    def filter(self, record: object) -> bool:
+        import logging
+
+        assert isinstance(record, logging.LogRecord)
+        return not (record.levelno >= logging.ERROR and record.name in self.RUN_LOGGERS)
 
 
 _DIE_WITH_PARENT = (

@@ -20,6 +20,7 @@ from epfleet.stores import DEFAULT_STORE
 rollout_app = App(
     name="rollout",
     help="Staged rollouts of new variants: their stage and field evidence, and moving them.",
+    help_epilogue="",
 )
 
 Model = Annotated[str, Parameter(help="The model whose rollout to move.")]
@@ -27,7 +28,7 @@ Reason = Annotated[str, Parameter(help="Why (recorded in the signed rollout stat
 
 
 @rollout_app.default
-def _no_rollout_command(*unknown: str) -> int:
+def _no_rollout_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
     what = f"unknown command 'rollout {unknown[0]}'" if unknown else "rollout needs a command"
     print(f"epfleet: error: {what}: status, advance, halt or revert", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -114,3 +115,6 @@ def revert(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by h
       epfleet rollout revert --store s3://bucket/fleet --model ocr-det --reason "accuracy"
     """
     return _move(store, model, "revert", reason)
+
+
+ROLLOUT_COMMANDS = (status, advance, halt, revert)

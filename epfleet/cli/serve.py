@@ -7,13 +7,21 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epfleet.cli.exit_codes import EXIT_OK
 from epfleet.cli.options import Json, Store
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
+
+if TYPE_CHECKING:
+    from epfleet.fleet.watch_rules import WatchPlan
+
+REPORT_MAX_AGE_DAYS = 30
+"""The runtime-watch flow's default for report_max_age_days (tests/test_watch.py keeps
+them equal)."""
 
 
 def watch(
@@ -30,6 +38,8 @@ def watch(
     those each published variant was compiled with, read the device reports for
     unserved devices, and start fleet-compile for stale or missing pairs.
 
+    --dry-run only reports, without a flow run (no Prefect API is started).
+
     For example:
       epfleet watch examples/fleet.yaml --store ./epfleet-store --dry-run
       epfleet watch fleet.yaml --store s3://bucket/fleet --report-max-age-days 7
@@ -41,7 +51,8 @@ def watch(
     spec
         The fleet spec YAML (relative to the working directory).
     dry_run
-        Report only: start nothing, emit no event, remove nothing.
+        Report only: start nothing, emit no event, remove nothing (and no Prefect flow
+        run: it needs no Prefect API).
     compile_deployment
         The deployment started for stale or missing pairs (default: the flow's,
         fleet-compile/on-demand).
@@ -50,14 +61,25 @@ def watch(
     as_json
         Print the watch plan as JSON.
     """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from flows.runtime_watch import runtime_watch
+    if report_max_age_days is not None and report_max_age_days < 1:
+        raise BadInputError(f"--report-max-age-days must be 1 or more, got {report_max_age_days}")
+    if dry_run:
+        plan = _dry_run(spec, store, report_max_age_days or REPORT_MAX_AGE_DAYS)
+    else:
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        from flows.runtime_watch import runtime_watch
 
-    given = {"compile_deployment": compile_deployment, "report_max_age_days": report_max_age_days}
-    parameters: dict[str, Any] = {"spec": spec, "store": store, "trigger": not dry_run}
-    parameters |= {name: value for name, value in given.items() if value is not None}
-    _check_flow_parameters(runtime_watch, parameters)
-    plan = runtime_watch(**parameters)
+        given = {
+            "compile_deployment": compile_deployment,
+            "report_max_age_days": report_max_age_days,
+        }
+        parameters: dict[str, Any] = {"spec": spec, "store": store, "trigger": True}
+        parameters |= {name: value for name, value in given.items() if value is not None}
+        _check_flow_parameters(runtime_watch, parameters)
+        from epfleet.cli.prefect_api import api_for_a_flow_run
+
+        api_for_a_flow_run(without="use --dry-run (a report needs no Prefect)")
+        plan = runtime_watch(**parameters)
     if as_json:
         print(plan.model_dump_json())
         return EXIT_OK
@@ -67,6 +89,17 @@ def watch(
     for profile in plan.unserved:
         print(f"unserved: {', '.join(profile.devices)} ({profile.label}): {profile.models}")
     return EXIT_OK
+
+
+def _dry_run(spec: str, store: str, report_max_age_days: int) -> WatchPlan:
+    """The watch's findings alone: a report starts nothing, so no flow run (and no
+    Prefect API) is needed; what it leaves out goes to stderr."""
+    from epfleet.fleet.watching import watch_once
+
+    found = watch_once(spec, store, report_max_age_days)
+    for note in found.notes:
+        print(f"epfleet: {note}", file=sys.stderr)
+    return found.plan
 
 
 def _check_flow_parameters(flow: Any, parameters: dict[str, Any]) -> None:

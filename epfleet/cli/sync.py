@@ -26,7 +26,7 @@ else:
         {
             "models": Parameter(name="--model", negative_iterable=()),
             "recompile": Parameter(negative="--no-recompile"),
-            "prefer": Parameter(negative_iterable=()),
+            "prefer": Parameter(negative_iterable=(), consume_multiple=True),
         },
         comma_lists=("prefer",),
     )
@@ -83,6 +83,7 @@ def sync(
     """
     from epfleet.cli.interrupts import interrupts
     from epfleet.device.views import render_device_report
+    from epfleet.stores.probe import store_named_first
 
     wanted = SyncPolicy.model_validate(policy.model_dump()) if policy else SyncPolicy()
     if flow or serve is not None:
@@ -90,7 +91,7 @@ def sync(
         from flows.device_sync import device_sync
 
         parameters: dict[str, Any] = {"cache": str(cache.resolve()), "store": store}
-        parameters |= {"policy": wanted, "device": device_id}
+        parameters |= {"policy": wanted, "device": device_id or ""}
         if trust_root is not None:
             parameters["trust_root"] = str(trust_root.resolve())
         if allow_unsigned:
@@ -104,6 +105,9 @@ def sync(
                 limit=1,  # one sync of this cache at a time; late runs wait their turn
             )
             return 0
+        from epfleet.cli.prefect_api import api_for_a_flow_run
+
+        api_for_a_flow_run(without="sync without --flow (it needs no Prefect)")
         with interrupts(INTERRUPTED):
             report = device_sync(**parameters)
     else:
@@ -111,7 +115,10 @@ def sync(
         from epfleet.logs import log_to_stderr
 
         log_to_stderr()  # progress lines on stderr, the report alone on stdout
-        with interrupts(INTERRUPTED, unwind=True):  # the cache lock released on the way out
+        with (
+            interrupts(INTERRUPTED, unwind=True),  # the cache lock released on the way out
+            store_named_first(store),  # a missing store, before anything about trust
+        ):
             report = sync_device(
                 store,
                 cache,

@@ -16,11 +16,13 @@ from cyclopts import App, Parameter
 from epfleet.cli.exit_codes import EXIT_OK
 from epfleet.cli.options import Json, Store
 from epfleet.errors import BadInputError
+from epfleet.stores import DEFAULT_STORE
 
 trust_app = App(
     name="trust",
     help="The signed (TUF) metadata devices verify a store with: create it, rotate its "
     "keys, keep it fresh, show it.",
+    help_epilogue="",
 )
 
 Keys = Annotated[
@@ -43,7 +45,7 @@ OnlinePublicKey = Annotated[
 @trust_app.command
 def init(
     *,
-    store: Store,
+    store: Store = DEFAULT_STORE,
     keys: Keys,
     online_signer: OnlineSigner = None,
     online_public_key: OnlinePublicKey = None,
@@ -100,7 +102,7 @@ def init(
 @trust_app.command
 def rotate(
     *,
-    store: Store,
+    store: Store = DEFAULT_STORE,
     keys: Keys,
     online_signer: OnlineSigner = None,
     online_public_key: OnlinePublicKey = None,
@@ -172,7 +174,7 @@ def rotate(
 
 
 @trust_app.command
-def refresh(*, store: Store) -> int:
+def refresh(*, store: Store = DEFAULT_STORE) -> int:
     """Sign the timestamp and snapshot again (and bins near expiry), so devices never see
     expired metadata while nothing is published. Signs with EPFLEET_TRUST_SIGNER, from the
     signed metadata alone; then puts manifest.json right as the copy of the signed
@@ -204,7 +206,7 @@ def refresh(*, store: Store) -> int:
 
 
 @trust_app.command
-def status(*, store: Store, as_json: Json = False) -> int:
+def status(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
     """Show the signed metadata: each role's version and expiry, and the bin count.
 
     For example:
@@ -231,3 +233,6 @@ def status(*, store: Store, as_json: Json = False) -> int:
         print(f"{r.role:<{width}}  version {r.version:<6} expires {r.expires:%Y-%m-%d %H:%M} UTC")
     print(f"{bins} hashed bins")
     return EXIT_OK
+
+
+TRUST_COMMANDS = (init, rotate, refresh, status)

@@ -57,6 +57,7 @@ from epfleet.formats.manifest import Manifest, ModelEntry, utcnow
 from epfleet.limits import Deadline, within
 from epfleet.settings import settings
 from epfleet.stores import open_store
+from epfleet.text import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -244,10 +245,10 @@ class SyncSession:
         self.__dict__.pop("manifest", None)  # a newly fetched one is in force
         logger.log(
             logging.WARNING if status.reason else logging.INFO,
-            "manifest: %s (generation %s, %d bytes)%s",
+            "manifest: %s (%s%s)%s",
             status.status,
-            status.generation,
-            status.body_bytes,
+            "" if status.generation is None else f"generation {status.generation}, ",
+            format_bytes(status.body_bytes),
             f": {status.reason}" if status.reason else "",
         )
         return status

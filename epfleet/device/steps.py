@@ -33,6 +33,7 @@ from epfleet.limits import DeadlineExceeded, time_limit
 from epfleet.runtime.compile_pool import CompilePool, TimeLimitExceeded
 from epfleet.runtime.compiler import CompileJob, discard
 from epfleet.settings import settings
+from epfleet.text import plural
 from eps.base import (
     TOLERANCE_OF,
     DeviceType,
@@ -151,7 +152,7 @@ class Steps:
             model,
             installed.name,
             got.moved,
-            f" on {health.samples} golden samples" if health.samples else "",
+            f" on {plural(health.samples, 'golden sample')}" if health.samples else "",
         )
         return Done(
             installed=installed, action="downloaded", verdict=chosen.verdict, reason=chosen.reason

@@ -52,21 +52,20 @@ def render_device_report(report: DeviceReport) -> str:
         f"{d.ep.removesuffix('ExecutionProvider')}:{d.type}" for d in report.devices
     )
     manifest = report.manifest
+    generation = f"generation {manifest.generation}, " if manifest.generation is not None else ""
     out = [
         f"device {report.device_id}  ORT {report.ort_version}  devices: {devices}",
-        f"manifest: {manifest.status} (generation {manifest.generation}, "
+        f"manifest: {manifest.status} ({generation}"
         f"{format_bytes(manifest.body_bytes)}{_signing(manifest.signed, manifest.signed_version)})"
         + (f": {manifest.reason}" if manifest.reason else "")
         + (f" [warning: {manifest.warning}]" if manifest.warning else ""),
     ]
-    verdicts = verdict_rows(report)
-    if verdicts:
-        headers = list(verdicts[0])
-        out.append(table(headers, [[_clip(row[h]) for h in headers] for row in verdicts]))
-    rows = device_rows(report)
-    if rows:
-        headers = list(rows[0])
-        out.append(table(headers, [[_clip(row[h]) for h in headers] for row in rows]))
+    notes: dict[str, int] = {}
+    for rows in (verdict_rows(report), device_rows(report)):
+        if rows:
+            headers = list(rows[0])
+            out.append(table(headers, [[_noted(row[h], notes) for h in headers] for row in rows]))
+    out.extend(f"[{number}] {text}" for text, number in notes.items())
     served = sum(m.action in ("kept", "downloaded", "recompiled") for m in report.models)
     out.append(f"{served} of {len(report.models)} models served in {report.seconds:.2f} s")
     if report.report_uploaded is False:
@@ -75,5 +74,13 @@ def render_device_report(report: DeviceReport) -> str:
     return "\n".join(out)
 
 
-def _clip(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+NOTE_AT = 100
+"""A cell longer than this (an EP validator's reason runs to 200 characters) becomes a
+numbered note below the tables, in full: one note for each distinct text."""
+
+
+def _noted(text: str, notes: dict[str, int]) -> str:
+    if len(text) <= NOTE_AT:
+        return text
+    number = notes.setdefault(text, len(notes) + 1)
+    return f"{text[: NOTE_AT - 40].rstrip()}... [{number}]"

@@ -4,8 +4,9 @@ The compile runs in a worker process; the variant is verified on the model's gol
 samples and uploaded content-addressed only once it passed.
 
 The compile task of the fleet flow (and of a work pool's compile-pairs run) calls
-``build_variant``; ``verify_output`` and ``describe_verification`` are the compile
-host's verification glue around ``epfleet.fleet.verify``.
+``build_variant``, which tells the run's progress display (``epfleet.logs``) when a
+pair starts verifying and how it ended; ``verify_output`` and ``describe_verification``
+are the compile host's verification glue around ``epfleet.fleet.verify``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from epfleet.errors import CompileError
+from epfleet.errors import CompileError, summarize
 from epfleet.fleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
 from epfleet.fleet.staging import compile_job_for, fetch_verified
 from epfleet.fleet.verify import VerifyJob, skipped, verify_artifact
 from epfleet.formats.keys import files_key, listing_key, source_key, variant_key
 from epfleet.formats.manifest import PrecisionTried, Quantization, Verification
+from epfleet.logs import pair_progress
 from epfleet.runtime.compile_pool import shared_pool
 from epfleet.runtime.compiler import CompileOutput, check_coverage, discard
 from epfleet.runtime.requests import CompileRequest
@@ -26,6 +28,33 @@ from epfleet.stores import Store
 
 
 def build_variant(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
+    """``build_ladder``, telling the run's progress display how the pair ended."""
+    label = f"{request.model} × {request.target}"
+    try:
+        built = build_ladder(request, store, workers)
+    except Exception as exc:  # told, then raised as it was
+        entry = exc.entry if isinstance(exc, RejectedBuild) else None
+        verified = entry.verification if entry else None
+        failed = "failed verification" if verified and verified.status == "failed" else "failed"
+        pair_progress(label, f"{failed}: {summarize(exc, 200)}", final=True)
+        raise
+    pair_progress(label, outcome_text(built), final=True)
+    return built
+
+
+def outcome_text(built: CompiledVariant) -> str:
+    """How a published pair ended, for a progress line."""
+    verified = built.entry.verification
+    if verified is None or verified.status != "passed":
+        reason = verified.reason if verified else "not run"
+        return f"compiled in {built.seconds:.2f} s, not verified ({reason})"
+    return (
+        f"verified in {verified.seconds or 0:.2f} s ({verified.max_rel_error or 0:.2%} of "
+        f"range; compiled in {built.seconds:.2f} s)"
+    )
+
+
+def build_ladder(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
     """Build one pair at each precision of its ladder in turn (``build_at``) and publish
     the first that passes its checks; its entry names the precisions that lost and why.
     With one precision, what ``build_at`` raises raises through; when every precision of
@@ -83,6 +112,11 @@ def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVar
             raise RejectedBuild(rejected, output.seconds) from None
         # A QDQ variant's failure is traced in the float model it was quantised from.
         source = output.qdq_float_path or job.source_path
+        if request.verify:
+            pair_progress(
+                f"{request.model} × {request.target}",
+                f"compiled in {output.seconds:.2f} s; verifying {request.precision or ''}".strip(),
+            )
         verification = verify_output(request, output, store, source)
         if verification.status == "failed":
             error = f"verification failed: {verification.reason}"

@@ -34,6 +34,7 @@ from epfleet.formats.spec_file import load_spec
 from epfleet.runtime.quantize import is_qdq
 from epfleet.runtime.requests import CompileRequest, fingerprinted
 from epfleet.stores import Store, open_store
+from epfleet.trust.signers import check_signer
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def plan_run(
     store = open_store(store_uri)
     store.clean_up_incomplete()  # uploads killed runs left, after EPFLEET_MULTIPART_GRACE
     identities = {target.ep: _identity(target) for _, target in pairs}
+    check_signer(store)  # what a publish would refuse is refused now, before any compile
     static_eps: dict[str, set[str]] = {}
     for model, target in pairs:
         needs_static = eps.load(target.ep).requires_static_shapes

@@ -4,11 +4,13 @@ one line per field) naming the file, the line or the field. The spec itself is
 
 from __future__ import annotations
 
+import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from epfleet.errors import BadInputError
 from epfleet.formats.spec import FleetSpec
@@ -32,6 +34,40 @@ def _location(loc: tuple[int | str, ...], data: Any) -> str:
     return path or "spec"
 
 
+def _message(error: Any) -> str:
+    """Pydantic's message, an unknown key's with the nearest known one."""
+    if error["type"] != "extra_forbidden":
+        return str(error["msg"]).removeprefix("Value error, ")
+    *parent, key = error["loc"]
+    known = _known_keys(FleetSpec, parent)
+    near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]}?" if near else f"known keys: {', '.join(known)}"
+    return f"unknown key; {hint}"
+
+
+def _known_keys(model: type[BaseModel], loc: list[int | str]) -> list[str]:
+    """The fields of the spec model found at ``loc`` (list indexes step into items)."""
+    node: Any = model
+    for item in loc:
+        if isinstance(item, str) and isinstance(node, type) and issubclass(node, BaseModel):
+            node = node.model_fields[item].annotation if item in node.model_fields else None
+        node = _item_model(node)
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return list(node.model_fields)
+    return []
+
+
+def _item_model(annotation: Any) -> Any:
+    """The pydantic model inside ``list[M]``, ``M | None`` and the like, else as it is."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _item_model(arg)
+        if isinstance(found, type) and issubclass(found, BaseModel):
+            return found
+    return annotation
+
+
 def parse_spec(data: Any, origin: str = "spec") -> FleetSpec:
     """Validate a parsed YAML document; BadInputError naming each offending field."""
     if not isinstance(data, dict):
@@ -40,8 +76,7 @@ def parse_spec(data: Any, origin: str = "spec") -> FleetSpec:
         return FleetSpec.model_validate(data)
     except ValidationError as exc:
         problems = [
-            f"{_location(tuple(err['loc']), data)}: {err['msg'].removeprefix('Value error, ')}"
-            for err in exc.errors()
+            f"{_location(tuple(err['loc']), data)}: {_message(err)}" for err in exc.errors()
         ]
         raise BadInputError(f"{origin} is invalid:\n  " + "\n  ".join(problems)) from None
 

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from epfleet.errors import CompileError, EpfleetError, WorkerCrashed
 from epfleet.runtime.compiler import CompileJob, CompileOutput, compile_job, discard
+from epfleet.runtime.native_output import filter_native_banners
 from epfleet.runtime.workers import (
     IsolatedWorkers,
     WorkerDied,
@@ -52,6 +53,7 @@ def _warm_up(parent: int) -> None:
     worker_started(parent)  # SIGINT is the parent's to handle; die with the parent
     # Vendor SDKs print banners from native code; keep stdout clean for --json callers.
     os.dup2(2, 1)
+    filter_native_banners()  # QNN's ' # LIBNATIVE:' lines, on every load
     import onnx  # noqa: F401
     import onnxruntime
 

@@ -36,6 +36,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
+from epfleet.runtime.native_output import filter_native_banners
+
 Arg = TypeVar("Arg")
 Result = TypeVar("Result")
 
@@ -200,6 +202,7 @@ class WorkerDied(Exception):
 def _serve(conn: Connection, parent: int) -> None:
     worker_started(parent)
     os.dup2(2, 1)  # EP banners from native code must not reach a --json caller's stdout
+    filter_native_banners()  # QNN's ' # LIBNATIVE:' lines, on every load
     import onnxruntime
 
     onnxruntime.set_default_logger_severity(3)

@@ -256,7 +256,12 @@ def local_path(uri: str) -> Path:
 
 
 def from_uri(uri: str) -> LocalStore:
-    root = local_path(uri)
+    root = Path(os.path.abspath(local_path(uri)))
     if root.exists() and not root.is_dir():
         raise BadInputError(f"store {uri!r} is a file, not a directory")
-    return LocalStore(Path(os.path.abspath(root)))
+    for parent in root.parents:  # the first that exists must be a directory to hold it
+        if parent.exists():
+            if not parent.is_dir():
+                raise BadInputError(f"store {uri!r}: {parent} is a file, not a directory")
+            break
+    return LocalStore(root)

@@ -16,6 +16,10 @@ import botocore.exceptions as bce
 from epfleet.stores.base import StoredObject
 from epfleet.stores.s3_errors import code_of
 
+UNUSABLE_STORE_CODES = frozenset({"NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
+"""Answers that make the whole store unusable, not just this listing: raised as store
+errors (with no bucket or no endpoint, nothing else would work either)."""
+
 if TYPE_CHECKING:
     from epfleet.stores.s3 import S3Store
 
@@ -76,8 +80,16 @@ def clean_up_incomplete(store: S3Store, older_than: float | None = None) -> list
             if upload["Initiated"] <= cutoff
         ]
     except (bce.BotoCoreError, bce.ClientError) as exc:
-        logger.warning("%s: cannot list incomplete multipart uploads: %s", store.uri, exc)
-        return aborted
+        if isinstance(exc, bce.ClientError) and code_of(exc) not in UNUSABLE_STORE_CODES:
+            # Listing uploads may be all a publisher is not allowed: say so, go on.
+            logger.warning(
+                "%s: cannot list incomplete multipart uploads (S3 answered %s); they are "
+                "left to the bucket's lifecycle rule",
+                store.uri,
+                code_of(exc),
+            )
+            return aborted
+        store._raise(exc, "", "listing incomplete uploads of")  # no bucket, no endpoint
     for upload in stale:
         try:
             store.client.abort_multipart_upload(

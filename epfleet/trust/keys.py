@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
-from securesystemslib.signer import CryptoSigner, Key, Signer, SSlibKey
+from securesystemslib.signer import SIGNER_FOR_URI_SCHEME, CryptoSigner, Key, Signer, SSlibKey
 
 from epfleet.errors import BadInputError
 from epfleet.fsutil import fsync_dir
@@ -154,10 +154,26 @@ def file_uri(path: Path) -> str:
     return f"file2:{path.resolve()}"
 
 
+def check_signer_uri(uri: str) -> str:
+    """The scheme of signer URI ``uri``; BadInputError with the fix when it has none
+    securesystemslib knows (a bare key path: ``file2:`` + its path)."""
+    scheme, colon, _ = uri.partition(":")
+    if colon and scheme in SIGNER_FOR_URI_SCHEME:
+        return scheme
+    hint = (
+        f"write a key file as file2:{Path(uri).resolve()}"
+        if Path(uri).is_file()
+        else f"known schemes: {', '.join(s + ':' for s in SIGNER_FOR_URI_SCHEME)}"
+    )
+    raise BadInputError(
+        f"{uri!r} is not a signer URI (EPFLEET_TRUST_SIGNER, --online-signer): {hint}"
+    )
+
+
 def public_key_of(uri: str, public_key_pem: Path | None = None) -> Key:
     """The public key of the signer at ``uri``: read from the private key for ``file2:``,
     else from ``public_key_pem`` (a KMS gives its public key out of band)."""
-    scheme = uri.partition(":")[0]
+    scheme = check_signer_uri(uri)
     if scheme == CryptoSigner.SCHEME:
         return read_private_key(Path(uri.partition(":")[2])).public_key
     if public_key_pem is None:
@@ -173,12 +189,26 @@ def public_key_of(uri: str, public_key_pem: Path | None = None) -> Key:
     return SSlibKey.from_crypto(public)
 
 
-def online_signer(uri: str, public_key: Key) -> Signer:
-    """The signer at ``uri`` for ``public_key``; BadInputError naming the URI otherwise."""
+def online_signer(uri: str, public_key: Key, store_uri: str | None = None) -> Signer:
+    """The signer at ``uri`` for ``public_key`` (the online key ``store_uri``'s root
+    names); BadInputError with the fix otherwise: a bare key path gets ``file2:``, a key
+    file of another key is said to be one."""
+    where = f"{store_uri}'s online key" if store_uri else "the repository's online key"
+    if check_signer_uri(uri) == CryptoSigner.SCHEME:
+        try:
+            given = read_private_key(Path(uri.partition(":")[2])).public_key
+        except BadInputError as exc:
+            raise BadInputError(f"EPFLEET_TRUST_SIGNER={uri!r}: {exc}") from None
+        if given.keyid != public_key.keyid:
+            raise BadInputError(
+                f"EPFLEET_TRUST_SIGNER={uri!r} holds key {given.keyid[:12]}, not {where} "
+                f"{public_key.keyid[:12]} (a root or targets key, or an online key since "
+                "rotated?): set it to the online key's signer URI that epfleet trust init "
+                "or rotate printed"
+            )
     try:
         return Signer.from_priv_key_uri(uri, public_key)
     except Exception as exc:  # every signer backend raises its own errors
         raise BadInputError(
-            f"EPFLEET_TRUST_SIGNER={uri!r} cannot sign for the repository's online key "
-            f"{public_key.keyid[:12]}: {exc}"
+            f"EPFLEET_TRUST_SIGNER={uri!r} cannot sign for {where} {public_key.keyid[:12]}: {exc}"
         ) from None

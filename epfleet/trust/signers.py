@@ -26,11 +26,9 @@ from epfleet.trust.repository import (
 )
 
 DEVELOPMENT_LOCK = ".lock"
+"""Held while one publisher creates a local store's development keys."""
 
 logger = logging.getLogger(__name__)
-
-
-"""Held while one publisher creates a local store's development keys."""
 
 
 def signer_for(store: Store) -> Signer | None:
@@ -44,10 +42,11 @@ def signer_for(store: Store) -> Signer | None:
         if uri is None:
             raise BadInputError(
                 f"{store.uri} has trust metadata (trust/metadata/1.root.json) and "
-                "EPFLEET_TRUST_SIGNER is not set: nothing published; set it to the online "
-                "key's signer URI (epfleet trust init printed it)"
+                "EPFLEET_TRUST_SIGNER is not set: set it to the online key's signer URI "
+                "(epfleet trust init printed it, e.g. "
+                "EPFLEET_TRUST_SIGNER=file2:/path/to/keys/online.pem)"
             )
-        return online_signer(uri, online_public_key(store))
+        return online_signer(uri, online_public_key(store), store.uri)
     if local and uri is None:
         return _init_development(store)  # type: ignore[arg-type]
     logger.warning(
@@ -57,6 +56,15 @@ def signer_for(store: Store) -> Signer | None:
         store.uri,
     )
     return None
+
+
+def check_signer(store: Store) -> None:
+    """Refuse now, before anything compiles, what a publish to ``store`` would refuse
+    for want of a signer (none set, not a signer URI, another key): a BadInputError with
+    the fix. Creates nothing (a local store's development keys come with its first
+    publish)."""
+    if has_trust(store):
+        signer_for(store)
 
 
 def online_public_key(store: Store) -> Key:
@@ -94,4 +102,4 @@ def _init_development(store: LocalStore) -> Signer:
                 keys_dir / ROOT_COPY,
             )
     uri = file_uri(keys_dir / ONLINE_KEY)
-    return online_signer(uri, online_public_key(store))
+    return online_signer(uri, online_public_key(store), store.uri)

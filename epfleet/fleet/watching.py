@@ -1,0 +1,46 @@
+"""One runtime-watch pass, without Prefect: read the spec, the manifest in force, this
+machine's runtime and the device reports, and decide (``epfleet.fleet.watch_rules``).
+The runtime-watch flow's task runs it inside a flow run; ``epfleet watch --dry-run``
+runs it alone (a report starts nothing, so it needs no Prefect API)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.watch_inputs import compile_worker_runtime, read_reports
+from epfleet.fleet.watch_rules import WatchPlan, check_pairs, find_unserved
+from epfleet.formats.manifest import utcnow
+from epfleet.formats.spec_file import load_spec
+from epfleet.stores import open_store
+
+
+@dataclass
+class WatchFindings:
+    plan: WatchPlan
+    generation: int
+    """The manifest generation the findings were made on (0: nothing published)."""
+    notes: list[str] = field(default_factory=list)
+    """What was left out and why (reports unreadable or too old), for the log."""
+
+
+def watch_once(spec: str, store: str, report_max_age_days: int) -> WatchFindings:
+    """The watch's findings for ``spec`` against ``store``, from this machine's runtime."""
+    fleet = load_spec(Path(spec))
+    target_store = open_store(store)
+    manifest = read_in_force(target_store).manifest
+    runtime = compile_worker_runtime(fleet)
+    checks = check_pairs(fleet, manifest, runtime)
+    reports, skipped = read_reports(target_store)
+    unserved, quiet = find_unserved(
+        reports, fleet, checks, runtime, utcnow(), timedelta(days=report_max_age_days)
+    )
+    notes = [f"device report ignored: {problem}" for problem in skipped]
+    if quiet:
+        notes.append(f"{len(quiet)} device reports older than {report_max_age_days} days ignored")
+    plan = WatchPlan(
+        pairs=checks, unserved=unserved, reports_read=len(reports), reports_skipped=skipped
+    )
+    return WatchFindings(plan, manifest.generation if manifest else 0, notes)
