@@ -45,6 +45,11 @@ class StoreError(EpfleetError):
     """A store operation failed for a reason that retrying will not fix."""
 
 
+class ObjectMissing(StoreError):
+    """The store has no object at the key asked for: the answer to the read itself (S3's
+    404), so that no second request is needed to tell a missing object from a failure."""
+
+
 class TransientStoreError(StoreError):
     """A store operation failed for a reason that may go away (network, throttling, 5xx)."""
 

@@ -51,7 +51,8 @@ class Store(Protocol):
     def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
         """The object's bytes from offset ``start`` up to ``end`` (exclusive; default its
         end), in chunks: a ranged GET, so downloads run in parallel segments and resume
-        where they stopped. StoreError when missing."""
+        where they stopped. ObjectMissing (a StoreError) when there is no such object: the
+        read's own answer, so that nobody asks again to tell missing from failing."""
         ...
 
     def write(

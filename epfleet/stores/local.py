@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 from urllib.parse import unquote, urlparse
 
-from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.errors import BadInputError, ObjectMissing, PreconditionFailed, StoreError
 from epfleet.fsutil import NO_SPACE, atomic_copy, atomic_file, atomic_write_bytes, no_room
 from epfleet.hashing import CHUNK, sha256_bytes
 from epfleet.stores.base import (
@@ -105,7 +105,7 @@ class LocalStore:
     def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
         path = self._path(key)
         if not path.exists():
-            raise StoreError(f"{self.uri}/{key} does not exist")
+            raise ObjectMissing(f"{self.uri}/{key} does not exist")
         with self._os_errors("reading", key), self._open_object(key) as f:
             f.seek(start)
             left = None if end is None else end - start
@@ -151,7 +151,7 @@ class LocalStore:
     def download(self, key: str, dest: Path) -> None:
         src = self._path(key)
         if not src.exists():
-            raise StoreError(f"{self.uri}/{key} does not exist")
+            raise ObjectMissing(f"{self.uri}/{key} does not exist")
         with (
             self._os_errors("downloading", key),
             self._open_object(key) as inp,
