@@ -139,6 +139,15 @@ class Settings(BaseSettings):
         description="epfleet gc keeps every variant a device reported active within this many "
         "days (--retention-days wins); default 30",
     )
+    report_heartbeat: float = Field(
+        default=86400.0,
+        gt=0,
+        description="A device uploads its sync report when what it says changed (active "
+        "variants, failures, EPs and runtime) and otherwise once this many seconds have "
+        "passed since its last upload, so that an unchanged poll writes nothing; default "
+        "86400 (a day). Set the same value where epfleet gc and runtime-watch run: their "
+        "windows (EPFLEET_GC_RETENTION_DAYS, report_max_age_days) must be at least this long",
+    )
     multipart_grace: float = Field(
         default=86400.0,
         ge=0,

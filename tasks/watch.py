@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,9 +22,11 @@ from prefect.exceptions import ObjectNotFound
 from epfleet import ort_version
 from epfleet.errors import BadInputError
 from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.report_reading import Problems, check_report_window
 from epfleet.fleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
-from epfleet.fleet.watch_inputs import compile_worker_runtime, read_reports
+from epfleet.fleet.watch_inputs import compile_worker_runtime, stream_device_reports
 from epfleet.fleet.watch_rules import WatchPlan, check_pairs, find_unserved
+from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.manifest import utcnow
 from epfleet.formats.spec_file import load_spec
 from epfleet.stores import open_store
@@ -41,20 +44,28 @@ def watch_task(spec: str, store: str, report_max_age_days: int) -> tuple[WatchPl
     fleet = load_spec(Path(spec))
     target_store = open_store(store)
     manifest = read_in_force(target_store).manifest
+    max_age = timedelta(days=report_max_age_days)
+    check_report_window(max_age, "runtime-watch's report_max_age_days")
     runtime = compile_worker_runtime(fleet)
     checks = check_pairs(fleet, manifest, runtime)
-    reports, skipped = read_reports(target_store)
-    unserved, quiet = find_unserved(
-        reports, fleet, checks, runtime, utcnow(), timedelta(days=report_max_age_days)
-    )
+    problems, read = Problems(), [0]
+
+    def reports() -> Iterator[DeviceReport]:  # streamed: never all held
+        for found in stream_device_reports(target_store):
+            if isinstance(found, str):
+                problems.add(found)
+            else:
+                read[0] += 1
+                yield found
+
+    unserved, quiet = find_unserved(reports(), fleet, checks, runtime, utcnow(), max_age)
     logger = get_run_logger()
+    skipped = problems.summary()
     for problem in skipped:
         logger.warning("device report ignored: %s", problem)
     if quiet:
-        logger.info("%d device reports older than %d days ignored", len(quiet), report_max_age_days)
-    plan = WatchPlan(
-        pairs=checks, unserved=unserved, reports_read=len(reports), reports_skipped=skipped
-    )
+        logger.info("%d device reports older than %d days ignored", quiet, report_max_age_days)
+    plan = WatchPlan(pairs=checks, unserved=unserved, reports_read=read[0], reports_skipped=skipped)
     return plan, manifest.generation if manifest else 0
 
 

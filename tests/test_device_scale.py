@@ -12,25 +12,29 @@ string, signed with ``epfleet trust init``'s code) that a device syncs once; the
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import boto3
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from trust_helpers import make_trusted_store
+from s3proxy import FaultProxy
+from trust_helpers import make_trusted_store, online_key, publish_new_build
 
 import eps
 from epfleet import ort_version
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.formats.device_report import DeviceReport
+from epfleet.formats.device_report import DeviceReport, decode_report, report_key
 from epfleet.formats.keys import source_key, variant_key
 from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.hashing import sha256_file
@@ -89,17 +93,16 @@ def upload(store: Store, path: Path, key: str) -> ArtifactRef:
 
 @dataclass
 class Fleet:
-    store: Path
+    uri: str
     keys: Path
     root: Path
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> Fleet:
-    """A local store with model ``m`` and its CPU variant, signed (16 bins)."""
-    store_dir, work = tmp_path / "store", tmp_path / "work"
+def make_fleet(uri: str, tmp_path: Path) -> Fleet:
+    """Model ``m`` and its CPU variant in the store at ``uri``, signed (16 bins)."""
+    work = tmp_path / "work"
     work.mkdir()
-    store = open_store(str(store_dir))
+    store = open_store(uri)
     write_model(work / "source.onnx", label="source", stamp=False)
     source = upload(store, work / "source.onnx", source_key("{sha}"))
     write_model(work / "variant.onnx", label="variant", stamp=True)
@@ -121,7 +124,12 @@ def fleet(tmp_path: Path) -> Fleet:
     )
     store.write(MANIFEST_KEY, Manifest(generation=1, models={MODEL: entry}).to_json())
     root = make_trusted_store(store, tmp_path / "keys")
-    return Fleet(store_dir, tmp_path / "keys", root)
+    return Fleet(store.uri, tmp_path / "keys", root)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Fleet:
+    return make_fleet(str(tmp_path / "store"), tmp_path)
 
 
 def run_sync(store: str, cache: Path, root: Path) -> DeviceReport:
@@ -130,7 +138,7 @@ def run_sync(store: str, cache: Path, root: Path) -> DeviceReport:
 
 def test_a_no_op_sync_loads_no_compile_side_and_no_prefect(fleet: Fleet, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    first = run_sync(str(fleet.store), cache, fleet.root)
+    first = run_sync(fleet.uri, cache, fleet.root)
     assert [m.action for m in first.models] == ["downloaded"], first.models
     loaded = tmp_path / "loaded.json"
     probe = (
@@ -139,7 +147,7 @@ def test_a_no_op_sync_loads_no_compile_side_and_no_prefect(fleet: Fleet, tmp_pat
         "code = main(sys.argv[1:])\n"
         f"open({str(loaded)!r}, 'w').write(json.dumps([code, sorted(sys.modules)]))\n"
     )
-    command = ["sync", "--store", str(fleet.store), "--cache", str(cache), "--json"]
+    command = ["sync", "--store", fleet.uri, "--cache", str(cache), "--json"]
     done = subprocess.run(
         [sys.executable, "-c", probe, *command, "--device-id", DEVICE],
         capture_output=True,
@@ -157,3 +165,76 @@ def test_a_no_op_sync_loads_no_compile_side_and_no_prefect(fleet: Fleet, tmp_pat
     )
     assert heavy == [], f"a no-op sync loaded {heavy}"
     assert "onnxruntime" in modules  # it did judge the kept variant with ORT
+
+
+def requests_since(proxy: FaultProxy, start: int) -> list[tuple[str, str, int]]:
+    """(method, key name, status) of each request the proxy saw after ``start``."""
+    return [(s.method, s.path.rsplit("/", 1)[-1], s.status) for s in proxy.log[start:]]
+
+
+def test_an_unchanged_signed_poll_is_two_gets_and_a_changed_one_uploads_a_gzipped_report(
+    s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    fleet = make_fleet(f"s3://{s3_bucket}/fleet", tmp_path)
+    cache, s3 = tmp_path / "cache", boto3.client("s3")
+    key = f"fleet/{report_key(DEVICE)}"
+    first = run_sync(fleet.uri, cache, fleet.root)
+    assert first.report_uploaded and [m.action for m in first.models] == ["downloaded"]
+    stored = s3.get_object(Bucket=s3_bucket, Key=key)
+    assert (stored["ContentEncoding"], stored["ContentType"]) == ("gzip", "application/json")
+    body = stored["Body"].read()
+    assert decode_report(body, 1 << 20).models[0].action == "downloaded"
+    assert json.loads(gzip.decompress(body))["device_id"] == DEVICE
+
+    start = len(s3_proxy.log)
+    again = run_sync(fleet.uri, cache, fleet.root)
+    assert [m.action for m in again.models] == ["kept"] and again.exit_code == 0
+    # the probe for the next root (missing: its GET's 404 says so) and the timestamp
+    assert requests_since(s3_proxy, start) == [
+        ("GET", "2.root.json", 404),
+        ("GET", "timestamp.json", 200),
+    ]
+    assert again.report_uploaded is False and again.report_error is None
+    assert (again.report_skipped or "").startswith("says what the store's copy of ")
+
+    # the heartbeat comes due: the unchanged report goes up again
+    sent_file = cache / ".epfleet" / "report-sent.json"
+    sent = json.loads(sent_file.read_text())
+    sent["at"] = (datetime.now(timezone.utc) - timedelta(days=1, minutes=1)).isoformat()
+    sent_file.write_text(json.dumps(sent))
+    start = len(s3_proxy.log)
+    due = run_sync(fleet.uri, cache, fleet.root)
+    assert due.report_uploaded is True
+    assert [r for r in requests_since(s3_proxy, start) if r[0] != "GET"] == [
+        ("PUT", f"{DEVICE}.json", 200)
+    ]
+
+    # a new build: downloaded, and the report that says so goes up gzipped
+    publish_new_build(open_store(fleet.uri), online_key(fleet.keys), MODEL, TARGET)
+    changed = run_sync(fleet.uri, cache, fleet.root)
+    assert [m.action for m in changed.models] == ["downloaded"] and changed.report_uploaded
+    stored = s3.get_object(Bucket=s3_bucket, Key=key)
+    assert stored["ContentEncoding"] == "gzip"
+    assert decode_report(stored["Body"].read(), 1 << 20).models[0].variant == (
+        changed.models[0].variant
+    )
+    start = len(s3_proxy.log)
+    assert run_sync(fleet.uri, cache, fleet.root).report_uploaded is False  # kept: no news
+    assert not [r for r in requests_since(s3_proxy, start) if r[0] in ("PUT", "HEAD")]
+
+
+def test_news_whose_upload_failed_goes_up_with_the_next_sync(fleet: Fleet, tmp_path: Path) -> None:
+    cache, reports = tmp_path / "cache", tmp_path / "store" / "reports" / "devices"
+    assert run_sync(fleet.uri, cache, fleet.root).report_uploaded
+    publish_new_build(open_store(fleet.uri), online_key(fleet.keys), MODEL, TARGET)
+    stored = reports / f"{DEVICE}.json"
+    stored.unlink()
+    (stored / "in-the-way").mkdir(parents=True)  # the store refuses the upload of the news
+    refused = run_sync(fleet.uri, cache, fleet.root)
+    shutil.rmtree(stored)
+    assert [m.action for m in refused.models] == ["downloaded"]
+    assert refused.report_uploaded is False and refused.report_error
+    retried = run_sync(fleet.uri, cache, fleet.root)  # kept: the news is still news
+    assert [m.action for m in retried.models] == ["kept"] and retried.report_uploaded is True
+    news = decode_report(stored.read_bytes(), 1 << 20)
+    assert news.models[0].variant == refused.models[0].variant

@@ -30,7 +30,7 @@ from epfleet.device.cache import DeviceCache
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.errors import BadInputError, StoreError
-from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.formats.device_report import DeviceReport, ModelReport, decode_report
 from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes, sha256_file
 
@@ -175,7 +175,8 @@ def test_sync_activates_cpu_and_reports_htp_unsupported(
     uploaded = boto3.client("s3").get_object(
         Bucket=s3_bucket, Key=f"fleet/reports/devices/{DEVICE}.json"
     )
-    assert json.loads(uploaded["Body"].read())["models"][0]["action"] == "downloaded"
+    assert uploaded["ContentEncoding"] == "gzip"  # compact JSON, gzip-compressed
+    assert decode_report(uploaded["Body"].read(), 1 << 20).models[0].action == "downloaded"
     assert report.report_uploaded is True
 
     # Second sync: conditional GET answered 304, nothing downloaded, everything kept.

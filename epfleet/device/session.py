@@ -312,7 +312,8 @@ class SyncSession:
 
     def finish(self) -> DeviceReport:
         """Write and tidy the cache, then the device report of the models synced so far:
-        uploaded to the store when it accepts writes, and kept in the cache."""
+        uploaded to the store when it accepts writes and says something new, or its
+        heartbeat is due (``epfleet.device.reporting``), and kept in the cache."""
         if self.status is None:
             raise RuntimeError("fetch_manifest() comes before finish()")
         self._close()
@@ -330,7 +331,7 @@ class SyncSession:
             warnings=list(self.cache.repairs),
         )
         with within(self._report_deadline()):
-            report = upload_report(self.store, report)
+            report = upload_report(self.store, report, self.cache)
         try:
             self.cache.save_last_report(report.model_dump_json(indent=2).encode())
         except (OSError, EpfleetError) as exc:  # the report is returned (and printed) anyway
