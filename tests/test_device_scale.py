@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -32,6 +33,7 @@ from trust_helpers import make_trusted_store, online_key, publish_new_build
 
 import eps
 from epfleet import ort_version
+from epfleet.device.jitter import EPOCH, jitter_seconds, next_sync, sync_anchor
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.formats.device_report import DeviceReport, decode_report, report_key
@@ -238,3 +240,67 @@ def test_news_whose_upload_failed_goes_up_with_the_next_sync(fleet: Fleet, tmp_p
     assert [m.action for m in retried.models] == ["kept"] and retried.report_uploaded is True
     news = decode_report(stored.read_bytes(), 1 << 20)
     assert news.models[0].variant == refused.models[0].variant
+
+
+# --- polls spread over the interval, and S3's SlowDown ------------------------------------------
+
+
+def test_each_device_polls_at_its_own_offset_spread_over_the_interval() -> None:
+    offsets = [jitter_seconds(f"device-{i:06d}", 3600) for i in range(36_000)]
+    assert all(0 <= o < 3600 for o in offsets)
+    per_minute = Counter(o // 60 for o in offsets)
+    assert len(per_minute) == 60 and max(per_minute.values()) < 2 * min(per_minute.values())
+    assert jitter_seconds("dev-1", 900) == jitter_seconds("dev-1", 900)  # stable
+    assert jitter_seconds("dev-1", 0.5) == 0
+    # what the documented shell line computes: the first 32 bits of sha256(id) mod the interval
+    line = 'echo $(( 0x$(printf %s "dev-1" | sha256sum | cut -c1-8) % 900 ))'
+    shell = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True)
+    assert int(shell.stdout) == jitter_seconds("dev-1", 900)
+    anchor = sync_anchor("dev-1", 900)
+    assert anchor == EPOCH + timedelta(seconds=jitter_seconds("dev-1", 900))
+    after = datetime(2026, 12, 1, 12, 0, 5, tzinfo=timezone.utc)
+    upcoming = next_sync("dev-1", 900, after)
+    assert after < upcoming <= after + timedelta(seconds=900)
+    assert (upcoming - anchor).total_seconds() % 900 == 0
+
+
+def test_serve_schedules_the_device_sync_at_the_devices_offset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from deployments.serve import device_sync_schedule
+
+    monkeypatch.setenv("EPFLEET_DEVICE_ID", "line-3.cam-1")
+    schedule = device_sync_schedule(600, None)
+    assert schedule.interval == timedelta(seconds=600)  # type: ignore[attr-defined]
+    assert schedule.anchor_date == sync_anchor("line-3.cam-1", 600)  # type: ignore[attr-defined]
+    other = device_sync_schedule(600, "line-3.cam-2")
+    assert other.anchor_date == sync_anchor("line-3.cam-2", 600)  # type: ignore[attr-defined]
+
+
+def test_s3_slow_down_is_retried_with_backoff_and_a_storm_leaves_the_device_as_it_was(
+    s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet = make_fleet(f"s3://{s3_bucket}/fleet", tmp_path)
+    cache = tmp_path / "cache"
+    first = run_sync(fleet.uri, cache, fleet.root)
+    store = open_store(fleet.uri)
+    config = store.client.meta.config  # type: ignore[attr-defined]
+    assert config.retries == {"mode": "standard", "total_max_attempts": 5}  # SlowDown: backoff
+    timestamp = f"/{s3_bucket}/fleet/trust/metadata/timestamp.json"
+
+    s3_proxy.slow_down_next(timestamp, n=2)
+    start = len(s3_proxy.log)
+    polled = run_sync(fleet.uri, cache, fleet.root)
+    assert polled.manifest.status == "unchanged" and polled.exit_code == 0
+    assert [s.status for s in s3_proxy.log[start:] if s.path == timestamp] == [503, 503, 200]
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    s3_proxy.slow_down_next(timestamp, n=10)
+    start = len(s3_proxy.log)
+    storm = run_sync(fleet.uri, cache, fleet.root)
+    assert [s.status for s in s3_proxy.log[start:] if s.path == timestamp] == [503, 503]
+    assert storm.manifest.status == "offline", storm.manifest
+    assert "S3 answered 503 SlowDown" in (storm.manifest.reason or "")
+    assert [m.action for m in storm.models] == ["kept"]
+    assert storm.models[0].variant == first.models[0].variant
+    assert not [s for s in s3_proxy.log[start:] if s.method == "PUT"]  # offline: no report
