@@ -29,7 +29,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from s3proxy import FaultProxy
+from securesystemslib.signer import CryptoSigner
 from trust_helpers import make_trusted_store, online_key, publish_new_build
+from tuf.api.exceptions import RepositoryError, UnsignedMetadataError
+from tuf.api.metadata import Metadata, Root, TargetFile, Targets
+from tuf.api.serialization.json import JSONSerializer
 
 import eps
 from epfleet import ort_version
@@ -41,6 +45,7 @@ from epfleet.formats.keys import source_key, variant_key
 from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.hashing import sha256_file
 from epfleet.stores import MANIFEST_KEY, Store, open_store
+from epfleet.trust.updater import load_verified
 
 pytestmark = pytest.mark.fast
 
@@ -304,3 +309,34 @@ def test_s3_slow_down_is_retried_with_backoff_and_a_storm_leaves_the_device_as_i
     assert [m.action for m in storm.models] == ["kept"]
     assert storm.models[0].variant == first.models[0].variant
     assert not [s for s in s3_proxy.log[start:] if s.method == "PUT"]  # offline: no report
+
+
+# --- loading signed metadata: the canonical JSON made once --------------------------------------
+
+
+def signed_targets(text: str) -> tuple[Root, bytes]:
+    """A root trusting a fresh key for ``targets``, and targets metadata signed with it
+    whose one target carries ``text`` in its custom field."""
+    signer = CryptoSigner.generate_ecdsa()
+    root = Root()
+    root.add_key(signer.public_key, "targets")
+    targets = Targets(version=1)
+    target = TargetFile.from_data("models/m", b"entry", ["sha256"])
+    target.unrecognized_fields["custom"] = {"epfleet": text}
+    targets.targets[target.path] = target
+    metadata = Metadata(targets)
+    metadata.sign(signer)
+    return root, metadata.to_bytes(JSONSerializer(compact=True))
+
+
+@pytest.mark.parametrize("text", ['{"a":"b\\\\n","c":1}', "a raw\ncontrol\tcharacter"])
+def test_metadata_loads_verified_by_its_canonical_json_made_once(text: str) -> None:
+    root, data = signed_targets(text)
+    signed, signed_bytes, _ = load_verified(Targets, data, root, "targets")
+    assert signed.targets["models/m"].custom == {"epfleet": text}
+    assert signed_bytes == Metadata.from_bytes(data).signed_bytes  # what was signed
+    tampered = data.replace(b'"version":1', b'"version":2')
+    with pytest.raises(UnsignedMetadataError):
+        load_verified(Targets, tampered, root, "targets")
+    with pytest.raises(RepositoryError, match="Expected 'root', got 'targets'"):
+        load_verified(Root, data, root, "targets")
