@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -37,13 +38,16 @@ from tuf.api.serialization.json import JSONSerializer
 
 import eps
 from epfleet import ort_version
+from epfleet.device.cache import DeviceCache
 from epfleet.device.jitter import EPOCH, jitter_seconds, next_sync, sync_anchor
 from epfleet.device.policy import SyncPolicy
+from epfleet.device.prefetch import Prefetch
 from epfleet.device.session import sync
 from epfleet.formats.device_report import DeviceReport, decode_report, report_key
 from epfleet.formats.keys import source_key, variant_key
 from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.hashing import sha256_file
+from epfleet.limits import Deadline
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust.updater import load_verified
 
@@ -105,31 +109,34 @@ class Fleet:
     root: Path
 
 
-def make_fleet(uri: str, tmp_path: Path) -> Fleet:
-    """Model ``m`` and its CPU variant in the store at ``uri``, signed (16 bins)."""
+def make_fleet(uri: str, tmp_path: Path, models: int = 1) -> Fleet:
+    """Model ``m`` (and ``m1``, ``m2``, ... up to ``models``) and its CPU variant in the
+    store at ``uri``, signed (16 bins)."""
     work = tmp_path / "work"
     work.mkdir()
     store = open_store(uri)
-    write_model(work / "source.onnx", label="source", stamp=False)
-    source = upload(store, work / "source.onnx", source_key("{sha}"))
-    write_model(work / "variant.onnx", label="variant", stamp=True)
-    artifact = upload(store, work / "variant.onnx", variant_key(MODEL, TARGET, "{sha}"))
-    variant = VariantEntry(
-        ep=CPU,
-        device="cpu",
-        compatibility_string=eps.load(CPU).generate_compatibility_string(work / "variant.onnx"),
-        artifact=artifact,
-        ort_version=ort_version(),
-        compiled_at=datetime.now(timezone.utc),
-        status="ok",
-        source_sha256=source.sha256,
-        fingerprint="by-hand",
-    )
-    entry = ModelEntry(
-        source=SourceEntry(uri=source.uri, sha256=source.sha256, size=source.size),
-        variants={TARGET: variant},
-    )
-    store.write(MANIFEST_KEY, Manifest(generation=1, models={MODEL: entry}).to_json())
+    entries = {}
+    for name in [MODEL] + [f"{MODEL}{i}" for i in range(1, models)]:
+        write_model(work / "source.onnx", label=f"{name} source", stamp=False)
+        source = upload(store, work / "source.onnx", source_key("{sha}"))
+        write_model(work / "variant.onnx", label=f"{name} variant", stamp=True)
+        artifact = upload(store, work / "variant.onnx", variant_key(name, TARGET, "{sha}"))
+        variant = VariantEntry(
+            ep=CPU,
+            device="cpu",
+            compatibility_string=eps.load(CPU).generate_compatibility_string(work / "variant.onnx"),
+            artifact=artifact,
+            ort_version=ort_version(),
+            compiled_at=datetime.now(timezone.utc),
+            status="ok",
+            source_sha256=source.sha256,
+            fingerprint=f"by-hand-{name}",
+        )
+        entries[name] = ModelEntry(
+            source=SourceEntry(uri=source.uri, sha256=source.sha256, size=source.size),
+            variants={TARGET: variant},
+        )
+    store.write(MANIFEST_KEY, Manifest(generation=1, models=entries).to_json())
     root = make_trusted_store(store, tmp_path / "keys")
     return Fleet(store.uri, tmp_path / "keys", root)
 
@@ -340,3 +347,50 @@ def test_metadata_loads_verified_by_its_canonical_json_made_once(text: str) -> N
         load_verified(Targets, tampered, root, "targets")
     with pytest.raises(RepositoryError, match="Expected 'root', got 'targets'"):
         load_verified(Root, data, root, "targets")
+
+
+# --- a first sync: the next model's download runs ahead ------------------------------------------
+
+
+def test_the_next_models_download_runs_ahead_once_and_counts_in_its_report(
+    s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fleet = make_fleet(f"s3://{s3_bucket}/fleet", tmp_path, models=3)
+    manifest = Manifest.from_json(getattr(open_store(fleet.uri).read(MANIFEST_KEY), "data", b""))
+    start = len(s3_proxy.log)
+    with caplog.at_level(logging.DEBUG, logger="epfleet.device.prefetch"):
+        first = run_sync(fleet.uri, tmp_path / "cache", fleet.root)
+    assert [(m.model, m.action) for m in first.models] == [
+        ("m", "downloaded"),
+        ("m1", "downloaded"),
+        ("m2", "downloaded"),
+    ]
+    ahead = [r.getMessage() for r in caplog.records if r.getMessage().endswith("fetched ahead")]
+    for report in first.models:
+        artifact = manifest.models[report.model].variants[TARGET].artifact
+        assert artifact is not None
+        gets = [s for s in s3_proxy.log[start:] if s.path.endswith(artifact.uri)]
+        assert [s.method for s in gets] == ["GET"]  # downloaded once, ahead or not
+        assert report.bytes_downloaded == artifact.size  # counted for its model
+        if report.model != "m":  # the first model has no model before it
+            assert ahead.count(f"{artifact.uri}: fetched ahead") == 1, ahead
+
+
+def test_a_failure_ahead_is_met_and_reported_by_the_models_own_sync(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    store = open_store(fleet.uri)
+    manifest = Manifest.from_json(getattr(store.read(MANIFEST_KEY), "data", b""))
+    artifact = manifest.models[MODEL].variants[TARGET].artifact
+    assert artifact is not None
+    store.write(artifact.uri, b"not the bytes the manifest names")
+    cache = tmp_path / "cache"
+    prefetch = Prefetch(store, DeviceCache(cache), Deadline.after(60))
+    prefetch.start(MODEL, artifact)
+    assert prefetch.wait("another model") == 0  # nothing ahead for it
+    assert prefetch.wait(MODEL) == 0  # failed ahead: nothing counted, nothing raised
+    prefetch.close()
+    report = run_sync(fleet.uri, cache, fleet.root)
+    [model] = report.models  # the step met the bad bytes itself, and built the model here
+    assert model.action == "recompiled", model.reason
+    assert model.reason.startswith(f"download cpu: {fleet.uri}/{artifact.uri} has sha256")
