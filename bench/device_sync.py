@@ -362,13 +362,21 @@ def measure_signed(
     cached = DeviceCache(plain).cached_manifest()
     u_decide = [decide_unsigned(cached, wanted, local) for _ in range(args.reps)]
 
-    entry = manifest.models[wanted[0]]  # one wanted model changes: a new build of a variant
-    variant = entry.variants[cpu_target]
-    entry.variants[cpu_target] = variant.model_copy(update={"fingerprint": "0" * 32})
-    manifest.generation += 1
-    store.write(MANIFEST_KEY, manifest.to_json())
-    republished, resign_s = timed(publish_trust, store, online)
+    def change(current: Manifest | None) -> Manifest:
+        """One wanted model changes: a new build of a variant. (The signer signs the last
+        signed document plus this change, never an edited manifest.json.)"""
+        assert current is not None
+        changed = current.model_copy(deep=True)
+        entry = changed.models[wanted[0]]
+        variant = entry.variants[cpu_target]
+        entry.variants[cpu_target] = variant.model_copy(update={"fingerprint": "0" * 32})
+        changed.generation += 1
+        return changed
+
+    republished, resign_s = timed(publish_trust, store, online, change)
     assert len(republished.bins) <= 2, republished  # the model's bin (and manifest.json's)
+    manifest = change(manifest)
+    store.write(MANIFEST_KEY, manifest.to_json())  # the unsigned copy, as a publish writes it
     changed = fetch_signed(STORE, cache, root, wanted)
     u_changed = fetch_manifest(STORE, plain)
     assert changed.status == "fetched" and u_changed.status == "fetched"
