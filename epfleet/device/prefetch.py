@@ -25,7 +25,6 @@ from epfleet.device.fetching import Fetcher
 from epfleet.device.model_sync import first_download
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.steps import Steps
-from epfleet.errors import EpfleetError
 from epfleet.formats.manifest import ArtifactRef, ModelEntry
 from epfleet.limits import Deadline, within
 from epfleet.stores import Store
@@ -90,7 +89,7 @@ class Prefetch:
         try:
             with within(self._deadline):
                 _, moved = self._fetcher.to_partial(artifact.uri, artifact.sha256, artifact.size)
-        except (EpfleetError, OSError) as exc:
+        except Exception as exc:  # only an optimisation: the step meets it, and says so
             logger.debug("%s: not fetched ahead (%s)", artifact.uri, exc)
             return 0  # what a failed attempt moved is not counted (the step's is)
         logger.debug("%s: fetched ahead", artifact.uri)

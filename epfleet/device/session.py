@@ -61,7 +61,6 @@ from epfleet.stores import open_store
 
 logger = logging.getLogger(__name__)
 
-
 UNSIGNED = (
     "the manifest is not signed: this device has no trusted root and syncs from "
     "manifest.json as --allow-unsigned (EPFLEET_ALLOW_UNSIGNED) lets it, so anyone who can "
