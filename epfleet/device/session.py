@@ -310,8 +310,9 @@ class SyncSession:
     def _fetch_ahead(self, model: str) -> None:
         """Download what the next models' syncs download first while ``model`` is synced."""
         wanted, position = self._order
-        if self.fetcher.offline or model not in position:
-            return
+        unchanged = self.status is not None and self.status.status == "unchanged"
+        if self.fetcher.offline or unchanged or model not in position:
+            return  # (with the manifest unchanged, its steps keep what they have)
         following = wanted[position[model] + 1 : position[model] + 1 + DEPTH]
         upcoming = [(m, self.manifest.models[m], self.state.models.get(m)) for m in following]
         self.prefetch.ahead_of(upcoming, self.steps, self.policy)
