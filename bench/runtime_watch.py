@@ -181,7 +181,7 @@ def main() -> None:
         (profiles, _), find_s = timed(
             find_unserved, reports, spec, checks, runtime, utcnow(), timedelta(days=30)
         )
-        devices = sum(len(p.devices) for p in profiles)
+        devices = sum(p.device_count for p in profiles)
         rows.append(
             (
                 f"group unserved: {len(profiles)} profiles, {devices} devices",

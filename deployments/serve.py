@@ -10,7 +10,9 @@ deployments/prefect.yaml (fleet-compile/nightly, fleet-compile/on-demand,
 runtime-watch/hourly, device-sync/periodic), run in this process's subprocesses while it
 lives. Not served: compile-pairs (targets bound to a work pool need workers of that pool)
 and the automation. Schedules are not paused when it stops, so a machine that restarts
-keeps them.
+keeps them. device-sync/periodic polls at an offset in its interval derived from the
+device id (``device_sync_schedule``, ``epfleet.device.jitter``), so that a fleet of
+machines serving it does not poll the store in the same second.
 """
 
 import runpy
@@ -20,7 +22,10 @@ from typing import Any
 
 from prefect import Flow, serve
 from prefect.deployments.runner import RunnerDeployment
+from prefect.schedules import Interval, Schedule
 
+from epfleet.device.jitter import sync_anchor
+from epfleet.device.reporting import device_id
 from flows.device_sync import device_sync
 from flows.fleet_compile import fleet_compile
 from flows.runtime_watch import runtime_watch
@@ -40,12 +45,18 @@ def serve_all(
         _deployment(
             device_sync,
             "periodic",
-            interval=sync_every,
+            schedule=device_sync_schedule(sync_every, None),
             parameters={"cache": str(cache.resolve()), "store": store},
         ),
     ]
     _take_over(deployments)
     serve(*deployments, pause_on_shutdown=False)
+
+
+def device_sync_schedule(interval: float, device: str | None) -> Schedule:
+    """A device sync every ``interval`` seconds at the device's own offset in it (its id:
+    ``device``, else $EPFLEET_DEVICE_ID or the host name, as its reports name it)."""
+    return Interval(interval, anchor_date=sync_anchor(device_id(device), interval))
 
 
 def _take_over(deployments: list[RunnerDeployment]) -> None:

@@ -45,9 +45,9 @@ class StoreError(EpfleetError):
     """A store operation failed for a reason that retrying will not fix."""
 
 
-class MissingObject(StoreError):
-    """A read of a key with no object behind it (what a ranged read or a download of it
-    finds): callers that need "missing" learn it without asking again."""
+class ObjectMissing(StoreError):
+    """The store has no object at the key asked for: the answer to the read itself (S3's
+    404), so that no second request is needed to tell a missing object from a failure."""
 
 
 class TransientStoreError(StoreError):

@@ -4,12 +4,18 @@ Command-line options win over these where both exist (``epfleet sync --device-id
 ``epfleet compile --task-runner``); the variables are for what has no command line of
 its own: a deployment's workers (``job_variables.env`` in ``deployments/prefect.yaml``)
 and the compile worker processes. An empty variable counts as unset. ``settings()``
-reads the environment on every call (tests and workers change it), and a bad value is a
-``BadInputError`` that names the variable.
+parses the environment once per process and hands out that one (frozen) ``Settings``
+while the ``EPFLEET_*`` variables (and ``HOME``) stay as they were: building the model
+costs milliseconds, and a device sync asks several times per model. A process that
+changes a variable (a test, a worker) gets a fresh parse on its next call;
+``reset_settings()`` drops the cached ones. A bad value is a ``BadInputError`` that
+names the variable.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 
 from pydantic import ByteSize, Field, ValidationError
@@ -25,7 +31,9 @@ ENV_PREFIX = "EPFLEET_"
 class Settings(BaseSettings):
     """The ``EPFLEET_*`` environment."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore", frozen=True
+    )
 
     cache: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "epfleet",
@@ -132,6 +140,15 @@ class Settings(BaseSettings):
         description="epfleet gc keeps every variant a device reported active within this many "
         "days (--retention-days wins); default 30",
     )
+    report_heartbeat: float = Field(
+        default=86400.0,
+        gt=0,
+        description="A device uploads its sync report when what it says changed (active "
+        "variants, failures, EPs and runtime) and otherwise once this many seconds have "
+        "passed since its last upload, so that an unchanged poll writes nothing; default "
+        "86400 (a day). Set the same value where epfleet gc and runtime-watch run: their "
+        "windows (EPFLEET_GC_RETENTION_DAYS, report_max_age_days) must be at least this long",
+    )
     multipart_grace: float = Field(
         default=86400.0,
         ge=0,
@@ -169,7 +186,27 @@ def env_name(field: str) -> str:
 
 
 def settings() -> Settings:
-    """The ``EPFLEET_*`` environment as it is now."""
+    """The ``EPFLEET_*`` environment as it is now: parsed on the first call with these
+    values, the same object afterwards (a look at ``os.environ`` per call, microseconds)."""
+    return _parsed(_environment())
+
+
+def reset_settings() -> None:
+    """Forget the parsed settings: the next ``settings()`` reads the environment again."""
+    _parsed.cache_clear()
+
+
+def _environment() -> tuple[tuple[str, str], ...]:
+    """What a parse depends on: every ``EPFLEET_*`` variable (any case, as pydantic-settings
+    matches them) and ``HOME`` (the default cache)."""
+    prefix = ENV_PREFIX.lower()
+    found = [(k, v) for k, v in os.environ.items() if k.lower().startswith(prefix)]
+    return (*sorted(found), ("HOME", os.environ.get("HOME", "")))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(environment: tuple[tuple[str, str], ...]) -> Settings:
+    """The settings for ``environment`` (``_environment()``'s); a bad value is not cached."""
     try:
         return Settings()
     except ValidationError as exc:

@@ -55,7 +55,7 @@ def runtime_watch(
     for profile in plan.unserved:
         logger.warning(
             "unserved: %d devices (%s) for %s",
-            len(profile.devices),
+            profile.device_count,
             profile.label,
             ", ".join(f"{m}: {why}" for m, why in profile.models.items()),
         )
@@ -93,7 +93,7 @@ def _artifacts(plan: WatchPlan, store: str, deployment: str, started: str | None
         + f" · {plan.reports_read} device reports read"
     ]
     lines += [
-        f"- unserved: {len(u.devices)} devices ({u.label}): "
+        f"- unserved: {u.device_count} devices ({u.label}): "
         + "; ".join(f"`{m}` {why}" for m, why in u.models.items())
         for u in plan.unserved
     ]

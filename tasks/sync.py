@@ -127,6 +127,8 @@ def sync_model_task(cache: str, model: str) -> ModelReport:
 @task(name="device-report", cache_policy=NO_CACHE)
 def report_task(cache: str) -> DeviceReport:
     report = session_for(cache).finish()
-    if report.report_uploaded is False:
+    if report.report_skipped:
+        get_run_logger().info("device report not uploaded: it %s", report.report_skipped)
+    elif report.report_uploaded is False:
         get_run_logger().warning("device report not uploaded: %s", report.report_error)
     return report

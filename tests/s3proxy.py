@@ -41,6 +41,10 @@ with Content-Length). Faults, armed at runtime by the test:
   ``path`` (a prefix of the request path) have their body read at ``rate`` bytes per
   second before being forwarded, through a receive buffer of 4 KiB (a slow uplink).
 
+- ``slow_down_next(path, n, method)``: the next ``n`` ``method`` requests of ``path`` (a
+  prefix of the request path) are answered 503 ``SlowDown`` by the proxy (not forwarded),
+  as S3 answers a prefix asked more than about 5,500 GETs a second.
+
 - ``uploads_initiated = datetime``: answers to ListMultipartUploads give every upload
   that start time (moto reports a fixed one from 2010).
 
@@ -68,6 +72,11 @@ MAX_BODY = 256 << 20
 HOLD_MAX = 120.0  # seconds a stalled or endless response is held at most
 SLOW_RCVBUF = 4096
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding"})
+SLOW_DOWN_XML = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n'
+    b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message>"
+    b"<RequestId>s3proxy</RequestId></Error>"
+)
 CONFLICT_XML = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n'
     b"<Error><Code>ConditionalRequestConflict</Code>"
@@ -102,6 +111,7 @@ class FaultProxy:
         self._slow_body: dict[str, tuple[float, int]] = {}
         self._slow_head: dict[tuple[str, str], tuple[float, int]] = {}
         self._slow_continue: dict[str, tuple[float, int]] = {}
+        self._slow_down: dict[tuple[str, str], int] = {}
         self._closing = threading.Event()
         self.ignore_range = False
         self.uploads_initiated: datetime | None = None
@@ -156,6 +166,10 @@ class FaultProxy:
     def trickle_next_request_bodies(self, path: str, *, rate: float, n: int = 1) -> None:
         with self._lock:
             self._slow_body[path] = (rate, n)
+
+    def slow_down_next(self, path: str, n: int = 1, method: str = "GET") -> None:
+        with self._lock:
+            self._slow_down[(method, path)] = n
 
     def heal(self) -> None:
         """Disarm the trickled heads and continues not yet taken."""
@@ -233,6 +247,15 @@ class FaultProxy:
                     self._slow_body[prefix] = (rate, n - 1)
                     return rate
             return None
+
+    def _take_slow_down(self, method: str, path: str) -> bool:
+        with self._lock:
+            for (armed, prefix), n in self._slow_down.items():
+                if armed == method and path.startswith(prefix) and n > 0:
+                    self._slow_down[(armed, prefix)] = n - 1
+                    self.counts[method] += 1
+                    return True
+            return False
 
     def _record(self, seen: Seen) -> None:
         with self._lock:
@@ -412,6 +435,14 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 body = self._read_body(proxy._take_slow_body(self.command, path))
             except ConnectionError:
                 self.close_connection = True
+                return
+            if proxy._take_slow_down(self.command, path):
+                proxy._record(Seen(self.command, path, self.headers.get("Range"), 503, 0))
+                self.send_response_only(503, "Slow Down")
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(SLOW_DOWN_XML)))
+                self.end_headers()
+                self.wfile.write(SLOW_DOWN_XML)
                 return
             if proxy._take_conflict(self.command, self.headers):
                 self.send_response_only(409, "Conflict")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -187,8 +188,11 @@ class Aged:
         return getattr(self._store, name)
 
     def list_objects(self, prefix: str, *, hidden: bool = False) -> list[StoredObject]:
-        listed = self._store.list_objects(prefix, hidden=hidden)
-        return [replace(o, modified=self._ages.get(o.key, o.modified)) for o in listed]
+        return sorted(self.iter_objects(prefix, hidden=hidden), key=lambda o: o.key)
+
+    def iter_objects(self, prefix: str, *, hidden: bool = False) -> Iterator[StoredObject]:
+        listed = self._store.iter_objects(prefix, hidden=hidden)
+        return (replace(o, modified=self._ages.get(o.key, o.modified)) for o in listed)
 
     def incomplete_uploads(self) -> list[StoredObject]:
         return [replace(o, modified=OLD) for o in self._store.incomplete_uploads()]

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from epfleet.errors import BadInputError
-from epfleet.settings import Settings, describe, env_name, settings
+from epfleet.settings import Settings, describe, env_name, reset_settings, settings
 
 pytestmark = pytest.mark.fast
 
@@ -64,3 +65,18 @@ def test_every_variable_is_described_in_the_docs() -> None:
     for name, text in describe():
         assert name.startswith("EPFLEET_") and text, name
         assert f"`{name}`" in page, f"docs/reference/settings.md does not describe {name}"
+
+
+def test_parsed_once_while_the_environment_stays(clean_env: pytest.MonkeyPatch) -> None:
+    first = settings()
+    assert settings() is first  # not parsed again
+    clean_env.setenv("EPFLEET_DASK_WORKERS", "3")
+    changed = settings()
+    assert changed is not first and changed.dask_workers == 3
+    assert settings() is changed
+    clean_env.delenv("EPFLEET_DASK_WORKERS")
+    assert settings().dask_workers == 2
+    reset_settings()
+    assert settings() is not first and settings() == first
+    with pytest.raises(ValidationError):
+        first.dask_workers = 5  # type: ignore[misc]  # shared: frozen

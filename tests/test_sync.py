@@ -30,7 +30,7 @@ from epfleet.device.cache import DeviceCache
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.errors import BadInputError, StoreError
-from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.formats.device_report import DeviceReport, ModelReport, decode_report
 from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes, sha256_file
 
@@ -175,7 +175,8 @@ def test_sync_activates_cpu_and_reports_htp_unsupported(
     uploaded = boto3.client("s3").get_object(
         Bucket=s3_bucket, Key=f"fleet/reports/devices/{DEVICE}.json"
     )
-    assert json.loads(uploaded["Body"].read())["models"][0]["action"] == "downloaded"
+    assert uploaded["ContentEncoding"] == "gzip"  # compact JSON, gzip-compressed
+    assert decode_report(uploaded["Body"].read(), 1 << 20).models[0].action == "downloaded"
     assert report.report_uploaded is True
 
     # Second sync: conditional GET answered 304, nothing downloaded, everything kept.
@@ -548,7 +549,7 @@ def test_device_sync_flow_does_the_per_sync_work_once(
     """One session serves the flow run's tasks: EP discovery, the manifest's parse and the
     worker process happen once for all the models, not once per model task."""
     import epfleet.device.session as session
-    import epfleet.device.steps as steps
+    import epfleet.runtime.compile_pool as compile_pool
     from flows.device_sync import device_sync
 
     calls: dict[str, int] = {"discover": 0, "parse": 0, "worker": 0}
@@ -562,7 +563,8 @@ def test_device_sync_flow_does_the_per_sync_work_once(
 
     monkeypatch.setattr(session, "discover", counted("discover", session.discover))
     monkeypatch.setattr(session, "manifest_in_force", counted("parse", session.manifest_in_force))
-    monkeypatch.setattr(steps, "CompilePool", counted("worker", steps.CompilePool))
+    # the steps import the pool when a step first needs a worker
+    monkeypatch.setattr(compile_pool, "CompilePool", counted("worker", compile_pool.CompilePool))
     report = device_sync(cache=str(tmp_path / "device"), store=str(fleet_store), device="once")
     assert [(m.model, m.action) for m in report.models] == [
         ("tiny-cls", "downloaded"),
@@ -716,9 +718,9 @@ def test_device_sync_served_as_a_deployment(
         server.terminate()
         _, stderr = server.communicate(timeout=30)
     assert report.exists(), stderr[-2000:]
-    served = json.loads(report.read_text())
-    assert [m["action"] for m in served["models"]] == ["downloaded", "downloaded"]
-    assert_package_runs(cache, {m["model"]: m["variant"] for m in served["models"]})
+    served = decode_report(report.read_bytes(), 1 << 20)  # gzip-compressed JSON
+    assert [m.action for m in served.models] == ["downloaded", "downloaded"]
+    assert_package_runs(cache, {m.model: m.variant or "" for m in served.models})
 
 
 def test_a_manifest_relying_on_defaults_syncs(fleet_store: Path, tmp_path: Path) -> None:

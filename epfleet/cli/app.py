@@ -57,7 +57,18 @@ app = App(
     default_parameter=Parameter(negative=(), show_default=default_text),
     suppress_keyboard_interrupt=False,  # main says "interrupted" (cyclopts exits silently)
 )
-for function in (compile_, sync, watch, serve, gc, retire, *TRUST_COMMANDS, *ROLLOUT_COMMANDS, show, schema):
+for function in (
+    compile_,
+    sync,
+    watch,
+    serve,
+    gc,
+    retire,
+    *TRUST_COMMANDS,
+    *ROLLOUT_COMMANDS,
+    show,
+    schema,
+):
     function.__doc__ = reflow_parameters(function.__doc__)
 app.command(compile_, name="compile", help_epilogue="")
 app.command(manifest_app)

@@ -9,8 +9,11 @@ a build here via ``local_build``, fallback; a variant or source of several files
 fetched and assembled by ``variant_sets``) until one installs a variant in the cache
 (``cache``, over ``nofollow``, ``cache_space``, ``cache_lock``, ``cache_state`` and the
 package manifest in ``package``), which then becomes active (``activation``, pure).
-``policy`` is what a sync is asked to do; ``unlisted`` drops the models the manifest no
-longer lists when it is asked to; ``reporting`` names the device and uploads its report.
+While one model is synced, ``prefetch`` downloads the file the next one will download
+first. ``policy`` is what a sync is asked to do; ``unlisted`` drops the models the
+manifest no longer lists when it is asked to; ``reporting`` names the device and uploads
+its report when it says something new; ``jitter`` is where in its interval a device
+polls.
 A failure at any step keeps the previous active variant.
 
 The fleet side never imports this package: the device report it writes is a shared

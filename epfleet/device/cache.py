@@ -28,6 +28,7 @@ from epfleet.device.cache_layout import (
     LAST_REPORT,
     MODEL_FILE,
     PACKAGE_MANIFEST,
+    REPORT_SENT,
     STATE_DIR,
     STATE_FILE,
     VARIANT_DIR,
@@ -56,7 +57,7 @@ class DeviceCache(CacheSpace):
         where a file belongs is refused (CacheDamaged, naming it)."""
         for parts in ((STATE_DIR, "partial"), (STATE_DIR, "samples"), ("models",)):
             self.directory(*parts)
-        for name in (STATE_FILE, FLEET_MANIFEST, LAST_REPORT):
+        for name in (STATE_FILE, FLEET_MANIFEST, LAST_REPORT, REPORT_SENT):
             self.file_slot((STATE_DIR, name))
         self.file_slot((PACKAGE_MANIFEST,))
 
@@ -112,6 +113,13 @@ class DeviceCache(CacheSpace):
 
     def save_last_report(self, data: bytes) -> None:
         self.write((STATE_DIR, LAST_REPORT), data)
+
+    def report_sent(self) -> bytes | None:
+        """The record of the last report the store received (``epfleet.device.reporting``)."""
+        return self.read((STATE_DIR, REPORT_SENT))
+
+    def save_report_sent(self, data: bytes) -> None:
+        self.write((STATE_DIR, REPORT_SENT), data)
 
     # --- variant files -----------------------------------------------------------------
 

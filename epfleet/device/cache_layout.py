@@ -7,6 +7,7 @@ DIR/.epfleet/fleet-manifest.json       the last valid fleet manifest (offline us
 DIR/.epfleet/partial/<sha256>.part     interrupted downloads, resumed by range
 DIR/.epfleet/scratch/                  compile and assembly scratch, removed by tidy
 DIR/.epfleet/last-report.json          the last sync's device report
+DIR/.epfleet/report-sent.json          what the store last received of it, and when
 DIR/.epfleet/lock                      one sync at a time
 """
 
@@ -23,6 +24,7 @@ STATE_DIR = ".epfleet"
 STATE_FILE = "state.json"
 FLEET_MANIFEST = "fleet-manifest.json"
 LAST_REPORT = "last-report.json"
+REPORT_SENT = "report-sent.json"
 LOCK_FILE = "lock"
 PARTIAL_MAX_AGE = 7 * 24 * 3600.0
 
@@ -31,4 +33,4 @@ DISK_MARGIN = 16 * MB
 report are written after it, and the device's other programs need room too."""
 VARIANT_DIR = re.compile(r"[a-z0-9][a-z0-9._-]*-[0-9a-f]{12}")
 PARTIAL_FILE = re.compile(r"[0-9a-f]{64}\.part(\.progress)?")
-OWN_FILES = frozenset({PACKAGE_MANIFEST, STATE_FILE, FLEET_MANIFEST, LAST_REPORT})
+OWN_FILES = frozenset({PACKAGE_MANIFEST, STATE_FILE, FLEET_MANIFEST, LAST_REPORT, REPORT_SENT})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +36,10 @@ class CacheSpace(CacheFiles):
         self.meta = self.root / STATE_DIR
         self.in_use: set[Path] = set()
         """Partial files this sync still needs: never dropped to make room."""
+        self.room_lock = threading.Lock()
+        """Held while a download asks for room and marks its partial file in use: a
+        download running ahead (``epfleet.device.prefetch``) and the sync's own never drop
+        each other's partial file to make room."""
 
     def write(self, parts: tuple[str, ...], data: bytes) -> None:
         """Write one of epfleet's files atomically. Out of space, partial downloads this

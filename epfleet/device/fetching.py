@@ -54,12 +54,13 @@ class Fetcher:
         """Download into the cache's partial file for ``sha256`` (resuming what an earlier
         sync left there); the file and the bytes moved."""
         part = self.cache.partial(sha256)
-        try:
-            self.cache.make_room(max(0, size - self.cache.held(part)), part.parent, key)
-        except DiskFull:
-            self.cache.drop_partial(part)
-            raise
-        self.cache.in_use.add(part)
+        with self.cache.room_lock:
+            try:
+                self.cache.make_room(max(0, size - self.cache.held(part)), part.parent, key)
+            except DiskFull:
+                self.cache.drop_partial(part)
+                raise
+            self.cache.in_use.add(part)
         try:
             return part, self.download(key, sha256, size, part)
         except OSError as exc:

@@ -11,7 +11,7 @@ import logging
 import time
 
 import eps
-from epfleet.device.activation import drop_changed_active, promote
+from epfleet.device.activation import drop_changed_active, promote, published_variant
 from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_state import CacheState, Installed, ModelState
 from epfleet.device.local_build import build_key
@@ -19,10 +19,11 @@ from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.selection import ActiveVariant, Considered, Step, decide
 from epfleet.device.steps import Done, Steps
+from epfleet.device.variant_sets import is_file_set
 from epfleet.disk import WRITE_DENIED, DiskFull
 from epfleet.errors import EpfleetError, StoreError
 from epfleet.formats.device_report import ModelReport, VariantVerdict
-from epfleet.formats.manifest import ModelEntry
+from epfleet.formats.manifest import ArtifactRef, ModelEntry
 from epfleet.fsutil import NO_SPACE
 from eps.base import Judgement, Precision, Verdict
 
@@ -70,27 +71,8 @@ def sync_model(
         previous = mstate.previous
         usable = previous is not None and cache.intact(model, previous, rehash=True)
         notes.append(drop_changed_active(mstate, usable))
-    active = mstate.active
-    active_view = (
-        ActiveVariant(
-            origin=active.origin,
-            target=active.target,
-            sha256=active.digest,
-            source_sha256=active.source_sha256,
-            verdict=steps.judge_installed(active).verdict,
-        )
-        if active is not None
-        else None
-    )
     key = build_key(entry)
-    plan = decide(
-        judged,
-        active_view,
-        entry.source.digest,
-        recompile=policy.recompile,
-        recompile_failed_before=key in mstate.recompile_failed,
-        preference=policy.prefer,
-    )
+    plan = plan_steps(steps, entry, mstate, policy, judged, key)
     failures: list[str] = []
     done: Done | None = None
     for step in plan:
@@ -137,6 +119,56 @@ def sync_model(
         precision=precision_of(done.installed, entry),
         profile=done.installed.profile,
     )
+
+
+def plan_steps(
+    steps: Steps,
+    entry: ModelEntry,
+    mstate: ModelState,
+    policy: SyncPolicy,
+    judged: list[Considered],
+    key: str,
+) -> list[Step]:
+    """What the model's sync tries, in order, given how its variants were judged here."""
+    active = mstate.active
+    active_view = (
+        ActiveVariant(
+            origin=active.origin,
+            target=active.target,
+            sha256=active.digest,
+            source_sha256=active.source_sha256,
+            verdict=steps.judge_installed(active).verdict,
+        )
+        if active is not None
+        else None
+    )
+    return decide(
+        judged,
+        active_view,
+        entry.source.digest,
+        recompile=policy.recompile,
+        recompile_failed_before=key in mstate.recompile_failed,
+        preference=policy.prefer,
+    )
+
+
+def first_download(
+    steps: Steps, entry: ModelEntry, mstate: ModelState | None, policy: SyncPolicy
+) -> ArtifactRef | None:
+    """The file the model's sync will download first, when its plan starts with the
+    download of a published variant in one file that the cache does not hold for a
+    rollback; else None (it keeps, builds, falls back, or downloads a file set)."""
+    mstate = mstate or ModelState()
+    plan = plan_steps(steps, entry, mstate, policy, considered(steps.local, entry), "")
+    if not plan or plan[0].kind != "download" or plan[0].target is None:
+        return None
+    variant = entry.variants[plan[0].target]
+    if variant.artifact is None or is_file_set(variant.model_file, variant.files):
+        return None
+    previous = mstate.previous
+    if previous is not None and previous.name == published_variant(plan[0].target, variant).name:
+        return None
+    return variant.artifact
 
 
 def precision_of(installed: Installed, entry: ModelEntry | None) -> Precision | None:

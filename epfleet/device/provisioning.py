@@ -29,7 +29,7 @@ from epfleet.errors import BadInputError
 from epfleet.stores import Store
 from epfleet.stores.local import LocalStore
 from epfleet.trust.directory import ROOT_HISTORY, ever_trusted, trust_dir, trust_parts
-from epfleet.trust.repository import ROOT_COPY, development_keys_dir
+from epfleet.trust.layout import ROOT_COPY, development_keys_dir
 from epfleet.trust.roots import provisioned_root
 
 

@@ -1,13 +1,27 @@
-"""The device report's identity and delivery: the device's id, and the upload to the store."""
+"""The device report's identity and delivery: the device's id, and the upload to the store.
+
+A report goes up when it says something the store's copy does not (``content_digest``
+differs from the last one uploaded) and otherwise once per heartbeat
+(``EPFLEET_REPORT_HEARTBEAT``, a day by default), so that the fleet side still sees the
+device alive: an unchanged poll writes nothing. The cache records what it last uploaded,
+where and when (``.epfleet/report-sent.json``); an upload that failed records nothing, so
+the next sync tries again. Uploads are compact JSON, gzip-compressed
+(``encode_report``), with ``Content-Encoding: gzip`` on S3.
+"""
 
 from __future__ import annotations
 
 import re
 import socket
+from contextlib import suppress
+from datetime import datetime, timedelta
 
-from epfleet.errors import BadInputError, StoreError
-from epfleet.formats.device_report import DeviceReport, report_key
-from epfleet.formats.manifest import NAME_PATTERN
+from pydantic import BaseModel, ValidationError
+
+from epfleet.device.cache import DeviceCache
+from epfleet.errors import BadInputError, EpfleetError, StoreError
+from epfleet.formats.device_report import DeviceReport, content_digest, encode_report, report_key
+from epfleet.formats.manifest import NAME_PATTERN, utcnow
 from epfleet.settings import settings
 from epfleet.stores import Store
 
@@ -26,15 +40,68 @@ def device_id(given: str | None) -> str:
     return host or "device"
 
 
-def upload_report(store: Store, report: DeviceReport) -> DeviceReport:
-    """Put the report at reports/devices/<id>.json when the store accepts writes."""
+class SentReport(BaseModel):
+    """The last report the store received from this cache: where, what it said, when."""
+
+    store: str
+    key: str
+    digest: str
+    at: datetime
+
+
+def unchanged_since(
+    sent: SentReport | None,
+    store: str,
+    key: str,
+    digest: str,
+    now: datetime,
+    heartbeat: timedelta,
+) -> datetime | None:
+    """When the store's copy of this report was uploaded, if it says what the report says
+    and is younger than the heartbeat (then this one need not go up); else None. A record
+    from the future (the clock was set back) counts as stale."""
+    if sent is None or (sent.store, sent.key, sent.digest) != (store, key, digest):
+        return None
+    if not sent.at <= now < sent.at + heartbeat:
+        return None
+    return sent.at
+
+
+def upload_report(
+    store: Store, report: DeviceReport, cache: DeviceCache | None = None
+) -> DeviceReport:
+    """Put the report at reports/devices/<id>.json when the store accepts writes and the
+    report says something new (or the heartbeat is due); with no ``cache`` to remember
+    the last upload, always."""
     if report.manifest.offline:
         return report.model_copy(
             update={"report_uploaded": False, "report_error": "offline: not uploaded"}
         )
-    data = report.model_dump_json(indent=2, exclude={"report_uploaded", "report_error"})
+    key, digest, now = report_key(report.device_id), content_digest(report), utcnow()
+    heartbeat = timedelta(seconds=settings().report_heartbeat)
+    sent = _last_sent(cache) if cache is not None else None
+    since = unchanged_since(sent, store.uri, key, digest, now, heartbeat)
+    if since is not None:
+        due = (since + heartbeat).isoformat(timespec="seconds")
+        skipped = (
+            f"says what the store's copy of {since.isoformat(timespec='seconds')} says; "
+            f"the next upload by {due} (EPFLEET_REPORT_HEARTBEAT)"
+        )
+        return report.model_copy(update={"report_uploaded": False, "report_skipped": skipped})
     try:
-        store.write(report_key(report.device_id), data.encode())
+        store.write(key, encode_report(report), content_encoding="gzip")
     except StoreError as exc:
         return report.model_copy(update={"report_uploaded": False, "report_error": str(exc)})
+    if cache is not None:
+        record = SentReport(store=store.uri, key=key, digest=digest, at=now)
+        with suppress(OSError, EpfleetError):  # not remembered: the next sync uploads again
+            cache.save_report_sent(record.model_dump_json().encode())
     return report.model_copy(update={"report_uploaded": True})
+
+
+def _last_sent(cache: DeviceCache) -> SentReport | None:
+    try:
+        data = cache.report_sent()
+        return SentReport.model_validate_json(data) if data is not None else None
+    except (OSError, EpfleetError, ValidationError):
+        return None  # unreadable or damaged: upload, and record again

@@ -45,6 +45,7 @@ from epfleet.device.fetching import Fetcher
 from epfleet.device.local_eps import LocalEps, discover, ep_versions
 from epfleet.device.manifest_cache import cached_manifest, fetch_manifest, manifest_in_force
 from epfleet.device.policy import SyncPolicy
+from epfleet.device.prefetch import DEPTH, Prefetch
 from epfleet.device.provisioning import trusted_root
 from epfleet.device.reporting import device_id, upload_report
 from epfleet.device.signed_manifest import fetch_signed_manifest, untrusted
@@ -165,6 +166,7 @@ class SyncSession:
         if self._closed:
             return
         self._closed = True
+        self.prefetch.close()  # before tidy: its partial files are in use until it ends
         if "steps" in self.__dict__:
             self.steps.close()
         state = self.state
@@ -279,11 +281,13 @@ class SyncSession:
             raise BadInputError(
                 f"model {model!r} is not among this sync's models: {', '.join(self.wanted())}"
             )
+        ahead = self.prefetch.wait(model)
         try:
             if self.deadline.passed():
                 report = self._not_reached(model)
             else:
                 with within(self.deadline):
+                    self._fetch_ahead(model)
                     # a staged rollout decides, from the signed entry, what this device runs
                     mine = entry.for_device(self.device)
                     report = model_sync.sync_model(self.steps, model, mine, self.state, self.policy)
@@ -291,9 +295,33 @@ class SyncSession:
                     report = report.model_copy(update={"rollout": rollout_seen(entry, mine)})
         except Exception as exc:
             report = model_sync.unexpected(model, self.state, exc)
+        if ahead:
+            report = report.model_copy(update={"bytes_downloaded": report.bytes_downloaded + ahead})
         logger.info("%s: %s %s (%s)", model, report.action, report.variant or "", report.reason)
         self.reports.append(report)
         return report
+
+    @functools.cached_property
+    def prefetch(self) -> Prefetch:
+        return Prefetch(self.store, self.cache, self.deadline)
+
+    @functools.cached_property
+    def _order(self) -> tuple[list[str], dict[str, int]]:
+        wanted = self.wanted()
+        return wanted, {model: i for i, model in enumerate(wanted)}
+
+    def _fetch_ahead(self, model: str) -> None:
+        """Download what the next models' syncs download first while ``model`` is synced."""
+        wanted, position = self._order
+        unchanged = self.status is not None and self.status.status == "unchanged"
+        if self.fetcher.offline or unchanged or model not in position:
+            return  # (with the manifest unchanged, its steps keep what they have)
+        following = wanted[position[model] + 1 : position[model] + 1 + DEPTH]
+        upcoming = [
+            (m, self.manifest.models[m].for_device(self.device), self.state.models.get(m))
+            for m in following
+        ]
+        self.prefetch.ahead_of(upcoming, self.steps, self.policy)
 
     def _not_reached(self, model: str) -> ModelReport:
         """A model the sync had no time left for: failed, its active variant kept."""
@@ -315,7 +343,8 @@ class SyncSession:
 
     def finish(self) -> DeviceReport:
         """Write and tidy the cache, then the device report of the models synced so far:
-        uploaded to the store when it accepts writes, and kept in the cache."""
+        uploaded to the store when it accepts writes and says something new, or its
+        heartbeat is due (``epfleet.device.reporting``), and kept in the cache."""
         if self.status is None:
             raise RuntimeError("fetch_manifest() comes before finish()")
         self._close()
@@ -333,7 +362,7 @@ class SyncSession:
             warnings=list(self.cache.repairs),
         )
         with within(self._report_deadline()):
-            report = upload_report(self.store, report)
+            report = upload_report(self.store, report, self.cache)
         try:
             self.cache.save_last_report(report.model_dump_json(indent=2).encode())
         except (OSError, EpfleetError) as exc:  # the report is returned (and printed) anyway

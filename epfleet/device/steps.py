@@ -15,13 +15,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import eps
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
 from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_state import Installed, InstalledFile, ModelState
 from epfleet.device.fetching import Fetcher
-from epfleet.device.health import Health, HealthJob, check_health
 from epfleet.device.local_build import local_request, local_targets
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.selection import Considered, Step
@@ -30,8 +30,6 @@ from epfleet.errors import CompileError, EpfleetError, HealthCheckError, Integri
 from epfleet.formats.device_report import Action
 from epfleet.formats.manifest import ModelEntry, VariantEntry
 from epfleet.limits import DeadlineExceeded, time_limit
-from epfleet.runtime.compile_pool import CompilePool, TimeLimitExceeded
-from epfleet.runtime.compiler import CompileJob, discard
 from epfleet.settings import settings
 from epfleet.text import plural
 from eps.base import (
@@ -43,6 +41,10 @@ from eps.base import (
     Verdict,
     default_tolerance,
 )
+
+if TYPE_CHECKING:
+    from epfleet.device.health import Health
+    from epfleet.runtime.compile_pool import CompilePool
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +61,10 @@ class Done:
 
 class Steps:
     """The steps, with what they share for one sync: the fetcher, the cache, the local EPs
-    and one worker process (started on first use; ``close`` stops it)."""
+    and one worker process (started on first use; ``close`` stops it).
+
+    The worker, the health check and the build are imported when a step first needs them:
+    a sync that keeps every model (most polls) never loads the compile side (``onnx``)."""
 
     def __init__(
         self, fetcher: Fetcher, cache: DeviceCache, local: LocalEps, prefer: Sequence[DeviceType]
@@ -73,6 +78,8 @@ class Steps:
     @property
     def worker(self) -> CompilePool:
         if self._worker is None:
+            from epfleet.runtime.compile_pool import CompilePool
+
             self._worker = CompilePool(1)
         return self._worker
 
@@ -195,6 +202,9 @@ class Steps:
     def build_locally(
         self, model: str, entry: ModelEntry, source: Path, ep: str, local: LocalTarget
     ) -> Done:
+        from epfleet.runtime.compile_pool import TimeLimitExceeded
+        from epfleet.runtime.compiler import CompileJob, discard
+
         request = local_request(model, entry, ep, local)
         logger.info("%s: recompiling locally for %s (%s)", model, ep, local.device)
         workdir = str(self.cache.scratch())
@@ -268,6 +278,9 @@ class Steps:
         """Run the variant before activating it: on the model's golden samples, compared
         with the source's outputs within the variant's tolerance, or on zero inputs when
         the manifest has no samples for the model. A variant that fails is deleted."""
+        from epfleet.device.health import HealthJob, check_health
+        from epfleet.runtime.compile_pool import TimeLimitExceeded
+
         golden = self.fetcher.golden(entry)
         job = HealthJob(
             label=installed.name,

@@ -68,7 +68,9 @@ def render_device_report(report: DeviceReport) -> str:
     out.extend(f"[{number}] {text}" for text, number in notes.items())
     served = sum(m.action in ("kept", "downloaded", "recompiled") for m in report.models)
     out.append(f"{served} of {len(report.models)} models served in {report.seconds:.2f} s")
-    if report.report_uploaded is False:
+    if report.report_skipped:
+        out.append(f"report not uploaded: it {report.report_skipped}")
+    elif report.report_uploaded is False:
         out.append(f"report not uploaded: {report.report_error}")
     out.extend(f"warning: {warning}" for warning in report.warnings)
     return "\n".join(out)

@@ -1,24 +1,30 @@
 """What runtime-watch reads where it runs: the compile workers' runtime and the device reports.
 
 The runtime is the ORT and EP packages installed here (deploy the watch on the compile
-workers' pool); the decisions on what is read are ``epfleet.fleet.watch_rules``'s (pure).
+workers' pool); the reports are streamed (``epfleet.fleet.report_reading``), never all
+held; the decisions on what is read are ``epfleet.fleet.watch_rules``'s (pure).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
-from pydantic import ValidationError
+from collections.abc import Iterator
 
 import eps
 from epfleet import ort_version
+from epfleet.fleet.report_reading import READ_THREADS, stream_reports
 from epfleet.fleet.watch_rules import Runtime, report_time
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.formats.spec import FleetSpec
-from epfleet.stores import DocumentTooLarge, Store
+from epfleet.stores import Store
 from eps.base import MissingExtraError
 
-READ_THREADS = 16
+__all__ = [
+    "READ_THREADS",
+    "compile_worker_runtime",
+    "read_reports",
+    "report_keys",
+    "stream_device_reports",
+]
 
 
 def compile_worker_runtime(spec: FleetSpec) -> Runtime:
@@ -36,29 +42,23 @@ def compile_worker_runtime(spec: FleetSpec) -> Runtime:
     return Runtime(ort_version=ort_version(), ep_versions=versions, ep_packages=packages)
 
 
+def report_keys(store: Store) -> Iterator[str]:
+    """The keys of the device reports, as the store lists them (not held)."""
+    return (o.key for o in store.iter_objects(f"{REPORTS_PREFIX}/"))
+
+
+def stream_device_reports(
+    store: Store, threads: int = READ_THREADS
+) -> Iterator[DeviceReport | str]:
+    """Every device report in the store, or why one cannot be used (``key: why``, a
+    ``generated_at`` without its UTC offset included), streamed in bounded memory
+    (``epfleet.fleet.report_reading``)."""
+    return stream_reports(store, report_keys(store), threads=threads, check=report_time)
+
+
 def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[DeviceReport], list[str]]:
-    """Every device report in the store, and the keys of those that do not parse. Reports
-    are small and many (one per device), so they are read ``threads`` at a time."""
-
-    def read_one(key: str) -> DeviceReport | str | None:
-        try:
-            found = store.read(key)
-        except DocumentTooLarge as exc:  # over EPFLEET_MAX_DOCUMENT_BYTES: one bad report
-            return f"{key}: {exc}"
-        if found is None:
-            return None  # removed since listed
-        try:
-            report = DeviceReport.model_validate_json(found.data)
-            report_time(report)
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            return f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}"
-        except ValueError as exc:
-            return f"{key}: {exc}"
-        return report
-
-    keys = store.list_keys(f"{REPORTS_PREFIX}/")
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        results = list(pool.map(read_one, keys))
+    """Every device report in the store, and the keys of those that do not parse, held in
+    lists: for tests and benchmarks; runtime-watch streams them (``stream_device_reports``)."""
+    results = list(stream_device_reports(store, threads))
     reports = [r for r in results if isinstance(r, DeviceReport)]
     return reports, [r for r in results if isinstance(r, str)]

@@ -16,6 +16,7 @@ judges not optimal although they are current.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Literal
@@ -50,11 +51,18 @@ class PairCheck(BaseModel):
         return self.status in ("stale", "missing")
 
 
+MAX_LISTED_DEVICES = 100
+"""Devices an unserved profile names; it counts them all (a profile may be half a fleet)."""
+
+
 class UnservedProfile(BaseModel):
     profile_id: str = Field(description="Stable short id of the EPs and hardware")
     label: str
     eps: list[str]
-    devices: list[str] = Field(description="Ids of the devices with this profile")
+    devices: list[str] = Field(
+        description=f"Ids of the devices with this profile (the first {MAX_LISTED_DEVICES})"
+    )
+    device_count: int = Field(default=0, description="How many devices have this profile")
     models: dict[str, str] = Field(description="Unserved model -> why")
     targets: list[str] = Field(description="Spec targets for these EPs (may be none)")
 
@@ -145,22 +153,25 @@ def profile_of(report: DeviceReport) -> tuple[str, str, list[str]]:
 
 
 def find_unserved(
-    reports: list[DeviceReport],
+    reports: Iterable[DeviceReport],
     spec: FleetSpec,
     checks: list[PairCheck],
     runtime: Runtime,
     now: datetime,
     max_age: timedelta,
-) -> tuple[list[UnservedProfile], list[DeviceReport]]:
-    """Unserved profiles, and the reports old enough to be ignored (devices gone quiet)."""
+) -> tuple[list[UnservedProfile], int]:
+    """Unserved profiles, and how many reports were old enough to be ignored (devices
+    gone quiet). ``reports`` is consumed once, one report at a time: what is kept of
+    them is the profiles, so a fleet's reports can be streamed through."""
     by_pair = {(c.model, c.target): c for c in checks}
-    fresh: list[DeviceReport] = []
-    stale_reports: list[DeviceReport] = []
-    for report in reports:
-        (fresh if now - report_time(report) <= max_age else stale_reports).append(report)
     by_name = {t.name: t for t in spec.targets}
     profiles: dict[str, UnservedProfile] = {}
-    for report in fresh:
+    quiet = 0
+    for report in reports:
+        if now - report_time(report) > max_age:
+            quiet += 1
+            continue
+        counted = False
         ident, label, device_eps = profile_of(report)
         hardware = {(d.ep, d.type) for d in report.devices}
         accelerators = {(ep, kind) for ep, kind in hardware if kind != "cpu"}
@@ -196,11 +207,14 @@ def find_unserved(
                     targets=[],
                 ),
             )
-            if report.device_id not in profile.devices:
-                profile.devices.append(report.device_id)
+            if not counted:  # one report per device
+                counted = True
+                profile.device_count += 1
+                if len(profile.devices) < MAX_LISTED_DEVICES:
+                    profile.devices.append(report.device_id)
             profile.models.setdefault(model_report.model, reason)
             profile.targets = sorted(set(profile.targets) | set(targets))
-    return list(profiles.values()), stale_reports
+    return list(profiles.values()), quiet
 
 
 def _unserved_reason(

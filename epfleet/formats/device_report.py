@@ -3,11 +3,23 @@
 A shared format: the device writes it (``epfleet.device``), the fleet side reads it
 (``epfleet.fleet.watch_rules``), so this module imports only pydantic and epfleet's pure modules,
 never ONNX Runtime.
+
+Stored form: compact JSON, gzip-compressed (``encode_report``), under the same key as
+before; reports of older devices are plain JSON. ``decode_report`` reads both (a gzip
+body starts with 1f 8b, JSON never does) and never inflates one past a size limit.
+``content_digest`` is what a report says, without what changes on every sync (times,
+bytes moved, the manifest's version): a device uploads a report whose digest differs from
+the last one it uploaded, and otherwise only once per heartbeat
+(``EPFLEET_REPORT_HEARTBEAT``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import gzip
+import hashlib
+import json
+import zlib
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -20,6 +32,9 @@ Action = Literal["kept", "downloaded", "recompiled", "fallback", "failed"]
 SERVED_ACTIONS: frozenset[str] = frozenset({"kept", "downloaded", "recompiled"})
 """Actions after which a model runs a variant built for this device's EPs; the others
 (``fallback``, ``failed``) make a sync exit non-zero."""
+GZIP_MAGIC = b"\x1f\x8b"
+LOCAL_FIELDS = frozenset({"report_uploaded", "report_error", "report_skipped"})
+"""What the device says of the upload itself: printed and kept in the cache, not uploaded."""
 
 
 def report_key(device_id: str) -> str:
@@ -148,6 +163,11 @@ class DeviceReport(BaseModel):
     seconds: float
     report_uploaded: bool | None = None
     report_error: str | None = None
+    report_skipped: str | None = Field(
+        default=None,
+        description="Why the report was not uploaded although the store accepts writes: "
+        "it says what the last one uploaded said, within the heartbeat",
+    )
     warnings: list[str] = Field(
         default_factory=list, description="What the sync repaired in the cache, or could not write"
     )
@@ -160,3 +180,70 @@ class DeviceReport(BaseModel):
     @property
     def exit_code(self) -> int:
         return 0 if self.served == len(self.models) and self.manifest.status != "rejected" else 1
+
+
+def encode_report(report: DeviceReport) -> bytes:
+    """The report as a device uploads it: compact JSON, gzip-compressed (no time stamp in
+    the gzip header: the same report gives the same bytes)."""
+    data = report.model_dump_json(exclude=set(LOCAL_FIELDS)).encode()
+    return gzip.compress(data, compresslevel=6, mtime=0)
+
+
+def decode_report(data: bytes, limit: int) -> DeviceReport:
+    """A stored report: gzip-compressed JSON, or plain JSON (older devices). ValueError
+    when it inflates past ``limit`` bytes or is a damaged gzip stream; pydantic's
+    ValidationError when it is not a report."""
+    if data.startswith(GZIP_MAGIC):
+        data = inflate(data, limit)
+    return DeviceReport.model_validate_json(data)
+
+
+def inflate(data: bytes, limit: int) -> bytes:
+    """A gzip stream's content, holding at most ``limit`` + 1 bytes of it: a small body
+    that would inflate to gigabytes (a gzip bomb) is refused, not held."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise ValueError(f"not a valid gzip stream ({exc})") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise ValueError(f"inflates past the limit of {limit} bytes")
+    if not inflater.eof:
+        raise ValueError("a gzip stream cut short")
+    return out
+
+
+def content_digest(report: DeviceReport) -> str:
+    """What the report says, as a sha256: which variant each model runs (by name, target,
+    file, EP, verdict and precision), what failed or fell back and why, how the device
+    judged each published variant, its EPs, hardware and runtime, its store, a manifest
+    it rejected and its warnings. Left out: times, bytes moved, the manifest's generation
+    and signed version, and whether a served model's variant was kept, downloaded or
+    built just now (the poll after a download says ``kept`` of the same variant). Two
+    syncs that changed nothing have the same digest."""
+    said: dict[str, Any] = report.model_dump(
+        mode="json",
+        exclude={*LOCAL_FIELDS, "generated_at", "seconds", "manifest", "models"},
+    )
+    manifest = report.manifest
+    if manifest.status == "rejected" or manifest.warning:
+        said["manifest"] = [manifest.status, manifest.reason, manifest.warning, manifest.signed]
+    said["models"] = [_model_content(model) for model in report.models]
+    canonical = json.dumps(said, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _model_content(model: ModelReport) -> list[Any]:
+    served = model.served
+    return [
+        model.model,
+        "served" if served else model.action,
+        None if served else model.reason,
+        model.variant,
+        model.target,
+        model.artifact_sha256,
+        model.ep,
+        model.verdict,
+        model.precision,
+        sorted((v.target, v.ep, v.verdict) for v in model.considered),
+    ]

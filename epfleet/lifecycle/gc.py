@@ -4,7 +4,8 @@ What it collects (each a *kind*):
 
 - ``variant``: ``variants/<model>/<target>/<sha256>.onnx`` no manifest entry references
   (superseded builds, retired models and targets) and no device reported active within
-  the retention window;
+  the retention window (``EPFLEET_GC_RETENTION_DAYS``, at least the devices' report
+  heartbeat ``EPFLEET_REPORT_HEARTBEAT``: an unchanged device reports once per heartbeat);
 - ``source`` / ``samples``: ``sources/<sha256>.onnx`` and ``samples/<sha256>.npz`` no
   model uses;
 - ``file``: ``files/<sha256>`` (external data, EP contexts, sidecars of multi-file sources
@@ -35,6 +36,8 @@ from pydantic import BaseModel, Field
 
 from epfleet.errors import StoreError
 from epfleet.fleet.publishing import InForce, read_in_force
+from epfleet.fleet.report_reading import Problems, check_report_window
+from epfleet.formats.device_report import REPORTS_PREFIX
 from epfleet.formats.manifest import Manifest
 from epfleet.lifecycle.gc_pins import READ_THREADS, pinned_files, pinned_prefixes, recent_reports
 from epfleet.lifecycle.gc_rules import (
@@ -50,6 +53,7 @@ from epfleet.lifecycle.gc_rules import (
     plan_collection,
 )
 from epfleet.stores import UNCHANGED, Store
+from epfleet.stores.base import StoredObject
 from epfleet.text import format_bytes
 
 __all__ = [
@@ -118,16 +122,18 @@ def collect(
     check is ``recheck_seconds`` old. StoreError when the manifest cannot be read."""
     now = now or datetime.now(timezone.utc)
     grace = timedelta(hours=grace_hours)
-    objects = store.list_objects("", hidden=True)
+    retention = timedelta(days=retention_days)
+    check_report_window(retention, "the retention window (--retention-days)")
+    objects, reports_listed = _objects_but_reports(store)
     uploads = store.incomplete_uploads()
-    reports, unreadable = recent_reports(store, now - timedelta(days=retention_days))
-    pinned = pinned_prefixes(reports)
+    unreadable = Problems()
+    pinned = pinned_prefixes(recent_reports(store, now - retention, unreadable))
     file_keys, bad_listings = pinned_files(store, objects, pinned)
-    warnings = [f"unreadable device report {u}" for u in unreadable]
+    warnings = [f"unreadable device report {u}" for u in unreadable.summary()]
     warnings += [f"unreadable file listing {b}" for b in bad_listings]
     keep_variants = (
-        f"{len(unreadable)} device report(s) could not be read: any variant may be active"
-        if unreadable
+        f"{unreadable.count} device report(s) could not be read: any variant may be active"
+        if unreadable.count
         else f"{len(bad_listings)} file listing(s) of active variants could not be read"
         if bad_listings
         else None
@@ -139,6 +145,7 @@ def collect(
         plan = plan_collection(
             objects, uploads, manifest, pinned, now, grace, keep_variants, file_keys
         )
+        plan.protected += reports_listed
         return plan, manifest, in_force
 
     plan, manifest, in_force = planned()
@@ -201,6 +208,18 @@ def collect(
         planned_by_key[key] for key in result.removed if key in planned_by_key
     ]
     return result
+
+
+def _objects_but_reports(store: Store) -> tuple[list[StoredObject], int]:
+    """Every object in the store (hidden ones too) but the device reports, which gc never
+    collects and a large fleet has a million of: those are only counted."""
+    objects, reports = [], 0
+    for obj in store.iter_objects("", hidden=True):
+        if obj.key.startswith(f"{REPORTS_PREFIX}/"):
+            reports += 1
+        else:
+            objects.append(obj)
+    return sorted(objects, key=lambda o: o.key), reports
 
 
 def _manifest_changed(store: Store, in_force: InForce) -> bool:

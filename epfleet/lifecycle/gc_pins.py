@@ -2,27 +2,26 @@
 
 A device that reported a variant active within the retention window keeps it in the
 store after the manifest drops it (``pinned_prefixes``), with the ``files/`` objects its
-``.files.json`` listing names (``pinned_files``). ``recent_reports`` reads the reports.
+``.files.json`` listing names (``pinned_files``). ``recent_reports`` streams the reports:
+what is kept of them is the pins, one per variant in use, not one per device.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 
-from pydantic import ValidationError
-
 from epfleet.errors import StoreError
+from epfleet.fleet.report_reading import READ_THREADS, Problems, stream_reports
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.formats.keys import files_key, variant_key
 from epfleet.lifecycle.gc_rules import pinning_device
-from epfleet.stores import DocumentTooLarge, Store
+from epfleet.stores import Store
 from epfleet.stores.base import StoredObject
 
-READ_THREADS = 16
+__all__ = ["READ_THREADS", "pinned_files", "pinned_prefixes", "recent_reports"]
 
 
 def pinned_prefixes(reports: Iterable[DeviceReport]) -> dict[str, str]:
@@ -74,27 +73,14 @@ def pinned_files(
     return files, problems
 
 
-def recent_reports(store: Store, since: datetime) -> tuple[list[DeviceReport], list[str]]:
+def recent_reports(store: Store, since: datetime, problems: Problems) -> Iterator[DeviceReport]:
     """The device reports the store received since ``since`` (by the store's clock, not
-    the devices'), and the keys of those that cannot be read, with why. Reports are small
-    and many (one per device): read ``READ_THREADS`` at a time."""
-    keys = [o.key for o in store.list_objects(f"{REPORTS_PREFIX}/") if o.modified >= since]
-
-    def read_one(key: str) -> DeviceReport | str | None:
-        try:
-            found = store.read(key)
-            if found is None:
-                return None  # removed since listed
-            return DeviceReport.model_validate_json(found.data)
-        except DocumentTooLarge as exc:
-            return f"{key}: {exc}"
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            return f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}"
-
-    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        results = list(pool.map(read_one, keys))
-    return (
-        [r for r in results if isinstance(r, DeviceReport)],
-        [r for r in results if isinstance(r, str)],
-    )
+    the devices'), streamed (``epfleet.fleet.report_reading``: a large fleet's reports are
+    never all held); those that cannot be read go to ``problems``, with why."""
+    listed = store.iter_objects(f"{REPORTS_PREFIX}/")
+    keys = (o.key for o in listed if o.modified >= since)
+    for found in stream_reports(store, keys, threads=READ_THREADS):
+        if isinstance(found, str):
+            problems.add(found)
+        else:
+            yield found

@@ -51,15 +51,25 @@ class Store(Protocol):
     def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
         """The object's bytes from offset ``start`` up to ``end`` (exclusive; default its
         end), in chunks: a ranged GET, so downloads run in parallel segments and resume
-        where they stopped. StoreError when missing."""
+        where they stopped. ObjectMissing (a StoreError) when there is no such object: the
+        read's own answer, so that nobody asks again to tell missing from failing."""
         ...
 
     def write(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+        content_encoding: str | None = None,
     ) -> str:
         """Write atomically and return the new version. With ``if_match`` the write happens
         only if the object is still at that version, with ``if_none_match`` only if there
-        is no object yet; otherwise PreconditionFailed, and nothing is written."""
+        is no object yet; otherwise PreconditionFailed, and nothing is written.
+        ``content_encoding`` (``gzip``) says how ``data`` is encoded, for other HTTP
+        clients of the store (S3's ``Content-Encoding``); ``read`` returns ``data`` as
+        written, still encoded."""
         ...
 
     def size(self, key: str) -> int | None:
@@ -97,6 +107,12 @@ class Store(Protocol):
         is gone (or was missing), False when it is newer (touched since gc planned). The
         local store does the check and the removal under its lock, so no ``touch``
         falls between them; on S3 they are a HEAD and a DELETE."""
+        ...
+
+    def iter_objects(self, prefix: str, *, hidden: bool = False) -> Iterator[StoredObject]:
+        """``list_objects``' objects in no particular order, as the listing arrives (a page
+        of up to 1,000 at a time from S3): for listings too large to hold, such as a large
+        fleet's device reports."""
         ...
 
     def incomplete_uploads(self) -> list[StoredObject]:

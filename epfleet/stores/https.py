@@ -28,7 +28,7 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from epfleet.errors import BadInputError, MissingObject, StoreError, TransientStoreError
+from epfleet.errors import BadInputError, ObjectMissing, StoreError, TransientStoreError
 from epfleet.fsutil import atomic_file
 from epfleet.limits import DeadlineExceeded, TransferGuard, TransferLimits, current_deadline
 from epfleet.stores.base import UNCHANGED, StoredObject, Versioned, check_key
@@ -243,7 +243,7 @@ class HttpsStore:
         response = self._send("GET", key, headers)
         if response.status == 404:
             _discard(response)
-            raise MissingObject(f"{self._url(key)} does not exist")
+            raise ObjectMissing(f"{self._url(key)} does not exist")
         if response.status not in (200, 206):
             self._refused(response, key, f"reading (from byte {start})")
         # A mirror that ignores Range sends the whole object: skip to ``start``.
@@ -285,7 +285,13 @@ class HttpsStore:
         raise StoreError(f"{what}: {self.uri} {READ_ONLY}")
 
     def write(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+        content_encoding: str | None = None,
     ) -> str:
         self._read_only(f"writing {key}")
 
@@ -305,6 +311,9 @@ class HttpsStore:
         self._read_only(f"listing {prefix or 'the store'} (a mirror serves files, not listings)")
 
     def list_objects(self, prefix: str, *, hidden: bool = False) -> list[StoredObject]:
+        self._read_only(f"listing {prefix or 'the store'} (a mirror serves files, not listings)")
+
+    def iter_objects(self, prefix: str, *, hidden: bool = False) -> Iterator[StoredObject]:
         self._read_only(f"listing {prefix or 'the store'} (a mirror serves files, not listings)")
 
     def incomplete_uploads(self) -> list[StoredObject]:

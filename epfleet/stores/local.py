@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 from urllib.parse import unquote, urlparse
 
-from epfleet.errors import BadInputError, MissingObject, PreconditionFailed, StoreError
+from epfleet.errors import BadInputError, ObjectMissing, PreconditionFailed, StoreError
 from epfleet.fsutil import NO_SPACE, atomic_copy, atomic_file, atomic_write_bytes, no_room
 from epfleet.hashing import CHUNK, sha256_bytes
 from epfleet.stores.base import (
@@ -105,7 +105,7 @@ class LocalStore:
     def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
         path = self._path(key)
         if not path.exists():
-            raise MissingObject(f"{self.uri}/{key} does not exist")
+            raise ObjectMissing(f"{self.uri}/{key} does not exist")
         with self._os_errors("reading", key), self._open_object(key) as f:
             f.seek(start)
             left = None if end is None else end - start
@@ -118,8 +118,15 @@ class LocalStore:
                 yield chunk
 
     def write(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+        content_encoding: str | None = None,
     ) -> str:
+        """(A file has no content encoding: the bytes say it, as a gzip stream's magic does.)"""
         with self._os_errors("writing", key):
             return self._write(key, data, if_match, if_none_match)
 
@@ -151,7 +158,7 @@ class LocalStore:
     def download(self, key: str, dest: Path) -> None:
         src = self._path(key)
         if not src.exists():
-            raise MissingObject(f"{self.uri}/{key} does not exist")
+            raise ObjectMissing(f"{self.uri}/{key} does not exist")
         with (
             self._os_errors("downloading", key),
             self._open_object(key) as inp,
@@ -168,11 +175,13 @@ class LocalStore:
             return sorted(key for key in keys if not is_hidden(key))
 
     def list_objects(self, prefix: str, *, hidden: bool = False) -> list[StoredObject]:
+        return sorted(self.iter_objects(prefix, hidden=hidden), key=lambda o: o.key)
+
+    def iter_objects(self, prefix: str, *, hidden: bool = False) -> Iterator[StoredObject]:
         folder = self.root / check_prefix(prefix)
-        found: list[StoredObject] = []
         with self._os_errors("listing", prefix):
             if not folder.is_dir():
-                return []
+                return
             for path in folder.rglob("*"):
                 key = path.relative_to(self.root).as_posix()
                 if key == LOCK_NAME or (is_hidden(key) and not hidden):
@@ -183,8 +192,7 @@ class LocalStore:
                     continue
                 if stat.S_ISREG(info.st_mode):
                     modified = datetime.fromtimestamp(info.st_mtime, timezone.utc)
-                    found.append(StoredObject(key, info.st_size, modified))
-        return sorted(found, key=lambda o: o.key)
+                    yield StoredObject(key, info.st_size, modified)
 
     def incomplete_uploads(self) -> list[StoredObject]:
         """None: a local store's writes are a temporary file renamed into place (its

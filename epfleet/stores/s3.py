@@ -265,7 +265,13 @@ class S3Store:
             self._raise(exc, key, f"reading (from byte {start})")
 
     def write(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+        content_encoding: str | None = None,
     ) -> str:
         sha256 = sha256_bytes(data)
         write_id = uuid.uuid4().hex
@@ -280,6 +286,10 @@ class S3Store:
             args["IfMatch"] = if_match
         if if_none_match:
             args["IfNoneMatch"] = "*"
+        if content_encoding is not None:
+            args["ContentEncoding"] = content_encoding
+            if key.endswith(".json"):
+                args["ContentType"] = "application/json"
         try:
             return str(self.client.put_object(**args)["ETag"])
         except bce.ClientError as exc:
@@ -341,7 +351,9 @@ class S3Store:
         return sorted(key for key in keys if not key.endswith("/") and not is_hidden(key))
 
     def list_objects(self, prefix: str, *, hidden: bool = False) -> list[StoredObject]:
-        found: list[StoredObject] = []
+        return sorted(self.iter_objects(prefix, hidden=hidden), key=lambda o: o.key)
+
+    def iter_objects(self, prefix: str, *, hidden: bool = False) -> Iterator[StoredObject]:
         root = f"{self.prefix}/" if self.prefix else ""
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
@@ -352,10 +364,9 @@ class S3Store:
                     key = item["Key"][len(root) :]
                     if key.endswith("/") or (is_hidden(key) and not hidden):
                         continue
-                    found.append(StoredObject(key, int(item["Size"]), item["LastModified"]))
+                    yield StoredObject(key, int(item["Size"]), item["LastModified"])
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, prefix, "listing")
-        return sorted(found, key=lambda o: o.key)
 
     def incomplete_uploads(self) -> list[StoredObject]:
         return s3_multipart.incomplete_uploads(self)

@@ -4,8 +4,8 @@ A transient failure (5xx, throttling, a dropped or unreachable connection) becom
 TransientStoreError, which the caller may retry; a socket that stalled (or an answer that
 did not come whole in time), TransferTooSlow; an attempt the sync's deadline stopped,
 DeadlineExceeded;
-anything else (no bucket, no object, no credentials, TLS) StoreError naming the object
-and what to check.
+a missing object ObjectMissing; anything else (no bucket, no credentials, TLS)
+StoreError naming the object and what to check.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import NoReturn
 import botocore.exceptions as bce
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 
-from epfleet.errors import MissingObject, StoreError, TransientStoreError
+from epfleet.errors import ObjectMissing, StoreError, TransientStoreError
 from epfleet.limits import TransferTooSlow
 from epfleet.stores.s3_bounds import DeadlineReached
 
@@ -108,7 +108,7 @@ def raise_store_error(
                 "check the store URI and AWS_ENDPOINT_URL"
             ) from exc
         if code in MISSING_CODES:
-            raise MissingObject(
+            raise ObjectMissing(
                 f"{action} {where}: no such object (check the key and that "
                 f"bucket {bucket!r} exists)"
             ) from exc

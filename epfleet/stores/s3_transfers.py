@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import botocore.exceptions as bce
 from boto3.exceptions import S3UploadFailedError
 
-from epfleet.errors import MissingObject, TransientStoreError
+from epfleet.errors import ObjectMissing, TransientStoreError
 from epfleet.limits import TransferGuard, TransferTooSlow
 from epfleet.stores.caching import cache_control
 from epfleet.stores.s3_errors import is_missing
@@ -85,7 +85,7 @@ def download(store: S3Store, key: str, dest: Path) -> None:
         head = store.client.head_object(Bucket=store.bucket, Key=store._key(key))
     except bce.ClientError as exc:
         if is_missing(exc):
-            raise MissingObject(f"{store._where(key)} does not exist") from None
+            raise ObjectMissing(f"{store._where(key)} does not exist") from None
         store._raise(exc, key, "downloading")
     except bce.BotoCoreError as exc:
         store._raise(exc, key, "downloading")

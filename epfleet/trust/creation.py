@@ -29,7 +29,15 @@ from epfleet.trust.keys import (
     online_signer,
     public_key_of,
 )
-from epfleet.trust.layout import DEFAULT_BINS, FIRST_ROOT_KEY, LIFETIME, metadata_key, utcnow
+from epfleet.trust.layout import (
+    DEFAULT_BINS,
+    FIRST_ROOT_KEY,
+    LIFETIME,
+    ROOT_COPY,
+    development_keys_dir,
+    metadata_key,
+    utcnow,
+)
 from epfleet.trust.signing import publish_trust, sign_metadata
 from epfleet.trust.state import has_trust
 from epfleet.trust.targets import bin_bits, delegating_targets
@@ -103,11 +111,6 @@ def _unsigned_manifest(store: Store) -> Manifest | None:
 # --- development keys ------------------------------------------------------------------------
 
 
-def development_keys_dir(store_root: Path) -> Path:
-    """Where a local store's development keys live: beside it, never inside it."""
-    return store_root.with_name(store_root.name + ".dev-keys")
-
-
 def development_root(store_uri: str) -> Path | None:
     """The root file a device trusts a local store's development keys with
     (``<store>.dev-keys/root.json``), when ``store_uri`` is a local store that has one."""
@@ -115,10 +118,6 @@ def development_root(store_uri: str) -> Path | None:
         return None
     root = development_keys_dir(Path(os.path.abspath(local_path(store_uri)))) / ROOT_COPY
     return root if root.is_file() else None
-
-
-ROOT_COPY = "root.json"
-"""The first root, copied beside the offline keys for provisioning devices."""
 
 
 def init_with_key_files(

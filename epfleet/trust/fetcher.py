@@ -12,7 +12,7 @@ from collections.abc import Generator, Iterator
 from tuf.api import exceptions as tuf_errors
 from tuf.ngclient.fetcher import FetcherInterface
 
-from epfleet.errors import MissingObject, StoreError, TransientStoreError
+from epfleet.errors import ObjectMissing, StoreError, TransientStoreError
 from epfleet.limits import TransferGuard, TransferTooSlow
 from epfleet.stores import Store
 
@@ -67,21 +67,15 @@ class StoreFetcher(FetcherInterface):
                 close()  # ngclient stopped reading (past a length): the body is closed
 
     def _error(self, key: str, exc: StoreError) -> tuf_errors.DownloadError:
-        where = f"{self.store.uri}/{key}"
+        """The failed read as ngclient expects it. A missing object is told by the read's
+        own answer (``ObjectMissing``: S3's 404), not by asking again: every refresh
+        probes for the next root version, and that object is missing nearly always."""
         if isinstance(exc, TransferTooSlow):
             return tuf_errors.SlowRetrievalError(str(exc))
         if isinstance(exc, TransientStoreError):
             return Unreachable(str(exc))
-        if isinstance(exc, MissingObject):  # the read said so: no second request to ask
-            return tuf_errors.DownloadHTTPError(f"{where} does not exist", 404)
-        try:
-            missing = self.store.size(key) is None
-        except TransientStoreError as again:
-            return Unreachable(str(again))
-        except StoreError:
-            missing = False
-        if missing:
-            return tuf_errors.DownloadHTTPError(f"{where} does not exist", 404)
+        if isinstance(exc, ObjectMissing):
+            return tuf_errors.DownloadHTTPError(f"{self.store.uri}/{key} does not exist", 404)
         return tuf_errors.DownloadError(str(exc))
 
 

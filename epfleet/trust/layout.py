@@ -7,6 +7,7 @@ The store layout of ``epfleet.trust`` that the publishing side writes and the de
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 METADATA_KEYS = "trust/metadata/"
 TARGETS_KEYS = "trust/targets/"
@@ -26,6 +27,13 @@ LIFETIME = {
 refresh once less than half of its lifetime is left."""
 OFFLINE_RENEWAL = timedelta(days=30)
 """A refresh warns when root or targets (which only the offline keys sign) expire sooner."""
+ROOT_COPY = "root.json"
+"""The first root, copied beside the offline keys for provisioning devices."""
+
+
+def development_keys_dir(store_root: Path) -> Path:
+    """Where a local store's development keys live: beside it, never inside it."""
+    return store_root.with_name(store_root.name + ".dev-keys")
 
 
 def utcnow() -> datetime:

@@ -10,14 +10,14 @@ and development keys).
 
 from __future__ import annotations
 
-from epfleet.trust.creation import (
+from epfleet.trust.creation import development_root, init_repository, init_with_key_files
+from epfleet.trust.layout import (
+    DEFAULT_BINS,
     ROOT_COPY,
+    TIMESTAMP_KEY,
     development_keys_dir,
-    development_root,
-    init_repository,
-    init_with_key_files,
+    utcnow,
 )
-from epfleet.trust.layout import DEFAULT_BINS, TIMESTAMP_KEY, utcnow
 from epfleet.trust.rotation import check_offline_keys, rotate_online_key, rotate_root_keys
 from epfleet.trust.signing import TrustPublished, publish_trust, refresh
 from epfleet.trust.state import (

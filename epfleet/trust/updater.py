@@ -6,20 +6,25 @@ trust directory of the device cache. Its files are written as epfleet writes the
 cache's ``CacheNotWritable`` or ``DiskFull``), and each refresh is held to the device's
 high-water mark of the repository (``epfleet.trust.highwater``): a root chain that forks
 from the roots the device recorded (``ForkedRoot``), or a root, timestamp or snapshot
-older than the mark (``BelowHighWater``), is refused before it is written.
+older than the mark (``BelowHighWater``), is refused before it is written. Its files are
+loaded by ``load_verified``: ngclient's load with the canonical JSON of what is signed
+made once, in C (a device decides on 20 models of a 1,000-model fleet from ~19 bins).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from securesystemslib.signer import Signature
 from tuf.api import exceptions as tuf_errors
-from tuf.api.metadata import Root, Targets
+from tuf.api.metadata import Metadata, Root, T, Targets
 from tuf.ngclient import Updater, UpdaterConfig
+from tuf.ngclient._internal.trusted_metadata_set import _load_from_metadata
 
 from epfleet.disk import cannot_write
 from epfleet.fsutil import atomic_write_bytes
@@ -52,6 +57,8 @@ class HeldUpdater(Updater):
         """Root version -> sha256 of its signed part, for every root this refresh verified."""
         self._started = False
         super().__init__(*args, **kwargs)
+        if self._trusted_set._load_data is _load_from_metadata:  # the envelope ngclient reads
+            self._trusted_set._load_data = load_verified
         self._started = True
         self.started_from = self._trusted_set.root.version
         self.chain = self._root_chain()
@@ -133,6 +140,41 @@ class HeldUpdater(Updater):
                 return
         with _cannot_write(link):
             super()._update_root_symlink()
+
+
+def load_verified(
+    role: type[T],
+    data: bytes,
+    delegator: Root | Targets | None = None,
+    role_name: str | None = None,
+) -> tuple[T, bytes, dict[str, Signature]]:
+    """ngclient's load of a metadata file (``_load_from_metadata``: parse, check the type,
+    verify the signatures with the delegator's keys), with the signed part's canonical
+    JSON made once, by the C JSON encoder, instead of twice by securesystemslib's pure
+    Python one: two thirds of the time a device spends loading a bin.
+
+    The two encoders give the same bytes unless a string holds a control character (the
+    C encoder escapes it, canonical JSON does not): when the fast bytes do not verify, the
+    canonical ones are tried. Either way the signature is checked over an injective
+    encoding of the parsed document, so nothing verifies that the keys did not sign."""
+    md = Metadata[T].from_bytes(data)
+    if md.signed.type != role.type:
+        raise tuf_errors.RepositoryError(f"Expected '{role.type}', got '{md.signed.type}'")
+    if delegator is None:
+        return md.signed, md.signed_bytes, md.signatures
+    name = role_name or role.type
+    fast = json.dumps(
+        md.signed.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode()
+    try:
+        delegator.verify_delegate(name, fast, md.signatures)
+        return md.signed, fast, md.signatures
+    except tuf_errors.UnsignedMetadataError:
+        canonical = md.signed_bytes
+        if canonical == fast:
+            raise
+    delegator.verify_delegate(name, canonical, md.signatures)
+    return md.signed, canonical, md.signatures
 
 
 @contextlib.contextmanager
