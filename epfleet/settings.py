@@ -140,6 +140,13 @@ class Settings(BaseSettings):
         description="epfleet gc keeps every variant a device reported active within this many "
         "days (--retention-days wins); default 30",
     )
+    report_to: str | None = Field(
+        default=None,
+        description="The store a device uploads its sync reports to, when not the one it "
+        "syncs from: a directory or s3://bucket/prefix with write access to reports/devices/ "
+        "only. For a device that reads through a read-only HTTPS mirror and holds no cloud "
+        "credentials for the store behind it; default the store it syncs from",
+    )
     report_heartbeat: float = Field(
         default=86400.0,
         gt=0,

@@ -55,7 +55,7 @@ from epfleet.device.manifest_cache import fetch_manifest, lock_held
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.errors import BadInputError, StoreError
-from epfleet.formats.device_report import DeviceReport, ModelReport
+from epfleet.formats.device_report import DeviceReport, ModelReport, decode_report, report_key
 from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes
 from epfleet.stores import open_store
@@ -857,3 +857,31 @@ def test_a_local_store_with_development_keys_is_verified_with_their_root(tmp_pat
         status = session.fetch_manifest()
     assert status.signed and status.status == "fetched", status
     assert f"trusting the development root {root}" in (status.warning or "")
+
+
+@pytest.fixture
+def mirror_fleet(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Fleet:
+    return trusted(mirror_site(request, unsigned_copy(fleet_store, tmp_path / "store")), tmp_path)
+
+
+def test_a_device_behind_a_mirror_reports_where_report_to_says(
+    mirror_fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device that reads through a read-only mirror cannot put its report there: without
+    EPFLEET_REPORT_TO the sync still activates its model and the report names the mirror
+    as read-only (nothing is written behind it); with it, the report goes there."""
+    report = mirror_fleet.sync()
+    assert report.models[0].served and not report.report_uploaded
+    assert "read-only mirror" in (report.report_error or ""), report.report_error
+    assert not (mirror_fleet.site.directory / report_key(DEVICE)).exists()
+
+    reports = tmp_path / "reports-store"
+    monkeypatch.setenv("EPFLEET_REPORT_TO", str(reports))
+    report = mirror_fleet.sync()
+    assert report.report_uploaded, report.report_error
+    assert decode_report((reports / report_key(DEVICE)).read_bytes(), 1 << 20).device_id == DEVICE
+    assert not (mirror_fleet.site.directory / report_key(DEVICE)).exists()
+
+    monkeypatch.setenv("EPFLEET_REPORT_TO", "ftp://nowhere/reports")
+    with pytest.raises(BadInputError, match="EPFLEET_REPORT_TO"):
+        mirror_fleet.sync()

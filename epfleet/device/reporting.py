@@ -20,10 +20,16 @@ from pydantic import BaseModel, ValidationError
 
 from epfleet.device.cache import DeviceCache
 from epfleet.errors import BadInputError, EpfleetError, StoreError
-from epfleet.formats.device_report import DeviceReport, content_digest, encode_report, report_key
-from epfleet.formats.manifest import NAME_PATTERN, utcnow
+from epfleet.formats.device_report import (
+    DeviceReport,
+    RolloutSeen,
+    content_digest,
+    encode_report,
+    report_key,
+)
+from epfleet.formats.manifest import NAME_PATTERN, ModelEntry, utcnow
 from epfleet.settings import settings
-from epfleet.stores import Store
+from epfleet.stores import Store, open_store
 
 
 def device_id(given: str | None) -> str:
@@ -105,3 +111,25 @@ def _last_sent(cache: DeviceCache) -> SentReport | None:
         return SentReport.model_validate_json(data) if data is not None else None
     except (OSError, EpfleetError, ValidationError):
         return None  # unreadable or damaged: upload, and record again
+
+
+def report_store(synced_from: Store, report_to: str | None) -> Store:
+    """Where the reports go: the store EPFLEET_REPORT_TO names (a bad one refuses the sync
+    before it starts), else the store synced from."""
+    if not report_to:
+        return synced_from
+    try:
+        return open_store(report_to)
+    except BadInputError as exc:
+        raise BadInputError(f"EPFLEET_REPORT_TO: {exc}") from exc
+
+
+def rollout_seen(entry: ModelEntry, mine: ModelEntry) -> RolloutSeen:
+    """What the report says of the model's rollout: whether this device is in it."""
+    assert entry.rollout is not None
+    return RolloutSeen(
+        id=entry.rollout.id,
+        member=mine is entry,
+        stage=entry.rollout.stage,
+        state=entry.rollout.state,
+    )

@@ -47,14 +47,14 @@ from epfleet.device.manifest_cache import cached_manifest, fetch_manifest, manif
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.prefetch import DEPTH, Prefetch
 from epfleet.device.provisioning import trusted_root
-from epfleet.device.reporting import device_id, upload_report
+from epfleet.device.reporting import device_id, report_store, rollout_seen, upload_report
 from epfleet.device.signed_manifest import fetch_signed_manifest, untrusted
 from epfleet.device.steps import Steps
 from epfleet.device.unlisted import drop_models, unlisted
 from epfleet.disk import CacheNotWritable, DiskFull, cannot_write
 from epfleet.errors import BadInputError, EpfleetError
-from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport, RolloutSeen
-from epfleet.formats.manifest import Manifest, ModelEntry, utcnow
+from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
+from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.limits import Deadline, within
 from epfleet.settings import settings
 from epfleet.stores import open_store
@@ -117,6 +117,7 @@ class SyncSession:
         self.started = time.perf_counter()
         self.store_uri, self.cache_dir, self.policy = store_uri, cache_dir, policy
         self.store = open_store(store_uri)
+        self.report_store = report_store(self.store, configured.report_to)
         self.cache = DeviceCache(cache_dir)
         self.fetcher = Fetcher(self.store, self.cache, offline=False)
         self.status: ManifestStatus | None = None
@@ -362,7 +363,7 @@ class SyncSession:
             warnings=list(self.cache.repairs),
         )
         with within(self._report_deadline()):
-            report = upload_report(self.store, report, self.cache)
+            report = upload_report(self.report_store, report, self.cache)
         try:
             self.cache.save_last_report(report.model_dump_json(indent=2).encode())
         except (OSError, EpfleetError) as exc:  # the report is returned (and printed) anyway
@@ -395,14 +396,3 @@ def sync(
         for model in session.wanted():
             session.sync_model(model)
         return session.finish()
-
-
-def rollout_seen(entry: ModelEntry, mine: ModelEntry) -> RolloutSeen:
-    """What the report says of the model's rollout: whether this device is in it."""
-    assert entry.rollout is not None
-    return RolloutSeen(
-        id=entry.rollout.id,
-        member=mine is entry,
-        stage=entry.rollout.stage,
-        state=entry.rollout.state,
-    )

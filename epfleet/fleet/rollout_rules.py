@@ -176,18 +176,24 @@ def gather(rollout: Rollout, model: str, reports: Iterable[DeviceReport]) -> Evi
     (or of none) do not count."""
     evidence = Evidence(on_new=0, failed_on_new=0, on_previous=0)
     for report in reports:
-        found = next((m for m in report.models if m.model == model), None)
-        if found is None or found.rollout is None or found.rollout.id != rollout.id:
-            continue
-        p50 = found.profile.p50_ms if found.profile is not None else None
-        if found.rollout.member and found.served:
-            evidence.on_new += 1
-            if p50 is not None:
-                evidence.new_p50_ms.append(p50)
-        elif found.rollout.member:
-            evidence.failed_on_new += 1
-        elif found.served:
-            evidence.on_previous += 1
-            if p50 is not None:
-                evidence.previous_p50_ms.append(p50)
+        count(evidence, rollout, model, report)
     return evidence
+
+
+def count(evidence: Evidence, rollout: Rollout, model: str, report: DeviceReport) -> None:
+    """Add what one device report says of ``rollout`` of ``model`` to ``evidence`` (so a
+    stream of reports is read once for every rollout under way)."""
+    found = next((m for m in report.models if m.model == model), None)
+    if found is None or found.rollout is None or found.rollout.id != rollout.id:
+        return
+    p50 = found.profile.p50_ms if found.profile is not None else None
+    if found.rollout.member and found.served:
+        evidence.on_new += 1
+        if p50 is not None:
+            evidence.new_p50_ms.append(p50)
+    elif found.rollout.member:
+        evidence.failed_on_new += 1
+    elif found.served:
+        evidence.on_previous += 1
+        if p50 is not None:
+            evidence.previous_p50_ms.append(p50)

@@ -22,12 +22,13 @@ from epfleet.fleet.rollout_rules import (
     NoRollout,
     Verdict,
     advance,
-    gather,
+    count,
     halt,
     judge,
     revert,
 )
-from epfleet.fleet.watch_inputs import read_reports
+from epfleet.fleet.watch_inputs import stream_device_reports
+from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.manifest import Manifest, ModelEntry, utcnow
 from epfleet.formats.rollout import Rollout
 from epfleet.stores import Store
@@ -65,18 +66,22 @@ def statuses(store: Store, models: list[str] | None = None) -> list[RolloutStatu
     staged = {n: e for n, e in entries.items() if e.rollout and (not models or n in models)}
     if not staged:
         return []
-    reports, _ = read_reports(store)
+    evidence = {name: Evidence(on_new=0, failed_on_new=0, on_previous=0) for name in staged}
+    for report in stream_device_reports(store):  # streamed: a large fleet's are never all held
+        if isinstance(report, DeviceReport):
+            for name, entry in staged.items():
+                assert entry.rollout is not None
+                count(evidence[name], entry.rollout, name, report)
     now = utcnow()
     found = []
     for name, entry in sorted(staged.items()):
         assert entry.rollout is not None
-        evidence = gather(entry.rollout, name, reports)
         found.append(
             RolloutStatus(
                 model=name,
                 rollout=entry.rollout,
-                evidence=evidence,
-                verdict=judge(entry.rollout, evidence, now),
+                evidence=evidence[name],
+                verdict=judge(entry.rollout, evidence[name], now),
             )
         )
     return found

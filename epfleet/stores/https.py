@@ -41,7 +41,7 @@ CHUNK = 256 * 1024
 TRANSIENT = {408, 425, 429, 500, 502, 503, 504}
 READ_ONLY = (
     "is a read-only mirror (https://): publish to the store behind it (s3:// or a "
-    "directory), and send device reports elsewhere (--report-to)"
+    "directory), and send device reports elsewhere (EPFLEET_REPORT_TO)"
 )
 
 
