@@ -40,7 +40,7 @@ def _message(error: Any) -> str:
         return str(error["msg"]).removeprefix("Value error, ")
     *parent, key = error["loc"]
     known = _known_keys(FleetSpec, parent)
-    near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.7)
     hint = f"did you mean {near[0]}?" if near else f"known keys: {', '.join(known)}"
     return f"unknown key; {hint}"
 
