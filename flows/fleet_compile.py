@@ -8,6 +8,7 @@ python flows/fleet_compile.py examples/fleet.yaml --store ./epfleet-store
 # annotations do not resolve there.
 import runpy
 import sys
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from prefect import flow, get_run_logger
@@ -16,17 +17,19 @@ from pydantic import Field
 
 from epfleet import MAX_WORKERS
 from epfleet.errors import StoreError
+from epfleet.fleet.compile_run import run_compiles
 from epfleet.fleet.outcomes import PairOutcome
 from epfleet.fleet.plan_rules import PlannedPair
-from epfleet.fleet.publish_rules import news, settle, to_publish
-from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.publish_rules import news
+from epfleet.fleet.publishing import Published, read_in_force
 from epfleet.fleet.runs import RunPlan, RunReport
 from epfleet.fleet.task_runners import from_environment
 from epfleet.fleet.views import matrix_rows
+from epfleet.formats.manifest import VariantEntry
 from epfleet.lifecycle.costs import cost_markdown, costs
 from epfleet.stores import DEFAULT_STORE, open_store
 from tasks.compile import compile_all, plan_task, publish_task
-from tasks.dispatch import collect, discard_results, dispatch
+from tasks.dispatch import Dispatched, collect, discard_results, dispatch
 from tasks.events import emit_variant_events
 
 
@@ -58,36 +61,43 @@ def fleet_compile(
             pool (1 or more; default an hour).
     """
     plan: RunPlan = plan_task(spec, store, models or None, targets or None, force)
-    by_pool: dict[str, list[PlannedPair]] = {}
-    here = []
-    for pair in plan.to_compile:
-        if pair.work_pool:
-            by_pool.setdefault(pair.work_pool, []).append(pair)
-        else:
-            here.append(pair.request)
-    sent = [
-        dispatch(pool, pairs, store, workers, work_pool_timeout, force)
-        for pool, pairs in by_pool.items()
-    ]
-    outcomes = compile_all(here, store, workers)
-    if sent:
-        outcomes += collect(sent, store)
-    report = _publish(plan, outcomes, store)
-    discard_results(store, sent)
+    runner = _FlowRunner(store, workers, work_pool_timeout, force)
+    report = run_compiles(plan, runner)
+    discard_results(store, runner.sent)
     _publish_artifacts(report, store)
     _cost_artifact(store)
     emit_variant_events(news(plan, report), store, report.generation)
     return report
 
 
-def _publish(plan: RunPlan, outcomes: list[PairOutcome], store: str) -> RunReport:
-    """Publish the run's outcomes (rules: ``epfleet.fleet.publish_rules``) and report."""
-    variants = to_publish(plan, outcomes)
-    outcome = publish_task(store, plan.sources, plan.published_sources, variants, plan.model_facts)
-    report, refused = settle(plan, outcomes, outcome)
-    for result in refused:
-        get_run_logger().warning("%s × %s: %s", result.model, result.target, result.error)
-    return report
+@dataclass
+class _FlowRunner:
+    """The run's work as Prefect tasks: compiles on the flow's task runner, a work pool's
+    pairs in a ``compile-pairs`` child run, the publish a retried task."""
+
+    store: str
+    workers: int
+    work_pool_timeout: int
+    force: bool
+    sent: list[Dispatched] = field(default_factory=list)
+
+    def compile_here(self, pairs: list[PlannedPair]) -> list[PairOutcome]:
+        return compile_all([pair.request for pair in pairs], self.store, self.workers)
+
+    def compile_in_pool(self, pool: str, pairs: list[PlannedPair]) -> None:
+        sent = dispatch(pool, pairs, self.store, self.workers, self.work_pool_timeout, self.force)
+        self.sent.append(sent)
+
+    def collect_pools(self) -> list[PairOutcome]:
+        return collect(self.sent, self.store)
+
+    def publish(self, plan: RunPlan, variants: list[tuple[str, str, VariantEntry]]) -> Published:
+        return publish_task(
+            self.store, plan.sources, plan.published_sources, variants, plan.model_facts
+        )
+
+    def warn(self, message: str) -> None:
+        get_run_logger().warning("%s", message)
 
 
 def _publish_artifacts(report: RunReport, store: str) -> None:

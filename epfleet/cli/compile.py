@@ -207,47 +207,20 @@ def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool,
     for pair in plan.to_compile:
         if pair.work_pool is None:  # the others compile on their work pool
             job = compile_job_for(pair.request, store)
-            pool.prestart(job)
             label = f"{pair.request.model} × {pair.request.target}"
-            compiles.append((label, pool._early[job.model_dump_json()]))
+            compiles.append((label, pool.prestart(job)))
     return pool, CompileProgress(compiles)
 
 
 def _run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunReport:
-    """The fleet-compile flow's work without Prefect: compile every pair (collecting the
-    compiles started early), then publish as the flow does. Pairs of a work pool need
-    Prefect to reach it: they fail, naming the pool."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from epfleet.fleet.build import build_variant
-    from epfleet.fleet.outcomes import PairOutcome, failed_outcome, ok_outcome, outcome_of_failure
-    from epfleet.fleet.plan_rules import PlannedPair
-    from epfleet.fleet.publish_rules import settle, to_publish
-    from epfleet.fleet.publishing import publish
+    """The fleet-compile flow's run (``epfleet.fleet.compile_run``) without Prefect: the
+    pairs compile in threads (collecting the compiles started early), then publish as the
+    flow does. Pairs of a work pool need Prefect to reach it: they fail, naming the pool."""
+    from epfleet.fleet.compile_run import run_compiles
+    from epfleet.fleet.plain_runner import PlainRunner
     from epfleet.stores import open_store
 
-    store = open_store(store_uri)
-
-    def build(pair: PlannedPair) -> PairOutcome:
-        if pair.work_pool is not None:
-            return failed_outcome(
-                pair.request,
-                f"not compiled: work pool {pair.work_pool} is reached through "
-                "Prefect, whose API did not start",
-            )
-        try:
-            return ok_outcome(pair.request, build_variant(pair.request, store, workers))
-        except Exception as exc:  # one pair's failure never stops the others
-            return outcome_of_failure(pair.request, exc)
-
-    with ThreadPoolExecutor(max(1, min(len(plan.to_compile), 4 * workers))) as threads:
-        outcomes = list(threads.map(build, plan.to_compile))
-    variants = {(m, t): entry for m, t, entry in to_publish(plan, outcomes)}
-    published = publish(store, plan.sources, plan.published_sources, variants, plan.model_facts)
-    report, refused = settle(plan, outcomes, published)
-    for result in refused:
-        print(f"epfleet: {result.model} × {result.target}: {result.error}", file=sys.stderr)
-    return report
+    return run_compiles(plan, PlainRunner(open_store(store_uri), workers))
 
 
 def _run_fleet_flow(

@@ -83,13 +83,15 @@ class CompilePool:
 
     def prestart(
         self, job: CompileJob, fn: Callable[[CompileJob], CompileOutput] = compile_job
-    ) -> None:
-        """Start ``fn(job)`` now; a later ``run`` of the same job collects it. The CLI uses
-        this to compile while Prefect's API is still starting."""
+    ) -> Future[CompileOutput]:
+        """Start ``fn(job)`` now, and return its future (to watch, not to wait on: a later
+        ``run`` of the same job collects it). The CLI uses this to compile while Prefect's
+        API is still starting."""
         key = job.model_dump_json()
         with self._lock:
             if key not in self._early:
                 self._early[key] = self._executor.submit(fn, job)
+            return self._early[key]
 
     def run(
         self,
