@@ -141,13 +141,28 @@ def test_sync_names_an_unreachable_endpoint_before_trust(
     assert "cannot reach the S3 endpoint" in err and "trusted root" not in err
 
 
-def test_a_missing_store_with_a_trusted_root_still_says_trust_is_not_the_problem(
+def test_sync_names_an_empty_s3_prefix_before_trust(
+    capsys: pytest.CaptureFixture[str], s3_store_uri: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A mistyped prefix in a bucket that exists: nothing is published there."""
+    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
+    code, err = run(capsys, "sync", "--store", s3_store_uri, "--cache", str(tmp_path / "c"))
+    assert code == 2, err
+    assert f"store {s3_store_uri} has nothing published" in err and "check --store" in err
+    assert "trusted root" not in err and "--allow-unsigned" not in err
+
+
+def test_a_store_with_a_manifest_and_no_trusted_root_is_about_the_root(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The control: a store that is there, and no root, is still about the root."""
+    """The control: a store that has a manifest, and no root, is still about the root."""
     monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
     store = tmp_path / "store"
     store.mkdir()
+    code, err = run(capsys, "sync", "--store", str(store), "--cache", str(tmp_path / "c"))
+    assert code == 2 and "has nothing published" in err and "trusted root" not in err
+    (store / "manifest.json").write_text("{}")
     code, err = run(capsys, "sync", "--store", str(store), "--cache", str(tmp_path / "c"))
     assert code == 2 and "no trusted root" in err
 
