@@ -9,20 +9,25 @@ against a real ``prefect server`` (issue 20's closing note)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prefect.utilities.callables import parameter_schema
 
 from flows.compile_pairs import compile_pairs
 from flows.device_sync import device_sync
 from flows.fleet_compile import fleet_compile
+from flows.rollout_gate import rollout_gate
 from flows.runtime_watch import runtime_watch
 from flows.trust_refresh import trust_refresh
 
+ROOT = Path(__file__).resolve().parents[1]
+
 pytestmark = pytest.mark.fast
 
-FLOWS = [fleet_compile, device_sync, runtime_watch, trust_refresh, compile_pairs]
+FLOWS = [fleet_compile, device_sync, runtime_watch, trust_refresh, compile_pairs, rollout_gate]
 FORM_MODELS = {device_sync: ["SyncPolicy"]}
 """Model parameters a person fills in, field by field. (compile-pairs' ``pairs`` are
 written by the fleet-compile flow that starts it, manifest entries and all.)"""
@@ -36,6 +41,13 @@ def properties(flow: Any) -> list[tuple[str, dict[str, Any]]]:
         fields = schema["definitions"][name]["properties"]
         found += [(f"{name}.{k}", v) for k, v in fields.items()]
     return found
+
+
+def test_every_deployed_flow_is_checked() -> None:
+    """A flow added to deployments/prefect.yaml gets its form checked here too."""
+    spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+    deployed = {d["entrypoint"].rsplit(":", 1)[1] for d in spec["deployments"]}
+    assert deployed <= {f.fn.__name__ for f in FLOWS}
 
 
 @pytest.mark.parametrize("flow", FLOWS, ids=lambda f: f.name)

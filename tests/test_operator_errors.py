@@ -16,6 +16,7 @@ from conftest import CPU_TARGET, tiny_models, write_spec
 from epfleet.cli.app import main
 from epfleet.fleet.planning import plan_run
 from epfleet.stores import open_store
+from epfleet.trust.client import MetadataRefused, verify
 from epfleet.trust.keys import file_uri
 from epfleet.trust.repository import init_with_key_files
 
@@ -141,15 +142,47 @@ def test_sync_names_an_unreachable_endpoint_before_trust(
     assert "cannot reach the S3 endpoint" in err and "trusted root" not in err
 
 
-def test_a_missing_store_with_a_trusted_root_still_says_trust_is_not_the_problem(
+def test_sync_names_an_empty_s3_prefix_before_trust(
+    capsys: pytest.CaptureFixture[str], s3_store_uri: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A mistyped prefix in a bucket that exists: nothing is published there."""
+    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
+    code, err = run(capsys, "sync", "--store", s3_store_uri, "--cache", str(tmp_path / "c"))
+    assert code == 2, err
+    assert f"store {s3_store_uri} has nothing published" in err and "check --store" in err
+    assert "trusted root" not in err and "--allow-unsigned" not in err
+
+
+def test_a_store_with_a_manifest_and_no_trusted_root_is_about_the_root(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The control: a store that is there, and no root, is still about the root."""
+    """The control: a store that has a manifest, and no root, is still about the root."""
     monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
     store = tmp_path / "store"
     store.mkdir()
     code, err = run(capsys, "sync", "--store", str(store), "--cache", str(tmp_path / "c"))
+    assert code == 2 and "has nothing published" in err and "trusted root" not in err
+    (store / "manifest.json").write_text("{}")
+    code, err = run(capsys, "sync", "--store", str(store), "--cache", str(tmp_path / "c"))
     assert code == 2 and "no trusted root" in err
+
+
+def test_a_provisioned_device_is_told_its_store_is_gone_not_to_run_trust_init(
+    tmp_path: Path,
+) -> None:
+    """A device that trusts the store's root, synced against a store directory that is
+    gone (mistyped, or moved): the refusal names the missing directory."""
+    store = tmp_path / "store"
+    root, _ = init_with_key_files(open_store(str(store)), tmp_path / "keys", bins=16)
+    moved = tmp_path / "moved"
+    store.rename(moved)
+    trust_cache = tmp_path / "trust"
+    trust_cache.mkdir()
+    with pytest.raises(MetadataRefused) as refused:
+        verify(open_store(str(store)), trust_cache, root.read_bytes(), None)
+    assert f"store {store.as_uri()} does not exist (no directory {store})" in str(refused.value)
+    assert "trust init" not in str(refused.value)
 
 
 def test_compile_to_a_missing_bucket_prints_no_raw_botocore_text(

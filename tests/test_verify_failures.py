@@ -17,12 +17,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from epfleet.cli.compile import _run_without_prefect
 from epfleet.errors import BadInputError, CompileError, StoreError
+from epfleet.fleet.build import failure_text
 from epfleet.fleet.input_memory import check_input_memory
 from epfleet.fleet.outcomes import RejectedBuild, failed_entry, outcome_of_failure
 from epfleet.fleet.planning import plan_run
 from epfleet.fleet.publishing import read_manifest
 from epfleet.fleet.runs import SETTLED, RunReport
-from epfleet.formats.manifest import Coverage, Manifest, SamplesRef
+from epfleet.formats.manifest import Coverage, Manifest, SamplesRef, Verification
 from epfleet.runtime.requests import CompileRequest, fingerprinted
 from epfleet.stores import open_store
 from tests.conftest import tiny_models, write_spec
@@ -254,3 +255,17 @@ def test_a_rejected_build_crosses_processes_with_its_measurements(tmp_path: Path
     # Not a verdict on the build (a store still failing): reported, not recorded.
     assert not outcome_of_failure(request, StoreError("the store is down")).publish
     assert outcome_of_failure(request, CompileError("QNN said no")).publish
+
+
+def test_a_pair_that_failed_verification_says_so_once() -> None:
+    """Its progress line: "failed verification: <reason>", the reason not prefixed again."""
+    request = CompileRequest(
+        model="m", target="t", ep=CPU, device="cpu", provider_options={}, input_shapes={},
+        source_key="sources/" + "a" * 64 + ".onnx", source_sha256="a" * 64, source_size=10,
+        fingerprint="f",
+    )  # fmt: skip
+    reason = "output 0 differs from the source by 1.2% of its range (tolerance 0.1%)"
+    checked = Verification(status="failed", reason=reason)
+    entry = failed_entry(request, f"verification failed: {reason}", verification=checked)
+    assert failure_text(RejectedBuild(entry, 1.0)) == f"failed verification: {reason}"
+    assert failure_text(CompileError("QNN said no")) == "failed: QNN said no"

@@ -26,10 +26,10 @@ from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_layout import STATE_DIR, STATE_FILE
 from epfleet.device.cache_state import CacheState
 from epfleet.errors import BadInputError
-from epfleet.stores import Store
+from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import LocalStore
 from epfleet.trust.directory import ROOT_HISTORY, ever_trusted, trust_dir, trust_parts
-from epfleet.trust.layout import ROOT_COPY, development_keys_dir
+from epfleet.trust.layout import FIRST_ROOT_KEY, ROOT_COPY, development_keys_dir
 from epfleet.trust.roots import provisioned_root
 
 
@@ -91,6 +91,13 @@ def trusted_root(
             "--trust-root",
         )
     if not allow_unsigned:
+        if store.size(MANIFEST_KEY) is None and store.size(FIRST_ROOT_KEY) is None:
+            # A mistyped path or prefix is not fixed by turning signature checks off.
+            raise BadInputError(
+                f"store {store.uri} has nothing published (no {MANIFEST_KEY}, no "
+                f"{FIRST_ROOT_KEY}): check --store; a fleet publishes there with epfleet "
+                "compile"
+            )
         raise BadInputError(
             f"no trusted root to verify {store.uri} with: pass --trust-root PATH (the "
             "root.json of the store's signed metadata, from epfleet trust init; or "

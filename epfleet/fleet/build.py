@@ -26,6 +26,8 @@ from epfleet.runtime.compiler import CompileOutput, check_coverage, discard
 from epfleet.runtime.requests import CompileRequest
 from epfleet.stores import Store
 
+VERIFY_FAILED = "verification failed: "
+
 
 def build_variant(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
     """``build_ladder``, telling the run's progress display how the pair ended."""
@@ -33,13 +35,20 @@ def build_variant(request: CompileRequest, store: Store, workers: int) -> Compil
     try:
         built = build_ladder(request, store, workers)
     except Exception as exc:  # told, then raised as it was
-        entry = exc.entry if isinstance(exc, RejectedBuild) else None
-        verified = entry.verification if entry else None
-        failed = "failed verification" if verified and verified.status == "failed" else "failed"
-        pair_progress(label, f"{failed}: {summarize(exc, 200)}", final=True)
+        pair_progress(label, failure_text(exc), final=True)
         raise
     pair_progress(label, outcome_text(built), final=True)
     return built
+
+
+def failure_text(exc: Exception) -> str:
+    """How a pair that was not published ended, for a progress line (its verification's
+    reason once, not "failed verification: verification failed: ...")."""
+    entry = exc.entry if isinstance(exc, RejectedBuild) else None
+    verified = entry.verification if entry else None
+    if verified and verified.status == "failed":
+        return "failed verification: " + summarize(exc, 200).removeprefix(VERIFY_FAILED)
+    return f"failed: {summarize(exc, 200)}"
 
 
 def outcome_text(built: CompiledVariant) -> str:
@@ -119,7 +128,7 @@ def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVar
             )
         verification = verify_output(request, output, store, source)
         if verification.status == "failed":
-            error = f"verification failed: {verification.reason}"
+            error = f"{VERIFY_FAILED}{verification.reason}"
             rejected = failed_entry(request, error, output.coverage, verification, output)
             raise RejectedBuild(rejected, output.seconds)
         quantization = stage_qdq(store, output)

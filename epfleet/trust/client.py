@@ -40,6 +40,7 @@ from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.fsutil import read_nofollow
 from epfleet.settings import settings
 from epfleet.stores import MANIFEST_KEY, Store
+from epfleet.stores.probe import store_absence
 from epfleet.trust.directory import (
     ROOT_HISTORY,
     TARGETS_DIR,
@@ -141,9 +142,12 @@ def verify(
     except Unreachable as exc:
         raise StoreUnreachable(f"cannot refresh the signed metadata at {where}: {exc}") from None
     except tuf_errors.DownloadHTTPError as exc:
+        absent = store_absence(store)  # a mistyped or removed store, named as such first
         raise MetadataRefused(
-            f"{exc}: the store has no trust metadata there, or not all of it; refused "
-            "(publish with trust metadata: epfleet trust init)"
+            str(absent)
+            if absent is not None
+            else f"{exc}: the store has no trust metadata there, or not all of it; refused "
+            "(check --store, or publish with trust metadata: epfleet trust init)"
         ) from None
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
         raise MetadataRefused(f"{where}: {describe(exc)}") from None
