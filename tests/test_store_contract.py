@@ -1,6 +1,6 @@
 """The parts of the Store contract the manifest and devices rely on (compare-and-swap,
-conditional GET, ranged reads), checked against both backends: a local directory
-and S3 (moto over HTTP)."""
+conditional GET, ranged reads), checked against the writable backends: a local directory,
+S3 (moto over HTTP) and the in-memory store unit tests use in their place."""
 
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ import pytest
 from epfleet.errors import PreconditionFailed, StoreError
 from epfleet.hashing import sha256_file
 from epfleet.stores import UNCHANGED, Store, open_store
+from epfleet.stores.memory import forget
 from epfleet.stores.s3 import S3Store
 
 pytestmark = pytest.mark.fast
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "local":
         return open_store(str(tmp_path / "store"))
+    if request.param == "memory":
+        request.addfinalizer(lambda: forget(tmp_path.name))
+        return open_store(f"memory://{tmp_path.name}")
     return open_store(f"s3://{request.getfixturevalue('s3_bucket')}/some/prefix")
 
 

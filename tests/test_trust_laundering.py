@@ -29,6 +29,7 @@ from epfleet.errors import StoreError
 from epfleet.fleet.publishing import put_copy_right, read_in_force, read_manifest, update_manifest
 from epfleet.formats.manifest import ArtifactRef, Manifest, Verification
 from epfleet.stores import MANIFEST_KEY, Store, open_store
+from epfleet.stores.memory import forget
 from epfleet.trust.layout import TIMESTAMP_KEY, metadata_key, target_key
 from epfleet.trust.repository import publish_trust, read_state, refresh
 from epfleet.trust.state import Unverified, clear_cache
@@ -39,14 +40,17 @@ EVIL = "ee" * 32
 TARGET = "model-3"
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "memory"])
 def signed(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Store, Path, bytes]:
-    """A signed store of 8 models (local, or S3 through the fault proxy), its keys and root;
-    EPFLEET_TRUST_SIGNER is its online key."""
+    """A signed store of 8 models (local, S3 through the fault proxy, or in memory), its
+    keys and root; EPFLEET_TRUST_SIGNER is its online key."""
     if request.param == "local":
         uri = str(tmp_path / "store")
+    elif request.param == "memory":
+        uri = f"memory://{tmp_path.name}"
+        request.addfinalizer(lambda: forget(tmp_path.name))
     else:
         request.getfixturevalue("s3_proxy")
         uri = request.getfixturevalue("s3_store_uri")

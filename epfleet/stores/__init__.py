@@ -39,6 +39,7 @@ BACKENDS: dict[str, str] = {
     "s3": "epfleet.stores.s3",
     "https": "epfleet.stores.https",
     "http": "epfleet.stores.https",  # a mirror on loopback (tests, a local cache)
+    "memory": "epfleet.stores.memory",  # this process only (unit tests)
 }
 
 
