@@ -5,11 +5,12 @@ that compiles the fleet and keeps its own device cache.
                   [--cache ./epfleet-device] [--nightly "0 2 * * *"]
                   [--sync-every 900] [--watch-every 3600]
 
-(``python deployments/serve.py`` takes the same options.) Four of the deployments of
+(``python deployments/serve.py`` takes the same options.) Five of the deployments of
 deployments/prefect.yaml (fleet-compile/nightly, fleet-compile/on-demand,
-runtime-watch/hourly, device-sync/periodic), run in this process's subprocesses while it
-lives. Not served: compile-pairs (targets bound to a work pool need workers of that pool)
-and the automation. Schedules are not paused when it stops, so a machine that restarts
+runtime-watch/hourly, rollout-gate/gate on the watch's interval, device-sync/periodic),
+run in this process's subprocesses while it lives. Not served: compile-pairs (targets
+bound to a work pool need workers of that pool), the automation, and the gate's trigger
+on device reports (it runs on its interval only). Schedules are not paused when it stops, so a machine that restarts
 keeps them. device-sync/periodic polls at an offset in its interval derived from the
 device id (``device_sync_schedule``, ``epfleet.device.jitter``), so that a fleet of
 machines serving it does not poll the store in the same second.
@@ -28,13 +29,14 @@ from epfleet.device.jitter import sync_anchor
 from epfleet.device.reporting import device_id
 from flows.device_sync import device_sync
 from flows.fleet_compile import fleet_compile
+from flows.rollout_gate import rollout_gate
 from flows.runtime_watch import runtime_watch
 
 
 def serve_all(
     spec: Path, store: str, cache: Path, nightly: str, sync_every: float, watch_every: float
 ) -> None:
-    """Serve the four deployments until this process is stopped."""
+    """Serve the five deployments until this process is stopped."""
     # Flow runs start in subprocesses: local paths are made absolute here.
     store = store if "://" in store else str(Path(store).resolve())
     fleet = {"spec": str(spec.resolve()), "store": store}
@@ -42,6 +44,7 @@ def serve_all(
         _deployment(fleet_compile, "nightly", cron=nightly, parameters=fleet, concurrency_limit=1),
         _deployment(fleet_compile, "on-demand", parameters=fleet),
         _deployment(runtime_watch, "hourly", interval=watch_every, parameters=fleet),
+        _deployment(rollout_gate, "gate", interval=watch_every, parameters={"store": store}),
         _deployment(
             device_sync,
             "periodic",

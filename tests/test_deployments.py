@@ -499,9 +499,9 @@ def test_serve_py_serves_every_deployment_and_keeps_schedules_on_shutdown(
     assert (cache / "manifest.json").exists()
 
     names = ["fleet-compile/nightly", "fleet-compile/on-demand", "device-sync/periodic"]
-    names.append("runtime-watch/hourly")
+    names += ["runtime-watch/hourly", "rollout-gate/gate"]
     with get_client(sync_client=True) as client:
-        nightly, _, periodic, hourly = (client.read_deployment_by_name(n) for n in names)
+        nightly, _, periodic, hourly, gate = (client.read_deployment_by_name(n) for n in names)
         for name in names:  # other tests of this API serve deployments of these names
             client.delete_deployment(client.read_deployment_by_name(name).id)
     assert nightly.schedules[0].schedule.cron == "30 3 * * *"  # type: ignore[union-attr]
@@ -509,6 +509,8 @@ def test_serve_py_serves_every_deployment_and_keeps_schedules_on_shutdown(
     assert nightly.global_concurrency_limit.limit == 1
     assert periodic.schedules[0].schedule.interval.total_seconds() == 600  # type: ignore[union-attr]
     assert hourly.schedules[0].schedule.interval.total_seconds() == 3600  # type: ignore[union-attr]
+    assert gate.schedules[0].schedule.interval.total_seconds() == 3600  # type: ignore[union-attr]
+    assert gate.parameters == {"store": str(store)}
     assert not periodic.paused and periodic.schedules[0].active, "schedule paused on shutdown"
     assert nightly.parameters["store"] == str(store)
 

@@ -121,8 +121,8 @@ def serve(
     sync_every: float = 900,
     watch_every: float = 3600,
 ) -> int:
-    """Serve fleet-compile/nightly and /on-demand, runtime-watch/hourly and
-    device-sync/periodic from this process, without a work pool.
+    """Serve fleet-compile/nightly and /on-demand, runtime-watch/hourly,
+    rollout-gate/gate and device-sync/periodic from this process, without a work pool.
 
     For one machine that compiles the fleet and keeps its own device cache
     (deployments/serve.py). Not served: compile-pairs (targets bound to a work
@@ -146,7 +146,7 @@ def serve(
     sync_every
         Seconds between device syncs.
     watch_every
-        Seconds between runtime watches.
+        Seconds between runtime watches, and between runs of the rollout gate.
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from deployments.serve import serve_all
