@@ -10,10 +10,11 @@ deployments/prefect.yaml (fleet-compile/nightly, fleet-compile/on-demand,
 runtime-watch/hourly, rollout-gate/gate on the watch's interval, device-sync/periodic),
 run in this process's subprocesses while it lives. Not served: compile-pairs (targets
 bound to a work pool need workers of that pool), the automation, and the gate's trigger
-on device reports (it runs on its interval only). Schedules are not paused when it stops, so a machine that restarts
-keeps them. device-sync/periodic polls at an offset in its interval derived from the
-device id (``device_sync_schedule``, ``epfleet.device.jitter``), so that a fleet of
-machines serving it does not poll the store in the same second.
+on device reports (it runs on its interval only). Schedules are not paused when it
+stops, so a machine that restarts keeps them. device-sync/periodic polls at an offset in
+its interval derived from the device id (``device_sync_schedule``,
+``epfleet.device.jitter``), so that a fleet of machines serving it does not poll the
+store in the same second.
 """
 
 import runpy
