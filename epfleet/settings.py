@@ -142,10 +142,12 @@ class Settings(BaseSettings):
     )
     report_to: str | None = Field(
         default=None,
-        description="The store a device uploads its sync reports to, when not the one it "
-        "syncs from: a directory or s3://bucket/prefix with write access to reports/devices/ "
-        "only. For a device that reads through a read-only HTTPS mirror and holds no cloud "
-        "credentials for the store behind it; default the store it syncs from",
+        description="Where device reports are, when not in the fleet's store: a directory or "
+        "s3://bucket/prefix. Devices upload their sync reports there (--report-to wins; for a "
+        "device that reads through a read-only HTTPS mirror and holds no credentials for the "
+        "store behind it: give it write access to reports/devices/ only), and epfleet gc, "
+        "runtime-watch and the rollout gate read them from there (set it where they run "
+        "too); default the store itself",
     )
     report_heartbeat: float = Field(
         default=86400.0,

@@ -55,6 +55,7 @@ from epfleet.device.manifest_cache import fetch_manifest, lock_held
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.errors import BadInputError, StoreError
+from epfleet.fleet.watch_inputs import read_reports
 from epfleet.formats.device_report import DeviceReport, ModelReport, decode_report, report_key
 from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes
@@ -869,7 +870,8 @@ def test_a_device_behind_a_mirror_reports_where_report_to_says(
 ) -> None:
     """A device that reads through a read-only mirror cannot put its report there: without
     EPFLEET_REPORT_TO the sync still activates its model and the report names the mirror
-    as read-only (nothing is written behind it); with it, the report goes there."""
+    as read-only (nothing is written behind it); with it, the report goes there, and the
+    fleet side (gc's pins, runtime-watch and the rollout gate's reader) reads it there."""
     report = mirror_fleet.sync()
     assert report.models[0].served and not report.report_uploaded
     assert "read-only mirror" in (report.report_error or ""), report.report_error
@@ -881,7 +883,28 @@ def test_a_device_behind_a_mirror_reports_where_report_to_says(
     assert report.report_uploaded, report.report_error
     assert decode_report((reports / report_key(DEVICE)).read_bytes(), 1 << 20).device_id == DEVICE
     assert not (mirror_fleet.site.directory / report_key(DEVICE)).exists()
+    origin = open_store(mirror_fleet.site.publish_uri)
+    assert [r.device_id for r in read_reports(origin)[0]] == [DEVICE]
+    monkeypatch.delenv("EPFLEET_REPORT_TO")
+    assert read_reports(origin) == ([], [])
 
     monkeypatch.setenv("EPFLEET_REPORT_TO", "ftp://nowhere/reports")
     with pytest.raises(BadInputError, match="EPFLEET_REPORT_TO"):
         mirror_fleet.sync()
+
+
+def test_sync_report_to_on_the_command_line(mirror_fleet: Fleet, tmp_path: Path) -> None:
+    """`epfleet sync --report-to DIR` through the mirror, as a device runs it: exit 0, the
+    model active, the report in DIR and none behind the mirror."""
+    reports = tmp_path / "cli-reports"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPFLEET_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "epfleet", "sync", "--store", mirror_fleet.site.uri,
+         "--cache", str(mirror_fleet.cache), "--model", MODEL, "--device-id", DEVICE,
+         "--trust-root", str(mirror_fleet.root), "--report-to", str(reports), "--json"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["report_uploaded"] is True
+    assert decode_report((reports / report_key(DEVICE)).read_bytes(), 1 << 20).device_id == DEVICE
+    assert not (mirror_fleet.site.directory / report_key(DEVICE)).exists()

@@ -43,6 +43,7 @@ def sync(
     device_id: str | None = None,
     trust_root: Path | None = None,
     allow_unsigned: bool = False,
+    report_to: str | None = None,
     as_json: Json = False,
     flow: bool = False,
     serve: float | None = None,
@@ -73,6 +74,10 @@ def sync(
     allow_unsigned
         With no trusted root, sync from the unsigned manifest.json (the report warns);
         default $EPFLEET_ALLOW_UNSIGNED, else refused.
+    report_to
+        The store this device's reports go to, when not --store: a directory or
+        s3://bucket/prefix it may write to (a device behind a read-only https://
+        mirror); default $EPFLEET_REPORT_TO, which this sets.
     as_json
         Print the device report as JSON.
     flow
@@ -86,6 +91,8 @@ def sync(
     from epfleet.stores.probe import store_named_first
 
     wanted = SyncPolicy.model_validate(policy.model_dump()) if policy else SyncPolicy()
+    if report_to:  # a setting of the device (its flow runs inherit it), as the option says
+        os.environ["EPFLEET_REPORT_TO"] = report_to
     if flow or serve is not None:
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         from flows.device_sync import device_sync

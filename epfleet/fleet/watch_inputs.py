@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import eps
 from epfleet import ort_version
-from epfleet.fleet.report_reading import READ_THREADS, stream_reports
+from epfleet.fleet.report_reading import READ_THREADS, reports_from, stream_reports
 from epfleet.fleet.watch_rules import Runtime, report_time
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.formats.spec import FleetSpec
@@ -50,10 +50,11 @@ def report_keys(store: Store) -> Iterator[str]:
 def stream_device_reports(
     store: Store, threads: int = READ_THREADS
 ) -> Iterator[DeviceReport | str]:
-    """Every device report in the store, or why one cannot be used (``key: why``, a
-    ``generated_at`` without its UTC offset included), streamed in bounded memory
-    (``epfleet.fleet.report_reading``)."""
-    return stream_reports(store, report_keys(store), threads=threads, check=report_time)
+    """Every device report of the fleet (in the store, or where EPFLEET_REPORT_TO says), or
+    why one cannot be used (``key: why``, a ``generated_at`` without its UTC offset
+    included), streamed in bounded memory (``epfleet.fleet.report_reading``)."""
+    reports = reports_from(store)
+    return stream_reports(reports, report_keys(reports), threads=threads, check=report_time)
 
 
 def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[DeviceReport], list[str]]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 
 from epfleet.errors import StoreError
-from epfleet.fleet.report_reading import READ_THREADS, Problems, stream_reports
+from epfleet.fleet.report_reading import READ_THREADS, Problems, reports_from, stream_reports
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.formats.keys import files_key, variant_key
 from epfleet.lifecycle.gc_rules import pinning_device
@@ -76,10 +76,12 @@ def pinned_files(
 def recent_reports(store: Store, since: datetime, problems: Problems) -> Iterator[DeviceReport]:
     """The device reports the store received since ``since`` (by the store's clock, not
     the devices'), streamed (``epfleet.fleet.report_reading``: a large fleet's reports are
-    never all held); those that cannot be read go to ``problems``, with why."""
-    listed = store.iter_objects(f"{REPORTS_PREFIX}/")
+    never all held); those that cannot be read go to ``problems``, with why. Where
+    EPFLEET_REPORT_TO says the devices report elsewhere, from there."""
+    reports = reports_from(store)
+    listed = reports.iter_objects(f"{REPORTS_PREFIX}/")
     keys = (o.key for o in listed if o.modified >= since)
-    for found in stream_reports(store, keys, threads=READ_THREADS):
+    for found in stream_reports(reports, keys, threads=READ_THREADS):
         if isinstance(found, str):
             problems.add(found)
         else:
