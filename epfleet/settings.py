@@ -169,6 +169,12 @@ class Settings(BaseSettings):
         description="The TUF root.json a device trusts (--trust-root wins); copied into the "
         "device cache on first use, later syncs follow the root chain cached there",
     )
+    s3_unsigned: bool = Field(
+        default=False,
+        description="Read s3:// stores with unsigned requests (botocore's UNSIGNED): for a "
+        "device that reads a public bucket and holds no AWS credentials. What it may write "
+        "(its reports) then needs a store of its own (EPFLEET_REPORT_TO); default false",
+    )
     allow_unsigned: bool = Field(
         default=False,
         description="Let a device with no trusted root sync from manifest.json, unsigned "

@@ -92,6 +92,8 @@ class Seen:
     range: str | None
     status: int
     body_bytes: int
+    signed: bool = True
+    """The request carried an Authorization header (SigV4); False for an unsigned one."""
 
 
 class FaultProxy:
@@ -371,7 +373,16 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             return True
 
         def _send_endless(self, path: str, content_length: int | None) -> None:
-            proxy._record(Seen(self.command, path, self.headers.get("Range"), 200, -1))
+            proxy._record(
+                Seen(
+                    self.command,
+                    path,
+                    self.headers.get("Range"),
+                    200,
+                    -1,
+                    "Authorization" in self.headers,
+                )
+            )
             self.send_response_only(200, "OK")
             self.send_header("Content-Type", "application/json")
             self.send_header("ETag", '"endless"')
@@ -437,7 +448,16 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             if proxy._take_slow_down(self.command, path):
-                proxy._record(Seen(self.command, path, self.headers.get("Range"), 503, 0))
+                proxy._record(
+                    Seen(
+                        self.command,
+                        path,
+                        self.headers.get("Range"),
+                        503,
+                        0,
+                        "Authorization" in self.headers,
+                    )
+                )
                 self.send_response_only(503, "Slow Down")
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(SLOW_DOWN_XML)))
@@ -470,7 +490,16 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if cut is not None:
                 data = data[:cut]
             sent = 0 if self.command == "HEAD" else len(data)
-            proxy._record(Seen(self.command, path, self.headers.get("Range"), status, sent))
+            proxy._record(
+                Seen(
+                    self.command,
+                    path,
+                    self.headers.get("Range"),
+                    status,
+                    sent,
+                    "Authorization" in self.headers,
+                )
+            )
             self.head_interval = proxy._take_slow_head(self.command, path)
             self.send_response_only(status, reason)
             chunked = False

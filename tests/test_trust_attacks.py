@@ -908,3 +908,39 @@ def test_sync_report_to_on_the_command_line(mirror_fleet: Fleet, tmp_path: Path)
     assert json.loads(done.stdout)["report_uploaded"] is True
     assert decode_report((reports / report_key(DEVICE)).read_bytes(), 1 << 20).device_id == DEVICE
     assert not (mirror_fleet.site.directory / report_key(DEVICE)).exists()
+
+
+def test_a_device_without_credentials_reads_a_public_bucket_unsigned(
+    fleet_on_s3: Fleet, s3_proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EPFLEET_S3_UNSIGNED: a device with no AWS credentials at all syncs the signed fleet
+    from a public bucket (moto, with a bucket policy letting anyone GET), every request
+    it sends unsigned; its trust still comes from the signed metadata alone."""
+    bucket = fleet_on_s3.site.uri.removeprefix("s3://").split("/")[0]
+    public_read = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": "*",
+                "Action": "s3:GetObject",
+                "Resource": f"arn:aws:s3:::{bucket}/*",
+            }
+        ],
+    }
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(public_read))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("EPFLEET_REPORT_TO", str(tmp_path / "reports"))
+    with pytest.raises(StoreError, match="no usable AWS credentials"):
+        fleet_on_s3.sync()  # signing requests with no credentials: nothing can be read
+
+    monkeypatch.setenv("EPFLEET_S3_UNSIGNED", "1")
+    s3_proxy.log.clear()
+    report = fleet_on_s3.sync()
+    assert report.models[0].served and not report.manifest.offline, report.models[0].reason
+    assert report.report_uploaded, report.report_error
+    assert s3_proxy.log and not [seen for seen in s3_proxy.log if seen.signed]

@@ -15,6 +15,7 @@ import threading
 from typing import TYPE_CHECKING
 
 import boto3
+from botocore import UNSIGNED
 from botocore.config import Config
 
 from epfleet.stores.s3_bounds import bound_waits
@@ -47,8 +48,12 @@ MAX_SHARED_CLIENTS = 8  # rotating session tokens must not grow the cache withou
 
 
 def shared_client(settings: tuple[int, float, float]) -> S3Client:
-    """The client for (attempts, connect timeout, read timeout) in this AWS environment."""
-    key = (tuple(os.environ.get(name) for name in _CLIENT_ENV), settings)
+    """The client for (attempts, connect timeout, read timeout) in this AWS environment;
+    one that signs nothing with EPFLEET_S3_UNSIGNED (a public bucket, no credentials)."""
+    from epfleet.settings import settings as epfleet_settings
+
+    unsigned = epfleet_settings().s3_unsigned
+    key = (tuple(os.environ.get(name) for name in _CLIENT_ENV), settings, unsigned)
     attempts, connect_timeout, read_timeout = settings
     with _clients_lock:
         client = _clients.get(key)
@@ -64,6 +69,7 @@ def shared_client(settings: tuple[int, float, float]) -> S3Client:
                 # one shared client serves threaded reads (runtime-watch reads 16 reports
                 # at a time, a download 4 segments): botocore's default keeps 10 connections
                 max_pool_connections=32,
+                **({"signature_version": UNSIGNED} if unsigned else {}),
             )
             session = boto3.session.Session()
             region = session.region_name or DEFAULT_REGION
