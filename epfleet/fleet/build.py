@@ -16,8 +16,9 @@ from pathlib import Path
 
 from epfleet.errors import CompileError, summarize
 from epfleet.fleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
-from epfleet.fleet.staging import compile_job_for, fetch_verified
+from epfleet.fleet.staging import cache_dir, compile_job_for, fetch_verified
 from epfleet.fleet.verify import VerifyJob, skipped, verify_artifact
+from epfleet.fleet.verify_cache import key_for, recalled, remember, reused
 from epfleet.formats.keys import files_key, listing_key, source_key, variant_key
 from epfleet.formats.manifest import PrecisionTried, Quantization, Verification
 from epfleet.logs import pair_progress
@@ -57,6 +58,11 @@ def outcome_text(built: CompiledVariant) -> str:
     if verified is None or verified.status != "passed":
         reason = verified.reason if verified else "not run"
         return f"compiled in {built.seconds:.2f} s, not verified ({reason})"
+    if verified.reused:
+        return (
+            f"verified before, same artifact ({verified.max_rel_error or 0:.2%} of range; "
+            f"compiled in {built.seconds:.2f} s)"
+        )
     return (
         f"verified in {verified.seconds or 0:.2f} s ({verified.max_rel_error or 0:.2%} of "
         f"range; compiled in {built.seconds:.2f} s)"
@@ -173,7 +179,8 @@ def verify_output(
 ) -> Verification:
     """Run the fresh variant with its own EP on the model's golden samples, in a killable
     worker, and compare with the source's outputs (``source_path``: the source, to say
-    why a variant computing in fp16 failed)."""
+    why a variant computing in fp16 failed). A variant this machine verified before, same
+    bytes, samples, EP and ORT builds and tolerances, is not run again (``verify_cache``)."""
     if not request.verify:
         return skipped("not run: verify is false for this target")
     if request.samples is None:
@@ -183,6 +190,10 @@ def verify_output(
             reason=f"{problem}; nothing to compare the variant with (set verify: false "
             "on the target to publish it unverified)",
         )
+    key = key_for(request, output)
+    earlier = recalled(cache_dir(), key)
+    if earlier is not None:
+        return reused(earlier)
     samples = request.samples
     golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
     job = VerifyJob(
@@ -199,14 +210,17 @@ def verify_output(
         precision=request.precision,
         qdq_path=output.qdq_path,
     )
-    return verify_artifact(job, request.verify_timeout)
+    verification = verify_artifact(job, request.verify_timeout)
+    remember(cache_dir(), key, verification)
+    return verification
 
 
 def describe_verification(verification: Verification) -> str:
     if verification.status == "passed":
+        spent = "reused" if verification.reused else f"{verification.seconds:.2f} s"
         return (
             f"passed ({verification.max_rel_error:.2%} of range, tolerance "
-            f"{verification.tolerance:.2%}, {verification.seconds:.2f} s, on "
+            f"{verification.tolerance:.2%}, {spent}, on "
             f"{verification.samples_origin or 'golden'} inputs)"
         )
     return f"{verification.status}: {verification.reason}"

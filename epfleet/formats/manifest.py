@@ -212,9 +212,9 @@ class VariantEntry(FileSet):
         return (self.artifact.size if self.artifact else 0) + sum(f.size for f in self.files)
 
     def same_build(self, other: VariantEntry) -> bool:
-        """Equal but for when it was compiled and how long its checks took: publishing it
-        again would change nothing."""
-        ignore: dict[str, object] = {"compiled_at": True, "verification": {"seconds"}}
+        """Equal but for when it was compiled and how long its checks took (or whether they
+        were reused): publishing it again would change nothing."""
+        ignore: dict[str, object] = {"compiled_at": True, "verification": {"seconds", "reused"}}
         return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)  # type: ignore[arg-type]
 
     def failure_for(self, fingerprint: str) -> VariantEntry | None:

@@ -67,6 +67,12 @@ class Verification(_Strict):
         description="Where the inputs it ran came from: the spec's samples file, or seeded "
         "generated inputs (which can miss what real inputs reach)",
     )
+    reused: bool = Field(
+        default=False,
+        exclude_if=lambda reused: not reused,
+        description="Not run again: the result of an earlier verification on the compile "
+        "host of the same artifact bytes, golden samples, EP and ORT versions and tolerances",
+    )
 
 
 class FailedBuild(_Strict):

@@ -1,0 +1,102 @@
+"""This machine's cache of verification results: a variant whose bytes, golden samples,
+EP build, ORT version and checking settings are those of a variant verified here before
+is not run again; its record is the earlier one's, marked ``reused``.
+
+``VerifyKey`` and ``verification_key`` are the pure part (what decides a verification's
+result, hashed); ``recalled`` and ``remember`` read and write
+``<EPFLEET_CACHE>/work/verified/<key>.json``, one file per result, written atomically, as
+the quantiser keeps its QDQ models (``epfleet.runtime.quantize``). Only passed results
+are kept: a failure may be a time limit or a crash, which a second run need not repeat.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from epfleet.formats.manifest import Verification
+from epfleet.fsutil import atomic_write_bytes
+from epfleet.hashing import sha256_bytes
+from epfleet.runtime.compiler import CompileOutput
+from epfleet.runtime.requests import CompileRequest
+
+CACHE_VERSION = 1
+"""Bumped when what decides a verification's result changes (a new comparison, say)."""
+
+
+class VerifyKey(BaseModel):
+    """Everything a verification's result depends on."""
+
+    artifact: list[tuple[str, str, int]]
+    """(path, sha256, size) of the main file and each file beside it, sorted."""
+    samples_sha256: str
+    ep: str
+    ep_build: dict[str, str]
+    """The EP's ``build_identity()``: its package and version (and, for the CPU EP, the
+    machine's ISA class)."""
+    ort_version: str
+    device: str
+    provider_options: dict[str, str]
+    tolerance: float
+    abs_tolerance: float
+    verify_timeout: float
+    """A pass within a longer time limit need not hold within a shorter one."""
+
+
+def verification_key(key: VerifyKey) -> str:
+    """The cache file name of a verification: a sha256 of ``key`` in a stable form."""
+    document = {"version": CACHE_VERSION, **key.model_dump(mode="json")}
+    document["artifact"] = sorted(document["artifact"])
+    return sha256_bytes(json.dumps(document, sort_keys=True, separators=(",", ":")).encode())
+
+
+def reused(earlier: Verification) -> Verification:
+    """The record of a variant whose verification is ``earlier``'s: its measurements, no
+    seconds spent, and marked reused."""
+    return earlier.model_copy(update={"seconds": 0.0, "reused": True})
+
+
+def _path(cache: Path, key: str) -> Path:
+    return cache / "work" / "verified" / f"{key}.json"
+
+
+def recalled(cache: Path, key: str) -> Verification | None:
+    """The passed verification cached under ``key``; None when there is none (or the file
+    is unreadable: the variant is then verified again)."""
+    try:
+        earlier = Verification.model_validate_json(_path(cache, key).read_bytes())
+    except (OSError, ValidationError):
+        return None
+    return earlier if earlier.status == "passed" else None
+
+
+def remember(cache: Path, key: str, verification: Verification) -> None:
+    """Keep a passed ``verification`` under ``key``; anything else is not kept."""
+    if verification.status == "passed" and not verification.reused:
+        atomic_write_bytes(_path(cache, key), verification.model_dump_json().encode())
+
+
+def key_for(request: CompileRequest, output: CompileOutput) -> str:
+    """The cache key of verifying ``output``, compiled for ``request``, on the request's
+    golden samples with this machine's EP and ORT builds."""
+    import eps
+    from eps.base import ort_version
+
+    assert request.samples is not None
+    files = [(output.model_file, output.sha256, output.size), *output.files]
+    return verification_key(
+        VerifyKey(
+            artifact=files,
+            samples_sha256=request.samples.sha256,
+            ep=request.ep,
+            ep_build=eps.load(request.ep).build_identity(),
+            ort_version=ort_version(),
+            device=request.device,
+            provider_options=request.provider_options,
+            tolerance=request.tolerance,
+            abs_tolerance=request.abs_tolerance,
+            verify_timeout=request.verify_timeout,
+        )
+    )
