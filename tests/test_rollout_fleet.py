@@ -5,7 +5,8 @@ A second build of a model reaches the canary and about a tenth of the devices, t
 others keep the first; ``epfleet rollout revert`` brings every device back at its next
 sync, ``epfleet rollout advance`` to the last stage brings all forward; a build whose
 health check fails on the devices it reaches is halted by the rollout-gate flow without
-a person, and its artifact says why. Every report carries the profile of what runs.
+a person, and its artifact says why. Every report carries the profile of what runs. A
+device offline from the first build to the end lands on what every device runs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ pytestmark = pytest.mark.slow
 MODEL = "tiny-cls"
 TARGET = CPU_TARGET["name"]
 DEVICES = [f"dev-{i:03d}" for i in range(20)]
+LATE = "dev-late"
+"""A device that syncs the first build, then is offline until every device runs the third."""
 ROLLOUT = {"stages": [10, 100], "canary": ["dev-000"], "min_reports": 1, "min_hours": 0}
 
 
@@ -92,8 +95,9 @@ def test_a_rollout_reaches_its_stage_reverts_advances_and_is_halted_by_the_gate(
     first = entry(tmp_path)
     assert first.rollout is None  # a first publish is not staged
     v1 = first.variants[TARGET].artifact.sha256  # type: ignore[union-attr]
-    before = sync_all(tmp_path)
-    assert runs(before, v1) == set(DEVICES)
+    before = sync_all(tmp_path, [*DEVICES, LATE])  # LATE then stays offline till the end
+    assert runs(before, v1) == {*DEVICES, LATE}
+    del before[LATE]
     assert all(r.profile is not None and r.profile.runs >= 5 for r in before.values())
 
     publish(tmp_path, model_dir, "extended", env)  # a second build: staged
@@ -121,6 +125,8 @@ def test_a_rollout_reaches_its_stage_reverts_advances_and_is_halted_by_the_gate(
     forward = sync_all(tmp_path)
     assert runs(forward, v3) == set(DEVICES)
     assert all(r.profile is not None for r in forward.values())
+    # offline through a staged, a reverted and an advanced rollout: it lands where all are
+    assert runs(sync_all(tmp_path, [LATE]), v3) == {LATE}
     assert main(["rollout", "advance", "--store", str(tmp_path / "store"), "--model", MODEL]) == 0
     assert entry(tmp_path).rollout.state == "complete"  # type: ignore[union-attr]
 
