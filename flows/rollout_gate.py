@@ -3,7 +3,8 @@ reports, advance the ones whose stage held and halt the ones that fail their gat
 (``epfleet.fleet.rollout_rules``), without a person. Each move is a signed publish and an
 event (``epfleet.rollout.advanced``, ``...halted``, ``...completed``); the run leaves a
 table artifact of every rollout (stage, devices on the new and the previous variants,
-failures, p50 new against previous, the gate's decision and why).
+failures, p50 new against previous, the gate's decision and why), and one of the fleet's
+evidence per model × target (``fleet-field``: devices running it, failing it, latency).
 
 A rollout whose policy asks for approval (``approval: true``) waits, at each stage past
 the first, for a person to approve it in the Prefect UI (the run pauses for input).
@@ -21,8 +22,11 @@ from prefect.events import emit_event
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
+from epfleet.fleet.publishing import read_in_force
 from epfleet.fleet.rollouts import Move, RolloutStatus, move, statuses
-from epfleet.stores import DEFAULT_STORE, open_store
+from epfleet.fleet.views import FIELD_HEADERS, field_table_rows
+from epfleet.fleet.watch_inputs import field_evidence
+from epfleet.stores import DEFAULT_STORE, Store, open_store
 
 
 class Approval(RunInput):
@@ -74,7 +78,21 @@ def rollout_gate(store: str = DEFAULT_STORE) -> list[dict[str, object]]:
         table=[_row(s) for s in judged],
         description=f"Staged rollouts in {store}: the field evidence and the gate's decision",
     )
+    _field_artifact(opened, store)
     return moves
+
+
+def _field_artifact(opened: Store, store: str) -> None:
+    """The fleet's evidence per model × target (``epfleet manifest show --field``)."""
+    manifest = read_in_force(opened).manifest
+    if manifest is None:
+        return
+    rows, read, _ = field_evidence(opened, manifest)
+    create_table_artifact(
+        key="fleet-field",
+        table=[dict(zip(FIELD_HEADERS, cells, strict=True)) for cells in field_table_rows(rows)],
+        description=f"What {read} device reports say of each model and target in {store}",
+    )
 
 
 def _approval(status: RolloutStatus) -> tuple[str, str]:

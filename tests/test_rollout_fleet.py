@@ -11,6 +11,7 @@ device offline from the first build to the end lands on what every device runs.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,7 +88,11 @@ def runs(reports: dict[str, ModelReport], digest: str | None) -> set[str]:
 
 
 def test_a_rollout_reaches_its_stage_reverts_advances_and_is_halted_by_the_gate(
-    tmp_path: Path, model_dir: Path, prefect_api: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    model_dir: Path,
+    prefect_api: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.delenv("EPFLEET_TRUST_SIGNER", raising=False)
     env = dict(os.environ, PREFECT_API_URL=prefect_api, EPFLEET_CACHE=str(tmp_path / "cache"))
@@ -146,3 +151,14 @@ def test_a_rollout_reaches_its_stage_reverts_advances_and_is_halted_by_the_gate(
     assert halted is not None and halted.state == "halted" and "failed" in (halted.reason or "")
     table = Artifact.get("rollout-gate")
     assert table is not None and "halt" in str(table.data) and "failed" in str(table.data)
+    field = Artifact.get("fleet-field")
+    assert field is not None and MODEL in str(field.data) and TARGET in str(field.data)
+
+    # the fleet's evidence per model x target, from the same reports
+    capsys.readouterr()
+    store = str(tmp_path / "store")
+    assert main(["manifest", "show", "--store", store, "--field", "--json"]) == 0
+    [row] = [r for r in json.loads(capsys.readouterr().out) if r["model"] == MODEL]
+    assert row["target"] == TARGET and row["failed"] == len(reached_ids)
+    assert row["running"] == len(DEVICES) - len(reached_ids) + 1  # LATE too
+    assert row["p50_ms"] is not None and row["p95_ms"] >= row["p50_ms"]

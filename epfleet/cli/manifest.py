@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from cyclopts import App, Parameter
 
@@ -11,6 +12,10 @@ from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from epfleet.cli.options import Json, Store
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
+
+if TYPE_CHECKING:
+    from epfleet.formats.manifest import Manifest
+    from epfleet.stores import Store as StoreType
 
 manifest_app = App(name="manifest", help="Inspect the published manifest.", help_epilogue="")
 
@@ -23,7 +28,9 @@ def _no_manifest_command(*unknown: Annotated[str, Parameter(show=False)]) -> int
 
 
 @manifest_app.command
-def show(*, store: Store = DEFAULT_STORE, as_json: Json = False, costs: bool = False) -> int:
+def show(
+    *, store: Store = DEFAULT_STORE, as_json: Json = False, costs: bool = False, field: bool = False
+) -> int:
     """Print the published manifest as a table, with what the store holds per model and
     target, or as JSON.
 
@@ -31,6 +38,7 @@ def show(*, store: Store = DEFAULT_STORE, as_json: Json = False, costs: bool = F
       epfleet manifest show --store s3://bucket/fleet
       epfleet manifest show --store ./epfleet-store --json
       epfleet manifest show --store ./epfleet-store --json --costs
+      epfleet manifest show --store s3://bucket/fleet --field
 
     Exit codes: 0 shown; 1 the store failed; 2 no manifest there.
 
@@ -41,6 +49,10 @@ def show(*, store: Store = DEFAULT_STORE, as_json: Json = False, costs: bool = F
     costs
         With --json: print the store's bytes per model and target, and its total
         (referenced, unreferenced, other), instead of the manifest.
+    field
+        Show what the device reports say of each model and target instead: devices
+        running it, devices where it failed, latency p50/p95 across the fleet, devices
+        where part of it runs on other EPs (reports from the store, or EPFLEET_REPORT_TO).
     """
     from epfleet.fleet.publishing import read_in_force
     from epfleet.fleet.views import render_manifest
@@ -61,6 +73,8 @@ def show(*, store: Store = DEFAULT_STORE, as_json: Json = False, costs: bool = F
             "publish or epfleet trust refresh puts it right)",
             file=sys.stderr,
         )
+    if field:
+        return _show_field(opened, manifest, as_json)
     if as_json and costs:
         sys.stdout.write(store_costs(opened, manifest).model_dump_json(indent=2) + "\n")
     elif as_json:
@@ -82,4 +96,18 @@ def schema() -> int:
     from epfleet.formats.manifest import json_schema
 
     sys.stdout.write(json_schema())
+    return EXIT_OK
+
+
+def _show_field(opened: StoreType, manifest: Manifest, as_json: bool) -> int:
+    from epfleet.fleet.views import render_field
+    from epfleet.fleet.watch_inputs import field_evidence
+
+    rows, read, unreadable = field_evidence(opened, manifest)
+    if unreadable:
+        print(f"epfleet: {unreadable} device reports could not be read", file=sys.stderr)
+    if as_json:
+        print(json.dumps([row.model_dump() for row in rows], indent=2))
+    else:
+        print(render_field(rows, read))
     return EXIT_OK

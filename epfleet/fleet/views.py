@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from epfleet.fleet.field_rules import FieldRow
 from epfleet.fleet.runs import PairResult, RunReport
 from epfleet.formats.manifest import Manifest, VariantEntry
 from epfleet.text import format_bytes, table
@@ -122,3 +123,33 @@ def _verified(variant: VariantEntry) -> str:
     if check.status in ("passed", "failed") and check.max_rel_error is not None:
         return f"{check.status} {check.max_rel_error:.2%}{mark}"
     return check.status + mark
+
+
+def field_table_rows(rows: list[FieldRow]) -> list[list[str]]:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    return [
+        [
+            r.model,
+            r.target if r.published else f"{r.target} (no longer published)",
+            str(r.running),
+            str(r.failed),
+            ms(r.p50_ms),
+            ms(r.p95_ms),
+            str(r.partly_on_other_eps),
+        ]
+        for r in rows
+    ]
+
+
+FIELD_HEADERS = ["model", "target", "running", "failed", "p50 ms", "p95 ms", "partly on other EPs"]
+
+
+def render_field(rows: list[FieldRow], reports: int) -> str:
+    """The fleet-evidence table of ``manifest show --field``."""
+    if not reports:
+        return "no device reports yet: devices report after each sync"
+    counted = f"from {reports} device report{'s' if reports != 1 else ''}"
+    latency = "latency: each running device's median run when it activated the variant"
+    return f"{table(FIELD_HEADERS, field_table_rows(rows))}\n\n{counted}; {latency}"

@@ -11,9 +11,11 @@ from collections.abc import Iterator
 
 import eps
 from epfleet import ort_version
+from epfleet.fleet.field_rules import FieldRow, field_view
 from epfleet.fleet.report_reading import READ_THREADS, reports_from, stream_reports
 from epfleet.fleet.watch_rules import Runtime, report_time
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
+from epfleet.formats.manifest import Manifest
 from epfleet.formats.spec import FleetSpec
 from epfleet.stores import Store
 from eps.base import MissingExtraError
@@ -63,3 +65,20 @@ def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[Device
     results = list(stream_device_reports(store, threads))
     reports = [r for r in results if isinstance(r, DeviceReport)]
     return reports, [r for r in results if isinstance(r, str)]
+
+
+def field_evidence(store: Store, manifest: Manifest) -> tuple[list[FieldRow], int, int]:
+    """What the device reports say of each model × target (``epfleet.fleet.field_rules``),
+    with the number of reports read and of those that could not be, streamed."""
+    counts = [0, 0]
+
+    def reports() -> Iterator[DeviceReport]:
+        for found in stream_device_reports(store):
+            if isinstance(found, str):
+                counts[1] += 1
+            else:
+                counts[0] += 1
+                yield found
+
+    rows = field_view(manifest, reports())
+    return rows, counts[0], counts[1]
