@@ -267,7 +267,7 @@ class SyncSession:
         dropped."""
         if not (self.policy.drop_unlisted or settings().drop_unlisted):
             return []
-        subset = self.policy.models is not None
+        subset = bool(self.policy.models)  # empty: every model
         gone = unlisted(self.state, set(self.manifest.models), self.status, subset)
         drop_models(self.cache, self.state, gone)
         return gone
