@@ -29,7 +29,7 @@ from epfleet.formats.device_report import (
 )
 from epfleet.formats.manifest import NAME_PATTERN, ModelEntry, utcnow
 from epfleet.settings import settings
-from epfleet.stores import Store, open_store
+from epfleet.stores import Store
 
 
 def device_id(given: str | None) -> str:
@@ -111,17 +111,6 @@ def _last_sent(cache: DeviceCache) -> SentReport | None:
         return SentReport.model_validate_json(data) if data is not None else None
     except (OSError, EpfleetError, ValidationError):
         return None  # unreadable or damaged: upload, and record again
-
-
-def report_store(synced_from: Store, report_to: str | None) -> Store:
-    """Where the reports go: the store EPFLEET_REPORT_TO names (a bad one refuses the sync
-    before it starts), else the store synced from."""
-    if not report_to:
-        return synced_from
-    try:
-        return open_store(report_to)
-    except BadInputError as exc:
-        raise BadInputError(f"EPFLEET_REPORT_TO: {exc}") from exc
 
 
 def rollout_seen(entry: ModelEntry, mine: ModelEntry) -> RolloutSeen:

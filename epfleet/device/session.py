@@ -47,7 +47,7 @@ from epfleet.device.manifest_cache import cached_manifest, fetch_manifest, manif
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.prefetch import DEPTH, Prefetch
 from epfleet.device.provisioning import trusted_root
-from epfleet.device.reporting import device_id, report_store, rollout_seen, upload_report
+from epfleet.device.reporting import device_id, rollout_seen, upload_report
 from epfleet.device.signed_manifest import fetch_signed_manifest, untrusted
 from epfleet.device.steps import Steps
 from epfleet.device.unlisted import drop_models, unlisted
@@ -57,7 +57,7 @@ from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelRep
 from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.limits import Deadline, within
 from epfleet.settings import settings
-from epfleet.stores import open_store
+from epfleet.stores import open_store, reports_store
 from epfleet.text import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class SyncSession:
         self.started = time.perf_counter()
         self.store_uri, self.cache_dir, self.policy = store_uri, cache_dir, policy
         self.store = open_store(store_uri)
-        self.report_store = report_store(self.store, configured.report_to)
+        self.report_store = reports_store(self.store, configured.report_to)
         self.cache = DeviceCache(cache_dir)
         self.fetcher = Fetcher(self.store, self.cache, offline=False)
         self.status: ManifestStatus | None = None

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from epfleet.errors import BadInputError
 from epfleet.formats.device_report import DeviceReport, decode_report
 from epfleet.settings import settings
-from epfleet.stores import DocumentTooLarge, Store, document_limit, open_store
+from epfleet.stores import DocumentTooLarge, Store, document_limit, reports_store
 
 READ_THREADS = 16
 MAX_LISTED_PROBLEMS = 100
@@ -115,10 +115,4 @@ class Problems:
 def reports_from(store: Store) -> Store:
     """Where the fleet's device reports are: the store EPFLEET_REPORT_TO names, where
     devices behind a read-only mirror send them, else ``store`` itself."""
-    elsewhere = settings().report_to
-    if not elsewhere:
-        return store
-    try:
-        return open_store(elsewhere)
-    except BadInputError as exc:
-        raise BadInputError(f"EPFLEET_REPORT_TO: {exc}") from exc
+    return reports_store(store, settings().report_to)

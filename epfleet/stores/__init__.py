@@ -31,6 +31,7 @@ __all__ = [
     "check_key",
     "document_limit",
     "open_store",
+    "reports_store",
     "split_uri",
 ]
 
@@ -56,6 +57,17 @@ def open_store(uri: str) -> Store:
         ) from None
     store: Store = module.from_uri(uri)
     return store
+
+
+def reports_store(store: Store, report_to: str | None) -> Store:
+    """Where a fleet's device reports are (``EPFLEET_REPORT_TO``: the store devices behind a
+    read-only mirror upload them to, and the fleet side reads them from), else ``store``."""
+    if not report_to:
+        return store
+    try:
+        return open_store(report_to)
+    except BadInputError as exc:
+        raise BadInputError(f"EPFLEET_REPORT_TO: {exc}") from exc
 
 
 def split_uri(uri: str) -> tuple[str, str]:
