@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -131,6 +131,23 @@ class Store(Protocol):
         multipart uploads. Best effort: a failure is logged, never raised. Returns what
         was removed."""
         ...
+
+
+def within_range(chunks: Iterable[bytes], skip: int, left: int | None) -> Iterator[bytes]:
+    """The bytes of ``chunks`` past the first ``skip`` and no more than ``left`` of them (all
+    when None): a ranged read from an answer that may hold the whole object (a server or
+    mirror that ignores Range sends it from byte 0)."""
+    for chunk in chunks:
+        if skip:
+            dropped = min(skip, len(chunk))
+            chunk, skip = chunk[dropped:], skip - dropped
+        if left is not None:
+            chunk = chunk[:left]
+            left -= len(chunk)
+        if chunk:
+            yield chunk
+        if left == 0:
+            return
 
 
 def check_key(key: str) -> str:

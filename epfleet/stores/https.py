@@ -31,7 +31,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from epfleet.errors import BadInputError, ObjectMissing, StoreError, TransientStoreError
 from epfleet.fsutil import atomic_file
 from epfleet.limits import DeadlineExceeded, TransferGuard, TransferLimits, current_deadline
-from epfleet.stores.base import UNCHANGED, StoredObject, Versioned, check_key
+from epfleet.stores.base import UNCHANGED, StoredObject, Versioned, check_key, within_range
 from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
 from epfleet.stores.watch import DEADLINE, Watch, Watched, attempt
 
@@ -250,17 +250,7 @@ class HttpsStore:
         skip = start if response.status == 200 else 0
         left = None if end is None else end - start
         guard = TransferGuard(f"download of {key}", self.uri, self.limits)
-        for chunk in self._body(response, key, guard):
-            if skip:
-                dropped = min(skip, len(chunk))
-                chunk, skip = chunk[dropped:], skip - dropped
-            if left is not None:
-                chunk = chunk[:left]
-                left -= len(chunk)
-            if chunk:
-                yield chunk
-            if left == 0:
-                return
+        yield from within_range(self._body(response, key, guard), skip, left)
 
     def size(self, key: str) -> int | None:
         response = self._send("HEAD", key, {"Accept-Encoding": "identity"})

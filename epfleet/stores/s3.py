@@ -51,6 +51,7 @@ from epfleet.stores.base import (
     check_key,
     check_prefix,
     is_hidden,
+    within_range,
 )
 from epfleet.stores.caching import cache_control
 from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
@@ -250,17 +251,7 @@ class S3Store:
             left = None if end is None else end - start
             chunks = self._chunks(resp, key, guard)
             with closing(chunks):
-                for chunk in chunks:
-                    if skip:
-                        dropped = min(skip, len(chunk))
-                        chunk, skip = chunk[dropped:], skip - dropped
-                    if left is not None:
-                        chunk = chunk[:left]
-                        left -= len(chunk)
-                    if chunk:
-                        yield chunk
-                    if left == 0:
-                        return
+                yield from within_range(chunks, skip, left)
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, key, f"reading (from byte {start})")
 
