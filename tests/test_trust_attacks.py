@@ -546,8 +546,10 @@ def test_a_store_without_trust_metadata_is_refused(fleet: Fleet) -> None:
 
     assert_refused(fleet.sync(), good, "does not exist", "refused")
     fresh = Fleet(fleet.site, fleet.repo, fleet.root, fleet.cache.with_name("fresh-device"))
-    with pytest.raises(StoreError, match="no signed manifest is cached to fall back on"):
-        fresh.sync()
+    refused = fresh.sync()
+    assert refused.exit_code == 1 and refused.models == []
+    assert refused.manifest.status == "rejected" and refused.manifest.generation is None
+    assert "no signed manifest is cached to fall back on" in (refused.manifest.reason or "")
 
 
 def test_slow_retrieval_of_metadata_ends_within_a_bounded_time(
