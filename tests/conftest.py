@@ -117,11 +117,15 @@ def prefect_api() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def fleet_store(
     tmp_path_factory: pytest.TempPathFactory, model_dir: Path, prefect_api: str
 ) -> Path:
-    """tiny-cls and tiny-det × two HTP targets and one CPU target, in a local store."""
+    """tiny-cls and tiny-det × two HTP targets and one CPU target, in a local store.
+
+    One compile per test module, as when each module imported this fixture from
+    test_sync.py: some tests sync from this store directly, and the device reports they
+    leave in it would show up in another module's copy of it."""
     return compile_fleet(
         tmp_path_factory.mktemp("fleet"), model_dir, [*HTP_TARGETS, CPU_TARGET], prefect_api
     )

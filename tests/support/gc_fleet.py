@@ -31,8 +31,6 @@ from epfleet.stores.local import LocalStore
 from epfleet.stores.s3 import S3Store
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
-
-
 OLD = NOW - timedelta(days=3)
 """Before the grace period (a day by default)."""
 

@@ -31,11 +31,7 @@ from epfleet.hashing import sha256_file
 from epfleet.stores import MANIFEST_KEY, Store
 
 CPU = "CPUExecutionProvider"
-
-
 TARGET = "x86-cpu"
-
-
 SIDECARS = {
     "genai_config.json": b'{"model": {"decoder": {"filename": "model.onnx"}}}\n',
     "tokenizer.json": b'{"version": "1.0", "model": {"type": "BPE"}}\n',

@@ -45,11 +45,7 @@ from tests.support.synced_fleet import (
 )
 
 MODEL = "tiny-cls"
-
-
 DEVICE = "trusting-device"
-
-
 SERIALIZER = JSONSerializer(compact=True)
 
 

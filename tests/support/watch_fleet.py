@@ -15,14 +15,8 @@ from epfleet.formats.manifest import (
 from epfleet.formats.spec_file import parse_spec
 
 NOW = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
-
-
 SHA = "c" * 64
-
-
 QNN, CPU = "QNNExecutionProvider", "CPUExecutionProvider"
-
-
 RUNTIME = Runtime(
     ort_version="1.32.0",
     ep_versions={QNN: "2.7.0", CPU: "1.32.0"},

@@ -69,12 +69,6 @@ from tests.support.synced_fleet import (
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("signed_only")]
 
 
-# --- the repository side: a small TUF writer over a store directory -----------------------
-
-
-# --- where the store is: a local directory, or S3 through the fault proxy ---------------------
-
-
 # --- the attacks ----------------------------------------------------------------------------
 
 
