@@ -267,7 +267,7 @@ REPORT_FIELDS = [
     *("error", "coverage", "verification", "max_rel_error", "verification_seconds"),
     *("samples_origin", "precision"),
 ]
-"""Each variant's keys in ``epfleet compile --json`` (a contract: tests/test_cli.py)."""
+"""Each variant's keys in ``epfleet compile --json`` (a contract: tests/cli/test_cli.py)."""
 
 
 def _json_report(report: RunReport) -> dict[str, object]:
