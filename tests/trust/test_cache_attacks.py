@@ -24,7 +24,7 @@ from tuf.api.metadata import Metadata, Root
 
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import SyncSession, sync
-from epfleet.errors import BadInputError, StoreError
+from epfleet.errors import BadInputError
 from epfleet.formats.device_report import DeviceReport
 from epfleet.stores import open_store
 from epfleet.trust.client import trust_parts

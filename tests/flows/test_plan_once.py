@@ -13,7 +13,7 @@ from epfleet.cli.app import main
 from epfleet.fleet import planning
 from epfleet.formats.manifest import Manifest
 from flows.fleet_compile import fleet_compile
-from tests.conftest import CPU_TARGET, tiny_models, write_spec
+from tests.support.specs import CPU_TARGET, tiny_models, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
