@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from cyclopts import Parameter
 
-from epfleet.cli.options import Json, Store, options_from
+from epfleet.cli.options import Json, Store, command_help, options_from
 from epfleet.device.policy import SyncPolicy
 from epfleet.stores import DEFAULT_STORE
 
@@ -136,3 +136,6 @@ def sync(
             )
     print(report.model_dump_json() if as_json else render_device_report(report))
     return report.exit_code
+
+
+command_help(sync)
