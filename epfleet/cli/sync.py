@@ -9,6 +9,7 @@ device engine and the flow are imported inside the command.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -118,6 +119,7 @@ def sync(
         with interrupts(INTERRUPTED):
             report = device_sync(**parameters)
     else:
+        _verifier_without_boto3()
         from epfleet.device.session import sync as sync_device
         from epfleet.logs import log_to_stderr
 
@@ -136,6 +138,29 @@ def sync(
             )
     print(report.model_dump_json() if as_json else render_device_report(report))
     return report.exit_code
+
+
+def _verifier_without_boto3() -> None:
+    """Load securesystemslib's signer package with boto3 hidden from it, in a process that
+    only syncs, before the device's TUF client (python-tuf's metadata API) loads it.
+
+    The package imports every KMS signer it has, and its AWS one imports boto3 when it can:
+    0.2-0.4 s of CPU, most of it in a no-op sync of a local or https store, for signing with
+    AWS KMS, which a device never does (it verifies, with public keys). With boto3 hidden
+    (``sys.modules["boto3"] = None`` makes ``import boto3`` fail) that signer records
+    boto3 as missing, and would say so if this process asked it to sign; verification is
+    unchanged. The name is restored right after: an S3 store or report destination
+    imports boto3 as usual. Nothing is done when either package is already loaded, so a
+    process that imported boto3 or the signers for other work (a test, a worker) keeps
+    them as they are.
+    """
+    if "boto3" in sys.modules or "securesystemslib.signer" in sys.modules:
+        return
+    sys.modules["boto3"] = None  # type: ignore[assignment]
+    try:
+        import securesystemslib.signer  # noqa: F401
+    finally:
+        del sys.modules["boto3"]
 
 
 command_help(sync)
