@@ -110,8 +110,8 @@ def settings_page() -> str:
     return (
         "# Settings: the EPFLEET_* environment\n\n"
         + GENERATED
-        + "One settings model, `epfleet/settings.py` (pydantic-settings), reads every "
-        "variable below. An empty variable counts as unset; a bad value fails naming the "
+        + "One settings model, `epfleet/settings.py` (pydantic), reads every variable "
+        "below, in any case. An empty variable counts as unset; a bad value fails naming the "
         "variable (exit 2). Command-line options win where both exist (`--device-id`, "
         "`--trust-root`, `--grace`, ...); the variables are for what has no command line of "
         "its own: a deployment's workers (`job_variables.env` in "

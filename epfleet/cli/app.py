@@ -3,15 +3,20 @@
 Commands ``compile`` (``epfleet.cli.compile``), ``manifest show|schema``
 (``epfleet.cli.manifest``), ``sync`` (``epfleet.cli.sync``), ``watch`` and ``serve``
 (``epfleet.cli.serve``), ``trust`` (``epfleet.cli.trust``), ``gc`` and ``retire``
-(``epfleet.cli.store``), and ``--version``; ``epfleet COMMAND --help`` shows each with
-examples and exit codes (0 ok, 1 a pair or model failed or the store failed, 2 bad
-input). Options come from type hints (cyclopts, ``epfleet.cli.options``). The flow
-files run by path (``python flows/runtime_watch.py ...``) call ``main`` with their
-command. Ctrl-C (exit 130) is handled by ``epfleet.cli.interrupts``.
+(``epfleet.cli.store``), ``rollout`` (``epfleet.cli.rollout``), and ``--version``;
+``epfleet COMMAND --help`` shows each with examples and exit codes (0 ok, 1 a pair or
+model failed or the store failed, 2 bad input). Options come from type hints (cyclopts,
+``epfleet.cli.options``). The flow files run by path (``python flows/runtime_watch.py
+...``) call ``main`` with their command. Ctrl-C (exit 130) is handled by
+``epfleet.cli.interrupts``.
 
-Engine code, Prefect and the flows are imported inside each command, never at module
-level: ``--help`` starts no Prefect, and the module-level import graph has no cycle
-through this module (``tests/project/test_imports.py``).
+Commands are registered by name ("module:function", cyclopts' lazy commands): a command
+line imports the module of the command it runs and no other, so that a device's
+``epfleet sync`` or ``epfleet --version`` loads neither the compile side nor its options
+(tests/cli/test_light_commands.py). ``epfleet --help`` lists every command with the first
+line of its help, so it imports them all. Engine code, Prefect and the flows are imported
+inside each command, never at module level: ``--help`` starts no Prefect, and the
+module-level import graph has no cycle through this module (``tests/project/test_imports.py``).
 """
 
 from __future__ import annotations
@@ -23,16 +28,9 @@ from typing import Annotated
 from cyclopts import App, CycloptsError, Parameter
 
 from epfleet import RECIPE_VERSION, __version__, ort_version
-from epfleet.cli.compile import compile_
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from epfleet.cli.interrupts import announce_stopped, interrupts
-from epfleet.cli.manifest import manifest_app, schema, show
-from epfleet.cli.options import cli_error, default_text, reflow_parameters
-from epfleet.cli.rollout import ROLLOUT_COMMANDS, rollout_app
-from epfleet.cli.serve import serve, watch
-from epfleet.cli.store import gc, retire
-from epfleet.cli.sync import sync
-from epfleet.cli.trust import TRUST_COMMANDS, trust_app
+from epfleet.cli.interrupts import announce_stopped
+from epfleet.cli.options import cli_error, default_text
 from epfleet.errors import BadInputError, EpfleetError
 
 APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
@@ -47,6 +45,21 @@ Exit codes: 0 ok; 1 a pair or a model failed, or the store failed; 2 bad input;
 130 interrupted (Ctrl-C). --store defaults to ./epfleet-store. The EPFLEET_*
 environment variables are in the documentation (docs/reference/settings.md)."""
 
+COMMANDS = {
+    "compile": "epfleet.cli.compile:compile_",
+    "manifest": "epfleet.cli.manifest:manifest_app",
+    "sync": "epfleet.cli.sync:sync",
+    "watch": "epfleet.cli.serve:watch",
+    "serve": "epfleet.cli.serve:serve",
+    "gc": "epfleet.cli.store:gc",
+    "retire": "epfleet.cli.store:retire",
+    "trust": "epfleet.cli.trust:trust_app",
+    "rollout": "epfleet.cli.rollout:rollout_app",
+}
+"""Each command's name and where it is defined: a function (its docstring is its help,
+``epfleet.cli.options.command_help``) or an ``App`` of subcommands named as the command."""
+
+SUBCOMMAND_APPS = ("manifest", "trust", "rollout")
 
 app = App(
     name="epfleet",
@@ -57,29 +70,11 @@ app = App(
     default_parameter=Parameter(negative=(), show_default=default_text),
     suppress_keyboard_interrupt=False,  # main says "interrupted" (cyclopts exits silently)
 )
-for function in (
-    compile_,
-    sync,
-    watch,
-    serve,
-    gc,
-    retire,
-    *TRUST_COMMANDS,
-    *ROLLOUT_COMMANDS,
-    show,
-    schema,
-):
-    function.__doc__ = reflow_parameters(function.__doc__)
-app.command(compile_, name="compile", help_epilogue="")
-app.command(manifest_app)
-for command in (sync, watch, serve, gc, retire):
-    app.command(command, help_epilogue="")  # the app's examples are the app's alone
-app.command(trust_app)
-app.command(rollout_app)
-
-_interrupts = interrupts
-"""The Ctrl-C handling (``epfleet.cli.interrupts``) under its former name here, which
-``epfleet.cli.sync`` still imports."""
+for name, where in COMMANDS.items():
+    if name in SUBCOMMAND_APPS:  # an App brings its own settings
+        app.command(where, name=name)
+    else:
+        app.command(where, name=name, help_epilogue="")  # the app's examples are the app's
 
 
 @app.default
@@ -91,9 +86,12 @@ def _no_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command line; return its exit code."""
+    tokens = sys.argv[1:] if argv is None else argv
+    if tokens[:1] and tokens[0] in app.help_flags:
+        app.resolved_commands()  # the list of commands shows each one's help: import them
     try:
         result = app(
-            sys.argv[1:] if argv is None else argv,
+            tokens,
             exit_on_error=False,
             print_error=False,
             result_action="return_value",

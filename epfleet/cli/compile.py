@@ -18,7 +18,7 @@ from cyclopts import Parameter
 
 from epfleet import MAX_WORKERS
 from epfleet.cli.interrupts import interrupts
-from epfleet.cli.options import Json, Repeatable, RunnerName, Store
+from epfleet.cli.options import Json, Repeatable, RunnerName, Store, command_help
 from epfleet.cli.prefect_api import start_temporary_api, temporary_api_dies_with_us
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.fsutil import NO_SPACE, no_room
@@ -278,3 +278,6 @@ def _json_report(report: RunReport) -> dict[str, object]:
         "failed": report.failed,
         "variants": [{k: getattr(v, k) for k in REPORT_FIELDS} for v in report.variants],
     }
+
+
+command_help(compile_)

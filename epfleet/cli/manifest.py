@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
-from epfleet.cli.options import Json, Store
+from epfleet.cli.options import Json, Store, command_help
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -111,3 +111,6 @@ def _show_field(opened: StoreType, manifest: Manifest, as_json: bool) -> int:
     else:
         print(render_field(rows, read))
     return EXIT_OK
+
+
+command_help(show, schema)

@@ -9,12 +9,15 @@ message; ``cli_error`` names the option in it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 
 from cyclopts import CycloptsError, Parameter
-from pydantic import BaseModel, ValidationError, create_model, field_validator
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 Json = Annotated[bool, Parameter(name="--json", allow_repeating=True)]
 Store = Annotated[
@@ -37,6 +40,8 @@ def options_from(
     constraints and descriptions, a cyclopts ``Parameter`` for the fields the command
     line spells differently, and comma-separated values accepted for the list fields
     named. Annotate the command's parameter with ``Parameter(name="*")``."""
+    from pydantic import create_model, field_validator
+
     fields: dict[str, Any] = {}
     for name, how in parameters.items():
         info = model.model_fields[name]
@@ -67,6 +72,8 @@ def options_from(
 def cli_error(exc: CycloptsError) -> str:
     """The message of a command-line error: one part per problem, naming the option
     (pydantic's errors name the model's fields)."""
+    from pydantic import ValidationError
+
     if isinstance(exc.__cause__, ValidationError):
         return "; ".join(
             f"{option_name(str(e['loc'][0]))}: {e['msg']}, got {e['input']!r}"
@@ -102,3 +109,11 @@ def reflow_parameters(doc: str | None) -> str | None:
         else:
             lines.append(line)
     return head + "Parameters\n" + "\n".join(lines) + "\n"
+
+
+def command_help(*commands: Callable[..., Any]) -> None:
+    """Reflow the ``Parameters`` of each command's docstring, which is its help; each
+    command module calls it for its own commands, as the app imports a command's module
+    only when that command runs (``epfleet.cli.app``)."""
+    for command in commands:
+        command.__doc__ = reflow_parameters(command.__doc__)

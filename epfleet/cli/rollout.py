@@ -14,7 +14,7 @@ from typing import Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
-from epfleet.cli.options import Json, Repeatable, Store
+from epfleet.cli.options import Json, Repeatable, Store, command_help
 from epfleet.stores import DEFAULT_STORE
 
 rollout_app = App(
@@ -117,4 +117,4 @@ def revert(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by h
     return _move(store, model, "revert", reason)
 
 
-ROLLOUT_COMMANDS = (status, advance, halt, revert)
+command_help(status, advance, halt, revert)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epfleet.cli.exit_codes import EXIT_OK
-from epfleet.cli.options import Json, Store
+from epfleet.cli.options import Json, Store, command_help
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -153,3 +153,6 @@ def serve(
 
     serve_all(spec, store, cache, nightly, sync_every, watch_every)
     return EXIT_OK
+
+
+command_help(watch, serve)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from epfleet.cli.exit_codes import EXIT_FAILED, EXIT_OK
-from epfleet.cli.options import Json, Repeatable, Store
+from epfleet.cli.options import Json, Repeatable, Store, command_help
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -148,3 +148,6 @@ def retire(
     )
     print("\n".join(lines))
     return EXIT_OK
+
+
+command_help(gc, retire)

@@ -14,7 +14,7 @@ from typing import Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_OK
-from epfleet.cli.options import Json, Store
+from epfleet.cli.options import Json, Store, command_help
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -235,4 +235,4 @@ def status(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
     return EXIT_OK
 
 
-TRUST_COMMANDS = (init, rotate, refresh, status)
+command_help(init, rotate, refresh, status)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import eps
 from epfleet import RECIPE_VERSION, ort_version
@@ -18,8 +19,10 @@ from epfleet.device.activation import local_target_name
 from epfleet.device.local_eps import LocalEps, ep_versions
 from epfleet.formats.manifest import ModelEntry
 from epfleet.hashing import sha256_bytes
-from epfleet.runtime.requests import CompileRequest, fingerprinted, source_fields
 from eps.base import DeviceType, LocalTarget, default_tolerance
+
+if TYPE_CHECKING:
+    from epfleet.runtime.requests import CompileRequest
 
 
 def build_key(entry: ModelEntry) -> str:
@@ -44,6 +47,10 @@ def local_targets(local: LocalEps, prefer: Sequence[DeviceType]) -> list[tuple[s
 def local_request(model: str, entry: ModelEntry, ep: str, local: LocalTarget) -> CompileRequest:
     """The compile request of a local build, with the EP's defaults a spec would not
     override here."""
+    # here, not at the top: a sync that builds nothing does not load the compile request's
+    # models (and the spec's they use)
+    from epfleet.runtime.requests import CompileRequest, fingerprinted, source_fields
+
     module = eps.load(ep)
     return fingerprinted(
         CompileRequest(

@@ -37,6 +37,7 @@ class LocalEps:
         self.absent = absent
         """EP name -> why it cannot run here (package missing, library or device absent)."""
         self._judged: dict[tuple[str, str], Judgement] = {}
+        self._refused: dict[tuple[str, tuple[tuple[str, str], ...]], str | None] = {}
 
     def present(self, ep: str) -> bool:
         return ep in self.devices
@@ -66,9 +67,16 @@ class LocalEps:
 
     def refused_options(self, ep: str, provider_options: dict[str, str]) -> str | None:
         """Why this device's ``ep`` would not take a variant's published provider options
-        (a key it does not know, a bad value), or None when it takes them or is absent."""
+        (a key it does not know, a bad value), or None when it takes them or is absent
+        (memoised: a fleet's variants of one target repeat their options)."""
         if ep not in self.devices:
             return None
+        key = (ep, tuple(sorted(provider_options.items())))
+        if key not in self._refused:
+            self._refused[key] = self._refuse(ep, provider_options)
+        return self._refused[key]
+
+    def _refuse(self, ep: str, provider_options: dict[str, str]) -> str | None:
         try:
             eps.load(ep).check_options(provider_options)
         except ValueError as exc:

@@ -106,6 +106,8 @@ class FileSet(_Strict):
 
     @model_validator(mode="after")
     def _distinct_paths(self) -> FileSet:
+        if not self.files:  # one path alone: nothing to clash with (most entries)
+            return self
         paths = [self.model_file] + [f.path for f in self.files]
         folded = [path.lower() for path in paths]
         if len(set(folded)) != len(folded):

@@ -72,8 +72,14 @@ NOT_ON_A_NO_OP = (
     "epfleet.device.health",
     "epfleet.trust.signing",
     "epfleet.trust.creation",
+    "epfleet.runtime",
+    "epfleet.cli.compile",
+    "boto3",  # a local store's sync: not even for securesystemslib's AWS KMS signer
+    "botocore",
+    "pydantic_settings",
 )
-"""What a sync that keeps every model never loads: the compile side, Prefect, publishing."""
+"""What a sync that keeps every model never loads: the compile side, Prefect, publishing,
+the other commands, and for a local store anything of AWS."""
 
 
 def write_model(path: Path, *, label: str, stamp: bool) -> None:
