@@ -1,10 +1,12 @@
 """Verification by distinct numerics (pure rules, no compile): which provider options an EP
 module says change a variant's outputs, how a run's pairs fall into numerics groups (one
-representative verified on every golden sample, twins on the first), and the publish
-rule that holds back a twin whose representative did not pass."""
+representative verified on every golden sample, twins on the first), the publish rule
+that holds back a twin whose representative did not pass, and the compile host's cache
+of full verifications by numerics."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,14 @@ from epfleet.fleet.outcomes import PairOutcome, failed_outcome
 from epfleet.fleet.plan_rules import PlannedPair
 from epfleet.fleet.runs import PairResult
 from epfleet.fleet.twin_rules import HELD_BACK, assign_twins, group_key, hold_back
+from epfleet.fleet.verify_cache import (
+    Backing,
+    numerics_key_for,
+    recalled,
+    recalled_backing,
+    remember,
+    remember_backing,
+)
 from epfleet.formats.manifest import ArtifactRef, SamplesRef, VariantEntry, Verification, utcnow
 from epfleet.runtime.requests import CompileRequest, Rung
 
@@ -269,3 +279,30 @@ def test_a_representative_at_another_precision_or_undecided_holds_its_twin_back(
     [_, held] = hold_back(plan, [undecided, checked])
     assert held.result.status == "failed" and not held.publish
     assert "was not decided in this run: the store refused the upload" in (held.entry.error or "")
+
+
+def test_only_a_pass_on_every_sample_vouches_for_later_builds_of_its_numerics(
+    tmp_path: Path,
+) -> None:
+    full = Verification(status="passed", samples=3, max_rel_error=0.01, seconds=2.0)
+    remember_backing(tmp_path, "k-full", "v75", full)
+    assert recalled_backing(tmp_path, "k-full") == Backing(target="v75", verification=full)
+    # A twin's check (its representative may still fail), a failure, a reused record: kept
+    # under neither key.
+    twin = full.model_copy(update={"samples": 1, "twin_of": "v75"})
+    failed = full.model_copy(update={"status": "failed"})
+    for key, verification in [("k-twin", twin), ("k-failed", failed)]:
+        remember_backing(tmp_path, key, "v73", verification)
+        remember(tmp_path, key, verification)
+        assert recalled_backing(tmp_path, key) is None and recalled(tmp_path, key) is None
+    (tmp_path / "work" / "verified" / "numerics-k-full.json").write_text("{")
+    assert recalled_backing(tmp_path, "k-full") is None
+
+
+def test_the_numerics_key_follows_the_numerics_not_the_target() -> None:
+    v75, v73 = request("v75", htp("75", "57")), request("v73", htp("73", "43"))
+    assert numerics_key_for(v75) == numerics_key_for(v73)
+    assert numerics_key_for(v75) != numerics_key_for(request("v69", htp("69", "36")))
+    assert numerics_key_for(v75) != numerics_key_for(
+        request("v75", htp("75", "57"), tolerance=0.01)
+    )
