@@ -202,6 +202,10 @@ def test_a_twin_held_back_is_planned_again_unless_its_representative_is_up_to_da
     up_to_date_failed = planned(rep, "skip", previous=failed)
     assert assign_twins([up_to_date_failed, skipped_twin])[1].action == "skip"
 
+    # No longer a twin (its representative left the spec): verified on its own.
+    alone = assign_twins([skipped_twin])[0]
+    assert alone.action == "compile" and "now verified on its own" in alone.reason
+
     # A twin that failed on its own (not held back) stays up to date, failed.
     own = entry(twin, "failed", error="verification failed: output 0 ...", verified="failed")
     assert assign_twins([planned(rep), planned(twin, "skip", previous=own)])[1].action == "skip"

@@ -82,14 +82,17 @@ def recorded(pair: PlannedPair) -> VariantEntry | None:
 
 def assign_twins(planned: list[PlannedPair]) -> list[PlannedPair]:
     """``planned`` (in spec order) with each twin's ``twin_of`` naming its group's first
-    pair. A twin held back before is compiled again unless its representative is up to
-    date and failed (then it would be held back again)."""
+    pair. A pair held back before is compiled again unless it is still a twin and its
+    representative is up to date and failed (then it would be held back again)."""
     first: dict[tuple[str, str], PlannedPair] = {}
     assigned = []
     for pair in planned:
         key = group_key(pair)
         representative = first.setdefault((pair.request.model, key), pair) if key else pair
         if representative is pair:
+            if pair.action == "skip" and held_back(pair.previous, pair.request.fingerprint):
+                reason = "held back before as a numerics twin; now verified on its own"
+                pair = pair.model_copy(update={"action": "compile", "reason": reason})
             assigned.append(pair)
             continue
         update: dict[str, Any] = {
