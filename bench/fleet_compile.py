@@ -1,6 +1,7 @@
 """Benchmark: `epfleet compile` against a plain sequential loop over ModelCompiler.
 
     python bench/fleet_compile.py [--workers 2] [--prefect ephemeral|server] [--store local|s3]
+                                  [--samples N] [--verify-timeout S]
 
 Models: PaddleOCR v4 detector, recogniser and classifier from the rapidocr-onnxruntime
 wheel on PyPI (fetched once into bench/.cache), every input fixed through input_shapes.
@@ -14,7 +15,12 @@ It prints the wall time of
   warm    the same command again (must compile nothing);
   unverified  a cold run with `verify: false` on every target: the plain loop's work;
 and the ratios cold/plain (target <= 0.75) and warm/cold (target <= 0.10), and the
-seconds the cold run spent compiling and verifying (running each variant on this host).
+seconds the cold run spent compiling and verifying (running each variant on this host):
+in all, and per model for the variants verified on every golden sample and for the
+numerics twins checked on the first only (``epfleet.fleet.twin_rules``; the three HTP
+targets are one numerics family). Golden samples: one seeded generated input per model,
+as `epfleet compile` makes by default (a twin's check is then the whole verification),
+or with --samples N a samples file of N seeded generated inputs per model.
 
 It also prints what signing (the store's TUF metadata, epfleet.trust) adds to a publish,
 on local stores with 256 hashed bins: signing the cold run's manifest from scratch, a
@@ -57,7 +63,31 @@ ALL_HTP = {
 HTP = dict(list(ALL_HTP.items())[:3])
 
 
-def write_spec(directory: Path, models: dict[str, Path], verify: bool = True) -> Path:
+def write_samples(directory: Path, models: dict[str, Path], count: int) -> dict[str, Path]:
+    """A samples file of ``count`` seeded generated inputs per model (as `epfleet compile`
+    generates one by default)."""
+    import onnxruntime
+
+    from epfleet.runtime.samples import generated_samples
+    from epfleet.runtime.samples import write_samples as write
+    from epfleet.runtime.sessions import input_infos
+
+    files = {}
+    for name, path in models.items():
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        infos = input_infos(session, {"x": MODELS[name][1]})
+        files[name] = directory / f"{name}.samples.npz"
+        write(files[name], generated_samples(infos, count))
+    return files
+
+
+def write_spec(
+    directory: Path,
+    models: dict[str, Path],
+    verify: bool = True,
+    samples: dict[str, Path] | None = None,
+    verify_timeout: float | None = None,
+) -> Path:
     import yaml
 
     targets: list[dict[str, object]] = [
@@ -76,13 +106,16 @@ def write_spec(directory: Path, models: dict[str, Path], verify: bool = True) ->
     targets.append({"name": "cpu", "ep": "CPUExecutionProvider"})
     for target in targets:
         target["verify"] = verify
-    spec = {
-        "models": [
-            {"name": name, "source": str(path), "input_shapes": {"x": MODELS[name][1]}}
-            for name, path in models.items()
-        ],
-        "targets": targets,
-    }
+        if verify_timeout:
+            target["verify_timeout"] = verify_timeout
+    entries: list[dict[str, object]] = [
+        {"name": name, "source": str(path), "input_shapes": {"x": MODELS[name][1]}}
+        for name, path in models.items()
+    ]
+    for entry in entries:
+        if samples:
+            entry["samples"] = str(samples[str(entry["name"])])
+    spec = {"models": entries, "targets": targets}
     path = directory / ("fleet.yaml" if verify else "fleet-unverified.yaml")
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -345,6 +378,23 @@ def print_signing(label: str, cost: dict[str, float]) -> None:
     )
 
 
+def print_verification_split(variants: list[dict]) -> None:
+    """Per model, the HTP variants' verification seconds: those verified on every golden
+    sample and the numerics twins checked on the first only (``verification_twin_of``;
+    absent from the report before twins existed)."""
+    for model in MODELS:
+        htp = [v for v in variants if v["model"] == model and v["target"] in HTP]
+        full = [v["verification_seconds"] or 0 for v in htp if not v.get("verification_twin_of")]
+        twins = [v["verification_seconds"] or 0 for v in htp if v.get("verification_twin_of")]
+        line = f"    {model}: {len(full)} verified on every sample, {sum(full):7.2f} s"
+        if full:
+            line += f" ({sum(full) / len(full):6.2f} s each)"
+        line += f"; {len(twins)} twins checked on one sample, {sum(twins):7.2f} s"
+        if twins:
+            line += f" ({sum(twins) / len(twins):6.2f} s each)"
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
@@ -367,6 +417,20 @@ def main() -> None:
         default=3,
         choices=range(1, len(ALL_HTP) + 1),
         help="how many HTP targets (pairs = 3 models x (N + 1 CPU))",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="golden samples per model: a samples file of N seeded generated inputs "
+        "(default: none, so one generated input, as epfleet makes by default)",
+    )
+    parser.add_argument(
+        "--verify-timeout",
+        type=float,
+        default=None,
+        help="every target's verify_timeout in seconds (default 600: on a loaded 2-core "
+        "machine, the detector's HTP variant on several samples runs past it)",
     )
     parser.add_argument(
         "--signing-only",
@@ -423,7 +487,8 @@ def main() -> None:
             server, url = start_prefect_server(env, work / "prefect-server-home")
             cleanup.append(server)
             env["PREFECT_API_URL"] = url
-        spec = write_spec(work, models)
+        samples = write_samples(work, models, args.samples) if args.samples else None
+        spec = write_spec(work, models, samples=samples, verify_timeout=args.verify_timeout)
         # Prefect creates and migrates its database on first use; a user pays that once,
         # not on every compile, so it stays out of the timings.
         run_epfleet(
@@ -433,7 +498,9 @@ def main() -> None:
         plain_s, pairs = plain_loop(models, plain_store)
         cold_s, cold = run_epfleet(spec, epfleet_store, args.workers, env)
         warm_s, warm = run_epfleet(spec, epfleet_store, args.workers, env)
-        unverified_spec = write_spec(work, models, verify=False)
+        unverified_spec = write_spec(
+            work, models, verify=False, samples=samples, verify_timeout=args.verify_timeout
+        )
         unverified_store = (
             str(work / "unverified-store") if args.store == "local" else "s3://bench/unverified"
         )
@@ -462,7 +529,8 @@ def main() -> None:
     print(
         f"fleet compile benchmark: {pairs} pairs (3 PaddleOCR models x {len(HTP)} HTP + 1 CPU), "
         f"{args.workers} workers, {os.cpu_count()} cores, "
-        f"store={args.store}, prefect={args.prefect}"
+        f"store={args.store}, prefect={args.prefect}, "
+        f"golden samples per model: {args.samples or '1 (generated)'}"
     )
     print(f"  plain sequential ModelCompiler loop + upload  {plain_s:7.2f} s")
     print(
@@ -492,6 +560,7 @@ def main() -> None:
         f"({verified} of {pairs} variants run on this host and matched their source; "
         "the plain loop runs none)"
     )
+    print_verification_split(cold["variants"])
     print_signing(f"this run's manifest ({len(MODELS)} models)", bench_signing)
     print_signing("1,000 models x 10 variants", synthetic_signing)
 

@@ -27,6 +27,7 @@ from eps.base import (
     NoDeviceError,
     Precision,
     check_option_keys,
+    every_option_counts,
     ort_level,
 )
 
@@ -70,6 +71,9 @@ class PluginEP(ABC):
 
     @abstractmethod
     def default_device(self, provider_options: Mapping[str, str]) -> DeviceType: ...
+
+    def numerics_options(self, provider_options: Mapping[str, str]) -> dict[str, str]:
+        return every_option_counts(provider_options)
 
     def check_options(self, provider_options: Mapping[str, str]) -> None:
         check_option_keys(self.name, provider_options, self.option_keys)

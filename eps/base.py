@@ -216,6 +216,14 @@ class ExecutionProvider(Protocol):
         """Device type a target runs on when the spec does not say."""
         ...
 
+    def numerics_options(self, provider_options: Mapping[str, str]) -> dict[str, str]:
+        """The part of a target's provider options (those a precision builds with) that
+        decides a variant's outputs, in a form equal for targets whose variants of one model
+        compute the same outputs: such targets are verified once on every golden sample and
+        otherwise checked on their first (``epfleet.fleet.twin_rules``). Without a
+        measurement that says otherwise, every option counts: ``every_option_counts``."""
+        ...
+
     def check_options(self, provider_options: Mapping[str, str]) -> None:
         """Raise ValueError naming the option when a provider option is invalid."""
         ...
@@ -268,6 +276,12 @@ class ExecutionProvider(Protocol):
         """How a device with these of this EP's devices recompiles a model for itself,
         or None when this EP does not build for the hardware it finds here."""
         ...
+
+
+def every_option_counts(provider_options: Mapping[str, str]) -> dict[str, str]:
+    """``numerics_options`` of an EP for which nothing is measured: every option may change
+    the outputs, so only targets with the same options share a verification."""
+    return dict(provider_options)
 
 
 def check_option_keys(

@@ -29,6 +29,7 @@ from eps.base import (
     NoDeviceError,
     Precision,
     Verdict,
+    every_option_counts,
     ort_level,
     ort_version,
 )
@@ -163,6 +164,9 @@ class Cpu:
 
     def default_device(self, provider_options: Mapping[str, str]) -> DeviceType:
         return "cpu"
+
+    def numerics_options(self, provider_options: Mapping[str, str]) -> dict[str, str]:
+        return every_option_counts(provider_options)
 
     def check_options(self, provider_options: Mapping[str, str]) -> None:
         unknown = sorted(set(provider_options) - OPTION_KEYS)

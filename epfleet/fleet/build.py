@@ -18,7 +18,15 @@ from epfleet.errors import CompileError, summarize
 from epfleet.fleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
 from epfleet.fleet.staging import cache_dir, compile_job_for, fetch_verified
 from epfleet.fleet.verify import VerifyJob, skipped, verify_artifact
-from epfleet.fleet.verify_cache import key_for, recalled, remember, reused
+from epfleet.fleet.verify_cache import (
+    key_for,
+    numerics_key_for,
+    recalled,
+    recalled_backing,
+    remember,
+    remember_backing,
+    reused,
+)
 from epfleet.formats.keys import files_key, listing_key, source_key, variant_key
 from epfleet.formats.manifest import PrecisionTried, Quantization, Verification
 from epfleet.logs import pair_progress
@@ -62,6 +70,12 @@ def outcome_text(built: CompiledVariant) -> str:
         return (
             f"verified before, same artifact ({verified.max_rel_error or 0:.2%} of range; "
             f"compiled in {built.seconds:.2f} s)"
+        )
+    if verified.twin_of:
+        return (
+            f"checked on {verified.samples} golden sample(s) in {verified.seconds or 0:.2f} s, "
+            f"its numerics verified in full as {verified.twin_of}'s "
+            f"({verified.max_rel_error or 0:.2%} of range; compiled in {built.seconds:.2f} s)"
         )
     return (
         f"verified in {verified.seconds or 0:.2f} s ({verified.max_rel_error or 0:.2%} of "
@@ -180,7 +194,9 @@ def verify_output(
     """Run the fresh variant with its own EP on the model's golden samples, in a killable
     worker, and compare with the source's outputs (``source_path``: the source, to say
     why a variant computing in fp16 failed). A variant this machine verified before, same
-    bytes, samples, EP and ORT builds and tolerances, is not run again (``verify_cache``)."""
+    bytes, samples, EP and ORT builds and tolerances, is not run again (``verify_cache``).
+    A numerics twin (``request.twin_of``), or a variant whose numerics this machine
+    verified on every sample before, runs its first golden sample only."""
     if not request.verify:
         return skipped("not run: verify is false for this target")
     if request.samples is None:
@@ -194,6 +210,8 @@ def verify_output(
     earlier = recalled(cache_dir(), key)
     if earlier is not None:
         return reused(earlier)
+    numerics = numerics_key_for(request)
+    backing = recalled_backing(cache_dir(), numerics)
     samples = request.samples
     golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
     job = VerifyJob(
@@ -209,15 +227,22 @@ def verify_output(
         samples_origin=request.samples_origin,
         precision=request.precision,
         qdq_path=output.qdq_path,
+        twin_of=request.twin_of or (backing.target if backing else None),
     )
     verification = verify_artifact(job, request.verify_timeout)
     remember(cache_dir(), key, verification)
+    remember_backing(cache_dir(), numerics, request.target, verification)
     return verification
 
 
 def describe_verification(verification: Verification) -> str:
     if verification.status == "passed":
         spent = "reused" if verification.reused else f"{verification.seconds:.2f} s"
+        if verification.twin_of:
+            spent += (
+                f", on its first {verification.samples} sample(s), its numerics verified in "
+                f"full as {verification.twin_of}'s"
+            )
         return (
             f"passed ({verification.max_rel_error:.2%} of range, tolerance "
             f"{verification.tolerance:.2%}, {spent}, on "

@@ -1,6 +1,7 @@
 """One compile run's order of work, shared by the fleet-compile flow and the command line's
 run without Prefect: the pairs of a work pool go to their pool, the others compile here,
-every outcome is published in one compare-and-swap, and the report settles what was
+every outcome is published in one compare-and-swap (a numerics twin whose representative
+did not pass held back: ``epfleet.fleet.twin_rules``), and the report settles what was
 published (rules: ``epfleet.fleet.publish_rules``).
 
 Who compiles, publishes and logs is the caller's (``Runner``): the flow submits Prefect
@@ -17,6 +18,7 @@ from epfleet.fleet.plan_rules import PlannedPair
 from epfleet.fleet.publish_rules import settle, to_publish
 from epfleet.fleet.publishing import Published
 from epfleet.fleet.runs import RunPlan, RunReport
+from epfleet.fleet.twin_rules import hold_back
 from epfleet.formats.manifest import VariantEntry
 
 
@@ -58,6 +60,7 @@ def run_compiles(plan: RunPlan, runner: Runner) -> RunReport:
     outcomes = runner.compile_here(here)
     if pools:
         outcomes += runner.collect_pools()
+    outcomes = hold_back(plan.pairs, outcomes)
     published = runner.publish(plan, to_publish(plan, outcomes))
     report, refused = settle(plan, outcomes, published)
     for result in refused:

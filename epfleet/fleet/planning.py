@@ -35,6 +35,7 @@ from epfleet.fleet.staging import (
     stage_samples,
     stage_source,
 )
+from epfleet.fleet.twin_rules import assign_twins
 from epfleet.formats.manifest import ArtifactRef, SamplesRef, SourceEntry
 from epfleet.formats.spec import FleetSpec, ModelSpec, TargetSpec
 from epfleet.formats.spec_file import load_spec
@@ -148,17 +149,19 @@ def plan_run(
                 raise
             except EpfleetError as exc:
                 samples[name], problems[name] = None, f"no golden samples: {exc}"
-    planned = plan_pairs(
-        pairs,
-        sources,
-        samples,
-        problems,
-        manifest,
-        ort_version(),
-        identities,
-        force,
-        store.size,
-        calibrations=calibrations,
+    planned = assign_twins(
+        plan_pairs(
+            pairs,
+            sources,
+            samples,
+            problems,
+            manifest,
+            ort_version(),
+            identities,
+            force,
+            store.size,
+            calibrations=calibrations,
+        )
     )
     return RunPlan(
         store=store_uri,

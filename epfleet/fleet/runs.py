@@ -116,6 +116,11 @@ class PairResult(BaseModel):
     max_rel_error: float | None = None
     verification_seconds: float | None = None
     samples_origin: Literal["spec", "generated"] | None = None
+    verification_twin_of: str | None = Field(
+        default=None,
+        description="Checked on its first golden sample(s) only, as a numerics twin of this "
+        "target (verified on every sample)",
+    )
     device: Literal["cpu", "gpu", "npu"] | None = None
     precision: Precision | None = Field(
         default=None, description="What the variant computes in, as its entry records it"
@@ -153,6 +158,9 @@ class PairResult(BaseModel):
             ),
             samples_origin=(
                 entry.verification.samples_origin if entry and entry.verification else None
+            ),
+            verification_twin_of=(
+                entry.verification.twin_of if entry and entry.verification else None
             ),
             device=pair.device,
             precision=entry.precision if entry else None,

@@ -1,12 +1,21 @@
-"""This machine's cache of verification results: a variant whose bytes, golden samples,
-EP build, ORT version and checking settings are those of a variant verified here before
-is not run again; its record is the earlier one's, marked ``reused``.
+"""This machine's cache of verification results, under two keys.
+
+- By artifact: a variant whose bytes, golden samples, EP build, ORT version and checking
+  settings are those of a variant verified here before is not run again; its record is
+  the earlier one's, marked ``reused``.
+- By numerics (``numerics_key_for``): a variant whose numerics (source, precision,
+  numerics-relevant EP options, tolerances: ``epfleet.fleet.twin_rules.numerics_basis``),
+  golden samples, EP build and ORT version are those of a variant verified here on every
+  sample before is checked on its first sample only, as a twin of that variant's target
+  (``Backing``). QNN's context binaries are not byte-stable, so a QNN rebuild, or a new
+  target of a measured arch family, meets only this key.
 
 ``VerifyKey`` and ``verification_key`` are the pure part (what decides a verification's
 result, hashed); ``recalled`` and ``remember`` read and write
 ``<EPFLEET_CACHE>/work/verified/<key>.json``, one file per result, written atomically, as
 the quantiser keeps its QDQ models (``epfleet.runtime.quantize``). Only passed results
-are kept: a failure may be a time limit or a crash, which a second run need not repeat.
+on every sample are kept: a failure may be a time limit or a crash, which a second run
+need not repeat, and a twin's check vouches for nothing until its representative passed.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from epfleet.fleet.twin_rules import numerics_basis
 from epfleet.formats.manifest import Verification
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
@@ -73,9 +83,60 @@ def recalled(cache: Path, key: str) -> Verification | None:
 
 
 def remember(cache: Path, key: str, verification: Verification) -> None:
-    """Keep a passed ``verification`` under ``key``; anything else is not kept."""
-    if verification.status == "passed" and not verification.reused:
+    """Keep a ``verification`` passed on every golden sample under ``key``; anything else
+    is not kept."""
+    if _full_pass(verification):
         atomic_write_bytes(_path(cache, key), verification.model_dump_json().encode())
+
+
+def _full_pass(verification: Verification) -> bool:
+    return (
+        verification.status == "passed" and not verification.reused and verification.twin_of is None
+    )
+
+
+class Backing(BaseModel):
+    """A verification on every golden sample that vouches for variants of the same
+    numerics, and the target whose variant passed it."""
+
+    target: str
+    verification: Verification
+
+
+def _backing_path(cache: Path, key: str) -> Path:
+    return cache / "work" / "verified" / f"numerics-{key}.json"
+
+
+def recalled_backing(cache: Path, key: str) -> Backing | None:
+    """The full verification cached under the numerics ``key``; None when there is none or
+    its file is unreadable (the variant is then verified in full)."""
+    try:
+        return Backing.model_validate_json(_backing_path(cache, key).read_bytes())
+    except (OSError, ValidationError):
+        return None
+
+
+def remember_backing(cache: Path, key: str, target: str, verification: Verification) -> None:
+    """Keep ``target``'s ``verification`` under the numerics ``key`` when it passed on every
+    golden sample."""
+    if _full_pass(verification):
+        backing = Backing(target=target, verification=verification)
+        atomic_write_bytes(_backing_path(cache, key), backing.model_dump_json().encode())
+
+
+def numerics_key_for(request: CompileRequest) -> str:
+    """The numerics cache key of verifying a variant built for ``request`` (at its
+    precision) with this machine's EP and ORT builds."""
+    import eps
+    from eps.base import ort_version
+
+    document = {
+        "version": CACHE_VERSION,
+        "basis": numerics_basis(request),
+        "ep_build": eps.load(request.ep).build_identity(),
+        "ort_version": ort_version(),
+    }
+    return sha256_bytes(json.dumps(document, sort_keys=True, separators=(",", ":")).encode())
 
 
 def key_for(request: CompileRequest, output: CompileOutput) -> str:

@@ -44,13 +44,26 @@ def cell(result: PairResult) -> str:
         parts.append(f"{result.coverage:.0%} on EP")
     mark = GENERATED_MARK if generated_only(result.device, result.samples_origin) else ""
     if result.verification == "passed" and result.max_rel_error is not None:
-        parts.append(f"verified {result.max_rel_error:.2%}{mark}")
+        twin = twin_text(result.verification_twin_of, result.target)
+        parts.append(f"verified {result.max_rel_error:.2%}{mark}{twin}")
     elif result.verification == "failed":
         error = "" if result.max_rel_error is None else f" {result.max_rel_error:.2%}"
         parts.append(f"verification failed{error}{mark}")
     elif result.verification is not None:
         parts.append(result.verification + mark)
     return " · ".join(parts)
+
+
+def twin_text(twin_of: str | None, target: str, samples: int | None = None) -> str:
+    """`` (twin of sd8g2)``: checked on its first golden sample(s) only, as a numerics twin
+    of that target (`` (a rebuild, its numerics verified before)`` when that is its own
+    earlier build); "" for a variant verified on every sample."""
+    if twin_of is None:
+        return ""
+    counted = "" if samples is None else f", {samples} sample{'' if samples == 1 else 's'}"
+    if twin_of == target:
+        return f" (a rebuild, its numerics verified before{counted})"
+    return f" (twin of {twin_of}{counted})"
 
 
 def matrix_rows(report: RunReport) -> list[dict[str, str]]:
@@ -95,7 +108,7 @@ def render_manifest(manifest: Manifest, store: str) -> str:
                     precision_text(v.precision, lost) or "-",
                     format_bytes(v.artifact.size if v.artifact else None),
                     f"{v.coverage.fraction:.0%}" if v.coverage else "-",
-                    _verified(v),
+                    _verified(v, target),
                     v.compiled_at.strftime("%Y-%m-%d %H:%M"),
                     v.compatibility_string or "-",
                 ]
@@ -115,14 +128,15 @@ def render_manifest(manifest: Manifest, store: str) -> str:
     return "\n".join([header, table(headers, rows), *legend, *failures])
 
 
-def _verified(variant: VariantEntry) -> str:
+def _verified(variant: VariantEntry, target: str) -> str:
     check = variant.verification
     if check is None:
         return "-"
     mark = GENERATED_MARK if generated_only(variant.device, check.samples_origin) else ""
+    twin = twin_text(check.twin_of, target, check.samples)
     if check.status in ("passed", "failed") and check.max_rel_error is not None:
-        return f"{check.status} {check.max_rel_error:.2%}{mark}"
-    return check.status + mark
+        return f"{check.status} {check.max_rel_error:.2%}{mark}{twin}"
+    return check.status + mark + twin
 
 
 def field_table_rows(rows: list[FieldRow]) -> list[list[str]]:

@@ -73,6 +73,15 @@ class Verification(_Strict):
         description="Not run again: the result of an earlier verification on the compile "
         "host of the same artifact bytes, golden samples, EP and ORT versions and tolerances",
     )
+    twin_of: str | None = Field(
+        default=None,
+        max_length=100,
+        exclude_if=lambda target: target is None,
+        description="Checked on its first golden sample(s) only (samples): it computes the "
+        "same outputs as this target's variant of the model (same source, precision, "
+        "tolerances and numerics-relevant EP options), which was verified on every sample, "
+        "in the same run or earlier on the same compile host. None: verified on every sample",
+    )
 
 
 class FailedBuild(_Strict):

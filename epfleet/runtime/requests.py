@@ -102,6 +102,12 @@ class CompileRequest(BaseModel):
     quantize: QuantizeOptions | None = Field(
         default=None, description="How to make the QDQ model of an integer precision"
     )
+    twin_of: str | None = Field(
+        default=None,
+        description="The target of this model whose variant computes the same outputs "
+        "and is verified on every golden sample in this run (epfleet.fleet.twin_rules): "
+        "this one is checked on its first only. Not part of the fingerprint",
+    )
     fingerprint: str
 
     @property

@@ -40,6 +40,7 @@ VARIANT_KEYS = {
     "verification_seconds",
     "samples_origin",
     "precision",
+    "verification_twin_of",
 }
 
 
