@@ -26,7 +26,7 @@ from epfleet.fleet.twin_rules import HELD_BACK
 from epfleet.fleet.views import cell, render_manifest
 from epfleet.formats.manifest import Manifest, VariantEntry, Verification
 from epfleet.stores import open_store
-from tests.conftest import write_spec
+from tests.support.specs import write_spec
 
 pytestmark = pytest.mark.fast
 
