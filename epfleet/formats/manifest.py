@@ -17,10 +17,12 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from epfleet.formats import schema_version as compat
 from epfleet.formats.rollout import Rollout, is_member
 from epfleet.formats.variant_checks import (
     Coverage,
@@ -294,17 +296,31 @@ class ModelEntry(_Strict):
 
 
 class Manifest(_Strict):
-    schema_version: Literal["1.0"] = "1.0"
+    schema_version: str = Field(
+        default=compat.SCHEMA_VERSION,
+        pattern=compat.VERSION_PATTERN,
+        description="MAJOR.MINOR: a newer minor only adds fields an older reader may ignore",
+    )
     generation: int = Field(default=0, ge=0, le=LARGEST_INT, description="+1 on every publish")
     published_at: datetime | None = None
     models: dict[Name, ModelEntry] = Field(default_factory=dict)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _readable(cls, version: str, info: ValidationInfo) -> str:
+        error = compat.version_error(version, compat.mode(info.context))
+        if error is not None:
+            raise error
+        return version
 
     def to_json(self) -> bytes:
         return (self.model_dump_json(indent=2) + "\n").encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> Manifest:
-        return cls.model_validate_json(data)
+    def from_json(cls, data: bytes, *, newer_minor: compat.NewerMinor = "refuse") -> Manifest:
+        """The manifest in ``data``; ValidationError when it fails validation. A reader
+        passes ``newer_minor="ignore"`` (see ``epfleet.formats.schema_version``)."""
+        return compat.validate_json(cls, data, newer_minor)
 
 
 def json_schema() -> str:
