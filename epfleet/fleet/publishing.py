@@ -112,6 +112,9 @@ def update_manifest(
     compare-and-swap, starting again on a lost race; on a signed store, sign the result and
     then write ``manifest.json`` as its copy. ``change`` may run more than once: it must
     derive everything from its argument."""
+    if not has_trust(store):  # before a local store's development keys are made for it
+        current, _ = read_manifest(store)
+        check_writable(current.schema_version if current else None, store.uri)
     signer = signer_for(store)  # before anything is written: a store it cannot sign is refused
     change = _writable(store, change)
     if signer is not None:
