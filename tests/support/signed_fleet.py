@@ -140,8 +140,8 @@ class Repo:
         keys = {online.public_key.keyid: online.public_key}
         targets.delegations = Delegations(keys=keys, succinct_roles=succinct)
         bins = {name: Targets(version=version, expires=in_days(7)) for name in succinct.get_roles()}
-        version = document.get("schema_version", "1.0")
-        schema = {} if version == "1.0" else {"epfleet_schema": version}
+        declared = document.get("schema_version", "1.0")
+        schema = {} if declared == "1.0" else {"epfleet_schema": declared}
         for name, entry in document["models"].items():
             variants = entry["variants"]
             entry["variants"] = {t: v for t, v in variants.items() if v["status"] == "ok"}
