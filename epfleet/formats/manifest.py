@@ -4,6 +4,12 @@ Pure logic: the pydantic model, its JSON Schema, and how a compile run's results
 merge into a manifest. Field names follow ORT's model package manifest where
 they overlap (``ep``, ``device``, ``compatibility_string``, ``variants``).
 All URIs are keys relative to the store root.
+
+``schema_version`` is "MAJOR.MINOR" (``SCHEMA_VERSION``): a minor bump adds fields an older
+reader may safely ignore, anything an older device must not ignore bumps the major.
+Readers (``from_json(newer_minor="ignore")``) drop the unknown keys of a newer minor and
+refuse a newer major; at their own minor an unknown key stays an error. Writers refuse
+anything newer. See ``epfleet.formats.schema_version``.
 """
 
 from __future__ import annotations
