@@ -41,10 +41,11 @@ from epfleet.hashing import sha256_bytes
 from epfleet.stores.base import check_key
 from eps.base import Precision
 
-# Bump whenever validation tightens: a device then re-fetches, and so re-validates, the
-# manifest it cached under the older rules instead of trusting it. 6: verification
-# tolerances bounded by eps.base.LOOSEST_TOLERANCE.
-VALIDATION_RULES = "6"
+# Bump whenever validation changes: a device then re-fetches, and so re-validates, the
+# manifest it cached under the older rules instead of trusting it, and fetches again one it
+# rejected under them. 6: verification tolerances bounded by eps.base.LOOSEST_TOLERANCE.
+# 7: a newer minor schema's unknown keys ignored (epfleet.formats.schema_version).
+VALIDATION_RULES = "7"
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
