@@ -36,6 +36,7 @@ from epfleet.device.cache_state import CacheState
 from epfleet.errors import BadInputError, StoreError
 from epfleet.formats.device_report import ManifestStatus
 from epfleet.formats.manifest import VALIDATION_RULES, Manifest, ModelEntry
+from epfleet.formats.schema_version import validate_python
 from epfleet.fsutil import read_nofollow
 from epfleet.hashing import sha256_bytes
 from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store, document_limit
@@ -86,7 +87,7 @@ def fetch_manifest(store: Store, cache: DeviceCache, state: CacheState) -> Manif
             f"no manifest at {store.uri}/{MANIFEST_KEY}: publish one with epfleet compile"
         )
     try:
-        manifest = Manifest.from_json(got.data)
+        manifest = Manifest.from_json(got.data, newer_minor="ignore")
     except ValidationError as exc:
         error = exc.errors()[0]
         reason = (
@@ -175,7 +176,7 @@ def cached_manifest(
     if state.manifest_rules == VALIDATION_RULES and state.manifest_sha256 == digest:
         return data
     try:
-        manifest = Manifest.from_json(data)
+        manifest = Manifest.from_json(data, newer_minor="ignore")
     except ValidationError:
         return None
     state.manifest_sha256, state.manifest_rules = digest, VALIDATION_RULES
@@ -241,9 +242,10 @@ def manifest_in_force(
     finally:
         gc.enable()
     entries = document.get("models", {})
+    version = document.get("schema_version") or "1.0"  # the entries' schema
     try:
         wanted = {
-            name: ModelEntry.model_validate(entries[name])
+            name: validate_python(ModelEntry, entries[name], "ignore", version)
             for name in wanted_models(list(entries), models)
         }
     except ValidationError as exc:

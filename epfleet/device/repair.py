@@ -47,6 +47,7 @@ from epfleet.device.cache_state import (
     set_digest,
 )
 from epfleet.formats.manifest import FILE_PATH_PATTERN, NAME_PATTERN, ModelEntry, VariantEntry
+from epfleet.formats.schema_version import validate_python
 from epfleet.fsutil import open_nofollow, sha256_nofollow
 
 if TYPE_CHECKING:  # the cache calls this module to rebuild its state: no import back
@@ -224,14 +225,14 @@ def package_listing(data: bytes | None) -> dict[str, dict[str, dict[str, Any]]]:
 def fleet_entries(data: bytes | None) -> dict[str, ModelEntry]:
     """The cached fleet manifest's model entries that validate."""
     try:
-        models = json.loads(data or b"")["models"]
-        items = list(models.items())
+        document = json.loads(data or b"")
+        version, items = document.get("schema_version") or "1.0", list(document["models"].items())
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
     entries = {}
     for model, entry in items:
         try:
-            entries[model] = ModelEntry.model_validate(entry)
+            entries[model] = validate_python(ModelEntry, entry, "ignore", version)
         except ValidationError:
             continue
     return entries

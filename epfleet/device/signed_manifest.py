@@ -125,7 +125,7 @@ def _validated_generation(store: Store, data: bytes, verified: Verified) -> int 
     """The generation of a newly verified manifest, validated whole; or why it is refused:
     it fails validation, or (taken whole) it is older than the high-water mark."""
     try:
-        generation = Manifest.from_json(data).generation
+        generation = Manifest.from_json(data, newer_minor="ignore").generation
     except ValidationError as exc:
         error = exc.errors()[0]
         return (

@@ -37,6 +37,7 @@ from epfleet.fleet.staging import (
 )
 from epfleet.fleet.twin_rules import assign_twins
 from epfleet.formats.manifest import ArtifactRef, SamplesRef, SourceEntry
+from epfleet.formats.schema_version import check_writable
 from epfleet.formats.spec import FleetSpec, ModelSpec, TargetSpec
 from epfleet.formats.spec_file import load_spec
 from epfleet.runtime.quantize import is_qdq
@@ -116,6 +117,7 @@ def plan_run(
         needs_static = eps.load(target.ep).requires_static_shapes
         static_eps.setdefault(model.name, set()).update([target.ep] if needs_static else [])
     manifest = read_in_force(store).manifest
+    check_writable(manifest.schema_version if manifest else None, store.uri)
     published = manifest.models if manifest else {}
     sources: dict[str, SourceEntry] = {}
     samples: dict[str, SamplesRef | None] = {}

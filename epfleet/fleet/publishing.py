@@ -34,6 +34,7 @@ from securesystemslib.signer import Signer
 from epfleet.errors import PreconditionFailed, StoreError
 from epfleet.fleet.merge_rules import ModelFacts, merge
 from epfleet.formats.manifest import Manifest, SourceEntry, VariantEntry, referenced_keys
+from epfleet.formats.schema_version import SCHEMA_VERSION, check_writable
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.layout import TIMESTAMP_KEY
 from epfleet.trust.repository import (
@@ -57,7 +58,7 @@ def read_manifest(store: Store) -> tuple[Manifest | None, str | None]:
     if found is None:
         return None, None
     try:
-        return Manifest.from_json(found.data), found.etag
+        return Manifest.from_json(found.data, newer_minor="ignore"), found.etag
     except ValidationError as exc:
         raise StoreError(
             f"{store.uri}/{MANIFEST_KEY} fails validation, refusing to publish over it: "
@@ -111,7 +112,11 @@ def update_manifest(
     compare-and-swap, starting again on a lost race; on a signed store, sign the result and
     then write ``manifest.json`` as its copy. ``change`` may run more than once: it must
     derive everything from its argument."""
+    if not has_trust(store):  # before a local store's development keys are made for it
+        current, _ = read_manifest(store)
+        check_writable(current.schema_version if current else None, store.uri)
     signer = signer_for(store)  # before anything is written: a store it cannot sign is refused
+    change = _writable(store, change)
     if signer is not None:
         return _publish_signed(store, signer, change)
     result = None
@@ -137,6 +142,22 @@ def update_manifest(
             f"could not publish {store.uri}/{MANIFEST_KEY}: lost the race {PUBLISH_ATTEMPTS} times"
         )
     return result
+
+
+def _writable(
+    store: Store, change: Callable[[Manifest | None], Manifest | None]
+) -> Callable[[Manifest | None], Manifest | None]:
+    """``change``, refused on a manifest of a newer schema than this epfleet writes, its
+    result declaring the schema this epfleet writes."""
+
+    def writable(current: Manifest | None) -> Manifest | None:
+        check_writable(current.schema_version if current else None, store.uri)
+        changed = change(current)
+        if changed is None or changed.schema_version == SCHEMA_VERSION:
+            return changed
+        return changed.model_copy(update={"schema_version": SCHEMA_VERSION})
+
+    return writable
 
 
 def _publish_signed(
@@ -173,6 +194,7 @@ def tampered_entries(store: Store) -> list[str]:
     keys, logged as such. An older copy is only late: a publisher signs, then copies."""
     found = store.read(MANIFEST_KEY)  # before the signed state: no copy is newer than it
     document = read_state(store, rotating=True).document
+    check_writable(document.schema_version if document else None, store.uri)
     if found is None or document is None or found.data == document.to_json():
         return []
     tampered = _tampered_entries(found.data, document)

@@ -4,6 +4,12 @@ Pure logic: the pydantic model, its JSON Schema, and how a compile run's results
 merge into a manifest. Field names follow ORT's model package manifest where
 they overlap (``ep``, ``device``, ``compatibility_string``, ``variants``).
 All URIs are keys relative to the store root.
+
+``schema_version`` is "MAJOR.MINOR" (``SCHEMA_VERSION``): a minor bump adds fields an older
+reader may safely ignore, anything an older device must not ignore bumps the major.
+Readers (``from_json(newer_minor="ignore")``) drop the unknown keys of a newer minor and
+refuse a newer major; at their own minor an unknown key stays an error. Writers refuse
+anything newer. See ``epfleet.formats.schema_version``.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from epfleet.formats import schema_version as compat
 from epfleet.formats.rollout import Rollout, is_member
 from epfleet.formats.variant_checks import (
     Coverage,
@@ -33,10 +41,11 @@ from epfleet.hashing import sha256_bytes
 from epfleet.stores.base import check_key
 from eps.base import Precision
 
-# Bump whenever validation tightens: a device then re-fetches, and so re-validates, the
-# manifest it cached under the older rules instead of trusting it. 6: verification
-# tolerances bounded by eps.base.LOOSEST_TOLERANCE.
-VALIDATION_RULES = "6"
+# Bump whenever validation changes: a device then re-fetches, and so re-validates, the
+# manifest it cached under the older rules instead of trusting it, and fetches again one it
+# rejected under them. 6: verification tolerances bounded by eps.base.LOOSEST_TOLERANCE.
+# 7: a newer minor schema's unknown keys ignored (epfleet.formats.schema_version).
+VALIDATION_RULES = "7"
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
@@ -296,17 +305,31 @@ class ModelEntry(_Strict):
 
 
 class Manifest(_Strict):
-    schema_version: Literal["1.0"] = "1.0"
+    schema_version: str = Field(
+        default=compat.SCHEMA_VERSION,
+        pattern=compat.VERSION_PATTERN,
+        description="MAJOR.MINOR: a newer minor only adds fields an older reader may ignore",
+    )
     generation: int = Field(default=0, ge=0, le=LARGEST_INT, description="+1 on every publish")
     published_at: datetime | None = None
     models: dict[Name, ModelEntry] = Field(default_factory=dict)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _readable(cls, version: str, info: ValidationInfo) -> str:
+        error = compat.version_error(version, compat.mode(info.context))
+        if error is not None:
+            raise error
+        return version
 
     def to_json(self) -> bytes:
         return (self.model_dump_json(indent=2) + "\n").encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> Manifest:
-        return cls.model_validate_json(data)
+    def from_json(cls, data: bytes, *, newer_minor: compat.NewerMinor = "refuse") -> Manifest:
+        """The manifest in ``data``; ValidationError when it fails validation. A reader
+        passes ``newer_minor="ignore"`` (see ``epfleet.formats.schema_version``)."""
+        return compat.validate_json(cls, data, newer_minor)
 
 
 def json_schema() -> str:

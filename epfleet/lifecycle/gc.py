@@ -39,6 +39,7 @@ from epfleet.fleet.publishing import InForce, read_in_force
 from epfleet.fleet.report_reading import Problems, check_report_window
 from epfleet.formats.device_report import REPORTS_PREFIX
 from epfleet.formats.manifest import Manifest
+from epfleet.formats.schema_version import check_writable
 from epfleet.lifecycle.gc_pins import READ_THREADS, pinned_files, pinned_prefixes, recent_reports
 from epfleet.lifecycle.gc_rules import (
     KINDS,
@@ -142,6 +143,7 @@ def collect(
     def planned() -> tuple[GcPlan, Manifest | None, InForce]:
         in_force = read_in_force(store)
         manifest = in_force.manifest
+        check_writable(manifest.schema_version if manifest else None, store.uri)
         plan = plan_collection(
             objects, uploads, manifest, pinned, now, grace, keep_variants, file_keys
         )

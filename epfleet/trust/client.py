@@ -37,6 +37,7 @@ from tuf.ngclient import Updater
 from epfleet.disk import cannot_write
 from epfleet.errors import BadInputError, EpfleetError, TransientStoreError
 from epfleet.formats.manifest import Manifest, ModelEntry
+from epfleet.formats.schema_version import check_declared, validate_json, validate_python
 from epfleet.fsutil import read_nofollow
 from epfleet.settings import settings
 from epfleet.stores import MANIFEST_KEY, Store
@@ -53,7 +54,7 @@ from epfleet.trust.directory import (
 )
 from epfleet.trust.fetcher import StoreFetcher, Unreachable
 from epfleet.trust.highwater import Lineage, TrustMark, advanced
-from epfleet.trust.layout import CUSTOM_FIELD, METADATA_KEYS
+from epfleet.trust.layout import CUSTOM_FIELD, METADATA_KEYS, SCHEMA_FIELD
 from epfleet.trust.updater import BelowHighWater, ForkedRoot, open_updater
 
 __all__ = [
@@ -208,18 +209,23 @@ def signed_entry(updater: Updater, store: Store, model: str) -> ModelEntry:
             f"has no target {model_target(model)}"
         )
     custom = info.custom if isinstance(info.custom, dict) else {}
-    value = custom.get(CUSTOM_FIELD)
+    value, version = custom.get(CUSTOM_FIELD), str(custom.get(SCHEMA_FIELD, "1.0"))
     try:
+        # The entry follows the manifest's schema policy: a newer minor's unknown keys are
+        # ignored, a newer major refused (see epfleet.formats.schema_version).
+        check_declared(ModelEntry, version, "ignore")
         # Canonical JSON, which TUF signs, has no floats (coverage, errors, tolerances): the
         # entry may come as its JSON text, or with its floats as strings (pydantic reads both).
         if isinstance(value, str):
-            return ModelEntry.model_validate_json(value)
-        return ModelEntry.model_validate(value)
+            return validate_json(ModelEntry, value, "ignore", version)
+        return validate_python(ModelEntry, value, "ignore", version)
     except ValidationError as exc:
         error = exc.errors()[0]
+        at = ".".join(map(str, error["loc"])) or "custom." + CUSTOM_FIELD
+        if error["type"] == "schema_version_newer":
+            at = "custom." + SCHEMA_FIELD
         raise MetadataRefused(
-            f"the signed entry of {model!r} at {store.uri} fails validation at "
-            f"{'.'.join(map(str, error['loc'])) or 'custom.' + CUSTOM_FIELD}: {error['msg']}"
+            f"the signed entry of {model!r} at {store.uri} fails validation at {at}: {error['msg']}"
         ) from None
 
 

@@ -75,6 +75,7 @@ def init_repository(
     for role in ("snapshot", "timestamp"):
         root.add_key(online.public_key, role)
     targets = delegating_targets(1, online.public_key, bits, now)
+    adopted = _unsigned_manifest(store)  # refused before anything is written
     try:
         store.write(
             metadata_key("targets", 1),
@@ -88,7 +89,6 @@ def init_repository(
         ) from None
     raw_root = sign_metadata(root, offline.root)
     store.write(FIRST_ROOT_KEY, raw_root, if_none_match=True)
-    adopted = _unsigned_manifest(store)
     publish_trust(store, online, (lambda _: adopted) if adopted else None, now=now)
     return raw_root
 

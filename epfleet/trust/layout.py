@@ -14,6 +14,9 @@ TARGETS_KEYS = "trust/targets/"
 TIMESTAMP_KEY = METADATA_KEYS + "timestamp.json"
 FIRST_ROOT_KEY = METADATA_KEYS + "1.root.json"
 CUSTOM_FIELD = "epfleet"
+SCHEMA_FIELD = "epfleet_schema"
+"""Beside the entry in a model target's custom field: the manifest schema version the entry
+was written under, left out for "1.0" (so stores signed before it stay as they are)."""
 BIN_PREFIX = "bin"
 DEFAULT_BINS = 256
 LIFETIME = {

@@ -28,6 +28,7 @@ from tuf.api.serialization.json import JSONSerializer
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.formats.manifest import Manifest
+from epfleet.formats.schema_version import check_writable
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.layout import (
     LIFETIME,
@@ -208,6 +209,7 @@ def publish_signed(
     newer state after each lost race."""
     for attempt in range(ATTEMPTS):
         state = read_state(store, rotating=changes.rotating)
+        check_writable(state.document.schema_version if state.document else None, store.uri)
         if changes.targets is not None:  # a new targets role, not in the snapshot yet
             state.targets = Metadata.from_bytes(changes.targets)
         _check_online_key(store, state, signer)

@@ -345,7 +345,7 @@ def read_document(store: Store, info: TargetFile) -> Manifest:
             "damaged; restore it from a backup of the store"
         ) from None
     try:
-        document = Manifest.from_json(data)
+        document = Manifest.from_json(data, newer_minor="ignore")  # writers check its version
     except ValidationError as exc:
         raise StoreError(
             f"{store.uri}/{key}: the signed manifest document fails validation: "

@@ -16,7 +16,7 @@ from tuf.api.metadata import Delegations, SuccinctRoles, TargetFile, Targets
 
 from epfleet.errors import BadInputError
 from epfleet.stores import MANIFEST_KEY
-from epfleet.trust.layout import BIN_PREFIX, CUSTOM_FIELD, LIFETIME
+from epfleet.trust.layout import BIN_PREFIX, CUSTOM_FIELD, LIFETIME, SCHEMA_FIELD
 
 
 def canonical(value: object) -> bytes:
@@ -33,15 +33,18 @@ def model_targets(manifest_json: bytes) -> dict[str, Target]:
     """The targets ``manifest_json`` (the store's manifest.json, as stored) signs: one per
     model, ``models/<name>``, whose file and custom field ``epfleet`` are the model's entry
     with only its ok variants, as canonical JSON text (canonical JSON has no floats, so
-    the custom field carries the text); and ``manifest.json`` itself."""
+    the custom field carries the text), beside the document's schema version unless it is
+    "1.0" (``SCHEMA_FIELD``); and ``manifest.json`` itself."""
     document = json.loads(manifest_json)
+    version = document.get("schema_version", "1.0")
+    schema = {} if version == "1.0" else {SCHEMA_FIELD: version}
     targets = {}
     for name, entry in document.get("models", {}).items():
         variants = entry.get("variants", {})
         ok = {t: v for t, v in variants.items() if v.get("status") == "ok"}
         data = canonical({**entry, "variants": ok})
         info = TargetFile.from_data(f"models/{name}", data, ["sha256"])
-        info.unrecognized_fields["custom"] = {CUSTOM_FIELD: data.decode()}
+        info.unrecognized_fields["custom"] = {CUSTOM_FIELD: data.decode(), **schema}
         targets[info.path] = Target(info, data)
     whole = TargetFile.from_data(MANIFEST_KEY, manifest_json, ["sha256"])
     targets[MANIFEST_KEY] = Target(whole, manifest_json)

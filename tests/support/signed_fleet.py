@@ -140,12 +140,16 @@ class Repo:
         keys = {online.public_key.keyid: online.public_key}
         targets.delegations = Delegations(keys=keys, succinct_roles=succinct)
         bins = {name: Targets(version=version, expires=in_days(7)) for name in succinct.get_roles()}
+        declared = document.get("schema_version", "1.0")
+        schema = {} if declared == "1.0" else {"epfleet_schema": declared}
         for name, entry in document["models"].items():
             variants = entry["variants"]
             entry["variants"] = {t: v for t, v in variants.items() if v["status"] == "ok"}
             target = self.target(model_target(name), canonical(entry))
-            # Canonical JSON has no floats: the entry goes as its JSON text.
-            target.unrecognized_fields["custom"] = {"epfleet": canonical(entry).decode()}
+            # Canonical JSON has no floats: the entry goes as its JSON text (beside the
+            # manifest's schema version, unless it is 1.0).
+            custom = {"epfleet": canonical(entry).decode(), **schema}
+            target.unrecognized_fields["custom"] = custom
             bins[succinct.get_role_for_target(target.path)].targets[target.path] = target
         whole = (self.store / "manifest.json").read_bytes()
         targets.targets["manifest.json"] = self.target("manifest.json", whole)

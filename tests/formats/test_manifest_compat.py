@@ -1,0 +1,192 @@
+"""The manifest's forward-compatibility policy (epfleet/formats/schema_version.py): a reader
+ignores the unknown keys of a newer minor and refuses a newer major; at its own minor an
+unknown key stays an error; a writer refuses anything newer. Also the signed per-model
+targets: the schema version beside the entry, left out for 1.0 so bins signed before it
+are signed again by nothing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from tuf.api.metadata import SuccinctRoles, TargetFile, Targets
+
+from epfleet.errors import BadInputError
+from epfleet.formats.manifest import Manifest, ModelEntry
+from epfleet.formats.schema_version import (
+    SCHEMA_VERSION,
+    check_declared,
+    check_writable,
+    validate_json,
+    validate_python,
+)
+from epfleet.trust.targets import canonical, model_targets, plan_bins
+
+pytestmark = pytest.mark.fast
+
+SHA = "a" * 64
+
+
+def variant() -> dict[str, Any]:
+    return {
+        "ep": "CPUExecutionProvider",
+        "device": "cpu",
+        "compatibility_string": "cpu:x86_64",
+        "artifact": {"uri": "variants/m/x86-cpu/b.onnx", "sha256": "b" * 64, "size": 2},
+        "ort_version": "1.32.0",
+        "compiled_at": "2026-11-30T00:00:00Z",
+        "status": "ok",
+        "source_sha256": SHA,
+        "fingerprint": "f" * 64,
+        "verification": {"status": "passed", "samples": 1, "tolerance": 0.05},
+    }
+
+
+def document(version: str = SCHEMA_VERSION) -> dict[str, Any]:
+    return {
+        "schema_version": version,
+        "generation": 3,
+        "models": {
+            "m": {
+                "source": {"uri": "sources/a.onnx", "sha256": SHA, "size": 1},
+                "variants": {"x86-cpu": variant()},
+            }
+        },
+    }
+
+
+def with_future_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` as a newer publisher writes it: a new key at every level a device reads."""
+    future = copy.deepcopy(doc)
+    future["signed_by"] = "ci-7"
+    entry = future["models"]["m"]
+    entry["licence"] = {"spdx": "MIT"}
+    entry["source"]["mirror"] = "https://example.invalid/a.onnx"
+    entry["variants"]["x86-cpu"]["power_profile"] = "eco"
+    entry["variants"]["x86-cpu"]["verification"]["energy_joules"] = 0.4
+    entry["variants"]["x86-cpu"]["artifact"]["compression"] = None
+    return future
+
+
+def data(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def first_error(exc: pytest.ExceptionInfo[ValidationError]) -> tuple[tuple[Any, ...], str]:
+    error = exc.value.errors()[0]
+    return tuple(error["loc"]), error["msg"]
+
+
+def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> None:
+    read = Manifest.from_json(data(with_future_fields(document("1.4"))), newer_minor="ignore")
+    known = Manifest.from_json(data(document()))
+    assert read.schema_version == "1.4"
+    assert read.models == known.models and read.generation == known.generation
+    assert read.models["m"].variants["x86-cpu"].verification == (
+        known.models["m"].variants["x86-cpu"].verification
+    )
+
+
+def test_a_writer_refuses_a_newer_minor_naming_both_versions() -> None:
+    for doc in (document("1.1"), with_future_fields(document("1.1"))):
+        with pytest.raises(ValidationError) as refused:
+            Manifest.from_json(data(doc))
+        loc, msg = first_error(refused)
+        assert loc == ("schema_version",)
+        assert "schema 1.1, newer than this epfleet writes (1.0)" in msg
+        assert "upgrade epfleet on the compile host" in msg
+
+
+@pytest.mark.parametrize("newer_minor", ["ignore", "refuse"])
+def test_a_newer_major_is_refused(newer_minor: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Manifest.from_json(data(document("2.0")), newer_minor=newer_minor)  # type: ignore[arg-type]
+    loc, msg = first_error(refused)
+    assert loc == ("schema_version",)
+    if newer_minor == "ignore":
+        assert msg == (
+            "the manifest declares schema 2.0, newer than this epfleet reads (1.x): "
+            "update epfleet on this device; the manifest in force stays"
+        )
+    else:
+        assert "newer than this epfleet writes (1.0)" in msg
+
+
+@pytest.mark.parametrize("version", ["1.0", "1"])
+def test_an_unknown_key_at_the_readers_own_minor_stays_an_error(version: str) -> None:
+    doc = document()
+    doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["tolerence"] = 0.5  # a typo
+    if version != "1.0":
+        doc["schema_version"] = version  # not MAJOR.MINOR: nothing to be lenient about
+    with pytest.raises(ValidationError) as refused:
+        Manifest.from_json(data(doc), newer_minor="ignore")
+    loc, msg = first_error(refused)
+    if version == "1.0":
+        assert loc == ("models", "m", "variants", "x86-cpu", "verification", "tolerence")
+        assert msg == "Extra inputs are not permitted"
+    else:
+        assert loc == ("schema_version",)
+
+
+def test_a_newer_minor_is_still_validated_in_every_field_it_knows() -> None:
+    doc = with_future_fields(document("1.2"))
+    doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["tolerance"] = 9.0  # too loose
+    with pytest.raises(ValidationError) as refused:
+        Manifest.from_json(data(doc), newer_minor="ignore")
+    loc, _ = first_error(refused)
+    assert loc == ("models", "m", "variants", "x86-cpu", "verification", "tolerance")
+
+
+def test_a_signed_entry_follows_the_version_it_comes_with() -> None:
+    entry = with_future_fields(document())["models"]["m"]
+    text = canonical(entry).decode()
+    taken = validate_json(ModelEntry, text, "ignore", "1.3")
+    assert taken == ModelEntry.model_validate(document()["models"]["m"])
+    assert validate_python(ModelEntry, entry, "ignore", "1.3") == taken
+    assert "licence" in entry  # the caller's value is left as it was
+    with pytest.raises(ValidationError):
+        validate_json(ModelEntry, text, "ignore", "1.0")  # absent means 1.0: strict
+    with pytest.raises(ValidationError) as refused:
+        check_declared(ModelEntry, "2.1", "ignore")
+    assert "schema 2.1, newer than this epfleet reads (1.x)" in first_error(refused)[1]
+    check_declared(ModelEntry, "1.9", "ignore")  # a newer minor passes
+
+
+def test_writers_refuse_a_document_a_reader_took() -> None:
+    check_writable(None, "store")
+    check_writable(SCHEMA_VERSION, "store")
+    with pytest.raises(BadInputError, match=r"^/s: the manifest declares schema 1.1, newer"):
+        check_writable("1.1", "/s")
+
+
+def test_the_signed_targets_of_a_1_0_manifest_are_what_they_were() -> None:
+    """Bins signed before the schema field existed compare equal to the targets wanted now:
+    the next publish signs no bin again for it."""
+    manifest_json = Manifest.from_json(data(document())).to_json()
+    wanted = model_targets(manifest_json)
+    entry = json.loads(manifest_json)["models"]["m"]
+    before = TargetFile.from_data("models/m", canonical(entry), ["sha256"])
+    before.unrecognized_fields["custom"] = {"epfleet": canonical(entry).decode()}
+    assert wanted["models/m"].info == before
+    succinct = SuccinctRoles(["k"], 1, 4, "bin")
+    now = datetime.now(timezone.utc)
+    signed: dict[str, Targets] = {}
+    for path, target in [("models/m", before), ("manifest.json", wanted["manifest.json"].info)]:
+        signed.setdefault(
+            succinct.get_role_for_target(path), Targets(expires=now.replace(year=now.year + 1))
+        )
+        signed[succinct.get_role_for_target(path)].targets[path] = target
+    for name in succinct.get_roles():
+        signed.setdefault(name, Targets(expires=now.replace(year=now.year + 1)))
+    assert plan_bins(succinct, signed, wanted, now) == {}
+
+
+def test_the_signed_target_of_a_newer_manifest_carries_its_schema() -> None:
+    future = data(with_future_fields(document("1.1")))
+    custom = model_targets(future)["models/m"].info.unrecognized_fields["custom"]
+    assert custom["epfleet_schema"] == "1.1"
+    assert json.loads(custom["epfleet"])["licence"] == {"spdx": "MIT"}
