@@ -32,7 +32,7 @@ from epfleet.device.cache import DeviceCache
 from epfleet.device.manifest_cache import fetch_manifest, lock_held
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.errors import BadInputError, StoreError
+from epfleet.errors import BadInputError
 from epfleet.fleet.watch_inputs import read_reports
 from epfleet.formats.device_report import DeviceReport, decode_report, report_key
 from epfleet.hashing import sha256_bytes
@@ -623,8 +623,9 @@ def test_a_device_without_credentials_reads_a_public_bucket_unsigned(
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("EPFLEET_REPORT_TO", str(tmp_path / "reports"))
-    with pytest.raises(StoreError, match="no usable AWS credentials"):
-        fleet_on_s3.sync()  # signing requests with no credentials: nothing can be read
+    refused = fleet_on_s3.sync()  # signing requests with no credentials: nothing can be read
+    assert refused.exit_code == 1 and refused.models == [], refused
+    assert "no usable AWS credentials" in (refused.manifest.reason or "")
 
     monkeypatch.setenv("EPFLEET_S3_UNSIGNED", "1")
     s3_proxy.log.clear()
