@@ -19,6 +19,7 @@ import boto3
 import numpy as np
 import onnx
 import pytest
+from native_writers import kill_self, sleep
 from onnx import TensorProto, helper, numpy_helper
 from s3proxy import FaultProxy
 from test_sync import (  # fleet_store: the session's compiled store, a fixture
@@ -224,29 +225,17 @@ def test_a_runaway_health_check_is_killed_and_the_previous_variant_kept(
     assert list((cache / ".epfleet" / "partial").iterdir()) == []  # the variant is gone
 
 
-def _sleep(seconds: float) -> float:
-    time.sleep(seconds)
-    return seconds
-
-
-def _die(_: object) -> None:
-    import os
-    import signal
-
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def test_a_worker_call_past_its_limit_is_killed_and_the_worker_replaced() -> None:
     pool = CompilePool(1)
     try:
         started = time.monotonic()
         with pytest.raises(TimeLimitExceeded, match="sleeping ran past its time limit of 2 s"):
-            pool.call(_sleep, 60, "sleeping", timeout=2)
+            pool.call(sleep, 60, "sleeping", timeout=2)
         assert time.monotonic() - started < 10
-        assert pool.call(_sleep, 0, "sleeping briefly", timeout=30) == 0  # a new worker
+        assert pool.call(sleep, 0, "sleeping briefly", timeout=30) == 0  # a new worker
         with pytest.raises(WorkerCrashed, match="crashed while dying"):
-            pool.call(_die, None, "dying", timeout=30)
-        assert pool.call(_sleep, 0, "sleeping again", timeout=30) == 0
+            pool.call(kill_self, None, "dying", timeout=30)
+        assert pool.call(sleep, 0, "sleeping again", timeout=30) == 0
     finally:
         pool.shutdown()
 
