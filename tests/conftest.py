@@ -3,6 +3,7 @@ an isolated Prefect API (Prefect's SQLite-backed test harness)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -184,6 +185,24 @@ def prefect_api() -> Iterator[str]:
         url = PREFECT_API_URL.value()
         assert url, "the Prefect test harness started no API"
         yield url
+
+
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]
+) -> Path:
+    """``build(directory)``'s result, built once per test run: under pytest-xdist, the first
+    worker to ask builds it in a directory all workers share, and the others wait for it
+    and reuse it (read-only; tests copy what they change). Returns what ``build`` did."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / f"built-{name}"
+    shared.mkdir(exist_ok=True)
+    with (shared / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the build holds it; the waiters block here
+        done = shared / ".result"
+        if not done.exists():
+            done.write_text(str(build(shared)))
+        return Path(done.read_text())
 
 
 def assert_variants_match_store(manifest: Manifest, read: Callable[[str], bytes]) -> int:

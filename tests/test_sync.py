@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
+from conftest import CPU_TARGET, HTP_TARGETS, built_once, tiny_models, write_spec
 from onnx import numpy_helper
 from s3proxy import FaultProxy
 
@@ -57,19 +57,30 @@ def compile_fleet(directory: Path, model_dir: Path, targets: list[dict], prefect
 
 @pytest.fixture(scope="session")
 def fleet_store(
-    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, prefect_api: str
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
 ) -> Path:
-    """tiny-cls and tiny-det × two HTP targets and one CPU target, in a local store."""
-    return compile_fleet(
-        tmp_path_factory.mktemp("fleet"), model_dir, [*HTP_TARGETS, CPU_TARGET], prefect_api
+    """tiny-cls and tiny-det × two HTP targets and one CPU target, in a local store (compiled
+    once per test run: tests copy it before they change it)."""
+    return built_once(
+        tmp_path_factory,
+        "fleet",
+        lambda directory: compile_fleet(
+            directory, model_dir, [*HTP_TARGETS, CPU_TARGET], request.getfixturevalue("prefect_api")
+        ),
     )
 
 
 @pytest.fixture(scope="session")
 def htp_only_store(
-    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, prefect_api: str
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
 ) -> Path:
-    return compile_fleet(tmp_path_factory.mktemp("htp-only"), model_dir, HTP_TARGETS, prefect_api)
+    return built_once(
+        tmp_path_factory,
+        "htp-only",
+        lambda directory: compile_fleet(
+            directory, model_dir, HTP_TARGETS, request.getfixturevalue("prefect_api")
+        ),
+    )
 
 
 def publish_to_s3(store: Path, bucket: str, prefix: str = "fleet") -> str:
