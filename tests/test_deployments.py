@@ -29,7 +29,9 @@ from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.stores import open_store
 from tests.conftest import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
-pytestmark = pytest.mark.slow
+# one worker under pytest-xdist (--dist loadgroup): its module fixtures start a Prefect
+# server and work-pool workers, once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployments")]
 
 REPO = Path(__file__).resolve().parents[1]
 POOL_TARGET = {"name": "pool-cpu", "ep": "CPUExecutionProvider", "work_pool": "gpu-compilers"}

@@ -21,7 +21,9 @@ from examples import ddddocr, paddle_ocr
 from tests.conftest import assert_variants_match_store, write_spec
 from tests.test_cli import epfleet, s3_manifest, s3_reader
 
-pytestmark = pytest.mark.slow
+# one worker under pytest-xdist (--dist loadgroup): both tests share the downloaded wheel's
+# models, which two workers would download into tests/.cache at once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("third_party")]
 
 CACHE = Path(__file__).parent / ".cache" / "rapidocr"
 MODELS = {name: paddle_ocr.MODELS[name] for name in ("ocr-cls", "ocr-rec")}
