@@ -21,6 +21,7 @@ from epfleet.errors import CompileError, WorkerCrashed
 from epfleet.hashing import sha256_file
 from epfleet.runtime.compile_pool import CompilePool
 from epfleet.runtime.compiler import CompileJob, compile_job
+from epfleet.runtime.op_types import graph_op_types
 from epfleet.runtime.requests import CompileRequest
 
 pytestmark = pytest.mark.fast
@@ -83,6 +84,8 @@ def test_qnn_htp_compile_stamps_the_ep_string(
         props["epfleet.ep_version"] == eps.load("QNNExecutionProvider").build_identity()["version"]
     )
     assert any(node.op_type == "EPContext" for node in model.graph.node)
+    # what the device's health check counts for its profile, read without onnx
+    assert graph_op_types(out.artifact_path) == [node.op_type for node in model.graph.node]
     assert (out.sha256, out.size) == sha256_file(Path(out.artifact_path))
 
 
