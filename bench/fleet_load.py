@@ -3,7 +3,7 @@
     python bench/fleet_load.py [--devices 6] [--polls 3] [--models 200] [--htp-targets 2]
                                [--before DIR] [--latency-ms 0]
 
-A signed store on moto's S3 (in a process of its own, on loopback) behind tests/s3proxy.py
+A signed store on moto's S3 (in a process of its own, on loopback) behind tests/support/s3proxy.py
 (which logs every request) behind bench/loopback.py's relay (which counts the bytes on the
 wire, HTTP headers included): --models small CPU models (Y = X @ W, stamped with this
 host's CPU string, as a compile publishes them), each with --htp-targets synthetic QNN HTP
@@ -38,9 +38,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 from loopback import Relay, moto_in_own_process  # noqa: E402  (bench/, beside this script)
-from s3proxy import FaultProxy  # noqa: E402  (tests/s3proxy.py)
+
+from tests.support.s3proxy import FaultProxy  # noqa: E402
 
 BUCKET, PREFIX = "bench", "fleet"
 STORE = f"s3://{BUCKET}/{PREFIX}"

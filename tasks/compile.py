@@ -19,7 +19,7 @@ from prefect.futures import as_completed
 from epfleet.fleet.build import build_variant, describe_verification
 from epfleet.fleet.merge_rules import ModelFacts
 from epfleet.fleet.outcomes import CompiledVariant, PairOutcome, ok_outcome, outcome_of_failure
-from epfleet.fleet.planning import plan_run
+from epfleet.fleet.planning import handed_plan, plan_inputs, plan_run
 from epfleet.fleet.publishing import Published, publish
 from epfleet.fleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
 from epfleet.fleet.runs import RunPlan
@@ -39,8 +39,12 @@ from tasks.events import emit_tampered_event
 def plan_task(
     spec: str, store: str, models: list[str] | None, targets: list[str] | None, force: bool
 ) -> RunPlan:
-    plan = plan_run(Path(spec), store, models, targets, force)
     logger = get_run_logger()
+    plan = handed_plan(plan_inputs(spec, store, models, targets, force))
+    if plan is not None:
+        logger.info("planned by the command that started this run")
+    else:
+        plan = plan_run(Path(spec), store, models, targets, force)
     logger.info(
         "%d pairs: %d to compile, %d up to date",
         len(plan.pairs),

@@ -3,53 +3,28 @@ an isolated Prefect API (Prefect's SQLite-backed test harness)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import onnx
 import pytest
-import yaml
 from moto.server import ThreadedMotoServer
-from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
-from s3proxy import FaultProxy
+
+from tests.support.s3proxy import FaultProxy
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # Most tests sync from stores they compiled without trust metadata; the signed path and
-# the refusal without a root are tested in test_trust_*.py, which unset this.
+# the refusal without a root are tested in tests/trust/ (the attack suites unset this).
 os.environ.setdefault("EPFLEET_ALLOW_UNSIGNED", "true")
 
-from epfleet.formats.manifest import Manifest
-from epfleet.hashing import sha256_bytes
 from examples.build_models import npu_partial, npu_unfriendly, tiny_cls, tiny_det
-
-HTP_TARGETS = [
-    {
-        "name": "sd8g3-htp",
-        "ep": "QNNExecutionProvider",
-        "provider_options": {
-            "backend_type": "htp",
-            "htp_arch": 75,
-            "soc_model": 57,
-            "enable_htp_fp16_precision": 1,
-        },
-    },
-    {
-        "name": "sd8g2-htp",
-        "ep": "QNNExecutionProvider",
-        "provider_options": {
-            "backend_type": "htp",
-            "htp_arch": 73,
-            "soc_model": 43,
-            "enable_htp_fp16_precision": 1,
-        },
-    },
-]
-CPU_TARGET = {"name": "x86-cpu", "ep": "CPUExecutionProvider"}
+from tests.support.built_once import built_once, copy_with_keys
+from tests.support.specs import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
+from tests.support.synced_fleet import compile_fleet
 
 
 @pytest.fixture(autouse=True)
@@ -69,54 +44,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def write_spec(
-    directory: Path, models: list[dict], targets: list[dict], name: str = "fleet.yaml"
-) -> Path:
-    path = directory / name
-    path.write_text(yaml.safe_dump({"models": models, "targets": targets}, sort_keys=False))
-    return path
-
-
-def tiny_models(model_dir: Path) -> list[dict]:
-    """The spec entries of the two small models, with symbolic dims fixed."""
-    return [
-        {
-            "name": "tiny-cls",
-            "source": str(model_dir / "tiny-cls.onnx"),
-            "input_shapes": {"x": [1, 3, 48, 192]},
-        },
-        {
-            "name": "tiny-det",
-            "source": str(model_dir / "tiny-det.onnx"),
-            "input_shapes": {"image": [1, 3, 64, 64]},
-        },
-    ]
-
-
 @pytest.fixture
 def fleet_spec(tmp_path: Path, model_dir: Path) -> Path:
     """Two models with symbolic dims × two HTP targets and one CPU target."""
     return write_spec(tmp_path, tiny_models(model_dir), [*HTP_TARGETS, CPU_TARGET])
-
-
-def with_npu_unfriendly_model(directory: Path, model_dir: Path, targets: list[dict]) -> Path:
-    """A spec whose `nonzero` model no NPU EP can compile, beside `tiny-cls`, which any can."""
-    return write_spec(
-        directory,
-        [
-            {
-                "name": "tiny-cls",
-                "source": str(model_dir / "tiny-cls.onnx"),
-                "input_shapes": {"x": [1, 3, 32, 32]},
-            },
-            {
-                "name": "nonzero",
-                "source": str(model_dir / "nonzero.onnx"),
-                "input_shapes": {"x": [1, 8]},
-            },
-        ],
-        targets,
-    )
 
 
 @pytest.fixture(scope="session")
@@ -187,40 +118,28 @@ def prefect_api() -> Iterator[str]:
         yield url
 
 
-def built_once(
-    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]
+@pytest.fixture(scope="session")
+def compiled_fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
 ) -> Path:
-    """``build(directory)``'s result, built once per test run: under pytest-xdist, the first
-    worker to ask builds it in a directory all workers share, and the others wait for it
-    and reuse it (read-only; tests copy what they change). Returns what ``build`` did."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        return build(tmp_path_factory.mktemp(name))
-    shared = tmp_path_factory.getbasetemp().parent / f"built-{name}"
-    shared.mkdir(exist_ok=True)
-    with (shared / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the build holds it; the waiters block here
-        done = shared / ".result"
-        if not done.exists():
-            done.write_text(str(build(shared)))
-        return Path(done.read_text())
+    """tiny-cls and tiny-det × two HTP targets and one CPU target compiled by a real
+    ``epfleet compile`` into a local store, once per test run (its Prefect API is started
+    by the one worker that compiles). Never changed: tests get copies (``fleet_store``)."""
+    return built_once(
+        tmp_path_factory,
+        "fleet",
+        lambda directory: compile_fleet(
+            directory, model_dir, [*HTP_TARGETS, CPU_TARGET], request.getfixturevalue("prefect_api")
+        ),
+    )
 
 
-def assert_variants_match_store(manifest: Manifest, read: Callable[[str], bytes]) -> int:
-    """Every ok variant's stored bytes match its sha256 and size, and its manifest string is
-    what ORT reads from those bytes for its EP. Returns how many variants were checked."""
-    checked = 0
-    for model in manifest.models.values():
-        for variant in model.variants.values():
-            assert variant.status == "ok" and variant.artifact is not None
-            data = read(variant.artifact.uri)
-            assert (sha256_bytes(data), len(data)) == (
-                variant.artifact.sha256,
-                variant.artifact.size,
-            )
-            assert (
-                get_compatibility_info_from_model_bytes(data, variant.ep)
-                == variant.compatibility_string
-            )
-            assert variant.source_sha256 == model.source.sha256
-            checked += 1
-    return checked
+@pytest.fixture(scope="module")
+def fleet_store(compiled_fleet: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-cls and tiny-det × two HTP targets and one CPU target, in a local store: each
+    test module's own copy of ``compiled_fleet`` (with the development keys beside it).
+
+    One per test module, as when each module compiled its own: some tests sync from this
+    store directly, and the device reports they leave in it would show up in another
+    module's copy of it."""
+    return copy_with_keys(compiled_fleet, tmp_path_factory.mktemp("fleet"))

@@ -6,7 +6,7 @@ and the manifest's JSON Schema (docs/reference/manifest-schema.md).
     python tools/docs_reference.py --check  # exit 1 naming each stale page
 
 ``mkdocs build`` runs the check (tools/docs_hooks.py), so a page the code no longer
-matches fails the build; tests/test_docs.py runs it in the fast tier.
+matches fails the build; tests/project/test_docs.py runs it in the fast tier.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ command. Ctrl-C (exit 130) is handled by ``epfleet.cli.interrupts``.
 
 Engine code, Prefect and the flows are imported inside each command, never at module
 level: ``--help`` starts no Prefect, and the module-level import graph has no cycle
-through this module (``tests/test_imports.py``).
+through this module (``tests/project/test_imports.py``).
 """
 
 from __future__ import annotations

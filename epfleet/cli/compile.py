@@ -152,7 +152,7 @@ def _compile(
     task_runner: str,
     dask_address: str | None,
 ) -> RunReport:
-    from epfleet.fleet.planning import plan_run
+    from epfleet.fleet.planning import handing_over, plan_inputs, plan_run
     from epfleet.fleet.staging import tidy_cache
     from epfleet.fleet.task_runners import task_runner as make_runner
 
@@ -175,7 +175,8 @@ def _compile(
             problem = start_temporary_api() if task_runner == "threads" else None
             if problem is None:
                 runner = make_runner(task_runner, dask_address, workers)
-                report = _run_fleet_flow(runner, spec, store, workers, force, model, target)
+                with handing_over(plan, plan_inputs(spec, store, model, target, force)):
+                    report = _run_fleet_flow(runner, spec, store, workers, force, model, target)
             else:
                 print(
                     f"epfleet: Prefect's temporary API did not start ({problem}); "
@@ -266,7 +267,7 @@ REPORT_FIELDS = [
     *("error", "coverage", "verification", "max_rel_error", "verification_seconds"),
     *("samples_origin", "precision"),
 ]
-"""Each variant's keys in ``epfleet compile --json`` (a contract: tests/test_cli.py)."""
+"""Each variant's keys in ``epfleet compile --json`` (a contract: tests/cli/test_cli.py)."""
 
 
 def _json_report(report: RunReport) -> dict[str, object]:

@@ -23,7 +23,7 @@ Store = Annotated[
 Repeatable = Annotated[list[str] | None, Parameter(negative_iterable=())]
 """A repeatable option (``--model a --model b``), all when not given."""
 RunnerName = Literal["threads", "dask"]
-"""The names of ``epfleet.fleet.task_runners.TASK_RUNNERS`` (tests/test_cli_options.py keeps them
+"""The names of ``epfleet.fleet.task_runners.TASK_RUNNERS`` (tests/cli/test_options.py keeps them
 equal)."""
 
 OPTION_NAMES: dict[str, str] = {}

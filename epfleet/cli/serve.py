@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from epfleet.fleet.watch_rules import WatchPlan
 
 REPORT_MAX_AGE_DAYS = 30
-"""The runtime-watch flow's default for report_max_age_days (tests/test_watch.py keeps
+"""The runtime-watch flow's default for report_max_age_days (tests/fleet/test_watch.py keeps
 them equal)."""
 
 

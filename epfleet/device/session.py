@@ -51,6 +51,7 @@ from epfleet.device.reporting import device_id, rollout_seen, upload_report
 from epfleet.device.signed_manifest import fetch_signed_manifest, untrusted
 from epfleet.device.steps import Steps
 from epfleet.device.unlisted import drop_models, unlisted
+from epfleet.device.views import manifest_facts
 from epfleet.disk import CacheNotWritable, DiskFull, cannot_write
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
@@ -58,7 +59,6 @@ from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.limits import Deadline, within
 from epfleet.settings import settings
 from epfleet.stores import open_store, reports_store
-from epfleet.text import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -246,12 +246,12 @@ class SyncSession:
         self.status = status
         self.fetcher.offline = status.offline
         self.__dict__.pop("manifest", None)  # a newly fetched one is in force
+        facts = manifest_facts(status)
         logger.log(
             logging.WARNING if status.reason else logging.INFO,
-            "manifest: %s (%s%s)%s",
+            "manifest: %s%s%s",
             status.status,
-            "" if status.generation is None else f"generation {status.generation}, ",
-            format_bytes(status.body_bytes),
+            f" ({facts})" if facts else "",
             f": {status.reason}" if status.reason else "",
         )
         return status

@@ -27,7 +27,6 @@ from epfleet.device.cache import DeviceCache
 from epfleet.device.cache_layout import STATE_DIR
 from epfleet.device.cache_state import CacheState
 from epfleet.device.manifest_cache import VERIFIED_NOTE, cached_manifest, save_state
-from epfleet.errors import StoreError
 from epfleet.formats.device_report import ManifestStatus
 from epfleet.formats.manifest import VALIDATION_RULES, Manifest
 from epfleet.hashing import sha256_bytes
@@ -45,7 +44,10 @@ from epfleet.trust.client import (
 )
 from epfleet.trust.highwater import generation_below, with_generation
 
-NOTHING_VERIFIED = "; no signed manifest is cached to fall back on"
+NOTHING_VERIFIED = (
+    "; no signed manifest is cached to fall back on: no model is synced, and the variants "
+    "active on this device stay active"
+)
 
 
 def fetch_signed_manifest(
@@ -55,7 +57,7 @@ def fetch_signed_manifest(
     entries (every model's: the signed manifest.json) the manifest in force. An
     unreachable store leaves the last verified one in force (offline, saying when its
     signed metadata expires); metadata that does not verify leaves it in force too and is
-    ``rejected`` (the sync fails), or raises StoreError when none was ever verified."""
+    ``rejected`` (the sync fails; with none ever verified, no manifest is in force)."""
     parts = (STATE_DIR, *trust_parts(store.uri))
     directory = cache.directory(*parts)
     for sub in (ROOT_HISTORY, TARGETS_DIR):  # ngclient writes there: real directories
@@ -76,7 +78,7 @@ def fetch_signed_manifest(
         )
     except MetadataRefused as exc:
         if not trusted:
-            raise StoreError(f"{exc}{NOTHING_VERIFIED}") from None
+            return _none_in_force(f"{exc}", cached_version(directory))
         return ManifestStatus(
             status="rejected",
             generation=generation,
@@ -92,7 +94,7 @@ def fetch_signed_manifest(
         taken = _validated_generation(store, data, verified)
         if isinstance(taken, str):
             if not trusted:
-                raise StoreError(taken + NOTHING_VERIFIED)
+                return _none_in_force(taken, verified.version)
             return ManifestStatus(
                 status="rejected",
                 generation=generation,
@@ -165,10 +167,10 @@ def expiry_note(directory: Path) -> str:
 def untrusted(store: Store, cache: DeviceCache, state: CacheState, problem: str) -> ManifestStatus:
     """The status of a sync that has no root to verify the store with although the device
     trusts signed metadata only (``epfleet.device.provisioning``): the signed manifest
-    last verified stays in force and the sync fails with ``problem``; StoreError when none
-    is cached."""
+    last verified stays in force and the sync fails with ``problem`` (with none cached, no
+    manifest is in force)."""
     if cached_manifest(cache, state, store.uri, signed=True) is None:
-        raise StoreError(problem + NOTHING_VERIFIED)
+        return _none_in_force(problem, None)
     return ManifestStatus(
         status="rejected",
         generation=state.manifest_generation,
@@ -176,4 +178,17 @@ def untrusted(store: Store, cache: DeviceCache, state: CacheState, problem: str)
         reason=f"{problem}; the manifest last verified stays in force",
         signed=True,
         signed_version=cached_version(cache.meta.joinpath(*trust_parts(store.uri))),
+    )
+
+
+def _none_in_force(problem: str, signed_version: int | None) -> ManifestStatus:
+    """A refusal on a device that never verified a signed manifest of this store (or lost
+    it): the sync fails and reports it like any refusal, with no manifest in force."""
+    return ManifestStatus(
+        status="rejected",
+        generation=None,
+        body_bytes=0,
+        reason=problem + NOTHING_VERIFIED,
+        signed=True,
+        signed_version=signed_version,
     )

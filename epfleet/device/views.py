@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epfleet.formats.device_report import DeviceReport
+from epfleet.formats.device_report import DeviceReport, ManifestStatus
 from epfleet.text import format_bytes, table
 
 
@@ -39,12 +39,16 @@ def verdict_rows(report: DeviceReport) -> list[dict[str, str]]:
     ]
 
 
-def _signing(signed: bool | None, version: int | None) -> str:
-    if signed is None:
-        return ""
-    if not signed:
-        return ", unsigned"
-    return f", signed, timestamp v{version}" if version is not None else ", signed"
+def manifest_facts(status: ManifestStatus) -> str:
+    """``generation 4, 3.3 KB, signed, timestamp v9``: what is known, no zero transfer."""
+    facts = [f"generation {status.generation}"] if status.generation is not None else []
+    if status.body_bytes:
+        facts.append(format_bytes(status.body_bytes))
+    if status.signed is not None:
+        facts.append("signed" if status.signed else "unsigned")
+        if status.signed and status.signed_version is not None:
+            facts.append(f"timestamp v{status.signed_version}")
+    return ", ".join(facts)
 
 
 def render_device_report(report: DeviceReport) -> str:
@@ -52,11 +56,10 @@ def render_device_report(report: DeviceReport) -> str:
         f"{d.ep.removesuffix('ExecutionProvider')}:{d.type}" for d in report.devices
     )
     manifest = report.manifest
-    generation = f"generation {manifest.generation}, " if manifest.generation is not None else ""
+    facts = manifest_facts(manifest)
     out = [
         f"device {report.device_id}  ORT {report.ort_version}  devices: {devices}",
-        f"manifest: {manifest.status} ({generation}"
-        f"{format_bytes(manifest.body_bytes)}{_signing(manifest.signed, manifest.signed_version)})"
+        f"manifest: {manifest.status}{f' ({facts})' if facts else ''}"
         + (f": {manifest.reason}" if manifest.reason else "")
         + (f" [warning: {manifest.warning}]" if manifest.warning else ""),
     ]

@@ -3,13 +3,20 @@
 ``plan_run`` loads the spec, stages the sources and golden samples and decides each pair
 (the rules are ``epfleet.fleet.plan_rules``'s, pure); ``plan_on_pool`` decides, on a pool's worker,
 the pairs a fleet run handed over to it.
+
+A run is planned once: ``epfleet compile`` plans before the flow run (to answer an
+up-to-date fleet without starting Prefect, and to start the compiles early) and hands that
+plan to the flow run it starts inside ``handing_over``; the flow's plan task takes it
+(``handed_plan``) when the run's inputs are the ones it was made for, and plans otherwise.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import eps
@@ -37,6 +44,45 @@ from epfleet.stores import Store, open_store
 from epfleet.trust.signers import check_signer
 
 logger = logging.getLogger(__name__)
+
+
+PlanInputs = tuple[str, str, tuple[str, ...], tuple[str, ...], bool]
+"""What a plan was made from: the spec's resolved path, the store, the models and targets
+selected (empty: all) and ``force``."""
+
+_handed: ContextVar[tuple[PlanInputs, RunPlan] | None] = ContextVar("handed_plan", default=None)
+
+
+def plan_inputs(
+    spec_path: Path | str,
+    store_uri: str,
+    models: list[str] | None,
+    targets: list[str] | None,
+    force: bool,
+) -> PlanInputs:
+    return (
+        str(Path(spec_path).resolve()),
+        store_uri,
+        tuple(models or ()),
+        tuple(targets or ()),
+        force,
+    )
+
+
+@contextmanager
+def handing_over(plan: RunPlan, inputs: PlanInputs) -> Iterator[None]:
+    """Within this block, a run with these inputs takes ``plan`` instead of planning again."""
+    token = _handed.set((inputs, plan))
+    try:
+        yield
+    finally:
+        _handed.reset(token)
+
+
+def handed_plan(inputs: PlanInputs) -> RunPlan | None:
+    """The plan handed over for a run with these inputs, if any (see ``handing_over``)."""
+    handed = _handed.get()
+    return handed[1] if handed is not None and handed[0] == inputs else None
 
 
 def _identity(target: TargetSpec) -> dict[str, str]:

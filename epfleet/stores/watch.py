@@ -101,7 +101,7 @@ class Watched:
     def _handle_expect_response(self, message_body: Any) -> Any:
         """botocore's read of the answer to ``Expect: 100-continue`` (a private method of its
         connection: were it renamed, that wait would be bounded by the deadline alone, and
-        tests/test_s3_waits.py would say so)."""
+        tests/stores/test_s3_waits.py would say so)."""
         return self._head(super()._handle_expect_response, message_body)  # type: ignore[misc]
 
     def _head(self, read: Any, *args: Any) -> Any:

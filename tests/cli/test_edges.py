@@ -1,0 +1,155 @@
+"""The command line's edges an operator meets (issue 20): a watch report with no Prefect
+API, help that starts with the commands, options as help spells them, a misspelt spec key
+with its nearest known one. Through ``epfleet.cli.app.main`` in this process."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+
+from epfleet.cli.app import main
+from epfleet.cli.serve import REPORT_MAX_AGE_DAYS
+
+pytestmark = pytest.mark.fast
+
+
+def test_watch_dry_run_needs_no_flow_run(
+    capsys: pytest.CaptureFixture[str], fleet_spec: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The flow module cannot even be imported here: a dry run that started a flow run
+    (and with it Prefect's temporary API) would fail."""
+    monkeypatch.setitem(sys.modules, "flows.runtime_watch", None)
+    store = tmp_path / "store"
+    store.mkdir()
+    code = main(["watch", str(fleet_spec), "--store", str(store), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "tiny-cls" in out and "missing" in out
+
+
+def test_watch_dry_run_on_a_bad_spec_prints_one_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "flows.runtime_watch", None)
+    spec = tmp_path / "fleet.yaml"
+    spec.write_text("models:\n  - name: a\n    sorce: a.onnx\ntargets: []\n")
+    code = main(["watch", str(spec), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"epfleet: error: {spec} is invalid:")
+    assert "models[a].sorce: unknown key; did you mean source?" in err
+
+
+def test_watch_report_age_default_is_the_flows() -> None:
+    from flows.runtime_watch import runtime_watch
+
+    default = inspect.signature(runtime_watch.fn).parameters["report_max_age_days"].default
+    assert default == REPORT_MAX_AGE_DAYS
+
+
+def test_watch_refuses_a_report_age_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["watch", "fleet.yaml", "--dry-run", "--report-max-age-days", "0"]) == 2
+    assert "--report-max-age-days must be 1 or more" in capsys.readouterr().err
+
+
+def test_help_is_short_with_the_commands_first(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert out.index("Commands") < out.index("For example")
+    assert "EPFLEET_CACHE" not in out and "UNKNOWN" not in out and "Arguments" not in out
+    assert "docs/reference/settings.md" in out
+    assert len(out.splitlines()) < 45
+
+
+def test_manifest_help_has_no_unknown_arguments_panel(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["manifest", "--help"])
+    assert "UNKNOWN" not in capsys.readouterr().out
+
+
+def test_trust_status_defaults_the_store_like_every_command(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = main(["trust", "status"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{(tmp_path / 'epfleet-store').as_uri()} has no trust metadata" in err
+
+
+def test_prefer_takes_several_values(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Parsed (the sync then stops at the missing store, as it should)."""
+    code = main(["sync", "--store", str(tmp_path / "s"), "--cache", str(tmp_path / "c"),
+                 "--prefer", "cpu", "npu"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "Unused Tokens" not in err and "does not exist" in err, err
+    code = main(["sync", "--store", "s", "--cache", "c", "--prefer", "cpu", "tpu"])
+    assert (
+        code == 2 and "--prefer: Input should be 'cpu', 'gpu' or 'npu'" in capsys.readouterr().err
+    )
+
+
+REPORT = {
+    "device_id": "vm", "generated_at": "2026-12-01T17:29:57+00:00", "ort_version": "1.32.0",
+    "ep_packages": {"onnxruntime": "1.32.0"},
+    "devices": [{"ep": "CPUExecutionProvider", "type": "cpu", "vendor": "AMD",
+                 "vendor_id": 4130, "device_id": 0, "ep_vendor": "Microsoft"}],
+    "store": "st", "cache": "/tmp/c",
+    "manifest": {"status": "unchanged", "generation": 1, "body_bytes": 485, "signed": True},
+    "models": [{
+        "model": "tiny-cls", "action": "kept", "variant": "x86-cpu-a11928e6a250",
+        "target": "x86-cpu", "ep": "CPUExecutionProvider", "verdict": "optimal",
+        "bytes_downloaded": 0, "reason": "still the best choice here", "precision": "fp32",
+        "seconds": 0.002,
+        "considered": [{
+            "target": t, "ep": "QNNExecutionProvider", "device": "npu",
+            "verdict": "unsupported",
+            "reason": "its validator refused this device: Currently QnnEpFactory::"
+            "ValidateCompiledModelCompatibilityInfoImpl only supports "
+            "OrtHardwareDeviceType_NPU, but no OrtHardwareDeviceType_NPU is found in the "
+            "`devices` argument.",
+        } for t in ("sd8g3-htp", "sd8g2-htp")],
+    }],
+    "seconds": 0.1,
+}  # fmt: skip
+"""A device report as epfleet sync --json printed it here (one model, QNN refused)."""
+
+
+def test_a_long_reason_is_shown_whole_once_below_the_table() -> None:
+    from epfleet.device.views import render_device_report
+    from epfleet.formats.device_report import DeviceReport
+
+    report = DeviceReport.model_validate(REPORT)
+    text = render_device_report(report)
+    reason = report.models[0].considered[0].reason
+    assert text.count(reason) == 1 and f"[1] {reason}" in text
+    assert text.count("[1]") == 3  # both rows point at the one note
+
+
+def test_an_offline_sync_prints_no_generation_none() -> None:
+    from epfleet.device.views import render_device_report
+    from epfleet.formats.device_report import DeviceReport
+
+    offline = REPORT | {"manifest": {"status": "offline", "generation": None, "body_bytes": 0}}
+    text = render_device_report(DeviceReport.model_validate(offline))
+    assert "\nmanifest: offline\n" in text and "None" not in text  # no "(0 B)" either
+
+
+def test_a_closed_stdout_is_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``epfleet manifest schema | head -1``: the reader went away."""
+
+    class Closed:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return out.fileno()
+
+    out = (tmp_path / "out").open("w")
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert main(["manifest", "schema"]) == 1

@@ -1,0 +1,2 @@
+"""Tests of epfleet.device: real syncs, the cache under faults and deadlines, downloads,
+selection and precision."""

@@ -1,0 +1,396 @@
+"""A device poll at fleet scale: what an unchanged sync costs.
+
+A signed store made by hand (one small CPU model, its variant stamped with this host's CPU
+string, signed with ``epfleet trust init``'s code) that a device syncs once; then:
+
+- a no-op ``epfleet sync``, in a fresh interpreter, loads neither ``onnx`` nor the compile
+  side nor Prefect;
+- the report goes up when it says something new, gzip-compressed and compact, and
+  otherwise once per heartbeat: an unchanged poll of an S3 store through the counting
+  proxy is two GETs (the next root's probe and timestamp.json), no HEAD, no PUT.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import boto3
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from securesystemslib.signer import CryptoSigner
+from tuf.api.exceptions import RepositoryError, UnsignedMetadataError
+from tuf.api.metadata import Metadata, Root, TargetFile, Targets
+from tuf.api.serialization.json import JSONSerializer
+
+import eps
+from epfleet import ort_version
+from epfleet.device.cache import DeviceCache
+from epfleet.device.jitter import EPOCH, jitter_seconds, next_sync, sync_anchor
+from epfleet.device.policy import SyncPolicy
+from epfleet.device.prefetch import Prefetch
+from epfleet.device.session import sync
+from epfleet.formats.device_report import DeviceReport, decode_report, report_key
+from epfleet.formats.keys import source_key, variant_key
+from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
+from epfleet.hashing import sha256_file
+from epfleet.limits import Deadline
+from epfleet.stores import MANIFEST_KEY, Store, open_store
+from epfleet.trust.updater import load_verified
+from tests.support.paths import REPO
+from tests.support.s3proxy import FaultProxy
+from tests.support.trust_helpers import make_trusted_store, online_key, publish_new_build
+
+pytestmark = pytest.mark.fast
+
+CPU = "CPUExecutionProvider"
+MODEL, TARGET, DEVICE = "m", "cpu", "dev-1"
+NOT_ON_A_NO_OP = (
+    "onnx",
+    "ml_dtypes",
+    "prefect",
+    "dask",
+    "flows",
+    "tasks",
+    "epfleet.fleet",
+    "epfleet.lifecycle",
+    "epfleet.runtime.compiler",
+    "epfleet.runtime.compile_pool",
+    "epfleet.runtime.quantize",
+    "epfleet.runtime.shapes",
+    "epfleet.device.health",
+    "epfleet.trust.signing",
+    "epfleet.trust.creation",
+)
+"""What a sync that keeps every model never loads: the compile side, Prefect, publishing."""
+
+
+def write_model(path: Path, *, label: str, stamp: bool) -> None:
+    """Y = X @ W; with ``stamp``, the CPU EP's compatibility string for this host."""
+    weights = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])],
+        initializer=[numpy_helper.from_array(weights, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version, model.doc_string = 8, label
+    onnx.save_model(model, str(path))
+    if stamp:
+        string = eps.load(CPU).generate_compatibility_string(path)
+        assert string is not None
+        helper.set_model_props(model, {f"ep_compatibility_info.{CPU}": string})
+        onnx.save_model(model, str(path))
+
+
+def upload(store: Store, path: Path, key: str) -> ArtifactRef:
+    sha, size = sha256_file(path)
+    store.upload(key.format(sha=sha), path, sha)
+    return ArtifactRef(uri=key.format(sha=sha), sha256=sha, size=size)
+
+
+@dataclass
+class Fleet:
+    uri: str
+    keys: Path
+    root: Path
+
+
+def make_fleet(uri: str, tmp_path: Path, models: int = 1) -> Fleet:
+    """Model ``m`` (and ``m1``, ``m2``, ... up to ``models``) and its CPU variant in the
+    store at ``uri``, signed (16 bins)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    store = open_store(uri)
+    entries = {}
+    for name in [MODEL] + [f"{MODEL}{i}" for i in range(1, models)]:
+        write_model(work / "source.onnx", label=f"{name} source", stamp=False)
+        source = upload(store, work / "source.onnx", source_key("{sha}"))
+        write_model(work / "variant.onnx", label=f"{name} variant", stamp=True)
+        artifact = upload(store, work / "variant.onnx", variant_key(name, TARGET, "{sha}"))
+        variant = VariantEntry(
+            ep=CPU,
+            device="cpu",
+            compatibility_string=eps.load(CPU).generate_compatibility_string(work / "variant.onnx"),
+            artifact=artifact,
+            ort_version=ort_version(),
+            compiled_at=datetime.now(timezone.utc),
+            status="ok",
+            source_sha256=source.sha256,
+            fingerprint=f"by-hand-{name}",
+        )
+        entries[name] = ModelEntry(
+            source=SourceEntry(uri=source.uri, sha256=source.sha256, size=source.size),
+            variants={TARGET: variant},
+        )
+    store.write(MANIFEST_KEY, Manifest(generation=1, models=entries).to_json())
+    root = make_trusted_store(store, tmp_path / "keys")
+    return Fleet(store.uri, tmp_path / "keys", root)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Fleet:
+    return make_fleet(str(tmp_path / "store"), tmp_path)
+
+
+def run_sync(store: str, cache: Path, root: Path) -> DeviceReport:
+    return sync(store, cache, SyncPolicy(), DEVICE, trust_root=root)
+
+
+def test_a_no_op_sync_loads_no_compile_side_and_no_prefect(fleet: Fleet, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = run_sync(fleet.uri, cache, fleet.root)
+    assert [m.action for m in first.models] == ["downloaded"], first.models
+    loaded = tmp_path / "loaded.json"
+    probe = (
+        "import json, sys\n"
+        "from epfleet.cli.app import main\n"
+        "code = main(sys.argv[1:])\n"
+        f"open({str(loaded)!r}, 'w').write(json.dumps([code, sorted(sys.modules)]))\n"
+    )
+    command = ["sync", "--store", fleet.uri, "--cache", str(cache), "--json"]
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *command, "--device-id", DEVICE],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    code, modules = json.loads(loaded.read_text())
+    report = DeviceReport.model_validate_json(done.stdout)
+    assert code == 0 and [m.action for m in report.models] == ["kept"]
+    heavy = sorted(
+        m for m in modules if any(m == name or m.startswith(f"{name}.") for name in NOT_ON_A_NO_OP)
+    )
+    assert heavy == [], f"a no-op sync loaded {heavy}"
+    assert "onnxruntime" in modules  # it did judge the kept variant with ORT
+
+
+def requests_since(proxy: FaultProxy, start: int) -> list[tuple[str, str, int]]:
+    """(method, key name, status) of each request the proxy saw after ``start``."""
+    return [(s.method, s.path.rsplit("/", 1)[-1], s.status) for s in proxy.log[start:]]
+
+
+def test_an_unchanged_signed_poll_is_two_gets_and_a_changed_one_uploads_a_gzipped_report(
+    s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    fleet = make_fleet(f"s3://{s3_bucket}/fleet", tmp_path)
+    cache, s3 = tmp_path / "cache", boto3.client("s3")
+    key = f"fleet/{report_key(DEVICE)}"
+    first = run_sync(fleet.uri, cache, fleet.root)
+    assert first.report_uploaded and [m.action for m in first.models] == ["downloaded"]
+    stored = s3.get_object(Bucket=s3_bucket, Key=key)
+    assert (stored["ContentEncoding"], stored["ContentType"]) == ("gzip", "application/json")
+    body = stored["Body"].read()
+    assert decode_report(body, 1 << 20).models[0].action == "downloaded"
+    assert json.loads(gzip.decompress(body))["device_id"] == DEVICE
+
+    start = len(s3_proxy.log)
+    again = run_sync(fleet.uri, cache, fleet.root)
+    assert [m.action for m in again.models] == ["kept"] and again.exit_code == 0
+    # the probe for the next root (missing: its GET's 404 says so) and the timestamp
+    assert requests_since(s3_proxy, start) == [
+        ("GET", "2.root.json", 404),
+        ("GET", "timestamp.json", 200),
+    ]
+    assert again.report_uploaded is False and again.report_error is None
+    assert (again.report_skipped or "").startswith("says what the store's copy of ")
+
+    # the heartbeat comes due: the unchanged report goes up again
+    sent_file = cache / ".epfleet" / "report-sent.json"
+    sent = json.loads(sent_file.read_text())
+    sent["at"] = (datetime.now(timezone.utc) - timedelta(days=1, minutes=1)).isoformat()
+    sent_file.write_text(json.dumps(sent))
+    start = len(s3_proxy.log)
+    due = run_sync(fleet.uri, cache, fleet.root)
+    assert due.report_uploaded is True
+    assert [r for r in requests_since(s3_proxy, start) if r[0] != "GET"] == [
+        ("PUT", f"{DEVICE}.json", 200)
+    ]
+
+    # a new build: downloaded, and the report that says so goes up gzipped
+    publish_new_build(open_store(fleet.uri), online_key(fleet.keys), MODEL, TARGET)
+    changed = run_sync(fleet.uri, cache, fleet.root)
+    assert [m.action for m in changed.models] == ["downloaded"] and changed.report_uploaded
+    stored = s3.get_object(Bucket=s3_bucket, Key=key)
+    assert stored["ContentEncoding"] == "gzip"
+    assert decode_report(stored["Body"].read(), 1 << 20).models[0].variant == (
+        changed.models[0].variant
+    )
+    start = len(s3_proxy.log)
+    assert run_sync(fleet.uri, cache, fleet.root).report_uploaded is False  # kept: no news
+    assert not [r for r in requests_since(s3_proxy, start) if r[0] in ("PUT", "HEAD")]
+
+
+def test_news_whose_upload_failed_goes_up_with_the_next_sync(fleet: Fleet, tmp_path: Path) -> None:
+    cache, reports = tmp_path / "cache", tmp_path / "store" / "reports" / "devices"
+    assert run_sync(fleet.uri, cache, fleet.root).report_uploaded
+    publish_new_build(open_store(fleet.uri), online_key(fleet.keys), MODEL, TARGET)
+    stored = reports / f"{DEVICE}.json"
+    stored.unlink()
+    (stored / "in-the-way").mkdir(parents=True)  # the store refuses the upload of the news
+    refused = run_sync(fleet.uri, cache, fleet.root)
+    shutil.rmtree(stored)
+    assert [m.action for m in refused.models] == ["downloaded"]
+    assert refused.report_uploaded is False and refused.report_error
+    retried = run_sync(fleet.uri, cache, fleet.root)  # kept: the news is still news
+    assert [m.action for m in retried.models] == ["kept"] and retried.report_uploaded is True
+    news = decode_report(stored.read_bytes(), 1 << 20)
+    assert news.models[0].variant == refused.models[0].variant
+
+
+# --- polls spread over the interval, and S3's SlowDown ------------------------------------------
+
+
+def test_each_device_polls_at_its_own_offset_spread_over_the_interval() -> None:
+    offsets = [jitter_seconds(f"device-{i:06d}", 3600) for i in range(36_000)]
+    assert all(0 <= o < 3600 for o in offsets)
+    per_minute = Counter(o // 60 for o in offsets)
+    assert len(per_minute) == 60 and max(per_minute.values()) < 2 * min(per_minute.values())
+    assert jitter_seconds("dev-1", 900) == jitter_seconds("dev-1", 900)  # stable
+    assert jitter_seconds("dev-1", 0.5) == 0
+    # what the documented shell line computes: the first 32 bits of sha256(id) mod the interval
+    line = 'echo $(( 0x$(printf %s "dev-1" | sha256sum | cut -c1-8) % 900 ))'
+    shell = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True)
+    assert int(shell.stdout) == jitter_seconds("dev-1", 900)
+    anchor = sync_anchor("dev-1", 900)
+    assert anchor == EPOCH + timedelta(seconds=jitter_seconds("dev-1", 900))
+    after = datetime(2026, 12, 1, 12, 0, 5, tzinfo=timezone.utc)
+    upcoming = next_sync("dev-1", 900, after)
+    assert after < upcoming <= after + timedelta(seconds=900)
+    assert (upcoming - anchor).total_seconds() % 900 == 0
+
+
+def test_serve_schedules_the_device_sync_at_the_devices_offset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from deployments.serve import device_sync_schedule
+
+    monkeypatch.setenv("EPFLEET_DEVICE_ID", "line-3.cam-1")
+    schedule = device_sync_schedule(600, None)
+    assert schedule.interval == timedelta(seconds=600)  # type: ignore[attr-defined]
+    assert schedule.anchor_date == sync_anchor("line-3.cam-1", 600)  # type: ignore[attr-defined]
+    other = device_sync_schedule(600, "line-3.cam-2")
+    assert other.anchor_date == sync_anchor("line-3.cam-2", 600)  # type: ignore[attr-defined]
+
+
+def test_s3_slow_down_is_retried_with_backoff_and_a_storm_leaves_the_device_as_it_was(
+    s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet = make_fleet(f"s3://{s3_bucket}/fleet", tmp_path)
+    cache = tmp_path / "cache"
+    first = run_sync(fleet.uri, cache, fleet.root)
+    store = open_store(fleet.uri)
+    config = store.client.meta.config  # type: ignore[attr-defined]
+    assert config.retries == {"mode": "standard", "total_max_attempts": 5}  # SlowDown: backoff
+    timestamp = f"/{s3_bucket}/fleet/trust/metadata/timestamp.json"
+
+    s3_proxy.slow_down_next(timestamp, n=2)
+    start = len(s3_proxy.log)
+    polled = run_sync(fleet.uri, cache, fleet.root)
+    assert polled.manifest.status == "unchanged" and polled.exit_code == 0
+    assert [s.status for s in s3_proxy.log[start:] if s.path == timestamp] == [503, 503, 200]
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    s3_proxy.slow_down_next(timestamp, n=10)
+    start = len(s3_proxy.log)
+    storm = run_sync(fleet.uri, cache, fleet.root)
+    assert [s.status for s in s3_proxy.log[start:] if s.path == timestamp] == [503, 503]
+    assert storm.manifest.status == "offline", storm.manifest
+    assert "S3 answered 503 SlowDown" in (storm.manifest.reason or "")
+    assert [m.action for m in storm.models] == ["kept"]
+    assert storm.models[0].variant == first.models[0].variant
+    assert not [s for s in s3_proxy.log[start:] if s.method == "PUT"]  # offline: no report
+
+
+# --- loading signed metadata: the canonical JSON made once --------------------------------------
+
+
+def signed_targets(text: str) -> tuple[Root, bytes]:
+    """A root trusting a fresh key for ``targets``, and targets metadata signed with it
+    whose one target carries ``text`` in its custom field."""
+    signer = CryptoSigner.generate_ecdsa()
+    root = Root()
+    root.add_key(signer.public_key, "targets")
+    targets = Targets(version=1)
+    target = TargetFile.from_data("models/m", b"entry", ["sha256"])
+    target.unrecognized_fields["custom"] = {"epfleet": text}
+    targets.targets[target.path] = target
+    metadata = Metadata(targets)
+    metadata.sign(signer)
+    return root, metadata.to_bytes(JSONSerializer(compact=True))
+
+
+@pytest.mark.parametrize("text", ['{"a":"b\\\\n","c":1}', "a raw\ncontrol\tcharacter"])
+def test_metadata_loads_verified_by_its_canonical_json_made_once(text: str) -> None:
+    root, data = signed_targets(text)
+    signed, signed_bytes, _ = load_verified(Targets, data, root, "targets")
+    assert signed.targets["models/m"].custom == {"epfleet": text}
+    assert signed_bytes == Metadata.from_bytes(data).signed_bytes  # what was signed
+    tampered = data.replace(b'"version":1', b'"version":2')
+    with pytest.raises(UnsignedMetadataError):
+        load_verified(Targets, tampered, root, "targets")
+    with pytest.raises(RepositoryError, match="Expected 'root', got 'targets'"):
+        load_verified(Root, data, root, "targets")
+
+
+# --- a first sync: the next model's download runs ahead ------------------------------------------
+
+
+def test_the_next_models_download_runs_ahead_once_and_counts_in_its_report(
+    s3_bucket: str, s3_proxy: FaultProxy, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fleet = make_fleet(f"s3://{s3_bucket}/fleet", tmp_path, models=3)
+    manifest = Manifest.from_json(getattr(open_store(fleet.uri).read(MANIFEST_KEY), "data", b""))
+    start = len(s3_proxy.log)
+    with caplog.at_level(logging.DEBUG, logger="epfleet.device.prefetch"):
+        first = run_sync(fleet.uri, tmp_path / "cache", fleet.root)
+    assert [(m.model, m.action) for m in first.models] == [
+        ("m", "downloaded"),
+        ("m1", "downloaded"),
+        ("m2", "downloaded"),
+    ]
+    ahead = [r.getMessage() for r in caplog.records if r.getMessage().endswith("fetched ahead")]
+    for report in first.models:
+        artifact = manifest.models[report.model].variants[TARGET].artifact
+        assert artifact is not None
+        gets = [s for s in s3_proxy.log[start:] if s.path.endswith(artifact.uri)]
+        assert [s.method for s in gets] == ["GET"]  # downloaded once, ahead or not
+        assert report.bytes_downloaded == artifact.size  # counted for its model
+        if report.model != "m":  # the first model has no model before it
+            assert ahead.count(f"{artifact.uri}: fetched ahead") == 1, ahead
+
+
+def test_a_failure_ahead_is_met_and_reported_by_the_models_own_sync(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    store = open_store(fleet.uri)
+    manifest = Manifest.from_json(getattr(store.read(MANIFEST_KEY), "data", b""))
+    artifact = manifest.models[MODEL].variants[TARGET].artifact
+    assert artifact is not None
+    store.write(artifact.uri, b"not the bytes the manifest names")
+    cache = tmp_path / "cache"
+    prefetch = Prefetch(store, DeviceCache(cache), Deadline.after(60))
+    prefetch.start(MODEL, artifact)
+    assert prefetch.wait("another model") == 0  # nothing ahead for it
+    assert prefetch.wait(MODEL) == 0  # failed ahead: nothing counted, nothing raised
+    prefetch.close()
+    report = run_sync(fleet.uri, cache, fleet.root)
+    [model] = report.models  # the step met the bad bytes itself, and built the model here
+    assert model.action == "recompiled", model.reason
+    assert model.reason.startswith(f"download cpu: {fleet.uri}/{artifact.uri} has sha256")

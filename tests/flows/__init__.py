@@ -1,0 +1,1 @@
+"""Tests of the Prefect side: flows, tasks, deployments, task runners, UI forms."""

@@ -1,0 +1,29 @@
+"""The fleet-compile flow's cost artifact, under a real (isolated) Prefect API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prefect.artifacts import Artifact
+
+from epfleet.fleet.publishing import read_manifest
+from epfleet.lifecycle.costs import cost_markdown, costs
+from epfleet.stores import open_store
+from flows.fleet_compile import fleet_compile
+from tests.support.specs import CPU_TARGET, tiny_models, write_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
+
+
+def test_fleet_flow_publishes_a_cost_artifact(tmp_path: Path, model_dir: Path) -> None:
+    spec = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET])
+    store = open_store(str(tmp_path / "store"))
+    report = fleet_compile(spec=str(spec), store=store.uri, workers=1)
+    assert report.failed == 0 and report.published
+    artifact = Artifact.get("fleet-compile-costs")
+    assert artifact is not None and isinstance(artifact.data, str)
+    expected = costs(store, read_manifest(store)[0])
+    assert artifact.data == cost_markdown(expected)
+    assert "| tiny-cls |" in artifact.data and "| tiny-det |" in artifact.data
+    assert expected.totals.referenced > 0 and expected.totals.unreferenced == 0

@@ -1,0 +1,54 @@
+"""Task runners: the runner table, a local Dask cluster's shape, and the EPFLEET_*
+variables a deployment picks its runner with (a fleet run on a Dask cluster:
+tests/flows/test_dask_cluster.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from epfleet.errors import BadInputError
+from epfleet.fleet.task_runners import task_runner
+
+pytestmark = pytest.mark.fast
+
+
+def test_unknown_task_runner_and_stray_address_are_refused() -> None:
+    with pytest.raises(BadInputError, match="unknown task runner 'ray'; known: threads"):
+        task_runner("ray")
+    with pytest.raises(BadInputError, match="--dask-address needs --task-runner dask"):
+        task_runner("threads", "tcp://127.0.0.1:8786")
+
+
+def test_dask_without_an_address_starts_a_local_cluster_of_the_asked_size() -> None:
+    import dask
+    import distributed  # noqa: F401 (defines the distributed.* config defaults)
+
+    before = dask.config.get("distributed.worker.daemon")
+    try:
+        runner = task_runner("dask", None, workers=3)
+        assert runner.cluster_kwargs == {
+            "n_workers": 3,
+            "threads_per_worker": 1,
+            "processes": True,
+        }
+        assert runner.address is None
+        # compiles are child processes of a Dask worker: a daemonic one could not start them
+        assert dask.config.get("distributed.worker.daemon") is False
+    finally:
+        dask.config.set({"distributed.worker.daemon": before})
+
+
+def test_environment_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from epfleet.fleet.task_runners import from_environment
+
+    monkeypatch.setenv("EPFLEET_TASK_RUNNER", "ray")
+    with pytest.raises(BadInputError, match="EPFLEET_TASK_RUNNER='ray': unknown task runner"):
+        from_environment()
+    monkeypatch.setenv("EPFLEET_TASK_RUNNER", "threads")
+    monkeypatch.setenv("EPFLEET_DASK_ADDRESS", "tcp://127.0.0.1:8786")
+    with pytest.raises(BadInputError, match="EPFLEET_DASK_ADDRESS is set but"):
+        from_environment()
+    monkeypatch.setenv("EPFLEET_TASK_RUNNER", "dask")
+    monkeypatch.setenv("EPFLEET_DASK_WORKERS", "two")
+    with pytest.raises(BadInputError, match="EPFLEET_DASK_WORKERS='two'"):
+        from_environment()

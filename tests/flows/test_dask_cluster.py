@@ -1,0 +1,69 @@
+"""The fleet flow with `--task-runner dask`: compile tasks run on a Dask cluster (here a
+local one of two worker processes), each compile in a child process of its worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from epfleet.formats.manifest import Manifest
+from tests.support.specs import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def dask_cluster() -> Iterator[str]:
+    import dask
+    from distributed import LocalCluster
+
+    # as epfleet.fleet.task_runners does for its own clusters: compiles are child processes
+    with dask.config.set({"distributed.worker.daemon": False}):
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        )
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+def executed_per_worker(address: str) -> dict[str, int]:
+    from distributed import Client
+
+    with Client(address) as client:
+        return dict(client.run(lambda dask_worker: dask_worker.state.executed_count))
+
+
+def test_fleet_compile_on_a_two_worker_dask_cluster(
+    dask_cluster: str, cli_env: dict[str, str], model_dir: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, tiny_models(model_dir), [*HTP_TARGETS, CPU_TARGET])
+    store = tmp_path / "store"
+    assert sum(executed_per_worker(dask_cluster).values()) == 0
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store)),
+            *("--task-runner", "dask", "--dask-address", dask_cluster, "--json"),
+        ],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert (report["compiled"], report["failed"]) == (6, 0)
+    manifest = Manifest.from_json((store / "manifest.json").read_bytes())
+    for entry in manifest.models.values():
+        assert sorted(entry.variants) == ["sd8g2-htp", "sd8g3-htp", "x86-cpu"]
+        assert all(v.status == "ok" and v.artifact for v in entry.variants.values())
+    # every compile task ran on the cluster, and both workers took some
+    executed = executed_per_worker(dask_cluster)
+    assert sum(executed.values()) == 6, executed
+    assert all(count > 0 for count in executed.values()), executed

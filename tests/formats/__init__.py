@@ -1,0 +1,1 @@
+"""Tests of epfleet.formats: the manifest model and the fleet spec."""

@@ -1,0 +1,1 @@
+"""Tests of epfleet.lifecycle: gc, retire and costs."""

@@ -1,0 +1,55 @@
+"""Every test module is in one tier, declared at its top: ``pytestmark`` with
+``pytest.mark.fast`` (pure and store tests: ``pytest -m fast``, under a minute) or
+``pytest.mark.slow`` (a Prefect API or server, the CLI in subprocesses, Dask clusters).
+A fast module asks for no fixture that starts a Prefect API."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import TESTS
+
+pytestmark = pytest.mark.fast
+
+PREFECT_FIXTURES = {"prefect_api", "cli_env", "compiled_fleet", "fleet_store", "htp_only_store"}
+"""Fixtures that start a Prefect API (or a store compiled through one)."""
+
+
+def fixtures_used(tree: ast.Module) -> set[str]:
+    """Fixture names the module's functions take, or name in ``usefixtures``."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            names |= {arg.arg for arg in node.args.args + node.args.kwonlyargs}
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("usefixtures"):
+            names |= {str(a.value) for a in node.args if isinstance(a, ast.Constant)}
+    return names
+
+
+def tier(tree: ast.Module) -> set[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            text = ast.unparse(node.value)
+            return {name for name in ("fast", "slow") if f"pytest.mark.{name}" in text}
+    return set()
+
+
+def every_test_module() -> list[Path]:
+    """Every test module, in every area directory (tests/<area>/test_*.py)."""
+    return sorted(TESTS.rglob("test_*.py"))
+
+
+@pytest.mark.parametrize("path", every_test_module(), ids=lambda p: str(p.relative_to(TESTS)))
+def test_each_module_declares_one_tier(path: Path) -> None:
+    name = path.relative_to(TESTS)
+    tree = ast.parse(path.read_text())
+    tiers = tier(tree)
+    assert len(tiers) == 1, f"{name}: pytestmark must name one of fast, slow; got {tiers}"
+    if tiers == {"fast"}:
+        used = sorted(fixtures_used(tree) & PREFECT_FIXTURES)
+        assert not used, f"{name} is fast but uses {used}: move those tests to a slow file"

@@ -1,0 +1,1 @@
+"""Tests of epfleet.runtime: real ORT compiles, shapes, worker processes' output."""

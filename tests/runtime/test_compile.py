@@ -1,0 +1,149 @@
+"""Real compiles with ONNX Runtime: QNN HTP context binaries and CPU-optimised models.
+
+QNN compiles run in a worker process, as they do in epfleet: after a QNN compile,
+QNN's validator segfaults in the same process (see eps/qnn.py), and the device sync
+tests judge QNN strings in this test process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import onnx
+import pytest
+from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
+
+import eps
+from epfleet.errors import CompileError, WorkerCrashed
+from epfleet.hashing import sha256_file
+from epfleet.runtime.compile_pool import CompilePool
+from epfleet.runtime.compiler import CompileJob, compile_job
+from epfleet.runtime.op_types import graph_op_types
+from epfleet.runtime.requests import CompileRequest
+from tests.support.native_writers import abort_on_crash, crash_or_compile
+
+pytestmark = pytest.mark.fast
+
+HTP = {"backend_type": "htp", "enable_htp_fp16_precision": "1"}
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[CompilePool]:
+    pool = CompilePool(workers=1)
+    yield pool
+    pool.shutdown()
+
+
+def job(
+    model_dir: Path,
+    tmp_path: Path,
+    ep: str,
+    options: dict,
+    source: str = "tiny-cls.onnx",
+    **overrides,
+) -> CompileJob:
+    src = model_dir / source
+    fields = dict(
+        model="tiny-cls",
+        target=f"t-{options.get('htp_arch', 'cpu')}",
+        ep=ep,
+        device="npu" if ep.startswith("QNN") else "cpu",
+        provider_options=options,
+        input_shapes={"x": [1, 3, 48, 192]},
+        source_key="sources/x.onnx",
+        source_sha256=sha256_file(src)[0],
+        source_size=src.stat().st_size,
+        fingerprint=f"fp-{ep}-{options.get('htp_arch', 'cpu')}",
+    )
+    request = CompileRequest(**(fields | overrides))
+    return CompileJob(request=request, source_path=str(src), workdir=str(tmp_path))
+
+
+@pytest.mark.parametrize(("arch", "soc"), [("75", "57"), ("73", "43"), ("79", "69")])
+def test_qnn_htp_compile_stamps_the_ep_string(
+    model_dir: Path, tmp_path: Path, arch: str, soc: str, worker: CompilePool
+) -> None:
+    out = worker.run(
+        job(model_dir, tmp_path, "QNNExecutionProvider", HTP | {"htp_arch": arch, "soc_model": soc})
+    )
+    data = Path(out.artifact_path).read_bytes()
+    read_back = get_compatibility_info_from_model_bytes(data, "QNNExecutionProvider")
+    assert read_back == out.compatibility_string
+    assert out.compatibility_written_by == "ep"
+    # QNN string: v2:<backend 6 = HTP>:<sdk>:<api>:<htp_arch>:<soc_model>:...
+    fields = read_back.split(":")
+    assert fields[1] == "6" and fields[4:6] == [arch, soc]
+    model = onnx.load_from_string(data)
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props["ep_compatibility_info.QNNExecutionProvider"] == read_back
+    assert props["epfleet.source_sha256"] == sha256_file(model_dir / "tiny-cls.onnx")[0]
+    assert props["epfleet.target"] == f"t-{arch}"
+    assert (
+        props["epfleet.ep_version"] == eps.load("QNNExecutionProvider").build_identity()["version"]
+    )
+    assert any(node.op_type == "EPContext" for node in model.graph.node)
+    # what the device's health check counts for its profile, read without onnx
+    assert graph_op_types(out.artifact_path) == [node.op_type for node in model.graph.node]
+    assert (out.sha256, out.size) == sha256_file(Path(out.artifact_path))
+
+
+def test_cpu_variant_gets_an_epfleet_string(model_dir: Path, tmp_path: Path) -> None:
+    out = compile_job(job(model_dir, tmp_path, "CPUExecutionProvider", {}))
+    data = Path(out.artifact_path).read_bytes()
+    assert out.compatibility_written_by == "epfleet"
+    assert (
+        get_compatibility_info_from_model_bytes(data, "CPUExecutionProvider")
+        == out.compatibility_string
+    )
+    assert out.compatibility_string.startswith("epfleet-cpu/1;ort=")
+
+
+def test_model_no_node_of_which_the_npu_takes_fails_clearly(
+    model_dir: Path, tmp_path: Path, worker: CompilePool
+) -> None:
+    bad = job(
+        model_dir,
+        tmp_path,
+        "QNNExecutionProvider",
+        HTP | {"htp_arch": "75", "soc_model": "57"},
+        source="nonzero.onnx",
+        model="nonzero",
+        input_shapes={"x": [1, 8]},
+    )
+    with pytest.raises(
+        CompileError,
+        match=r"QNNExecutionProvider failed to compile 'nonzero'.*Unable to compile any nodes",
+    ):
+        worker.run(bad)
+
+
+def test_a_crashing_compile_fails_alone(model_dir: Path, tmp_path: Path) -> None:
+    pool = CompilePool(workers=2)
+    good = [
+        job(model_dir, tmp_path, "CPUExecutionProvider", {}, target=f"cpu-{i}") for i in range(3)
+    ]
+    crash = good[0].model_copy(
+        update={"request": good[0].request.model_copy(update={"model": "crash"})}
+    )
+    try:
+        with ThreadPoolExecutor(4) as threads:
+            outcomes = [threads.submit(pool.run, j, crash_or_compile) for j in [crash, *good]]
+        with pytest.raises(CompileError, match="compile process crashed while compiling 'crash'"):
+            outcomes[0].result()
+        for outcome in outcomes[1:]:
+            assert Path(outcome.result().artifact_path).exists()  # innocent jobs all compiled
+        assert Path(pool.run(good[0], crash_or_compile).artifact_path).exists()  # pool still works
+    finally:
+        pool.shutdown()
+
+
+def test_a_crash_in_an_isolated_call_is_reported_and_the_worker_replaced() -> None:
+    pool = CompilePool(workers=1)
+    try:
+        with pytest.raises(WorkerCrashed, match="crashed while health-checking v1"):
+            pool.call(abort_on_crash, "crash", "health-checking v1")
+        assert pool.call(abort_on_crash, "fine", "health-checking v2") == "FINE"
+    finally:
+        pool.shutdown()
