@@ -22,6 +22,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from epfleet.cli.app import main
 from epfleet.device.cache import DeviceCache
 from epfleet.device.policy import SyncPolicy
 from epfleet.errors import BadInputError, StoreError
@@ -140,17 +141,21 @@ def test_sync_activates_cpu_and_reports_htp_unsupported(
     assert_package_runs(cache, active)
 
 
-def test_cli_sync_json(fleet_store: Path, s3_bucket: str, tmp_path: Path, aws_env: str) -> None:
+def test_cli_sync_json(
+    fleet_store: Path,
+    s3_bucket: str,
+    tmp_path: Path,
+    aws_env: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The command's JSON report and its exit code for a model the manifest lacks (run
+    in-process: what the process does is tested in tests/device/test_faults.py)."""
     uri = publish_to_s3(fleet_store, s3_bucket)
     cache = tmp_path / "device"
-    done = subprocess.run(
-        [sys.executable, "-m", "epfleet", "sync", "--store", uri, "--cache", str(cache), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    code = main(["sync", "--store", uri, "--cache", str(cache), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
     assert [(m["model"], m["action"]) for m in report["models"]] == [
         ("tiny-cls", "downloaded"),
         ("tiny-det", "downloaded"),
@@ -164,17 +169,9 @@ def test_cli_sync_json(fleet_store: Path, s3_bucket: str, tmp_path: Path, aws_en
         "bytes_downloaded",
         "reason",
     }
-    bad = subprocess.run(
-        [
-            *(sys.executable, "-m", "epfleet", "sync", "--store", uri, "--cache", str(cache)),
-            *("--model", "nope"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2
-    assert "'nope' is not in the manifest; it has: tiny-cls, tiny-det" in bad.stderr
+    bad = main(["sync", "--store", uri, "--cache", str(cache), "--model", "nope"])
+    assert bad == 2
+    assert "'nope' is not in the manifest; it has: tiny-cls, tiny-det" in capsys.readouterr().err
 
 
 # --- recompile, fallback, switching --------------------------------------------------------
