@@ -22,6 +22,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("EPFLEET_ALLOW_UNSIGNED", "true")
 
 from examples.build_models import npu_partial, npu_unfriendly, tiny_cls, tiny_det
+from tests.support.built_once import built_once, copy_with_keys
 from tests.support.specs import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 from tests.support.synced_fleet import compile_fleet
 
@@ -117,15 +118,28 @@ def prefect_api() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="module")
-def fleet_store(
-    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, prefect_api: str
+@pytest.fixture(scope="session")
+def compiled_fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
 ) -> Path:
-    """tiny-cls and tiny-det × two HTP targets and one CPU target, in a local store.
-
-    One compile per test module, as when each module imported this fixture from
-    test_sync.py: some tests sync from this store directly, and the device reports they
-    leave in it would show up in another module's copy of it."""
-    return compile_fleet(
-        tmp_path_factory.mktemp("fleet"), model_dir, [*HTP_TARGETS, CPU_TARGET], prefect_api
+    """tiny-cls and tiny-det × two HTP targets and one CPU target compiled by a real
+    ``epfleet compile`` into a local store, once per test run (its Prefect API is started
+    by the one worker that compiles). Never changed: tests get copies (``fleet_store``)."""
+    return built_once(
+        tmp_path_factory,
+        "fleet",
+        lambda directory: compile_fleet(
+            directory, model_dir, [*HTP_TARGETS, CPU_TARGET], request.getfixturevalue("prefect_api")
+        ),
     )
+
+
+@pytest.fixture(scope="module")
+def fleet_store(compiled_fleet: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-cls and tiny-det × two HTP targets and one CPU target, in a local store: each
+    test module's own copy of ``compiled_fleet`` (with the development keys beside it).
+
+    One per test module, as when each module compiled its own: some tests sync from this
+    store directly, and the device reports they leave in it would show up in another
+    module's copy of it."""
+    return copy_with_keys(compiled_fleet, tmp_path_factory.mktemp("fleet"))

@@ -39,7 +39,7 @@ from epfleet.stores import MANIFEST_KEY, open_store
 from epfleet.trust.repository import init_with_key_files
 from tests.support.paths import REPO
 
-pytestmark = pytest.mark.fast
+pytestmark = pytest.mark.slow  # fresh interpreters: what a process imports
 
 ROOT = REPO
 CPU = "CPUExecutionProvider"

@@ -23,6 +23,7 @@ from epfleet.fleet.watch_inputs import read_reports
 from epfleet.formats.device_report import DeviceReport, ModelReport
 from epfleet.runtime.compile_pool import CompilePool, TimeLimitExceeded
 from epfleet.stores.local import LocalStore
+from tests.support.native_writers import kill_self, sleep
 from tests.support.s3proxy import FaultProxy
 from tests.support.synced_fleet import (
     MODEL,
@@ -168,29 +169,17 @@ def test_a_runaway_health_check_is_killed_and_the_previous_variant_kept(
     assert list((cache / ".epfleet" / "partial").iterdir()) == []  # the variant is gone
 
 
-def _sleep(seconds: float) -> float:
-    time.sleep(seconds)
-    return seconds
-
-
-def _die(_: object) -> None:
-    import os
-    import signal
-
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def test_a_worker_call_past_its_limit_is_killed_and_the_worker_replaced() -> None:
     pool = CompilePool(1)
     try:
         started = time.monotonic()
         with pytest.raises(TimeLimitExceeded, match="sleeping ran past its time limit of 2 s"):
-            pool.call(_sleep, 60, "sleeping", timeout=2)
+            pool.call(sleep, 60, "sleeping", timeout=2)
         assert time.monotonic() - started < 10
-        assert pool.call(_sleep, 0, "sleeping briefly", timeout=30) == 0  # a new worker
+        assert pool.call(sleep, 0, "sleeping briefly", timeout=30) == 0  # a new worker
         with pytest.raises(WorkerCrashed, match="crashed while dying"):
-            pool.call(_die, None, "dying", timeout=30)
-        assert pool.call(_sleep, 0, "sleeping again", timeout=30) == 0
+            pool.call(kill_self, None, "dying", timeout=30)
+        assert pool.call(sleep, 0, "sleeping again", timeout=30) == 0
     finally:
         pool.shutdown()
 

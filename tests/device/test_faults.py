@@ -9,6 +9,8 @@ the device report naming the path that was repaired.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import resource
@@ -24,6 +26,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from epfleet.cli.app import main
 from epfleet.device.cache_errors import CacheBusy, CacheDamaged
 from epfleet.device.cache_layout import DISK_MARGIN, MB
 from epfleet.device.repair import model_metadata
@@ -467,17 +470,16 @@ def test_the_report_is_printed_when_the_disk_is_full(
     cache = small_disk / "device"
     first = run_sync(str(store), cache)
     fill(small_disk, 0)
-    command = [sys.executable, "-m", "epfleet", "sync", "--store", str(store)]
-    command += ["--cache", str(cache), "--device-id", DEVICE]
+    command = ["sync", "--store", str(store), "--cache", str(cache), "--device-id", DEVICE]
 
-    done = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=120)
+    done = cli(*command, "--json")
 
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     report = DeviceReport.model_validate_json(done.stdout)
     assert [m.action for m in report.models] == ["kept", "kept"]
     assert warned(report, "last-report.json", "no disk space")
-    text = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    text = cli(*command)
     assert text.returncode == 0 and "warning: could not save" in text.stdout
     assert_package_runs(cache, {m.model: m.variant or "" for m in first.models})
 
@@ -556,15 +558,20 @@ def remount(path: Path, *options: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``epfleet ARGV`` run in-process, its exit code and printed output: the report and
+    messages are what the tests that use it check (killed, limited or other users'
+    processes are tested in processes of their own)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return subprocess.CompletedProcess(["epfleet", *argv], code, out.getvalue(), err.getvalue())
+
+
 def cli_sync(store: Path, cache: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            *(sys.executable, "-m", "epfleet", "sync", "--store", str(store)),
-            *("--cache", str(cache), "--device-id", DEVICE, "--no-recompile", *options),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return cli(
+        *("sync", "--store", str(store), "--cache", str(cache)),
+        *("--device-id", DEVICE, "--no-recompile", *options),
     )
 
 

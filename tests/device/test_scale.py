@@ -3,8 +3,8 @@
 A signed store made by hand (one small CPU model, its variant stamped with this host's CPU
 string, signed with ``epfleet trust init``'s code) that a device syncs once; then:
 
-- a no-op ``epfleet sync``, in a fresh interpreter, loads neither ``onnx`` nor the compile
-  side nor Prefect;
+- a no-op ``epfleet sync`` loads neither ``onnx`` nor the compile side nor Prefect (in a
+  fresh interpreter: tests/device/test_fresh_processes.py, slow tier);
 - the report goes up when it says something new, gzip-compressed and compact, and
   otherwise once per heartbeat: an unchanged poll of an S3 store through the counting
   proxy is two GETs (the next root's probe and timestamp.json), no HEAD, no PUT.
@@ -15,136 +15,33 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import boto3
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from securesystemslib.signer import CryptoSigner
 from tuf.api.exceptions import RepositoryError, UnsignedMetadataError
 from tuf.api.metadata import Metadata, Root, TargetFile, Targets
 from tuf.api.serialization.json import JSONSerializer
 
-import eps
-from epfleet import ort_version
 from epfleet.device.cache import DeviceCache
 from epfleet.device.jitter import EPOCH, jitter_seconds, next_sync, sync_anchor
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.prefetch import Prefetch
 from epfleet.device.session import sync
 from epfleet.formats.device_report import DeviceReport, decode_report, report_key
-from epfleet.formats.keys import source_key, variant_key
-from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
-from epfleet.hashing import sha256_file
+from epfleet.formats.manifest import Manifest
 from epfleet.limits import Deadline
-from epfleet.stores import MANIFEST_KEY, Store, open_store
+from epfleet.stores import MANIFEST_KEY, open_store
 from epfleet.trust.updater import load_verified
-from tests.support.paths import REPO
+from tests.support.hand_made_fleet import DEVICE, MODEL, TARGET, Fleet, make_fleet
 from tests.support.s3proxy import FaultProxy
-from tests.support.trust_helpers import make_trusted_store, online_key, publish_new_build
+from tests.support.trust_helpers import online_key, publish_new_build
 
 pytestmark = pytest.mark.fast
-
-CPU = "CPUExecutionProvider"
-MODEL, TARGET, DEVICE = "m", "cpu", "dev-1"
-NOT_ON_A_NO_OP = (
-    "onnx",
-    "ml_dtypes",
-    "prefect",
-    "dask",
-    "flows",
-    "tasks",
-    "epfleet.fleet",
-    "epfleet.lifecycle",
-    "epfleet.runtime.compiler",
-    "epfleet.runtime.compile_pool",
-    "epfleet.runtime.quantize",
-    "epfleet.runtime.shapes",
-    "epfleet.device.health",
-    "epfleet.trust.signing",
-    "epfleet.trust.creation",
-    "epfleet.runtime",
-    "epfleet.cli.compile",
-    "boto3",  # a local store's sync: not even for securesystemslib's AWS KMS signer
-    "botocore",
-    "pydantic_settings",
-)
-"""What a sync that keeps every model never loads: the compile side, Prefect, publishing,
-the other commands, and for a local store anything of AWS."""
-
-
-def write_model(path: Path, *, label: str, stamp: bool) -> None:
-    """Y = X @ W; with ``stamp``, the CPU EP's compatibility string for this host."""
-    weights = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
-        "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])],
-        initializer=[numpy_helper.from_array(weights, "W")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version, model.doc_string = 8, label
-    onnx.save_model(model, str(path))
-    if stamp:
-        string = eps.load(CPU).generate_compatibility_string(path)
-        assert string is not None
-        helper.set_model_props(model, {f"ep_compatibility_info.{CPU}": string})
-        onnx.save_model(model, str(path))
-
-
-def upload(store: Store, path: Path, key: str) -> ArtifactRef:
-    sha, size = sha256_file(path)
-    store.upload(key.format(sha=sha), path, sha)
-    return ArtifactRef(uri=key.format(sha=sha), sha256=sha, size=size)
-
-
-@dataclass
-class Fleet:
-    uri: str
-    keys: Path
-    root: Path
-
-
-def make_fleet(uri: str, tmp_path: Path, models: int = 1) -> Fleet:
-    """Model ``m`` (and ``m1``, ``m2``, ... up to ``models``) and its CPU variant in the
-    store at ``uri``, signed (16 bins)."""
-    work = tmp_path / "work"
-    work.mkdir()
-    store = open_store(uri)
-    entries = {}
-    for name in [MODEL] + [f"{MODEL}{i}" for i in range(1, models)]:
-        write_model(work / "source.onnx", label=f"{name} source", stamp=False)
-        source = upload(store, work / "source.onnx", source_key("{sha}"))
-        write_model(work / "variant.onnx", label=f"{name} variant", stamp=True)
-        artifact = upload(store, work / "variant.onnx", variant_key(name, TARGET, "{sha}"))
-        variant = VariantEntry(
-            ep=CPU,
-            device="cpu",
-            compatibility_string=eps.load(CPU).generate_compatibility_string(work / "variant.onnx"),
-            artifact=artifact,
-            ort_version=ort_version(),
-            compiled_at=datetime.now(timezone.utc),
-            status="ok",
-            source_sha256=source.sha256,
-            fingerprint=f"by-hand-{name}",
-        )
-        entries[name] = ModelEntry(
-            source=SourceEntry(uri=source.uri, sha256=source.sha256, size=source.size),
-            variants={TARGET: variant},
-        )
-    store.write(MANIFEST_KEY, Manifest(generation=1, models=entries).to_json())
-    root = make_trusted_store(store, tmp_path / "keys")
-    return Fleet(store.uri, tmp_path / "keys", root)
 
 
 @pytest.fixture
@@ -154,37 +51,6 @@ def fleet(tmp_path: Path) -> Fleet:
 
 def run_sync(store: str, cache: Path, root: Path) -> DeviceReport:
     return sync(store, cache, SyncPolicy(), DEVICE, trust_root=root)
-
-
-def test_a_no_op_sync_loads_no_compile_side_and_no_prefect(fleet: Fleet, tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    first = run_sync(fleet.uri, cache, fleet.root)
-    assert [m.action for m in first.models] == ["downloaded"], first.models
-    loaded = tmp_path / "loaded.json"
-    probe = (
-        "import json, sys\n"
-        "from epfleet.cli.app import main\n"
-        "code = main(sys.argv[1:])\n"
-        f"open({str(loaded)!r}, 'w').write(json.dumps([code, sorted(sys.modules)]))\n"
-    )
-    command = ["sync", "--store", fleet.uri, "--cache", str(cache), "--json"]
-    done = subprocess.run(
-        [sys.executable, "-c", probe, *command, "--device-id", DEVICE],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    code, modules = json.loads(loaded.read_text())
-    report = DeviceReport.model_validate_json(done.stdout)
-    assert code == 0 and [m.action for m in report.models] == ["kept"]
-    heavy = sorted(
-        m for m in modules if any(m == name or m.startswith(f"{name}.") for name in NOT_ON_A_NO_OP)
-    )
-    assert heavy == [], f"a no-op sync loaded {heavy}"
-    assert "onnxruntime" in modules  # it did judge the kept variant with ORT
 
 
 def requests_since(proxy: FaultProxy, start: int) -> list[tuple[str, str, int]]:
@@ -270,10 +136,6 @@ def test_each_device_polls_at_its_own_offset_spread_over_the_interval() -> None:
     assert len(per_minute) == 60 and max(per_minute.values()) < 2 * min(per_minute.values())
     assert jitter_seconds("dev-1", 900) == jitter_seconds("dev-1", 900)  # stable
     assert jitter_seconds("dev-1", 0.5) == 0
-    # what the documented shell line computes: the first 32 bits of sha256(id) mod the interval
-    line = 'echo $(( 0x$(printf %s "dev-1" | sha256sum | cut -c1-8) % 900 ))'
-    shell = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True)
-    assert int(shell.stdout) == jitter_seconds("dev-1", 900)
     anchor = sync_anchor("dev-1", 900)
     assert anchor == EPOCH + timedelta(seconds=jitter_seconds("dev-1", 900))
     after = datetime(2026, 12, 1, 12, 0, 5, tzinfo=timezone.utc)

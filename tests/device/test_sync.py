@@ -22,12 +22,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from epfleet.cli.app import main
 from epfleet.device.cache import DeviceCache
 from epfleet.device.policy import SyncPolicy
 from epfleet.errors import BadInputError, StoreError
 from epfleet.formats.device_report import DeviceReport, ModelReport, decode_report
 from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes, sha256_file
+from tests.support.built_once import built_once, copy_with_keys
 from tests.support.paths import REPO
 from tests.support.s3proxy import FaultProxy
 from tests.support.specs import CPU_TARGET, HTP_TARGETS
@@ -49,11 +51,19 @@ from tests.support.synced_fleet import (
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def htp_only_store(
-    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, prefect_api: str
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
 ) -> Path:
-    return compile_fleet(tmp_path_factory.mktemp("htp-only"), model_dir, HTP_TARGETS, prefect_api)
+    """tiny-cls and tiny-det × the two HTP targets: a copy of one compile per test run."""
+    compiled = built_once(
+        tmp_path_factory,
+        "htp-only",
+        lambda directory: compile_fleet(
+            directory, model_dir, HTP_TARGETS, request.getfixturevalue("prefect_api")
+        ),
+    )
+    return copy_with_keys(compiled, tmp_path_factory.mktemp("htp-only"))
 
 
 def by_model(report: DeviceReport) -> dict[str, ModelReport]:
@@ -131,17 +141,21 @@ def test_sync_activates_cpu_and_reports_htp_unsupported(
     assert_package_runs(cache, active)
 
 
-def test_cli_sync_json(fleet_store: Path, s3_bucket: str, tmp_path: Path, aws_env: str) -> None:
+def test_cli_sync_json(
+    fleet_store: Path,
+    s3_bucket: str,
+    tmp_path: Path,
+    aws_env: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The command's JSON report and its exit code for a model the manifest lacks (run
+    in-process: what the process does is tested in tests/device/test_faults.py)."""
     uri = publish_to_s3(fleet_store, s3_bucket)
     cache = tmp_path / "device"
-    done = subprocess.run(
-        [sys.executable, "-m", "epfleet", "sync", "--store", uri, "--cache", str(cache), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    code = main(["sync", "--store", uri, "--cache", str(cache), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
     assert [(m["model"], m["action"]) for m in report["models"]] == [
         ("tiny-cls", "downloaded"),
         ("tiny-det", "downloaded"),
@@ -155,17 +169,9 @@ def test_cli_sync_json(fleet_store: Path, s3_bucket: str, tmp_path: Path, aws_en
         "bytes_downloaded",
         "reason",
     }
-    bad = subprocess.run(
-        [
-            *(sys.executable, "-m", "epfleet", "sync", "--store", uri, "--cache", str(cache)),
-            *("--model", "nope"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2
-    assert "'nope' is not in the manifest; it has: tiny-cls, tiny-det" in bad.stderr
+    bad = main(["sync", "--store", uri, "--cache", str(cache), "--model", "nope"])
+    assert bad == 2
+    assert "'nope' is not in the manifest; it has: tiny-cls, tiny-det" in capsys.readouterr().err
 
 
 # --- recompile, fallback, switching --------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import os
-import signal
 import zipfile
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from epfleet.runtime.samples import (
 )
 from epfleet.runtime.workers import IsolatedWorkers, WorkerDied, WorkerTimeout
 from epfleet.stores import open_store
+from tests.support.native_writers import abort, double, sleep
 from tests.support.specs import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
 pytestmark = pytest.mark.fast
@@ -249,23 +249,15 @@ def test_a_verification_past_its_time_limit_fails_and_is_killed(tmp_path: Path) 
     assert result.seconds is not None and result.seconds < 30
 
 
-def _die(_: object) -> None:
-    os.kill(os.getpid(), signal.SIGABRT)  # stands in for an EP's std::terminate
-
-
-def _double(value: int) -> int:
-    return value * 2
-
-
 def test_an_isolated_worker_that_dies_or_overruns_is_replaced() -> None:
     workers = IsolatedWorkers(1)
     try:
         with pytest.raises(WorkerDied, match="signal 6"):
-            workers.call(_die, None, 60)
-        assert workers.call(_double, 21, 60) == 42
+            workers.call(abort, None, 60)
+        assert workers.call(double, 21, 60) == 42
         with pytest.raises(WorkerTimeout):
-            workers.call(__import__("time").sleep, 30, 1)
-        assert workers.call(_double, 2, 60) == 4
+            workers.call(sleep, 30, 1)
+        assert workers.call(double, 2, 60) == 4
     finally:
         workers.shutdown()
 

@@ -30,7 +30,9 @@ from epfleet.stores import open_store
 from tests.support.paths import REPO
 from tests.support.specs import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
-pytestmark = pytest.mark.slow
+# one worker under pytest-xdist (--dist loadgroup): its module fixtures start a Prefect
+# server and work-pool workers, once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployments")]
 
 POOL_TARGET = {"name": "pool-cpu", "ep": "CPUExecutionProvider", "work_pool": "gpu-compilers"}
 

@@ -22,7 +22,9 @@ from tests.support.cli_runs import epfleet, s3_manifest, s3_reader
 from tests.support.paths import TESTS
 from tests.support.specs import assert_variants_match_store, write_spec
 
-pytestmark = pytest.mark.slow
+# one worker under pytest-xdist (--dist loadgroup): both tests share the downloaded wheel's
+# models, which two workers would download into tests/.cache at once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("third_party")]
 
 CACHE = TESTS / ".cache" / "rapidocr"
 MODELS = {name: paddle_ocr.MODELS[name] for name in ("ocr-cls", "ocr-rec")}

@@ -1,7 +1,10 @@
 """Every test module is in one tier, declared at its top: ``pytestmark`` with
 ``pytest.mark.fast`` (pure and store tests: ``pytest -m fast``, under a minute) or
 ``pytest.mark.slow`` (a Prefect API or server, the CLI in subprocesses, Dask clusters).
-A fast module asks for no fixture that starts a Prefect API."""
+A fast module asks for no fixture that starts a Prefect API, and starts no subprocess
+(it imports no ``subprocess``, nor a tests/support module that does): a command's
+output and exit code are tested in-process (``epfleet.cli.app.main``), and what a
+fresh interpreter imports in a slow module."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from tests.support.paths import TESTS
 
 pytestmark = pytest.mark.fast
 
-PREFECT_FIXTURES = {"prefect_api", "cli_env", "fleet_store", "htp_only_store"}
+PREFECT_FIXTURES = {"prefect_api", "cli_env", "compiled_fleet", "fleet_store", "htp_only_store"}
 """Fixtures that start a Prefect API (or a store compiled through one)."""
 
 
@@ -39,6 +42,30 @@ def tier(tree: ast.Module) -> set[str]:
     return set()
 
 
+def imported_modules(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def starts_subprocesses(tree: ast.Module) -> list[str]:
+    """``subprocess``, or the tests/support modules that import it, if the module imports
+    them."""
+    found = []
+    for name in sorted(imported_modules(tree)):
+        if name == "subprocess":
+            found.append(name)
+        elif name.startswith("tests.support."):
+            helper = TESTS / "support" / f"{name.rsplit('.', 1)[1]}.py"
+            if "subprocess" in imported_modules(ast.parse(helper.read_text())):
+                found.append(name)
+    return found
+
+
 def every_test_module() -> list[Path]:
     """Every test module, in every area directory (tests/<area>/test_*.py)."""
     return sorted(TESTS.rglob("test_*.py"))
@@ -53,3 +80,7 @@ def test_each_module_declares_one_tier(path: Path) -> None:
     if tiers == {"fast"}:
         used = sorted(fixtures_used(tree) & PREFECT_FIXTURES)
         assert not used, f"{name} is fast but uses {used}: move those tests to a slow file"
+        spawning = starts_subprocesses(tree)
+        assert not spawning, (
+            f"{name} is fast but imports {spawning}: move those tests to a slow file"
+        )

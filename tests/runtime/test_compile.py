@@ -7,8 +7,6 @@ tests judge QNN strings in this test process.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,8 +19,10 @@ import eps
 from epfleet.errors import CompileError, WorkerCrashed
 from epfleet.hashing import sha256_file
 from epfleet.runtime.compile_pool import CompilePool
-from epfleet.runtime.compiler import CompileJob, CompileOutput, compile_job
+from epfleet.runtime.compiler import CompileJob, compile_job
+from epfleet.runtime.op_types import graph_op_types
 from epfleet.runtime.requests import CompileRequest
+from tests.support.native_writers import abort_on_crash, crash_or_compile
 
 pytestmark = pytest.mark.fast
 
@@ -84,6 +84,8 @@ def test_qnn_htp_compile_stamps_the_ep_string(
         props["epfleet.ep_version"] == eps.load("QNNExecutionProvider").build_identity()["version"]
     )
     assert any(node.op_type == "EPContext" for node in model.graph.node)
+    # what the device's health check counts for its profile, read without onnx
+    assert graph_op_types(out.artifact_path) == [node.op_type for node in model.graph.node]
     assert (out.sha256, out.size) == sha256_file(Path(out.artifact_path))
 
 
@@ -117,14 +119,6 @@ def test_model_no_node_of_which_the_npu_takes_fails_clearly(
         worker.run(bad)
 
 
-def crash_or_compile(j: CompileJob) -> CompileOutput:
-    """Stands in for an EP whose native code segfaults: no real EP crashes on demand."""
-    if j.request.model == "crash":
-        time.sleep(0.5)  # let the innocent jobs get going on the pool first
-        os.abort()
-    return compile_job(j)
-
-
 def test_a_crashing_compile_fails_alone(model_dir: Path, tmp_path: Path) -> None:
     pool = CompilePool(workers=2)
     good = [
@@ -143,13 +137,6 @@ def test_a_crashing_compile_fails_alone(model_dir: Path, tmp_path: Path) -> None
         assert Path(pool.run(good[0], crash_or_compile).artifact_path).exists()  # pool still works
     finally:
         pool.shutdown()
-
-
-def abort_on_crash(word: str) -> str:
-    """Stands in for native code that dies in a health check: no real EP crashes on demand."""
-    if word == "crash":
-        os.abort()
-    return word.upper()
 
 
 def test_a_crash_in_an_isolated_call_is_reported_and_the_worker_replaced() -> None:

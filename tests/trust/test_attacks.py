@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from tuf.api.metadata import (
     Root,
 )
 
+from epfleet.cli.app import main
 from epfleet.device.cache import DeviceCache
 from epfleet.device.manifest_cache import fetch_manifest, lock_held
 from epfleet.device.policy import SyncPolicy
@@ -410,28 +409,19 @@ def test_a_device_wanting_every_model_takes_the_signed_manifest_json_and_refuses
 
 
 def test_the_cli_syncs_with_a_trust_root_and_refuses_without_one(
-    local_fleet: Fleet, tmp_path: Path
+    local_fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fleet = local_fleet
-    base = [sys.executable, "-m", "epfleet", "sync", "--store", fleet.site.uri]
-    base += ["--model", MODEL, "--device-id", DEVICE, "--json"]
-    signed = subprocess.run(
-        [*base, "--cache", str(fleet.cache), "--trust-root", str(fleet.root)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert signed.returncode == 0, signed.stderr
-    report = DeviceReport.model_validate_json(signed.stdout)
+    base = ["sync", "--store", fleet.site.uri, "--model", MODEL, "--device-id", DEVICE, "--json"]
+    code = main([*base, "--cache", str(fleet.cache), "--trust-root", str(fleet.root)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = DeviceReport.model_validate_json(out)
     assert report.manifest.signed and only(report).action == "downloaded"
 
-    refused = subprocess.run(
-        [*base, "--cache", str(tmp_path / "unprovisioned")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert refused.returncode == 2 and "--trust-root" in refused.stderr, refused.stderr
+    refused = main([*base, "--cache", str(tmp_path / "unprovisioned")])
+    err = capsys.readouterr().err
+    assert refused == 2 and "--trust-root" in err, err
 
 
 def test_the_device_sync_flow_verifies_with_its_trust_root(local_fleet: Fleet) -> None:
@@ -581,19 +571,25 @@ def test_a_device_behind_a_mirror_reports_where_report_to_says(
         mirror_fleet.sync()
 
 
-def test_sync_report_to_on_the_command_line(mirror_fleet: Fleet, tmp_path: Path) -> None:
+def test_sync_report_to_on_the_command_line(
+    mirror_fleet: Fleet,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """`epfleet sync --report-to DIR` through the mirror, as a device runs it: exit 0, the
     model active, the report in DIR and none behind the mirror."""
     reports = tmp_path / "cli-reports"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPFLEET_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "epfleet", "sync", "--store", mirror_fleet.site.uri,
-         "--cache", str(mirror_fleet.cache), "--model", MODEL, "--device-id", DEVICE,
-         "--trust-root", str(mirror_fleet.root), "--report-to", str(reports), "--json"],
-        env=env, capture_output=True, text=True, timeout=600,
+    for name in [name for name in os.environ if name.startswith("EPFLEET_")]:
+        monkeypatch.delenv(name)
+    code = main(
+        ["sync", "--store", mirror_fleet.site.uri, "--cache", str(mirror_fleet.cache),
+         "--model", MODEL, "--device-id", DEVICE, "--trust-root", str(mirror_fleet.root),
+         "--report-to", str(reports), "--json"]
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout)["report_uploaded"] is True
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    assert json.loads(out)["report_uploaded"] is True
     assert decode_report((reports / report_key(DEVICE)).read_bytes(), 1 << 20).device_id == DEVICE
     assert not (mirror_fleet.site.directory / report_key(DEVICE)).exists()
 
