@@ -499,6 +499,7 @@ def main() -> None:
 
     from epfleet.device.local_eps import discover
 
+    load = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="epfleet-bench-sync-"))
     try:
         with moto_in_own_process() as port:
@@ -519,6 +520,7 @@ def main() -> None:
     for metric, value, target, met in rows:
         verdict = "-" if met is None else "yes" if met else "NO"
         print(f"  {metric:<52} {value:>20}  {target:>8}  {verdict}")
+    print(f"load average (1 min) at the start {load:.1f}, at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
