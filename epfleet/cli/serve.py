@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from cyclopts import Parameter
+from cyclopts.validators import Number
 
 from epfleet.cli.exit_codes import EXIT_OK
 from epfleet.cli.options import Json, Store, command_help
@@ -118,8 +121,8 @@ def serve(
     store: Store = DEFAULT_STORE,
     cache: Path = Path("epfleet-device"),
     nightly: str = "0 2 * * *",
-    sync_every: float = 900,
-    watch_every: float = 3600,
+    sync_every: Annotated[float, Parameter(validator=Number(gt=0))] = 900,
+    watch_every: Annotated[float, Parameter(validator=Number(gt=0))] = 3600,
 ) -> int:
     """Serve fleet-compile/nightly and /on-demand, runtime-watch/hourly,
     rollout-gate/gate and device-sync/periodic from this process, without a work pool.

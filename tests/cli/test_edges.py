@@ -56,6 +56,15 @@ def test_watch_refuses_a_report_age_below_one(capsys: pytest.CaptureFixture[str]
     assert "--report-max-age-days must be 1 or more" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", ["--sync-every", "--watch-every"])
+def test_serve_refuses_an_interval_that_is_not_positive(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", option, "-1"]) == 2  # refused before Prefect is started
+    err = capsys.readouterr().err
+    assert f"for {option}. Must be > 0" in err and "Traceback" not in err
+
+
 def test_help_is_short_with_the_commands_first(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--help"])
     out = capsys.readouterr().out
