@@ -84,8 +84,15 @@ def cli_page() -> str:
         "interrupted (Ctrl-C). `--store` defaults to `./epfleet-store` everywhere.\n\n",
         "```text\n" + SYNOPSIS + "```\n",
     ]
+    from rich.console import Console
+
+    from epfleet.cli.app import app
+
     previous = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = HELP_COLUMNS
+    # A console of that width for these pages: the app's own is made once per process, at
+    # the width of its first help, which may have been another one (tests/cli print help).
+    app.console = Console(width=int(HELP_COLUMNS))
     try:
         for command in COMMANDS:
             out = io.StringIO()
@@ -95,6 +102,7 @@ def cli_page() -> str:
             text = "\n".join(line.rstrip() for line in out.getvalue().strip().splitlines())
             parts.append(f"\n## `{title}`\n\n```text\n{text}\n```\n")
     finally:
+        app.console = None  # back to the app's own
         if previous is None:
             os.environ.pop("COLUMNS", None)
         else:

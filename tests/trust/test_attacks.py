@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -571,25 +573,20 @@ def test_a_device_behind_a_mirror_reports_where_report_to_says(
         mirror_fleet.sync()
 
 
-def test_sync_report_to_on_the_command_line(
-    mirror_fleet: Fleet,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_sync_report_to_on_the_command_line(mirror_fleet: Fleet, tmp_path: Path) -> None:
     """`epfleet sync --report-to DIR` through the mirror, as a device runs it: exit 0, the
-    model active, the report in DIR and none behind the mirror."""
+    model active, the report in DIR and none behind the mirror. In a process of its own:
+    --report-to sets EPFLEET_REPORT_TO in the process that runs the command."""
     reports = tmp_path / "cli-reports"
-    for name in [name for name in os.environ if name.startswith("EPFLEET_")]:
-        monkeypatch.delenv(name)
-    code = main(
-        ["sync", "--store", mirror_fleet.site.uri, "--cache", str(mirror_fleet.cache),
-         "--model", MODEL, "--device-id", DEVICE, "--trust-root", str(mirror_fleet.root),
-         "--report-to", str(reports), "--json"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPFLEET_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "epfleet", "sync", "--store", mirror_fleet.site.uri,
+         "--cache", str(mirror_fleet.cache), "--model", MODEL, "--device-id", DEVICE,
+         "--trust-root", str(mirror_fleet.root), "--report-to", str(reports), "--json"],
+        env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    out, err = capsys.readouterr()
-    assert code == 0, err[-3000:]
-    assert json.loads(out)["report_uploaded"] is True
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["report_uploaded"] is True
     assert decode_report((reports / report_key(DEVICE)).read_bytes(), 1 << 20).device_id == DEVICE
     assert not (mirror_fleet.site.directory / report_key(DEVICE)).exists()
 
