@@ -19,24 +19,14 @@ import os
 import re
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
-import eps
-from epfleet import ort_version
 from epfleet.cli.app import COMMANDS
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.formats.keys import source_key, variant_key
-from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
-from epfleet.hashing import sha256_file
-from epfleet.stores import MANIFEST_KEY, open_store
-from epfleet.trust.repository import init_with_key_files
+from tests.support.hand_made_fleet import make_fleet
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.slow  # fresh interpreters: what a process imports
@@ -92,65 +82,11 @@ def test_version_loads_no_command_and_help_still_lists_them_all(tmp_path: Path) 
     assert all(description for description in listing.values()), listing
 
 
-def write_model(path: Path, label: str, stamp: bool) -> None:
-    """Y = X @ W; with ``stamp``, the CPU EP's compatibility string for this host."""
-    weights = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
-        "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])],
-        initializer=[numpy_helper.from_array(weights, "W")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version, model.doc_string = 8, label
-    onnx.save_model(model, str(path))
-    if stamp:
-        string = eps.load(CPU).generate_compatibility_string(path)
-        assert string is not None
-        helper.set_model_props(model, {f"ep_compatibility_info.{CPU}": string})
-        onnx.save_model(model, str(path))
-
-
-def signed_s3_fleet(uri: str, work: Path) -> Path:
-    """Model ``m`` and its CPU variant for this host in the store at ``uri``, signed; the
-    root file a device trusts."""
-    store = open_store(uri)
-    refs = []
-    for name, stamp in (("source", False), ("variant", True)):
-        path = work / f"{name}.onnx"
-        write_model(path, f"m {name}", stamp)
-        sha, size = sha256_file(path)
-        key = variant_key("m", "cpu", sha) if stamp else source_key(sha)
-        store.upload(key, path, sha)
-        refs.append(ArtifactRef(uri=key, sha256=sha, size=size))
-    source, artifact = refs
-    variant = VariantEntry(
-        ep=CPU,
-        device="cpu",
-        compatibility_string=eps.load(CPU).generate_compatibility_string(work / "variant.onnx"),
-        artifact=artifact,
-        ort_version=ort_version(),
-        compiled_at=datetime.now(timezone.utc),
-        status="ok",
-        source_sha256=source.sha256,
-        fingerprint="by-hand",
-    )
-    entry = ModelEntry(
-        source=SourceEntry(uri=source.uri, sha256=source.sha256, size=source.size),
-        variants={"cpu": variant},
-    )
-    store.write(MANIFEST_KEY, Manifest(generation=1, models={"m": entry}).to_json())
-    root, _ = init_with_key_files(store, work / "keys", bins=16)
-    return root
-
-
 def test_a_sync_command_hides_boto3_from_the_signers_and_still_reads_s3(
     s3_bucket: str, tmp_path: Path
 ) -> None:
     uri, cache = f"s3://{s3_bucket}/fleet", tmp_path / "cache"
-    (tmp_path / "work").mkdir()
-    root = signed_s3_fleet(uri, tmp_path / "work")
+    root = make_fleet(uri, tmp_path).root  # model m, its CPU variant for this host, signed
     first = sync(uri, cache, SyncPolicy(), "dev-1", trust_root=root)  # in this process
     assert [m.action for m in first.models] == ["downloaded"], first.models
     (run,) = probe(
