@@ -52,6 +52,7 @@ def init(
     root_keys: int = 3,
     root_threshold: int = 2,
     bins: int = 256,
+    force: bool = False,
 ) -> int:
     """Create the store's signed metadata: root (a threshold of offline keys), targets
     (an offline key), and the online key that signs bins, snapshot and timestamp; then
@@ -63,8 +64,13 @@ def init(
       epfleet trust init --store ./epfleet-store --keys ./keys --online-signer awskms:... \\
         --online-public-key online.pub.pem
 
+    Keep --keys out of any git work tree: a directory inside one that git does not ignore
+    is refused (--force writes there anyway). Nothing is left in --keys when init fails:
+    run the same command again.
+
     Exit codes: 0 created; 1 the store failed; 2 bad input (the store has trust metadata,
-    --keys holds keys, an impossible threshold or bin count).
+    --keys holds keys or is in a git work tree that does not ignore it, an impossible
+    threshold or bin count).
 
     Parameters
     ----------
@@ -75,10 +81,15 @@ def init(
     bins
         How many hashed bins the targets are spread over (a power of two; fixed for good:
         devices cache them).
+    force
+        Write the keys into a git work tree that does not ignore --keys.
     """
     from epfleet.settings import settings
     from epfleet.stores import open_store
+    from epfleet.trust.key_location import check_keys_location
     from epfleet.trust.repository import init_with_key_files
+
+    check_keys_location(keys, force=force)
 
     uri = online_signer or settings().trust_signer
     root_file, uri = init_with_key_files(

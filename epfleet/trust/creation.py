@@ -9,6 +9,8 @@ development keys live beside it (``development_keys_dir``), never inside it.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -18,12 +20,14 @@ from tuf.api.metadata import Root
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.formats.manifest import Manifest
-from epfleet.fsutil import atomic_write_bytes
+from epfleet.fsutil import atomic_write_bytes, fsync_dir
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import local_path
 from epfleet.trust.keys import (
     ONLINE_KEY,
     OfflineKeys,
+    check_holds_no_keys,
+    file_uri,
     generate_offline,
     generate_online_file,
     online_signer,
@@ -132,18 +136,47 @@ def init_with_key_files(
 ) -> tuple[Path, str]:
     """``init_repository`` with new offline keys written to ``keys_dir``, and a new online
     key file there too unless ``online_uri`` names one. Returns the root file for
-    devices (``<keys_dir>/root.json``) and the online signer's URI."""
+    devices (``<keys_dir>/root.json``) and the online signer's URI.
+
+    All or nothing: the keys are made in a staging directory beside ``keys_dir`` and moved
+    into it only once the store's metadata is written; a failure before that (a missing
+    bucket, a refused signer, Ctrl-C) removes them, so that the same command can be run
+    again as it was."""
     if has_trust(store):  # before any key is made
         raise BadInputError(
             f"{store.uri} already has trust metadata ({FIRST_ROOT_KEY}); rotate its keys "
             "with epfleet trust rotate instead"
         )
     bin_bits(bins)
-    offline = generate_offline(keys_dir, root_keys)
-    if online_uri is None:
-        online_uri = generate_online_file(keys_dir / ONLINE_KEY)
-    signer = online_signer(online_uri, public_key_of(online_uri, online_public_key))
-    raw_root = init_repository(store, offline, signer, root_threshold=root_threshold, bins=bins)
-    root_file = keys_dir / ROOT_COPY
-    atomic_write_bytes(root_file, raw_root)
-    return root_file, online_uri
+    check_holds_no_keys(keys_dir)
+    keys_dir = keys_dir.absolute()
+    keys_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{keys_dir.name}.partial-", dir=keys_dir.parent))
+    try:
+        offline = generate_offline(staging, root_keys)
+        if online_uri is None:
+            staged_uri = generate_online_file(staging / ONLINE_KEY)
+            signer = online_signer(staged_uri, public_key_of(staged_uri))
+            online_uri = file_uri(keys_dir / ONLINE_KEY)
+        else:
+            signer = online_signer(online_uri, public_key_of(online_uri, online_public_key))
+        raw_root = init_repository(store, offline, signer, root_threshold=root_threshold, bins=bins)
+        atomic_write_bytes(staging / ROOT_COPY, raw_root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _move_keys(staging, keys_dir)
+    return keys_dir / ROOT_COPY, online_uri
+
+
+def _move_keys(staging: Path, keys_dir: Path) -> None:
+    """The staged key files into ``keys_dir`` (renamed whole when it does not exist), each
+    linked before it is unlinked: no file of ``keys_dir`` is overwritten."""
+    if not keys_dir.exists():
+        os.rename(staging, keys_dir)
+        fsync_dir(keys_dir.parent)
+        return
+    for staged in staging.iterdir():
+        os.link(staged, keys_dir / staged.name)
+    fsync_dir(keys_dir)
+    shutil.rmtree(staging)

@@ -79,10 +79,7 @@ def generate_offline(directory: Path, root_keys: int = 3) -> OfflineKeys:
     hold keys already)."""
     if root_keys < 1:
         raise BadInputError(f"--root-keys must be at least 1, not {root_keys}")
-    if _root_files(directory) or (directory / TARGETS_KEY_FILE).exists():
-        raise BadInputError(
-            f"--keys {directory} already holds keys; give an empty or new directory"
-        )
+    check_holds_no_keys(directory)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     root = [new_key() for _ in range(root_keys)]
     for number, signer in enumerate(root, start=1):
@@ -90,6 +87,16 @@ def generate_offline(directory: Path, root_keys: int = 3) -> OfflineKeys:
     targets = new_key()
     write_private_key(directory / TARGETS_KEY_FILE, targets)
     return OfflineKeys(directory, root, targets)
+
+
+def check_holds_no_keys(directory: Path) -> None:
+    """BadInputError when ``directory`` holds keys already (a key is never overwritten)."""
+    if _root_files(directory) or any(
+        (directory / name).exists() for name in (TARGETS_KEY_FILE, ONLINE_KEY)
+    ):
+        raise BadInputError(
+            f"--keys {directory} already holds keys; give an empty or new directory"
+        )
 
 
 def load_offline(directory: Path) -> OfflineKeys:
