@@ -59,6 +59,7 @@ from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.limits import Deadline, within
 from epfleet.settings import settings
 from epfleet.stores import open_store, reports_store
+from epfleet.text import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +299,9 @@ class SyncSession:
             report = model_sync.unexpected(model, self.state, exc)
         if ahead:
             report = report.model_copy(update={"bytes_downloaded": report.bytes_downloaded + ahead})
-        logger.info("%s: %s %s (%s)", model, report.action, report.variant or "", report.reason)
+        moved = f" ({format_bytes(report.bytes_downloaded)})" if report.bytes_downloaded else ""
+        variant = f" {report.variant}" if report.variant else ""
+        logger.info("%s: %s%s%s: %s", model, report.action, variant, moved, report.reason)
         self.reports.append(report)
         return report
 

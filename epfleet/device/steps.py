@@ -154,8 +154,8 @@ class Steps:
             raise
         finally:
             got.close()
-        logger.info(
-            "%s: downloaded %s (%d bytes), health check passed%s",
+        logger.debug(  # the sync's own line says it once, with the bytes prefetched too
+            "%s: fetched %s (%d bytes not prefetched), health check passed%s",
             model,
             installed.name,
             got.moved,

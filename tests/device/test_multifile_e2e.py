@@ -42,6 +42,7 @@ from epfleet.device.session import sync
 from epfleet.formats.device_report import DeviceReport, ModelReport
 from epfleet.formats.manifest import Manifest, PackageFile, VariantEntry
 from epfleet.hashing import sha256_bytes
+from epfleet.text import format_bytes
 from eps.base import Judgement, Verdict
 from tests.support.specs import write_spec
 
@@ -309,14 +310,15 @@ def test_a_qnn_context_beside_the_model_is_verified_per_file_and_activated(
 
     # The stored bytes mended: the HTP variant is downloaded, verified, checked, activated.
     fleet.mend()
-    with caplog.at_level(logging.INFO, logger="epfleet.device.steps"):
+    with caplog.at_level(logging.INFO, logger="epfleet.device.session"):
         done = only(run_sync(uri, cache))
     assert (done.action, done.variant, done.verdict) == ("downloaded", htp_name, "optimal"), (
         done.reason
     )
     assert done.bytes_downloaded == htp.total_size
-    checked = f"dense: downloaded {htp_name} ({htp.total_size} bytes), health check passed on 1"
-    assert checked in caplog.text  # QNN's HTP backend ran it on the golden sample
+    said = [r.getMessage() for r in caplog.records if "dense: downloaded" in r.getMessage()]
+    assert said == [f"dense: downloaded {htp_name} ({format_bytes(htp.total_size)}): {done.reason}"]
+    assert done.profile is not None  # QNN's HTP backend ran it on the golden sample
     directory = cache / "models" / "dense" / htp_name
     got = installed_files(directory)
     assert sorted(got) == sorted([htp.model_file, *(f.path for f in htp.files)])

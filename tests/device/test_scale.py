@@ -36,6 +36,7 @@ from epfleet.formats.device_report import DeviceReport, decode_report, report_ke
 from epfleet.formats.manifest import Manifest
 from epfleet.limits import Deadline
 from epfleet.stores import MANIFEST_KEY, open_store
+from epfleet.text import format_bytes
 from epfleet.trust.updater import load_verified
 from tests.support.hand_made_fleet import DEVICE, MODEL, TARGET, Fleet, make_fleet
 from tests.support.s3proxy import FaultProxy
@@ -226,6 +227,7 @@ def test_the_next_models_download_runs_ahead_once_and_counts_in_its_report(
     fleet = make_fleet(f"s3://{s3_bucket}/fleet", tmp_path, models=3)
     manifest = Manifest.from_json(getattr(open_store(fleet.uri).read(MANIFEST_KEY), "data", b""))
     start = len(s3_proxy.log)
+    caplog.set_level(logging.INFO, logger="epfleet.device.session")
     with caplog.at_level(logging.DEBUG, logger="epfleet.device.prefetch"):
         first = run_sync(fleet.uri, tmp_path / "cache", fleet.root)
     assert [(m.model, m.action) for m in first.models] == [
@@ -242,6 +244,12 @@ def test_the_next_models_download_runs_ahead_once_and_counts_in_its_report(
         assert report.bytes_downloaded == artifact.size  # counted for its model
         if report.model != "m":  # the first model has no model before it
             assert ahead.count(f"{artifact.uri}: fetched ahead") == 1, ahead
+        # one line says so, with the bytes fetched ahead counted (not "0 bytes", not twice)
+        said = [m for m in caplog.messages if m.startswith(f"{report.model}: downloaded")]
+        assert said == [
+            f"{report.model}: downloaded {report.variant} ({format_bytes(artifact.size)}): "
+            f"{report.reason}"
+        ]
 
 
 def test_a_failure_ahead_is_met_and_reported_by_the_models_own_sync(
