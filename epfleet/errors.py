@@ -45,6 +45,11 @@ class StoreError(EpfleetError):
     """A store operation failed for a reason that retrying will not fix."""
 
 
+class StoreMissing(BadInputError, StoreError):
+    """The store itself is not there (a bucket that does not exist): the store URI is
+    wrong, whichever command and step met it first (one wording, exit 2)."""
+
+
 class ObjectMissing(StoreError):
     """The store has no object at the key asked for: the answer to the read itself (S3's
     404), so that no second request is needed to tell a missing object from a failure."""

@@ -52,16 +52,13 @@ def store_absence(store: Store) -> EpfleetError | None:
 def _bucket_absence(store: S3Store) -> EpfleetError | None:
     import botocore.exceptions as bce
 
-    from epfleet.stores.s3_errors import status_of
+    from epfleet.stores.s3_errors import missing_bucket, status_of
 
     try:
         store.client.head_bucket(Bucket=store.bucket)
     except bce.ClientError as exc:
         if status_of(exc) == 404:
-            return BadInputError(
-                f"store {store.uri}: bucket {store.bucket!r} does not exist at "
-                f"{store.client.meta.endpoint_url}; check the store URI and AWS_ENDPOINT_URL"
-            )
+            return missing_bucket(store.uri, store.bucket, store.client.meta.endpoint_url)
     except (bce.ConnectionError, bce.HTTPClientError) as exc:
         return StoreError(
             f"store {store.uri}: cannot reach the S3 endpoint ({exc}); check the network "

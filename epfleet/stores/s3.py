@@ -145,6 +145,8 @@ class S3Store:
             bucket=self.bucket,
             attempts=attempts,
             stall_timeout=stall,
+            store_uri=self.uri,
+            endpoint=self.client.meta.endpoint_url,
         )
 
     def _get(

@@ -15,7 +15,7 @@ from typing import NoReturn
 import botocore.exceptions as bce
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 
-from epfleet.errors import ObjectMissing, StoreError, TransientStoreError
+from epfleet.errors import ObjectMissing, StoreError, StoreMissing, TransientStoreError
 from epfleet.limits import TransferTooSlow
 from epfleet.stores.s3_bounds import DeadlineReached
 
@@ -58,6 +58,15 @@ def is_missing(exc: BaseException) -> bool:
     return isinstance(exc, bce.ClientError) and code_of(exc) in MISSING_CODES
 
 
+def missing_bucket(store_uri: str, bucket: str, endpoint: str | None) -> StoreMissing:
+    """The one error of every command that meets a store whose bucket does not exist."""
+    at = f" at {endpoint}" if endpoint else ""
+    return StoreMissing(
+        f"store {store_uri}: bucket {bucket!r} does not exist{at}; check the store URI and "
+        "AWS_ENDPOINT_URL"
+    )
+
+
 def raise_store_error(
     exc: BaseException,
     *,
@@ -66,6 +75,8 @@ def raise_store_error(
     bucket: str,
     attempts: int,
     stall_timeout: float,
+    store_uri: str = "",
+    endpoint: str | None = None,
 ) -> NoReturn:
     """Turn a boto3/botocore failure of ``action`` on ``where`` into TransientStoreError
     or StoreError (anything else is raised as it is)."""
@@ -103,10 +114,7 @@ def raise_store_error(
                 f"{action} {where}: S3 answered {status} {code}; retry later"
             ) from exc
         if code == "NoSuchBucket":
-            raise StoreError(
-                f"{action} {where}: bucket {bucket!r} does not exist; "
-                "check the store URI and AWS_ENDPOINT_URL"
-            ) from exc
+            raise missing_bucket(store_uri, bucket, endpoint) from exc
         if code in MISSING_CODES:
             raise ObjectMissing(
                 f"{action} {where}: no such object (check the key and that "

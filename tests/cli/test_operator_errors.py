@@ -185,15 +185,35 @@ def test_a_provisioned_device_is_told_its_store_is_gone_not_to_run_trust_init(
     assert "trust init" not in str(refused.value)
 
 
-def test_compile_to_a_missing_bucket_prints_no_raw_botocore_text(
-    capsys: pytest.CaptureFixture[str], aws_env: str, fleet_spec: Path
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compile", "{spec}", "--store", "{store}"],
+        ["sync", "--store", "{store}", "--cache", "{tmp}/c"],
+        ["manifest", "show", "--store", "{store}"],
+        ["trust", "init", "--store", "{store}", "--keys", "{tmp}/keys"],
+        ["gc", "--store", "{store}"],
+    ],
+)
+def test_a_missing_bucket_is_one_line_and_exit_2_at_every_command(
+    capsys: pytest.CaptureFixture[str],
+    aws_env: str,
+    fleet_spec: Path,
+    tmp_path: Path,
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    code, err = run(capsys, "compile", str(fleet_spec), "--store", "s3://no-such-bucket/f")
-    assert code == 1
+    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED")  # a device as shipped: signed or nothing
+    store = "s3://no-such-bucket/f"
+    filled = [a.format(spec=fleet_spec, store=store, tmp=tmp_path) for a in argv]
+    code, err = run(capsys, *filled)
+    assert code == 2, err
+    endpoint = open_store(store).client.meta.endpoint_url  # type: ignore[attr-defined]
     assert err.strip().splitlines() == [
-        "epfleet: listing incomplete uploads of s3://no-such-bucket/f/: bucket "
-        "'no-such-bucket' does not exist; check the store URI and AWS_ENDPOINT_URL"
+        f"epfleet: error: store {store}: bucket 'no-such-bucket' does not exist at "
+        f"{endpoint}; check the store URI and AWS_ENDPOINT_URL"
     ]
+    assert not (tmp_path / "keys").exists()  # trust init wrote no key
 
 
 @pytest.mark.parametrize(
