@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -172,7 +173,7 @@ def _compile(
         if task_runner == "threads":
             pool, progress = _prestart(plan, store, workers)
         try:
-            problem = start_temporary_api() if task_runner == "threads" else None
+            problem = _start_api_saying_so() if task_runner == "threads" else None
             if problem is None:
                 runner = make_runner(task_runner, dask_address, workers)
                 with handing_over(plan, plan_inputs(spec, store, model, target, force)):
@@ -191,6 +192,29 @@ def _compile(
             if pool is not None:
                 pool.drop_unclaimed()
     return report
+
+
+def _start_api_saying_so() -> str | None:
+    """``start_temporary_api``, with a line before and after when it starts one: on a busy
+    machine it takes tens of seconds, while the compiles started meanwhile wait for the
+    flow run to verify and publish them."""
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return start_temporary_api()
+    print(
+        "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
+        "names a server instead); the compiles run meanwhile",
+        file=sys.stderr,
+    )
+    started = time.monotonic()
+    problem = start_temporary_api()
+    if problem is None:
+        print(
+            f"epfleet: Prefect's temporary API answered after {time.monotonic() - started:.0f} s",
+            file=sys.stderr,
+        )
+    return problem
 
 
 def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool, CompileProgress]:
