@@ -65,8 +65,10 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
+
+from tests.support.quiet_server import QuietHTTPServer
 
 MAX_BODY = 256 << 20
 HOLD_MAX = 120.0  # seconds a stalled or endless response is held at most
@@ -117,7 +119,7 @@ class FaultProxy:
         self._closing = threading.Event()
         self.ignore_range = False
         self.uploads_initiated: datetime | None = None
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        self._server = QuietHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), daemon=True
