@@ -1,4 +1,6 @@
-"""The package's shape: small modules, each opening with a line that says what it is for."""
+"""The package's shape: each module opens with a line that says its one concern. (Size is
+left to review, not to a line cap: issue 29 found a 400-line cap had split one S3 store
+over four files that reach into each other's private members.)"""
 
 from __future__ import annotations
 
@@ -12,18 +14,10 @@ from tests.support.paths import REPO
 pytestmark = pytest.mark.fast
 
 PACKAGES = ("epfleet", "eps", "tasks", "flows", "deployments")
-MAX_LINES = 400
 
 
 def modules() -> list[Path]:
     return sorted(p for package in PACKAGES for p in (REPO / package).rglob("*.py"))
-
-
-def test_no_module_is_over_the_size_limit() -> None:
-    sizes = {p.relative_to(REPO): len(p.read_text().splitlines()) for p in modules()}
-    assert len(sizes) > 50
-    over = {str(path): lines for path, lines in sizes.items() if lines > MAX_LINES}
-    assert not over, f"modules over {MAX_LINES} lines (split them by concern): {over}"
 
 
 def test_every_module_states_its_concern() -> None:
