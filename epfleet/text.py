@@ -1,7 +1,22 @@
-"""Plain-text rendering shared by every command: byte sizes, counted nouns and aligned
-tables."""
+"""Plain-text rendering shared by every command: byte sizes, counted nouns, aligned
+tables, and text from outside (a device report's names and reasons) made safe to show.
+
+Anyone who can write a device report chooses its strings. ``printable`` is what a
+terminal may be shown of one: control characters (escape sequences, line breaks, a
+carriage return that redraws a line), Unicode format characters (bidi overrides) and
+line separators become ``\\x1b``-style escapes; ``table`` applies it to every cell.
+``markdown_text`` is what a Markdown artifact may be shown: ``printable``, with the
+characters Markdown or HTML would interpret (``|`` ending a table cell, links, emphasis,
+code, tags) escaped. A table artifact's cells are shown as text: ``printable`` is enough.
+"""
 
 from __future__ import annotations
+
+import re
+import unicodedata
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_MARKDOWN = re.compile(r"([\\`*_\[\]#|~>])")
 
 
 def format_bytes(size: int | None) -> str:
@@ -20,7 +35,29 @@ def plural(count: int, noun: str, nouns: str | None = None) -> str:
     return f"{count} {noun if count == 1 else nouns or noun + 's'}"
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on escaped (see the module)."""
+    if text.isprintable():
+        return text
+    return "".join(
+        _escape(c) if _UNSAFE.match(c) or unicodedata.category(c) == "Cf" else c for c in text
+    )
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def markdown_text(text: str) -> str:
+    """``text`` safe inside a Markdown artifact (a table cell, a list item)."""
+    escaped = _MARKDOWN.sub(r"\\\1", printable(text))
+    return escaped.replace("&", "&amp;").replace("<", "&lt;")
+
+
 def table(headers: list[str], rows: list[list[str]]) -> str:
+    headers = [printable(h) for h in headers]
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]

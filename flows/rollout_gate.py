@@ -22,11 +22,9 @@ from prefect.events import emit_event
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
-from epfleet.fleet.publishing import read_in_force
-from epfleet.fleet.rollouts import Move, RolloutStatus, move, statuses
-from epfleet.fleet.views import FIELD_HEADERS, field_table_rows
-from epfleet.fleet.watch_inputs import field_evidence
-from epfleet.stores import DEFAULT_STORE, Store, open_store
+from epfleet.fleet.rollouts import RolloutStatus, run_gate
+from epfleet.fleet.views import FIELD_HEADERS, field_table_rows, rollout_row
+from epfleet.stores import DEFAULT_STORE, open_store
 
 
 class Approval(RunInput):
@@ -46,53 +44,42 @@ def rollout_gate(store: str = DEFAULT_STORE) -> list[dict[str, object]]:
         store: Store URI: a directory, file:///abs/dir or s3://bucket/prefix.
     """
     logger = get_run_logger()
-    opened = open_store(store)
-    judged = statuses(opened)
-    moves = []
-    for status in judged:
-        decision: str = status.verdict.decision
-        reason = status.verdict.reason
-        if decision == "advance" and status.rollout.policy.approval and status.rollout.stage:
-            decision, reason = _approval(status)
-        if decision not in ("advance", "halt"):
-            logger.info("%s: rollout %s waits: %s", status.model, status.rollout.id, reason)
-            continue
-        how: Move = "advance" if decision == "advance" else "halt"
-        moved = move(opened, status.model, how, reason, status.rollout.id)
-        logger.info("%s: rollout %s %s: %s", status.model, moved.rollout_id, moved.state, reason)
-        event = {"advance": "advanced", "halt": "halted"}[decision]
-        event = "completed" if moved.state == "complete" else event
+    reading, moved = run_gate(open_store(store), approve=_approval)
+    for status in reading.statuses:
+        if not any(m.rollout_id == status.rollout.id for m in moved):
+            logger.info(
+                "%s: rollout %s waits: %s", status.model, status.rollout.id, status.verdict.reason
+            )
+    for move in moved:
+        logger.info("%s: rollout %s %s: %s", move.model, move.rollout_id, move.state, move.reason)
+        event = {"advance": "advanced", "halt": "halted", "revert": "reverted"}[move.move]
+        event = "completed" if move.state == "complete" else event
         emit_event(
             event=f"epfleet.rollout.{event}",
             resource={
-                "prefect.resource.id": f"epfleet.rollout.{status.model}.{moved.rollout_id}",
-                "prefect.resource.name": f"{status.model} rollout {moved.rollout_id}",
-                "epfleet.model": status.model,
+                "prefect.resource.id": f"epfleet.rollout.{move.model}.{move.rollout_id}",
+                "prefect.resource.name": f"{move.model} rollout {move.rollout_id}",
+                "epfleet.model": move.model,
                 "epfleet.store": store,
             },
-            payload=moved.model_dump(mode="json"),
+            payload=move.model_dump(mode="json"),
         )
-        moves.append(moved.model_dump(mode="json"))
     create_table_artifact(
         key="rollout-gate",
-        table=[_row(s) for s in judged],
-        description=f"Staged rollouts in {store}: the field evidence and the gate's decision",
+        table=[rollout_row(s) for s in reading.statuses],
+        description=f"Staged rollouts in {store}: the field evidence, side by side, and the "
+        f"gate's decision ({reading.read} device reports read, {reading.unreadable} "
+        "unreadable)",
     )
-    _field_artifact(opened, store)
-    return moves
-
-
-def _field_artifact(opened: Store, store: str) -> None:
-    """The fleet's evidence per model × target (``epfleet manifest show --field``)."""
-    manifest = read_in_force(opened).manifest
-    if manifest is None:
-        return
-    rows, read, _ = field_evidence(opened, manifest)
     create_table_artifact(
         key="fleet-field",
-        table=[dict(zip(FIELD_HEADERS, cells, strict=True)) for cells in field_table_rows(rows)],
-        description=f"What {read} device reports say of each model and target in {store}",
+        table=[
+            dict(zip(FIELD_HEADERS, cells, strict=True))
+            for cells in field_table_rows(reading.field)
+        ],
+        description=f"What {reading.read} device reports say of each model and target in {store}",
     )
+    return [m.model_dump(mode="json") for m in moved]
 
 
 def _approval(status: RolloutStatus) -> tuple[str, str]:
@@ -107,22 +94,6 @@ def _approval(status: RolloutStatus) -> tuple[str, str]:
     if answer.approve:
         return "advance", answer.reason
     return "wait", f"not approved: {answer.reason}"
-
-
-def _row(status: RolloutStatus) -> dict[str, str]:
-    ev, ro = status.evidence, status.rollout
-    regression = ev.latency_regression
-    return {
-        "model": status.model,
-        "rollout": ro.id,
-        "stage": f"{ro.stage + 1}/{len(ro.policy.stages)} ({ro.percent:g} %)",
-        "state": ro.state,
-        "devices on new": str(ev.on_new),
-        "devices on previous": str(ev.on_previous),
-        "failed": f"{ev.failed_on_new} ({ev.failure_rate:.0%})",
-        "p50 new vs previous": "-" if regression is None else f"{regression:+.0%}",
-        "gate": f"{status.verdict.decision}: {status.verdict.reason}",
-    }
 
 
 if __name__ == "__main__":

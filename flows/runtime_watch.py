@@ -20,6 +20,7 @@ from pydantic import Field
 
 from epfleet.fleet.watch_rules import WatchPlan
 from epfleet.stores import DEFAULT_STORE
+from epfleet.text import markdown_text
 from tasks.dispatch import sweep_results
 from tasks.events import emit_unserved_events
 from tasks.watch import trigger_compile, watch_task
@@ -92,9 +93,9 @@ def _artifacts(plan: WatchPlan, store: str, deployment: str, started: str | None
         + (f" · started `{deployment}` run `{started}`" if started else "")
         + f" · {plan.reports_read} device reports read"
     ]
-    lines += [
-        f"- unserved: {u.device_count} devices ({u.label}): "
-        + "; ".join(f"`{m}` {why}" for m, why in u.models.items())
+    lines += [  # labels, model names and reasons come from device reports: escaped
+        f"- unserved: {u.device_count} devices ({markdown_text(u.label)}): "
+        + "; ".join(f"{markdown_text(m)} {markdown_text(why)}" for m, why in u.models.items())
         for u in plan.unserved
     ]
     create_markdown_artifact(key="runtime-watch-summary", markdown="\n".join(lines))

@@ -37,41 +37,33 @@ def _no_rollout_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
 @rollout_app.command
 def status(*, store: Store = DEFAULT_STORE, model: Repeatable = None, as_json: Json = False) -> int:
     """Show every rollout: its stage and state, the devices on the new and the previous
-    variants, failures and latency from the device reports, and what the gate would do.
+    variants side by side (failures, p50 latency, EP placement) from the device reports
+    it can attribute, how many it could not, and what the gate would do.
 
     For example:
       epfleet rollout status --store s3://bucket/fleet
       epfleet rollout status --store ./epfleet-store --model ocr-det --json
     """
-    from epfleet.fleet.rollouts import statuses
+    from epfleet.fleet.rollouts import read_evidence
+    from epfleet.fleet.views import ROLLOUT_HEADERS, rollout_row
     from epfleet.stores import open_store
     from epfleet.text import table
 
-    found = statuses(open_store(store), model)
+    reading = read_evidence(open_store(store), model)
+    found = reading.statuses
     if as_json:
         print(json.dumps([s.model_dump(mode="json") for s in found], indent=2))
         return EXIT_OK
     if not found:
         print(f"no rollout in {store}")
         return EXIT_OK
-    rows = []
-    for s in found:
-        ev, ro = s.evidence, s.rollout
-        regression = ev.latency_regression
-        rows.append(
-            [
-                s.model,
-                ro.id,
-                f"{ro.stage + 1}/{len(ro.policy.stages)} ({ro.percent:g} %)",
-                ro.state,
-                f"{ev.on_new} new, {ev.on_previous} previous",
-                f"{ev.failed_on_new} ({ev.failure_rate:.0%})",
-                "-" if regression is None else f"{regression:+.0%}",
-                f"{s.verdict.decision}: {s.verdict.reason}",
-            ]
-        )
-    headers = ["model", "rollout", "stage", "state", "devices", "failed", "p50", "gate"]
-    print(table(headers, rows))
+    rows = [list(rollout_row(s).values()) for s in found]
+    print(table(ROLLOUT_HEADERS, rows))
+    print(
+        f"\nfrom {reading.read} device reports ({reading.unreadable} unreadable); new and "
+        "previous count only reports whose key names their device, made since the stage "
+        "started, on the side the signed salt gives that device"
+    )
     return EXIT_OK
 
 

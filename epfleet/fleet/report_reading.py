@@ -77,21 +77,39 @@ def stream_reports(
     threads: int = READ_THREADS,
     check: Callable[[DeviceReport], object] = lambda report: None,
 ) -> Iterator[DeviceReport | str]:
+    """``stream_keyed_reports`` without the keys."""
+    for _, result in stream_keyed_reports(store, keys, threads=threads, check=check):
+        yield result
+
+
+def _read_keyed(
+    store: Store, key: str, check: Callable[[DeviceReport], object]
+) -> tuple[str, DeviceReport | str | None]:
+    return key, read_report(store, key, check)
+
+
+def stream_keyed_reports(
+    store: Store,
+    keys: Iterable[str],
+    *,
+    threads: int = READ_THREADS,
+    check: Callable[[DeviceReport], object] = lambda report: None,
+) -> Iterator[tuple[str, DeviceReport | str]]:
     """Each report of ``keys`` (an iterable, consumed as it goes), in their order, or why
     it cannot be used (see ``read_report``); reports removed since they were listed are
     left out. At most ``2 * threads`` reads are in flight or waiting to be taken."""
     window = 2 * threads
-    pending: deque[Future[DeviceReport | str | None]] = deque()
+    pending: deque[Future[tuple[str, DeviceReport | str | None]]] = deque()
     key_iter = iter(keys)
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for key in islice(key_iter, window):
-            pending.append(pool.submit(read_report, store, key, check))
+            pending.append(pool.submit(_read_keyed, store, key, check))
         while pending:
-            result = pending.popleft().result()
-            for key in islice(key_iter, 1):
-                pending.append(pool.submit(read_report, store, key, check))
+            key, result = pending.popleft().result()
+            for more in islice(key_iter, 1):
+                pending.append(pool.submit(_read_keyed, store, more, check))
             if result is not None:
-                yield result
+                yield key, result
 
 
 class Problems:

@@ -11,12 +11,24 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
 - ``advance`` moves to the next stage; past the last, the rollout is ``complete`` and
   ``previous`` is dropped (``epfleet gc`` may then collect it). ``halt`` freezes the
   stage; ``revert`` sends every device back to ``previous``; both say why.
-- ``judge`` (the gate): a stage is judged once at least ``min_reports`` devices report
-  running the new variants. It halts when the share of them whose sync of the model
-  failed passes ``max_failure_rate``, or when their median inference time is more than
-  ``max_latency_regression`` above the median of devices still on the previous
-  variants; it advances when the stage has lasted ``min_hours`` and nothing failed it;
-  otherwise it waits.
+- ``attribute`` (what a report may count for): a report counts for a rollout only when
+  the object key it was read from names the device id inside it (so a device has one
+  vote: its one key, the newest report it wrote); it names this rollout's id; it was made
+  after the current stage started; and the side it says it is on (the new variants or
+  the previous ones) is the one the signed salt, stage and canary list give its device id
+  (``epfleet.formats.rollout.is_member``, recomputed here, never taken from the report).
+  A report that names the rollout but fails one of these is counted as *not attributed*,
+  by reason; a report whose numbers are not finite or out of range never parses
+  (``epfleet.formats.device_report``) and is counted as unreadable.
+- ``judge`` (the gate) reads only attributed reports. It waits until ``min_reports``
+  member devices have reported on the stage. It halts when the share of them whose sync
+  or health check of the model failed passes ``max_failure_rate``, or when their median
+  p50 is more than ``max_latency_regression`` above that of the devices on the previous
+  variants. It advances when the stage has lasted ``min_hours``, nothing failed it, and
+  fewer reports about the rollout went unattributed than were attributed (the bound on
+  forged evidence: reports that cannot be attributed can hold a stage, never move one);
+  otherwise it waits, and says why. Unauthenticated reports can still be written in a
+  member device's name by whoever can write the reports prefix: docs/concepts/trust.md.
 """
 
 from __future__ import annotations
@@ -24,14 +36,14 @@ from __future__ import annotations
 import secrets
 import statistics
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from epfleet.formats.device_report import DeviceReport
+from epfleet.formats.device_report import DeviceReport, ModelReport, key_device
 from epfleet.formats.manifest import ModelEntry, VariantEntry
-from epfleet.formats.rollout import Rollout, RolloutPolicy
+from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 
 
 def start(
@@ -99,29 +111,66 @@ def _under_way(entry: ModelEntry) -> Rollout:
 
 # --- the gate ----------------------------------------------------------------------------------
 
+Side = Literal["new", "previous"]
 
-class Evidence(BaseModel):
-    """What the device reports say about one rollout of one model."""
+NOT_ATTRIBUTED = {
+    "key": "its object key names another device",
+    "stale": "made before the stage started",
+    "membership": "claims a side of the rollout the signed salt does not give its device",
+    "time": "has no readable time with its UTC offset",
+}
+"""Why a report that names a rollout is not counted for it (``attribute``)."""
 
-    on_new: int = Field(description="Devices whose report says they run the new variants")
-    failed_on_new: int = Field(
-        description="Of the devices the rollout reached, those whose sync of the model failed"
+
+class SideEvidence(BaseModel):
+    """What the attributed reports of one side of a rollout say (the devices on the new
+    variants, or on the previous ones)."""
+
+    devices: int = Field(default=0, description="Devices whose report counts on this side")
+    failed: int = Field(default=0, description="Of them, those whose sync of the model failed")
+    p50_ms: list[float] = Field(default_factory=list, description="Each serving device's p50")
+    partly_on_other_eps: int = Field(
+        default=0, description="Serving devices where part of the model ran on another EP"
     )
-    on_previous: int
-    new_p50_ms: list[float] = Field(default_factory=list, description="Each device's p50")
-    previous_p50_ms: list[float] = Field(default_factory=list)
+
+    @property
+    def serving(self) -> int:
+        return self.devices - self.failed
 
     @property
     def failure_rate(self) -> float:
-        reached = self.on_new + self.failed_on_new
-        return self.failed_on_new / reached if reached else 0.0
+        return self.failed / self.devices if self.devices else 0.0
+
+    @property
+    def median_p50_ms(self) -> float | None:
+        return statistics.median(self.p50_ms) if self.p50_ms else None
+
+
+class Evidence(BaseModel):
+    """What the device reports say about one rollout of one model, side by side."""
+
+    new: SideEvidence = Field(default_factory=SideEvidence)
+    previous: SideEvidence = Field(default_factory=SideEvidence)
+    not_attributed: dict[str, int] = Field(
+        default_factory=dict, description="Reports naming the rollout not counted, by reason"
+    )
+    other_rollouts: int = Field(
+        default=0, description="Reports of the model acting on another (older) rollout"
+    )
+    unreadable: int = Field(
+        default=0, description="Reports of the fleet that could not be read at all"
+    )
+
+    @property
+    def unattributed(self) -> int:
+        return sum(self.not_attributed.values())
 
     @property
     def latency_regression(self) -> float | None:
-        if not self.new_p50_ms or not self.previous_p50_ms:
+        new, before = self.new.median_p50_ms, self.previous.median_p50_ms
+        if new is None or before is None or before <= 0:
             return None
-        before = statistics.median(self.previous_p50_ms)
-        return statistics.median(self.new_p50_ms) / before - 1 if before > 0 else None
+        return new / before - 1
 
 
 Decision = Literal["advance", "halt", "wait"]
@@ -132,23 +181,89 @@ class Verdict(BaseModel):
     reason: str
 
 
+def attribute(
+    rollout: Rollout, model: str, key: str, report: DeviceReport
+) -> tuple[Side, ModelReport] | str | None:
+    """The side of ``rollout`` (of ``model``) the report read from ``key`` counts for, with
+    its model's part; the reason (a ``NOT_ATTRIBUTED`` key, or ``"other"`` for another
+    rollout of the model) it does not; None when it says nothing of a rollout of the model.
+    The rules are the module's."""
+    found = next((m for m in report.models if m.model == model), None)
+    if found is None or found.rollout is None:
+        return None
+    if found.rollout.id != rollout.id:
+        return "other"
+    if key_device(key) != report.device_id:
+        return "key"
+    try:
+        made = datetime.fromisoformat(report.generated_at)
+    except ValueError:
+        return "time"
+    if made.tzinfo is None:
+        return "time"
+    if made < rollout.stage_started_at:
+        return "stale"
+    member = is_member(rollout, report.device_id)
+    if found.rollout.member != member:
+        return "membership"
+    return ("new" if member else "previous"), found
+
+
+def count(evidence: Evidence, rollout: Rollout, model: str, key: str, report: DeviceReport) -> None:
+    """Add what the report read from ``key`` says of ``rollout`` of ``model`` to
+    ``evidence`` (a stream of reports is read once for every rollout under way)."""
+    attributed = attribute(rollout, model, key, report)
+    if attributed is None:
+        return
+    if attributed == "other":
+        evidence.other_rollouts += 1
+        return
+    if isinstance(attributed, str):
+        evidence.not_attributed[attributed] = evidence.not_attributed.get(attributed, 0) + 1
+        return
+    side_name, found = attributed
+    side = evidence.new if side_name == "new" else evidence.previous
+    side.devices += 1
+    if not found.served:
+        side.failed += 1
+    elif found.profile is not None:
+        side.p50_ms.append(found.profile.p50_ms)
+        side.partly_on_other_eps += bool(found.profile.other_nodes)
+
+
+def gather(
+    rollout: Rollout, model: str, reports: Iterable[tuple[str, DeviceReport | str]]
+) -> Evidence:
+    """``count`` over (key, report) pairs; a report that could not be read is a string."""
+    evidence = Evidence()
+    for key, report in reports:
+        if isinstance(report, str):
+            evidence.unreadable += 1
+        else:
+            count(evidence, rollout, model, key, report)
+    return evidence
+
+
 def judge(rollout: Rollout, evidence: Evidence, now: datetime) -> Verdict:
     """The gate's decision on the rollout's current stage (see the module's rules)."""
     policy = rollout.policy
     if rollout.state != "active":
         return Verdict(decision="wait", reason=f"the rollout is {rollout.state}")
-    reached = evidence.on_new + evidence.failed_on_new
-    if reached < policy.min_reports:
+    new = evidence.new
+    unattributed = _unattributed_text(evidence)
+    if new.devices < policy.min_reports:
         return Verdict(
             decision="wait",
-            reason=f"{reached} of the {policy.min_reports} device reports needed",
+            reason=f"{new.devices} of the {policy.min_reports} member device reports needed "
+            f"on stage {rollout.stage + 1}{unattributed}",
         )
-    if evidence.failure_rate > policy.max_failure_rate:
+    if new.failure_rate > policy.max_failure_rate:
         return Verdict(
             decision="halt",
-            reason=f"{evidence.failed_on_new} of {reached} devices failed the new variants "
-            f"({evidence.failure_rate:.0%}, more than max_failure_rate "
-            f"{policy.max_failure_rate:.0%})",
+            reason=f"{new.failed} of {new.devices} member devices failed the new variants "
+            f"({new.failure_rate:.0%}, more than max_failure_rate "
+            f"{policy.max_failure_rate:.0%}; {evidence.previous.failed} of "
+            f"{evidence.previous.devices} on the previous ones)",
         )
     regression = evidence.latency_regression
     if regression is not None and regression > policy.max_latency_regression:
@@ -157,43 +272,33 @@ def judge(rollout: Rollout, evidence: Evidence, now: datetime) -> Verdict:
             reason=f"the new variants' median inference time is {regression:.0%} above the "
             f"previous ones' (max_latency_regression {policy.max_latency_regression:.0%})",
         )
-    lasted = now - rollout.stage_started_at
-    if lasted < timedelta(hours=policy.min_hours):
+    if evidence.unattributed >= new.devices:
         return Verdict(
             decision="wait",
-            reason=f"stage {rollout.stage + 1} has lasted {lasted.total_seconds() / 3600:.1f} "
-            f"of its {policy.min_hours:g} hours",
+            reason=f"as many reports about this rollout could not be attributed as could "
+            f"({unattributed.removeprefix('; ')}): not advancing on evidence that may be "
+            "forged; see docs/concepts/trust.md, or advance by hand",
+        )
+    hours = max(0.0, (now - rollout.stage_started_at).total_seconds() / 3600)
+    if hours < policy.min_hours:
+        return Verdict(
+            decision="wait",
+            reason=f"stage {rollout.stage + 1} has lasted {hours:.1f} of its "
+            f"{policy.min_hours:g} hours",
         )
     return Verdict(
         decision="advance",
-        reason=f"{reached} devices on the new variants, {evidence.failure_rate:.0%} failed"
-        + (f", latency {regression:+.0%}" if regression is not None else ""),
+        reason=f"{new.devices} member devices on the new variants, {new.failure_rate:.0%} "
+        "failed"
+        + (f", latency {regression:+.0%}" if regression is not None else "")
+        + unattributed,
     )
 
 
-def gather(rollout: Rollout, model: str, reports: Iterable[DeviceReport]) -> Evidence:
-    """What the device reports say of ``rollout`` of ``model``: reports of other rollouts
-    (or of none) do not count."""
-    evidence = Evidence(on_new=0, failed_on_new=0, on_previous=0)
-    for report in reports:
-        count(evidence, rollout, model, report)
-    return evidence
-
-
-def count(evidence: Evidence, rollout: Rollout, model: str, report: DeviceReport) -> None:
-    """Add what one device report says of ``rollout`` of ``model`` to ``evidence`` (so a
-    stream of reports is read once for every rollout under way)."""
-    found = next((m for m in report.models if m.model == model), None)
-    if found is None or found.rollout is None or found.rollout.id != rollout.id:
-        return
-    p50 = found.profile.p50_ms if found.profile is not None else None
-    if found.rollout.member and found.served:
-        evidence.on_new += 1
-        if p50 is not None:
-            evidence.new_p50_ms.append(p50)
-    elif found.rollout.member:
-        evidence.failed_on_new += 1
-    elif found.served:
-        evidence.on_previous += 1
-        if p50 is not None:
-            evidence.previous_p50_ms.append(p50)
+def _unattributed_text(evidence: Evidence) -> str:
+    if not evidence.unattributed:
+        return ""
+    reasons = ", ".join(
+        f"{n} {NOT_ATTRIBUTED.get(why, why)}" for why, n in sorted(evidence.not_attributed.items())
+    )
+    return f"; {evidence.unattributed} not attributed: {reasons}"

@@ -1,6 +1,9 @@
 """Staged rollouts in a store: each one's status with its field evidence (from the device
 reports), the gate that advances or halts them, and an operator's advance, halt and revert.
 
+The device reports are read once per gate run (``read_evidence``): the same stream feeds
+every rollout's evidence and the fleet's field view (``epfleet manifest show --field``).
+
 Every move is a publish (``epfleet.fleet.publishing.update_manifest``): the rollout state
 is in the model's signed entry, so only a holder of the online key moves a rollout, and
 a move is compare-and-swap against the rollout it judged (a rollout replaced meanwhile by a
@@ -9,13 +12,14 @@ newer publish is left alone). The rules are ``epfleet.fleet.rollout_rules``'.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from epfleet.errors import BadInputError
+from epfleet.fleet.field_rules import FieldRow, field_view
 from epfleet.fleet.publishing import read_in_force, update_manifest
 from epfleet.fleet.rollout_rules import (
     Evidence,
@@ -27,7 +31,7 @@ from epfleet.fleet.rollout_rules import (
     judge,
     revert,
 )
-from epfleet.fleet.watch_inputs import stream_device_reports
+from epfleet.fleet.watch_inputs import stream_keyed_device_reports
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.manifest import Manifest, ModelEntry, utcnow
 from epfleet.formats.rollout import Rollout
@@ -55,36 +59,57 @@ class Moved(BaseModel):
     """False when the rollout had changed meanwhile (nothing was moved)."""
 
 
-def statuses(store: Store, models: list[str] | None = None) -> list[RolloutStatus]:
+class GateReading(BaseModel):
+    """One pass over the device reports: every rollout's status and the field view."""
+
+    statuses: list[RolloutStatus]
+    field: list[FieldRow] = Field(description="The fleet's evidence per model × target")
+    read: int = Field(description="Reports read")
+    unreadable: int = Field(description="Reports that could not be read")
+
+
+def read_evidence(store: Store, models: list[str] | None = None) -> GateReading:
     """Every rollout in the manifest in force (or of ``models``), with its evidence and
-    the gate's verdict now. Reports that cannot be read are left out."""
+    the gate's verdict now, and the field view, from one streamed pass over the reports."""
     manifest = read_in_force(store).manifest
     entries = manifest.models if manifest is not None else {}
     unknown = sorted(set(models or ()) - set(entries))
     if unknown:
         raise BadInputError(f"no model {', '.join(unknown)} in {store.uri}")
-    staged = {n: e for n, e in entries.items() if e.rollout and (not models or n in models)}
-    if not staged:
-        return []
-    evidence = {name: Evidence(on_new=0, failed_on_new=0, on_previous=0) for name in staged}
-    for report in stream_device_reports(store):  # streamed: a large fleet's are never all held
-        if isinstance(report, DeviceReport):
-            for name, entry in staged.items():
-                assert entry.rollout is not None
-                count(evidence[name], entry.rollout, name, report)
+    staged = {n: e.rollout for n, e in entries.items() if e.rollout and (not models or n in models)}
+    evidence = {name: Evidence() for name in staged}
+    tally = [0, 0]
+
+    def readable() -> Iterator[DeviceReport]:
+        # streamed: a large fleet's reports are never all held
+        for key, report in stream_keyed_device_reports(store):
+            if isinstance(report, str):
+                tally[1] += 1
+                continue
+            tally[0] += 1
+            for name, rollout in staged.items():
+                count(evidence[name], rollout, name, key, report)
+            yield report
+
+    field = field_view(manifest or Manifest(), readable())
     now = utcnow()
     found = []
-    for name, entry in sorted(staged.items()):
-        assert entry.rollout is not None
+    for name, rollout in sorted(staged.items()):
+        evidence[name].unreadable = tally[1]
         found.append(
             RolloutStatus(
                 model=name,
-                rollout=entry.rollout,
+                rollout=rollout,
                 evidence=evidence[name],
-                verdict=judge(entry.rollout, evidence[name], now),
+                verdict=judge(rollout, evidence[name], now),
             )
         )
-    return found
+    return GateReading(statuses=found, field=field, read=tally[0], unreadable=tally[1])
+
+
+def statuses(store: Store, models: list[str] | None = None) -> list[RolloutStatus]:
+    """Every rollout's status (``read_evidence``)."""
+    return read_evidence(store, models).statuses
 
 
 def move(store: Store, model: str, how: Move, reason: str, rollout_id: str | None = None) -> Moved:
@@ -127,13 +152,22 @@ def move(store: Store, model: str, how: Move, reason: str, rollout_id: str | Non
     )
 
 
-def run_gate(store: Store) -> tuple[list[RolloutStatus], list[Moved]]:
+Approve = Callable[[RolloutStatus], tuple[str, str]]
+"""Asks a person whether to advance a rollout whose policy wants approval: (decision, why)."""
+
+
+def run_gate(store: Store, approve: Approve | None = None) -> tuple[GateReading, list[Moved]]:
     """Judge every active rollout on its evidence and advance or halt those the gate
-    decides (``rollout_rules.judge``); the statuses judged and the moves made."""
-    judged = statuses(store)
-    moves = [
-        move(store, s.model, s.verdict.decision, s.verdict.reason, s.rollout.id)
-        for s in judged
-        if s.verdict.decision in ("advance", "halt")
-    ]
-    return judged, moves
+    decides (``rollout_rules.judge``), asking ``approve`` first for a stage past the first
+    of a policy with ``approval``; the reading judged and the moves made."""
+    reading = read_evidence(store)
+    moves = []
+    for status in reading.statuses:
+        decision: str = status.verdict.decision
+        reason = status.verdict.reason
+        if decision == "advance" and status.rollout.policy.approval and status.rollout.stage:
+            decision, reason = approve(status) if approve else ("wait", "waits for approval")
+        if decision in ("advance", "halt"):
+            how: Move = "advance" if decision == "advance" else "halt"
+            moves.append(move(store, status.model, how, reason, status.rollout.id))
+    return reading, moves

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epfleet.fleet.field_rules import FieldRow
+from epfleet.fleet.rollout_rules import SideEvidence
+from epfleet.fleet.rollouts import RolloutStatus
 from epfleet.fleet.runs import PairResult, RunReport
 from epfleet.formats.manifest import Manifest, VariantEntry
-from epfleet.text import format_bytes, table
+from epfleet.text import format_bytes, printable, table
 
 GENERATED_MARK = "†"
 
@@ -145,8 +147,8 @@ def field_table_rows(rows: list[FieldRow]) -> list[list[str]]:
 
     return [
         [
-            r.model,
-            r.target if r.published else f"{r.target} (no longer published)",
+            printable(r.model),  # a report's names: anyone who writes one chooses them
+            printable(r.target if r.published else f"{r.target} (no longer published)"),
             str(r.running),
             str(r.failed),
             ms(r.p50_ms),
@@ -167,3 +169,35 @@ def render_field(rows: list[FieldRow], reports: int) -> str:
     counted = f"from {reports} device report{'s' if reports != 1 else ''}"
     latency = "latency: each running device's median run when it activated the variant"
     return f"{table(FIELD_HEADERS, field_table_rows(rows))}\n\n{counted}; {latency}"
+
+
+ROLLOUT_HEADERS = ["model", "rollout", "stage", "state", "new", "previous", "p50", "gate"]
+
+
+def side_text(side: SideEvidence) -> str:
+    """``12 devices, 1 failed (8%), p50 10.2 ms, 0 partly on other EPs``."""
+    p50 = side.median_p50_ms
+    return (
+        f"{side.devices} devices, {side.failed} failed ({side.failure_rate:.0%}), p50 "
+        + ("-" if p50 is None else f"{p50:.1f} ms")
+        + f", {side.partly_on_other_eps} partly on other EPs"
+    )
+
+
+def rollout_row(status: RolloutStatus) -> dict[str, str]:
+    """A rollout's stage, its evidence side by side (the devices on the new variants and on
+    the previous ones, counted from attributed reports only) and the gate's decision: a
+    row of ``epfleet rollout status`` and of the rollout-gate artifact."""
+    ev, ro = status.evidence, status.rollout
+    regression = ev.latency_regression
+    cells = [
+        status.model,
+        ro.id,
+        f"{ro.stage + 1}/{len(ro.policy.stages)} ({ro.percent:g} %)",
+        ro.state,
+        side_text(ev.new),
+        side_text(ev.previous),
+        "-" if regression is None else f"{regression:+.0%}",
+        f"{status.verdict.decision}: {status.verdict.reason}",
+    ]
+    return dict(zip(ROLLOUT_HEADERS, (printable(c) for c in cells), strict=True))

@@ -12,7 +12,12 @@ from collections.abc import Iterator
 import eps
 from epfleet import ort_version
 from epfleet.fleet.field_rules import FieldRow, field_view
-from epfleet.fleet.report_reading import READ_THREADS, reports_from, stream_reports
+from epfleet.fleet.report_reading import (
+    READ_THREADS,
+    reports_from,
+    stream_keyed_reports,
+    stream_reports,
+)
 from epfleet.fleet.watch_rules import Runtime, report_time
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.formats.manifest import Manifest
@@ -26,6 +31,7 @@ __all__ = [
     "read_reports",
     "report_keys",
     "stream_device_reports",
+    "stream_keyed_device_reports",
 ]
 
 
@@ -57,6 +63,15 @@ def stream_device_reports(
     included), streamed in bounded memory (``epfleet.fleet.report_reading``)."""
     reports = reports_from(store)
     return stream_reports(reports, report_keys(reports), threads=threads, check=report_time)
+
+
+def stream_keyed_device_reports(
+    store: Store, threads: int = READ_THREADS
+) -> Iterator[tuple[str, DeviceReport | str]]:
+    """``stream_device_reports``, each with the key it was read from (the rollout gate
+    checks that a report's key names the device inside it)."""
+    reports = reports_from(store)
+    return stream_keyed_reports(reports, report_keys(reports), threads=threads, check=report_time)
 
 
 def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[DeviceReport], list[str]]:

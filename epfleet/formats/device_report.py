@@ -21,7 +21,7 @@ import json
 import zlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from eps.base import DeviceType, Precision, Verdict
 
@@ -37,9 +37,33 @@ LOCAL_FIELDS = frozenset({"report_uploaded", "report_error", "report_skipped"})
 """What the device says of the upload itself: printed and kept in the cache, not uploaded."""
 
 
+MAX_MS = 86_400_000.0
+"""The longest time a report may give in milliseconds (a day): a larger one, or one that
+is not a finite number, makes the report unreadable (an ``inf`` or ``NaN`` would turn the
+rollout gate's medians off)."""
+MAX_SECONDS = 7 * 86_400.0
+MAX_COUNT = 1 << 53
+
+
+class _Bounded(BaseModel):
+    """Every number of a report finite (no inf, no NaN)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
 def report_key(device_id: str) -> str:
     """The store key of a device's report."""
     return f"{REPORTS_PREFIX}/{device_id}.json"
+
+
+def key_device(key: str) -> str | None:
+    """The device id a report's key names (``reports/devices/<id>.json``), or None for a
+    key that is not a device report's."""
+    prefix, suffix = f"{REPORTS_PREFIX}/", ".json"
+    if not key.startswith(prefix) or not key.endswith(suffix):
+        return None
+    device = key[len(prefix) : -len(suffix)]
+    return device if device and "/" not in device else None
 
 
 class DeviceInfo(BaseModel):
@@ -53,7 +77,7 @@ class DeviceInfo(BaseModel):
     ep_vendor: str
 
 
-class ManifestStatus(BaseModel):
+class ManifestStatus(_Bounded):
     status: Literal["fetched", "unchanged", "offline", "rejected"]
     generation: int | None = Field(description="Generation of the manifest in force")
     body_bytes: int = Field(description="Manifest bytes transferred by this fetch")
@@ -83,29 +107,31 @@ class VariantVerdict(BaseModel):
     reason: str
 
 
-class Profile(BaseModel):
+class Profile(_Bounded):
     """How a variant ran on this device when it was activated: its health check's session
     and runs on the model's golden samples, timed."""
 
-    session_ms: float = Field(description="Creating its inference session")
-    first_run_ms: float
-    p50_ms: float
-    p95_ms: float
-    runs: int
-    ep_nodes: int | None = Field(default=None, description="Nodes its EP took")
-    other_nodes: int | None = Field(default=None, description="Nodes left to other EPs")
+    session_ms: float = Field(ge=0, le=MAX_MS, description="Creating its inference session")
+    first_run_ms: float = Field(ge=0, le=MAX_MS)
+    p50_ms: float = Field(ge=0, le=MAX_MS)
+    p95_ms: float = Field(ge=0, le=MAX_MS)
+    runs: int = Field(ge=0, le=MAX_COUNT)
+    ep_nodes: int | None = Field(default=None, ge=0, le=MAX_COUNT, description="Nodes its EP took")
+    other_nodes: int | None = Field(
+        default=None, ge=0, le=MAX_COUNT, description="Nodes left to other EPs"
+    )
 
 
-class RolloutSeen(BaseModel):
+class RolloutSeen(_Bounded):
     """The staged rollout a device acted on for a model, as its report says."""
 
     id: str
     member: bool = Field(description="The rollout reached this device: it runs the new variants")
-    stage: int
+    stage: int = Field(ge=0, le=MAX_COUNT)
     state: str
 
 
-class ModelReport(BaseModel):
+class ModelReport(_Bounded):
     model: str
     action: Action
     variant: str | None = Field(description="The active variant's name in the device cache")
@@ -120,10 +146,10 @@ class ModelReport(BaseModel):
     )
     ep: str | None
     verdict: Verdict | None
-    bytes_downloaded: int
+    bytes_downloaded: int = Field(ge=0, le=MAX_COUNT)
     reason: str
     considered: list[VariantVerdict]
-    seconds: float
+    seconds: float = Field(ge=0, le=MAX_SECONDS)
     precision: Precision | None = Field(
         default=None,
         exclude_if=lambda precision: precision is None,
@@ -150,7 +176,7 @@ class ModelReport(BaseModel):
         return self.action in SERVED_ACTIONS
 
 
-class DeviceReport(BaseModel):
+class DeviceReport(_Bounded):
     device_id: str
     generated_at: str
     ort_version: str
@@ -160,7 +186,7 @@ class DeviceReport(BaseModel):
     cache: str
     manifest: ManifestStatus
     models: list[ModelReport]
-    seconds: float
+    seconds: float = Field(ge=0, le=MAX_SECONDS)
     report_uploaded: bool | None = None
     report_error: str | None = None
     report_skipped: str | None = Field(
@@ -246,4 +272,6 @@ def _model_content(model: ModelReport) -> list[Any]:
         model.verdict,
         model.precision,
         sorted((v.target, v.ep, v.verdict) for v in model.considered),
+        # a stage move is news: the gate counts only reports made since its stage started
+        None if model.rollout is None else [model.rollout.id, model.rollout.stage],
     ]

@@ -101,6 +101,50 @@ class Rollout(BaseModel):
         return self.stage == len(self.policy.stages) - 1
 
 
+MAX_MIN_HOURS = 8_760.0
+"""The longest ``min_hours`` a spec may give a stage: a year."""
+MAX_MIN_REPORTS = 1_000_000
+MAX_LATENCY_REGRESSION = 100.0
+"""10,000 % slower: past this a ``max_latency_regression`` gates nothing."""
+
+
+class SpecRolloutPolicy(RolloutPolicy):
+    """A rollout policy as a fleet spec may give it: every number finite and in a range the
+    gate can act on, refused at spec load with the field named. The signed entries keep
+    ``RolloutPolicy`` (what older publishers signed is still read; the gate's arithmetic
+    is safe for any number it holds)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    min_reports: int = Field(
+        default=5,
+        ge=1,
+        le=MAX_MIN_REPORTS,
+        description="Member devices that must report on a stage before the gate advances it",
+    )
+    max_failure_rate: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Share of member devices whose sync or health check of the model failed, "
+        "past which the gate halts the rollout (0 to 1)",
+    )
+    max_latency_regression: float = Field(
+        default=0.25,
+        ge=0,
+        le=MAX_LATENCY_REGRESSION,
+        description="How much slower (p50, as a fraction, up to 100) the new variants may run "
+        "than the ones they replace, past which the gate halts the rollout",
+    )
+    min_hours: float = Field(
+        default=1.0,
+        ge=0,
+        le=MAX_MIN_HOURS,
+        description="Hours a stage lasts at least before the gate advances it (up to 8,760: "
+        "a year)",
+    )
+
+
 def bucket(salt: str, device_id: str) -> int:
     """The device's place, 0 to 9,999, in this rollout's order of devices."""
     digest = hashlib.sha256((salt + device_id).encode()).digest()

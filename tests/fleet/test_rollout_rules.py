@@ -13,6 +13,7 @@ from epfleet.fleet.merge_rules import ModelFacts, merge
 from epfleet.fleet.rollout_rules import (
     Evidence,
     NoRollout,
+    SideEvidence,
     advance,
     gather,
     halt,
@@ -26,9 +27,12 @@ from epfleet.formats.device_report import (
     ModelReport,
     Profile,
     RolloutSeen,
+    key_device,
+    report_key,
 )
 from epfleet.formats.manifest import ArtifactRef, ModelEntry, SourceEntry, VariantEntry
 from epfleet.formats.rollout import Rollout, RolloutPolicy, bucket, is_member
+from epfleet.text import markdown_text, printable
 
 pytestmark = pytest.mark.fast
 
@@ -151,25 +155,46 @@ def test_a_rollout_advances_to_completion_halts_and_reverts() -> None:
     assert back.for_device("dev-000").variants["cpu"].digest == "a" * 64  # even the canary
 
 
+def side(devices: int, failed: int = 0, p50: float | None = None) -> SideEvidence:
+    served = devices - failed
+    return SideEvidence(devices=devices, failed=failed, p50_ms=[p50] * served if p50 else [])
+
+
 def test_the_gate_waits_halts_and_advances_on_the_evidence() -> None:
     policy = RolloutPolicy(stages=[10, 100], min_reports=4, max_failure_rate=0.2, min_hours=1)
     active = rollout([10, 100]).model_copy(update={"policy": policy})
     soon, later = NOW + timedelta(minutes=10), NOW + timedelta(hours=2)
-    few = Evidence(on_new=2, failed_on_new=0, on_previous=10)
+    few = Evidence(new=side(2), previous=side(10))
     assert judge(active, few, later).decision == "wait"
-    failing = Evidence(on_new=3, failed_on_new=2, on_previous=10)
+    failing = Evidence(new=side(5, failed=2), previous=side(10))
     verdict = judge(active, failing, soon)
-    assert verdict.decision == "halt" and "2 of 5 devices failed" in verdict.reason
-    slow = Evidence(
-        on_new=5, failed_on_new=0, on_previous=5, new_p50_ms=[20] * 5, previous_p50_ms=[10] * 5
-    )
+    assert verdict.decision == "halt" and "2 of 5 member devices failed" in verdict.reason
+    slow = Evidence(new=side(5, p50=20), previous=side(5, p50=10))
     assert judge(active, slow, later).decision == "halt"
-    good = Evidence(on_new=5, failed_on_new=0, on_previous=10)
+    good = Evidence(new=side(5), previous=side(10))
     assert judge(active, good, soon).decision == "wait"  # min_hours not yet
     assert judge(active, good, later).decision == "advance"
+    doubtful = good.model_copy(update={"not_attributed": {"key": 3, "membership": 2}})
+    verdict = judge(active, doubtful, later)
+    assert verdict.decision == "wait" and "could not be attributed as could" in verdict.reason
+    assert "3 its object key names another device" in verdict.reason
 
 
-def report(device: str, member: bool, action: str, p50: float | None = None) -> DeviceReport:
+def test_a_huge_min_hours_in_a_signed_entry_waits_instead_of_overflowing() -> None:
+    policy = RolloutPolicy(stages=[10, 100], min_reports=1, min_hours=1e300)
+    active = rollout([10, 100]).model_copy(update={"policy": policy})
+    verdict = judge(active, Evidence(new=side(3), previous=side(3)), NOW + timedelta(days=999))
+    assert verdict.decision == "wait" and "1e+300 hours" in verdict.reason
+
+
+def report(
+    device: str,
+    member: bool,
+    action: str,
+    p50: float | None = None,
+    made: datetime = NOW,
+    rollout_id: str = "0" * 16,
+) -> DeviceReport:
     profile = (
         Profile(session_ms=1, first_run_ms=2, p50_ms=p50, p95_ms=p50, runs=5)
         if p50 is not None
@@ -187,11 +212,11 @@ def report(device: str, member: bool, action: str, p50: float | None = None) -> 
         considered=[],
         seconds=0.1,
         profile=profile,
-        rollout=RolloutSeen(id="0" * 16, member=member, stage=0, state="active"),
+        rollout=RolloutSeen(id=rollout_id, member=member, stage=0, state="active"),
     )
     return DeviceReport(
         device_id=device,
-        generated_at=NOW.isoformat(),
+        generated_at=made.isoformat(),
         ort_version="1.32.0",
         ep_packages={},
         devices=[],
@@ -203,16 +228,93 @@ def report(device: str, member: bool, action: str, p50: float | None = None) -> 
     )
 
 
-def test_the_evidence_counts_each_device_once_by_the_rollout_it_acted_on() -> None:
-    reports = [
-        report("a", True, "downloaded", 12.0),
-        report("b", True, "failed"),
-        report("c", False, "kept", 10.0),
-        report("d", False, "kept", 11.0),
-    ]
-    other = report("e", True, "failed")
-    other.models[0].rollout = RolloutSeen(id="1" * 16, member=True, stage=0, state="active")
-    evidence = gather(rollout([10, 100]), "m", [*reports, other])
-    assert (evidence.on_new, evidence.failed_on_new, evidence.on_previous) == (1, 1, 2)
-    assert evidence.new_p50_ms == [12.0] and sorted(evidence.previous_p50_ms) == [10.0, 11.0]
+def keyed(*reports: DeviceReport) -> list[tuple[str, DeviceReport | str]]:
+    return [(report_key(r.device_id), r) for r in reports]
+
+
+STAGED = rollout([10, 100])
+MEMBERS = [d for d in (f"dev-{i:03d}" for i in range(1, 200)) if is_member(STAGED, d)]
+OUTSIDE = [d for d in (f"dev-{i:03d}" for i in range(1, 200)) if not is_member(STAGED, d)]
+
+
+def test_the_evidence_counts_each_device_once_by_the_side_the_salt_gives_it() -> None:
+    a, b = MEMBERS[:2]
+    c, d = OUTSIDE[:2]
+    reports = keyed(
+        report(a, True, "downloaded", 12.0),
+        report(b, True, "failed"),
+        report(c, False, "kept", 10.0),
+        report(d, False, "kept", 11.0),
+        report(OUTSIDE[2], True, "failed", rollout_id="1" * 16),  # an older rollout's
+    )
+    evidence = gather(STAGED, "m", [*reports, ("reports/devices/x.json", "x: unreadable")])
+    assert (evidence.new.devices, evidence.new.failed, evidence.previous.devices) == (2, 1, 2)
+    assert evidence.new.p50_ms == [12.0] and sorted(evidence.previous.p50_ms) == [10.0, 11.0]
     assert evidence.latency_regression == pytest.approx(12 / 10.5 - 1)
+    assert (evidence.other_rollouts, evidence.unreadable, evidence.unattributed) == (1, 1, 0)
+
+
+def test_forged_reports_move_no_decision() -> None:
+    """The issue's forgeries: 40 reports under other keys all saying one canary id, ids
+    outside the stage claiming to be in it, reports of another rollout, reports made
+    before the stage started; the gate's halt on a real failure stands."""
+    policy = RolloutPolicy(stages=[10, 100], canary=["dev-000"], min_reports=2, min_hours=0)
+    active = STAGED.model_copy(update={"policy": policy, "stage_started_at": NOW})
+    real = keyed(report("dev-000", True, "downloaded", 10.0), report(MEMBERS[0], True, "failed"))
+    before = judge(active, gather(active, "m", real), NOW + timedelta(hours=1))
+    assert before.decision == "halt"
+    forged: list[tuple[str, DeviceReport | str]] = []
+    forged += [
+        (f"reports/devices/canary-{i}.json", report("dev-000", True, "downloaded", 10.0))
+        for i in range(40)
+    ]
+    forged += keyed(*(report(d, True, "downloaded", 10.0) for d in OUTSIDE[:60]))
+    forged += keyed(*(report(d, True, "downloaded", rollout_id="f" * 16) for d in MEMBERS[1:4]))
+    stale = NOW - timedelta(minutes=5)
+    forged += keyed(*(report(d, True, "downloaded", 10.0, made=stale) for d in MEMBERS[4:8]))
+    evidence = gather(active, "m", [*real, *forged])
+    assert (evidence.new.devices, evidence.new.failed) == (2, 1)
+    assert evidence.not_attributed == {"key": 40, "membership": 60, "stale": 4}
+    assert evidence.other_rollouts == 3
+    after = judge(active, evidence, NOW + timedelta(hours=1))
+    assert after.decision == "halt" and "1 of 2 member devices failed" in after.reason
+
+
+def test_forged_failures_in_non_member_names_halt_nothing() -> None:
+    policy = RolloutPolicy(stages=[10, 100], canary=["dev-000"], min_reports=2, min_hours=0)
+    active = STAGED.model_copy(update={"policy": policy})
+    good = keyed(report("dev-000", True, "downloaded", 10.0), report(MEMBERS[0], True, "kept", 9.0))
+    forged = keyed(*(report(d, True, "failed") for d in OUTSIDE[:3]))
+    evidence = gather(active, "m", [*good, *forged])
+    assert evidence.new.failed == 0 and evidence.not_attributed == {"membership": 3}
+    held = judge(active, evidence, NOW + timedelta(hours=1))
+    assert held.decision == "wait" and "may be forged" in held.reason  # held, never halted
+    one = gather(active, "m", [*good, *forged[:1]])
+    assert judge(active, one, NOW + timedelta(hours=1)).decision == "advance"
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-1", "1e300"])
+def test_a_report_with_a_number_out_of_range_does_not_parse(bad: str) -> None:
+    good = report(MEMBERS[0], True, "downloaded", 10.0).model_dump_json()
+    assert DeviceReport.model_validate_json(good).models[0].profile is not None
+    forged = good.replace('"p50_ms":10.0', f'"p50_ms":{bad}')
+    assert forged != good
+    with pytest.raises(ValidationError):
+        DeviceReport.model_validate_json(forged)
+
+
+def test_a_report_key_names_its_device_only_as_reports_devices_id_json() -> None:
+    assert key_device("reports/devices/dev-1.json") == "dev-1"
+    assert key_device("reports/devices/a/b.json") is None
+    assert key_device("reports/devices/.json") is None
+    assert key_device("reports/other/dev-1.json") is None
+
+
+def test_text_from_reports_is_escaped_for_terminals_and_markdown() -> None:
+    hostile = "a\x1b[2Jb\nc\u202ed|e *f* [g](h) <i>"
+    shown = printable(hostile)
+    assert shown == "a\\x1b[2Jb\\x0ac\\u202ed|e *f* [g](h) <i>"
+    assert shown.isprintable()
+    marked = markdown_text(hostile)
+    assert "\\|" in marked and "\\*f\\*" in marked and "\\[g\\]" in marked and "&lt;i\\>" in marked
+    assert printable("tiny-cls × x86-cpu, 12.5 ms") == "tiny-cls × x86-cpu, 12.5 ms"

@@ -418,3 +418,41 @@ def test_a_name_longer_than_a_directory_name_allows_is_refused() -> None:
         BadInputError, match=r"targets\[t+\]\.name: String should have at most 100 characters"
     ):
         parse_spec(spec(targets=[target]))
+
+
+@pytest.mark.parametrize(
+    ("rollout", "expected"),
+    [
+        ({"min_hours": float("inf")}, "rollout.min_hours: Input should be a finite number"),
+        ({"min_hours": 1e12}, "rollout.min_hours: Input should be less than or equal to 8760"),
+        ({"min_reports": 10**9}, "rollout.min_reports: Input should be less than or equal to"),
+        ({"max_failure_rate": float("nan")}, "rollout.max_failure_rate: Input should be a finite"),
+        ({"max_failure_rate": 1.5}, "rollout.max_failure_rate: Input should be less than or"),
+        ({"max_latency_regression": 1e9}, "rollout.max_latency_regression: Input should be less"),
+        ({"stages": [10, float("inf")]}, "rollout.stages[1]: Input should be a finite number"),
+        ({"stages": [float("nan"), 100]}, "rollout.stages[0]: Input should be a finite number"),
+        ({"stages": [50, 10, 100]}, "percentages from 0 to 100, increasing"),
+    ],
+)
+def test_a_rollout_policy_out_of_range_is_refused_at_spec_load(
+    rollout: dict, expected: str
+) -> None:
+    for document in (
+        spec() | {"rollout": rollout},
+        spec(models=[{"name": "m", "source": "m.onnx", "rollout": rollout}]),
+    ):
+        with pytest.raises(BadInputError) as raised:
+            parse_spec(document)
+        assert expected.removeprefix("rollout.") in str(raised.value), str(raised.value)
+
+
+def test_a_rollout_policy_from_yaml_infinity_is_refused_with_the_file_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(spec()) + "rollout:\n  min_hours: .inf\n")
+    from epfleet.cli.app import main
+
+    assert main(["compile", str(path), "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "rollout.min_hours: Input should be a finite number" in err
