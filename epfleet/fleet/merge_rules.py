@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
-from epfleet.fleet.rollout_rules import start
+from epfleet.fleet.rollout_rules import start, start_version
 from epfleet.formats.manifest import (
     ArtifactRef,
     FailedBuild,
@@ -74,7 +74,10 @@ def merge(
       published artifact and files while ``present`` says each is still in the store.
     - ``facts`` sets each model's golden samples, calibration inputs and target order.
     - A model with a rollout policy (``facts.rollout``) whose published variants this run
-      replaces, its source unchanged, is staged (``epfleet.fleet.rollout_rules.start``).
+      replaces, its source unchanged, is staged (``epfleet.fleet.rollout_rules.start``);
+      one whose source this run replaces is staged as a new version over the entry it
+      replaces (``start_version``: devices outside the rollout keep the whole previous
+      version, samples included).
     """
     base = current or Manifest()
     models = dict(base.models)  # ``current`` is never changed: an entry is copied to change it
@@ -89,6 +92,7 @@ def merge(
     conflicts = []
     changed = False
     new_sources: set[str] = set()
+    replaced_versions: dict[str, ModelEntry] = {}
     replaced: dict[str, dict[str, VariantEntry | None]] = {}
     for name, source in sources.items():
         published = models[name].source if name in models else None
@@ -97,6 +101,8 @@ def merge(
         if published != planned_on.get(name):
             conflicts.append(name)
             continue
+        if name in models:
+            replaced_versions[name] = models[name]
         models[name] = ModelEntry(source=source)
         copied.add(name)
         new_sources.add(name)
@@ -139,6 +145,10 @@ def merge(
         editable(model_name).variants[target] = variant
         changed = True
     now = utcnow()
+    for name, old in replaced_versions.items():
+        policy = facts.rollout.get(name)
+        if policy is not None:
+            start_version(editable(name), old, policy, now)
     for name, targets in replaced.items():
         policy = facts.rollout.get(name)
         if policy is not None and name not in new_sources:

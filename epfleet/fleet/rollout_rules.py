@@ -6,8 +6,13 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
 - ``start``: a publish that replaces (or adds) published variants of a model whose spec
   gives a rollout policy starts a rollout at its first stage, keeping what each variant
   replaced in ``previous``. A model with no published variant before is not staged.
+- ``start_version``: a publish of a new source (a new model version) of such a model
+  stages the new version as a whole: ``previous_version`` keeps the version it replaces
+  (source, golden samples, calibration, target order) and ``previous`` that version's ok
+  variants, so that a device outside the rollout runs and health-checks the previous
+  version, and ``revert`` brings every device back to it.
   When a rollout is under way (or was reverted), ``previous`` keeps what the fleet ran
-  before it: a newer publish never makes an unproven build the way back.
+  before it: a newer publish never makes an unproven build (or version) the way back.
 - ``advance`` moves to the next stage; past the last, the rollout is ``complete`` and
   ``previous`` is dropped (``epfleet gc`` may then collect it). ``halt`` freezes the
   stage; ``revert`` sends every device back to ``previous``; both say why.
@@ -42,7 +47,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from epfleet.formats.device_report import DeviceReport, ModelReport, key_device
-from epfleet.formats.manifest import ModelEntry, VariantEntry
+from epfleet.formats.manifest import ModelEntry, PreviousVersion, VariantEntry
 from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 
 
@@ -59,10 +64,45 @@ def start(
     if not carried and all(before is None for before in replaced.values()):
         return  # a first publish: nothing to go back to
     previous = dict(entry.previous) if carried else {}
-    for target, before in replaced.items():
-        previous.setdefault(target, before)
+    if not (carried and entry.previous_version is not None):  # a version's way back is whole
+        for target, before in replaced.items():
+            previous.setdefault(target, before)
     entry.previous = previous
-    entry.rollout = Rollout(
+    entry.rollout = _new_rollout(policy, now)
+
+
+def start_version(entry: ModelEntry, old: ModelEntry, policy: RolloutPolicy, now: datetime) -> None:
+    """Stage ``entry``, a new source of the model, over ``old``, the model's entry before
+    it, in place: ``previous_version`` and ``previous`` are the last proven version
+    (``old``'s own previous version while its rollout is unfinished, else ``old`` as
+    devices outside that rollout ran it); nothing when that version has no ok variant."""
+    unfinished = old.rollout is not None and old.rollout.state != "complete"
+    variants: dict[str, VariantEntry | None]
+    if unfinished and old.previous_version is not None:
+        proven, variants = old.previous_version, dict(old.previous)
+    else:
+        variants = {t: v for t, v in old.variants.items() if v.status == "ok"}
+        if unfinished:  # a rebuild's rollout: the builds it replaced are the proven ones
+            for target, before in old.previous.items():
+                if before is None:
+                    variants.pop(target, None)
+                else:
+                    variants[target] = before
+        proven = PreviousVersion(
+            source=old.source,
+            samples=old.samples,
+            calibration=old.calibration,
+            preference=old.preference,
+        )
+    if not any(v is not None for v in variants.values()):
+        return  # nothing proven to go back to
+    entry.previous = variants
+    entry.previous_version = proven
+    entry.rollout = _new_rollout(policy, now)
+
+
+def _new_rollout(policy: RolloutPolicy, now: datetime) -> Rollout:
+    return Rollout(
         id=secrets.token_hex(8),
         salt=secrets.token_hex(16),
         stage=0,
@@ -76,7 +116,7 @@ def advance(entry: ModelEntry, now: datetime) -> ModelEntry:
     rollout = _under_way(entry)
     if rollout.last_stage:
         done = rollout.model_copy(update={"state": "complete", "stage_started_at": now})
-        return entry.model_copy(update={"rollout": done, "previous": {}})
+        return entry.model_copy(update={"rollout": done, "previous": {}, "previous_version": None})
     moved = rollout.model_copy(
         update={"stage": rollout.stage + 1, "state": "active", "stage_started_at": now}
     )

@@ -258,6 +258,21 @@ def _verified(entry: VariantEntry) -> str | None:
     return entry.verification.status if entry.verification else None
 
 
+class PreviousVersion(_Strict):
+    """During a rollout of a new source (a new model version), the version it replaces:
+    its source, golden samples, calibration inputs and target order. Its variants are the
+    entry's ``previous``. A device outside the rollout runs and health-checks this."""
+
+    source: SourceEntry
+    samples: SamplesRef | None = None
+    calibration: ArtifactRef | None = Field(
+        default=None, exclude_if=lambda calibration: calibration is None
+    )
+    preference: list[Name] = Field(
+        default_factory=list, exclude_if=lambda preference: not preference
+    )
+
+
 class ModelEntry(_Strict):
     source: SourceEntry
     samples: SamplesRef | None = Field(
@@ -289,12 +304,31 @@ class ModelEntry(_Strict):
         description="During a rollout, what each target's variant replaced (None: the "
         "target had none): what devices outside the rollout run",
     )
+    previous_version: PreviousVersion | None = Field(
+        default=None,
+        exclude_if=lambda version: version is None,
+        description="During a rollout of a new source, the version it replaces (its "
+        "variants are previous): what devices outside the rollout run and check",
+    )
 
     def for_device(self, device_id: str) -> ModelEntry:
         """The entry as the device ``device_id`` runs it: the new variants when the rollout
-        reaches it (or there is none), else the ones they replaced."""
+        reaches it (or there is none), else the ones they replaced; during a rollout of a
+        new source, the whole previous version (source, samples, variants)."""
         if self.rollout is None or is_member(self.rollout, device_id):
             return self
+        if self.previous_version is not None:
+            old = self.previous_version
+            variants = {t: v for t, v in self.previous.items() if v is not None}
+            return self.model_copy(
+                update={
+                    "source": old.source,
+                    "samples": old.samples,
+                    "calibration": old.calibration,
+                    "preference": old.preference,
+                    "variants": variants,
+                }
+            )
         variants = dict(self.variants)
         for target, before in self.previous.items():
             if before is None:
@@ -348,6 +382,11 @@ def referenced_keys(manifest: Manifest | None) -> set[str]:
             keys.add(entry.samples.uri)
         if entry.calibration is not None:
             keys.add(entry.calibration.uri)
+        old = entry.previous_version  # what a rollout of a new source may send devices back to
+        if old is not None:
+            keys.add(old.source.uri)
+            keys.update(f.uri for f in old.source.files)
+            keys.update(ref.uri for ref in (old.samples, old.calibration) if ref is not None)
         kept = [v for v in entry.previous.values() if v is not None]
         for variant in [*entry.variants.values(), *kept]:
             if variant.quantization is not None and variant.quantization.qdq_uri is not None:

@@ -30,7 +30,15 @@ from epfleet.formats.device_report import (
     key_device,
     report_key,
 )
-from epfleet.formats.manifest import ArtifactRef, ModelEntry, SourceEntry, VariantEntry
+from epfleet.formats.manifest import (
+    ArtifactRef,
+    Manifest,
+    ModelEntry,
+    SamplesRef,
+    SourceEntry,
+    VariantEntry,
+    referenced_keys,
+)
 from epfleet.formats.rollout import Rollout, RolloutPolicy, bucket, is_member
 from epfleet.text import markdown_text, printable
 
@@ -318,3 +326,111 @@ def test_text_from_reports_is_escaped_for_terminals_and_markdown() -> None:
     marked = markdown_text(hostile)
     assert "\\|" in marked and "\\*f\\*" in marked and "\\[g\\]" in marked and "&lt;i\\>" in marked
     assert printable("tiny-cls × x86-cpu, 12.5 ms") == "tiny-cls × x86-cpu, 12.5 ms"
+
+
+# --- new model versions under rollout --------------------------------------------------------
+
+SHA2 = "cd" * 32
+
+
+def samples(digest: str) -> SamplesRef:
+    return SamplesRef(uri=f"samples/{digest}.npz", sha256=digest, size=3, count=2, basis=digest)
+
+
+def versions() -> tuple[Manifest, Manifest]:
+    """A model published at version 1 (source SHA, samples, a cpu variant), then version 2
+    (source SHA2, its own samples, cpu and a new npu target) under a rollout policy."""
+    old_source = SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=9)
+    new_source = SourceEntry(uri=f"sources/{SHA2}.onnx", sha256=SHA2, size=9)
+    policy = RolloutPolicy(stages=[10, 100], canary=["dev-000"])
+    v1 = ModelFacts(samples={"m": samples("1" * 64)}, rollout={"m": policy})
+    first = merge(None, {"m": old_source}, {"m": None}, {("m", "cpu"): variant("a" * 64)}, v1)
+    assert first.manifest is not None
+    v2 = ModelFacts(samples={"m": samples("2" * 64)}, rollout={"m": policy})
+    new_variants = {("m", "cpu"): variant("b" * 64), ("m", "npu"): variant("c" * 64)}
+    second = merge(first.manifest, {"m": new_source}, {"m": old_source}, new_variants, v2)
+    assert second.manifest is not None
+    return first.manifest, second.manifest
+
+
+def test_a_new_source_is_staged_and_outside_devices_keep_the_whole_previous_version() -> None:
+    first, second = versions()
+    staged = second.models["m"]
+    assert staged.rollout is not None and staged.rollout.state == "active"
+    assert staged.previous_version is not None
+    assert staged.previous_version.source.sha256 == SHA
+    rollout = staged.rollout
+    inside = next(f"d{i}" for i in range(1000) if is_member(rollout, f"d{i}"))
+    outside = next(f"d{i}" for i in range(1000) if not is_member(rollout, f"d{i}"))
+    assert staged.for_device(inside) is staged
+    assert staged.for_device("dev-000") is staged  # the canary
+    mine = staged.for_device(outside)
+    assert mine.source.sha256 == SHA and mine.samples == first.models["m"].samples
+    assert set(mine.variants) == {"cpu"} and mine.variants["cpu"].digest == "a" * 64
+    # the signed entry round-trips, the previous version with it
+    again = Manifest.from_json(second.to_json()).models["m"]
+    assert again.for_device(outside).source.sha256 == SHA
+
+
+def test_a_reverted_version_rollout_sends_every_device_back_and_advance_drops_it() -> None:
+    _, second = versions()
+    staged = second.models["m"]
+    back = revert(staged, "accuracy")
+    for device in ("dev-000", "d1", "d2"):
+        mine = back.for_device(device)
+        assert mine.source.sha256 == SHA and set(mine.variants) == {"cpu"}
+    done = advance(advance(staged, NOW), NOW)
+    assert done.rollout is not None and done.rollout.state == "complete"
+    assert done.previous == {} and done.previous_version is None
+    assert done.for_device("d1").source.sha256 == SHA2
+
+
+def test_a_newer_version_during_a_rollout_never_makes_an_unproven_one_the_way_back() -> None:
+    _, second = versions()
+    sha3 = "ef" * 32
+    third_source = SourceEntry(uri=f"sources/{sha3}.onnx", sha256=sha3, size=9)
+    policy = RolloutPolicy(stages=[10, 100])
+    facts = ModelFacts(rollout={"m": policy})
+    v2_source = second.models["m"].source
+    third = merge(
+        second, {"m": third_source}, {"m": v2_source}, {("m", "cpu"): variant("d" * 64)}, facts
+    )
+    assert third.manifest is not None
+    entry = third.manifest.models["m"]
+    assert entry.previous_version is not None and entry.previous_version.source.sha256 == SHA
+    assert entry.previous["cpu"] is not None and entry.previous["cpu"].digest == "a" * 64
+    # a rebuild of the new version meanwhile keeps the same way back, and adds no target to it
+    rebuilt = merge(
+        third.manifest,
+        {"m": third_source},
+        {"m": third_source},
+        {("m", "gpu"): variant("e" * 64), ("m", "cpu"): variant("f" * 64)},
+        facts,
+    )
+    assert rebuilt.manifest is not None
+    kept = rebuilt.manifest.models["m"]
+    assert kept.previous_version == entry.previous_version and set(kept.previous) == {"cpu"}
+
+
+def test_a_first_version_and_a_new_source_without_policy_are_not_staged() -> None:
+    first, _ = versions()
+    assert first.models["m"].rollout is None
+    new_source = SourceEntry(uri=f"sources/{SHA2}.onnx", sha256=SHA2, size=9)
+    old_source = first.models["m"].source
+    plain = merge(first, {"m": new_source}, {"m": old_source}, {("m", "cpu"): variant("b" * 64)})
+    assert plain.manifest is not None
+    assert plain.manifest.models["m"].rollout is None
+    assert plain.manifest.models["m"].previous_version is None
+
+
+def test_gc_keeps_what_a_version_rollout_may_return_to() -> None:
+    first, second = versions()
+    needed = referenced_keys(second)
+    old = first.models["m"]
+    assert old.source.uri in needed and old.samples is not None and old.samples.uri in needed
+    assert old.variants["cpu"].artifact is not None
+    assert old.variants["cpu"].artifact.uri in needed
+    done = second.model_copy(
+        update={"models": {"m": advance(advance(second.models["m"], NOW), NOW)}}
+    )
+    assert old.source.uri not in referenced_keys(done)  # collectable once complete

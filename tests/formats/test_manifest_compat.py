@@ -92,12 +92,12 @@ def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> Non
 
 
 def test_a_writer_refuses_a_newer_minor_naming_both_versions() -> None:
-    for doc in (document("1.1"), with_future_fields(document("1.1"))):
+    for doc in (document("1.2"), with_future_fields(document("1.2"))):
         with pytest.raises(ValidationError) as refused:
             Manifest.from_json(data(doc))
         loc, msg = first_error(refused)
         assert loc == ("schema_version",)
-        assert "schema 1.1, newer than this epfleet writes (1.0)" in msg
+        assert "schema 1.2, newer than this epfleet writes (1.1)" in msg
         assert "upgrade epfleet on the compile host" in msg
 
 
@@ -113,19 +113,19 @@ def test_a_newer_major_is_refused(newer_minor: str) -> None:
             "update epfleet on this device; the manifest in force stays"
         )
     else:
-        assert "newer than this epfleet writes (1.0)" in msg
+        assert "newer than this epfleet writes (1.1)" in msg
 
 
-@pytest.mark.parametrize("version", ["1.0", "1"])
+@pytest.mark.parametrize("version", [SCHEMA_VERSION, "1"])
 def test_an_unknown_key_at_the_readers_own_minor_stays_an_error(version: str) -> None:
     doc = document()
     doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["tolerence"] = 0.5  # a typo
-    if version != "1.0":
+    if version != SCHEMA_VERSION:
         doc["schema_version"] = version  # not MAJOR.MINOR: nothing to be lenient about
     with pytest.raises(ValidationError) as refused:
         Manifest.from_json(data(doc), newer_minor="ignore")
     loc, msg = first_error(refused)
-    if version == "1.0":
+    if version == SCHEMA_VERSION:
         assert loc == ("models", "m", "variants", "x86-cpu", "verification", "tolerence")
         assert msg == "Extra inputs are not permitted"
     else:
@@ -159,14 +159,14 @@ def test_a_signed_entry_follows_the_version_it_comes_with() -> None:
 def test_writers_refuse_a_document_a_reader_took() -> None:
     check_writable(None, "store")
     check_writable(SCHEMA_VERSION, "store")
-    with pytest.raises(BadInputError, match=r"^/s: the manifest declares schema 1.1, newer"):
-        check_writable("1.1", "/s")
+    with pytest.raises(BadInputError, match=r"^/s: the manifest declares schema 1.2, newer"):
+        check_writable("1.2", "/s")
 
 
 def test_the_signed_targets_of_a_1_0_manifest_are_what_they_were() -> None:
     """Bins signed before the schema field existed compare equal to the targets wanted now:
     the next publish signs no bin again for it."""
-    manifest_json = Manifest.from_json(data(document())).to_json()
+    manifest_json = Manifest.from_json(data(document("1.0"))).to_json()
     wanted = model_targets(manifest_json)
     entry = json.loads(manifest_json)["models"]["m"]
     before = TargetFile.from_data("models/m", canonical(entry), ["sha256"])
@@ -186,7 +186,7 @@ def test_the_signed_targets_of_a_1_0_manifest_are_what_they_were() -> None:
 
 
 def test_the_signed_target_of_a_newer_manifest_carries_its_schema() -> None:
-    future = data(with_future_fields(document("1.1")))
+    future = data(with_future_fields(document("1.2")))
     custom = model_targets(future)["models/m"].info.unrecognized_fields["custom"]
-    assert custom["epfleet_schema"] == "1.1"
+    assert custom["epfleet_schema"] == "1.2"
     assert json.loads(custom["epfleet"])["licence"] == {"spdx": "MIT"}
