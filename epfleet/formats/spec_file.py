@@ -18,6 +18,11 @@ from epfleet.formats.spec import FleetSpec
 MAX_NESTING = 32
 """How deep a spec's YAML may nest (a fleet spec needs 5 levels): PyYAML composes nodes
 recursively, and a deeper document would exhaust Python's stack."""
+MAX_EXPANDED_VALUES = 100_000
+"""How many values a spec may hold once its YAML aliases are expanded (a fleet of 1,000
+models × 20 targets is a few tens of thousands): a few lines of nested aliases (the
+"billion laughs") expand to billions, which took minutes and gigabytes before
+MemoryError."""
 
 
 def _location(loc: tuple[int | str, ...], data: Any) -> str:
@@ -103,7 +108,7 @@ def load_spec(path: Path) -> FleetSpec:
         problem = " ".join(str(exc.problem or exc.context).split())
         if exc.context and exc.problem:
             problem += f" ({' '.join(exc.context.split())})"
-        kind = "" if isinstance(exc, _TooDeep) else "not valid YAML: "
+        kind = "" if isinstance(exc, (_TooDeep, _TooLarge)) else "not valid YAML: "
         raise BadInputError(f"{where}: {kind}{problem}") from None
     except yaml.YAMLError as exc:  # a character YAML does not allow, at a position
         position = getattr(exc, "position", None)
@@ -117,12 +122,21 @@ class _TooDeep(yaml.MarkedYAMLError):
     pass
 
 
+class _TooLarge(yaml.MarkedYAMLError):
+    pass
+
+
 class _SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing documents nested deeper than ``MAX_NESTING``."""
+    """PyYAML's safe loader, refusing documents nested deeper than ``MAX_NESTING`` or
+    holding more than ``MAX_EXPANDED_VALUES`` values once aliases are expanded (counted
+    as the document is composed: each alias adds the size of what it names, measured once
+    per anchored node)."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
         self._depth = 0
+        self._expanded = 0
+        self._sizes: dict[int, int] = {}
 
     @classmethod
     def load(cls, text: str) -> Any:
@@ -133,6 +147,13 @@ class _SpecLoader(yaml.SafeLoader):
             loader.dispose()
 
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            node = super().compose_node(parent, index)
+            if node is not None:
+                self._count(_expanded_size(node, self._sizes), mark)
+            return node
+        self._count(1, None)
         self._depth += 1
         try:
             if self._depth > MAX_NESTING:
@@ -144,3 +165,30 @@ class _SpecLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def _count(self, values: int, mark: yaml.Mark | None) -> None:
+        self._expanded += values
+        if self._expanded > MAX_EXPANDED_VALUES:
+            raise _TooLarge(
+                problem=f"expands to more than {MAX_EXPANDED_VALUES:,} values through YAML "
+                "aliases (*name); write the repeated part out, or use fewer aliases",
+                problem_mark=mark or self.peek_event().start_mark,
+            )
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` holds with every alias in it expanded (memoised by node:
+    an anchored node is measured once however often it is named)."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(
+            _expanded_size(key, sizes) + _expanded_size(value, sizes) for key, value in node.value
+        )
+    else:
+        size = 1
+    sizes[id(node)] = size
+    return size

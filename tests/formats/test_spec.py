@@ -456,3 +456,44 @@ def test_a_rollout_policy_from_yaml_infinity_is_refused_with_the_file_named(
     assert main(["compile", str(path), "--store", str(tmp_path / "store")]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and "rollout.min_hours: Input should be a finite number" in err
+
+
+BOMB = """models:
+  - name: m
+    source: m.onnx
+targets:
+  - name: htp
+    ep: QNNExecutionProvider
+    provider_options:
+      a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+      b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+      c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+      d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+      e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+      f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+      g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+      h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+      i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_with_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(BOMB)  # 9**9 values once expanded: minutes and gigabytes before
+    with pytest.raises(BadInputError) as refused:
+        load_spec(path)
+    assert str(refused.value) == (
+        f"{path}:13: expands to more than 100,000 values through YAML aliases (*name); "
+        "write the repeated part out, or use fewer aliases"
+    )
+
+
+def test_a_spec_sharing_options_through_aliases_loads(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "models: [{name: m, source: m.onnx}]\n"
+        "targets:\n"
+        "  - {name: a, ep: QNNExecutionProvider, provider_options: &opts {htp_arch: 75}}\n"
+        "  - {name: b, ep: QNNExecutionProvider, provider_options: *opts}\n"
+    )
+    assert [t.provider_options for t in load_spec(path).targets] == [{"htp_arch": "75"}] * 2
