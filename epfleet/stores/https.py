@@ -17,8 +17,11 @@ the mirror.
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Generator, Iterator
+from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -109,11 +112,22 @@ class HttpsStore:
 
     def _back_off(self, tried: int, retry_after: str | None) -> None:
         wait = min(8.0, 0.5 * 2 ** (tried - 1))
-        if retry_after is not None and retry_after.isdigit():
-            wait = min(float(retry_after), 30.0)
+        asked = retry_after is not None and retry_after.isdigit()
+        if asked:
+            wait = min(float(retry_after or 0), 30.0)
         deadline = current_deadline()
         if deadline is not None and deadline.remaining() < wait:
-            raise deadline.exceeded(f"retrying {self.uri} stopped")
+            left = max(0.0, deadline.remaining())
+            why = (
+                f"asked to retry after {retry_after} s (Retry-After)"
+                if asked
+                else (f"still failing after {tried} attempts (the next in {wait:g} s)")
+            )
+            raise DeadlineExceeded(
+                f"{self.uri} {why}, later than the sync's deadline of {deadline.seconds:g} s "
+                f"(EPFLEET_SYNC_DEADLINE) allows ({left:.1f} s left): stopped retrying; the "
+                "next sync tries again"
+            )
         time.sleep(wait)
 
     def _follow(self, method: str, url: str, headers: dict[str, str]) -> Any:
@@ -177,12 +191,13 @@ class HttpsStore:
         """The body as it arrives, counted by ``guard``; a stall raises TransferTooSlow and a
         body cut short TransientStoreError."""
         length = response.headers.get("Content-Length")
-        got = 0
+        got, whole = 0, False
         try:
             while chunk := response.read1(CHUNK):
                 got += len(chunk)
                 guard.add(len(chunk))
                 yield chunk
+            whole = True
         except (TimeoutError, urllib3.exceptions.ReadTimeoutError):
             raise guard.stalled() from None
         except (urllib3.exceptions.ProtocolError, OSError) as exc:
@@ -190,7 +205,10 @@ class HttpsStore:
                 f"{guard.what} from {self._url(key)}: the connection dropped ({exc})"
             ) from None
         finally:
-            _discard(response)
+            if whole:
+                _discard(response)
+            else:  # aborted (a guard, the reader stopping early): nothing more is read
+                response.close()
         if length is not None and length.isdigit() and got < int(length):
             raise TransientStoreError(
                 f"{guard.what} from {self._url(key)}: the connection dropped after {got} of "
@@ -313,21 +331,64 @@ class HttpsStore:
         return []
 
 
+DRAIN_SECONDS = 1.0
+"""The most time a short body's rest is read for (to keep its connection): never past the
+sync's deadline, so that a mirror sending a byte at a time holds nothing."""
+
+
 def _discard(response: Any, *, bodiless: bool = False) -> None:
     """Done with ``response``: a short rest of its body is read so that its connection
-    serves the next request; a long or endless one closes the connection instead.
-    ``bodiless``: an answer to HEAD, which has none whatever its Content-Length says."""
+    serves the next request, within ``DRAIN_SECONDS`` and the sync's deadline (its socket is
+    shut down when they pass, waking the read); a long or endless one closes the connection
+    instead. ``bodiless``: an answer to HEAD, which has none whatever its Content-Length
+    says."""
     length = response.headers.get("Content-Length")
     try:
         if bodiless or response.status in (204, 304):
             response.release_conn()
         elif length is not None and length.isdigit() and int(length) <= 65536:
-            response.drain_conn()
-            response.release_conn()
+            if _drained_in_time(response):
+                response.release_conn()
+            else:
+                response.close()
         else:
             response.close()
     except Exception:
         response.close()
+
+
+def _drained_in_time(response: Any) -> bool:
+    """Read the rest of ``response``'s body within its time (see ``_discard``); False when
+    that ran out (its connection is then unusable)."""
+    budget = DRAIN_SECONDS
+    deadline = current_deadline()
+    if deadline is not None:
+        budget = min(budget, deadline.remaining())
+    if budget <= 0:
+        return False
+    state = {"done": False, "fired": False}
+    lock = threading.Lock()
+
+    def shut() -> None:
+        with lock:
+            if state["done"]:
+                return
+            state["fired"] = True
+        sock = getattr(getattr(response, "connection", None), "sock", None)
+        if sock is not None:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(budget, shut)
+    timer.daemon = True
+    timer.start()
+    try:
+        response.drain_conn()
+    finally:
+        with lock:
+            state["done"] = True
+        timer.cancel()
+    return not state["fired"]
 
 
 def from_uri(uri: str) -> HttpsStore:

@@ -155,3 +155,32 @@ def test_the_sync_deadline_stops_a_request_in_flight(mirror: Mirror) -> None:
     with within(Deadline.after(1.0)), pytest.raises(DeadlineExceeded):
         store(mirror).read("manifest.json")
     assert time.monotonic() - started < 20
+
+
+def test_a_missing_objects_trickled_body_holds_no_read(mirror: Mirror) -> None:
+    """A 404 whose 60,000-byte body comes a byte every 0.05 s (50 minutes): the read says
+    the object is missing and the drain meant to keep the connection ends within its
+    second, with or without a sync deadline (issue 27: a sync ran 153 s past a 20 s one)."""
+    mirror.faults.slow_missing = True
+    mirror.faults.trickle_every = 0.05
+    started = time.monotonic()
+    assert store(mirror).read("trust/metadata/2.root.json") is None
+    assert time.monotonic() - started < 15
+    started = time.monotonic()
+    with within(Deadline.after(0.5)):
+        assert store(mirror).read("trust/metadata/3.root.json") is None
+    assert time.monotonic() - started < 15
+    mirror.heal()
+    assert store(mirror).read("manifest.json") is not None  # the store still serves
+
+
+def test_a_retry_after_past_the_deadline_says_so(mirror: Mirror) -> None:
+    mirror.faults.status = {"/manifest.json": [503]}
+    mirror.faults.retry_after = "3600"
+    with within(Deadline.after(25)), pytest.raises(DeadlineExceeded) as stopped:
+        store(mirror).read("manifest.json")
+    said = str(stopped.value)
+    assert (
+        "asked to retry after 3600 s (Retry-After), later than the sync's deadline of 25 s" in said
+    )
+    assert "ran past" not in said

@@ -37,6 +37,11 @@ class Faults:
     """Path suffix -> Location (absolute or relative)."""
     status: dict[str, list[int]] = field(default_factory=dict)
     """Path suffix -> status codes to answer first, one per request (then serve)."""
+    retry_after: str = "0"
+    """The Retry-After those answers carry."""
+    slow_missing: bool = False
+    """Answer a missing object's 404 with a 60,000-byte body sent a byte every
+    ``trickle_every`` seconds (a body the client would read to reuse the connection)."""
 
 
 class Mirror:
@@ -91,7 +96,12 @@ class Mirror:
         faults = self.faults
         for suffix, codes in faults.status.items():
             if path.endswith(suffix) and codes:
-                self._send(handler, codes.pop(0), {"Content-Length": "0", "Retry-After": "0"}, b"")
+                self._send(
+                    handler,
+                    codes.pop(0),
+                    {"Content-Length": "0", "Retry-After": faults.retry_after},
+                    b"",
+                )
                 return
         for suffix, location in faults.redirect.items():
             if path.endswith(suffix):
@@ -99,6 +109,9 @@ class Mirror:
                 return
         file = (self.root / path.lstrip("/")).resolve()
         if not file.is_relative_to(self.root.resolve()) or not file.is_file():
+            if faults.slow_missing and body:
+                self._trickle_body(handler, 404, 60_000)
+                return
             self._send(handler, 404, {"Content-Length": "0"}, b"")
             return
         data = file.read_bytes()
@@ -155,6 +168,19 @@ class Mirror:
             return
         with self._lock:
             self.bytes_sent += len(raw) + len(body)
+
+    def _trickle_body(self, handler: BaseHTTPRequestHandler, status: int, size: int) -> None:
+        try:
+            handler.wfile.write(
+                f"HTTP/1.1 {status} Not Found\r\nContent-Length: {size}\r\n\r\n".encode()
+            )
+            handler.wfile.flush()
+            for _ in range(size):
+                handler.wfile.write(b" ")
+                handler.wfile.flush()
+                time.sleep(self.faults.trickle_every)
+        except OSError:
+            return
 
     def _endless(self, handler: BaseHTTPRequestHandler) -> None:
         try:
