@@ -62,6 +62,11 @@ class Settings(BaseModel):
         description="This device's id in its sync reports (--device-id wins); default the "
         "host name",
     )
+    device_key: Path | None = Field(
+        default=None,
+        description="This device's report-signing key (PEM), made by epfleet device enroll: "
+        "its reports go up signed, as rollouts with authenticated_reports require",
+    )
     task_runner: str = Field(
         default="threads",
         description="Where a deployment's fleet-compile and compile-pairs runs execute their "

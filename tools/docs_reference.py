@@ -41,6 +41,9 @@ COMMANDS = [
     ["rollout", "advance"],
     ["rollout", "halt"],
     ["rollout", "revert"],
+    ["device", "enroll"],
+    ["device", "revoke"],
+    ["device", "list"],
 ]
 
 SYNOPSIS = """\
@@ -52,6 +55,8 @@ epfleet sync --cache DIR [--store URI] [--model NAME ...] [--no-recompile]
              [--prefer npu gpu cpu] [--device-id ID] [--verify] [--drop-unlisted]
              [--trust-root ROOT.json | --allow-unsigned] [--json] [--flow | --serve SECONDS]
 epfleet trust init|rotate|refresh|status [--store URI] ...   # signed distribution (TUF)
+epfleet rollout status|advance|halt|revert [--store URI] ...  # staged rollouts
+epfleet device enroll|revoke|list [--store URI] ...           # devices that sign their reports
 epfleet retire [--store URI] (--model NAME ... | --target NAME ... | --spec SPEC --unlisted)
                [--dry-run] [--json]
 epfleet gc [--store URI] [--delete] [--grace HOURS] [--retention-days N] [--json]

@@ -55,11 +55,12 @@ COMMANDS = {
     "retire": "epfleet.cli.store:retire",
     "trust": "epfleet.cli.trust:trust_app",
     "rollout": "epfleet.cli.rollout:rollout_app",
+    "device": "epfleet.cli.device:device_app",
 }
 """Each command's name and where it is defined: a function (its docstring is its help,
 ``epfleet.cli.options.command_help``) or an ``App`` of subcommands named as the command."""
 
-SUBCOMMAND_APPS = ("manifest", "trust", "rollout")
+SUBCOMMAND_APPS = ("manifest", "trust", "rollout", "device")
 
 app = App(
     name="epfleet",

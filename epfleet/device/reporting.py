@@ -15,6 +15,7 @@ import re
 import socket
 from contextlib import suppress
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
@@ -30,6 +31,9 @@ from epfleet.formats.device_report import (
 from epfleet.formats.manifest import NAME_PATTERN, ModelEntry, utcnow
 from epfleet.settings import settings
 from epfleet.stores import Store
+
+if TYPE_CHECKING:
+    from securesystemslib.signer import Signer
 
 
 def device_id(given: str | None) -> str:
@@ -95,8 +99,8 @@ def upload_report(
         )
         return report.model_copy(update={"report_uploaded": False, "report_skipped": skipped})
     try:
-        store.write(key, encode_report(report), content_encoding="gzip")
-    except StoreError as exc:
+        store.write(key, encode_report(report, _signer()), content_encoding="gzip")
+    except (StoreError, BadInputError) as exc:  # BadInputError: EPFLEET_DEVICE_KEY unusable
         return report.model_copy(update={"report_uploaded": False, "report_error": str(exc)})
     if cache is not None:
         record = SentReport(store=store.uri, key=key, digest=digest, at=now)
@@ -122,3 +126,16 @@ def rollout_seen(entry: ModelEntry, mine: ModelEntry) -> RolloutSeen:
         stage=entry.rollout.stage,
         state=entry.rollout.state,
     )
+
+
+def _signer() -> Signer | None:
+    """The device's enrolled report-signing key (``EPFLEET_DEVICE_KEY``), if it has one."""
+    path = settings().device_key
+    if path is None:
+        return None
+    from epfleet.trust.keys import read_private_key
+
+    try:
+        return read_private_key(path)
+    except BadInputError as exc:
+        raise BadInputError(f"EPFLEET_DEVICE_KEY: {exc}; the report was not uploaded") from None

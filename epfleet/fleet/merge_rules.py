@@ -155,7 +155,7 @@ def merge(
             start(editable(name), targets, policy, now)
     if not changed:
         return Merged(manifest=None, conflicts=conflicts)
-    manifest = Manifest(generation=base.generation + 1, published_at=utcnow(), models=models)
+    manifest = base.succeeded_by(models)
     return Merged(manifest=manifest, conflicts=conflicts)
 
 

@@ -24,7 +24,11 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
   (``epfleet.formats.rollout.is_member``, recomputed here, never taken from the report).
   A report that names the rollout but fails one of these is counted as *not attributed*,
   by reason; a report whose numbers are not finite or out of range never parses
-  (``epfleet.formats.device_report``) and is counted as unreadable.
+  (``epfleet.formats.device_report``) and is counted as unreadable. A rollout whose
+  policy asks for ``authenticated_reports`` also requires the report to be signed (a DSSE
+  envelope) with the key its device id is enrolled with in the signed manifest
+  (``epfleet device enroll``): unsigned, unenrolled or badly signed reports are not
+  attributed.
 - ``judge`` (the gate) reads only attributed reports. It waits until ``min_reports``
   member devices have reported on the stage. It halts when the share of them whose sync
   or health check of the model failed passes ``max_failure_rate``, or when their median
@@ -40,14 +44,20 @@ from __future__ import annotations
 
 import secrets
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from epfleet.formats.device_report import DeviceReport, ModelReport, key_device
-from epfleet.formats.manifest import ModelEntry, PreviousVersion, VariantEntry
+from epfleet.formats.device_report import (
+    DeviceReport,
+    ModelReport,
+    key_device,
+    signed_by,
+    signed_envelope,
+)
+from epfleet.formats.manifest import DeviceKey, ModelEntry, PreviousVersion, VariantEntry
 from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 
 
@@ -154,6 +164,9 @@ def _under_way(entry: ModelEntry) -> Rollout:
 Side = Literal["new", "previous"]
 
 NOT_ATTRIBUTED = {
+    "unsigned": "not signed (the rollout counts only signed reports)",
+    "not enrolled": "signed by a device that is not enrolled",
+    "bad signature": "signed, but not by its device's enrolled key",
     "key": "its object key names another device",
     "stale": "made before the stage started",
     "membership": "claims a side of the rollout the signed salt does not give its device",
@@ -222,17 +235,31 @@ class Verdict(BaseModel):
 
 
 def attribute(
-    rollout: Rollout, model: str, key: str, report: DeviceReport
+    rollout: Rollout,
+    model: str,
+    key: str,
+    report: DeviceReport,
+    enrolled: Mapping[str, DeviceKey] | None = None,
 ) -> tuple[Side, ModelReport] | str | None:
     """The side of ``rollout`` (of ``model``) the report read from ``key`` counts for, with
     its model's part; the reason (a ``NOT_ATTRIBUTED`` key, or ``"other"`` for another
     rollout of the model) it does not; None when it says nothing of a rollout of the model.
-    The rules are the module's."""
+    ``enrolled``: the devices' enrolled keys (the signed manifest's), which a rollout with
+    ``authenticated_reports`` requires a report to be signed with. The rules are the
+    module's."""
     found = next((m for m in report.models if m.model == model), None)
     if found is None or found.rollout is None:
         return None
     if found.rollout.id != rollout.id:
         return "other"
+    if rollout.policy.authenticated_reports:
+        enrolled_key = (enrolled or {}).get(report.device_id)
+        if signed_envelope(report) is None:
+            return "unsigned"
+        if enrolled_key is None:
+            return "not enrolled"
+        if not signed_by(report, enrolled_key):
+            return "bad signature"
     if key_device(key) != report.device_id:
         return "key"
     try:
@@ -249,10 +276,17 @@ def attribute(
     return ("new" if member else "previous"), found
 
 
-def count(evidence: Evidence, rollout: Rollout, model: str, key: str, report: DeviceReport) -> None:
+def count(
+    evidence: Evidence,
+    rollout: Rollout,
+    model: str,
+    key: str,
+    report: DeviceReport,
+    enrolled: Mapping[str, DeviceKey] | None = None,
+) -> None:
     """Add what the report read from ``key`` says of ``rollout`` of ``model`` to
     ``evidence`` (a stream of reports is read once for every rollout under way)."""
-    attributed = attribute(rollout, model, key, report)
+    attributed = attribute(rollout, model, key, report, enrolled)
     if attributed is None:
         return
     if attributed == "other":
@@ -272,7 +306,10 @@ def count(evidence: Evidence, rollout: Rollout, model: str, key: str, report: De
 
 
 def gather(
-    rollout: Rollout, model: str, reports: Iterable[tuple[str, DeviceReport | str]]
+    rollout: Rollout,
+    model: str,
+    reports: Iterable[tuple[str, DeviceReport | str]],
+    enrolled: Mapping[str, DeviceKey] | None = None,
 ) -> Evidence:
     """``count`` over (key, report) pairs; a report that could not be read is a string."""
     evidence = Evidence()
@@ -280,7 +317,7 @@ def gather(
         if isinstance(report, str):
             evidence.unreadable += 1
         else:
-            count(evidence, rollout, model, key, report)
+            count(evidence, rollout, model, key, report, enrolled)
     return evidence
 
 

@@ -78,6 +78,7 @@ def read_evidence(store: Store, models: list[str] | None = None) -> GateReading:
         raise BadInputError(f"no model {', '.join(unknown)} in {store.uri}")
     staged = {n: e.rollout for n, e in entries.items() if e.rollout and (not models or n in models)}
     evidence = {name: Evidence() for name in staged}
+    enrolled = manifest.device_keys if manifest is not None else {}
     tally = [0, 0]
 
     def readable() -> Iterator[DeviceReport]:
@@ -88,7 +89,7 @@ def read_evidence(store: Store, models: list[str] | None = None) -> GateReading:
                 continue
             tally[0] += 1
             for name, rollout in staged.items():
-                count(evidence[name], rollout, name, key, report)
+                count(evidence[name], rollout, name, key, report, enrolled)
             yield report
 
     field = field_view(manifest or Manifest(), readable())
@@ -137,7 +138,7 @@ def move(store: Store, model: str, how: Move, reason: str, rollout_id: str | Non
             ) from None
         done.append(moved)
         models = current.models | {model: moved}
-        return Manifest(generation=current.generation + 1, published_at=utcnow(), models=models)
+        return current.succeeded_by(models)
 
     published = update_manifest(store, change)
     after = done[-1].rollout if done else None

@@ -5,8 +5,13 @@ A shared format: the device writes it (``epfleet.device``), the fleet side reads
 never ONNX Runtime.
 
 Stored form: compact JSON, gzip-compressed (``encode_report``), under the same key as
-before; reports of older devices are plain JSON. ``decode_report`` reads both (a gzip
-body starts with 1f 8b, JSON never does) and never inflates one past a size limit.
+before; reports of older devices are plain JSON. A device that holds an enrolled key
+(``EPFLEET_DEVICE_KEY``) stores its report signed: a DSSE envelope (payload type
+``REPORT_PAYLOAD_TYPE``, the report's JSON as payload, one signature), gzip-compressed
+the same way. ``decode_report`` reads all three (a gzip body starts with 1f 8b, JSON never
+does; an envelope starts ``{"payload"``), keeps an envelope's signatures with the report
+(``signed_envelope``) for the rollout gate to verify, and never inflates one past a size
+limit.
 ``content_digest`` is what a report says, without what changes on every sync (times,
 bytes moved, the manifest's version): a device uploads a report whose digest differs from
 the last one it uploaded, and otherwise only once per heartbeat
@@ -19,11 +24,17 @@ import gzip
 import hashlib
 import json
 import zlib
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from eps.base import DeviceType, Precision, Verdict
+
+if TYPE_CHECKING:  # imported where used: a device that signs nothing never loads them
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.signer import Signer
+
+    from epfleet.formats.manifest import DeviceKey
 
 REPORTS_PREFIX = "reports/devices"
 """Store key prefix of the device reports: ``reports/devices/<device id>.json``."""
@@ -177,6 +188,8 @@ class ModelReport(_Bounded):
 
 
 class DeviceReport(_Bounded):
+    _envelope: Any = PrivateAttr(default=None)
+
     device_id: str
     generated_at: str
     ort_version: str
@@ -208,20 +221,50 @@ class DeviceReport(_Bounded):
         return 0 if self.served == len(self.models) and self.manifest.status != "rejected" else 1
 
 
-def encode_report(report: DeviceReport) -> bytes:
-    """The report as a device uploads it: compact JSON, gzip-compressed (no time stamp in
-    the gzip header: the same report gives the same bytes)."""
+REPORT_PAYLOAD_TYPE = "application/vnd.epfleet.device-report+json"
+_ENVELOPE_START = b'{"payload"'
+
+
+def encode_report(report: DeviceReport, signer: Signer | None = None) -> bytes:
+    """The report as a device uploads it: compact JSON, signed in a DSSE envelope when
+    ``signer`` (the device's enrolled key) is given, gzip-compressed (no time stamp in the
+    gzip header: the same report gives the same bytes)."""
     data = report.model_dump_json(exclude=set(LOCAL_FIELDS)).encode()
+    if signer is not None:
+        from securesystemslib.dsse import Envelope
+
+        envelope = Envelope(payload=data, payload_type=REPORT_PAYLOAD_TYPE, signatures={})
+        envelope.sign(signer)
+        data = json.dumps(envelope.to_dict(), separators=(",", ":")).encode()
     return gzip.compress(data, compresslevel=6, mtime=0)
 
 
 def decode_report(data: bytes, limit: int) -> DeviceReport:
-    """A stored report: gzip-compressed JSON, or plain JSON (older devices). ValueError
-    when it inflates past ``limit`` bytes or is a damaged gzip stream; pydantic's
-    ValidationError when it is not a report."""
+    """A stored report: gzip-compressed JSON or DSSE envelope, or plain JSON (older
+    devices). ValueError when it inflates past ``limit`` bytes, is a damaged gzip stream
+    or an envelope that is not a report's; pydantic's ValidationError when it is not a
+    report. An envelope's signatures are kept, not verified (``signed_envelope``)."""
     if data.startswith(GZIP_MAGIC):
         data = inflate(data, limit)
-    return DeviceReport.model_validate_json(data)
+    if not data.startswith(_ENVELOPE_START):
+        return DeviceReport.model_validate_json(data)
+    from securesystemslib.dsse import Envelope
+
+    try:
+        envelope = Envelope.from_dict(json.loads(data))
+    except Exception as exc:  # securesystemslib raises its own errors for a bad envelope
+        raise ValueError(f"not a DSSE envelope ({exc})") from None
+    if envelope.payload_type != REPORT_PAYLOAD_TYPE:
+        raise ValueError(f"an envelope of {envelope.payload_type!r}, not a device report")
+    report = DeviceReport.model_validate_json(envelope.payload)
+    report._envelope = envelope
+    return report
+
+
+def signed_envelope(report: DeviceReport) -> Envelope | None:
+    """The DSSE envelope the report was read from (its signatures unverified), if any."""
+    envelope: Envelope | None = report._envelope
+    return envelope
 
 
 def inflate(data: bytes, limit: int) -> bytes:
@@ -275,3 +318,19 @@ def _model_content(model: ModelReport) -> list[Any]:
         # a stage move is news: the gate counts only reports made since its stage started
         None if model.rollout is None else [model.rollout.id, model.rollout.stage],
     ]
+
+
+def signed_by(report: DeviceReport, key: DeviceKey) -> bool:
+    """Whether the report was read from an envelope whose signature verifies with ``key``
+    (an enrolled device's public key) over the very payload the report was parsed from."""
+    envelope = signed_envelope(report)
+    if envelope is None:
+        return False
+    from securesystemslib.signer import SSlibKey
+
+    public = SSlibKey(key.keyid, key.keytype, key.scheme, {"public": key.public})
+    try:
+        envelope.verify([public], 1)
+    except Exception:  # VerificationError, or a key securesystemslib cannot load
+        return False
+    return True

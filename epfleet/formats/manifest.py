@@ -338,6 +338,18 @@ class ModelEntry(_Strict):
         return self.model_copy(update={"variants": variants})
 
 
+class DeviceKey(_Strict):
+    """An enrolled device's public key (``epfleet device enroll``): the rollout gate counts
+    a report of that device only when it is signed with this key, where the rollout's
+    policy asks for authenticated reports."""
+
+    keyid: str = Field(pattern=SHA256_PATTERN)
+    keytype: str
+    scheme: str
+    public: str = Field(description="The public key, PEM")
+    enrolled_at: datetime
+
+
 class Manifest(_Strict):
     schema_version: str = Field(
         default=compat.SCHEMA_VERSION,
@@ -347,6 +359,23 @@ class Manifest(_Strict):
     generation: int = Field(default=0, ge=0, le=LARGEST_INT, description="+1 on every publish")
     published_at: datetime | None = None
     models: dict[Name, ModelEntry] = Field(default_factory=dict)
+    device_keys: dict[Name, DeviceKey] = Field(
+        default_factory=dict,
+        exclude_if=lambda keys: not keys,
+        description="Enrolled devices' public keys, by device id (signed with the manifest)",
+    )
+
+    def succeeded_by(self, models: dict[str, ModelEntry]) -> Manifest:
+        """The next generation of this manifest with ``models``, everything else kept (the
+        enrolled device keys), stamped with the schema version this epfleet writes."""
+        return self.model_copy(
+            update={
+                "schema_version": compat.SCHEMA_VERSION,
+                "generation": self.generation + 1,
+                "published_at": utcnow(),
+                "models": models,
+            }
+        )
 
     @field_validator("schema_version")
     @classmethod

@@ -66,6 +66,11 @@ class RolloutPolicy(BaseModel):
         description="Each stage past the first waits for a person to approve it in the "
         "Prefect UI (the rollout-gate flow pauses for input)",
     )
+    authenticated_reports: bool = Field(
+        default=False,
+        description="The gate counts only reports signed by the device's enrolled key "
+        "(epfleet device enroll; the device signs with EPFLEET_DEVICE_KEY)",
+    )
 
     @field_validator("stages")
     @classmethod

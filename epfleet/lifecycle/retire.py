@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, Field
 
 from epfleet.errors import BadInputError
-from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, utcnow
+from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry
 from epfleet.formats.spec import FleetSpec
 from epfleet.stores import MANIFEST_KEY, Store
 
@@ -122,7 +122,7 @@ def retire(manifest: Manifest, selection: Selection) -> tuple[Manifest | None, R
     for entry in models.values():
         still |= files_of(entry)
     done.bytes = sum(size for key, size in released.items() if key not in still)
-    after = Manifest(generation=manifest.generation + 1, published_at=utcnow(), models=models)
+    after = manifest.succeeded_by(models)
     done.generation = after.generation
     return after, done
 

@@ -12,13 +12,16 @@ reports' names carry."""
 
 from __future__ import annotations
 
+import base64
 import gzip
+import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from epfleet.cli.app import main
+from epfleet.device.reporting import upload_report
 from epfleet.fleet.publishing import update_manifest
 from epfleet.fleet.rollouts import read_evidence
 from epfleet.formats.device_report import (
@@ -33,6 +36,9 @@ from epfleet.formats.device_report import (
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 from epfleet.stores import Store, open_store
+from epfleet.trust.keys import new_key, read_private_key
+from epfleet.trust.repository import init_with_key_files
+from epfleet.trust.state import has_trust
 from tests.support.publish_helpers import publish_new
 
 pytestmark = pytest.mark.fast
@@ -201,3 +207,137 @@ def test_report_names_are_escaped_on_the_terminal(
     assert main(["rollout", "status", "--store", store.uri]) == 0
     status = capsys.readouterr().out
     assert "\x1b" not in status and "1 its object key names another device" not in status
+
+
+# --- authenticated reports -------------------------------------------------------------------
+
+SIGNED_POLICY = POLICY.model_copy(update={"authenticated_reports": True, "min_reports": 1})
+
+
+@pytest.fixture
+def signed_store(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Store, Path]:
+    """The staged store, signed (trust init adopts its manifest), its rollout asking for
+    authenticated reports; EPFLEET_TRUST_SIGNER set for the publishes."""
+    if not has_trust(store):  # a local store is signed already, with development keys
+        _, uri = init_with_key_files(store, tmp_path / "fleet-keys", bins=16)
+        monkeypatch.setenv("EPFLEET_TRUST_SIGNER", uri)
+
+    def ask(current: Manifest | None) -> Manifest | None:
+        assert current is not None
+        entry = current.models[MODEL]
+        assert entry.rollout is not None
+        rollout = entry.rollout.model_copy(update={"policy": SIGNED_POLICY})
+        models = current.models | {MODEL: entry.model_copy(update={"rollout": rollout})}
+        return current.succeeded_by(models)
+
+    update_manifest(store, ask)
+    return store, tmp_path / "device-keys"
+
+
+def enrol(capsys: pytest.CaptureFixture[str], store: Store, keys: Path, device: str) -> Path:
+    code = main(["device", "enroll", device, "--store", store.uri, "--keys", str(keys)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"EPFLEET_DEVICE_KEY={keys / (device + '.pem')}" in out
+    return keys / f"{device}.pem"
+
+
+def test_with_authenticated_reports_only_reports_signed_by_enrolled_devices_count(
+    signed_store: tuple[Store, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, keys = signed_store
+    canary = read_private_key(enrol(capsys, store, keys, "dev-000"))
+    member = read_private_key(enrol(capsys, store, keys, MEMBERS[0]))
+    stranger = new_key()  # a key nobody enrolled
+    good = report("dev-000", True, "downloaded")
+    store.write(report_key("dev-000"), encode_report(good, canary))
+    # a member's name, signed with the canary's key
+    store.write(report_key(MEMBERS[0]), encode_report(report(MEMBERS[0], True, "failed"), canary))
+    # enrolled names, unsigned
+    for device in OUTSIDE[:3]:
+        put(store, report(device, False, "failed"))
+    # a name nobody enrolled, signed by a key nobody enrolled
+    store.write(report_key(MEMBERS[1]), encode_report(report(MEMBERS[1], True), stranger))
+    # the member's own report, signed, then its payload changed (failed -> kept)
+    signed = gzip.decompress(encode_report(report(MEMBERS[2], True, "failed"), member))
+    envelope = json.loads(signed)
+    payload = base64.b64decode(envelope["payload"]).replace(b'"failed"', b'"kept"')
+    envelope["payload"] = base64.b64encode(payload).decode()
+    store.write(report_key(MEMBERS[2]), gzip.compress(json.dumps(envelope).encode()))
+
+    [status] = read_evidence(store).statuses
+    assert (status.evidence.new.devices, status.evidence.new.failed) == (1, 0)
+    assert status.evidence.not_attributed == {
+        "bad signature": 1,  # the canary's key in a member's name
+        "unsigned": 3,
+        "not enrolled": 2,  # the stranger's, and the tampered one (MEMBERS[2] not enrolled)
+    }
+    listed = main(["device", "list", "--store", store.uri])
+    out = capsys.readouterr().out
+    assert listed == 0 and "dev-000" in out and MEMBERS[0] in out
+
+    # the member's real report, signed with its own key, counts; once revoked, it does not
+    store.write(report_key(MEMBERS[0]), encode_report(report(MEMBERS[0], True, "failed"), member))
+    [status] = read_evidence(store).statuses
+    assert (status.evidence.new.devices, status.evidence.new.failed) == (2, 1)
+    assert status.verdict.decision == "halt"
+    assert main(["device", "revoke", MEMBERS[0], "--store", store.uri]) == 0
+    [status] = read_evidence(store).statuses
+    assert (status.evidence.new.devices, status.evidence.new.failed) == (1, 0)
+    assert status.evidence.not_attributed.get("not enrolled") == 3
+
+
+def test_a_tampered_payload_of_an_enrolled_device_is_refused(
+    signed_store: tuple[Store, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, keys = signed_store
+    member = read_private_key(enrol(capsys, store, keys, MEMBERS[0]))
+    signed = gzip.decompress(encode_report(report(MEMBERS[0], True, "failed"), member))
+    envelope = json.loads(signed)
+    payload = base64.b64decode(envelope["payload"]).replace(b'"failed"', b'"kept"')
+    envelope["payload"] = base64.b64encode(payload).decode()
+    store.write(report_key(MEMBERS[0]), gzip.compress(json.dumps(envelope).encode()))
+    [status] = read_evidence(store).statuses
+    assert status.evidence.new.devices == 0
+    assert status.evidence.not_attributed == {"bad signature": 1}
+
+
+def test_enrolment_needs_a_signed_store(
+    s3_store_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    publish_new(open_store(s3_store_uri), 0)  # an S3 store without trust metadata
+    keys = tmp_path / "device-keys"
+    code = main(["device", "enroll", "dev-000", "--store", s3_store_uri, "--keys", str(keys)])
+    assert code == 2 and "authenticated reports need a signed store" in capsys.readouterr().err
+    assert not keys.exists()  # nothing written
+
+
+def test_enrolling_twice_is_refused_and_leaves_no_second_key(
+    signed_store: tuple[Store, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, keys = signed_store
+    enrol(capsys, store, keys, "dev-000")
+    other = keys.parent / "other-keys"
+    code = main(["device", "enroll", "dev-000", "--store", store.uri, "--keys", str(other)])
+    assert code == 2 and "enrolled already" in capsys.readouterr().err
+    assert not (other / "dev-000.pem").exists()
+
+
+def test_a_device_with_a_key_uploads_its_report_signed(
+    signed_store: tuple[Store, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, keys = signed_store
+    path = enrol(capsys, store, keys, "dev-000")
+    monkeypatch.setenv("EPFLEET_DEVICE_KEY", str(path))
+    sent = upload_report(store, report("dev-000", True, "downloaded"))
+    assert sent.report_uploaded, sent.report_error
+    [status] = read_evidence(store).statuses
+    assert status.evidence.new.devices == 1 and status.evidence.unattributed == 0
+    monkeypatch.setenv("EPFLEET_DEVICE_KEY", str(keys / "missing.pem"))
+    failed = upload_report(store, report("dev-000", True, "downloaded"))
+    assert not failed.report_uploaded
+    assert "EPFLEET_DEVICE_KEY: cannot read private key" in (failed.report_error or "")

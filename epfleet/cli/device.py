@@ -1,0 +1,121 @@
+"""``epfleet device enroll|revoke|list``: the devices whose signed reports the rollout gate
+counts, where a rollout's policy asks for authenticated reports.
+
+Enrolling and revoking are signed publishes (they need the store's signer, as a compile
+does). Exit codes as every epfleet command: 0 done, 1 the store failed, 2 bad input (an
+unsigned store, a device enrolled already or not enrolled, a key directory in a git work
+tree).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+from cyclopts import App, Parameter
+
+from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from epfleet.cli.options import Json, Store, command_help
+from epfleet.stores import DEFAULT_STORE
+
+device_app = App(
+    name="device",
+    help="Enrolled devices: the keys their signed reports are checked with.",
+    help_epilogue="",
+)
+
+DeviceId = Annotated[str, Parameter(help="The device's id (its --device-id / EPFLEET_DEVICE_ID).")]
+
+
+@device_app.default
+def _no_device_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
+    what = f"unknown command 'device {unknown[0]}'" if unknown else "device needs a command"
+    print(f"epfleet: error: {what}: enroll, revoke or list", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+@device_app.command
+def enroll(
+    device: DeviceId,
+    *,
+    store: Store = DEFAULT_STORE,
+    keys: Path | None = None,
+    public_key: Path | None = None,
+    force: bool = False,
+) -> int:
+    """Enrol a device: publish its public key in the signed manifest, so that a rollout
+    with authenticated_reports counts its reports. Either make its key here (--keys: the
+    private key goes to DIR/<device>.pem, 0600, to provision the device with as
+    EPFLEET_DEVICE_KEY) or give the public key of one made on the device (--public-key).
+
+    For example:
+      epfleet device enroll dev-042 --store s3://bucket/fleet --keys /media/offline/device-keys
+      epfleet device enroll dev-042 --store s3://bucket/fleet --public-key dev-042.pub.pem
+
+    Parameters
+    ----------
+    keys
+        Where the device's new private key is written (never inside a git work tree that
+        does not ignore it, unless --force).
+    public_key
+        The device's public key (PEM), when its private key was made on the device.
+    force
+        Write the key into a git work tree that does not ignore --keys.
+    """
+    from epfleet.fleet.enrolment import enroll as enroll_device
+    from epfleet.stores import open_store
+
+    entry, written = enroll_device(
+        open_store(store), device, keys_dir=keys, public_key=public_key, force=force
+    )
+    print(f"enrolled {device} in {store}: key {entry.keyid[:12]} ({entry.scheme})")
+    if written is not None:
+        print(f"provision the device with: EPFLEET_DEVICE_KEY={written}")
+    return EXIT_OK
+
+
+@device_app.command
+def revoke(device: DeviceId, *, store: Store = DEFAULT_STORE) -> int:
+    """Remove a device's key: its reports no longer count where reports must be signed.
+
+    For example:
+      epfleet device revoke dev-042 --store s3://bucket/fleet
+    """
+    from epfleet.fleet.enrolment import revoke as revoke_device
+    from epfleet.stores import open_store
+
+    removed = revoke_device(open_store(store), device)
+    print(f"revoked {device} in {store}: key {removed.keyid[:12]}")
+    return EXIT_OK
+
+
+@device_app.command(name="list")
+def list_(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
+    """The enrolled devices and their keys, from the manifest in force.
+
+    For example:
+      epfleet device list --store s3://bucket/fleet
+    """
+    from epfleet.fleet.publishing import read_in_force
+    from epfleet.stores import open_store
+    from epfleet.text import table
+
+    manifest = read_in_force(open_store(store)).manifest
+    keys = manifest.device_keys if manifest is not None else {}
+    if as_json:
+        print(json.dumps({d: k.model_dump(mode="json") for d, k in keys.items()}, indent=2))
+        return EXIT_OK
+    if not keys:
+        print(f"no enrolled device in {store}")
+        return EXIT_OK
+    rows = [
+        [d, k.keyid[:12], k.scheme, k.enrolled_at.strftime("%Y-%m-%d %H:%M")]
+        for d, k in sorted(keys.items())
+    ]
+    print(table(["device", "key", "scheme", "enrolled"], rows))
+    return EXIT_OK
+
+
+command_help(enroll, revoke, list_)
