@@ -16,24 +16,32 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
 - ``advance`` moves to the next stage; past the last, the rollout is ``complete`` and
   ``previous`` is dropped (``epfleet gc`` may then collect it). ``halt`` freezes the
   stage; ``revert`` sends every device back to ``previous``; both say why.
-- ``attribute`` (what a report may count for): a report counts for a rollout only when
-  the object key it was read from names the device id inside it (so a device has one
-  vote: its one key, the newest report it wrote); it names this rollout's id; it was made
-  after the current stage started; and the side it says it is on (the new variants or
-  the previous ones) is the one the signed salt, stage and canary list give its device id
-  (``epfleet.formats.rollout.is_member``, recomputed here, never taken from the report).
-  A report that names the rollout but fails one of these is counted as *not attributed*,
-  by reason; a report whose numbers are not finite or out of range never parses
-  (``epfleet.formats.device_report``) and is counted as unreadable.
-- ``judge`` (the gate) reads only attributed reports. It waits until ``min_reports``
-  member devices have reported on the stage. It halts when the share of them whose sync
-  or health check of the model failed passes ``max_failure_rate``, or when their median
-  p50 is more than ``max_latency_regression`` above that of the devices on the previous
-  variants. It advances when the stage has lasted ``min_hours``, nothing failed it, and
-  fewer reports about the rollout went unattributed than were attributed (the bound on
-  forged evidence: reports that cannot be attributed can hold a stage, never move one);
-  otherwise it waits, and says why. Unauthenticated reports can still be written in a
-  member device's name by whoever can write the reports prefix: docs/concepts/trust.md.
+- What the gate hears (``epfleet.fleet.evidence_rules.attribute``): a report object is
+  the report of the device its key names, or it is unreadable (it does not decode, or a
+  number in it is not finite or out of range) or not attributed (its key names another
+  device). A device has one key, so one vote: the newest report it wrote.
+- ``counts_for`` (what a heard report may count for): it counts for a rollout only when
+  it names this rollout's id (else it is of another rollout: counted apart), it acted on
+  the current stage and was made after that stage started (else *stale*: a device that
+  has not reported on this stage yet), and the side it says it is on (the new variants
+  or the previous ones) is the one the signed salt, stage and canary list give its
+  device id (``epfleet.formats.rollout.is_member``, recomputed here, never taken from the
+  report; else *membership*). Reports not counted are counted by reason.
+- ``judge`` (the gate) reads only counted reports. It waits until ``min_reports``
+  distinct member devices have reported on the stage. It halts when the share of them
+  whose sync or health check of the model failed passes ``max_failure_rate``, or when
+  their median p50 is more than ``max_latency_regression`` above that of the devices on
+  the previous variants. It advances when the stage has lasted ``min_hours`` and nothing
+  failed it; otherwise it waits, and every verdict says how many reports it could not
+  read or attribute, by reason.
+- The bound on what reports that cannot be attributed do: they never advance or halt a
+  stage, and only those under the key of a device the salt puts *in* the stage
+  (unreadable, naming another device, or claiming the wrong side: a member whose report
+  the gate cannot use, "unheard") can hold one: the gate does not advance while unheard
+  members are as many as the member devices it heard. Reports under keys of devices
+  outside the stage, of other rollouts or older stages change no decision, however many.
+  What is left to a writer of reports (reports in member devices' names, which the salt
+  lets anyone compute) is docs/concepts/trust.md's, closed by authenticated reports.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from epfleet.fleet.evidence_rules import READING_REASONS, Unattributed
 from epfleet.formats.device_report import DeviceReport, ModelReport, key_device
 from epfleet.formats.manifest import ModelEntry, PreviousVersion, VariantEntry
 from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
@@ -154,12 +163,13 @@ def _under_way(entry: ModelEntry) -> Rollout:
 Side = Literal["new", "previous"]
 
 NOT_ATTRIBUTED = {
-    "key": "its object key names another device",
-    "stale": "made before the stage started",
+    **READING_REASONS,
+    "stale": "made before the stage started or on an earlier stage",
     "membership": "claims a side of the rollout the signed salt does not give its device",
     "time": "has no readable time with its UTC offset",
 }
-"""Why a report that names a rollout is not counted for it (``attribute``)."""
+"""Why a report that names a rollout is not counted for it (``counts_for``; ``key`` and
+``unreadable``: ``evidence_rules.attribute``)."""
 
 
 class SideEvidence(BaseModel):
@@ -200,6 +210,11 @@ class Evidence(BaseModel):
     unreadable: int = Field(
         default=0, description="Reports of the fleet that could not be read at all"
     )
+    unheard_members: int = Field(
+        default=0,
+        description="Keys of member devices whose report could not be used (unreadable, "
+        "naming another device, or claiming the wrong side)",
+    )
 
     @property
     def unattributed(self) -> int:
@@ -221,27 +236,25 @@ class Verdict(BaseModel):
     reason: str
 
 
-def attribute(
-    rollout: Rollout, model: str, key: str, report: DeviceReport
+def counts_for(
+    rollout: Rollout, model: str, report: DeviceReport
 ) -> tuple[Side, ModelReport] | str | None:
-    """The side of ``rollout`` (of ``model``) the report read from ``key`` counts for, with
-    its model's part; the reason (a ``NOT_ATTRIBUTED`` key, or ``"other"`` for another
-    rollout of the model) it does not; None when it says nothing of a rollout of the model.
-    The rules are the module's."""
+    """The side of ``rollout`` (of ``model``) the report (read from its device's own key)
+    counts for, with its model's part; the reason (a ``NOT_ATTRIBUTED`` key, or
+    ``"other"`` for another rollout of the model) it does not; None when it says nothing
+    of a rollout of the model. The rules are the module's."""
     found = next((m for m in report.models if m.model == model), None)
     if found is None or found.rollout is None:
         return None
     if found.rollout.id != rollout.id:
         return "other"
-    if key_device(key) != report.device_id:
-        return "key"
     try:
         made = datetime.fromisoformat(report.generated_at)
     except ValueError:
         return "time"
     if made.tzinfo is None:
         return "time"
-    if made < rollout.stage_started_at:
+    if made < rollout.stage_started_at or found.rollout.stage != rollout.stage:
         return "stale"
     member = is_member(rollout, report.device_id)
     if found.rollout.member != member:
@@ -249,17 +262,30 @@ def attribute(
     return ("new" if member else "previous"), found
 
 
-def count(evidence: Evidence, rollout: Rollout, model: str, key: str, report: DeviceReport) -> None:
-    """Add what the report read from ``key`` says of ``rollout`` of ``model`` to
-    ``evidence`` (a stream of reports is read once for every rollout under way)."""
-    attributed = attribute(rollout, model, key, report)
+def count(
+    evidence: Evidence, rollout: Rollout, model: str, heard: DeviceReport | Unattributed
+) -> None:
+    """Add what one report object (as ``evidence_rules.attribute`` heard it) says of
+    ``rollout`` of ``model`` to ``evidence`` (a stream of reports is read once for every
+    rollout under way)."""
+    if isinstance(heard, Unattributed):
+        if heard.reason == "unreadable":
+            evidence.unreadable += 1
+        elif _names(heard.report, model, rollout):
+            _refused(evidence, heard.reason)
+        device = key_device(heard.key)
+        evidence.unheard_members += device is not None and is_member(rollout, device)
+        return
+    attributed = counts_for(rollout, model, heard)
     if attributed is None:
         return
     if attributed == "other":
         evidence.other_rollouts += 1
         return
     if isinstance(attributed, str):
-        evidence.not_attributed[attributed] = evidence.not_attributed.get(attributed, 0) + 1
+        _refused(evidence, attributed)
+        if attributed == "membership":
+            evidence.unheard_members += is_member(rollout, heard.device_id)
         return
     side_name, found = attributed
     side = evidence.new if side_name == "new" else evidence.previous
@@ -271,16 +297,24 @@ def count(evidence: Evidence, rollout: Rollout, model: str, key: str, report: De
         side.partly_on_other_eps += bool(found.profile.other_nodes)
 
 
+def _refused(evidence: Evidence, reason: str) -> None:
+    evidence.not_attributed[reason] = evidence.not_attributed.get(reason, 0) + 1
+
+
+def _names(report: DeviceReport | None, model: str, rollout: Rollout) -> bool:
+    if report is None:
+        return False
+    found = next((m for m in report.models if m.model == model), None)
+    return found is not None and found.rollout is not None and found.rollout.id == rollout.id
+
+
 def gather(
-    rollout: Rollout, model: str, reports: Iterable[tuple[str, DeviceReport | str]]
+    rollout: Rollout, model: str, reports: Iterable[DeviceReport | Unattributed]
 ) -> Evidence:
-    """``count`` over (key, report) pairs; a report that could not be read is a string."""
+    """``count`` over report objects as ``evidence_rules.attribute`` heard them."""
     evidence = Evidence()
-    for key, report in reports:
-        if isinstance(report, str):
-            evidence.unreadable += 1
-        else:
-            count(evidence, rollout, model, key, report)
+    for heard in reports:
+        count(evidence, rollout, model, heard)
     return evidence
 
 
@@ -303,21 +337,22 @@ def judge(rollout: Rollout, evidence: Evidence, now: datetime) -> Verdict:
             reason=f"{new.failed} of {new.devices} member devices failed the new variants "
             f"({new.failure_rate:.0%}, more than max_failure_rate "
             f"{policy.max_failure_rate:.0%}; {evidence.previous.failed} of "
-            f"{evidence.previous.devices} on the previous ones)",
+            f"{evidence.previous.devices} on the previous ones){unattributed}",
         )
     regression = evidence.latency_regression
     if regression is not None and regression > policy.max_latency_regression:
         return Verdict(
             decision="halt",
             reason=f"the new variants' median inference time is {regression:.0%} above the "
-            f"previous ones' (max_latency_regression {policy.max_latency_regression:.0%})",
+            f"previous ones' (max_latency_regression {policy.max_latency_regression:.0%})"
+            f"{unattributed}",
         )
-    if evidence.unattributed >= new.devices:
+    if evidence.unheard_members >= new.devices:
         return Verdict(
             decision="wait",
-            reason=f"as many reports about this rollout could not be attributed as could "
-            f"({unattributed.removeprefix('; ')}): not advancing on evidence that may be "
-            "forged; see docs/concepts/trust.md, or advance by hand",
+            reason=f"{evidence.unheard_members} member devices' reports could not be used, "
+            f"as many as the {new.devices} heard{unattributed}: not advancing on evidence "
+            "that may be forged or broken; see docs/concepts/trust.md, or advance by hand",
         )
     hours = max(0.0, (now - rollout.stage_started_at).total_seconds() / 3600)
     if hours < policy.min_hours:
@@ -336,9 +371,11 @@ def judge(rollout: Rollout, evidence: Evidence, now: datetime) -> Verdict:
 
 
 def _unattributed_text(evidence: Evidence) -> str:
-    if not evidence.unattributed:
-        return ""
-    reasons = ", ".join(
+    parts = [
         f"{n} {NOT_ATTRIBUTED.get(why, why)}" for why, n in sorted(evidence.not_attributed.items())
-    )
-    return f"; {evidence.unattributed} not attributed: {reasons}"
+    ]
+    if evidence.unreadable:
+        parts.append(f"{evidence.unreadable} of the fleet's reports unreadable")
+    if not parts:
+        return ""
+    return f"; not counted: {', '.join(parts)}"
