@@ -52,7 +52,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from epfleet.fleet.evidence_rules import READING_REASONS, Unattributed
 from epfleet.formats.device_report import DeviceReport, ModelReport, key_device
@@ -174,11 +174,15 @@ NOT_ATTRIBUTED = {
 
 class SideEvidence(BaseModel):
     """What the attributed reports of one side of a rollout say (the devices on the new
-    variants, or on the previous ones)."""
+    variants, or on the previous ones): devices, failure rate, latency, EP placement."""
 
     devices: int = Field(default=0, description="Devices whose report counts on this side")
     failed: int = Field(default=0, description="Of them, those whose sync of the model failed")
-    p50_ms: list[float] = Field(default_factory=list, description="Each serving device's p50")
+    p50_ms: list[float] = Field(
+        default_factory=list,
+        exclude=True,
+        description="Each serving device's p50 (finite: a report with another never parses)",
+    )
     partly_on_other_eps: int = Field(
         default=0, description="Serving devices where part of the model ran on another EP"
     )
@@ -187,13 +191,22 @@ class SideEvidence(BaseModel):
     def serving(self) -> int:
         return self.devices - self.failed
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def failure_rate(self) -> float:
         return self.failed / self.devices if self.devices else 0.0
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def median_p50_ms(self) -> float | None:
+        """The median of the serving devices' p50s."""
         return statistics.median(self.p50_ms) if self.p50_ms else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def other_eps_share(self) -> float:
+        """The share of serving devices where part of the model fell back to other EPs."""
+        return self.partly_on_other_eps / self.serving if self.serving > 0 else 0.0
 
 
 class Evidence(BaseModel):

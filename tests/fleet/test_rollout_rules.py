@@ -200,6 +200,14 @@ def test_the_gate_waits_halts_and_advances_on_the_evidence() -> None:
     )
 
 
+def test_a_side_gives_its_failure_rate_median_latency_and_ep_placement() -> None:
+    found = SideEvidence(devices=4, failed=1, p50_ms=[9.0, 30.0, 10.0], partly_on_other_eps=1)
+    assert (found.failure_rate, found.median_p50_ms) == (0.25, 10.0)
+    assert found.other_eps_share == pytest.approx(1 / 3)
+    assert "p50_ms" not in found.model_dump() and found.model_dump()["failure_rate"] == 0.25
+    assert SideEvidence().median_p50_ms is None and SideEvidence().other_eps_share == 0.0
+
+
 def test_a_huge_min_hours_in_a_signed_entry_waits_instead_of_overflowing() -> None:
     policy = RolloutPolicy(stages=[10, 100], min_reports=1, min_hours=1e300)
     active = rollout([10, 100]).model_copy(update={"policy": policy})

@@ -13,6 +13,7 @@ reports' names carry."""
 from __future__ import annotations
 
 import gzip
+import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -275,3 +276,23 @@ def test_report_names_are_escaped_on_the_terminal(
     assert main(["rollout", "status", "--store", store.uri]) == 0
     status = capsys.readouterr().out
     assert "\x1b" not in status
+
+
+def test_rollout_status_shows_both_sides_and_what_it_did_not_count(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real_fleet(store, "advance")
+    put(store, report(MEMBERS[1], True, "failed"), report_key(OUTSIDE[9]))
+    capsys.readouterr()
+    assert main(["rollout", "status", "--store", store.uri, "--json"]) == 0
+    [shown] = json.loads(capsys.readouterr().out)
+    new, previous = shown["evidence"]["new"], shown["evidence"]["previous"]
+    assert (new["devices"], new["failed"], new["failure_rate"]) == (2, 0, 0.0)
+    assert (new["median_p50_ms"], previous["median_p50_ms"]) == (10.5, 10.0)
+    assert (previous["devices"], previous["other_eps_share"]) == (5, 0.0)
+    assert shown["evidence"]["not_attributed"] == {"key": 1}
+    assert "p50_ms" not in new  # a median, not every device's number
+    assert main(["rollout", "status", "--store", store.uri]) == 0
+    table = capsys.readouterr().out
+    assert "2 devices, 0 failed (0%), p50 10.5 ms" in table
+    assert "1 its object key names another device" in table and "1 under another" in table
