@@ -1,14 +1,17 @@
 """Forged device reports against the rollout gate (issue 27), through a real store: a local
 directory and S3 over HTTP (moto). Whoever can write the reports prefix writes reports
 under any key, in any device's name, with any numbers. What they must not be able to do
-is move the gate: reports under a key of another device, from devices the signed salt
-puts outside the stage, of another rollout, older than the stage, or with numbers that are
-not finite, are not counted (and are counted as such); the gate's decision on the real
-reports stands, and it says how many reports it could not attribute.
+is move the gate: each kind of forgery (one id under forty keys, reports under another
+device's key, ids the signed salt puts outside the stage claiming to be in it, reports of
+another rollout, of another stage or older than it, numbers not finite or out of range)
+is written against a gate that advances, one that halts and one that waits, pushing the
+other way; the decision and both sides' counts stand, and the forgeries are counted by
+reason. The bound is checked too: unusable reports under member devices' keys hold an
+advance, and nothing unattributed halts one.
 
 The reports are written as devices write them (``encode_report``, gzip), the decision is
-``epfleet rollout status``'s (``read_evidence``), and the CLI's table escapes what the
-reports' names carry."""
+``epfleet rollout status``'s (``read_evidence``, the rollout-gate flow's ``run_gate``
+reads the same), and the CLI's table escapes what the reports' names carry."""
 
 from __future__ import annotations
 
