@@ -69,7 +69,7 @@ def rollout_gate(store: str = DEFAULT_STORE) -> list[dict[str, object]]:
         table=[rollout_row(s) for s in reading.statuses],
         description=f"Staged rollouts in {store}: the field evidence, side by side, and the "
         f"gate's decision ({reading.read} device reports read, {reading.unreadable} "
-        "unreadable)",
+        f"unreadable, {reading.unattributed} under another device's key)",
     )
     create_table_artifact(
         key="fleet-field",

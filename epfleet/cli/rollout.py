@@ -60,9 +60,10 @@ def status(*, store: Store = DEFAULT_STORE, model: Repeatable = None, as_json: J
     rows = [list(rollout_row(s).values()) for s in found]
     print(table(ROLLOUT_HEADERS, rows))
     print(
-        f"\nfrom {reading.read} device reports ({reading.unreadable} unreadable); new and "
-        "previous count only reports whose key names their device, made since the stage "
-        "started, on the side the signed salt gives that device"
+        f"\nfrom {reading.read} device reports ({reading.unreadable} unreadable, "
+        f"{reading.unattributed} under another device's key); new and previous count only "
+        "reports whose key names their device, made on the current stage since it started, "
+        "on the side the signed salt gives that device"
     )
     return EXIT_OK
 

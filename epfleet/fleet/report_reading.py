@@ -15,14 +15,17 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from itertools import islice
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from epfleet.errors import BadInputError
+from epfleet.fleet.evidence_rules import Unattributed, attribute
 from epfleet.formats.device_report import DeviceReport, decode_report
 from epfleet.settings import settings
 from epfleet.stores import DocumentTooLarge, Store, document_limit, reports_store
 
+T = TypeVar("T")
 READ_THREADS = 16
 MAX_LISTED_PROBLEMS = 100
 """Unreadable reports named one by one; past this many, only counted."""
@@ -70,6 +73,30 @@ def read_report(
     return report
 
 
+def read_attributed(store: Store, key: str) -> DeviceReport | Unattributed | None:
+    """The report at ``key`` as the rollout gate hears it (``evidence_rules.attribute``),
+    or why not; None when it was removed since it was listed."""
+    try:
+        found = store.read(key)
+    except DocumentTooLarge as exc:  # over EPFLEET_MAX_DOCUMENT_BYTES: one bad report
+        return Unattributed(key, "unreadable", str(exc))
+    if found is None:
+        return None
+    return attribute(key, found.data, document_limit(key)[0])
+
+
+def stream_attributed_reports(
+    store: Store, keys: Iterable[str], *, threads: int = READ_THREADS
+) -> Iterator[DeviceReport | Unattributed]:
+    """Each report of ``keys`` as the rollout gate hears it (``read_attributed``),
+    streamed as ``stream_keyed_reports`` streams them."""
+    results: Iterator[tuple[str, DeviceReport | Unattributed]] = _stream(
+        store, keys, threads, read_attributed
+    )
+    for _, result in results:
+        yield result
+
+
 def stream_reports(
     store: Store,
     keys: Iterable[str],
@@ -82,12 +109,6 @@ def stream_reports(
         yield result
 
 
-def _read_keyed(
-    store: Store, key: str, check: Callable[[DeviceReport], object]
-) -> tuple[str, DeviceReport | str | None]:
-    return key, read_report(store, key, check)
-
-
 def stream_keyed_reports(
     store: Store,
     keys: Iterable[str],
@@ -98,16 +119,26 @@ def stream_keyed_reports(
     """Each report of ``keys`` (an iterable, consumed as it goes), in their order, or why
     it cannot be used (see ``read_report``); reports removed since they were listed are
     left out. At most ``2 * threads`` reads are in flight or waiting to be taken."""
+    return _stream(store, keys, threads, lambda store, key: read_report(store, key, check))
+
+
+def _stream(
+    store: Store, keys: Iterable[str], threads: int, read: Callable[[Store, str], T | None]
+) -> Iterator[tuple[str, T]]:
     window = 2 * threads
-    pending: deque[Future[tuple[str, DeviceReport | str | None]]] = deque()
+    pending: deque[Future[tuple[str, T | None]]] = deque()
     key_iter = iter(keys)
+
+    def read_keyed(key: str) -> tuple[str, T | None]:
+        return key, read(store, key)
+
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for key in islice(key_iter, window):
-            pending.append(pool.submit(_read_keyed, store, key, check))
+            pending.append(pool.submit(read_keyed, key))
         while pending:
             key, result = pending.popleft().result()
             for more in islice(key_iter, 1):
-                pending.append(pool.submit(_read_keyed, store, more, check))
+                pending.append(pool.submit(read_keyed, more))
             if result is not None:
                 yield key, result
 

@@ -16,28 +16,37 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
 - ``advance`` moves to the next stage; past the last, the rollout is ``complete`` and
   ``previous`` is dropped (``epfleet gc`` may then collect it). ``halt`` freezes the
   stage; ``revert`` sends every device back to ``previous``; both say why.
-- ``attribute`` (what a report may count for): a report counts for a rollout only when
-  the object key it was read from names the device id inside it (so a device has one
-  vote: its one key, the newest report it wrote); it names this rollout's id; it was made
-  after the current stage started; and the side it says it is on (the new variants or
-  the previous ones) is the one the signed salt, stage and canary list give its device id
-  (``epfleet.formats.rollout.is_member``, recomputed here, never taken from the report).
-  A report that names the rollout but fails one of these is counted as *not attributed*,
-  by reason; a report whose numbers are not finite or out of range never parses
-  (``epfleet.formats.device_report``) and is counted as unreadable. A rollout whose
-  policy asks for ``authenticated_reports`` also requires the report to be signed (a DSSE
-  envelope) with the key its device id is enrolled with in the signed manifest
-  (``epfleet device enroll``): unsigned, unenrolled or badly signed reports are not
-  attributed.
-- ``judge`` (the gate) reads only attributed reports. It waits until ``min_reports``
-  member devices have reported on the stage. It halts when the share of them whose sync
-  or health check of the model failed passes ``max_failure_rate``, or when their median
-  p50 is more than ``max_latency_regression`` above that of the devices on the previous
-  variants. It advances when the stage has lasted ``min_hours``, nothing failed it, and
-  fewer reports about the rollout went unattributed than were attributed (the bound on
-  forged evidence: reports that cannot be attributed can hold a stage, never move one);
-  otherwise it waits, and says why. Unauthenticated reports can still be written in a
-  member device's name by whoever can write the reports prefix: docs/concepts/trust.md.
+- What the gate hears (``epfleet.fleet.evidence_rules.attribute``): a report object is
+  the report of the device its key names, or it is unreadable (it does not decode, or a
+  number in it is not finite or out of range) or not attributed (its key names another
+  device). A device has one key, so one vote: the newest report it wrote.
+- ``counts_for`` (what a heard report may count for): it counts for a rollout only when
+  it names this rollout's id (else it is of another rollout: counted apart), it acted on
+  the current stage and was made after that stage started (else *stale*: a device that
+  has not reported on this stage yet), and the side it says it is on (the new variants
+  or the previous ones) is the one the signed salt, stage and canary list give its
+  device id (``epfleet.formats.rollout.is_member``, recomputed here, never taken from the
+  report; else *membership*). Reports not counted are counted by reason.
+- ``judge`` (the gate) reads only counted reports. It waits until ``min_reports``
+  distinct member devices have reported on the stage. It halts when the share of them
+  whose sync or health check of the model failed passes ``max_failure_rate``, or when
+  their median p50 is more than ``max_latency_regression`` above that of the devices on
+  the previous variants. It advances when the stage has lasted ``min_hours`` and nothing
+  failed it; otherwise it waits, and every verdict says how many reports it could not
+  read or attribute, by reason.
+- The bound on what reports that cannot be attributed do: they never advance or halt a
+  stage, and only those under the key of a device the salt puts *in* the stage
+  (unreadable, naming another device, or claiming the wrong side: a member whose report
+  the gate cannot use, "unheard") can hold one: the gate does not advance while unheard
+  members are as many as the member devices it heard. Reports under keys of devices
+  outside the stage, of other rollouts or older stages change no decision, however many.
+  What is left to a writer of reports (reports in member devices' names, which the salt
+  lets anyone compute) is docs/concepts/trust.md's, closed by authenticated reports.
+- Authenticated reports: a rollout whose policy asks for ``authenticated_reports``
+  counts a report only when it is signed (a DSSE envelope) with the key its device id is
+  enrolled with in the signed manifest (``epfleet device enroll``); unsigned, unenrolled
+  and badly signed reports are refused by reason and, in a member's name, leave it
+  unheard.
 """
 
 from __future__ import annotations
@@ -48,8 +57,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
+from epfleet.fleet.evidence_rules import READING_REASONS, Unattributed
 from epfleet.formats.device_report import (
     DeviceReport,
     ModelReport,
@@ -164,24 +174,32 @@ def _under_way(entry: ModelEntry) -> Rollout:
 Side = Literal["new", "previous"]
 
 NOT_ATTRIBUTED = {
-    "unsigned": "not signed (the rollout counts only signed reports)",
-    "not enrolled": "signed by a device that is not enrolled",
-    "bad signature": "signed, but not by its device's enrolled key",
-    "key": "its object key names another device",
-    "stale": "made before the stage started",
+    **READING_REASONS,
+    "stale": "made before the stage started or on an earlier stage",
     "membership": "claims a side of the rollout the signed salt does not give its device",
     "time": "has no readable time with its UTC offset",
+    "unsigned": "not signed (the rollout counts only signed reports)",
+    "not enrolled": "signed, by a device that is not enrolled",
+    "bad signature": "signed, but not with its device's enrolled key",
 }
-"""Why a report that names a rollout is not counted for it (``attribute``)."""
+"""Why a report that names a rollout is not counted for it (``counts_for``; ``key`` and
+``unreadable``: ``evidence_rules.attribute``)."""
+UNHEARD = frozenset({"membership", "unsigned", "not enrolled", "bad signature"})
+"""Refusals that leave a member device unheard when its key names a member: they hold a
+stage, as a member's unreadable report does (see the bound)."""
 
 
 class SideEvidence(BaseModel):
     """What the attributed reports of one side of a rollout say (the devices on the new
-    variants, or on the previous ones)."""
+    variants, or on the previous ones): devices, failure rate, latency, EP placement."""
 
     devices: int = Field(default=0, description="Devices whose report counts on this side")
     failed: int = Field(default=0, description="Of them, those whose sync of the model failed")
-    p50_ms: list[float] = Field(default_factory=list, description="Each serving device's p50")
+    p50_ms: list[float] = Field(
+        default_factory=list,
+        exclude=True,
+        description="Each serving device's p50 (finite: a report with another never parses)",
+    )
     partly_on_other_eps: int = Field(
         default=0, description="Serving devices where part of the model ran on another EP"
     )
@@ -190,13 +208,22 @@ class SideEvidence(BaseModel):
     def serving(self) -> int:
         return self.devices - self.failed
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def failure_rate(self) -> float:
         return self.failed / self.devices if self.devices else 0.0
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def median_p50_ms(self) -> float | None:
+        """The median of the serving devices' p50s."""
         return statistics.median(self.p50_ms) if self.p50_ms else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def other_eps_share(self) -> float:
+        """The share of serving devices where part of the model fell back to other EPs."""
+        return self.partly_on_other_eps / self.serving if self.serving > 0 else 0.0
 
 
 class Evidence(BaseModel):
@@ -212,6 +239,11 @@ class Evidence(BaseModel):
     )
     unreadable: int = Field(
         default=0, description="Reports of the fleet that could not be read at all"
+    )
+    unheard_members: int = Field(
+        default=0,
+        description="Keys of member devices whose report could not be used (unreadable, "
+        "naming another device, or claiming the wrong side)",
     )
 
     @property
@@ -234,19 +266,18 @@ class Verdict(BaseModel):
     reason: str
 
 
-def attribute(
+def counts_for(
     rollout: Rollout,
     model: str,
-    key: str,
     report: DeviceReport,
     enrolled: Mapping[str, DeviceKey] | None = None,
 ) -> tuple[Side, ModelReport] | str | None:
-    """The side of ``rollout`` (of ``model``) the report read from ``key`` counts for, with
-    its model's part; the reason (a ``NOT_ATTRIBUTED`` key, or ``"other"`` for another
-    rollout of the model) it does not; None when it says nothing of a rollout of the model.
-    ``enrolled``: the devices' enrolled keys (the signed manifest's), which a rollout with
-    ``authenticated_reports`` requires a report to be signed with. The rules are the
-    module's."""
+    """The side of ``rollout`` (of ``model``) the report (read from its device's own key)
+    counts for, with its model's part; the reason (a ``NOT_ATTRIBUTED`` key, or
+    ``"other"`` for another rollout of the model) it does not; None when it says nothing
+    of a rollout of the model. ``enrolled``: the devices' enrolled keys (the signed
+    manifest's), which a rollout with ``authenticated_reports`` requires a report to be
+    signed with. The rules are the module's."""
     found = next((m for m in report.models if m.model == model), None)
     if found is None or found.rollout is None:
         return None
@@ -260,15 +291,13 @@ def attribute(
             return "not enrolled"
         if not signed_by(report, enrolled_key):
             return "bad signature"
-    if key_device(key) != report.device_id:
-        return "key"
     try:
         made = datetime.fromisoformat(report.generated_at)
     except ValueError:
         return "time"
     if made.tzinfo is None:
         return "time"
-    if made < rollout.stage_started_at:
+    if made < rollout.stage_started_at or found.rollout.stage != rollout.stage:
         return "stale"
     member = is_member(rollout, report.device_id)
     if found.rollout.member != member:
@@ -280,20 +309,30 @@ def count(
     evidence: Evidence,
     rollout: Rollout,
     model: str,
-    key: str,
-    report: DeviceReport,
+    heard: DeviceReport | Unattributed,
     enrolled: Mapping[str, DeviceKey] | None = None,
 ) -> None:
-    """Add what the report read from ``key`` says of ``rollout`` of ``model`` to
-    ``evidence`` (a stream of reports is read once for every rollout under way)."""
-    attributed = attribute(rollout, model, key, report, enrolled)
+    """Add what one report object (as ``evidence_rules.attribute`` heard it) says of
+    ``rollout`` of ``model`` to ``evidence`` (a stream of reports is read once for every
+    rollout under way)."""
+    if isinstance(heard, Unattributed):
+        if heard.reason == "unreadable":
+            evidence.unreadable += 1
+        elif _names(heard.report, model, rollout):
+            _refused(evidence, heard.reason)
+        device = key_device(heard.key)
+        evidence.unheard_members += device is not None and is_member(rollout, device)
+        return
+    attributed = counts_for(rollout, model, heard, enrolled)
     if attributed is None:
         return
     if attributed == "other":
         evidence.other_rollouts += 1
         return
     if isinstance(attributed, str):
-        evidence.not_attributed[attributed] = evidence.not_attributed.get(attributed, 0) + 1
+        _refused(evidence, attributed)
+        if attributed in UNHEARD:
+            evidence.unheard_members += is_member(rollout, heard.device_id)
         return
     side_name, found = attributed
     side = evidence.new if side_name == "new" else evidence.previous
@@ -305,19 +344,27 @@ def count(
         side.partly_on_other_eps += bool(found.profile.other_nodes)
 
 
+def _refused(evidence: Evidence, reason: str) -> None:
+    evidence.not_attributed[reason] = evidence.not_attributed.get(reason, 0) + 1
+
+
+def _names(report: DeviceReport | None, model: str, rollout: Rollout) -> bool:
+    if report is None:
+        return False
+    found = next((m for m in report.models if m.model == model), None)
+    return found is not None and found.rollout is not None and found.rollout.id == rollout.id
+
+
 def gather(
     rollout: Rollout,
     model: str,
-    reports: Iterable[tuple[str, DeviceReport | str]],
+    reports: Iterable[DeviceReport | Unattributed],
     enrolled: Mapping[str, DeviceKey] | None = None,
 ) -> Evidence:
-    """``count`` over (key, report) pairs; a report that could not be read is a string."""
+    """``count`` over report objects as ``evidence_rules.attribute`` heard them."""
     evidence = Evidence()
-    for key, report in reports:
-        if isinstance(report, str):
-            evidence.unreadable += 1
-        else:
-            count(evidence, rollout, model, key, report, enrolled)
+    for heard in reports:
+        count(evidence, rollout, model, heard, enrolled)
     return evidence
 
 
@@ -340,21 +387,22 @@ def judge(rollout: Rollout, evidence: Evidence, now: datetime) -> Verdict:
             reason=f"{new.failed} of {new.devices} member devices failed the new variants "
             f"({new.failure_rate:.0%}, more than max_failure_rate "
             f"{policy.max_failure_rate:.0%}; {evidence.previous.failed} of "
-            f"{evidence.previous.devices} on the previous ones)",
+            f"{evidence.previous.devices} on the previous ones){unattributed}",
         )
     regression = evidence.latency_regression
     if regression is not None and regression > policy.max_latency_regression:
         return Verdict(
             decision="halt",
             reason=f"the new variants' median inference time is {regression:.0%} above the "
-            f"previous ones' (max_latency_regression {policy.max_latency_regression:.0%})",
+            f"previous ones' (max_latency_regression {policy.max_latency_regression:.0%})"
+            f"{unattributed}",
         )
-    if evidence.unattributed >= new.devices:
+    if evidence.unheard_members >= new.devices:
         return Verdict(
             decision="wait",
-            reason=f"as many reports about this rollout could not be attributed as could "
-            f"({unattributed.removeprefix('; ')}): not advancing on evidence that may be "
-            "forged; see docs/concepts/trust.md, or advance by hand",
+            reason=f"{evidence.unheard_members} member devices' reports could not be used, "
+            f"as many as the {new.devices} heard{unattributed}: not advancing on evidence "
+            "that may be forged or broken; see docs/concepts/trust.md, or advance by hand",
         )
     hours = max(0.0, (now - rollout.stage_started_at).total_seconds() / 3600)
     if hours < policy.min_hours:
@@ -373,9 +421,11 @@ def judge(rollout: Rollout, evidence: Evidence, now: datetime) -> Verdict:
 
 
 def _unattributed_text(evidence: Evidence) -> str:
-    if not evidence.unattributed:
-        return ""
-    reasons = ", ".join(
+    parts = [
         f"{n} {NOT_ATTRIBUTED.get(why, why)}" for why, n in sorted(evidence.not_attributed.items())
-    )
-    return f"; {evidence.unattributed} not attributed: {reasons}"
+    ]
+    if evidence.unreadable:
+        parts.append(f"{evidence.unreadable} of the fleet's reports unreadable")
+    if not parts:
+        return ""
+    return f"; not counted: {', '.join(parts)}"

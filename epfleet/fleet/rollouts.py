@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from epfleet.errors import BadInputError
+from epfleet.fleet.evidence_rules import Unattributed
 from epfleet.fleet.field_rules import FieldRow, field_view
 from epfleet.fleet.publishing import read_in_force, update_manifest
 from epfleet.fleet.rollout_rules import (
@@ -31,7 +32,7 @@ from epfleet.fleet.rollout_rules import (
     judge,
     revert,
 )
-from epfleet.fleet.watch_inputs import stream_keyed_device_reports
+from epfleet.fleet.watch_inputs import stream_attributed_device_reports
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.manifest import Manifest, ModelEntry, utcnow
 from epfleet.formats.rollout import Rollout
@@ -64,8 +65,11 @@ class GateReading(BaseModel):
 
     statuses: list[RolloutStatus]
     field: list[FieldRow] = Field(description="The fleet's evidence per model × target")
-    read: int = Field(description="Reports read")
+    read: int = Field(description="Reports read and attributed to the device their key names")
     unreadable: int = Field(description="Reports that could not be read")
+    unattributed: int = Field(
+        default=0, description="Reports read under the key of another device (not counted)"
+    )
 
 
 def read_evidence(store: Store, models: list[str] | None = None) -> GateReading:
@@ -79,24 +83,23 @@ def read_evidence(store: Store, models: list[str] | None = None) -> GateReading:
     staged = {n: e.rollout for n, e in entries.items() if e.rollout and (not models or n in models)}
     evidence = {name: Evidence() for name in staged}
     enrolled = manifest.device_keys if manifest is not None else {}
-    tally = [0, 0]
+    tally = {"read": 0, "unreadable": 0, "key": 0}
 
     def readable() -> Iterator[DeviceReport]:
         # streamed: a large fleet's reports are never all held
-        for key, report in stream_keyed_device_reports(store):
-            if isinstance(report, str):
-                tally[1] += 1
-                continue
-            tally[0] += 1
+        for heard in stream_attributed_device_reports(store):
             for name, rollout in staged.items():
-                count(evidence[name], rollout, name, key, report, enrolled)
-            yield report
+                count(evidence[name], rollout, name, heard, enrolled)
+            if isinstance(heard, Unattributed):
+                tally[heard.reason] += 1
+                continue
+            tally["read"] += 1
+            yield heard
 
     field = field_view(manifest or Manifest(), readable())
     now = utcnow()
     found = []
     for name, rollout in sorted(staged.items()):
-        evidence[name].unreadable = tally[1]
         found.append(
             RolloutStatus(
                 model=name,
@@ -105,7 +108,13 @@ def read_evidence(store: Store, models: list[str] | None = None) -> GateReading:
                 verdict=judge(rollout, evidence[name], now),
             )
         )
-    return GateReading(statuses=found, field=field, read=tally[0], unreadable=tally[1])
+    return GateReading(
+        statuses=found,
+        field=field,
+        read=tally["read"],
+        unreadable=tally["unreadable"],
+        unattributed=tally["key"],
+    )
 
 
 def statuses(store: Store, models: list[str] | None = None) -> list[RolloutStatus]:
@@ -138,7 +147,7 @@ def move(store: Store, model: str, how: Move, reason: str, rollout_id: str | Non
             ) from None
         done.append(moved)
         models = current.models | {model: moved}
-        return current.succeeded_by(models)
+        return Manifest(generation=current.generation + 1, published_at=utcnow(), models=models)
 
     published = update_manifest(store, change)
     after = done[-1].rollout if done else None

@@ -175,12 +175,12 @@ ROLLOUT_HEADERS = ["model", "rollout", "stage", "state", "new", "previous", "p50
 
 
 def side_text(side: SideEvidence) -> str:
-    """``12 devices, 1 failed (8%), p50 10.2 ms, 0 partly on other EPs``."""
+    """``12 devices, 1 failed (8%), p50 10.2 ms, 2 (18%) partly on other EPs``."""
     p50 = side.median_p50_ms
     return (
         f"{side.devices} devices, {side.failed} failed ({side.failure_rate:.0%}), p50 "
         + ("-" if p50 is None else f"{p50:.1f} ms")
-        + f", {side.partly_on_other_eps} partly on other EPs"
+        + f", {side.partly_on_other_eps} ({side.other_eps_share:.0%}) partly on other EPs"
     )
 
 

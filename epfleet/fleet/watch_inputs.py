@@ -11,11 +11,12 @@ from collections.abc import Iterator
 
 import eps
 from epfleet import ort_version
+from epfleet.fleet.evidence_rules import Unattributed
 from epfleet.fleet.field_rules import FieldRow, field_view
 from epfleet.fleet.report_reading import (
     READ_THREADS,
     reports_from,
-    stream_keyed_reports,
+    stream_attributed_reports,
     stream_reports,
 )
 from epfleet.fleet.watch_rules import Runtime, report_time
@@ -30,8 +31,8 @@ __all__ = [
     "compile_worker_runtime",
     "read_reports",
     "report_keys",
+    "stream_attributed_device_reports",
     "stream_device_reports",
-    "stream_keyed_device_reports",
 ]
 
 
@@ -65,13 +66,13 @@ def stream_device_reports(
     return stream_reports(reports, report_keys(reports), threads=threads, check=report_time)
 
 
-def stream_keyed_device_reports(
+def stream_attributed_device_reports(
     store: Store, threads: int = READ_THREADS
-) -> Iterator[tuple[str, DeviceReport | str]]:
-    """``stream_device_reports``, each with the key it was read from (the rollout gate
-    checks that a report's key names the device inside it)."""
+) -> Iterator[DeviceReport | Unattributed]:
+    """Every device report of the fleet as the rollout gate hears it: the report of the
+    device its key names, or why not (``epfleet.fleet.evidence_rules.attribute``)."""
     reports = reports_from(store)
-    return stream_keyed_reports(reports, report_keys(reports), threads=threads, check=report_time)
+    return stream_attributed_reports(reports, report_keys(reports), threads=threads)
 
 
 def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[DeviceReport], list[str]]:

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
+from epfleet.fleet.evidence_rules import Unattributed, attribute
 from epfleet.fleet.merge_rules import ModelFacts, merge
 from epfleet.fleet.rollout_rules import (
     Evidence,
@@ -27,6 +28,7 @@ from epfleet.formats.device_report import (
     ModelReport,
     Profile,
     RolloutSeen,
+    encode_report,
     key_device,
     report_key,
 )
@@ -182,10 +184,28 @@ def test_the_gate_waits_halts_and_advances_on_the_evidence() -> None:
     good = Evidence(new=side(5), previous=side(10))
     assert judge(active, good, soon).decision == "wait"  # min_hours not yet
     assert judge(active, good, later).decision == "advance"
-    doubtful = good.model_copy(update={"not_attributed": {"key": 3, "membership": 2}})
-    verdict = judge(active, doubtful, later)
-    assert verdict.decision == "wait" and "could not be attributed as could" in verdict.reason
-    assert "3 its object key names another device" in verdict.reason
+    refused = {"key": 30, "membership": 20}
+    doubtful = good.model_copy(update={"not_attributed": refused, "unreadable": 7})
+    verdict = judge(active, doubtful, later)  # reports outside the stage move nothing
+    assert verdict.decision == "advance"
+    assert "30 its object key names another device" in verdict.reason
+    assert "20 claims a side" in verdict.reason and "7 of the fleet's reports" in verdict.reason
+    unheard = good.model_copy(update={"unheard_members": 5, "not_attributed": refused})
+    verdict = judge(active, unheard, later)
+    assert verdict.decision == "wait" and "5 member devices' reports could not be used" in (
+        verdict.reason
+    )
+    assert judge(active, failing.model_copy(update={"unheard_members": 50}), soon).decision == (
+        "halt"
+    )
+
+
+def test_a_side_gives_its_failure_rate_median_latency_and_ep_placement() -> None:
+    found = SideEvidence(devices=4, failed=1, p50_ms=[9.0, 30.0, 10.0], partly_on_other_eps=1)
+    assert (found.failure_rate, found.median_p50_ms) == (0.25, 10.0)
+    assert found.other_eps_share == pytest.approx(1 / 3)
+    assert "p50_ms" not in found.model_dump() and found.model_dump()["failure_rate"] == 0.25
+    assert SideEvidence().median_p50_ms is None and SideEvidence().other_eps_share == 0.0
 
 
 def test_a_huge_min_hours_in_a_signed_entry_waits_instead_of_overflowing() -> None:
@@ -202,6 +222,7 @@ def report(
     p50: float | None = None,
     made: datetime = NOW,
     rollout_id: str = "0" * 16,
+    stage: int = 0,
 ) -> DeviceReport:
     profile = (
         Profile(session_ms=1, first_run_ms=2, p50_ms=p50, p95_ms=p50, runs=5)
@@ -220,7 +241,7 @@ def report(
         considered=[],
         seconds=0.1,
         profile=profile,
-        rollout=RolloutSeen(id=rollout_id, member=member, stage=0, state="active"),
+        rollout=RolloutSeen(id=rollout_id, member=member, stage=stage, state="active"),
     )
     return DeviceReport(
         device_id=device,
@@ -236,13 +257,43 @@ def report(
     )
 
 
-def keyed(*reports: DeviceReport) -> list[tuple[str, DeviceReport | str]]:
-    return [(report_key(r.device_id), r) for r in reports]
+LIMIT = 1 << 20
+
+
+def heard(report: DeviceReport, key: str | None = None) -> DeviceReport | Unattributed:
+    """The report as the gate hears it, read from ``key`` (its device's own by default)."""
+    return attribute(key or report_key(report.device_id), encode_report(report), LIMIT)
+
+
+def keyed(*reports: DeviceReport) -> list[DeviceReport | Unattributed]:
+    return [heard(r) for r in reports]
 
 
 STAGED = rollout([10, 100])
 MEMBERS = [d for d in (f"dev-{i:03d}" for i in range(1, 200)) if is_member(STAGED, d)]
 OUTSIDE = [d for d in (f"dev-{i:03d}" for i in range(1, 200)) if not is_member(STAGED, d)]
+GOOD_POLICY = RolloutPolicy(stages=[10, 100], canary=["dev-000"], min_reports=2, min_hours=0)
+ACTIVE = STAGED.model_copy(update={"policy": GOOD_POLICY, "stage_started_at": NOW})
+LATER = NOW + timedelta(hours=1)
+
+
+def test_a_report_is_heard_only_under_its_own_device_key_and_when_it_reads() -> None:
+    good = report(MEMBERS[0], True, "kept", 10.0)
+    assert heard(good) == good
+    other = heard(good, report_key(OUTSIDE[0]))
+    assert isinstance(other, Unattributed) and other.reason == "key" and other.report == good
+    assert f"the key names {OUTSIDE[0]!r}" in str(other)
+    nested = heard(good, f"reports/devices/x/{MEMBERS[0]}.json")
+    assert isinstance(nested, Unattributed) and nested.reason == "key"
+    damaged = attribute(report_key("d"), b"\x1f\x8b not gzip", LIMIT)
+    assert isinstance(damaged, Unattributed) and damaged.reason == "unreadable"
+    naive = good.model_copy(update={"generated_at": "2026-12-01T12:00:00"})
+    found = heard(naive)
+    assert isinstance(found, Unattributed) and "no UTC offset" in found.detail
+    raw = good.model_dump_json().replace('"p50_ms":10.0', '"p50_ms":NaN').encode()
+    nan = attribute(report_key(good.device_id), raw, LIMIT)
+    assert isinstance(nan, Unattributed) and nan.reason == "unreadable", nan
+    assert "p50_ms" in nan.detail
 
 
 def test_the_evidence_counts_each_device_once_by_the_side_the_salt_gives_it() -> None:
@@ -255,50 +306,66 @@ def test_the_evidence_counts_each_device_once_by_the_side_the_salt_gives_it() ->
         report(d, False, "kept", 11.0),
         report(OUTSIDE[2], True, "failed", rollout_id="1" * 16),  # an older rollout's
     )
-    evidence = gather(STAGED, "m", [*reports, ("reports/devices/x.json", "x: unreadable")])
+    unreadable = Unattributed("reports/devices/x.json", "unreadable", "damaged")
+    evidence = gather(STAGED, "m", [*reports, unreadable])
     assert (evidence.new.devices, evidence.new.failed, evidence.previous.devices) == (2, 1, 2)
     assert evidence.new.p50_ms == [12.0] and sorted(evidence.previous.p50_ms) == [10.0, 11.0]
     assert evidence.latency_regression == pytest.approx(12 / 10.5 - 1)
     assert (evidence.other_rollouts, evidence.unreadable, evidence.unattributed) == (1, 1, 0)
+    assert evidence.unheard_members == is_member(STAGED, "x")
+
+
+def test_a_report_of_an_earlier_stage_or_made_before_it_is_stale() -> None:
+    second = ACTIVE.model_copy(update={"stage": 1})
+    earlier_stage = report(MEMBERS[0], True, "failed", stage=0)
+    before_start = report(MEMBERS[1], True, "failed", made=NOW - timedelta(seconds=1), stage=1)
+    evidence = gather(second, "m", keyed(earlier_stage, before_start))
+    assert evidence.new.devices == 0 and evidence.not_attributed == {"stale": 2}
+    assert evidence.unheard_members == 0  # not yet reported is not unheard
 
 
 def test_forged_reports_move_no_decision() -> None:
     """The issue's forgeries: 40 reports under other keys all saying one canary id, ids
     outside the stage claiming to be in it, reports of another rollout, reports made
     before the stage started; the gate's halt on a real failure stands."""
-    policy = RolloutPolicy(stages=[10, 100], canary=["dev-000"], min_reports=2, min_hours=0)
-    active = STAGED.model_copy(update={"policy": policy, "stage_started_at": NOW})
     real = keyed(report("dev-000", True, "downloaded", 10.0), report(MEMBERS[0], True, "failed"))
-    before = judge(active, gather(active, "m", real), NOW + timedelta(hours=1))
+    before = judge(ACTIVE, gather(ACTIVE, "m", real), LATER)
     assert before.decision == "halt"
-    forged: list[tuple[str, DeviceReport | str]] = []
-    forged += [
-        (f"reports/devices/canary-{i}.json", report("dev-000", True, "downloaded", 10.0))
-        for i in range(40)
-    ]
-    forged += keyed(*(report(d, True, "downloaded", 10.0) for d in OUTSIDE[:60]))
+    canary = report("dev-000", True, "downloaded", 10.0)
+    forged = [heard(canary, report_key(device)) for device in OUTSIDE[:40]]
+    forged += keyed(*(report(d, True, "downloaded", 10.0) for d in OUTSIDE[40:100]))
     forged += keyed(*(report(d, True, "downloaded", rollout_id="f" * 16) for d in MEMBERS[1:4]))
     stale = NOW - timedelta(minutes=5)
     forged += keyed(*(report(d, True, "downloaded", 10.0, made=stale) for d in MEMBERS[4:8]))
-    evidence = gather(active, "m", [*real, *forged])
+    evidence = gather(ACTIVE, "m", [*real, *forged])
     assert (evidence.new.devices, evidence.new.failed) == (2, 1)
     assert evidence.not_attributed == {"key": 40, "membership": 60, "stale": 4}
-    assert evidence.other_rollouts == 3
-    after = judge(active, evidence, NOW + timedelta(hours=1))
+    assert (evidence.other_rollouts, evidence.unheard_members) == (3, 0)
+    after = judge(ACTIVE, evidence, LATER)
     assert after.decision == "halt" and "1 of 2 member devices failed" in after.reason
+    assert "40 its object key names another device" in after.reason
 
 
-def test_forged_failures_in_non_member_names_halt_nothing() -> None:
-    policy = RolloutPolicy(stages=[10, 100], canary=["dev-000"], min_reports=2, min_hours=0)
-    active = STAGED.model_copy(update={"policy": policy})
+def test_forged_failures_in_non_member_names_move_nothing() -> None:
+    """A halt needs failures of member devices: failures in names the salt puts outside
+    the stage are not counted, however many; the good rollout still advances."""
     good = keyed(report("dev-000", True, "downloaded", 10.0), report(MEMBERS[0], True, "kept", 9.0))
-    forged = keyed(*(report(d, True, "failed") for d in OUTSIDE[:3]))
-    evidence = gather(active, "m", [*good, *forged])
-    assert evidence.new.failed == 0 and evidence.not_attributed == {"membership": 3}
-    held = judge(active, evidence, NOW + timedelta(hours=1))
-    assert held.decision == "wait" and "may be forged" in held.reason  # held, never halted
-    one = gather(active, "m", [*good, *forged[:1]])
-    assert judge(active, one, NOW + timedelta(hours=1)).decision == "advance"
+    forged = keyed(*(report(d, True, "failed") for d in OUTSIDE[:60]))
+    evidence = gather(ACTIVE, "m", [*good, *forged])
+    assert evidence.new.failed == 0 and evidence.not_attributed == {"membership": 60}
+    verdict = judge(ACTIVE, evidence, LATER)
+    assert verdict.decision == "advance" and "60 claims a side" in verdict.reason
+
+
+def test_unusable_reports_in_member_names_hold_a_stage_and_never_halt_or_advance_it() -> None:
+    good = keyed(report("dev-000", True, "downloaded", 10.0), report(MEMBERS[0], True, "kept", 9.0))
+    broken = [Unattributed(report_key(d), "unreadable", "damaged") for d in MEMBERS[1:3]]
+    held = judge(ACTIVE, gather(ACTIVE, "m", [*good, *broken]), LATER)
+    assert held.decision == "wait" and "2 member devices' reports could not be used" in held.reason
+    one = judge(ACTIVE, gather(ACTIVE, "m", [*good, *broken[:1]]), LATER)
+    assert one.decision == "advance"
+    failing = keyed(report("dev-000", True, "failed"), report(MEMBERS[0], True, "failed"))
+    assert judge(ACTIVE, gather(ACTIVE, "m", [*failing, *broken]), LATER).decision == "halt"
 
 
 @pytest.mark.parametrize("bad", ["NaN", "Infinity", "-1", "1e300"])

@@ -1,14 +1,17 @@
 """Forged device reports against the rollout gate (issue 27), through a real store: a local
 directory and S3 over HTTP (moto). Whoever can write the reports prefix writes reports
 under any key, in any device's name, with any numbers. What they must not be able to do
-is move the gate: reports under a key of another device, from devices the signed salt
-puts outside the stage, of another rollout, older than the stage, or with numbers that are
-not finite, are not counted (and are counted as such); the gate's decision on the real
-reports stands, and it says how many reports it could not attribute.
+is move the gate: each kind of forgery (one id under forty keys, reports under another
+device's key, ids the signed salt puts outside the stage claiming to be in it, reports of
+another rollout, of another stage or older than it, numbers not finite or out of range)
+is written against a gate that advances, one that halts and one that waits, pushing the
+other way; the decision and both sides' counts stand, and the forgeries are counted by
+reason. The bound is checked too: unusable reports under member devices' keys hold an
+advance, and nothing unattributed halts one.
 
 The reports are written as devices write them (``encode_report``, gzip), the decision is
-``epfleet rollout status``'s (``read_evidence``), and the CLI's table escapes what the
-reports' names carry."""
+``epfleet rollout status``'s (``read_evidence``, the rollout-gate flow's ``run_gate``
+reads the same), and the CLI's table escapes what the reports' names carry."""
 
 from __future__ import annotations
 
@@ -92,6 +95,7 @@ def report(
     made: datetime | None = None,
     rollout_id: str = ROLLOUT_ID,
     model: str = MODEL,
+    stage: int = 0,
 ) -> DeviceReport:
     served = action != "failed"
     return DeviceReport(
@@ -118,7 +122,7 @@ def report(
                 profile=Profile(session_ms=1, first_run_ms=2, p50_ms=p50, p95_ms=p50, runs=5)
                 if served
                 else None,
-                rollout=RolloutSeen(id=rollout_id, member=member, stage=0, state="active"),
+                rollout=RolloutSeen(id=rollout_id, member=member, stage=stage, state="active"),
             )
         ],
         seconds=1.0,
@@ -134,60 +138,133 @@ def decision(store: Store) -> tuple[str, str]:
     return status.verdict.decision, status.verdict.reason
 
 
-def real_fleet(store: Store, failing: bool) -> None:
-    """The canary and a member on the new variants (one failing, or not), and outside
-    devices on the previous ones."""
+Baseline = str
+"""The gate's decision on the real reports: "advance", "halt" or "wait"."""
+
+
+def real_fleet(store: Store, baseline: Baseline) -> None:
+    """The canary and (unless the gate is to wait for it) a member on the new variants,
+    failing when the gate is to halt, and outside devices on the previous ones."""
     put(store, report("dev-000", True, "downloaded"))
-    put(store, report(MEMBERS[0], True, "failed" if failing else "kept", 11.0))
+    if baseline != "wait":
+        put(store, report(MEMBERS[0], True, "failed" if baseline == "halt" else "kept", 11.0))
     for device in OUTSIDE[:5]:
         put(store, report(device, False, "kept", 10.0))
 
 
-def test_forged_successes_do_not_turn_a_halt_into_an_advance(store: Store) -> None:
-    real_fleet(store, failing=True)
-    before = decision(store)
-    assert before[0] == "halt" and "1 of 2 member devices failed" in before[1]
-    canary = report("dev-000", True, "downloaded")
-    for i in range(40):  # one canary id, forty keys
-        put(store, canary, f"reports/devices/canary-{i}.json")
-    for device in OUTSIDE[5:65]:  # sixty ids outside the 10 % stage, claiming to be in it
-        put(store, report(device, True, "downloaded"))
-    for device in MEMBERS[1:4]:  # member ids, another rollout's reports
-        put(store, report(device, True, "downloaded", rollout_id="f" * 16))
-    for device in MEMBERS[4:8]:  # member ids, reports made before the stage started
-        put(store, report(device, True, "downloaded", made=STARTED - timedelta(minutes=1)))
-    [status] = read_evidence(store).statuses
-    assert status.verdict.decision == "halt"
-    assert (status.evidence.new.devices, status.evidence.new.failed) == (2, 1)
-    assert status.evidence.not_attributed == {"key": 40, "membership": 60, "stale": 4}
-    assert status.evidence.other_rollouts == 3
+def bad_number(device: str, number: bytes, action: str) -> bytes:
+    raw = report(device, True, action, 10.0).model_dump_json().encode()
+    forged = raw.replace(b'"seconds":0.1', b'"seconds":' + number)  # the model's sync time
+    assert forged != raw
+    return gzip.compress(forged)
 
 
-def test_forged_failures_do_not_halt_a_good_rollout_and_a_flood_only_holds_it(
-    store: Store,
-) -> None:
-    real_fleet(store, failing=False)
-    assert decision(store)[0] == "advance"
-    for device in OUTSIDE[5:8]:  # three forged failures, in names outside the stage
+def forge(store: Store, attack: str, action: str) -> dict[str, object]:
+    """Write the forged reports of ``attack``, each pushing the way the real reports do not
+    (``action``); what the gate must count them as."""
+    if attack == "duplicate ids":  # one canary id, forty keys (of devices outside the stage)
+        canary = report("dev-000", True, action)
+        for device in OUTSIDE[10:50]:
+            put(store, canary, report_key(device))
+        return {"not_attributed": {"key": 40}}
+    if attack == "key mismatch":  # member devices' reports under outside devices' keys
+        for member, key in zip(MEMBERS[1:11], OUTSIDE[50:60], strict=True):
+            put(store, report(member, True, action), report_key(key))
+        return {"not_attributed": {"key": 10}}
+    if attack == "non-member ids":  # sixty ids outside the 10 % stage, claiming to be in it
+        for device in OUTSIDE[60:120]:
+            put(store, report(device, True, action))
+        return {"not_attributed": {"membership": 60}}
+    if attack == "other rollout ids":  # member ids, another rollout's reports
+        for device in MEMBERS[1:4]:
+            put(store, report(device, True, action, rollout_id="f" * 16))
+        return {"other_rollouts": 3}
+    if attack == "stale reports":  # member ids, made before the stage started or for another
+        for device in MEMBERS[4:8]:
+            put(store, report(device, True, action, made=STARTED - timedelta(minutes=1)))
+        for device in MEMBERS[8:10]:
+            put(store, report(device, True, action, stage=1))
+        return {"not_attributed": {"stale": 6}}
+    assert attack == "bad numbers"  # NaN, inf, negative, absurd: unreadable
+    for device, number in zip(
+        OUTSIDE[120:124], [b"NaN", b"Infinity", b"-5.0", b"1e300"], strict=True
+    ):
+        store.write(report_key(device), bad_number(device, number, action))
+    return {"unreadable": 4}
+
+
+ATTACKS = [
+    "duplicate ids",
+    "key mismatch",
+    "non-member ids",
+    "other rollout ids",
+    "stale reports",
+    "bad numbers",
+]
+
+
+@pytest.mark.parametrize("baseline", ["advance", "halt", "wait"])
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_a_forged_report_moves_no_gate_decision(store: Store, attack: str, baseline: str) -> None:
+    real_fleet(store, baseline)
+    before = read_evidence(store).statuses[0]
+    assert before.verdict.decision == baseline, before.verdict
+    action = "failed" if baseline == "advance" else "downloaded"
+    expected = {"not_attributed": {}, "other_rollouts": 0, "unreadable": 0} | forge(
+        store, attack, action
+    )
+    reading = read_evidence(store)
+    [after] = reading.statuses
+    assert after.verdict.decision == baseline, after.verdict
+    assert after.evidence.new == before.evidence.new
+    assert after.evidence.previous == before.evidence.previous
+    found = after.evidence
+    assert {
+        "not_attributed": found.not_attributed,
+        "other_rollouts": found.other_rollouts,
+        "unreadable": found.unreadable,
+    } == expected
+    assert found.unheard_members == 0
+    assert reading.unreadable == expected["unreadable"]
+    refused = found.unattributed + found.unreadable
+    if refused:  # the verdict says what it did not count, by reason
+        assert "not counted: " in after.verdict.reason, after.verdict.reason
+
+
+def test_three_forged_failures_do_not_halt_a_good_rollout(store: Store) -> None:
+    """A halt needs failures of devices the signed salt puts in the stage, heard under
+    their own keys: failures in names outside the stage count for nothing."""
+    real_fleet(store, "advance")
+    for device in OUTSIDE[5:8]:
         put(store, report(device, True, "failed"))
-    held = decision(store)
-    assert held[0] == "wait" and "may be forged" in held[1], held
-    assert "3 claims a side of the rollout the signed salt does not give its device" in held[1]
+    [status] = read_evidence(store).statuses
+    assert status.verdict.decision == "advance", status.verdict
+    assert "3 claims a side of the rollout the signed salt does not give its device" in (
+        status.verdict.reason
+    )
 
 
-@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-5.0", b"1e300"])
-def test_a_report_with_a_number_out_of_range_is_unreadable_and_turns_no_gate_off(
-    store: Store, number: bytes
-) -> None:
+def test_unusable_reports_under_member_keys_hold_a_stage_but_never_halt_it(store: Store) -> None:
+    """The bound: reports the gate cannot use under the keys of devices in the stage (a
+    member it cannot hear) hold an advance while they are as many as the members heard,
+    and never halt or advance anything."""
+    real_fleet(store, "advance")
+    for device in MEMBERS[1:3]:
+        store.write(report_key(device), b"not a report")
+    [held] = read_evidence(store).statuses
+    assert held.verdict.decision == "wait", held.verdict
+    assert "2 member devices' reports could not be used" in held.verdict.reason
+    assert held.evidence.unheard_members == 2 and held.evidence.unreadable == 2
+
+
+def test_a_nan_latency_does_not_turn_the_latency_gate_off(store: Store) -> None:
     put(store, report("dev-000", True, "downloaded", 74.1))  # 641 % slower than the others
     put(store, report(MEMBERS[0], True, "kept", 74.1))
     for device in OUTSIDE[:5]:
         put(store, report(device, False, "kept", 10.0))
     assert decision(store)[0] == "halt"
     raw = report(OUTSIDE[5], False, "kept", 10.0).model_dump_json().encode()
-    forged = raw.replace(b'"p50_ms":10.0', b'"p50_ms":' + number)
-    assert forged != raw
-    store.write(report_key(OUTSIDE[5]), gzip.compress(forged))
+    store.write(report_key(OUTSIDE[5]), gzip.compress(raw.replace(b"10.0", b"NaN", 1)))
     reading = read_evidence(store)
     assert reading.unreadable == 1 and reading.statuses[0].evidence.unreadable == 1
     assert reading.statuses[0].verdict.decision == "halt"  # the latency gate still on
@@ -196,9 +273,9 @@ def test_a_report_with_a_number_out_of_range_is_unreadable_and_turns_no_gate_off
 def test_report_names_are_escaped_on_the_terminal(
     store: Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    real_fleet(store, failing=False)
+    real_fleet(store, "advance")
     hostile = "m\x1b[2J\x1b[31m|x\n../../evil\u202e"
-    put(store, report("dev-000", True, "downloaded", model=hostile), "reports/devices/dev-999.json")
+    put(store, report("dev-999", True, "downloaded", model=hostile))
     capsys.readouterr()
     assert main(["manifest", "show", "--store", store.uri, "--field"]) == 0
     shown = capsys.readouterr().out
@@ -206,7 +283,27 @@ def test_report_names_are_escaped_on_the_terminal(
     assert "m\\x1b[2J\\x1b[31m|x\\x0a../../evil\\u202e" in shown
     assert main(["rollout", "status", "--store", store.uri]) == 0
     status = capsys.readouterr().out
-    assert "\x1b" not in status and "1 its object key names another device" not in status
+    assert "\x1b" not in status
+
+
+def test_rollout_status_shows_both_sides_and_what_it_did_not_count(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real_fleet(store, "advance")
+    put(store, report(MEMBERS[1], True, "failed"), report_key(OUTSIDE[9]))
+    capsys.readouterr()
+    assert main(["rollout", "status", "--store", store.uri, "--json"]) == 0
+    [shown] = json.loads(capsys.readouterr().out)
+    new, previous = shown["evidence"]["new"], shown["evidence"]["previous"]
+    assert (new["devices"], new["failed"], new["failure_rate"]) == (2, 0, 0.0)
+    assert (new["median_p50_ms"], previous["median_p50_ms"]) == (10.5, 10.0)
+    assert (previous["devices"], previous["other_eps_share"]) == (5, 0.0)
+    assert shown["evidence"]["not_attributed"] == {"key": 1}
+    assert "p50_ms" not in new  # a median, not every device's number
+    assert main(["rollout", "status", "--store", store.uri]) == 0
+    table = capsys.readouterr().out
+    assert "2 devices, 0 failed (0%), p50 10.5 ms" in table
+    assert "1 its object key names another device" in table and "1 under another" in table
 
 
 # --- authenticated reports -------------------------------------------------------------------
