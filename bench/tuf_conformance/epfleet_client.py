@@ -3,7 +3,9 @@
 its client-under-test CLI (``init``, ``refresh``, ``download``) over epfleet's own pieces,
 as a device runs them: the ``https://`` store (``epfleet.stores.https``, every wait
 bounded), ``StoreFetcher`` (ngclient's downloads from a store, under the transfer
-limits) and ``HeldUpdater`` (ngclient's Updater writing as the device cache writes).
+limits) and the device's staged refresh (``epfleet.trust.updater``: python-tuf's Updater,
+unmodified, in a staging copy of the metadata directory, promoted as the device cache is
+written).
 
     <client> --metadata-dir DIR init ROOT
     <client> --metadata-dir DIR --metadata-url URL refresh
@@ -23,11 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tuf.api import exceptions as tuf_errors
+from tuf.ngclient import Updater
 
 from epfleet.errors import EpfleetError
 from epfleet.stores.https import HttpsStore
 from epfleet.trust.fetcher import StoreFetcher
-from epfleet.trust.updater import HeldUpdater
+from epfleet.trust.updater import promote, staged
 
 
 class Fetcher(StoreFetcher):
@@ -52,18 +55,16 @@ def fetcher_url(key: str) -> str:
     return STORE_URL + key
 
 
-def updater(args: argparse.Namespace) -> HeldUpdater:
+def updater(args: argparse.Namespace, stage: Path) -> Updater:
     bases = [args.metadata_url] + ([args.target_base_url] if args.target_base_url else [])
     fetcher = Fetcher(*bases)
-    return HeldUpdater(
-        args.metadata_dir,
+    return Updater(
+        str(stage),
         args.metadata_url.rstrip("/") + "/",
         args.target_dir,
         (args.target_base_url or "").rstrip("/") + "/" if args.target_base_url else None,
         fetcher=fetcher,
         bootstrap=None,
-        mark=None,
-        state_file=Path(args.metadata_dir) / "state.json",
     )
 
 
@@ -83,16 +84,18 @@ def main() -> int:
     try:
         if args.command == "init":
             shutil.copyfile(args.trusted_root, Path(args.metadata_dir) / "root.json")
-        elif args.command == "refresh":
-            updater(args).refresh()
         else:
-            client = updater(args)
-            for name in args.target_name or []:
-                info = client.get_targetinfo(name)
-                if info is None:
-                    raise tuf_errors.RepositoryError(f"{name} is not a target")
-                if client.find_cached_target(info) is None:
-                    client.download_target(info)
+            directory = Path(args.metadata_dir)
+            with staged(directory) as stage:
+                client = updater(args, stage)
+                client.refresh()
+                for name in args.target_name or [] if args.command == "download" else []:
+                    info = client.get_targetinfo(name)
+                    if info is None:
+                        raise tuf_errors.RepositoryError(f"{name} is not a target")
+                    if client.find_cached_target(info) is None:
+                        client.download_target(info)
+                promote(stage, directory)
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError, EpfleetError, OSError) as exc:
         print(f"epfleet client: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

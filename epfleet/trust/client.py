@@ -55,7 +55,14 @@ from epfleet.trust.directory import (
 from epfleet.trust.fetcher import StoreFetcher, Unreachable
 from epfleet.trust.highwater import Lineage, TrustMark, advanced
 from epfleet.trust.layout import CUSTOM_FIELD, METADATA_KEYS, SCHEMA_FIELD
-from epfleet.trust.updater import BelowHighWater, ForkedRoot, open_updater
+from epfleet.trust.updater import (
+    BelowHighWater,
+    ForkedRoot,
+    judge,
+    open_updater,
+    promote,
+    staged,
+)
 
 __all__ = [
     "ROOT_HISTORY",
@@ -131,15 +138,19 @@ def verify(
     before = read_file(directory / "timestamp.json")
     where = f"{store.uri}/{METADATA_KEYS}"
     fetcher = StoreFetcher(store)
+    state_file = directory.parent.parent / "state.json"
     try:
-        updater = open_updater(fetcher, directory, root, mark)
-        updater.refresh()
-        if models:
-            wanted = list(dict.fromkeys(models))
-            entries = {m: signed_entry(updater, store, m) for m in wanted}
-            document = Manifest.model_construct(models=entries).to_json()
-        else:
-            document = _signed_manifest(updater, store, directory)
+        with staged(directory) as stage:
+            updater = open_updater(fetcher, stage, root)
+            updater.refresh()
+            if models:
+                wanted = list(dict.fromkeys(models))
+                entries = {m: signed_entry(updater, store, m) for m in wanted}
+                document = Manifest.model_construct(models=entries).to_json()
+            else:
+                document = _signed_manifest(updater, store, stage)
+            judged = judge(stage, signed_version(root) or 0, mark, state_file)
+            promote(stage, directory)
     except Unreachable as exc:
         raise StoreUnreachable(f"cannot refresh the signed metadata at {where}: {exc}") from None
     except tuf_errors.DownloadHTTPError as exc:
@@ -152,11 +163,10 @@ def verify(
         ) from None
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
         raise MetadataRefused(f"{where}: {describe(exc)}") from None
-    except OSError as exc:  # ngclient's own writes (a target file): a full disk, say
+    except OSError as exc:  # ngclient's own writes in the staging copy: a full disk, say
         raise cannot_write(Path(exc.filename or directory), exc) from None
-    trusted = updater._trusted_set
-    floor = mark if updater.lineage == "same" else None
-    accepted = advanced(floor, updater.chain, trusted.timestamp.version, trusted.snapshot.version)
+    floor = mark if judged.lineage == "same" else None
+    accepted = advanced(floor, judged.chain, judged.timestamp, judged.snapshot)
     after = read_file(directory / "timestamp.json")
     version = signed_version(after)
     others = [k for k in fetcher.fetched if not k.endswith("/timestamp.json")]
@@ -168,7 +178,7 @@ def verify(
         version=version if version is not None else 0,
         fetched=list(fetcher.fetched),
         mark=accepted,
-        lineage=updater.lineage,
+        lineage=judged.lineage,
     )
 
 

@@ -1,38 +1,52 @@
-"""ngclient's Updater as a device runs it: epfleet's own writes, held to a high-water mark.
+"""ngclient's Updater as a device runs it: a refresh staged, judged, then promoted.
 
-``open_updater`` gives python-tuf's ``Updater`` over a store (``StoreFetcher``) and a
-trust directory of the device cache. Its files are written as epfleet writes the cache
-(atomic, never through a link, readable as the umask says; a write that fails is the
-cache's ``CacheNotWritable`` or ``DiskFull``), and each refresh is held to the device's
-high-water mark of the repository (``epfleet.trust.highwater``): a root chain that forks
-from the roots the device recorded (``ForkedRoot``), or a root, timestamp or snapshot
-older than the mark (``BelowHighWater``), is refused before it is written. Its files are
-loaded by ``load_verified``: ngclient's load with the canonical JSON of what is signed
-made once, in C (a device decides on 20 models of a 1,000-model fleet from ~19 bins).
+python-tuf's ``Updater`` is used as its public API gives it: unmodified, over a store
+(``StoreFetcher``), in a *staging* copy of the store's trust directory (its files hard
+linked, so a refresh that changes nothing copies nothing; ngclient replaces what it
+writes, so the originals are never touched). The rules:
+
+1. ``staged`` makes the copy beside the trust directory (or, when the cache cannot be
+   written, in a temporary directory), and removes it afterwards, whatever happens.
+2. The refresh and the target lookups run there (``refresh``, ``get_targetinfo``,
+   ``download_target``): what ngclient refuses (bad signatures, a rollback against what
+   it cached, expiry, mix-and-match) never reaches the trust directory.
+3. ``judge`` holds what the refresh verified to the device's high-water mark of the
+   repository (``epfleet.trust.highwater``), read from the staged files alone: the root
+   chain from the root the refresh started from (``root.json`` names the newest root it
+   trusts) must be the one the device recorded (else ``ForkedRoot``), and no root,
+   timestamp or snapshot may be older than the mark (``BelowHighWater``). A refused
+   refresh is never promoted: a lost or emptied trust directory does not open the way
+   to a rollback.
+4. ``promote`` writes the staged files that differ into the trust directory as epfleet
+   writes the cache (atomic, never through a link, readable as the umask says; a failure
+   is the cache's ``CacheNotWritable`` or ``DiskFull``), root history first, then the
+   targets metadata, the snapshot, the timestamp, the targets; a trust directory that
+   changed nothing is not written (a read-only cache verifies all the same).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from securesystemslib.signer import Signature
 from tuf.api import exceptions as tuf_errors
-from tuf.api.metadata import Metadata, Root, T, Targets
 from tuf.ngclient import Updater, UpdaterConfig
-from tuf.ngclient._internal.trusted_metadata_set import _load_from_metadata
 
 from epfleet.disk import cannot_write
-from epfleet.fsutil import atomic_write_bytes
+from epfleet.fsutil import atomic_write_bytes, fsync_dir
 from epfleet.trust.directory import ROOT_HISTORY, TARGETS_DIR, read_file, signed_version
 from epfleet.trust.fetcher import STORE_URL, StoreFetcher
 from epfleet.trust.highwater import Lineage, TrustMark, below, lineage
 from epfleet.trust.layout import METADATA_KEYS, TARGETS_KEYS
 from epfleet.trust.roots import signed_sha256
+
+ROOT_LINK = "root.json"
+STAGING_PREFIX = ".staging-"
 
 
 class BelowHighWater(tuf_errors.BadVersionNumberError):
@@ -43,138 +57,166 @@ class ForkedRoot(tuf_errors.RepositoryError):
     """A root version that is not the one the device verified before (same repository)."""
 
 
-class HeldUpdater(Updater):
-    """ngclient's Updater writing its metadata as epfleet writes the device cache's files
-    (atomic, never through a link, readable as the umask says: ngclient's own temporary
-    files are 0600, and another user running the package reads the cache), and holding
-    every refresh to the device's high-water mark ``mark`` of the repository."""
+@dataclass(frozen=True)
+class Judged:
+    """What a staged refresh verified, held to the mark."""
 
-    def __init__(self, *args: Any, mark: TrustMark | None, state_file: Path, **kwargs: Any):
-        self.mark = mark
-        self.state_file = state_file
-        self.lineage: Lineage = "same"
-        self.chain: dict[int, str] = {}
-        """Root version -> sha256 of its signed part, for every root this refresh verified."""
-        self._started = False
-        super().__init__(*args, **kwargs)
-        if self._trusted_set._load_data is _load_from_metadata:  # the envelope ngclient reads
-            self._trusted_set._load_data = load_verified
-        self._started = True
-        self.started_from = self._trusted_set.root.version
-        self.chain = self._root_chain()
-        self._judge_roots()
-
-    def refresh(self) -> None:
-        """ngclient's refresh (root, timestamp, snapshot, targets), held to the mark: the
-        root chain must be the repository's the device trusted, and no role older."""
-        self._load_root()
-        self.chain = self._root_chain()
-        self._judge_roots()
-        self._refuse_below("root", self._trusted_set.root.version)
-        self._load_timestamp()
-        self._load_snapshot()
-        self._load_targets(Targets.type, Root.type)
-        # a cached timestamp or snapshot older than the mark is loaded, not written again
-        self._refuse_below("timestamp", self._trusted_set.timestamp.version)
-        self._refuse_below("snapshot", self._trusted_set.snapshot.version)
-
-    def _root_chain(self) -> dict[int, str]:
-        chain = {}
-        for version in range(self.started_from, self._trusted_set.root.version + 1):
-            data = read_file(Path(self._dir, ROOT_HISTORY, f"{version}.root.json"))
-            digest = signed_sha256(data) if data is not None else None
-            if digest is not None:
-                chain[version] = digest
-        return chain
-
-    def _judge_roots(self) -> None:
-        if self.mark is None:
-            return
-        self.lineage = lineage(self.mark, self.chain)
-        if self.lineage == "forked":
-            raise ForkedRoot(self._forked())
-
-    def _forked(self) -> str:
-        return (
-            "the store's root chain differs from the one this device verified before (the "
-            f"sha256 recorded in {self.state_file}): a root signed by keys the repository "
-            "retired"
-        )
-
-    def _refuse_below(self, role: str, version: int) -> None:
-        if self.mark is None or self.lineage != "same":
-            return
-        older = below(self.mark, role, version)
-        if older is not None:
-            raise BelowHighWater(
-                f"the store serves {older} (recorded in {self.state_file}); if the trust "
-                f"cache {self._dir} was lost, the store serves older metadata than it had"
-            )
-
-    def _persist_file(self, filename: str, data: bytes) -> None:
-        path = Path(filename)
-        if path.parent == Path(self._dir) and path.name in ("timestamp.json", "snapshot.json"):
-            self._refuse_below(path.stem, signed_version(data) or 0)  # never written
-        if path.parent.name == ROOT_HISTORY and self._started and self._forks(data):
-            raise ForkedRoot(self._forked())  # a root the store serves: never written
-        if read_file(path) == data:  # ngclient saves the trusted root on every start
-            return
-        with _cannot_write(path):
-            atomic_write_bytes(path, data)
-
-    def _forks(self, data: bytes) -> bool:
-        """A root from the store, of a version the mark records, is not the one recorded
-        (the mark applying: the refresh started from a root the device trusted)."""
-        if self.mark is None or self.lineage != "same":
-            return False
-        recorded = self.mark.roots.get(signed_version(data) or 0)
-        return recorded is not None and recorded != signed_sha256(data)
-
-    def _update_root_symlink(self) -> None:
-        # ngclient points root.json at the trusted root's file in root_history on every
-        # start; leave a link that already does (a read-only cache verifies all the same)
-        link = Path(self._dir, "root.json")
-        current = os.path.join(ROOT_HISTORY, f"{self._trusted_set.root.version}.root.json")
-        with contextlib.suppress(OSError):
-            if os.readlink(link) == current:
-                return
-        with _cannot_write(link):
-            super()._update_root_symlink()
+    lineage: Lineage
+    chain: dict[int, str]
+    """Root version -> sha256 of its signed part, from the root the refresh started from."""
+    timestamp: int
+    snapshot: int
 
 
-def load_verified(
-    role: type[T],
-    data: bytes,
-    delegator: Root | Targets | None = None,
-    role_name: str | None = None,
-) -> tuple[T, bytes, dict[str, Signature]]:
-    """ngclient's load of a metadata file (``_load_from_metadata``: parse, check the type,
-    verify the signatures with the delegator's keys), with the signed part's canonical
-    JSON made once, by the C JSON encoder, instead of twice by securesystemslib's pure
-    Python one: two thirds of the time a device spends loading a bin.
-
-    The two encoders give the same bytes unless a string holds a control character (the
-    C encoder escapes it, canonical JSON does not): when the fast bytes do not verify, the
-    canonical ones are tried. Either way the signature is checked over an injective
-    encoding of the parsed document, so nothing verifies that the keys did not sign."""
-    md = Metadata[T].from_bytes(data)
-    if md.signed.type != role.type:
-        raise tuf_errors.RepositoryError(f"Expected '{role.type}', got '{md.signed.type}'")
-    if delegator is None:
-        return md.signed, md.signed_bytes, md.signatures
-    name = role_name or role.type
-    fast = json.dumps(
-        md.signed.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    ).encode()
+@contextlib.contextmanager
+def staged(directory: Path) -> Iterator[Path]:
+    """A staging copy of the trust directory ``directory`` (see the module's rule 1)."""
+    parent = directory.parent
+    for left in _leftovers(parent, directory.name):  # a sync that crashed mid-refresh
+        shutil.rmtree(left, ignore_errors=True)
     try:
-        delegator.verify_delegate(name, fast, md.signatures)
-        return md.signed, fast, md.signatures
-    except tuf_errors.UnsignedMetadataError:
-        canonical = md.signed_bytes
-        if canonical == fast:
-            raise
-    delegator.verify_delegate(name, canonical, md.signatures)
-    return md.signed, canonical, md.signatures
+        parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{directory.name}-", dir=parent))
+        linked = True
+    except OSError:  # a read-only cache: stage elsewhere, copying
+        stage = Path(tempfile.mkdtemp(prefix="epfleet-trust-"))
+        linked = False
+    try:
+        _copy_tree(directory, stage, linked)
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _leftovers(parent: Path, name: str) -> list[Path]:
+    try:
+        return [p for p in parent.iterdir() if p.name.startswith(f"{STAGING_PREFIX}{name}-")]
+    except OSError:
+        return []
+
+
+def _copy_tree(source: Path, stage: Path, linked: bool) -> None:
+    """The trust directory's files into ``stage``: regular files hard linked (copied when
+    that fails), the root link as a link; anything else (a link planted elsewhere) left."""
+    for folder in ("", ROOT_HISTORY, TARGETS_DIR):
+        try:
+            entries = list(os.scandir(source / folder))
+        except OSError:
+            continue
+        (stage / folder).mkdir(exist_ok=True)
+        for entry in entries:
+            target = stage / folder / entry.name
+            if entry.is_symlink():
+                if folder == "" and entry.name == ROOT_LINK:
+                    os.symlink(os.readlink(entry.path), target)
+                continue
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                if not linked:
+                    raise OSError("copy")
+                os.link(entry.path, target)
+            except OSError:
+                shutil.copyfile(entry.path, target, follow_symlinks=False)
+
+
+def open_updater(
+    fetcher: StoreFetcher, stage: Path, root: bytes, config: UpdaterConfig | None = None
+) -> Updater:
+    """python-tuf's Updater over ``fetcher``'s store, its metadata in the staging directory
+    ``stage``, trusting ``root`` (and the newer roots it finds signed by it)."""
+    return Updater(
+        str(stage),
+        STORE_URL + METADATA_KEYS,
+        str(stage / TARGETS_DIR),
+        STORE_URL + TARGETS_KEYS,
+        fetcher=fetcher,
+        config=config or UpdaterConfig(),
+        bootstrap=root,
+    )
+
+
+def judge(stage: Path, started_from: int, mark: TrustMark | None, state_file: Path) -> Judged:
+    """Hold the staged refresh to ``mark`` (see the module's rule 3); ``started_from``: the
+    version of the root the refresh was given."""
+    newest = _trusted_root_version(stage)
+    chain = {}
+    for version in range(started_from, newest + 1):
+        digest = signed_sha256(read_file(stage / ROOT_HISTORY / f"{version}.root.json") or b"")
+        if digest is not None:
+            chain[version] = digest
+    timestamp = signed_version(read_file(stage / "timestamp.json")) or 0
+    snapshot = signed_version(read_file(stage / "snapshot.json")) or 0
+    if mark is None:
+        return Judged("same", chain, timestamp, snapshot)
+    found = lineage(mark, chain)
+    if found == "forked":
+        raise ForkedRoot(
+            "the store's root chain differs from the one this device verified before (the "
+            f"sha256 recorded in {state_file}): a root signed by keys the repository retired"
+        )
+    if found == "same":
+        for role, version in (("root", newest), ("timestamp", timestamp), ("snapshot", snapshot)):
+            older = below(mark, role, version)
+            if older is not None:
+                raise BelowHighWater(
+                    f"the store serves {older} (recorded in {state_file}); if the trust "
+                    "cache was lost, the store serves older metadata than it had"
+                )
+    return Judged(found, chain, timestamp, snapshot)
+
+
+def _trusted_root_version(stage: Path) -> int:
+    """The newest root the staged refresh trusts: the one ngclient links ``root.json`` to."""
+    try:
+        link = os.readlink(stage / ROOT_LINK)
+    except OSError:
+        link = ""
+    name = Path(link).name.removesuffix(".root.json")
+    return int(name) if name.isdigit() else 0
+
+
+def promote(stage: Path, directory: Path) -> None:
+    """Write the staged files that differ into ``directory`` (see the module's rule 4)."""
+    for relative in _in_order(stage):
+        staged_file, dest = stage / relative, directory / relative
+        data = read_file(staged_file)
+        if data is None or read_file(dest) == data:
+            continue
+        with _cannot_write(dest):
+            atomic_write_bytes(dest, data)
+    link = _link_of(stage)
+    if link is not None and _link_of(directory) != link:
+        temp = directory / f".{ROOT_LINK}.{os.getpid()}.tmp"
+        with _cannot_write(directory / ROOT_LINK):
+            temp.unlink(missing_ok=True)
+            os.symlink(link, temp)
+            os.replace(temp, directory / ROOT_LINK)
+            fsync_dir(directory)
+
+
+def _in_order(stage: Path) -> list[Path]:
+    def files(folder: str) -> list[Path]:
+        with contextlib.suppress(OSError):
+            return sorted(
+                Path(folder, e.name)
+                for e in os.scandir(stage / folder)
+                if e.is_file(follow_symlinks=False)
+            )
+        return []
+
+    roots = sorted(files(ROOT_HISTORY), key=lambda p: signed_version(read_file(stage / p)) or 0)
+    top = files("")
+    last = [Path("snapshot.json"), Path("timestamp.json")]
+    metadata = [p for p in top if p not in last and p.suffix == ".json"]
+    return [*roots, *metadata, *(p for p in last if p in top), *files(TARGETS_DIR)]
+
+
+def _link_of(directory: Path) -> str | None:
+    try:
+        return os.readlink(directory / ROOT_LINK)
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager
@@ -183,22 +225,3 @@ def _cannot_write(path: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         raise cannot_write(path, exc) from None
-
-
-def open_updater(
-    fetcher: StoreFetcher, directory: Path, root: bytes, mark: TrustMark | None = None
-) -> HeldUpdater:
-    """ngclient's Updater over ``fetcher``'s store, its metadata in ``directory``, trusting
-    ``root`` (and the newer roots it finds signed by it), held to the high-water ``mark``
-    (the trust directory's is in the cache's state, ``.epfleet/state.json``)."""
-    return HeldUpdater(
-        str(directory),
-        STORE_URL + METADATA_KEYS,
-        str(directory / TARGETS_DIR),
-        STORE_URL + TARGETS_KEYS,
-        fetcher=fetcher,
-        config=UpdaterConfig(),
-        bootstrap=root,
-        mark=mark,
-        state_file=directory.parent.parent / "state.json",
-    )

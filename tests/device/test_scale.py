@@ -22,10 +22,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-from securesystemslib.signer import CryptoSigner
-from tuf.api.exceptions import RepositoryError, UnsignedMetadataError
-from tuf.api.metadata import Metadata, Root, TargetFile, Targets
-from tuf.api.serialization.json import JSONSerializer
 
 from epfleet.device.cache import DeviceCache
 from epfleet.device.jitter import EPOCH, jitter_seconds, next_sync, sync_anchor
@@ -37,7 +33,6 @@ from epfleet.formats.manifest import Manifest
 from epfleet.limits import Deadline
 from epfleet.stores import MANIFEST_KEY, open_store
 from epfleet.text import format_bytes
-from epfleet.trust.updater import load_verified
 from tests.support.hand_made_fleet import DEVICE, MODEL, TARGET, Fleet, make_fleet
 from tests.support.s3proxy import FaultProxy
 from tests.support.trust_helpers import online_key, publish_new_build
@@ -188,34 +183,6 @@ def test_s3_slow_down_is_retried_with_backoff_and_a_storm_leaves_the_device_as_i
 
 
 # --- loading signed metadata: the canonical JSON made once --------------------------------------
-
-
-def signed_targets(text: str) -> tuple[Root, bytes]:
-    """A root trusting a fresh key for ``targets``, and targets metadata signed with it
-    whose one target carries ``text`` in its custom field."""
-    signer = CryptoSigner.generate_ecdsa()
-    root = Root()
-    root.add_key(signer.public_key, "targets")
-    targets = Targets(version=1)
-    target = TargetFile.from_data("models/m", b"entry", ["sha256"])
-    target.unrecognized_fields["custom"] = {"epfleet": text}
-    targets.targets[target.path] = target
-    metadata = Metadata(targets)
-    metadata.sign(signer)
-    return root, metadata.to_bytes(JSONSerializer(compact=True))
-
-
-@pytest.mark.parametrize("text", ['{"a":"b\\\\n","c":1}', "a raw\ncontrol\tcharacter"])
-def test_metadata_loads_verified_by_its_canonical_json_made_once(text: str) -> None:
-    root, data = signed_targets(text)
-    signed, signed_bytes, _ = load_verified(Targets, data, root, "targets")
-    assert signed.targets["models/m"].custom == {"epfleet": text}
-    assert signed_bytes == Metadata.from_bytes(data).signed_bytes  # what was signed
-    tampered = data.replace(b'"version":1', b'"version":2')
-    with pytest.raises(UnsignedMetadataError):
-        load_verified(Targets, tampered, root, "targets")
-    with pytest.raises(RepositoryError, match="Expected 'root', got 'targets'"):
-        load_verified(Root, data, root, "targets")
 
 
 # --- a first sync: the next model's download runs ahead ------------------------------------------
