@@ -8,6 +8,7 @@ any step keeps the previous active variant.
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import eps
@@ -23,7 +24,7 @@ from epfleet.device.variant_sets import is_file_set
 from epfleet.disk import WRITE_DENIED, DiskFull
 from epfleet.errors import EpfleetError, StoreError
 from epfleet.formats.device_report import ModelReport, VariantVerdict
-from epfleet.formats.manifest import ArtifactRef, ModelEntry
+from epfleet.formats.manifest import SHA256_PATTERN, ArtifactRef, ModelEntry
 from epfleet.fsutil import NO_SPACE
 from eps.base import Judgement, Precision, Verdict
 
@@ -111,6 +112,7 @@ def sync_model(
         target=done.installed.target,
         artifact_sha256=done.installed.sha256 if done.installed.origin == "published" else None,
         ep=done.installed.ep,
+        source_sha256=source_of(done.installed),
         verdict=done.verdict,
         bytes_downloaded=moved,
         reason="; ".join([*notes, *failures, done.reason]),
@@ -169,6 +171,13 @@ def first_download(
     if previous is not None and previous.name == published_variant(plan[0].target, variant).name:
         return None
     return variant.artifact
+
+
+def source_of(installed: Installed) -> str | None:
+    """The source digest ``installed`` was built from, for the report (None when unknown:
+    a variant adopted from a model file whose metadata does not say)."""
+    value = installed.source_sha256
+    return value if re.fullmatch(SHA256_PATTERN, value) else None
 
 
 def precision_of(installed: Installed, entry: ModelEntry | None) -> Precision | None:
@@ -238,6 +247,7 @@ def failed(
         target=kept.target if kept else None,
         artifact_sha256=kept.sha256 if kept and kept.origin == "published" else None,
         ep=kept.ep if kept else None,
+        source_sha256=source_of(kept) if kept else None,
         verdict=None,
         bytes_downloaded=moved,
         reason=reason,

@@ -156,6 +156,14 @@ class ModelReport(_Bounded):
         "fallback, and in reports of older devices",
     )
     ep: str | None
+    source_sha256: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        exclude_if=lambda sha256: sha256 is None,
+        description="The source (its file set's digest) the active variant was built from: "
+        "which version of the model this device runs; left out when nothing runs and in "
+        "reports of older devices",
+    )
     verdict: Verdict | None
     bytes_downloaded: int = Field(ge=0, le=MAX_COUNT)
     reason: str

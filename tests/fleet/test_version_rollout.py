@@ -7,8 +7,10 @@ sync from the signed store.
 The canary and about a tenth of the devices run the new version; the others keep the
 previous one, and a fresh device outside the stage downloads the previous version's
 variant and passes its health check on the previous version's golden samples (the new
-samples would not match its outputs). ``epfleet rollout revert`` brings every device back
-to the previous version; a rebuild of the new version is staged again over the same
+samples would not match its outputs). Each report names the source its device runs, and
+a device outside the stage never fetches the new version's samples. ``epfleet rollout
+revert`` brings every device back to the previous version (one that only ever ran the new
+one downloads the previous one and checks it on the previous samples); a rebuild of the new version is staged again over the same
 previous version, ``rollout advance`` to the last stage brings every device forward, and
 completing the rollout drops the previous version.
 """
@@ -24,6 +26,7 @@ from onnx import numpy_helper
 
 from epfleet.cli.app import main
 from epfleet.device.cache import DeviceCache
+from epfleet.device.cache_layout import STATE_DIR
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.fleet.publishing import read_in_force
@@ -72,18 +75,27 @@ def entry(tmp_path: Path) -> ModelEntry:
 
 
 def sync_all(tmp_path: Path, devices: list[str] = DEVICES) -> dict[str, ModelReport]:
+    """Each device's sync; every other one takes the signed manifest.json whole, the others
+    their model's signed bin alone (both must carry the previous version)."""
     root = tmp_path / "store.dev-keys" / "root.json"
     results = {}
-    for device in devices:
+    for i, device in enumerate(devices):
         report = sync(
             str(tmp_path / "store"),
             tmp_path / "devices" / device,
-            SyncPolicy(models=[MODEL]),
+            SyncPolicy(models=None if i % 2 else [MODEL]),
             device,
             trust_root=root,
         )
+        assert report.manifest.signed and report.manifest.status != "rejected", report.manifest
         [results[device]] = report.models
     return results
+
+
+def samples_held(tmp_path: Path, device: str) -> set[str]:
+    """The sha256 of every set of golden samples the device fetched to health-check."""
+    held = tmp_path / "devices" / device / STATE_DIR / "samples"
+    return {path.stem for path in held.glob("*.npz")}
 
 
 def source_run(tmp_path: Path, device: str) -> str:
@@ -122,12 +134,23 @@ def test_a_new_model_version_is_staged_reverted_and_advanced(
 
     reached = sync_all(tmp_path)
     on_new = runs(reached, v2)
-    assert "dev-000" in on_new and 1 <= len(on_new) <= 6, sorted(on_new)
+    assert on_new == {d for d in DEVICES if is_member(second.rollout, d)} and "dev-000" in on_new
+    # about a tenth: the canary and Binomial(19, 0.1) others (9 or more of them: p < 1e-4)
+    assert 1 <= len(on_new) <= 9, sorted(on_new)
+    share = sum(is_member(second.rollout, f"id-{i}") for i in range(2000)) / 2000
+    assert 0.07 <= share <= 0.13, share  # this salt's stage reaches a tenth of any fleet
     assert runs(reached, v1) == set(DEVICES) - on_new  # the others keep the first version
     assert all(
         r.rollout is not None and r.rollout.member == (d in on_new) for d, r in reached.items()
     )
     assert {source_run(tmp_path, d) for d in on_new} == {second.source.sha256}
+    # each report names the version its device runs; only members checked the new samples
+    s1, s2 = first.source.sha256, second.source.sha256
+    assert {d for d, r in reached.items() if r.source_sha256 == s2} == on_new
+    assert {d for d, r in reached.items() if r.source_sha256 == s1} == set(DEVICES) - on_new
+    assert first.samples is not None and second.samples is not None
+    new_samples = second.samples.sha256
+    assert {d for d in DEVICES if new_samples in samples_held(tmp_path, d)} == on_new
 
     # fresh devices: one outside the stage health-checks the previous version's variant on
     # the previous version's samples; one inside takes the new version
@@ -138,13 +161,20 @@ def test_a_new_model_version_is_staged_reverted_and_advanced(
     assert fresh[outside].action == "downloaded" and fresh[outside].artifact_sha256 == v1
     assert fresh[outside].profile is not None  # its health check ran and passed
     assert source_run(tmp_path, outside) == first.source.sha256
+    assert samples_held(tmp_path, outside) == {first.samples.sha256}
     assert fresh[inside].action == "downloaded" and fresh[inside].artifact_sha256 == v2
+    assert samples_held(tmp_path, inside) == {new_samples}
 
     store = str(tmp_path / "store")
     assert main(["rollout", "revert", "--store", store, "--model", MODEL]) == 0
     back = sync_all(tmp_path, [*DEVICES, inside])
     assert runs(back, v1) == {*DEVICES, inside}  # every device back on the first version
     assert {source_run(tmp_path, d) for d in back} == {first.source.sha256}
+    assert {r.source_sha256 for r in back.values()} == {s1}
+    # the device that only ever ran the new version fetched the first and checked it on
+    # the first version's samples
+    assert back[inside].action == "downloaded" and back[inside].profile is not None
+    assert samples_held(tmp_path, inside) == {first.samples.sha256, new_samples}
 
     third = publish(tmp_path, tmp_path / "tiny-cls-v2.onnx", "extended")  # a rebuild of v2
     assert third.rollout is not None and third.rollout.state == "active"

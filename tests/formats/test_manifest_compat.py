@@ -17,6 +17,7 @@ from tuf.api.metadata import SuccinctRoles, TargetFile, Targets
 
 from epfleet.errors import BadInputError
 from epfleet.formats.manifest import Manifest, ModelEntry
+from epfleet.formats.rollout import is_member
 from epfleet.formats.schema_version import (
     SCHEMA_VERSION,
     check_declared,
@@ -190,3 +191,41 @@ def test_the_signed_target_of_a_newer_manifest_carries_its_schema() -> None:
     custom = model_targets(future)["models/m"].info.unrecognized_fields["custom"]
     assert custom["epfleet_schema"] == "1.2"
     assert json.loads(custom["epfleet"])["licence"] == {"spdx": "MIT"}
+
+
+def test_a_signed_entry_of_schema_1_1_carries_the_previous_version_whole() -> None:
+    """A model's signed target during a rollout of a new source: a device that reads its
+    entry from its bin alone gets the previous version's source, samples and variants."""
+    doc = document("1.1")
+    entry = doc["models"]["m"]
+    entry["rollout"] = {
+        "id": "0" * 16,
+        "salt": "5a17" * 8,
+        "policy": {"stages": [10, 100]},
+        "stage": 0,
+        "started_at": "2026-11-30T00:00:00Z",
+        "stage_started_at": "2026-11-30T00:00:00Z",
+    }
+    old = "c" * 64
+    entry["previous_version"] = {
+        "source": {"uri": f"sources/{old}.onnx", "sha256": old, "size": 1},
+        "samples": {
+            "uri": f"samples/{old}.npz",
+            "sha256": old,
+            "size": 2,
+            "count": 1,
+            "basis": "x",
+        },
+    }
+    entry["previous"] = {"x86-cpu": variant() | {"source_sha256": old}}
+    manifest = Manifest.from_json(data(doc))
+    custom = model_targets(manifest.to_json())["models/m"].info.unrecognized_fields["custom"]
+    assert custom["epfleet_schema"] == "1.1"
+    signed = validate_json(ModelEntry, custom["epfleet"], "ignore", custom["epfleet_schema"])
+    assert signed == manifest.models["m"] and signed.previous_version is not None
+    assert signed.rollout is not None
+    outside = next(f"d{i}" for i in range(100) if not is_member(signed.rollout, f"d{i}"))
+    mine = signed.for_device(outside)
+    assert mine.source.sha256 == old and mine.samples == signed.previous_version.samples
+    assert mine.variants["x86-cpu"].source_sha256 == old
+    assert "previous_version" not in Manifest.from_json(data(document())).to_json().decode()

@@ -14,15 +14,19 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from epfleet.fleet.rollout_rules import advance
 from epfleet.formats.device_report import DeviceReport, report_key
-from epfleet.formats.keys import files_key, variant_key
+from epfleet.formats.keys import files_key, samples_key, source_key, variant_key
 from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,
     ModelEntry,
     PackageFile,
+    PreviousVersion,
+    SourceEntry,
     VariantEntry,
 )
+from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.lifecycle.gc import (
     collect,
     kind_of,
@@ -38,8 +42,12 @@ from tests.support.gc_fleet import (
     Aged,
     device_report,
     keys,
+    keys_of,
     make_fleet,
+    model_entry,
+    multi_file_variant,
     ok_variant,
+    put,
     referenced,
     referenced_by,
     run_cli,
@@ -270,3 +278,46 @@ def test_device_reports_without_the_artifact_field_still_parse() -> None:
     old["models"][0]["artifact_sha256"] = "../../sources/x"
     with pytest.raises(ValidationError, match="artifact_sha256"):
         DeviceReport.model_validate(old)
+
+
+def test_a_version_rollout_keeps_the_whole_previous_version_until_it_completes(
+    store: Store,
+) -> None:
+    """Under a staged rollout of a new source, gc keeps what a revert sends devices back
+    to: the previous version's source, golden samples, calibration inputs and variant (its
+    main file, listing and files); once the rollout completes, it collects them."""
+    first = model_entry(store, "m", {})
+    assert first.samples is not None
+    old = multi_file_variant(
+        store, "m", "cpu", b"v1 main" * 5, {"model.onnx.data": b"v1 data" * 5}, first.source.sha256
+    )
+    calibration = put(store, samples_key, b"v1 calibration" * 3)
+    source = put(store, source_key, b"v2 source" * 10)
+    new = multi_file_variant(
+        store, "m", "cpu", b"v2 main" * 5, {"model.onnx.data": b"v2 data" * 5}, source.sha256
+    )
+    staged = ModelEntry(
+        source=SourceEntry(**source.model_dump()),
+        variants={"cpu": new},
+        rollout=Rollout(
+            id="0" * 16,
+            salt="5a17" * 8,
+            policy=RolloutPolicy(stages=[10, 100]),
+            stage=0,
+            started_at=OLD,
+            stage_started_at=OLD,
+        ),
+        previous={"cpu": old},
+        previous_version=PreviousVersion(
+            source=first.source, samples=first.samples, calibration=calibration
+        ),
+    )
+    write_manifest(store, {"m": staged}, 5, OLD)
+    later = datetime.now(timezone.utc) + timedelta(days=3)  # every object past the grace
+    way_back = {first.source.uri, first.samples.uri, calibration.uri} | keys_of(old)
+    assert collect(store, delete=True, now=later).plan.candidates == []
+    assert way_back <= keys(store)
+    write_manifest(store, {"m": advance(advance(staged, OLD), OLD)}, 6, OLD)
+    done = collect(store, delete=True, now=later)
+    assert {c.key for c in done.plan.candidates} == way_back
+    assert not way_back & keys(store) and keys_of(new) <= keys(store)
