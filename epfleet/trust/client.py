@@ -141,15 +141,20 @@ def verify(
     state_file = directory.parent.parent / "state.json"
     try:
         with staged(directory) as stage:
-            updater = open_updater(fetcher, stage, root)
-            updater.refresh()
-            if models:
-                wanted = list(dict.fromkeys(models))
-                entries = {m: signed_entry(updater, store, m) for m in wanted}
-                document = Manifest.model_construct(models=entries).to_json()
-            else:
-                document = _signed_manifest(updater, store, stage)
-            judged = judge(stage, signed_version(root) or 0, mark, state_file)
+            started_from = signed_version(root) or 0
+            try:
+                updater = open_updater(fetcher, stage, root)
+                updater.refresh()
+                if models:
+                    wanted = list(dict.fromkeys(models))
+                    entries = {m: signed_entry(updater, store, m) for m in wanted}
+                    document = Manifest.model_construct(models=entries).to_json()
+                else:
+                    document = _signed_manifest(updater, store, stage)
+            except tuf_errors.RepositoryError:
+                judge(stage, started_from, mark, state_file, roots_only=True)  # a fork first
+                raise
+            judged = judge(stage, started_from, mark, state_file)
             promote(stage, directory)
     except Unreachable as exc:
         raise StoreUnreachable(f"cannot refresh the signed metadata at {where}: {exc}") from None

@@ -136,9 +136,18 @@ def open_updater(
     )
 
 
-def judge(stage: Path, started_from: int, mark: TrustMark | None, state_file: Path) -> Judged:
+def judge(
+    stage: Path,
+    started_from: int,
+    mark: TrustMark | None,
+    state_file: Path,
+    *,
+    roots_only: bool = False,
+) -> Judged:
     """Hold the staged refresh to ``mark`` (see the module's rule 3); ``started_from``: the
-    version of the root the refresh was given."""
+    version of the root the refresh was given. ``roots_only``: judge the root chain alone
+    (a refresh that failed: a root that forks from the device's record is the cause to
+    name, ahead of what failed after it, such as a timestamp its keys did not sign)."""
     newest = _trusted_root_version(stage)
     chain = {}
     for version in range(started_from, newest + 1):
@@ -155,7 +164,7 @@ def judge(stage: Path, started_from: int, mark: TrustMark | None, state_file: Pa
             "the store's root chain differs from the one this device verified before (the "
             f"sha256 recorded in {state_file}): a root signed by keys the repository retired"
         )
-    if found == "same":
+    if found == "same" and not roots_only:
         for role, version in (("root", newest), ("timestamp", timestamp), ("snapshot", snapshot)):
             older = below(mark, role, version)
             if older is not None:
