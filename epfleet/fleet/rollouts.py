@@ -147,7 +147,7 @@ def move(store: Store, model: str, how: Move, reason: str, rollout_id: str | Non
             ) from None
         done.append(moved)
         models = current.models | {model: moved}
-        return Manifest(generation=current.generation + 1, published_at=utcnow(), models=models)
+        return current.succeeded_by(models)  # keeps the enrolled device keys
 
     published = update_manifest(store, change)
     after = done[-1].rollout if done else None

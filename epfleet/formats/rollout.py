@@ -68,6 +68,7 @@ class RolloutPolicy(BaseModel):
     )
     authenticated_reports: bool = Field(
         default=False,
+        exclude_if=lambda required: not required,  # off: a signed entry keeps its bytes
         description="The gate counts only reports signed by the device's enrolled key "
         "(epfleet device enroll; the device signs with EPFLEET_DEVICE_KEY)",
     )
