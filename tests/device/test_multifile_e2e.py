@@ -310,6 +310,7 @@ def test_a_qnn_context_beside_the_model_is_verified_per_file_and_activated(
 
     # The stored bytes mended: the HTP variant is downloaded, verified, checked, activated.
     fleet.mend()
+    caplog.clear()  # the lines of the syncs before
     with caplog.at_level(logging.INFO, logger="epfleet.device.session"):
         done = only(run_sync(uri, cache))
     assert (done.action, done.variant, done.verdict) == ("downloaded", htp_name, "optimal"), (
