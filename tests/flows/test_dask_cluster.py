@@ -22,15 +22,18 @@ def dask_cluster() -> Iterator[str]:
     import dask
     from distributed import LocalCluster
 
-    # as epfleet.fleet.task_runners does for its own clusters: compiles are child processes
+    # as epfleet.fleet.task_runners does for its own clusters: compiles are child processes.
+    # Set for the cluster's whole life: a worker its nanny starts again (one lost under load,
+    # its task rescheduled) reads the setting then, and a daemonic one cannot start a
+    # compile ("daemonic processes are not allowed to have children", seen on a busy run).
     with dask.config.set({"distributed.worker.daemon": False}):
         cluster = LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
         )
-    try:
-        yield cluster.scheduler_address
-    finally:
-        cluster.close()
+        try:
+            yield cluster.scheduler_address
+        finally:
+            cluster.close()
 
 
 def executed_per_worker(address: str) -> dict[str, int]:
