@@ -375,6 +375,8 @@ def test_recipe_and_verification_defaults_come_from_the_ep_module() -> None:
         ("min_coverage", 1.5, "targets[t].min_coverage: Input should be less than or equal to 1"),
         ("tolerance", 0, "targets[t].tolerance: Input should be greater than 0"),
         ("verify_timeout", -1, "targets[t].verify_timeout: Input should be greater than 0"),
+        ("verify_timeout", float("inf"), "targets[t].verify_timeout: Input should be a finite"),
+        ("verify_timeout", 1e12, "targets[t].verify_timeout: Input should be less than or equal"),
     ],
 )
 def test_bad_verification_settings_are_refused(field: str, value: object, expected: str) -> None:
