@@ -490,6 +490,24 @@ def test_a_yaml_alias_bomb_is_refused_with_the_file_and_line(tmp_path: Path) -> 
     )
 
 
+def test_a_long_text_repeated_through_aliases_is_refused_with_the_file_and_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(  # 1.1 MB of text once expanded, from a 100 kB file: 100 GB with 1e5 aliases
+        "models: [{name: m, source: m.onnx}]\n"
+        "targets: [{name: t, ep: CPUExecutionProvider}]\n"
+        f"x-long: &long {'x' * 100_000}\n"
+        "x-many:\n" + "  - *long\n" * 11
+    )
+    with pytest.raises(BadInputError) as refused:
+        load_spec(path)
+    assert str(refused.value) == (
+        f"{path}:15: repeats more than 1,000,000 characters of text through YAML aliases "
+        "(*name); write the repeated part out, or use fewer aliases"
+    )
+
+
 def test_a_spec_sharing_options_through_aliases_loads(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(
