@@ -8,7 +8,9 @@ A real signed sync of the compiled fleet through the loopback mirror
 (tests/support/http_mirror.py), its 404s trickled a byte every 10 ms (10 minutes per
 answer), the drain's own time limit lifted so that only ``EPFLEET_SYNC_DEADLINE`` bounds
 it: the sync ends by its deadline plus the time to write its report, and keeps what it
-ran."""
+ran. A mirror that asks to be retried later than the deadline allows ends the sync at
+once, and the report says so (it used to say the sync 'ran past its deadline' seconds
+into it)."""
 
 from __future__ import annotations
 
@@ -69,3 +71,27 @@ def test_a_mirror_trickling_its_404s_holds_the_sync_no_longer_than_its_deadline(
     kept = only(report)
     assert kept.variant == good.variant, kept
     assert_package_runs(Path(report.cache), {kept.model: good.variant or ""})
+
+
+def test_a_retry_after_past_the_deadline_ends_the_sync_saying_so(
+    mirrored: tuple[Fleet, Mirror], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet, mirror = mirrored
+    good = first_sync(fleet)
+    fleet.republish()
+    mirror.faults.status = {"/trust/metadata/timestamp.json": [503] * 10}
+    mirror.faults.retry_after = "3600"
+    monkeypatch.setenv("EPFLEET_SYNC_DEADLINE", "25")
+
+    started = time.monotonic()
+    report = fleet.sync()
+    seconds = time.monotonic() - started
+
+    said = report.manifest.reason or ""
+    assert (
+        "asked to retry after 3600 s (Retry-After), later than the sync's deadline of 25 s "
+        "(EPFLEET_SYNC_DEADLINE) allows" in said
+    ), said
+    assert "ran past" not in said
+    assert seconds < 25  # it stops at once (0.01 s here): nothing waits for a retry
+    assert only(report).variant == good.variant, only(report)
