@@ -21,11 +21,11 @@ import pytest
 from epfleet.fleet.field_rules import FieldRow
 from epfleet.fleet.rollout_rules import Evidence, Verdict
 from epfleet.fleet.rollouts import RolloutStatus
-from epfleet.fleet.views import field_table_rows, rollout_row
+from epfleet.fleet.views import FIELD_HEADERS, field_table_rows, rollout_row
 from epfleet.fleet.watch_inputs import read_reports
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import open_store
-from epfleet.text import markdown_text
+from epfleet.text import markdown_cells, markdown_text
 
 pytestmark = pytest.mark.fast
 
@@ -106,3 +106,25 @@ def test_a_rollout_row_escapes_the_gates_reason() -> None:
     for cell in row.values():
         assert_inert(cell)
     assert ESCAPED in row["gate"]
+
+
+def test_a_table_artifacts_cells_are_markdown_escaped() -> None:
+    """The Prefect UI renders a table artifact's cells as Markdown: the rollout-gate and
+    fleet-field artifacts' rows go through ``markdown_cells``."""
+    row = FieldRow(
+        model=HOSTILE,
+        target="cpu",
+        published=True,
+        running=1,
+        failed=0,
+        p50_ms=1.0,
+        p95_ms=2.0,
+        partly_on_other_eps=0,
+    )
+    [cells] = field_table_rows([row])
+    shown = markdown_cells(dict(zip(FIELD_HEADERS, cells, strict=True)))
+    assert list(shown) == FIELD_HEADERS
+    assert_inert(shown["model"])
+    assert "|" not in shown["model"].replace("\\|", "")
+    assert "<" not in shown["model"] and "](" not in shown["model"].replace("\\](", "")
+    assert shown["running"] == "1"
