@@ -7,13 +7,15 @@ carriage return that redraws a line), Unicode format characters (bidi overrides)
 line separators become ``\\x1b``-style escapes; ``table`` applies it to every cell.
 ``markdown_text`` is what a Markdown artifact may be shown: ``printable``, with the
 characters Markdown or HTML would interpret (``|`` ending a table cell, links, emphasis,
-code, tags) escaped. A table artifact's cells are shown as text: ``printable`` is enough.
+code, tags) escaped. The Prefect UI renders a table artifact's cells as Markdown too
+(prefect-ui-library #2190): ``markdown_cells`` escapes a row of one.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Mapping
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _MARKDOWN = re.compile(r"([\\`*_\[\]#|~>])")
@@ -53,6 +55,11 @@ def markdown_text(text: str) -> str:
     """``text`` safe inside a Markdown artifact (a table cell, a list item)."""
     escaped = _MARKDOWN.sub(r"\\\1", printable(text))
     return escaped.replace("&", "&amp;").replace("<", "&lt;")
+
+
+def markdown_cells(row: Mapping[str, object]) -> dict[str, str]:
+    """A table artifact's row, every cell ``markdown_text``."""
+    return {key: markdown_text(str(cell)) for key, cell in row.items()}
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

@@ -25,6 +25,7 @@ from prefect.input import RunInput
 from epfleet.fleet.rollouts import RolloutStatus, run_gate
 from epfleet.fleet.views import FIELD_HEADERS, field_table_rows, rollout_row
 from epfleet.stores import DEFAULT_STORE, open_store
+from epfleet.text import markdown_cells
 
 
 class Approval(RunInput):
@@ -66,7 +67,7 @@ def rollout_gate(store: str = DEFAULT_STORE) -> list[dict[str, object]]:
         )
     create_table_artifact(
         key="rollout-gate",
-        table=[rollout_row(s) for s in reading.statuses],
+        table=[markdown_cells(rollout_row(s)) for s in reading.statuses],
         description=f"Staged rollouts in {store}: the field evidence, side by side, and the "
         f"gate's decision ({reading.read} device reports read, {reading.unreadable} "
         f"unreadable, {reading.unattributed} under another device's key)",
@@ -74,7 +75,7 @@ def rollout_gate(store: str = DEFAULT_STORE) -> list[dict[str, object]]:
     create_table_artifact(
         key="fleet-field",
         table=[
-            dict(zip(FIELD_HEADERS, cells, strict=True))
+            markdown_cells(dict(zip(FIELD_HEADERS, cells, strict=True)))
             for cells in field_table_rows(reading.field)
         ],
         description=f"What {reading.read} device reports say of each model and target in {store}",

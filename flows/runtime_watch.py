@@ -20,7 +20,7 @@ from pydantic import Field
 
 from epfleet.fleet.watch_rules import WatchPlan
 from epfleet.stores import DEFAULT_STORE
-from epfleet.text import markdown_text
+from epfleet.text import markdown_cells, markdown_text, printable
 from tasks.dispatch import sweep_results
 from tasks.events import emit_unserved_events
 from tasks.watch import trigger_compile, watch_task
@@ -54,11 +54,11 @@ def runtime_watch(
     for pair in todo:
         logger.info("%s × %s: %s (%s)", pair.model, pair.target, pair.status, pair.reason)
     for profile in plan.unserved:
-        logger.warning(
+        logger.warning(  # labels, model names and reasons come from device reports: escaped
             "unserved: %d devices (%s) for %s",
             profile.device_count,
-            profile.label,
-            ", ".join(f"{m}: {why}" for m, why in profile.models.items()),
+            printable(profile.label),
+            printable(", ".join(f"{m}: {why}" for m, why in profile.models.items())),
         )
     if trigger:  # a dry run starts nothing, automations included, and removes nothing
         emit_unserved_events(plan.unserved, store)
@@ -83,7 +83,15 @@ def _artifacts(plan: WatchPlan, store: str, deployment: str, started: str | None
     create_table_artifact(
         key="runtime-watch-pairs",
         table=[
-            {"model": p.model, "target": p.target, "ep": p.ep, "status": p.status, "why": p.reason}
+            markdown_cells(
+                {
+                    "model": p.model,
+                    "target": p.target,
+                    "ep": p.ep,
+                    "status": p.status,
+                    "why": p.reason,
+                }
+            )
             for p in plan.pairs
         ],
         description=f"Published pairs vs the compile workers' runtime, {store}",

@@ -16,6 +16,11 @@ from epfleet.cli.options import Json, Repeatable, Store, command_help
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
+MAX_GRACE_HOURS = 876_000.0
+MAX_RETENTION_DAYS = 36_500.0
+"""Past a century, a grace period or a retention window means "never" (and past a
+timedelta's range, it was a traceback)."""
+
 
 def gc(
     *,
@@ -60,10 +65,15 @@ def gc(
 
     grace = settings().gc_grace_hours if grace is None else grace
     retention_days = settings().gc_retention_days if retention_days is None else retention_days
-    if grace < 0:
-        raise BadInputError(f"--grace must be 0 hours or more, got {grace:g}")
-    if retention_days < 0:
-        raise BadInputError(f"--retention-days must be 0 or more, got {retention_days:g}")
+    if not 0 <= grace <= MAX_GRACE_HOURS:  # NaN too
+        raise BadInputError(
+            f"--grace must be 0 to {MAX_GRACE_HOURS:,.0f} hours (a century), got {grace:g}"
+        )
+    if not 0 <= retention_days <= MAX_RETENTION_DAYS:
+        raise BadInputError(
+            f"--retention-days must be 0 to {MAX_RETENTION_DAYS:,.0f} (a century), got "
+            f"{retention_days:g}"
+        )
     result = collect(
         open_store(store), delete=delete, grace_hours=grace, retention_days=retention_days
     )

@@ -60,6 +60,14 @@ def failure_text(exc: Exception) -> str:
     return f"failed: {summarize(exc, 200)}"
 
 
+def percent_of_range(rel_error: float | None) -> str:
+    """A recorded relative error for a line; a record from before the error had a floor
+    may hold null (an infinite error of a constant output, stored as JSON null)."""
+    if rel_error is None:
+        return "error relative to range not recorded"
+    return f"{rel_error:.2%} of range"
+
+
 def outcome_text(built: CompiledVariant) -> str:
     """How a published pair ended, for a progress line."""
     verified = built.entry.verification
@@ -68,18 +76,18 @@ def outcome_text(built: CompiledVariant) -> str:
         return f"compiled in {built.seconds:.2f} s, not verified ({reason})"
     if verified.reused:
         return (
-            f"verified before, same artifact ({verified.max_rel_error or 0:.2%} of range; "
+            f"verified before, same artifact ({percent_of_range(verified.max_rel_error)}; "
             f"compiled in {built.seconds:.2f} s)"
         )
     if verified.twin_of:
         return (
             f"checked on {verified.samples} golden sample(s) in {verified.seconds or 0:.2f} s, "
             f"its numerics verified in full as {verified.twin_of}'s "
-            f"({verified.max_rel_error or 0:.2%} of range; compiled in {built.seconds:.2f} s)"
+            f"({percent_of_range(verified.max_rel_error)}; compiled in {built.seconds:.2f} s)"
         )
     return (
-        f"verified in {verified.seconds or 0:.2f} s ({verified.max_rel_error or 0:.2%} of "
-        f"range; compiled in {built.seconds:.2f} s)"
+        f"verified in {verified.seconds or 0:.2f} s ({percent_of_range(verified.max_rel_error)}; "
+        f"compiled in {built.seconds:.2f} s)"
     )
 
 
@@ -244,7 +252,7 @@ def describe_verification(verification: Verification) -> str:
                 f"full as {verification.twin_of}'s"
             )
         return (
-            f"passed ({verification.max_rel_error:.2%} of range, tolerance "
+            f"passed ({percent_of_range(verification.max_rel_error)}, tolerance "
             f"{verification.tolerance:.2%}, {spent}, on "
             f"{verification.samples_origin or 'golden'} inputs)"
         )

@@ -6,6 +6,10 @@ parsed, holding at most ``2 * threads`` of them (each within ``EPFLEET_MAX_DOCUM
 and within it once inflated), so that runtime-watch and gc keep what they make of the
 reports (profiles, pins), not the reports. Reports are gzip-compressed JSON, or plain
 JSON from older devices (``epfleet.formats.device_report.decode_report``).
+
+Why a report cannot be used (``key: why``) names its key and what it holds, which whoever
+wrote it chose: the text is ``epfleet.text.printable`` (no escape sequence or line break
+reaches a terminal or a log).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from epfleet.fleet.evidence_rules import Unattributed, attribute
 from epfleet.formats.device_report import DeviceReport, decode_report
 from epfleet.settings import settings
 from epfleet.stores import DocumentTooLarge, Store, document_limit, reports_store
+from epfleet.text import printable
 
 T = TypeVar("T")
 READ_THREADS = 16
@@ -59,7 +64,7 @@ def read_report(
     try:
         found = store.read(key)
     except DocumentTooLarge as exc:  # over EPFLEET_MAX_DOCUMENT_BYTES: one bad report
-        return f"{key}: {exc}"
+        return printable(f"{key}: {exc}")
     if found is None:
         return None
     try:
@@ -67,9 +72,9 @@ def read_report(
         check(report)
     except ValidationError as exc:
         error = exc.errors()[0]
-        return f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}"
+        return printable(f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}")
     except ValueError as exc:
-        return f"{key}: {exc}"
+        return printable(f"{key}: {exc}")
     return report
 
 

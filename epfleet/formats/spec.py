@@ -34,6 +34,8 @@ from eps.base import (
 
 WORK_POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 DEFAULT_VERIFY_TIMEOUT = 600.0
+MAX_VERIFY_TIMEOUT = 86_400.0
+"""The longest ``verify_timeout`` a spec may give: a day (a timer cannot wait forever)."""
 CalibrateMethod = Literal["minmax", "entropy", "percentile"]
 
 
@@ -187,7 +189,10 @@ class TargetSpec(BaseModel):
     verify_timeout: float = Field(
         default=DEFAULT_VERIFY_TIMEOUT,
         gt=0,
-        description="Seconds one verification may take; past it the pair fails",
+        le=MAX_VERIFY_TIMEOUT,
+        allow_inf_nan=False,
+        description="Seconds one verification may take (up to 86,400: a day); past it the "
+        "pair fails",
     )
 
     @property

@@ -23,6 +23,10 @@ MAX_EXPANDED_VALUES = 100_000
 models × 20 targets is a few tens of thousands): a few lines of nested aliases (the
 "billion laughs") expand to billions, which took minutes and gigabytes before
 MemoryError."""
+MAX_ALIASED_CHARACTERS = 1_000_000
+"""How many characters of text a spec's YAML aliases may repeat: one long string named
+100,000 times is small in the file and in memory (PyYAML shares it) and a hundred
+gigabytes in anything that writes the spec's values out (a flow's parameters, a log)."""
 
 
 def _location(loc: tuple[int | str, ...], data: Any) -> str:
@@ -88,7 +92,8 @@ def parse_spec(data: Any, origin: str = "spec") -> FleetSpec:
 
 def load_spec(path: Path) -> FleetSpec:
     """The spec at ``path``; BadInputError on one line naming the file (and the line, where
-    known) when it cannot be read, is not UTF-8, is not YAML or nests too deep."""
+    known) when it cannot be read, is not UTF-8, is not YAML, nests too deep or expands too
+    far through its aliases."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -127,16 +132,18 @@ class _TooLarge(yaml.MarkedYAMLError):
 
 
 class _SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing documents nested deeper than ``MAX_NESTING`` or
-    holding more than ``MAX_EXPANDED_VALUES`` values once aliases are expanded (counted
-    as the document is composed: each alias adds the size of what it names, measured once
-    per anchored node)."""
+    """PyYAML's safe loader, refusing documents nested deeper than ``MAX_NESTING``,
+    holding more than ``MAX_EXPANDED_VALUES`` values once aliases are expanded, or
+    repeating more than ``MAX_ALIASED_CHARACTERS`` characters of text through aliases
+    (counted as the document is composed: each alias adds the size of what it names,
+    measured once per anchored node)."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)
         self._depth = 0
         self._expanded = 0
-        self._sizes: dict[int, int] = {}
+        self._aliased_characters = 0
+        self._sizes: dict[int, _Size] = {}
 
     @classmethod
     def load(cls, text: str) -> Any:
@@ -151,7 +158,9 @@ class _SpecLoader(yaml.SafeLoader):
             mark = self.peek_event().start_mark
             node = super().compose_node(parent, index)
             if node is not None:
-                self._count(_expanded_size(node, self._sizes), mark)
+                values, characters = _expanded_size(node, self._sizes)
+                self._count(values, mark)
+                self._count_aliased_text(characters, mark)
             return node
         self._count(1, None)
         self._depth += 1
@@ -175,20 +184,34 @@ class _SpecLoader(yaml.SafeLoader):
                 problem_mark=mark or self.peek_event().start_mark,
             )
 
+    def _count_aliased_text(self, characters: int, mark: yaml.Mark) -> None:
+        self._aliased_characters += characters
+        if self._aliased_characters > MAX_ALIASED_CHARACTERS:
+            raise _TooLarge(
+                problem=f"repeats more than {MAX_ALIASED_CHARACTERS:,} characters of text "
+                "through YAML aliases (*name); write the repeated part out, or use fewer "
+                "aliases",
+                problem_mark=mark,
+            )
 
-def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
-    """How many values ``node`` holds with every alias in it expanded (memoised by node:
-    an anchored node is measured once however often it is named)."""
+
+_Size = tuple[int, int]
+"""Values, and characters of text in them (keys and scalars)."""
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, _Size]) -> _Size:
+    """How many values ``node`` holds with every alias in it expanded, and how many
+    characters of text they hold (memoised by node: an anchored node is measured once
+    however often it is named)."""
     known = sizes.get(id(node))
     if known is not None:
         return known
     if isinstance(node, yaml.SequenceNode):
-        size = 1 + sum(_expanded_size(child, sizes) for child in node.value)
+        children = [_expanded_size(child, sizes) for child in node.value]
     elif isinstance(node, yaml.MappingNode):
-        size = 1 + sum(
-            _expanded_size(key, sizes) + _expanded_size(value, sizes) for key, value in node.value
-        )
+        children = [_expanded_size(part, sizes) for pair in node.value for part in pair]
     else:
-        size = 1
+        children = [(0, len(str(node.value)))]
+    size = (1 + sum(v for v, _ in children), sum(c for _, c in children))
     sizes[id(node)] = size
     return size

@@ -178,17 +178,33 @@ def read_golden(path: Path) -> tuple[list[Sample], list[list[np.ndarray]]]:
     )
 
 
+TAIL_PERCENTILE = 99.9
+
+
 @dataclass(frozen=True)
 class OutputError:
+    """One output's error over every element of every sample (finite source values)."""
+
     index: int
     max_abs_error: float
     span: float
-    """max(ref) - min(ref) over the samples' finite values."""
+    """max(ref) - min(ref) over all samples' finite values, not within one sample."""
+    floor: float = 0.0
+    """The smallest range the error is divided by: the dtype's resolution at the output's
+    scale (eps * max(1, max |ref|)), so a constant output (a scalar probability that never
+    moves on the samples) gets a finite relative error."""
+    tail_abs_error: float = 0.0
+    """The TAIL_PERCENTILE-th percentile of |got - ref| over every element."""
+    ref_min: float = 0.0
+    ref_max: float = 0.0
+    got_min: float = 0.0
+    got_max: float = 0.0
 
     @property
     def rel_error(self) -> float:
-        if self.span > 0:
-            return self.max_abs_error / self.span
+        divisor = max(self.span, self.floor)
+        if divisor > 0:
+            return self.max_abs_error / divisor
         return 0.0 if self.max_abs_error == 0 else float("inf")
 
 
@@ -204,30 +220,47 @@ class Comparison:
 
     @property
     def max_rel_error(self) -> float:
-        """max |got - ref| / (max(ref) - min(ref)), the worst output over all samples."""
+        """max |got - ref| / max(range over all samples, floor), the worst output."""
         return max((o.rel_error for o in self.outputs), default=0.0)
 
     def failure(self, tolerance: float, abs_tolerance: float = 0.0) -> str | None:
         """Why the variant is out of tolerance, or None. An output fails when its largest
         error exceeds both ``tolerance`` times its range and ``abs_tolerance``: an output
         that is nearly constant on the samples (a detector's heat map on noise spans
-        2e-4) is judged by the absolute floor, the precision's own resolution."""
+        2e-4) is judged by the absolute floor, the precision's own resolution. An output
+        whose source values all lie in [0, 1] (a probability) fails when the variant leaves
+        [0, 1] by more than ``abs_tolerance``, whatever its relative error."""
         for output in self.outputs:
-            if output.max_abs_error <= max(tolerance * output.span, abs_tolerance):
-                continue
-            return (
-                f"output {output.index} differs from the source by "
-                f"{output.rel_error:.1%} of its range (tolerance {tolerance:.1%}; "
-                f"{output.max_abs_error:.3g} against an absolute floor of {abs_tolerance:g})"
-            )
+            if output.ref_min >= 0.0 and output.ref_max <= 1.0:
+                for value in (output.got_min, output.got_max):
+                    if value < -abs_tolerance or value > 1.0 + abs_tolerance:
+                        return (
+                            f"output {output.index} gives {value:.6g}, outside [0, 1] where "
+                            f"every source value lies (allowance {abs_tolerance:g})"
+                        )
+            if output.max_abs_error > max(tolerance * output.span, abs_tolerance):
+                return (
+                    f"output {output.index} differs from the source by "
+                    f"{output.rel_error:.1%} of its range (tolerance {tolerance:.1%}; "
+                    f"{output.max_abs_error:.3g} against an absolute floor of {abs_tolerance:g})"
+                )
         return None
 
 
+def resolution_floor(dtype: np.dtype, scale: float) -> float:
+    """The dtype's resolution at ``scale``: eps * max(1, scale) for floats, 1 for integers."""
+    if dtype.kind == "f":
+        return float(np.finfo(dtype).eps) * max(1.0, scale)
+    return 1.0
+
+
 def compare(got: list[list[np.ndarray]], reference: list[list[np.ndarray]]) -> Comparison:
-    """Compare a variant's outputs with the source's, sample by sample. ValueError when
-    they do not even line up (count, shape), or when the variant gives NaN/inf where the
-    source does not."""
-    errors: dict[int, OutputError] = {}
+    """Compare a variant's outputs with the source's over every element of every sample.
+    ValueError when they do not even line up (count, shape), or when the variant gives
+    NaN/inf where the source gives a number."""
+    diffs: dict[int, list[np.ndarray]] = {}
+    bounds: dict[int, list[float]] = {}  # ref min, ref max, got min, got max, max |ref|
+    dtypes: dict[int, np.dtype] = {}
     agree, rows = 0, 0
     for k, (outs, refs) in enumerate(zip(got, reference, strict=True)):
         if len(outs) != len(refs):
@@ -243,20 +276,48 @@ def compare(got: list[list[np.ndarray]], reference: list[list[np.ndarray]]) -> C
                 continue
             out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
             finite = np.isfinite(ref64)
-            if not np.isfinite(out64[finite]).all():
-                raise ValueError(f"output {index} has NaN or inf where the source has numbers")
+            bad = ~np.isfinite(out64) & finite
+            if bad.any():
+                where = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(
+                    f"output {index} has NaN or inf ({out64[where]}) at sample {k}, element "
+                    f"{list(where)}, "
+                    f"where the source gives {ref64[where]:.6g}"
+                )
             if not finite.any():
                 continue
-            diff = float(np.abs(out64[finite] - ref64[finite]).max())
-            span = float(ref64[finite].max() - ref64[finite].min())
-            before = errors.get(index)
+            got_f, ref_f = out64[finite], ref64[finite]
+            diffs.setdefault(index, []).append(np.abs(got_f - ref_f).ravel())
+            dtypes[index] = out.dtype if out.dtype.kind == "f" else ref.dtype
+            now = [ref_f.min(), ref_f.max(), got_f.min(), got_f.max(), np.abs(ref_f).max()]
+            before = bounds.get(index)
             if before is not None:
-                diff, span = max(diff, before.max_abs_error), max(span, before.span)
-            errors[index] = OutputError(index, diff, span)
+                now = [
+                    min(now[0], before[0]),
+                    max(now[1], before[1]),
+                    min(now[2], before[2]),
+                    max(now[3], before[3]),
+                    max(now[4], before[4]),
+                ]
+            bounds[index] = [float(v) for v in now]
             if ref.dtype.kind == "f" and ref.ndim == 2 and ref.shape[1] > 1:
                 agree += int((out64.argmax(axis=1) == ref64.argmax(axis=1)).sum())
                 rows += ref.shape[0]
-    return Comparison(
-        outputs=[errors[i] for i in sorted(errors)],
-        top1_agreement=agree / rows if rows else None,
-    )
+    outputs = []
+    for index in sorted(diffs):
+        every = np.concatenate(diffs[index])
+        ref_min, ref_max, got_min, got_max, scale = bounds[index]
+        outputs.append(
+            OutputError(
+                index=index,
+                max_abs_error=float(every.max()),
+                span=ref_max - ref_min,
+                floor=resolution_floor(dtypes[index], scale),
+                tail_abs_error=float(np.percentile(every, TAIL_PERCENTILE)),
+                ref_min=ref_min,
+                ref_max=ref_max,
+                got_min=got_min,
+                got_max=got_max,
+            )
+        )
+    return Comparison(outputs=outputs, top1_agreement=agree / rows if rows else None)

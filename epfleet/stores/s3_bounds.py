@@ -20,6 +20,11 @@ So each attempt botocore makes runs under a ``Watch``, with one timer per limit:
 - inside a device sync (``epfleet.limits.current_deadline``), the whole attempt (connect,
   request body, head, and a body botocore reads itself) must end by the sync's deadline,
   and no attempt starts after it, so botocore's retries stop there too.
+- the body of an error answer to a streamed operation (a ``GetObject``'s 404, a 503)
+  is read here, under the attempt's watch, at most ``ERROR_BODY_LIMIT`` bytes of it:
+  botocore would read it whole after the attempt, where no timer bounds it (measured: a
+  404 trickled a byte every 50 ms held a read 17 s past a 1 s deadline, and an endless
+  one would fill memory).
 
 When a limit passes, the watch shuts the connection's socket down: the read in progress
 returns at once, and the attempt fails as a read timeout (which botocore retries, as it
@@ -59,6 +64,7 @@ from botocore.awsrequest import (
     AWSPreparedRequest,
     AWSResponse,
 )
+from botocore.compat import HTTPHeaders
 from botocore.httpsession import URLLib3Session
 
 from epfleet.limits import Deadline, current_deadline
@@ -95,6 +101,9 @@ class WatchedHTTPSConnectionPool(AWSHTTPSConnectionPool):
     ConnectionCls = WatchedHTTPSConnection
 
 
+ERROR_BODY_LIMIT = 65_536
+"""The most of an error answer's body read (S3's error XML is a few hundred bytes)."""
+
 BOTOCORE_POOLS = {"http": AWSHTTPConnectionPool, "https": AWSHTTPSConnectionPool}
 WATCHED_POOLS = {"http": WatchedHTTPConnectionPool, "https": WatchedHTTPSConnectionPool}
 
@@ -107,6 +116,7 @@ def bound_waits(client: S3Client) -> S3Client:
         type(http) is not URLLib3Session
         or getattr(http, "_pool_classes_by_scheme", None) != BOTOCORE_POOLS
         or getattr(manager, "pool_classes_by_scheme", None) != BOTOCORE_POOLS
+        or "_content" not in vars(AWSResponse("", 200, HTTPHeaders(), None))
     ):
         raise RuntimeError(
             "this botocore's HTTP session is not the one epfleet.stores.s3_bounds knows: "
@@ -132,6 +142,8 @@ def _send_watched(http: URLLib3Session, request: AWSPreparedRequest, **_: Any) -
     attempt.watch = watch
     try:
         response = http.send(request)
+        if request.stream_output and response.status_code >= 300:
+            _read_error_body(response)
     except Exception as exc:
         fired = watch.end()
         if fired is None:
@@ -146,6 +158,18 @@ def _send_watched(http: URLLib3Session, request: AWSPreparedRequest, **_: Any) -
             response.raw.release_conn()
         raise _failure(fired, watch, deadline, request)
     return response
+
+
+def _read_error_body(response: AWSResponse) -> None:
+    """Read an error answer's body now, under the attempt's watch, for botocore to parse
+    (its ``content``); past ``ERROR_BODY_LIMIT`` bytes the rest is left unread and the
+    connection closed."""
+    raw: Any = response.raw
+    data = raw.read(ERROR_BODY_LIMIT + 1)
+    if len(data) > ERROR_BODY_LIMIT:
+        data = data[:ERROR_BODY_LIMIT]
+        raw.close()
+    vars(response)["_content"] = data  # what botocore's ``content`` returns once read
 
 
 def _failure(

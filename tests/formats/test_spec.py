@@ -375,6 +375,8 @@ def test_recipe_and_verification_defaults_come_from_the_ep_module() -> None:
         ("min_coverage", 1.5, "targets[t].min_coverage: Input should be less than or equal to 1"),
         ("tolerance", 0, "targets[t].tolerance: Input should be greater than 0"),
         ("verify_timeout", -1, "targets[t].verify_timeout: Input should be greater than 0"),
+        ("verify_timeout", float("inf"), "targets[t].verify_timeout: Input should be a finite"),
+        ("verify_timeout", 1e12, "targets[t].verify_timeout: Input should be less than or equal"),
     ],
 )
 def test_bad_verification_settings_are_refused(field: str, value: object, expected: str) -> None:
@@ -485,6 +487,24 @@ def test_a_yaml_alias_bomb_is_refused_with_the_file_and_line(tmp_path: Path) -> 
     assert str(refused.value) == (
         f"{path}:13: expands to more than 100,000 values through YAML aliases (*name); "
         "write the repeated part out, or use fewer aliases"
+    )
+
+
+def test_a_long_text_repeated_through_aliases_is_refused_with_the_file_and_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(  # 1.1 MB of text once expanded, from a 100 kB file: 100 GB with 1e5 aliases
+        "models: [{name: m, source: m.onnx}]\n"
+        "targets: [{name: t, ep: CPUExecutionProvider}]\n"
+        f"x-long: &long {'x' * 100_000}\n"
+        "x-many:\n" + "  - *long\n" * 11
+    )
+    with pytest.raises(BadInputError) as refused:
+        load_spec(path)
+    assert str(refused.value) == (
+        f"{path}:15: repeats more than 1,000,000 characters of text through YAML aliases "
+        "(*name); write the repeated part out, or use fewer aliases"
     )
 
 

@@ -218,7 +218,10 @@ def test_gc_command(
     assert not (fleet.removable | fleet.pinned) & keys(store)
     assert referenced(fleet.manifest) <= keys(store)
     assert run_cli(["gc", "--store", store.uri, "--grace", "-1"]) == 2
-    assert "--grace must be 0 hours or more, got -1" in capsys.readouterr().err
+    assert "--grace must be 0 to 876,000 hours (a century), got -1" in capsys.readouterr().err
+    for option, value in (("--grace", "inf"), ("--grace", "nan"), ("--retention-days", "1e12")):
+        assert run_cli(["gc", "--store", store.uri, option, value]) == 2  # was a traceback
+        assert f"{option} must be 0 to " in capsys.readouterr().err
     store.write(MANIFEST_KEY, b'{"models": 3}')
     assert run_cli(["gc", "--store", store.uri, "--delete"]) == 1
     assert "manifest.json fails validation" in capsys.readouterr().err

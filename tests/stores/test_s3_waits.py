@@ -147,6 +147,25 @@ def test_the_sync_deadline_stops_a_body_botocore_reads_itself(
     assert seconds < BOUND
 
 
+def test_the_sync_deadline_stops_a_missing_objects_trickled_404(
+    store: S3Store, s3_bucket: str, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next-root probe every signed sync makes is a GET answered 404: botocore read the
+    error's body itself, after the attempt's timers had stopped (issue 27: 17 s past a 1 s
+    deadline for these ~340 bytes at a byte every 50 ms; a byte a minute, hours)."""
+    monkeypatch.setenv("EPFLEET_STALL_TIMEOUT", "60")
+    slow = open_store(f"s3://{s3_bucket}/p")
+    s3_proxy.trickle_next_get_responses(f"/{s3_bucket}/p/2.root.json", interval=0.05)
+
+    with within(Deadline.after(1)):
+        error, seconds = timed(lambda: slow.read("2.root.json"))
+
+    assert isinstance(error, DeadlineExceeded), error
+    assert str(error).endswith(f"reading s3://{s3_bucket}/p/2.root.json stopped")
+    assert seconds < 5  # 1.0 s here
+    assert slow.read("2.root.json") is None  # read whole when it comes at once
+
+
 def test_publishing_the_manifest_to_a_store_whose_answers_trickle_ends_with_the_reason(
     store: S3Store, s3_bucket: str, s3_proxy: FaultProxy
 ) -> None:
