@@ -94,12 +94,8 @@ def stream_attributed_reports(
     store: Store, keys: Iterable[str], *, threads: int = READ_THREADS
 ) -> Iterator[DeviceReport | Unattributed]:
     """Each report of ``keys`` as the rollout gate hears it (``read_attributed``),
-    streamed as ``stream_keyed_reports`` streams them."""
-    results: Iterator[tuple[str, DeviceReport | Unattributed]] = _stream(
-        store, keys, threads, read_attributed
-    )
-    for _, result in results:
-        yield result
+    streamed as ``stream_reports`` streams them."""
+    return _stream(store, keys, threads, read_attributed)
 
 
 def stream_reports(
@@ -109,18 +105,6 @@ def stream_reports(
     threads: int = READ_THREADS,
     check: Callable[[DeviceReport], object] = lambda report: None,
 ) -> Iterator[DeviceReport | str]:
-    """``stream_keyed_reports`` without the keys."""
-    for _, result in stream_keyed_reports(store, keys, threads=threads, check=check):
-        yield result
-
-
-def stream_keyed_reports(
-    store: Store,
-    keys: Iterable[str],
-    *,
-    threads: int = READ_THREADS,
-    check: Callable[[DeviceReport], object] = lambda report: None,
-) -> Iterator[tuple[str, DeviceReport | str]]:
     """Each report of ``keys`` (an iterable, consumed as it goes), in their order, or why
     it cannot be used (see ``read_report``); reports removed since they were listed are
     left out. At most ``2 * threads`` reads are in flight or waiting to be taken."""
@@ -129,23 +113,19 @@ def stream_keyed_reports(
 
 def _stream(
     store: Store, keys: Iterable[str], threads: int, read: Callable[[Store, str], T | None]
-) -> Iterator[tuple[str, T]]:
+) -> Iterator[T]:
     window = 2 * threads
-    pending: deque[Future[tuple[str, T | None]]] = deque()
+    pending: deque[Future[T | None]] = deque()
     key_iter = iter(keys)
-
-    def read_keyed(key: str) -> tuple[str, T | None]:
-        return key, read(store, key)
-
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for key in islice(key_iter, window):
-            pending.append(pool.submit(read_keyed, key))
+            pending.append(pool.submit(read, store, key))
         while pending:
-            key, result = pending.popleft().result()
+            result = pending.popleft().result()
             for more in islice(key_iter, 1):
-                pending.append(pool.submit(read_keyed, more))
+                pending.append(pool.submit(read, store, more))
             if result is not None:
-                yield key, result
+                yield result
 
 
 class Problems:
