@@ -115,6 +115,10 @@ class PairResult(BaseModel):
     verification: Literal["passed", "failed", "unverified"] | None = None
     max_rel_error: float | None = None
     verification_seconds: float | None = None
+    metric: str | None = Field(
+        default=None,
+        description="The task metric the variant scored, e.g. 'cosine 0.998 (min 0.99)'",
+    )
     samples_origin: Literal["spec", "generated"] | None = None
     verification_twin_of: str | None = Field(
         default=None,
@@ -155,6 +159,11 @@ class PairResult(BaseModel):
             ),
             verification_seconds=(
                 entry.verification.seconds if entry and entry.verification else None
+            ),
+            metric=(
+                entry.verification.metric.describe()
+                if entry and entry.verification and entry.verification.metric
+                else None
             ),
             samples_origin=(
                 entry.verification.samples_origin if entry and entry.verification else None

@@ -45,12 +45,13 @@ def cell(result: PairResult) -> str:
     if result.coverage is not None:
         parts.append(f"{result.coverage:.0%} on EP")
     mark = GENERATED_MARK if generated_only(result.device, result.samples_origin) else ""
+    metric = f", {result.metric}" if result.metric else ""
     if result.verification == "passed" and result.max_rel_error is not None:
         twin = twin_text(result.verification_twin_of, result.target)
-        parts.append(f"verified {result.max_rel_error:.2%}{mark}{twin}")
+        parts.append(f"verified {result.max_rel_error:.2%}{metric}{mark}{twin}")
     elif result.verification == "failed":
         error = "" if result.max_rel_error is None else f" {result.max_rel_error:.2%}"
-        parts.append(f"verification failed{error}{mark}")
+        parts.append(f"verification failed{error}{metric}{mark}")
     elif result.verification is not None:
         parts.append(result.verification + mark)
     return " · ".join(parts)
@@ -136,9 +137,10 @@ def _verified(variant: VariantEntry, target: str) -> str:
         return "-"
     mark = GENERATED_MARK if generated_only(variant.device, check.samples_origin) else ""
     twin = twin_text(check.twin_of, target, check.samples)
+    metric = f", {check.metric.describe()}" if check.metric else ""
     if check.status in ("passed", "failed") and check.max_rel_error is not None:
-        return f"{check.status} {check.max_rel_error:.2%}{mark}{twin}"
-    return check.status + mark + twin
+        return f"{check.status} {check.max_rel_error:.2%}{metric}{mark}{twin}"
+    return check.status + metric + mark + twin
 
 
 def field_table_rows(rows: list[FieldRow]) -> list[list[str]]:

@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from epfleet.formats.task_metric import TaskMetric
 from eps.base import LOOSEST_TOLERANCE, Precision
 
 
@@ -44,6 +45,36 @@ class Verification(_Strict):
     )
     top1_agreement: float | None = Field(
         default=None, description="Share of class-score rows whose argmax agrees"
+    )
+    worst_output: str | None = Field(
+        default=None,
+        max_length=200,
+        exclude_if=lambda name: name is None,
+        description="The output max_rel_error was measured on (the worst one)",
+    )
+    error_range: float | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="What max_rel_error divides by: that output's max - min over every "
+        "golden sample, at least error_floor",
+    )
+    error_floor: float | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="That output's smallest range: its dtype's resolution at its scale "
+        "(eps x max(1, max |source|); 1 for integers)",
+    )
+    tail_abs_error: float | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="The largest 99.9th percentile of |variant - source| over the outputs, "
+        "every element of every sample: what most values see, beside max_abs_error",
+    )
+    metric: TaskMetric | None = Field(
+        default=None,
+        exclude_if=lambda metric: metric is None,
+        description="The model's task metric and what the variant scored (None: the model "
+        "names none, and the numeric gate alone decided)",
     )
     tolerance: float | None = Field(
         default=None,

@@ -93,12 +93,12 @@ def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> Non
 
 
 def test_a_writer_refuses_a_newer_minor_naming_both_versions() -> None:
-    for doc in (document("1.2"), with_future_fields(document("1.2"))):
+    for doc in (document("1.3"), with_future_fields(document("1.3"))):
         with pytest.raises(ValidationError) as refused:
             Manifest.from_json(data(doc))
         loc, msg = first_error(refused)
         assert loc == ("schema_version",)
-        assert "schema 1.2, newer than this epfleet writes (1.1)" in msg
+        assert "schema 1.3, newer than this epfleet writes (1.2)" in msg
         assert "upgrade epfleet on the compile host" in msg
 
 
@@ -114,7 +114,7 @@ def test_a_newer_major_is_refused(newer_minor: str) -> None:
             "update epfleet on this device; the manifest in force stays"
         )
     else:
-        assert "newer than this epfleet writes (1.1)" in msg
+        assert "newer than this epfleet writes (1.2)" in msg
 
 
 @pytest.mark.parametrize("version", [SCHEMA_VERSION, "1"])
@@ -134,7 +134,7 @@ def test_an_unknown_key_at_the_readers_own_minor_stays_an_error(version: str) ->
 
 
 def test_a_newer_minor_is_still_validated_in_every_field_it_knows() -> None:
-    doc = with_future_fields(document("1.2"))
+    doc = with_future_fields(document("1.3"))
     doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["tolerance"] = 9.0  # too loose
     with pytest.raises(ValidationError) as refused:
         Manifest.from_json(data(doc), newer_minor="ignore")
@@ -145,9 +145,9 @@ def test_a_newer_minor_is_still_validated_in_every_field_it_knows() -> None:
 def test_a_signed_entry_follows_the_version_it_comes_with() -> None:
     entry = with_future_fields(document())["models"]["m"]
     text = canonical(entry).decode()
-    taken = validate_json(ModelEntry, text, "ignore", "1.3")
+    taken = validate_json(ModelEntry, text, "ignore", "1.4")
     assert taken == ModelEntry.model_validate(document()["models"]["m"])
-    assert validate_python(ModelEntry, entry, "ignore", "1.3") == taken
+    assert validate_python(ModelEntry, entry, "ignore", "1.4") == taken
     assert "licence" in entry  # the caller's value is left as it was
     with pytest.raises(ValidationError):
         validate_json(ModelEntry, text, "ignore", "1.0")  # absent means 1.0: strict
@@ -160,8 +160,8 @@ def test_a_signed_entry_follows_the_version_it_comes_with() -> None:
 def test_writers_refuse_a_document_a_reader_took() -> None:
     check_writable(None, "store")
     check_writable(SCHEMA_VERSION, "store")
-    with pytest.raises(BadInputError, match=r"^/s: the manifest declares schema 1.2, newer"):
-        check_writable("1.2", "/s")
+    with pytest.raises(BadInputError, match=r"^/s: the manifest declares schema 1.3, newer"):
+        check_writable("1.3", "/s")
 
 
 def test_the_signed_targets_of_a_1_0_manifest_are_what_they_were() -> None:
@@ -187,9 +187,9 @@ def test_the_signed_targets_of_a_1_0_manifest_are_what_they_were() -> None:
 
 
 def test_the_signed_target_of_a_newer_manifest_carries_its_schema() -> None:
-    future = data(with_future_fields(document("1.2")))
+    future = data(with_future_fields(document("1.3")))
     custom = model_targets(future)["models/m"].info.unrecognized_fields["custom"]
-    assert custom["epfleet_schema"] == "1.2"
+    assert custom["epfleet_schema"] == "1.3"
     assert json.loads(custom["epfleet"])["licence"] == {"spdx": "MIT"}
 
 
@@ -229,3 +229,32 @@ def test_a_signed_entry_of_schema_1_1_carries_the_previous_version_whole() -> No
     assert mine.source.sha256 == old and mine.samples == signed.previous_version.samples
     assert mine.variants["x86-cpu"].source_sha256 == old
     assert "previous_version" not in Manifest.from_json(data(document())).to_json().decode()
+
+
+def test_schema_1_2_records_the_task_metric_and_the_error_measure_inputs() -> None:
+    """1.2 added a verification's task metric and what its relative error divided by; a
+    reader of 1.1 (a device shipped before) drops them and installs as before."""
+    doc = document("1.2")
+    doc["models"]["m"]["variants"]["x86-cpu"]["verification"] |= {
+        "metric": {"kind": "topk_agreement", "output": "logits", "value": 1.0, "min": 0.99, "k": 5},
+        "worst_output": "logits",
+        "error_range": 12.5,
+        "error_floor": 1.49e-6,
+        "tail_abs_error": 0.002,
+    }
+    manifest = Manifest.from_json(data(doc))
+    check = manifest.models["m"].variants["x86-cpu"].verification
+    assert check is not None and check.metric is not None and check.metric.passed
+    assert check.metric.describe() == "topk_agreement@5 1 (min 0.99)"
+    assert json.loads(manifest.to_json())["models"]["m"]["variants"]["x86-cpu"]["verification"][
+        "metric"
+    ] == {"kind": "topk_agreement", "output": "logits", "value": 1.0, "min": 0.99, "k": 5}
+    as_1_1 = validate_json(ModelEntry, json.dumps(doc["models"]["m"]), "ignore", "1.2")
+    assert as_1_1.variants["x86-cpu"].verification == check
+    without = document("1.2")
+    assert (
+        "metric"
+        not in json.loads(Manifest.from_json(data(without)).to_json())["models"]["m"]["variants"][
+            "x86-cpu"
+        ]["verification"]
+    )

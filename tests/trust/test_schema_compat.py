@@ -59,12 +59,12 @@ def test_a_device_installs_a_newer_minor_through_its_bin_and_the_whole_manifest(
 ) -> None:
     fleet = local_fleet
     first = first_sync(fleet)
-    built = publish_as(fleet, "1.2")
+    built = publish_as(fleet, "1.3")
     bin_json = json.loads(
         max(fleet.repo.meta.glob(f"*.{fleet.repo.bin_of(MODEL)}.json"), key=_version).read_text()
     )
     custom = bin_json["signed"]["targets"][f"models/{MODEL}"]["custom"]
-    assert custom["epfleet_schema"] == "1.2" and "licence" in custom["epfleet"]
+    assert custom["epfleet_schema"] == "1.3" and "licence" in custom["epfleet"]
 
     report = fleet.sync()  # models=[tiny-cls]: its entry from its signed bin alone
     assert report.exit_code == 0, report.manifest
