@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import eps
 from epfleet.runtime.compiler import measure_coverage, optimized_node_count
+from epfleet.runtime.quantize import fold_boundary_qdq
 
 V75 = {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"}
 SHAPE = [1, 3, 8, 8]
@@ -24,12 +25,12 @@ SHAPE = [1, 3, 8, 8]
 LOAD = """
 import json, sys
 import numpy as np, onnxruntime as ort, onnxruntime_qnn
-path, options, feed = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+path, options, feed, fallback = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
 devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
 session_options = ort.SessionOptions()
 session_options.add_provider_for_devices(devices, options)
-session_options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+session_options.add_session_config_entry("session.disable_cpu_ep_fallback", fallback)
 try:
     session = ort.InferenceSession(path, session_options)
 except Exception as exc:
@@ -89,9 +90,9 @@ def compile_htp(src: Path, dst: Path) -> onnx.ModelProto:
     return onnx.load(str(dst))
 
 
-def load_without_cpu_fallback(path: Path, feed: Path | None = None) -> dict:
+def load_without_cpu_fallback(path: Path, feed: Path | None = None, disable: str = "1") -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", LOAD, str(path), json.dumps(V75), str(feed or "")],
+        [sys.executable, "-c", LOAD, str(path), json.dumps(V75), str(feed or ""), disable],
         capture_output=True,
         text=True,
         timeout=300,
@@ -121,3 +122,38 @@ def test_boundary_qdq_is_left_to_the_cpu_and_coverage_says_so(
     loaded = load_without_cpu_fallback(tmp_path / "variant.onnx")
     assert not loaded["loaded"]
     assert "fallback to CPU EP has been explicitly disabled" in loaded["error"]
+
+
+@pytest.mark.parametrize("activation", ["w8a8", "w8a16"])
+def test_folding_the_boundary_qdq_gives_a_full_variant_that_loads_without_cpu_fallback(
+    tmp_path: Path, activation: str
+) -> None:
+    qdq = qdq_model(tmp_path, activation)
+    model = onnx.load(str(qdq))
+    io = fold_boundary_qdq(model)
+    dtype = {"w8a8": "uint8", "w8a16": "uint16"}[activation]
+    assert set(io) == {"x", "y"} and {q.dtype for q in io.values()} == {dtype}
+    folded = tmp_path / "folded.qdq.onnx"
+    onnx.save(model, str(folded))
+    variant = compile_htp(folded, tmp_path / "folded.onnx")
+    assert [n.op_type for n in variant.graph.node] == ["EPContext"]
+    coverage = measure_coverage(variant, True, lambda: optimized_node_count(folded, "basic"))
+    assert (coverage.fraction, coverage.boundary_qdq) == (1.0, 0)
+    compile_htp(qdq, tmp_path / "unfolded.onnx")
+
+    # The device's side: quantise the input with the recorded scale and zero point, run with
+    # CPU fallback disabled, dequantise the output; the same as the unfolded variant.
+    x = np.random.default_rng(5).uniform(0, 1, SHAPE).astype(np.float32)
+    q = io["x"]
+    limits = np.iinfo(np.dtype(q.dtype))
+    xq = np.clip(np.round(x / q.scale) + q.zero_point, limits.min, limits.max)
+    np.savez(tmp_path / "folded.npz", x=xq.astype(q.dtype))
+    np.savez(tmp_path / "float.npz", x=x)
+    ran = load_without_cpu_fallback(tmp_path / "folded.onnx", tmp_path / "folded.npz")
+    assert ran["loaded"], ran
+    assert ran["inputs"] == [f"tensor({dtype})"]
+    out = io["y"]
+    got = (np.array(ran["outputs"][0], np.float64) - out.zero_point) * out.scale
+    unfolded = load_without_cpu_fallback(tmp_path / "unfolded.onnx", tmp_path / "float.npz", "0")
+    assert unfolded["loaded"], unfolded
+    np.testing.assert_array_equal(got.astype(np.float32), np.array(unfolded["outputs"][0]))
