@@ -112,6 +112,11 @@ class PairResult(BaseModel):
     seconds: float | None = None
     error: str | None = None
     coverage: float | None = None
+    coverage_boundary_qdq: int = Field(
+        default=0,
+        description="Of what the EP left to ORT's CPU EP, the (de)quantisation of the graph's "
+        "inputs and outputs",
+    )
     verification: Literal["passed", "failed", "unverified"] | None = None
     max_rel_error: float | None = None
     verification_seconds: float | None = None
@@ -153,6 +158,7 @@ class PairResult(BaseModel):
             seconds=seconds,
             error=entry.error if entry and status == "failed" else None,
             coverage=entry.coverage.fraction if entry and entry.coverage else None,
+            coverage_boundary_qdq=entry.coverage.boundary_qdq if entry and entry.coverage else 0,
             verification=entry.verification.status if entry and entry.verification else None,
             max_rel_error=(
                 entry.verification.max_rel_error if entry and entry.verification else None

@@ -31,6 +31,14 @@ class Coverage(_Strict):
     other_nodes: int = Field(ge=0, description="Nodes left to other EPs (ORT's CPU EP)")
     fraction: float = Field(ge=0, le=1, description="ep_nodes / all nodes; 1.0 is a full compile")
     other_op_types: list[str] = Field(default_factory=list)
+    boundary_qdq: int = Field(
+        default=0,
+        ge=0,
+        description="Of other_nodes, the QuantizeLinear of a graph input and DequantizeLinear "
+        "to a graph output a QDQ variant leaves to ORT's CPU EP: the variant does not load "
+        "with CPU fallback disabled (session.disable_cpu_ep_fallback)",
+        exclude_if=lambda count: not count,
+    )
 
 
 class Verification(_Strict):
