@@ -157,3 +157,44 @@ def test_folding_the_boundary_qdq_gives_a_full_variant_that_loads_without_cpu_fa
     unfolded = load_without_cpu_fallback(tmp_path / "unfolded.onnx", tmp_path / "float.npz", "0")
     assert unfolded["loaded"], unfolded
     np.testing.assert_array_equal(got.astype(np.float32), np.array(unfolded["outputs"][0]))
+
+
+def test_min_coverage_judges_compute_not_the_io_conversions() -> None:
+    """A target with min_coverage 1 keeps publishing integer variants whose compute is all
+    on the NPU; compute left to the CPU is still refused, the conversions named apart."""
+    from epfleet.errors import CompileError
+    from epfleet.formats.variant_checks import Coverage
+    from epfleet.runtime.compiler import check_coverage
+    from epfleet.runtime.requests import CompileRequest
+
+    request = CompileRequest.model_validate(
+        {
+            "model": "m",
+            "target": "t",
+            "ep": "QNNExecutionProvider",
+            "device": "npu",
+            "provider_options": {},
+            "input_shapes": {},
+            "source_key": "sources/a.onnx",
+            "source_sha256": "a" * 64,
+            "source_size": 1,
+            "fingerprint": "",
+            "min_coverage": 1.0,
+        }
+    )
+    boundary_only = Coverage(
+        ep_nodes=8,
+        other_nodes=2,
+        fraction=0.8,
+        other_op_types=["DequantizeLinear", "QuantizeLinear"],
+        boundary_qdq=2,
+    )
+    check_coverage(request, boundary_only)
+    partial = boundary_only.model_copy(
+        update={"other_nodes": 3, "fraction": 8 / 11, "other_op_types": ["NonZero"]}
+    )
+    with pytest.raises(CompileError) as refused:
+        check_coverage(request, partial)
+    assert "below the target's min_coverage 1; left out: NonZero (and 2 conversions" in str(
+        refused.value
+    )
