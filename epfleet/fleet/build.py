@@ -30,7 +30,7 @@ from epfleet.fleet.verify_cache import (
 from epfleet.formats.keys import files_key, listing_key, source_key, variant_key
 from epfleet.formats.manifest import PrecisionTried, Quantization, Verification
 from epfleet.logs import pair_progress
-from epfleet.runtime.compile_pool import shared_pool
+from epfleet.runtime.compile_pool import busy_slots, shared_pool
 from epfleet.runtime.compiler import CompileOutput, check_coverage, discard
 from epfleet.runtime.requests import CompileRequest
 from epfleet.stores import Store
@@ -138,26 +138,17 @@ def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVar
     of its coverage floor or fails verification; CompileError when it does not compile;
     store errors raise through."""
     job = compile_job_for(request, store)
-    output = shared_pool(workers).run(job)
+    # The pair's compile and its verification hold one of ``workers`` slots: with
+    # --workers 1 no verification runs beside the next pair's compile.
+    with busy_slots(workers):
+        output = shared_pool(workers).run(job)
+        try:
+            verification = checked(request, output, store, job.source_path)
+        except BaseException:
+            discard(output)
+            raise
     key = variant_key(request.model, request.target, output.sha256)
     try:
-        try:
-            check_coverage(request, output.coverage)
-        except CompileError as exc:
-            rejected = failed_entry(request, str(exc), output.coverage, output=output)
-            raise RejectedBuild(rejected, output.seconds) from None
-        # A QDQ variant's failure is traced in the float model it was quantised from.
-        source = output.qdq_float_path or job.source_path
-        if request.verify:
-            pair_progress(
-                f"{request.model} × {request.target}",
-                f"compiled in {output.seconds:.2f} s; verifying {request.precision or ''}".strip(),
-            )
-        verification = verify_output(request, output, store, source)
-        if verification.status == "failed":
-            error = f"{VERIFY_FAILED}{verification.reason}"
-            rejected = failed_entry(request, error, output.coverage, verification, output)
-            raise RejectedBuild(rejected, output.seconds)
         quantization = stage_qdq(store, output)
         upload_variant(store, output, key)
     finally:
@@ -166,6 +157,30 @@ def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVar
     return CompiledVariant(
         entry=entry.model_copy(update={"quantization": quantization}), seconds=output.seconds
     )
+
+
+def checked(
+    request: CompileRequest, output: CompileOutput, store: Store, source_path: str
+) -> Verification:
+    """The fresh variant's coverage and verification; RejectedBuild when it falls short."""
+    try:
+        check_coverage(request, output.coverage)
+    except CompileError as exc:
+        rejected = failed_entry(request, str(exc), output.coverage, output=output)
+        raise RejectedBuild(rejected, output.seconds) from None
+    # A QDQ variant's failure is traced in the float model it was quantised from.
+    source = output.qdq_float_path or source_path
+    if request.verify:
+        pair_progress(
+            f"{request.model} × {request.target}",
+            f"compiled in {output.seconds:.2f} s; verifying {request.precision or ''}".strip(),
+        )
+    verification = verify_output(request, output, store, source)
+    if verification.status == "failed":
+        error = f"{VERIFY_FAILED}{verification.reason}"
+        rejected = failed_entry(request, error, output.coverage, verification, output)
+        raise RejectedBuild(rejected, output.seconds)
+    return verification
 
 
 def stage_qdq(store: Store, output: CompileOutput) -> Quantization | None:
