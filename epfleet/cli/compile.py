@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,13 +22,14 @@ from epfleet import MAX_WORKERS
 from epfleet.cli.interrupts import interrupts
 from epfleet.cli.options import Json, Repeatable, RunnerName, Store, command_help
 from epfleet.cli.prefect_api import (
-    start_temporary_api,
     start_temporary_api_beside,
     temporary_api_dies_with_us,
 )
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.fsutil import NO_SPACE, no_room
 from epfleet.stores import DEFAULT_STORE
+
+_PROCESS_STARTED = time.time()  # (close enough: this module is imported at start-up)
 
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
@@ -176,9 +178,16 @@ def _compile(
         f"with {workers} workers",
         file=sys.stderr,
     )
-    # Compiles start at once in this machine's workers, unless Dask runs them.
-    pool, progress = None, None
+    # Prefect's temporary API (unless PREFECT_API_URL names a server, or Dask's run starts
+    # it) and the compiles start at once, the API first: it is the slower to come up.
+    pool, progress, api = None, None, None
     if task_runner == "threads":
+        print(
+            "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
+            "names a server instead); the compiles run meanwhile",
+            file=sys.stderr,
+        )
+        api = start_temporary_api_beside()
         pool, progress = _prestart(plan, store, workers)
     try:
         way = run_way(
@@ -189,8 +198,9 @@ def _compile(
         )
         args = (spec, store, workers, force, model, target)
         if way is RunWay.PLAIN_THEN_RECORD:
-            return _compile_then_record(plan, *args)
-        problem = _start_api_saying_so() if task_runner == "threads" else None
+            assert api is not None
+            return _compile_then_record(plan, api, *args)
+        problem = _wait_saying_so(api) if api is not None else None
         if problem is not None:
             print(
                 f"epfleet: Prefect's temporary API did not start ({problem}); "
@@ -217,6 +227,7 @@ def _api_url_named() -> bool:
 
 def _compile_then_record(
     plan: RunPlan,
+    api: Future[str | None],
     spec: Path,
     store: str,
     workers: int,
@@ -224,25 +235,17 @@ def _compile_then_record(
     model: list[str] | None,
     target: list[str] | None,
 ) -> RunReport:
-    """Compile and publish now without Prefect, Prefect's temporary API starting beside
-    the compiles; once the run is published and the API answers, a fleet-compile flow run
-    records it (its artifacts and events), as if it had compiled it."""
-    print(
-        "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
-        "names a server instead); the compiles run meanwhile",
-        file=sys.stderr,
-    )
-    started = time.monotonic()
-    api = start_temporary_api_beside()
+    """Compile and publish now without Prefect while its temporary API (``api``) starts;
+    once the run is published and the API answers, a fleet-compile flow run records it
+    (its artifacts and events), as if it had compiled it."""
     report = _run_without_prefect(plan, store, workers)
     if not api.done():
         print(
             f"epfleet: published (manifest generation {report.generation}); waiting for "
-            f"Prefect's temporary API to record this run ({time.monotonic() - started:.0f} s "
-            "so far)",
+            "Prefect's temporary API to record this run",
             file=sys.stderr,
         )
-    problem = api.result()
+    problem = _wait_saying_so(api)
     if problem is not None:
         print(
             f"epfleet: Prefect's temporary API did not start ({problem}); compiled and "
@@ -250,11 +253,6 @@ def _compile_then_record(
             file=sys.stderr,
         )
         return report
-    print(
-        f"epfleet: Prefect's temporary API answered after {time.monotonic() - started:.0f} s; "
-        "recording this run",
-        file=sys.stderr,
-    )
     from epfleet.fleet.task_runners import task_runner
 
     runner = task_runner("threads", None, workers)
@@ -269,25 +267,23 @@ def _compile_then_record(
     return report
 
 
-def _start_api_saying_so() -> str | None:
-    """``start_temporary_api``, with a line before and after when it starts one: on a busy
-    machine it takes tens of seconds, while the compiles started meanwhile wait for the
-    flow run to verify and publish them."""
-    if _api_url_named():
-        return start_temporary_api()
-    print(
-        "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
-        "names a server instead); the compiles run meanwhile",
-        file=sys.stderr,
-    )
+def _wait_saying_so(api: Future[str | None]) -> str | None:
+    """Wait for the temporary API started beside the compiles (on a busy machine it takes
+    tens of seconds): why it did not come up, or None, saying when it answered."""
     started = time.monotonic()
-    problem = start_temporary_api()
-    if problem is None:
+    problem = api.result()
+    if problem is None and not _api_url_named():
         print(
-            f"epfleet: Prefect's temporary API answered after {time.monotonic() - started:.0f} s",
+            f"epfleet: Prefect's temporary API answered ({_started_ago()} s after the "
+            f"command started, {time.monotonic() - started:.0f} s waited for)",
             file=sys.stderr,
         )
     return problem
+
+
+def _started_ago() -> str:
+    """Seconds since this process started."""
+    return f"{time.time() - _PROCESS_STARTED:.0f}"
 
 
 def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool, CompileProgress]:
