@@ -19,6 +19,8 @@ import eps
 from epfleet.runtime.compiler import measure_coverage, optimized_node_count
 from epfleet.runtime.quantize import fold_boundary_qdq
 
+pytestmark = pytest.mark.slow
+
 V75 = {"backend_type": "htp", "htp_arch": "75", "soc_model": "57"}
 SHAPE = [1, 3, 8, 8]
 
