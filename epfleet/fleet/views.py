@@ -27,7 +27,7 @@ def generated_only(device: str | None, origin: str | None) -> bool:
 
 
 def precision_text(precision: str | None, lost: Sequence[str | PrecisionTried]) -> str | None:
-    """``w8a16 (fp16 failed verification in 2.31 s)``: the precision a variant was built at
+    """``w8a16 (fp16 verification failed in 2.31 s)``: the precision a variant was built at
     and those of its ladder that failed first, each with how and the seconds it took when
     recorded (``fp16 failed`` from records before 1.2); None when its entry records no
     precision (built before precisions)."""

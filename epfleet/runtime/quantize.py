@@ -312,7 +312,7 @@ def ladder_advice(
     elif untried[0] in ladder:
         levers.append(f"the ladder's next rung, {untried[0]}")
     else:
-        shown = ", ".join([*done, untried[0]])
+        shown = ", ".join([*done, untried[0], *ladder[len(done) :]])
         levers.append(f"{untried[0]}, the next precision this target makes (precision: [{shown}])")
     if not options.per_channel:
         levers.append("per-channel weights (quantization.per_channel: true)")
