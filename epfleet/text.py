@@ -13,6 +13,7 @@ code, tags) escaped. The Prefect UI renders a table artifact's cells as Markdown
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from collections.abc import Mapping
@@ -30,6 +31,12 @@ def format_bytes(size: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def share(fraction: float) -> str:
+    """A fraction as a percentage rounded down, so that only 1.0 reads ``100%``:
+    ``0.9987`` is ``99.8%``, ``0.85`` is ``85%``."""
+    return f"{math.floor(round(fraction * 1000, 6)) / 10:g}%"
 
 
 def plural(count: int, noun: str, nouns: str | None = None) -> str:

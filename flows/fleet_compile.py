@@ -24,7 +24,7 @@ from epfleet.fleet.publish_rules import news
 from epfleet.fleet.publishing import Published, read_in_force
 from epfleet.fleet.runs import RunPlan, RunReport
 from epfleet.fleet.task_runners import from_environment
-from epfleet.fleet.views import matrix_rows
+from epfleet.fleet.views import detail_rows, matrix_rows
 from epfleet.formats.manifest import VariantEntry
 from epfleet.lifecycle.costs import cost_markdown, costs
 from epfleet.stores import DEFAULT_STORE, open_store
@@ -104,8 +104,16 @@ def _publish_artifacts(report: RunReport, store: str) -> None:
     create_table_artifact(
         key="fleet-compile-matrix",
         table=matrix_rows(report),
-        description=f"Compile matrix for {store}: model × target → status · seconds · size "
-        f"(generation {report.generation})",
+        description=f"Compile matrix for {store}: model × target → status, precision, verified "
+        "error (EP n%: the EP took part of the graph); every measurement in the "
+        f"fleet-compile-details artifact (generation {report.generation})",
+    )
+    create_table_artifact(
+        key="fleet-compile-details",
+        table=detail_rows(report),
+        description=f"Each pair of the compile matrix for {store}: precision (and the "
+        "ladder's losers), compile seconds, size, coverage (and the I/O Q/DQ left on the "
+        f"CPU EP), verification (generation {report.generation})",
     )
     create_markdown_artifact(
         key="fleet-compile-summary",

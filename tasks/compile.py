@@ -23,6 +23,7 @@ from epfleet.fleet.planning import handed_plan, plan_inputs, plan_run
 from epfleet.fleet.publishing import Published, publish
 from epfleet.fleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
 from epfleet.fleet.runs import RunPlan
+from epfleet.fleet.views import coverage_text
 from epfleet.formats.manifest import SourceEntry, VariantEntry
 from epfleet.runtime.requests import CompileRequest
 from epfleet.stores import open_store
@@ -74,7 +75,9 @@ def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledV
         entry.total_size,
         1 + len(entry.files),
         entry.compatibility_string,
-        f"{entry.coverage.fraction:.0%}" if entry.coverage else "-",
+        coverage_text(entry.coverage.fraction, entry.coverage.boundary_qdq)
+        if entry.coverage
+        else "-",
         describe_verification(entry.verification) if entry.verification else "-",
     )
     return compiled

@@ -20,8 +20,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference"
-HELP_COLUMNS = "100"
-"""The width help is rendered at, whatever the terminal: the page is the same everywhere."""
+HELP_COLUMNS = "78"
+"""The width help is rendered at, whatever the terminal: the page is the same everywhere,
+and its code blocks fit the docs' text column (about 80 characters of code with both
+sidebars shown) instead of running off its right edge."""
 
 COMMANDS = [
     [],
@@ -47,23 +49,28 @@ COMMANDS = [
 ]
 
 SYNOPSIS = """\
-epfleet compile SPEC [--store URI] [--workers N] [--force] [--model NAME ...] [--target NAME ...]
-                [--task-runner threads|dask [--dask-address tcp://HOST:8786]] [--prune] [--json]
+epfleet compile SPEC [--store URI] [--workers N] [--force]
+                [--model NAME ...] [--target NAME ...]
+                [--task-runner threads|dask [--dask-address tcp://HOST:8786]]
+                [--prune] [--json]
 epfleet manifest show [--store URI] [--json [--costs]]
 epfleet manifest schema          # the manifest's JSON Schema
 epfleet sync --cache DIR [--store URI] [--model NAME ...] [--no-recompile]
-             [--prefer npu gpu cpu] [--device-id ID] [--verify] [--drop-unlisted]
-             [--trust-root ROOT.json | --allow-unsigned] [--json] [--flow | --serve SECONDS]
-epfleet trust init|rotate|refresh|status [--store URI] ...   # signed distribution (TUF)
-epfleet rollout status|advance|halt|revert [--store URI] ...  # staged rollouts
-epfleet device enroll|revoke|list [--store URI] ...           # devices that sign their reports
-epfleet retire [--store URI] (--model NAME ... | --target NAME ... | --spec SPEC --unlisted)
+             [--prefer npu gpu cpu] [--device-id ID] [--verify]
+             [--drop-unlisted] [--trust-root ROOT.json | --allow-unsigned]
+             [--json] [--flow | --serve SECONDS]
+epfleet trust init|rotate|refresh|status [--store URI] ...  # TUF signing
+epfleet rollout status|advance|halt|revert [--store URI] ...  # rollouts
+epfleet device enroll|revoke|list [--store URI] ...  # devices' report keys
+epfleet retire [--store URI]
+               (--model NAME ... | --target NAME ... | --spec SPEC --unlisted)
                [--dry-run] [--json]
-epfleet gc [--store URI] [--delete] [--grace HOURS] [--retention-days N] [--json]
+epfleet gc [--store URI] [--delete] [--grace HOURS] [--retention-days N]
+           [--json]
 epfleet watch SPEC [--store URI] [--dry-run] [--compile-deployment NAME]
               [--report-max-age-days N] [--json]
-epfleet serve [--spec SPEC] [--store URI] [--cache DIR] [--nightly CRON] [--sync-every SECONDS]
-              [--watch-every SECONDS]
+epfleet serve [--spec SPEC] [--store URI] [--cache DIR] [--nightly CRON]
+              [--sync-every SECONDS] [--watch-every SECONDS]
 epfleet --version
 """
 """Every command at a glance (the help below is the reference)."""

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from epfleet.errors import EpfleetError, HealthCheckError, summarize
 from epfleet.formats.device_report import Profile
+from epfleet.formats.task_metric import TaskMetric
 from epfleet.runtime.op_types import graph_op_types
 from epfleet.runtime.samples import compare, read_golden
 from epfleet.runtime.sessions import input_infos, open_session, run_samples
@@ -36,6 +37,9 @@ class HealthJob(BaseModel):
     """The model's golden samples: run on those and compare, instead of zero inputs."""
     tolerance: Tolerance | None = None
     """How far from the golden outputs the variant may be."""
+    metric: TaskMetric | None = None
+    """The model's task metric as the compile host measured it: measured again here, on
+    this device's EP (a custom one, whose package a device need not have, is not)."""
 
 
 class Health(BaseModel):
@@ -126,6 +130,10 @@ def check_health(job: HealthJob) -> Health:
     failure = comparison.failure(allowed.relative, allowed.absolute)
     if failure:
         raise HealthCheckError(f"{name} on its golden samples: {failure}; not activated")
+    if job.metric is not None and job.metric.kind != "custom":
+        missed = missed_metric(job.metric, session, outputs, reference)
+        if missed:
+            raise HealthCheckError(f"{name} on its golden samples: {missed}; not activated")
     return Health(
         seconds=round(time.perf_counter() - started, 3),
         providers=list(session.get_providers()),
@@ -134,3 +142,23 @@ def check_health(job: HealthJob) -> Health:
         max_rel_error=comparison.max_rel_error,
         profile=profiled(session, samples, session_ms, times, job.path),
     )
+
+
+def missed_metric(
+    metric: TaskMetric, session: Any, outputs: list[Any], reference: list[Any]
+) -> str | None:
+    """Why the variant misses the task metric on this device, or None."""
+    from epfleet.runtime.metrics import MetricError, measure, output_index
+
+    names = [output.name for output in session.get_outputs()]
+    spec = metric.spec()
+    try:
+        index = output_index(spec, names)
+        value = measure(spec, [o[index] for o in outputs], [r[index] for r in reference])
+    except MetricError as exc:
+        return f"task metric {spec.describe()} not measured: {exc}"
+    if value >= metric.min:
+        return None
+    scored = metric.model_copy(update={"value": value}).describe()
+    host = "nothing" if metric.value is None else f"{metric.value:.4g}"
+    return f"task metric {scored} on output {metric.output!r} (the compile host measured {host})"

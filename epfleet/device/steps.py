@@ -29,6 +29,7 @@ from epfleet.device.variant_sets import fetch_set, is_file_set
 from epfleet.errors import CompileError, EpfleetError, HealthCheckError, IntegrityError
 from epfleet.formats.device_report import Action
 from epfleet.formats.manifest import ModelEntry, VariantEntry
+from epfleet.formats.task_metric import TaskMetric
 from epfleet.limits import DeadlineExceeded, time_limit
 from epfleet.settings import settings
 from epfleet.text import plural
@@ -291,6 +292,7 @@ class Steps:
             input_shapes=entry.source.input_shapes,
             golden_path=str(golden) if golden else None,
             tolerance=tolerance(installed, entry),
+            metric=published_metric(installed, entry),
         )
         limit, deadline = time_limit(
             settings().health_timeout, f"the health check of {installed.name}"
@@ -329,6 +331,13 @@ def tolerance(installed: Installed, entry: ModelEntry) -> Tolerance:
         return default
     absolute = default.absolute if verified.abs_tolerance is None else verified.abs_tolerance
     return Tolerance(relative=verified.tolerance, absolute=absolute)
+
+
+def published_metric(installed: Installed, entry: ModelEntry) -> TaskMetric | None:
+    """The task metric the compile host verified a published variant with, if any."""
+    variant = entry.variants.get(installed.target or "")
+    verified = variant.verification if variant and installed.origin == "published" else None
+    return verified.metric if verified else None
 
 
 def check_string(path: Path, variant: VariantEntry) -> None:

@@ -78,20 +78,19 @@ def outcome_text(built: CompiledVariant) -> str:
     if verified is None or verified.status != "passed":
         reason = verified.reason if verified else "not run"
         return f"compiled in {built.seconds:.2f} s, not verified ({reason})"
+    measured = percent_of_range(verified.max_rel_error)
+    if verified.metric:
+        measured += f", {verified.metric.describe()}"
     if verified.reused:
-        return (
-            f"verified before, same artifact ({percent_of_range(verified.max_rel_error)}; "
-            f"compiled in {built.seconds:.2f} s)"
-        )
+        return f"verified before, same artifact ({measured}; compiled in {built.seconds:.2f} s)"
     if verified.twin_of:
         return (
             f"checked on {verified.samples} golden sample(s) in {verified.seconds or 0:.2f} s, "
             f"its numerics verified in full as {verified.twin_of}'s "
-            f"({percent_of_range(verified.max_rel_error)}; compiled in {built.seconds:.2f} s)"
+            f"({measured}; compiled in {built.seconds:.2f} s)"
         )
     return (
-        f"verified in {verified.seconds or 0:.2f} s ({percent_of_range(verified.max_rel_error)}; "
-        f"compiled in {built.seconds:.2f} s)"
+        f"verified in {verified.seconds or 0:.2f} s ({measured}; compiled in {built.seconds:.2f} s)"
     )
 
 
@@ -284,6 +283,7 @@ def verify_output(
         precision=request.precision,
         qdq_path=output.qdq_path,
         twin_of=request.twin_of or (backing.target if backing else None),
+        metric=request.metric,
     )
     verification = verify_artifact(job, request.verify_timeout)
     remember(cache_dir(), key, verification)
@@ -299,9 +299,10 @@ def describe_verification(verification: Verification) -> str:
                 f", on its first {verification.samples} sample(s), its numerics verified in "
                 f"full as {verification.twin_of}'s"
             )
+        metric = f", {verification.metric.describe()}" if verification.metric else ""
         return (
             f"passed ({percent_of_range(verification.max_rel_error)}, tolerance "
-            f"{verification.tolerance:.2%}, {spent}, on "
+            f"{verification.tolerance:.2%}{metric}, {spent}, on "
             f"{verification.samples_origin or 'golden'} inputs)"
         )
     return f"{verification.status}: {verification.reason}"

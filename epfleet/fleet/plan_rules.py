@@ -131,6 +131,7 @@ def plan_pairs(
             # a model with calibration inputs and no samples is verified on held-out ones
             samples_origin="spec" if model.samples or calibration else "generated",
             samples_problem=samples_problems.get(model.name),
+            metric=model.metric,
             fingerprint="",
         )
         request = fingerprinted(unfingerprinted, ort_version, build_identities[target.ep])

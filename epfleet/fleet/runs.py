@@ -118,9 +118,18 @@ class PairResult(BaseModel):
     seconds: float | None = None
     error: str | None = None
     coverage: float | None = None
+    coverage_boundary_qdq: int = Field(
+        default=0,
+        description="Of what the EP left to ORT's CPU EP, the (de)quantisation of the graph's "
+        "inputs and outputs",
+    )
     verification: Literal["passed", "failed", "unverified"] | None = None
     max_rel_error: float | None = None
     verification_seconds: float | None = None
+    metric: str | None = Field(
+        default=None,
+        description="The task metric the variant scored, e.g. 'cosine 0.998 (min 0.99)'",
+    )
     samples_origin: Literal["spec", "generated"] | None = None
     verification_twin_of: str | None = Field(
         default=None,
@@ -159,12 +168,18 @@ class PairResult(BaseModel):
             seconds=seconds,
             error=entry.error if entry and status == "failed" else None,
             coverage=entry.coverage.fraction if entry and entry.coverage else None,
+            coverage_boundary_qdq=entry.coverage.boundary_qdq if entry and entry.coverage else 0,
             verification=entry.verification.status if entry and entry.verification else None,
             max_rel_error=(
                 entry.verification.max_rel_error if entry and entry.verification else None
             ),
             verification_seconds=(
                 entry.verification.seconds if entry and entry.verification else None
+            ),
+            metric=(
+                entry.verification.metric.describe()
+                if entry and entry.verification and entry.verification.metric
+                else None
             ),
             samples_origin=(
                 entry.verification.samples_origin if entry and entry.verification else None

@@ -36,7 +36,7 @@ def numerics_basis(request: CompileRequest) -> dict[str, Any]:
     """What decides the outputs of ``request``'s variant at its precision, and what they
     are verified against: equal for two requests, their variants compute the same outputs
     and pass or fail the same verification."""
-    return {
+    basis: dict[str, Any] = {
         "recipe": RECIPE_VERSION,
         "source_sha256": request.source_sha256,
         "input_shapes": request.input_shapes,
@@ -50,6 +50,10 @@ def numerics_basis(request: CompileRequest) -> dict[str, Any]:
         "tolerance": request.tolerance,
         "abs_tolerance": request.abs_tolerance,
     }
+    if request.metric is not None:
+        # Only when named: numerics verified under the numeric gate alone keep their keys.
+        basis["metric"] = request.metric.model_dump(mode="json")
+    return basis
 
 
 def group_key(pair: PlannedPair) -> str | None:

@@ -24,6 +24,7 @@ from epfleet.errors import (
     summarize,
 )
 from epfleet.formats.manifest import Verification
+from epfleet.formats.task_metric import MetricSpec, TaskMetric
 from epfleet.runtime.samples import (
     Comparison,
     compare,
@@ -116,6 +117,8 @@ class VerifyJob(BaseModel):
     twin_of: str | None = None
     """The target whose variant of the model computes the same outputs and is (or was)
     verified on every golden sample: this one runs the first ``TWIN_SAMPLES`` only."""
+    metric: MetricSpec | None = None
+    """The model's task metric: the variant must reach it as well as the tolerance."""
 
 
 TWIN_SAMPLES = 1
@@ -158,6 +161,11 @@ def run_verification(job: VerifyJob) -> Verification:
             twin_of=twin_of,
         )
     failure = comparison.failure(job.tolerance, job.abs_tolerance)
+    names = [output.name for output in session.get_outputs()]
+    metric, missed = None, None
+    if job.metric is not None and twin_of is None:
+        # A twin's metric is its representative's: a share over one sample is no measure.
+        metric, missed = scored(job.metric, names, outputs, reference[: len(samples)])
     if failure and job.source_path and computes_in_fp16(job):
         failure += fp16_overflow(job.source_path, samples)
     elif failure and job.source_path and job.qdq_path:
@@ -166,6 +174,9 @@ def run_verification(job: VerifyJob) -> Verification:
         failure += qdq_on_cpu(job, samples, reference) + blame_layers(
             job.source_path, job.qdq_path, samples
         )
+    if missed:
+        failure = f"{failure}; {missed}" if failure else missed
+    worst = max(comparison.outputs, key=lambda o: o.rel_error, default=None)
     return _checked(
         job,
         "failed" if failure else "passed",
@@ -178,6 +189,49 @@ def run_verification(job: VerifyJob) -> Verification:
         max_rel_error=_rounded(comparison.max_rel_error),
         top1_agreement=comparison.top1_agreement,
         twin_of=twin_of,
+        metric=metric,
+        worst_output=None if worst is None else _name_of(worst.index, names),
+        error_range=None if worst is None else _rounded(max(worst.span, worst.floor)),
+        error_floor=None if worst is None else _rounded(worst.floor),
+        tail_abs_error=_rounded(max((o.tail_abs_error for o in comparison.outputs), default=0)),
+    )
+
+
+def _name_of(index: int, names: list[str]) -> str:
+    return names[index] if index < len(names) else str(index)
+
+
+def scored(
+    spec: MetricSpec, names: list[str], outputs: list[list[Any]], reference: list[list[Any]]
+) -> tuple[TaskMetric, str | None]:
+    """The variant's task metric, and why it misses it (None: it reaches ``spec.min``).
+    A metric that cannot be measured (no such output, unsuitable shape, a custom function
+    that fails or returns no number) is missed: nothing unjudged is published."""
+    from epfleet.runtime.metrics import MetricError, measure, output_index
+
+    output = spec.output or (names[0] if names else "0")
+    record = TaskMetric(
+        kind=spec.kind,
+        output=output,
+        value=None,
+        min=spec.min,
+        k=spec.k,
+        blank=spec.blank,
+        function=spec.function,
+    )
+    try:
+        index = output_index(spec, names)
+        value = measure(spec, [o[index] for o in outputs], [r[index] for r in reference])
+    except MetricError as exc:
+        return record, f"task metric {spec.describe()} not measured: {exc}"
+    except Exception as exc:  # the custom function's own failure
+        return record, f"task metric {spec.describe()} not measured: {summarize(exc, 300)}"
+    record = record.model_copy(update={"value": value})
+    if record.passed:
+        return record, None
+    return record, (
+        f"task metric {record.describe()} on output {output!r} over {len(outputs)} "
+        "sample(s): the variant changes what its users see, whatever its numeric error"
     )
 
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from epfleet.fleet.twin_rules import numerics_basis
 from epfleet.formats.manifest import Verification
+from epfleet.formats.task_metric import MetricSpec
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
 from epfleet.runtime.compiler import CompileOutput
@@ -53,11 +54,13 @@ class VerifyKey(BaseModel):
     abs_tolerance: float
     verify_timeout: float
     """A pass within a longer time limit need not hold within a shorter one."""
+    metric: MetricSpec | None = None
+    """The task metric it was judged by (left out of the key when None)."""
 
 
 def verification_key(key: VerifyKey) -> str:
     """The cache file name of a verification: a sha256 of ``key`` in a stable form."""
-    document = {"version": CACHE_VERSION, **key.model_dump(mode="json")}
+    document = {"version": CACHE_VERSION, **key.model_dump(mode="json", exclude_none=True)}
     document["artifact"] = sorted(document["artifact"])
     return sha256_bytes(json.dumps(document, sort_keys=True, separators=(",", ":")).encode())
 
@@ -159,5 +162,6 @@ def key_for(request: CompileRequest, output: CompileOutput) -> str:
             tolerance=request.tolerance,
             abs_tolerance=request.abs_tolerance,
             verify_timeout=request.verify_timeout,
+            metric=request.metric,
         )
     )

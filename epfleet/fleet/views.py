@@ -9,7 +9,7 @@ from epfleet.fleet.rollout_rules import SideEvidence
 from epfleet.fleet.rollouts import RolloutStatus
 from epfleet.fleet.runs import PairResult, RunReport
 from epfleet.formats.manifest import Manifest, PrecisionTried, VariantEntry
-from epfleet.text import format_bytes, printable, table
+from epfleet.text import format_bytes, printable, share, table
 
 GENERATED_MARK = "†"
 
@@ -29,7 +29,7 @@ def generated_only(device: str | None, origin: str | None) -> bool:
 def precision_text(precision: str | None, lost: Sequence[str | PrecisionTried]) -> str | None:
     """``w8a16 (fp16 verification failed in 2.31 s)``: the precision a variant was built at
     and those of its ladder that failed first, each with how and the seconds it took when
-    recorded (``fp16 failed`` from records before 1.2); None when its entry records no
+    recorded (``fp16 failed`` from records before 1.3); None when its entry records no
     precision (built before precisions)."""
     if precision is None:
         return None
@@ -46,7 +46,40 @@ def lost_text(tried: str | PrecisionTried) -> str:
     return f"{tried.precision} {how}{took}"
 
 
+def coverage_text(fraction: float | None, boundary_qdq: int = 0) -> str:
+    """``100%``, ``75%``, or ``99.9% (2 I/O Q/DQ on CPU)``: the share of the graph on the
+    target's EP, rounded down (only a full compile reads 100%), and the (de)quantisation of
+    the graph's inputs and outputs a QDQ variant leaves to ORT's CPU EP, which keeps it
+    from loading with CPU fallback disabled."""
+    if fraction is None:
+        return "-"
+    shown = share(fraction)
+    return shown + (f" ({boundary_qdq} I/O Q/DQ on CPU)" if boundary_qdq else "")
+
+
+def _checked_text(result: PairResult) -> str:
+    mark = GENERATED_MARK if generated_only(result.device, result.samples_origin) else ""
+    if result.verification in ("passed", "failed") and result.max_rel_error is not None:
+        return f"{result.max_rel_error:.2%}{mark}"
+    return (result.verification or "-") + mark
+
+
 def cell(result: PairResult) -> str:
+    """A compile matrix cell, short enough for three targets on a laptop: status, precision
+    and the verified error (``ok fp16 0.03%``), with ``EP 75%`` when the EP took less than
+    the whole graph; ``detail`` has the rest."""
+    parts: list[str] = [result.status]
+    if result.precision is not None:
+        parts.append(result.precision)
+    parts.append(_checked_text(result))
+    if result.coverage is not None and result.coverage < 1:
+        parts.append(f"EP {share(result.coverage)}")
+    return " ".join(parts)
+
+
+def detail(result: PairResult) -> str:
+    """Everything the run measured of a pair, in a line: precision and the ladder's losers,
+    compile seconds, size, coverage and verification."""
     parts: list[str] = [result.status]
     lost = result.precision_tried or result.precisions_lost
     if shown := precision_text(result.precision, lost):
@@ -56,14 +89,15 @@ def cell(result: PairResult) -> str:
     if result.size is not None:
         parts.append(format_bytes(result.size))
     if result.coverage is not None:
-        parts.append(f"{result.coverage:.0%} on EP")
+        parts.append(f"{coverage_text(result.coverage, result.coverage_boundary_qdq)} on EP")
     mark = GENERATED_MARK if generated_only(result.device, result.samples_origin) else ""
+    metric = f", {result.metric}" if result.metric else ""
     if result.verification == "passed" and result.max_rel_error is not None:
         twin = twin_text(result.verification_twin_of, result.target)
-        parts.append(f"verified {result.max_rel_error:.2%}{mark}{twin}")
+        parts.append(f"verified {result.max_rel_error:.2%}{metric}{mark}{twin}")
     elif result.verification == "failed":
         error = "" if result.max_rel_error is None else f" {result.max_rel_error:.2%}"
-        parts.append(f"verification failed{error}{mark}")
+        parts.append(f"verification failed{error}{metric}{mark}")
     elif result.verification is not None:
         parts.append(result.verification + mark)
     return " · ".join(parts)
@@ -82,7 +116,7 @@ def twin_text(twin_of: str | None, target: str, samples: int | None = None) -> s
 
 
 def matrix_rows(report: RunReport) -> list[dict[str, str]]:
-    """One row per model, one column per target: the compile matrix."""
+    """One row per model, one column per target: the compile matrix, short cells."""
     targets = list(dict.fromkeys(r.target for r in report.variants))
     rows: dict[str, dict[str, str]] = {}
     for result in report.variants:
@@ -91,12 +125,64 @@ def matrix_rows(report: RunReport) -> list[dict[str, str]]:
     return list(rows.values())
 
 
+DETAIL_HEADERS = ["model", "target", "status", "precision", "seconds", "size", "coverage"]
+DETAIL_HEADERS += ["verification"]
+
+
+def detail_rows(report: RunReport) -> list[dict[str, str]]:
+    """One row per pair, every measurement: the compile matrix's details."""
+    rows = []
+    for r in report.variants:
+        verified = "-"
+        if r.verification is not None:
+            verified = (
+                f"{r.verification} {_checked_text(r)}"
+                if r.max_rel_error is not None
+                else _checked_text(r)
+            ) + twin_text(r.verification_twin_of, r.target)
+        cells = [
+            r.model,
+            r.target,
+            r.status,
+            precision_text(r.precision, r.precision_tried or r.precisions_lost) or "-",
+            "-" if r.seconds is None else f"{r.seconds:.2f}",
+            format_bytes(r.size),
+            coverage_text(r.coverage, r.coverage_boundary_qdq),
+            verified,
+        ]
+        rows.append(dict(zip(DETAIL_HEADERS, cells, strict=True)))
+    return rows
+
+
+CLI_COLUMNS = 100
+"""The width the compile matrix is fitted to: long model names are shortened in it (never
+in the details below it)."""
+SHORTEST_NAME = 16
+
+
+def _fitted(rows: list[dict[str, str]], headers: list[str]) -> list[dict[str, str]]:
+    """``rows`` with model names shortened (``…``) so that the matrix fits ``CLI_COLUMNS``,
+    as long as the shortened names stay distinct and at least ``SHORTEST_NAME`` long."""
+    others = sum(max(len(h), *(len(r[h]) for r in rows)) + 2 for h in headers[1:])
+    room = max(CLI_COLUMNS - others, SHORTEST_NAME)
+    names = [r["model"] for r in rows]
+    short = [n if len(n) <= room else n[: room - 1] + "…" for n in names]
+    if len(set(short)) < len(short):
+        return rows
+    return [r | {"model": name} for r, name in zip(rows, short, strict=True)]
+
+
 def render_report(report: RunReport) -> str:
     rows = matrix_rows(report)
     headers = list(rows[0]) if rows else ["model"]
-    out = [table(headers, [[row[h] for h in headers] for row in rows])]
+    out = [table(headers, [[row[h] for h in headers] for row in _fitted(rows, headers)])]
     if any(GENERATED_MARK in cell for row in rows for cell in row.values()):
         out.append(GENERATED_LEGEND)
+    if any("EP " in cell for row in rows for cell in row.values()):
+        out.append(PARTIAL_LEGEND)
+    if report.variants:
+        out.append("")
+        out += [f"{r.model} × {r.target}: {detail(r)}" for r in report.variants]
     for result in report.variants:
         if result.status == "failed":
             out.append(f"FAILED {result.model} × {result.target}: {result.error}")
@@ -106,6 +192,12 @@ def render_report(report: RunReport) -> str:
         + (" (published)" if report.published else " (unchanged)")
     )
     return "\n".join(out)
+
+
+PARTIAL_LEGEND = (
+    "EP n%: the share of the graph the target's EP took; the rest (named in the details) "
+    "runs on ORT's CPU EP, so the variant does not load with CPU fallback disabled"
+)
 
 
 def render_manifest(manifest: Manifest, store: str) -> str:
@@ -121,7 +213,9 @@ def render_manifest(manifest: Manifest, store: str) -> str:
                     v.status,
                     precision_text(v.precision, v.precision_tried) or "-",
                     format_bytes(v.artifact.size if v.artifact else None),
-                    f"{v.coverage.fraction:.0%}" if v.coverage else "-",
+                    coverage_text(v.coverage.fraction, v.coverage.boundary_qdq)
+                    if v.coverage
+                    else "-",
                     _verified(v, target),
                     v.compiled_at.strftime("%Y-%m-%d %H:%M"),
                     v.compatibility_string or "-",
@@ -148,9 +242,10 @@ def _verified(variant: VariantEntry, target: str) -> str:
         return "-"
     mark = GENERATED_MARK if generated_only(variant.device, check.samples_origin) else ""
     twin = twin_text(check.twin_of, target, check.samples)
+    metric = f", {check.metric.describe()}" if check.metric else ""
     if check.status in ("passed", "failed") and check.max_rel_error is not None:
-        return f"{check.status} {check.max_rel_error:.2%}{mark}{twin}"
-    return check.status + mark + twin
+        return f"{check.status} {check.max_rel_error:.2%}{metric}{mark}{twin}"
+    return check.status + metric + mark + twin
 
 
 def field_table_rows(rows: list[FieldRow]) -> list[list[str]]:

@@ -24,6 +24,7 @@ from epfleet.formats.manifest import (
     NAME_PATTERN,
 )
 from epfleet.formats.rollout import RolloutPolicy, SpecRolloutPolicy
+from epfleet.formats.task_metric import MetricSpec
 from eps.base import (
     INTEGER_PRECISIONS,
     LOOSEST_TOLERANCE,
@@ -106,6 +107,12 @@ class ModelSpec(BaseModel):
     rollout: SpecRolloutPolicy | None = Field(
         default=None,
         description="How new variants of this model reach the fleet (overrides the spec's)",
+    )
+    metric: MetricSpec | None = Field(
+        default=None,
+        description="What the model's users judge it by (e.g. {kind: argmax_agreement, min: "
+        "0.99}): a variant is published only when it reaches this on the golden samples as "
+        "well as the numeric tolerance. Omitted: the numeric gate alone",
     )
 
     @field_validator("input_shapes")

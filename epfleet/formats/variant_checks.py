@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from epfleet.formats.task_metric import TaskMetric
 from eps.base import LOOSEST_TOLERANCE, Precision
 
 
@@ -30,6 +31,14 @@ class Coverage(_Strict):
     other_nodes: int = Field(ge=0, description="Nodes left to other EPs (ORT's CPU EP)")
     fraction: float = Field(ge=0, le=1, description="ep_nodes / all nodes; 1.0 is a full compile")
     other_op_types: list[str] = Field(default_factory=list)
+    boundary_qdq: int = Field(
+        default=0,
+        ge=0,
+        description="Of other_nodes, the QuantizeLinear of a graph input and DequantizeLinear "
+        "to a graph output a QDQ variant leaves to ORT's CPU EP: the variant does not load "
+        "with CPU fallback disabled (session.disable_cpu_ep_fallback)",
+        exclude_if=lambda count: not count,
+    )
 
 
 class Verification(_Strict):
@@ -44,6 +53,36 @@ class Verification(_Strict):
     )
     top1_agreement: float | None = Field(
         default=None, description="Share of class-score rows whose argmax agrees"
+    )
+    worst_output: str | None = Field(
+        default=None,
+        max_length=200,
+        exclude_if=lambda name: name is None,
+        description="The output max_rel_error was measured on (the worst one)",
+    )
+    error_range: float | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="What max_rel_error divides by: that output's max - min over every "
+        "golden sample, at least error_floor",
+    )
+    error_floor: float | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="That output's smallest range: its dtype's resolution at its scale "
+        "(eps x max(1, max |source|); 1 for integers)",
+    )
+    tail_abs_error: float | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="The largest 99.9th percentile of |variant - source| over the outputs, "
+        "every element of every sample: what most values see, beside max_abs_error",
+    )
+    metric: TaskMetric | None = Field(
+        default=None,
+        exclude_if=lambda metric: metric is None,
+        description="The model's task metric and what the variant scored (None: the model "
+        "names none, and the numeric gate alone decided)",
     )
     tolerance: float | None = Field(
         default=None,
@@ -109,14 +148,14 @@ class PrecisionTried(_Strict):
     outcome: Literal["compile failed", "below min_coverage", "verification failed"] | None = Field(
         default=None,
         exclude_if=lambda outcome: outcome is None,
-        description="How it lost (schema 1.2; None: recorded before)",
+        description="How it lost (schema 1.3; None: recorded before)",
     )
     seconds: float | None = Field(
         default=None,
         ge=0,
         exclude_if=lambda seconds: seconds is None,
         description="Wall seconds it took on the compile host: quantising, compiling and "
-        "verifying (schema 1.2; None: recorded before)",
+        "verifying (schema 1.3; None: recorded before)",
     )
 
 

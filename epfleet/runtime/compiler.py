@@ -29,6 +29,7 @@ from epfleet.runtime.filesets import external_locations, link_or_copy, listed_fi
 from epfleet.runtime.quantize import quantized_source
 from epfleet.runtime.requests import CompileRequest
 from epfleet.runtime.shapes import prepare_model, uses_external_data
+from epfleet.text import share
 from eps.base import GraphOptimization, Layout, ort_level
 
 COMPATIBILITY_KEY_PREFIX = "ep_compatibility_info."
@@ -241,26 +242,31 @@ def measure_coverage(
     """How much of the source the EP took. In an EPContext model each of the EP's
     partitions is one EPContext node and every other node is left to ORT's CPU EP, so
     the EP's share is the optimised source's node count less those left over
-    (``source_nodes`` counts it, only when needed)."""
+    (``source_nodes`` counts it, only when needed).
+
+    A QDQ model's variant (``QuantizeLinear -> EPContext -> DequantizeLinear``) keeps the
+    quantisation of its inputs and the dequantisation of its outputs on the CPU EP: they
+    count as left over (``boundary_qdq`` says how many of them), so such a variant is never
+    reported as a full compile: with CPU fallback disabled it does not load (measured,
+    onnxruntime 1.32 and onnxruntime-qnn 2.7). Folding them into the variant's I/O
+    (``fold_boundary_qdq``) makes it full."""
     if not partitions_graph:
         count = len(variant.graph.node)
         return Coverage(ep_nodes=count, other_nodes=0, fraction=1.0)
     contexts = [node for node in variant.graph.node if node.op_type == EP_CONTEXT_OP]
-    # A QDQ model's variant keeps the (de)quantisation of the graph's inputs and outputs
-    # outside its contexts: conversions at the edges, not work left to the CPU.
-    others = [
-        node
-        for node in variant.graph.node
-        if node.op_type != EP_CONTEXT_OP and not _edge_conversion(node, variant.graph)
-    ]
+    others = [node for node in variant.graph.node if node.op_type != EP_CONTEXT_OP]
     if not others:
         return Coverage(ep_nodes=max(len(contexts), source_nodes()), other_nodes=0, fraction=1.0)
+    boundary = sum(1 for node in others if _edge_conversion(node, variant.graph))
     ep_nodes = max(len(contexts), source_nodes() - len(others))
+    # Never rounded up to 1.0: a variant with any node on the CPU EP is not a full compile.
+    fraction = min(round(ep_nodes / (ep_nodes + len(others)), 4), 0.9999)
     return Coverage(
         ep_nodes=ep_nodes,
         other_nodes=len(others),
-        fraction=round(ep_nodes / (ep_nodes + len(others)), 4),
+        fraction=fraction,
         other_op_types=sorted({node.op_type for node in others}),
+        boundary_qdq=boundary,
     )
 
 
@@ -302,16 +308,27 @@ def optimized_node_count(src: Path, optimization: GraphOptimization) -> int:
 
 
 def check_coverage(request: CompileRequest, coverage: Coverage | None) -> None:
-    """CompileError naming what the EP left out when it took less than the target needs."""
+    """CompileError naming what the EP left out when it took less of the model's compute
+    than the target needs. The (de)quantisation of a QDQ model's inputs and outputs is
+    not compute left out: a target asking for the whole graph still gets its integer
+    variants (``coverage.boundary_qdq`` says they need the CPU EP to load)."""
     if request.min_coverage is None or coverage is None:
         return
-    if coverage.fraction >= request.min_coverage:
+    nodes = coverage.ep_nodes + coverage.other_nodes
+    compute = (coverage.ep_nodes + coverage.boundary_qdq) / nodes if nodes else 1.0
+    if coverage.fraction >= request.min_coverage or compute >= request.min_coverage:
         return
+    boundary = (
+        f" (and {coverage.boundary_qdq} conversions of the graph's inputs and outputs, "
+        "which do not count against min_coverage)"
+        if coverage.boundary_qdq
+        else ""
+    )
     raise CompileError(
-        f"{request.ep} took {coverage.fraction:.0%} of {request.model!r} "
+        f"{request.ep} took {share(coverage.fraction)} of {request.model!r} "
         f"({coverage.ep_nodes} of {coverage.ep_nodes + coverage.other_nodes} nodes), below the "
         f"target's min_coverage {request.min_coverage:g}; left out: "
-        f"{', '.join(coverage.other_op_types)}"
+        f"{', '.join(coverage.other_op_types)}{boundary}"
     )
 
 

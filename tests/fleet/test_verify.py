@@ -37,6 +37,7 @@ from epfleet.runtime.samples import (
 )
 from epfleet.runtime.workers import IsolatedWorkers, WorkerDied, WorkerTimeout
 from epfleet.stores import open_store
+from epfleet.text import share
 from tests.support.native_writers import abort, double, sleep
 from tests.support.specs import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
 
@@ -126,6 +127,28 @@ def test_coverage_of_full_partial_and_whole_graph_variants() -> None:
     assert partial.other_op_types == ["Gather", "Shape"]
     cpu = measure_coverage(_graph("Conv", "Relu"), False, lambda: pytest.fail("not needed"))
     assert (cpu.ep_nodes, cpu.fraction) == (2, 1.0)
+
+
+def test_coverage_counts_boundary_qdq_left_on_the_cpu_and_never_reads_full() -> None:
+    """``QuantizeLinear -> EPContext -> DequantizeLinear``: the edges' conversions run on the
+    CPU EP (the variant does not load with CPU fallback disabled), so it is not full, even
+    where the share rounds to 100 %."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+            helper.make_node("EPContext", ["xq"], ["yq"], domain="com.microsoft"),
+            helper.make_node("DequantizeLinear", ["yq", "s", "z"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    coverage = measure_coverage(helper.make_model(graph), True, lambda: 40_000)
+    assert (coverage.other_nodes, coverage.boundary_qdq) == (2, 2)
+    assert coverage.other_op_types == ["DequantizeLinear", "QuantizeLinear"]
+    assert coverage.fraction == 0.9999  # 39,998 of 40,000 rounds to 1.0: capped below
+    assert share(coverage.fraction) == "99.9%"
+    assert "boundary_qdq" not in measure_coverage(_graph("EPContext"), True, lambda: 3).model_dump()
 
 
 # --- running variants -------------------------------------------------------------------

@@ -229,3 +229,32 @@ def test_a_signed_entry_of_schema_1_1_carries_the_previous_version_whole() -> No
     assert mine.source.sha256 == old and mine.samples == signed.previous_version.samples
     assert mine.variants["x86-cpu"].source_sha256 == old
     assert "previous_version" not in Manifest.from_json(data(document())).to_json().decode()
+
+
+def test_schema_1_2_records_the_task_metric_and_the_error_measure_inputs() -> None:
+    """1.2 added a verification's task metric and what its relative error divided by; a
+    reader of 1.1 (a device shipped before) drops them and installs as before."""
+    doc = document("1.2")
+    doc["models"]["m"]["variants"]["x86-cpu"]["verification"] |= {
+        "metric": {"kind": "topk_agreement", "output": "logits", "value": 1.0, "min": 0.99, "k": 5},
+        "worst_output": "logits",
+        "error_range": 12.5,
+        "error_floor": 1.49e-6,
+        "tail_abs_error": 0.002,
+    }
+    manifest = Manifest.from_json(data(doc))
+    check = manifest.models["m"].variants["x86-cpu"].verification
+    assert check is not None and check.metric is not None and check.metric.passed
+    assert check.metric.describe() == "topk_agreement@5 1 (min 0.99)"
+    assert json.loads(manifest.to_json())["models"]["m"]["variants"]["x86-cpu"]["verification"][
+        "metric"
+    ] == {"kind": "topk_agreement", "output": "logits", "value": 1.0, "min": 0.99, "k": 5}
+    as_1_1 = validate_json(ModelEntry, json.dumps(doc["models"]["m"]), "ignore", "1.2")
+    assert as_1_1.variants["x86-cpu"].verification == check
+    without = document("1.2")
+    assert (
+        "metric"
+        not in json.loads(Manifest.from_json(data(without)).to_json())["models"]["m"]["variants"][
+            "x86-cpu"
+        ]["verification"]
+    )

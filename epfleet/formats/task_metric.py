@@ -1,0 +1,136 @@
+"""What a model's users judge it by, as the spec names it (``MetricSpec``) and as the
+manifest records what a variant scored (``TaskMetric``). Pure pydantic models; the
+measures themselves are in ``epfleet.runtime.metrics``.
+
+A numeric gate (the error relative to an output's range) cannot tell a variant that
+flips a class or a character from one that does not: a model may name a task metric,
+and a variant is published only when both gates pass.
+
+- ``argmax_agreement``: the share of rows (along the last axis) whose argmax agrees;
+  ``min`` 0..1.
+- ``topk_agreement``: the share of rows whose source argmax is among the variant's top
+  ``k``; ``min`` 0..1.
+- ``cosine``: the lowest cosine similarity of one sample's output with the source's;
+  ``min`` -1..1.
+- ``snr_db``: the lowest signal-to-noise ratio of one sample's output, in dB.
+- ``sequence_match``: the share of sequences (argmax over the last axis, or integer
+  rows) equal to the source's; with ``blank``, CTC greedy decoded first; ``min`` 0..1.
+- ``custom``: ``function(got, reference) -> float``, a ``module:function`` importable
+  where verification runs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MetricKind = Literal[
+    "argmax_agreement", "topk_agreement", "cosine", "snr_db", "sequence_match", "custom"
+]
+SHARE_KINDS = ("argmax_agreement", "topk_agreement", "sequence_match")
+ENTRY_POINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+MAX_TOP_K = 1000
+
+
+class MetricSpec(BaseModel):
+    """A task metric a variant must reach on the golden samples to be published."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: MetricKind = Field(description="What is measured; see the verification concept page")
+    output: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="The model output it is measured on, by name; the first output when omitted",
+    )
+    min: float = Field(
+        allow_inf_nan=False,
+        description="The lowest value published: a share for the agreement kinds (0.99), a "
+        "similarity for cosine, decibels for snr_db",
+    )
+    k: int | None = Field(
+        default=None, ge=2, le=MAX_TOP_K, description="topk_agreement: how many top classes"
+    )
+    blank: int | None = Field(
+        default=None,
+        ge=0,
+        description="sequence_match: the CTC blank class; repeats collapse and blanks drop "
+        "before sequences are compared",
+    )
+    function: str | None = Field(
+        default=None,
+        pattern=ENTRY_POINT_PATTERN,
+        max_length=300,
+        description="custom: 'package.module:function', called with the variant's and the "
+        "source's outputs (one array per sample) and returning a float",
+    )
+
+    @model_validator(mode="after")
+    def _fits_its_kind(self) -> MetricSpec:
+        if self.kind in SHARE_KINDS and not 0.0 <= self.min <= 1.0:
+            raise ValueError(f"metric min: {self.kind} is a share; give 0..1, not {self.min}")
+        if self.kind == "cosine" and not -1.0 <= self.min <= 1.0:
+            raise ValueError(f"metric min: cosine lies in -1..1; {self.min} is outside")
+        if self.kind == "topk_agreement" and self.k is None:
+            raise ValueError("metric: topk_agreement needs k (how many top classes, e.g. 5)")
+        if self.k is not None and self.kind != "topk_agreement":
+            raise ValueError(f"metric k: only topk_agreement takes k, not {self.kind}")
+        if self.blank is not None and self.kind != "sequence_match":
+            raise ValueError(f"metric blank: only sequence_match takes blank, not {self.kind}")
+        if (self.kind == "custom") != (self.function is not None):
+            raise ValueError(
+                "metric: kind custom needs function: 'module:function'"
+                if self.kind == "custom"
+                else f"metric function: only kind custom takes a function, not {self.kind}"
+            )
+        return self
+
+    def describe(self) -> str:
+        """``argmax_agreement ≥ 0.99 on 'logits'``."""
+        name = self.function or self.kind
+        if self.k is not None:
+            name += f"@{self.k}"
+        on = f" on {self.output!r}" if self.output else ""
+        return f"{name} ≥ {self.min:g}{on}"
+
+
+class TaskMetric(BaseModel):
+    """The task metric a variant scored in its verification."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: MetricKind
+    output: str = Field(max_length=200, description="The output it was measured on")
+    value: float | None = Field(
+        allow_inf_nan=False,
+        description="What the variant scored (None: not measured, see the reason)",
+    )
+    min: float = Field(allow_inf_nan=False, description="The lowest value published")
+    k: int | None = Field(default=None, exclude_if=lambda k: k is None)
+    blank: int | None = Field(default=None, exclude_if=lambda blank: blank is None)
+    function: str | None = Field(default=None, exclude_if=lambda f: f is None, max_length=300)
+
+    @property
+    def passed(self) -> bool:
+        return self.value is not None and self.value >= self.min
+
+    def spec(self) -> MetricSpec:
+        """The metric as a spec names it: what a device's health check measures again."""
+        return MetricSpec(
+            kind=self.kind,
+            output=self.output,
+            min=self.min,
+            k=self.k,
+            blank=self.blank,
+            function=self.function,
+        )
+
+    def describe(self) -> str:
+        """``argmax_agreement 0.875 (min 0.99)``."""
+        name = self.function or self.kind
+        if self.k is not None:
+            name += f"@{self.k}"
+        value = "not measured" if self.value is None else f"{self.value:.4g}"
+        return f"{name} {value} (min {self.min:g})"

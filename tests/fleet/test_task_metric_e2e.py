@@ -1,0 +1,81 @@
+"""A task metric decides the ladder, end to end: ``epfleet compile`` of a classifier
+whose top two classes are close, for a Snapdragon HTP target with the ladder [w8a8,
+fp16]. By the numeric gate alone its w8a8 variant is published (0.8 % of range off);
+with ``metric: {kind: argmax_agreement, min: 0.99}`` that variant is refused (it agrees
+on 6 rows in 16) and the fp16 one, which keeps every row, is published, with its score
+in the manifest, ``manifest show`` and the compile table. Real ORT quantisation, QNN
+compiles and verification on this host's HTP backend; the CLI under a Prefect API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from epfleet.formats.manifest import Manifest
+from tests.support.cli_runs import epfleet
+from tests.support.fragile import features, fragile_classifier
+from tests.support.specs import write_spec
+
+pytestmark = pytest.mark.slow
+
+V73 = {"backend_type": "htp", "htp_arch": 73, "soc_model": 57}
+
+
+def spec(root: Path, metric: dict[str, object] | None) -> Path:
+    fragile_classifier(root / "fragile.onnx")
+    np.savez(root / "samples.npz", x=features(1, 16))
+    np.savez(root / "calibration.npz", x=features(2, 16))
+    model: dict[str, object] = {
+        "name": "fragile",
+        "source": "fragile.onnx",
+        "samples": "samples.npz",
+        "calibration": "calibration.npz",
+    }
+    if metric:
+        model["metric"] = metric
+    target = {
+        "name": "sd8g2",
+        "ep": "QNNExecutionProvider",
+        "provider_options": V73,
+        "precision": ["w8a8", "fp16"],
+    }
+    return write_spec(root, [model], [target])
+
+
+def test_a_task_metric_refuses_the_rung_that_breaks_the_task(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    plain, judged = tmp_path / "plain", tmp_path / "judged"
+    plain.mkdir(), judged.mkdir()
+
+    numeric = epfleet(
+        "compile", str(spec(plain, None)), "--store", str(plain / "store"), "--json", env=cli_env
+    )
+    assert numeric.returncode == 0, numeric.stderr[-2000:]
+    only_numeric = json.loads(numeric.stdout)["variants"][0]
+    assert only_numeric["precision"] == "w8a8" and only_numeric["metric"] is None
+    assert only_numeric["max_rel_error"] < 0.02
+
+    metric = {"kind": "argmax_agreement", "min": 0.99}
+    run = epfleet(
+        "compile", str(spec(judged, metric)), "--store", str(judged / "store"), env=cli_env
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "fp16 (w8a8 failed)" in run.stdout
+    assert "argmax_agreement 1 (min 0.99)" in run.stderr
+    manifest = Manifest.from_json((judged / "store" / "manifest.json").read_bytes())
+    variant = manifest.models["fragile"].variants["sd8g2"]
+    assert variant.precision == "fp16"
+    check = variant.verification
+    assert check is not None and check.metric is not None
+    assert check.metric.value == 1.0 and check.metric.output == "logits"
+    lost = variant.precision_tried[0]
+    assert lost.precision == "w8a8" and lost.max_rel_error is not None and lost.max_rel_error < 0.02
+    assert "task metric argmax_agreement 0." in lost.reason and "(min 0.99)" in lost.reason
+
+    shown = epfleet("manifest", "show", "--store", str(judged / "store"), env=cli_env)
+    assert shown.returncode == 0, shown.stderr
+    assert "argmax_agreement 1 (min 0.99)" in shown.stdout
