@@ -20,6 +20,7 @@ from epfleet.errors import StoreError
 from epfleet.fleet.compile_run import run_compiles
 from epfleet.fleet.outcomes import PairOutcome
 from epfleet.fleet.plan_rules import PlannedPair
+from epfleet.fleet.planning import handed_report, plan_inputs
 from epfleet.fleet.publish_rules import news
 from epfleet.fleet.publishing import Published, read_in_force
 from epfleet.fleet.runs import RunPlan, RunReport
@@ -61,9 +62,21 @@ def fleet_compile(
             pool (1 or more; default an hour).
     """
     plan: RunPlan = plan_task(spec, store, models or None, targets or None, force)
-    runner = _FlowRunner(store, workers, work_pool_timeout, force)
-    report = run_compiles(plan, runner)
-    discard_results(store, runner.sent)
+    done = handed_report(plan_inputs(spec, store, models or None, targets or None, force))
+    if done is not None:
+        # ``epfleet compile`` compiled and published this plan while the API started.
+        get_run_logger().info(
+            "compiled and published by the command that started this run, before Prefect's "
+            "API answered: %d compiled, %d failed, manifest generation %d",
+            done.compiled,
+            done.failed,
+            done.generation,
+        )
+        report = done
+    else:
+        runner = _FlowRunner(store, workers, work_pool_timeout, force)
+        report = run_compiles(plan, runner)
+        discard_results(store, runner.sent)
     _publish_artifacts(report, store)
     _cost_artifact(store)
     emit_variant_events(news(plan, report), store, report.generation)

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,10 +21,15 @@ from cyclopts import Parameter
 from epfleet import MAX_WORKERS
 from epfleet.cli.interrupts import interrupts
 from epfleet.cli.options import Json, Repeatable, RunnerName, Store, command_help
-from epfleet.cli.prefect_api import start_temporary_api, temporary_api_dies_with_us
+from epfleet.cli.prefect_api import (
+    start_temporary_api_beside,
+    temporary_api_dies_with_us,
+)
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.fsutil import NO_SPACE, no_room
 from epfleet.stores import DEFAULT_STORE
+
+_PROCESS_STARTED = time.time()  # (close enough: this module is imported at start-up)
 
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
@@ -153,68 +159,131 @@ def _compile(
     task_runner: str,
     dask_address: str | None,
 ) -> RunReport:
-    from epfleet.fleet.planning import handing_over, plan_inputs, plan_run
+    """Plan, then run the plan the way ``epfleet.fleet.run_way`` chooses: answered from the
+    plan, as the fleet-compile flow run, or compiled and published at once while Prefect's
+    temporary API starts, and recorded on it once it answers."""
+    from epfleet.fleet.planning import plan_run
+    from epfleet.fleet.run_way import RunWay, run_way
     from epfleet.fleet.staging import tidy_cache
     from epfleet.fleet.task_runners import task_runner as make_runner
 
+    print(f"epfleet: planning {spec} against {store}", file=sys.stderr, flush=True)
     tidy_cache()  # temp files of killed runs, and the cache's size bound
     plan = plan_run(spec, store, model, target, force)
     if plan.is_noop:
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
-        report = plan.report({}, plan.generation, published=False)
-    else:
+        return plan.report({}, plan.generation, published=False)
+    print(
+        f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs to compile "
+        f"with {workers} workers",
+        file=sys.stderr,
+    )
+    # Prefect's temporary API (unless PREFECT_API_URL names a server, or Dask's run starts
+    # it) and the compiles start at once, the API first: it is the slower to come up.
+    pool, progress, api = None, None, None
+    if task_runner == "threads":
         print(
-            f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs to compile "
-            f"with {workers} workers",
+            "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
+            "names a server instead); the compiles run meanwhile",
             file=sys.stderr,
         )
-        # Compiles start at once in this machine's workers, unless Dask runs them.
-        pool, progress = None, None
-        if task_runner == "threads":
-            pool, progress = _prestart(plan, store, workers)
-        try:
-            problem = _start_api_saying_so() if task_runner == "threads" else None
-            if problem is None:
-                runner = make_runner(task_runner, dask_address, workers)
-                with handing_over(plan, plan_inputs(spec, store, model, target, force)):
-                    report = _run_fleet_flow(runner, spec, store, workers, force, model, target)
-            else:
-                print(
-                    f"epfleet: Prefect's temporary API did not start ({problem}); "
-                    "compiling and publishing without Prefect (no flow run, artifacts or "
-                    "events recorded)",
-                    file=sys.stderr,
-                )
-                report = _run_without_prefect(plan, store, workers)
-        finally:
-            if progress is not None:
-                progress.close()
-            if pool is not None:
-                pool.drop_unclaimed()
+        api = start_temporary_api_beside()
+        pool, progress = _prestart(plan, store, workers)
+    try:
+        way = run_way(
+            up_to_date=False,
+            task_runner=task_runner,
+            work_pools=any(pair.work_pool for pair in plan.to_compile),
+            api_url=_api_url_named(),
+        )
+        args = (spec, store, workers, force, model, target)
+        if way is RunWay.PLAIN_THEN_RECORD:
+            assert api is not None
+            return _compile_then_record(plan, api, *args)
+        problem = _wait_saying_so(api) if api is not None else None
+        if problem is not None:
+            print(
+                f"epfleet: Prefect's temporary API did not start ({problem}); "
+                "compiling and publishing without Prefect (no flow run, artifacts or "
+                "events recorded)",
+                file=sys.stderr,
+            )
+            return _run_without_prefect(plan, store, workers)
+        return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
+    finally:
+        if progress is not None:
+            progress.close()
+        if pool is not None:
+            pool.drop_unclaimed()
+
+
+def _api_url_named() -> bool:
+    """PREFECT_API_URL (the environment or Prefect's profile) names a Prefect server."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.settings import get_current_settings
+
+    return bool(get_current_settings().api.url)
+
+
+def _compile_then_record(
+    plan: RunPlan,
+    api: Future[str | None],
+    spec: Path,
+    store: str,
+    workers: int,
+    force: bool,
+    model: list[str] | None,
+    target: list[str] | None,
+) -> RunReport:
+    """Compile and publish now without Prefect while its temporary API (``api``) starts;
+    once the run is published and the API answers, a fleet-compile flow run records it
+    (its artifacts and events), as if it had compiled it."""
+    report = _run_without_prefect(plan, store, workers)
+    if not api.done():
+        print(
+            f"epfleet: published (manifest generation {report.generation}); waiting for "
+            "Prefect's temporary API to record this run",
+            file=sys.stderr,
+        )
+    problem = _wait_saying_so(api)
+    if problem is not None:
+        print(
+            f"epfleet: Prefect's temporary API did not start ({problem}); compiled and "
+            "published without Prefect (no flow run, artifacts or events recorded)",
+            file=sys.stderr,
+        )
+        return report
+    from epfleet.fleet.task_runners import task_runner
+
+    runner = task_runner("threads", None, workers)
+    try:
+        _run_fleet_flow(plan, runner, spec, store, workers, force, model, target, done=report)
+    except Exception as exc:  # the run is published: its record alone is lost
+        print(
+            f"epfleet: Prefect's temporary API did not record this run "
+            f"({' '.join(str(exc).split())[:300]}); it is published all the same",
+            file=sys.stderr,
+        )
     return report
 
 
-def _start_api_saying_so() -> str | None:
-    """``start_temporary_api``, with a line before and after when it starts one: on a busy
-    machine it takes tens of seconds, while the compiles started meanwhile wait for the
-    flow run to verify and publish them."""
-    from prefect.settings import get_current_settings
-
-    if get_current_settings().api.url:
-        return start_temporary_api()
-    print(
-        "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
-        "names a server instead); the compiles run meanwhile",
-        file=sys.stderr,
-    )
+def _wait_saying_so(api: Future[str | None]) -> str | None:
+    """Wait for the temporary API started beside the compiles (on a busy machine it takes
+    tens of seconds): why it did not come up, or None, saying when it answered."""
     started = time.monotonic()
-    problem = start_temporary_api()
-    if problem is None:
+    problem = api.result()
+    if problem is None and not _api_url_named():
         print(
-            f"epfleet: Prefect's temporary API answered after {time.monotonic() - started:.0f} s",
+            f"epfleet: Prefect's temporary API answered ({_started_ago()} s after the "
+            f"command started, {time.monotonic() - started:.0f} s waited for)",
             file=sys.stderr,
         )
     return problem
+
+
+def _started_ago() -> str:
+    """Seconds since this process started."""
+    return f"{time.time() - _PROCESS_STARTED:.0f}"
 
 
 def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool, CompileProgress]:
@@ -249,6 +318,7 @@ def _run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunRepo
 
 
 def _run_fleet_flow(
+    plan: RunPlan,
     runner: TaskRunner[Any],
     spec: Path,
     store: str,
@@ -256,8 +326,12 @@ def _run_fleet_flow(
     force: bool,
     models: list[str] | None,
     targets: list[str] | None,
+    done: RunReport | None = None,
 ) -> RunReport:
+    """The fleet-compile flow run, on ``plan`` (and recording ``done``, a run this command
+    compiled and published already, instead of compiling)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from epfleet.fleet.planning import handing_over, plan_inputs
     from flows.fleet_compile import fleet_compile
 
     temporary_api_dies_with_us()
@@ -266,14 +340,15 @@ def _run_fleet_flow(
         if not any(isinstance(f, _NoTracebackOfOurErrors) for f in logger.filters):
             logger.addFilter(_NoTracebackOfOurErrors())
     flow = fleet_compile.with_options(task_runner=runner)
-    return flow(
-        spec=str(spec.resolve()),
-        store=store,
-        workers=workers,
-        force=force,
-        models=models or [],
-        targets=targets or [],
-    )
+    with handing_over(plan, plan_inputs(spec, store, models, targets, force), done):
+        return flow(
+            spec=str(spec.resolve()),
+            store=store,
+            workers=workers,
+            force=force,
+            models=models or [],
+            targets=targets or [],
+        )
 
 
 class _NoTracebackOfOurErrors(logging.Filter):

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future
 from typing import Any
 
 
@@ -63,6 +64,21 @@ def start_temporary_api() -> str | None:
     )
     logged = _temporary_api_error()
     return f"{first}: {logged}" if logged else first
+
+
+def start_temporary_api_beside() -> Future[str | None]:
+    """``start_temporary_api`` in a thread of its own, so the caller compiles meanwhile:
+    its future is why the API did not come up, or None once it answers."""
+    started: Future[str | None] = Future()
+
+    def start() -> None:
+        try:
+            started.set_result(start_temporary_api())
+        except BaseException as exc:  # told to whoever waits for it
+            started.set_exception(exc)
+
+    threading.Thread(target=start, name="epfleet-prefect-api-start", daemon=True).start()
+    return started
 
 
 def api_for_a_flow_run(without: str) -> None:

@@ -33,7 +33,7 @@ from epfleet.fleet.verify_cache import (
 from epfleet.formats.keys import files_key, listing_key, source_key, variant_key
 from epfleet.formats.manifest import PrecisionTried, Quantization, Verification
 from epfleet.logs import pair_progress
-from epfleet.runtime.compile_pool import shared_pool
+from epfleet.runtime.compile_pool import busy_slots, shared_pool
 from epfleet.runtime.compiler import CompileOutput, check_coverage, discard
 from epfleet.runtime.requests import CompileRequest
 from epfleet.stores import Store
@@ -123,7 +123,7 @@ def build_ladder(request: CompileRequest, store: Store, workers: int) -> Compile
                     reason=str(exc)[:TRIED_REASON_CHARS],
                     max_rel_error=verified.max_rel_error if verified else None,
                     outcome=lost_how(exc),
-                    seconds=round(time.perf_counter() - started, 2),
+                    seconds=rung_seconds(exc, time.perf_counter() - started),
                 )
             )
             continue
@@ -136,6 +136,15 @@ def build_ladder(request: CompileRequest, store: Store, workers: int) -> Compile
     base = last.entry if isinstance(last, RejectedBuild) else failed_entry(rungs[-1], summary)
     entry = base.model_copy(update={"error": summary, "precision_tried": tried[:-1]})
     raise RejectedBuild(entry, round(seconds, 3))
+
+
+def rung_seconds(exc: CompileError, wall: float) -> float:
+    """What a lost rung cost: its compile (quantising included) and verification seconds,
+    as measured in the worker; for a compile that failed, the wall time of the attempt."""
+    if isinstance(exc, RejectedBuild):
+        verified = exc.entry.verification
+        return round(exc.seconds + ((verified.seconds or 0.0) if verified else 0.0), 2)
+    return round(wall, 2)
 
 
 def lost_how(
@@ -186,26 +195,17 @@ def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVar
     of its coverage floor or fails verification; CompileError when it does not compile;
     store errors raise through."""
     job = compile_job_for(request, store)
-    output = shared_pool(workers).run(job)
+    # The pair's compile and its verification hold one of ``workers`` slots: with
+    # --workers 1 no verification runs beside the next pair's compile.
+    with busy_slots(workers):
+        output = shared_pool(workers).run(job)
+        try:
+            verification = checked(request, output, store, job.source_path)
+        except BaseException:
+            discard(output)
+            raise
     key = variant_key(request.model, request.target, output.sha256)
     try:
-        try:
-            check_coverage(request, output.coverage)
-        except CompileError as exc:
-            rejected = failed_entry(request, str(exc), output.coverage, output=output)
-            raise RejectedBuild(rejected, output.seconds) from None
-        # A QDQ variant's failure is traced in the float model it was quantised from.
-        source = output.qdq_float_path or job.source_path
-        if request.verify:
-            pair_progress(
-                f"{request.model} × {request.target}",
-                f"compiled in {output.seconds:.2f} s; verifying {request.precision or ''}".strip(),
-            )
-        verification = verify_output(request, output, store, source)
-        if verification.status == "failed":
-            error = f"{VERIFY_FAILED}{verification.reason}"
-            rejected = failed_entry(request, error, output.coverage, verification, output)
-            raise RejectedBuild(rejected, output.seconds)
         quantization = stage_qdq(store, output)
         upload_variant(store, output, key)
     finally:
@@ -214,6 +214,30 @@ def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVar
     return CompiledVariant(
         entry=entry.model_copy(update={"quantization": quantization}), seconds=output.seconds
     )
+
+
+def checked(
+    request: CompileRequest, output: CompileOutput, store: Store, source_path: str
+) -> Verification:
+    """The fresh variant's coverage and verification; RejectedBuild when it falls short."""
+    try:
+        check_coverage(request, output.coverage)
+    except CompileError as exc:
+        rejected = failed_entry(request, str(exc), output.coverage, output=output)
+        raise RejectedBuild(rejected, output.seconds) from None
+    # A QDQ variant's failure is traced in the float model it was quantised from.
+    source = output.qdq_float_path or source_path
+    if request.verify:
+        pair_progress(
+            f"{request.model} × {request.target}",
+            f"compiled in {output.seconds:.2f} s; verifying {request.precision or ''}".strip(),
+        )
+    verification = verify_output(request, output, store, source)
+    if verification.status == "failed":
+        error = f"{VERIFY_FAILED}{verification.reason}"
+        rejected = failed_entry(request, error, output.coverage, verification, output)
+        raise RejectedBuild(rejected, output.seconds)
+    return verification
 
 
 def stage_qdq(store: Store, output: CompileOutput) -> Quantization | None:

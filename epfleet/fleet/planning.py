@@ -8,6 +8,9 @@ A run is planned once: ``epfleet compile`` plans before the flow run (to answer 
 up-to-date fleet without starting Prefect, and to start the compiles early) and hands that
 plan to the flow run it starts inside ``handing_over``; the flow's plan task takes it
 (``handed_plan``) when the run's inputs are the ones it was made for, and plans otherwise.
+When the command compiled and published the plan itself, before Prefect's temporary API
+answered (``epfleet.fleet.run_way``), it hands over the finished report too
+(``handed_report``): the flow run then records that run instead of compiling again.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from epfleet.fleet.calibration import StagedCalibration, stage_calibration
 from epfleet.fleet.handover import PoolPair
 from epfleet.fleet.plan_rules import decide_pair, plan_pairs
 from epfleet.fleet.publishing import read_in_force
-from epfleet.fleet.runs import RunPlan
+from epfleet.fleet.runs import RunPlan, RunReport
 from epfleet.fleet.staging import (
     PreparedSource,
     cache_dir,
@@ -52,7 +55,9 @@ PlanInputs = tuple[str, str, tuple[str, ...], tuple[str, ...], bool]
 """What a plan was made from: the spec's resolved path, the store, the models and targets
 selected (empty: all) and ``force``."""
 
-_handed: ContextVar[tuple[PlanInputs, RunPlan] | None] = ContextVar("handed_plan", default=None)
+_handed: ContextVar[tuple[PlanInputs, RunPlan, RunReport | None] | None] = ContextVar(
+    "handed_plan", default=None
+)
 
 
 def plan_inputs(
@@ -72,9 +77,13 @@ def plan_inputs(
 
 
 @contextmanager
-def handing_over(plan: RunPlan, inputs: PlanInputs) -> Iterator[None]:
-    """Within this block, a run with these inputs takes ``plan`` instead of planning again."""
-    token = _handed.set((inputs, plan))
+def handing_over(
+    plan: RunPlan, inputs: PlanInputs, done: RunReport | None = None
+) -> Iterator[None]:
+    """Within this block, a run with these inputs takes ``plan`` instead of planning again
+    and, given the report of the run ``done`` already (compiled and published), records
+    it instead of compiling."""
+    token = _handed.set((inputs, plan, done))
     try:
         yield
     finally:
@@ -85,6 +94,13 @@ def handed_plan(inputs: PlanInputs) -> RunPlan | None:
     """The plan handed over for a run with these inputs, if any (see ``handing_over``)."""
     handed = _handed.get()
     return handed[1] if handed is not None and handed[0] == inputs else None
+
+
+def handed_report(inputs: PlanInputs) -> RunReport | None:
+    """The report of a run with these inputs that is done already, if one was handed over
+    (see ``handing_over``): the flow run records it."""
+    handed = _handed.get()
+    return handed[2] if handed is not None and handed[0] == inputs else None
 
 
 def _identity(target: TargetSpec) -> dict[str, str]:

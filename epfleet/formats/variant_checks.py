@@ -154,8 +154,9 @@ class PrecisionTried(_Strict):
         default=None,
         ge=0,
         exclude_if=lambda seconds: seconds is None,
-        description="Wall seconds it took on the compile host: quantising, compiling and "
-        "verifying (schema 1.3; None: recorded before)",
+        description="Seconds it took on the compile host: quantising and compiling, then "
+        "verifying (a compile that failed: the attempt's wall time; schema 1.3; None: "
+        "recorded before)",
     )
 
 

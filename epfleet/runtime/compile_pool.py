@@ -215,3 +215,14 @@ def shared_pool(workers: int) -> CompilePool:
         if pool is None:
             pool = _pools[workers] = CompilePool(workers)
         return pool
+
+
+_slots: dict[int, threading.BoundedSemaphore] = {}
+
+
+def busy_slots(workers: int) -> threading.BoundedSemaphore:
+    """``workers`` slots per process for the CPU-bound steps of a pair (its compile and its
+    verification, which run in different worker processes): a pair holds one from its
+    compile to its verdict, so at most ``workers`` of them are busy at once."""
+    with _pools_lock:
+        return _slots.setdefault(workers, threading.BoundedSemaphore(workers))

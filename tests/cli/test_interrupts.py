@@ -184,6 +184,7 @@ def interrupt_and_check(
         for line in lines
         if line.startswith("epfleet")
         and "pairs to compile" not in line
+        and not line.startswith("epfleet: planning ")  # the first line, before the plan
         and " × " not in line  # a pair's progress line
         and "Prefect's temporary API" not in line  # its start, said before the compiles
     ]

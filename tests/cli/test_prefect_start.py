@@ -65,7 +65,7 @@ def test_a_temporary_api_that_cannot_start_is_not_fatal(tmp_path: Path, model_di
     said = [line for line in done.stderr.splitlines() if "temporary API did not start" in line]
     assert len(said) == 1, done.stderr
     assert "unable to open database file" in said[0], said
-    assert "compiling and publishing without Prefect" in said[0]
+    assert "published without Prefect" in said[0]
 
 
 def test_prefect_info_lines_stay_out_of_the_output(tmp_path: Path, model_dir: Path) -> None:
