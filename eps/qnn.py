@@ -165,13 +165,16 @@ class Qnn(PluginEP):
         enable_htp_monolithic_lstm and vtcm_mb do not mend it); an op the HTP refuses for
         its types (16-bit weights on v68/v69) fails in ORT's layout transformer with "Node
         '...' OpType:Conv with domain:com.ms.internal.nhwc ... was not selected by that
-        EP", after a "backendValidateOpConfig() failed" warning per node."""
+        EP", after a "backendValidateOpConfig() failed" warning per node; a model none of
+        whose nodes QNN takes (a quantised 6-D Transpose, for v68 and v73; NonZero) fails
+        with ORT's "Unable to compile any nodes", QNN's refusals in the log only."""
         if "MEM_ALLOC" in message:
             return (
                 "QNN ran out of memory finalising the HTP graph (QNN_COMMON_ERROR_MEM_ALLOC): "
                 "a layer is too large for this arch, typically a recurrent layer (LSTM, GRU) "
-                "that the HTP unrolls over its sequence, which v68 cannot hold; compile for a "
-                "newer htp_arch, shorten the sequence or input_shapes, or split the model"
+                "that the HTP unrolls over its sequence (an LSTM of 16 steps and 64 units "
+                "does not fit v68); compile for a newer htp_arch, shorten the sequence or "
+                "input_shapes, or split the model"
             )
         selected = re.search(r"OpType:(\w+) with domain:\S+ was inserted", message)
         if selected or "was not selected by that EP" in message:
@@ -182,6 +185,12 @@ class Qnn(PluginEP):
                 "activations where this arch takes 8-bit ones; choose a precision the arch "
                 "makes, or leave that layer out of the quantisation "
                 "(quantization.nodes_to_exclude)"
+            )
+        if "Unable to compile any nodes" in message:
+            return (
+                "QNN took no node of the model: its op validation refused each one (an op "
+                "type, tensor rank or data type the HTP does not take, e.g. a 6-D Transpose; "
+                "the compile's log names each node with QNN error 3110)"
             )
         if re.search(r"validateOpConfig|Failed to validate op|mismatching datatypes", message):
             return (

@@ -63,5 +63,7 @@ def test_qnn_names_its_memory_and_op_refusals_and_keeps_quiet_otherwise() -> Non
         "NHWC format as requested by QNNExecutionProvider, but was not selected by that EP."
     )
     assert "the HTP refused a Conv for its data types" in (QNN.compile_error_advice(layout) or "")
-    assert QNN.compile_error_advice("Unable to compile any nodes") is None
+    nothing = "FAIL : Unable to compile any nodes. Check that the session EPs support"
+    assert "QNN took no node of the model" in (QNN.compile_error_advice(nothing) or "")
+    assert QNN.compile_error_advice("Invalid input name: x2") is None
     assert eps.load("CPUExecutionProvider").compile_error_advice(mem) is None

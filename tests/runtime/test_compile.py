@@ -114,7 +114,8 @@ def test_model_no_node_of_which_the_npu_takes_fails_clearly(
     )
     with pytest.raises(
         CompileError,
-        match=r"QNNExecutionProvider failed to compile 'nonzero'.*Unable to compile any nodes",
+        match=r"QNNExecutionProvider failed to compile 'nonzero': QNN took no node of the "
+        r"model.*Unable to compile any nodes",
     ):
         worker.run(bad)
 
