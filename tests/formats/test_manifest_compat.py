@@ -258,3 +258,25 @@ def test_schema_1_2_records_the_task_metric_and_the_error_measure_inputs() -> No
             "x86-cpu"
         ]["verification"]
     )
+
+
+def test_schema_1_3_records_how_each_lost_rung_lost_and_its_seconds() -> None:
+    """1.3 added ``precision_tried[].outcome`` and ``.seconds``: written when known, read
+    back as written; an entry without them keeps its bytes (no keys added)."""
+    doc = document()
+    entry = doc["models"]["m"]["variants"]["x86-cpu"]
+    plain = Manifest.from_json(data(doc)).to_json()
+    entry["precision"] = "w16a16"
+    entry["precision_tried"] = [
+        {"precision": "w8a8", "reason": "off", "outcome": "verification failed", "seconds": 1.17}
+    ]
+    read = Manifest.from_json(data(doc))
+    [lost] = read.models["m"].variants["x86-cpu"].precision_tried
+    assert (lost.outcome, lost.seconds) == ("verification failed", 1.17)
+    assert (
+        json.loads(read.to_json())["models"]["m"]["variants"]["x86-cpu"]["precision_tried"]
+        == (entry["precision_tried"])
+    )
+    entry["precision_tried"] = [{"precision": "w8a8", "reason": "off"}]  # written before 1.3
+    assert b"outcome" not in Manifest.from_json(data(doc)).to_json()
+    assert b"precision_tried" not in plain
