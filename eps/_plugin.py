@@ -64,6 +64,9 @@ class PluginEP(ABC):
     def precision_limits(self, provider_options: Mapping[str, str]) -> str:
         return f"epfleet builds {self.name} variants of float models only"
 
+    def compile_error_advice(self, message: str) -> str | None:
+        return None
+
     def with_precision(
         self, precision: Precision, provider_options: Mapping[str, str]
     ) -> dict[str, str]:

@@ -157,6 +157,9 @@ class Cpu:
     def precision_limits(self, provider_options: Mapping[str, str]) -> str:
         return "the CPU variant is ORT's optimised fp32 model"
 
+    def compile_error_advice(self, message: str) -> str | None:
+        return None
+
     def with_precision(
         self, precision: Precision, provider_options: Mapping[str, str]
     ) -> dict[str, str]:

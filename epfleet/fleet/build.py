@@ -12,8 +12,11 @@ are the compile host's verification glue around ``epfleet.fleet.verify``.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Literal
 
+import eps
 from epfleet.errors import CompileError, summarize
 from epfleet.fleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
 from epfleet.fleet.staging import cache_dir, compile_job_for, fetch_verified
@@ -34,6 +37,7 @@ from epfleet.runtime.compile_pool import busy_slots, shared_pool
 from epfleet.runtime.compiler import CompileOutput, check_coverage, discard
 from epfleet.runtime.requests import CompileRequest
 from epfleet.stores import Store
+from eps.base import Precision
 
 VERIFY_FAILED = "verification failed: "
 
@@ -92,19 +96,23 @@ def outcome_text(built: CompiledVariant) -> str:
 
 def build_ladder(request: CompileRequest, store: Store, workers: int) -> CompiledVariant:
     """Build one pair at each precision of its ladder in turn (``build_at``) and publish
-    the first that passes its checks; its entry names the precisions that lost and why.
-    With one precision, what ``build_at`` raises raises through; when every precision of
-    a ladder fails, RejectedBuild with each one's reason."""
+    the first that passes its checks; its entry names the precisions that lost, how, why
+    and the seconds each took. An integer precision that fails verification says what to
+    change next (``ladder_advice``). With one precision, what ``build_at`` raises raises
+    through (with that advice); when every precision of a ladder fails, RejectedBuild with
+    each one's reason."""
     rungs = request.rungs
     tried: list[PrecisionTried] = []
     seconds = 0.0
     last: CompileError | None = None
     for rung in rungs:
+        started = time.perf_counter()
         try:
             built = build_at(rung, store, workers)
         except CompileError as exc:
+            exc = with_advice(exc, rung, [r.precision for r in rungs if r.precision])
             if len(rungs) == 1:
-                raise
+                raise exc from None
             last = exc
             rejected = exc.entry if isinstance(exc, RejectedBuild) else None
             seconds += exc.seconds if isinstance(exc, RejectedBuild) else 0.0
@@ -114,6 +122,8 @@ def build_ladder(request: CompileRequest, store: Store, workers: int) -> Compile
                     precision=rung.precision or "fp32",
                     reason=str(exc)[:TRIED_REASON_CHARS],
                     max_rel_error=verified.max_rel_error if verified else None,
+                    outcome=lost_how(exc),
+                    seconds=rung_seconds(exc, time.perf_counter() - started),
                 )
             )
             continue
@@ -126,6 +136,53 @@ def build_ladder(request: CompileRequest, store: Store, workers: int) -> Compile
     base = last.entry if isinstance(last, RejectedBuild) else failed_entry(rungs[-1], summary)
     entry = base.model_copy(update={"error": summary, "precision_tried": tried[:-1]})
     raise RejectedBuild(entry, round(seconds, 3))
+
+
+def rung_seconds(exc: CompileError, wall: float) -> float:
+    """What a lost rung cost: its compile (quantising included) and verification seconds,
+    as measured in the worker; for a compile that failed, the wall time of the attempt."""
+    if isinstance(exc, RejectedBuild):
+        verified = exc.entry.verification
+        return round(exc.seconds + ((verified.seconds or 0.0) if verified else 0.0), 2)
+    return round(wall, 2)
+
+
+def lost_how(
+    exc: CompileError,
+) -> Literal["compile failed", "below min_coverage", "verification failed"]:
+    """How a rung lost: it did not compile (or quantise), the EP took less of the graph
+    than the target's floor, or its outputs were off."""
+    if not isinstance(exc, RejectedBuild):
+        return "compile failed"
+    verified = exc.entry.verification
+    return (
+        "verification failed" if verified and verified.status == "failed" else "below min_coverage"
+    )
+
+
+def with_advice(exc: CompileError, rung: CompileRequest, ladder: list[Precision]) -> CompileError:
+    """``exc`` with what to change next when an integer rung failed verification (the next
+    untried precision the target makes, per-channel weights, calibration, layers), its
+    diagnosis cut so that the advice stays within ``TRIED_REASON_CHARS``; as it is else."""
+    from epfleet.runtime.quantize import ladder_advice
+
+    if not (isinstance(exc, RejectedBuild) and rung.integer and rung.quantize is not None):
+        return exc
+    if lost_how(exc) != "verification failed" or rung.precision is None:
+        return exc
+    module = eps.load(rung.ep)
+    advice = ladder_advice(
+        rung.precision,
+        module.precisions(rung.provider_options),
+        ladder,
+        rung.quantize,
+        module.precision_limits(rung.provider_options),
+    )
+    error = exc.entry.error or ""
+    room = TRIED_REASON_CHARS - len(advice)
+    if len(error) > room:
+        error = error[: room - 3] + "..."
+    return RejectedBuild(exc.entry.model_copy(update={"error": error + advice}), exc.seconds)
 
 
 TRIED_REASON_CHARS = 1500

@@ -13,7 +13,13 @@ from pydantic import BaseModel, Field
 
 from epfleet.fleet.merge_rules import ModelFacts
 from epfleet.fleet.plan_rules import PlannedPair
-from epfleet.formats.manifest import ArtifactRef, SamplesRef, SourceEntry, VariantEntry
+from epfleet.formats.manifest import (
+    ArtifactRef,
+    PrecisionTried,
+    SamplesRef,
+    SourceEntry,
+    VariantEntry,
+)
 from epfleet.formats.rollout import RolloutPolicy
 from epfleet.runtime.requests import CompileRequest
 from eps.base import Precision
@@ -137,6 +143,10 @@ class PairResult(BaseModel):
     precisions_lost: list[Precision] = Field(
         default_factory=list, description="The ladder's precisions tried before it, which failed"
     )
+    precision_tried: list[PrecisionTried] = Field(
+        default_factory=list,
+        description="Each of those, as the entry records it: how it lost, why, its seconds",
+    )
 
     @classmethod
     def of(
@@ -180,6 +190,7 @@ class PairResult(BaseModel):
             device=pair.device,
             precision=entry.precision if entry else None,
             precisions_lost=[t.precision for t in entry.precision_tried] if entry else [],
+            precision_tried=list(entry.precision_tried) if entry else [],
         )
 
 

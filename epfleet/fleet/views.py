@@ -8,7 +8,7 @@ from epfleet.fleet.field_rules import FieldRow
 from epfleet.fleet.rollout_rules import SideEvidence
 from epfleet.fleet.rollouts import RolloutStatus
 from epfleet.fleet.runs import PairResult, RunReport
-from epfleet.formats.manifest import Manifest, VariantEntry
+from epfleet.formats.manifest import Manifest, PrecisionTried, VariantEntry
 from epfleet.text import format_bytes, printable, share, table
 
 GENERATED_MARK = "†"
@@ -26,12 +26,24 @@ def generated_only(device: str | None, origin: str | None) -> bool:
     return device == "npu" and origin == "generated"
 
 
-def precision_text(precision: str | None, lost: Sequence[str]) -> str | None:
-    """``w8a16 (fp16 failed)``: the precision a variant was built at and those of its
-    ladder that failed first; None when its entry records none (built before precisions)."""
+def precision_text(precision: str | None, lost: Sequence[str | PrecisionTried]) -> str | None:
+    """``w8a16 (fp16 verification failed in 2.31 s)``: the precision a variant was built at
+    and those of its ladder that failed first, each with how and the seconds it took when
+    recorded (``fp16 failed`` from records before 1.3); None when its entry records no
+    precision (built before precisions)."""
     if precision is None:
         return None
-    return precision + (f" ({', '.join(lost)} failed)" if lost else "")
+    return precision + (f" ({', '.join(map(lost_text, lost))})" if lost else "")
+
+
+def lost_text(tried: str | PrecisionTried) -> str:
+    if isinstance(tried, str):
+        return f"{tried} failed"
+    how: str = tried.outcome or "failed"
+    if how == "below min_coverage":
+        how = "compiled below min_coverage"
+    took = "" if tried.seconds is None else f" in {tried.seconds:.2f} s"
+    return f"{tried.precision} {how}{took}"
 
 
 def coverage_text(fraction: float | None, boundary_qdq: int = 0) -> str:
@@ -69,7 +81,8 @@ def detail(result: PairResult) -> str:
     """Everything the run measured of a pair, in a line: precision and the ladder's losers,
     compile seconds, size, coverage and verification."""
     parts: list[str] = [result.status]
-    if shown := precision_text(result.precision, result.precisions_lost):
+    lost = result.precision_tried or result.precisions_lost
+    if shown := precision_text(result.precision, lost):
         parts.append(shown)
     if result.seconds is not None:
         parts.append(f"{result.seconds:.2f} s")
@@ -131,7 +144,7 @@ def detail_rows(report: RunReport) -> list[dict[str, str]]:
             r.model,
             r.target,
             r.status,
-            precision_text(r.precision, r.precisions_lost) or "-",
+            precision_text(r.precision, r.precision_tried or r.precisions_lost) or "-",
             "-" if r.seconds is None else f"{r.seconds:.2f}",
             format_bytes(r.size),
             coverage_text(r.coverage, r.coverage_boundary_qdq),
@@ -191,7 +204,6 @@ def render_manifest(manifest: Manifest, store: str) -> str:
     rows, failures = [], []
     for model_name, model in sorted(manifest.models.items()):
         for target, v in model.variants.items():
-            lost = [t.precision for t in v.precision_tried]
             rows.append(
                 [
                     model_name,
@@ -199,7 +211,7 @@ def render_manifest(manifest: Manifest, store: str) -> str:
                     v.ep.removesuffix("ExecutionProvider"),
                     v.device,
                     v.status,
-                    precision_text(v.precision, lost) or "-",
+                    precision_text(v.precision, v.precision_tried) or "-",
                     format_bytes(v.artifact.size if v.artifact else None),
                     coverage_text(v.coverage.fraction, v.coverage.boundary_qdq)
                     if v.coverage

@@ -95,8 +95,8 @@ class ModelSpec(BaseModel):
     calibration: str | None = Field(
         default=None,
         min_length=1,
-        description="Inputs that integer (w8a16, w8a8) variants are calibrated on: an .npz "
-        "in the samples format (relative to the spec), inputs like the real data, none of "
+        description="Inputs that integer (w16a16, w8a16, w8a8) variants are calibrated on: an "
+        ".npz in the samples format (relative to the spec), inputs like the real data, none of "
         "them among the samples. Without samples, a fifth of them (at least one) is held "
         "out for verification",
     )
@@ -144,10 +144,10 @@ class TargetSpec(BaseModel):
     provider_options: dict[str, str] = Field(default_factory=dict)
     precision: list[Precision] | None = Field(
         default=None,
-        description="What variants compute in: fp32, fp16, w8a16 or w8a8 (8-bit weights, "
-        "16- or 8-bit activations: a QDQ model quantised with the model's calibration "
-        "inputs); a list is a ladder, tried in order, the first that passes verification "
-        "published. Omitted: the EP's default for the target's hardware",
+        description="What variants compute in: fp32, fp16, w16a16, w8a16 or w8a8 (16- or "
+        "8-bit weights, 16- or 8-bit activations: a QDQ model quantised with the model's "
+        "calibration inputs); a list is a ladder, tried in order, the first that passes "
+        "verification published. Omitted: the EP's default for the target's hardware",
     )
     models: list[str] | None = Field(
         default=None, description="Subset of model names; every model when omitted"

@@ -145,6 +145,19 @@ class PrecisionTried(_Strict):
     precision: Precision
     reason: str = Field(max_length=2000)
     max_rel_error: float | None = Field(default=None, description="Its verification's error")
+    outcome: Literal["compile failed", "below min_coverage", "verification failed"] | None = Field(
+        default=None,
+        exclude_if=lambda outcome: outcome is None,
+        description="How it lost (schema 1.3; None: recorded before)",
+    )
+    seconds: float | None = Field(
+        default=None,
+        ge=0,
+        exclude_if=lambda seconds: seconds is None,
+        description="Seconds it took on the compile host: quantising and compiling, then "
+        "verifying (a compile that failed: the attempt's wall time; schema 1.3; None: "
+        "recorded before)",
+    )
 
 
 class Quantization(_Strict):

@@ -147,8 +147,12 @@ def compile_job(job: CompileJob) -> CompileOutput:
         except CompileError:
             raise
         except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidArgument subclasses
+            advice = module.compile_error_advice(str(exc))
+            said = f"{advice}. {request.ep}'s error: " if advice else ""
             raise CompileError(
-                f"{request.ep} failed to compile {request.model!r}: {summarize(exc, 600)}"
+                f"{request.ep} failed to compile {request.model!r}"
+                f"{f' at {request.precision}' if request.precision else ''}: "
+                f"{said}{summarize(exc, 600)}"
             ) from None
         if not artifact.exists():
             raise CompileError(f"{request.ep} wrote no model for {request.model!r}")

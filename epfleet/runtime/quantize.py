@@ -19,7 +19,7 @@ import fcntl
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -31,6 +31,7 @@ from epfleet.formats.manifest import Quantization
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.runtime.requests import CompileRequest, QuantizeOptions
+from eps.base import INTEGER_PRECISIONS, WIDER_INTEGER, Precision
 
 if TYPE_CHECKING:
     from epfleet.runtime.samples import Sample
@@ -167,9 +168,14 @@ def quantize(
     )
 
     started = time.perf_counter()
-    activation = {"w8a8": QuantType.QUInt8, "w8a16": QuantType.QUInt16}[precision]
-    # Per-channel weights are symmetric signed 8-bit, as the HTP takes them.
-    weights = QuantType.QInt8 if options.per_channel else QuantType.QUInt8
+    activation = QuantType.QUInt8 if precision == "w8a8" else QuantType.QUInt16
+    if precision == "w16a16":
+        # Signed 16-bit weights, which ORT's QNN recipe makes symmetric (weight_symmetric
+        # None); the EP module says which targets take them.
+        weights = QuantType.QInt16
+    else:
+        # Per-channel weights are symmetric signed 8-bit, as the HTP takes them.
+        weights = QuantType.QInt8 if options.per_channel else QuantType.QUInt8
     method = {
         "minmax": CalibrationMethod.MinMax,
         "entropy": CalibrationMethod.Entropy,
@@ -353,18 +359,51 @@ def blame_layers(float_path: str, qdq_path: str, samples: list[Sample]) -> str:
             return ""
         return (
             f"; no single layer stands out (SQNR against the fp32 model falls gradually, to "
-            f"{lowest:.1f} dB at worst): the error builds up across the graph. The levers: a "
-            "wider precision (w8a16), per-channel weights (quantization.per_channel), "
-            "calibration inputs like the real data"
+            f"{lowest:.1f} dB at worst): the error builds up across the graph"
         )
     named = ", ".join(f"{node!r} ({op}, {db:.1f} dB)" for node, op, db in blamed)
     first = f"; the quantisation error explodes first at {named}" if blamed else ""
     worst = f"; worst quantised ops: {local}" if local else ""
-    return (
-        f"{first}{worst} (SQNR against the fp32 model on the samples). The levers, most "
-        "often first: a wider precision (w8a16), per-channel weights "
-        "(quantization.per_channel), calibration inputs like the real data, leaving those "
-        "layers in float (quantization.nodes_to_exclude)"
+    return f"{first}{worst} (SQNR against the fp32 model on the samples)"
+
+
+CALIBRATE_METHODS = ("minmax", "entropy", "percentile")
+
+
+def ladder_advice(
+    precision: Precision,
+    makes: Sequence[Precision],
+    ladder: Sequence[Precision],
+    options: QuantizeOptions,
+    limits: str,
+) -> str:
+    """What to change after an integer variant at ``precision`` failed verification, in
+    the order it most often helps: the next wider precision the target ``makes`` that its
+    ``ladder`` has not tried before (the ladder's own next rung when it has one), per-channel
+    weights when off, another calibration method and inputs, and last the layers the
+    failure names, left in float. ``limits`` says why the target makes no wider one."""
+    done = list(ladder[: ladder.index(precision) + 1]) if precision in ladder else [precision]
+    wider = [p for p in WIDER_INTEGER[WIDER_INTEGER.index(precision) + 1 :] if p in makes]
+    wider += [p for p in makes if p not in INTEGER_PRECISIONS]
+    untried = [p for p in wider if p not in done]
+    levers = []
+    if not untried:
+        levers.append(f"no wider precision to try ({limits})")
+    elif untried[0] in ladder:
+        levers.append(f"the ladder's next rung, {untried[0]}")
+    else:
+        shown = ", ".join([*done, untried[0], *ladder[len(done) :]])
+        levers.append(f"{untried[0]}, the next precision this target makes (precision: [{shown}])")
+    if not options.per_channel:
+        levers.append("per-channel weights (quantization.per_channel: true)")
+    others = " or ".join(m for m in CALIBRATE_METHODS if m != options.calibrate_method)
+    levers.append(
+        f"another calibration method (quantization.calibrate_method: {others}; this one "
+        f"{options.calibrate_method}) and calibration inputs like the real data"
+    )
+    levers.append("leaving the layers named above in float (quantization.nodes_to_exclude)")
+    return ". Next, most often first: " + "; ".join(
+        f"{k}) {lever}" for k, lever in enumerate(levers, 1)
     )
 
 

@@ -136,6 +136,22 @@ def test_the_matrix_shows_each_variants_precision_and_the_ladders_losers() -> No
     assert "mel × older: ok · 0.41 s · 2.0 KB" in shown
 
 
+def test_the_matrix_shows_how_each_lost_rung_lost_and_its_seconds() -> None:
+    tried = [
+        PrecisionTried(
+            precision="w8a8", reason="off", outcome="verification failed", seconds=1.234
+        ),
+        PrecisionTried(precision="w8a16", reason="MEM", outcome="compile failed", seconds=0.5),
+    ]
+    shown = render_report(
+        report(result("v73", "npu", "spec", precision="w16a16", precision_tried=tried))
+    )
+    assert (
+        "mel × v73: ok · w16a16 (w8a8 verification failed in 1.23 s, w8a16 compile failed in "
+        "0.50 s) · 0.41 s" in shown
+    ), shown
+
+
 def test_a_pair_result_takes_its_precision_from_the_entry() -> None:
     entry = variant("npu", "spec").model_copy(
         update={

@@ -76,6 +76,25 @@ def test_an_impossible_precision_is_refused_at_spec_load(
     assert all(w in str(refused.value) for w in words), str(refused.value)
 
 
+@pytest.mark.parametrize("arch", [68, 69])
+def test_sixteen_bit_weights_are_refused_before_v73(arch: int) -> None:
+    """Measured: v68 and v69 refuse 16-bit weights (QNN error 3110 on each Conv)."""
+    with pytest.raises(BadInputError) as refused:
+        parsed(target(provider_options=HTP | {"htp_arch": arch}, precision=["w8a8", "w16a16"]))
+    assert "w16a16 is not one" in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize("arch", [73, 75, 79, 81])
+def test_v73_on_makes_w16a16_held_to_sixteen_bit_tolerances(arch: int) -> None:
+    [spec_target] = parsed(
+        target(provider_options=HTP | {"htp_arch": arch}, precision=["w8a8", "w16a16"])
+    ).targets
+    assert [(r.precision, r.tolerance) for r in ladder_of(spec_target)] == [
+        ("w8a8", 0.10),
+        ("w16a16", 0.10),
+    ]
+
+
 def test_the_cpu_ep_makes_fp32_only() -> None:
     with pytest.raises(BadInputError, match="makes fp32"):
         parsed({"name": "cpu", "ep": "CPUExecutionProvider", "precision": "w8a8"})

@@ -269,8 +269,62 @@ def test_a_loss_in_the_ep_not_in_quantising_is_told_apart_and_mended_by_excludin
     code, report, _ = compile_fleet(write_spec(tmp_path, [model], targets), tmp_path / "a", cli_env)
     error = report[("cls", "sd8g2")]["error"] or ""
     assert code == 1 and "the QDQ model itself is" in error and "within tolerance" in error, error
+    # w8a16 just failed: the advice names the next precision v73 makes, not w8a16 again
+    assert "1) w16a16, the next precision this target makes (precision: [w8a16, w16a16])" in error
+    assert "(w8a16)" not in error
     softmax = next(n.name for n in onnx.load(str(source)).graph.node if n.op_type == "Softmax")
     excluded = {**model, "quantization": {"nodes_to_exclude": [softmax or "qnn_preproc_node_7"]}}
     spec = write_spec(tmp_path, [excluded], targets, name="excluded.yaml")
     code, report, stderr = compile_fleet(spec, tmp_path / "b", cli_env)
     assert code == 0 and report[("cls", "sd8g2")]["precision"] == "w8a16", stderr[-2000:]
+
+
+def test_a_ladder_records_each_lost_rung_s_outcome_and_seconds_and_w16a16_wins(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """The outlier calibration input of the test above stretches the first layer's 8-bit
+    range: on HTP v73 w8a8 fails verification, and w16a16 (16-bit weights and activations)
+    is published; the entry records the lost rung with how it lost and its seconds, and
+    the compile matrix and ``manifest show`` show them."""
+    source = tmp_path / "cls.onnx"
+    onnx.save(tiny_cls(), str(source))
+    calibration = images(4, 8)
+    calibration[0, 0, :, :4, :4] = 2000.0
+    np.savez(tmp_path / "calibration.npz", x=calibration)
+    np.savez(tmp_path / "samples.npz", x=images(5, 3))
+    model = {
+        "name": "cls",
+        "source": str(source),
+        "input_shapes": {"x": SHAPE},
+        "calibration": "calibration.npz",
+        "samples": "samples.npz",
+    }
+    v73 = {"backend_type": "htp", "htp_arch": 73, "soc_model": 43}
+    target = {"name": "sd8g2", "ep": "QNNExecutionProvider", "provider_options": v73}
+    spec = write_spec(tmp_path, [model], [target | {"precision": ["w8a8", "w16a16"]}])
+    store = tmp_path / "store"
+    code, report, stderr = compile_fleet(spec, store, cli_env)
+
+    assert code == 0, (stderr[-3000:], report)
+    entry = Manifest.from_json((store / "manifest.json").read_bytes()).models["cls"]
+    won = entry.variants["sd8g2"]
+    assert won.precision == "w16a16" and won.verification is not None
+    assert won.verification.status == "passed"
+    [lost] = won.precision_tried
+    assert (lost.precision, lost.outcome) == ("w8a8", "verification failed"), lost
+    assert lost.seconds is not None and lost.seconds > 0
+    assert lost.max_rel_error is not None and lost.max_rel_error > 0.10
+    # what to change next: the next wider precision v73 makes, which the ladder lacks
+    assert (
+        "1) w8a16, the next precision this target makes (precision: [w8a8, w8a16, w16a16])"
+        in lost.reason
+    ), lost.reason
+    cell = f"w16a16 (w8a8 verification failed in {lost.seconds:.2f} s)"
+    shown = subprocess.run(
+        [sys.executable, "-m", "epfleet", "manifest", "show", "--store", str(store)],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cell in shown.stdout, shown.stdout + shown.stderr

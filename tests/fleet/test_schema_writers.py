@@ -27,7 +27,7 @@ from tests.support.trust_helpers import make_trusted_store, online_key
 pytestmark = pytest.mark.fast
 
 REFUSAL = (
-    "the manifest declares schema 1.3, newer than this epfleet writes (1.2): upgrade "
+    "the manifest declares schema 1.9, newer than this epfleet writes (1.3): upgrade "
     "epfleet on the compile host"
 )
 
@@ -36,7 +36,7 @@ def newer_document() -> Manifest:
     """A manifest a newer publisher wrote (what this epfleet can hold of it)."""
     source = {"uri": "sources/a.onnx", "sha256": "a" * 64, "size": 1}
     manifest = Manifest.model_validate({"generation": 5, "models": {"m": {"source": source}}})
-    return manifest.model_copy(update={"schema_version": "1.3"})
+    return manifest.model_copy(update={"schema_version": "1.9"})
 
 
 def store_bytes(directory: Path) -> dict[str, bytes]:
@@ -92,7 +92,7 @@ def test_a_publish_or_trust_init_over_a_newer_unsigned_store_is_refused(
     before = store_bytes(unsigned_newer)
     store = open_store(str(unsigned_newer))
     taken = read_in_force(store).manifest  # a reader takes it, without the unknown key
-    assert taken is not None and taken.schema_version == "1.3" and "m" in taken.models
+    assert taken is not None and taken.schema_version == "1.9" and "m" in taken.models
     with pytest.raises(BadInputError, match="newer than this epfleet writes"):
         update_manifest(store, lambda current: current)
     with pytest.raises(BadInputError, match="newer than this epfleet writes"):
@@ -122,4 +122,4 @@ def test_writers_over_a_newer_signed_store_are_refused_and_change_nothing(
     assert store_bytes(signed_newer) == before
     assert main(["manifest", "show", "--store", str(signed_newer), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)  # a reader reads it
-    assert shown["schema_version"] == "1.3" and list(shown["models"]) == ["m"]
+    assert shown["schema_version"] == "1.9" and list(shown["models"]) == ["m"]

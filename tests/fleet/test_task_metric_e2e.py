@@ -64,7 +64,7 @@ def test_a_task_metric_refuses_the_rung_that_breaks_the_task(
         "compile", str(spec(judged, metric)), "--store", str(judged / "store"), env=cli_env
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "fp16 (w8a8 failed)" in run.stdout
+    assert "fp16 (w8a8 verification failed in " in run.stdout
     assert "argmax_agreement 1 (min 0.99)" in run.stderr
     manifest = Manifest.from_json((judged / "store" / "manifest.json").read_bytes())
     variant = manifest.models["fragile"].variants["sd8g2"]

@@ -93,12 +93,12 @@ def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> Non
 
 
 def test_a_writer_refuses_a_newer_minor_naming_both_versions() -> None:
-    for doc in (document("1.3"), with_future_fields(document("1.3"))):
+    for doc in (document("1.9"), with_future_fields(document("1.9"))):
         with pytest.raises(ValidationError) as refused:
             Manifest.from_json(data(doc))
         loc, msg = first_error(refused)
         assert loc == ("schema_version",)
-        assert "schema 1.3, newer than this epfleet writes (1.2)" in msg
+        assert f"schema 1.9, newer than this epfleet writes ({SCHEMA_VERSION})" in msg
         assert "upgrade epfleet on the compile host" in msg
 
 
@@ -114,7 +114,7 @@ def test_a_newer_major_is_refused(newer_minor: str) -> None:
             "update epfleet on this device; the manifest in force stays"
         )
     else:
-        assert "newer than this epfleet writes (1.2)" in msg
+        assert f"newer than this epfleet writes ({SCHEMA_VERSION})" in msg
 
 
 @pytest.mark.parametrize("version", [SCHEMA_VERSION, "1"])
@@ -134,7 +134,7 @@ def test_an_unknown_key_at_the_readers_own_minor_stays_an_error(version: str) ->
 
 
 def test_a_newer_minor_is_still_validated_in_every_field_it_knows() -> None:
-    doc = with_future_fields(document("1.3"))
+    doc = with_future_fields(document("1.9"))
     doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["tolerance"] = 9.0  # too loose
     with pytest.raises(ValidationError) as refused:
         Manifest.from_json(data(doc), newer_minor="ignore")
@@ -145,9 +145,9 @@ def test_a_newer_minor_is_still_validated_in_every_field_it_knows() -> None:
 def test_a_signed_entry_follows_the_version_it_comes_with() -> None:
     entry = with_future_fields(document())["models"]["m"]
     text = canonical(entry).decode()
-    taken = validate_json(ModelEntry, text, "ignore", "1.4")
+    taken = validate_json(ModelEntry, text, "ignore", "1.9")
     assert taken == ModelEntry.model_validate(document()["models"]["m"])
-    assert validate_python(ModelEntry, entry, "ignore", "1.4") == taken
+    assert validate_python(ModelEntry, entry, "ignore", "1.9") == taken
     assert "licence" in entry  # the caller's value is left as it was
     with pytest.raises(ValidationError):
         validate_json(ModelEntry, text, "ignore", "1.0")  # absent means 1.0: strict
@@ -160,8 +160,8 @@ def test_a_signed_entry_follows_the_version_it_comes_with() -> None:
 def test_writers_refuse_a_document_a_reader_took() -> None:
     check_writable(None, "store")
     check_writable(SCHEMA_VERSION, "store")
-    with pytest.raises(BadInputError, match=r"^/s: the manifest declares schema 1.3, newer"):
-        check_writable("1.3", "/s")
+    with pytest.raises(BadInputError, match=r"^/s: the manifest declares schema 1.9, newer"):
+        check_writable("1.9", "/s")
 
 
 def test_the_signed_targets_of_a_1_0_manifest_are_what_they_were() -> None:
@@ -187,9 +187,9 @@ def test_the_signed_targets_of_a_1_0_manifest_are_what_they_were() -> None:
 
 
 def test_the_signed_target_of_a_newer_manifest_carries_its_schema() -> None:
-    future = data(with_future_fields(document("1.3")))
+    future = data(with_future_fields(document("1.9")))
     custom = model_targets(future)["models/m"].info.unrecognized_fields["custom"]
-    assert custom["epfleet_schema"] == "1.3"
+    assert custom["epfleet_schema"] == "1.9"
     assert json.loads(custom["epfleet"])["licence"] == {"spdx": "MIT"}
 
 
@@ -258,3 +258,23 @@ def test_schema_1_2_records_the_task_metric_and_the_error_measure_inputs() -> No
             "x86-cpu"
         ]["verification"]
     )
+
+
+def test_schema_1_3_records_how_each_lost_rung_lost_and_its_seconds() -> None:
+    """1.3 added ``precision_tried[].outcome`` and ``.seconds``: written when known, read
+    back as written; an entry without them keeps its bytes (no keys added)."""
+    doc = document()
+    entry = doc["models"]["m"]["variants"]["x86-cpu"]
+    plain = Manifest.from_json(data(doc)).to_json()
+    entry["precision"] = "w16a16"
+    entry["precision_tried"] = [
+        {"precision": "w8a8", "reason": "off", "outcome": "verification failed", "seconds": 1.17}
+    ]
+    read = Manifest.from_json(data(doc))
+    [lost] = read.models["m"].variants["x86-cpu"].precision_tried
+    assert (lost.outcome, lost.seconds) == ("verification failed", 1.17)
+    written = json.loads(read.to_json())["models"]["m"]["variants"]["x86-cpu"]
+    assert written["precision_tried"] == [entry["precision_tried"][0] | {"max_rel_error": None}]
+    entry["precision_tried"] = [{"precision": "w8a8", "reason": "off"}]  # written before 1.3
+    assert b"outcome" not in Manifest.from_json(data(doc)).to_json()
+    assert b"precision_tried" not in plain

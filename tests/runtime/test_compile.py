@@ -114,7 +114,8 @@ def test_model_no_node_of_which_the_npu_takes_fails_clearly(
     )
     with pytest.raises(
         CompileError,
-        match=r"QNNExecutionProvider failed to compile 'nonzero'.*Unable to compile any nodes",
+        match=r"QNNExecutionProvider failed to compile 'nonzero': QNN took no node of the "
+        r"model.*Unable to compile any nodes",
     ):
         worker.run(bad)
 
@@ -147,3 +148,76 @@ def test_a_crash_in_an_isolated_call_is_reported_and_the_worker_replaced() -> No
         assert pool.call(abort_on_crash, "fine", "health-checking v2") == "FINE"
     finally:
         pool.shutdown()
+
+
+def qdq_source(tmp_path: Path, model: onnx.ModelProto, precision: str, shape: list[int]) -> Path:
+    """``model`` quantised by epfleet's quantise step (ORT's QNN recipe) at ``precision``,
+    calibrated on 4 seeded inputs of ``shape``."""
+    import numpy as np
+
+    from epfleet.runtime.quantize import quantize
+    from epfleet.runtime.requests import QuantizeOptions
+    from epfleet.runtime.shapes import fix_input_shapes
+
+    fix_input_shapes(model, {"x": shape})
+    src, qdq = tmp_path / f"{precision}.src.onnx", tmp_path / f"{precision}.qdq.onnx"
+    onnx.save(model, str(src))
+    calibration = tmp_path / "calibration.npz"
+    np.savez(calibration, x=np.random.default_rng(0).uniform(0, 1, (4, *shape)).astype("float32"))
+    options = QuantizeOptions(calibration=None)
+    quantize(src, qdq, tmp_path / f"{precision}.float.onnx", precision, options, calibration)
+    return qdq
+
+
+def lstm() -> onnx.ModelProto:
+    """An LSTM over 16 steps of 32 features, 64 units."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.2, (1, 256, 32)).astype("float32"), "W"),
+        numpy_helper.from_array(rng.normal(0, 0.2, (1, 256, 64)).astype("float32"), "R"),
+        numpy_helper.from_array(np.zeros((1, 512), "float32"), "B"),
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=64, name="lstm")],
+        "lstm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_qnn_s_raw_compile_errors_come_with_one_sentence_saying_what_they_mean(
+    model_dir: Path, tmp_path: Path, worker: CompilePool
+) -> None:
+    """Measured here: a quantised LSTM fails for HTP v68 with QNN_COMMON_ERROR_MEM_ALLOC
+    (it compiles for v73); 16-bit weights fail for v69 in ORT's layout transformer."""
+    v68 = HTP | {"htp_arch": "68", "soc_model": "35"}
+    source = qdq_source(tmp_path, lstm(), "w8a8", [16, 1, 32])
+    with pytest.raises(CompileError) as refused:
+        worker.run(compiling(model_dir, tmp_path, source, v68, input_shapes={"x": [16, 1, 32]}))
+    said = str(refused.value)
+    assert "ran out of memory finalising the HTP graph" in said, said
+    assert said.index("newer htp_arch") < said.index("QNN_COMMON_ERROR_MEM_ALLOC: Memory"), said
+
+    cls = onnx.load(str(model_dir / "tiny-cls.onnx"))
+    source = qdq_source(tmp_path, cls, "w16a16", [1, 3, 48, 192])
+    v69 = HTP | {"htp_arch": "69", "soc_model": "36"}
+    with pytest.raises(CompileError, match=r"the HTP refused a Conv for its data types.*OpType"):
+        worker.run(compiling(model_dir, tmp_path, source, v69))
+    v73 = HTP | {"htp_arch": "73", "soc_model": "43"}
+    built = worker.run(compiling(model_dir, tmp_path, source, v73))
+    assert built.coverage is not None  # all its compute on the HTP, the I/O Q/DQ aside
+    assert built.coverage.other_nodes == built.coverage.boundary_qdq == 2
+
+
+def compiling(model_dir: Path, tmp_path: Path, source: Path, options: dict, **fields) -> CompileJob:
+    """A job compiling ``source`` (a QDQ model: compiled as it is)."""
+    digest = {"source_sha256": sha256_file(source)[0], "source_size": source.stat().st_size}
+    run = job(model_dir, tmp_path, "QNNExecutionProvider", options, **digest, **fields)
+    return run.model_copy(update={"source_path": str(source)})

@@ -3,7 +3,7 @@ compatibility), end to end on a real signed local store of the compiled fleet.
 
 A newer publisher (the test's TUF writer, ``Repo``, signing as it would: the document's
 schema version beside each signed entry) adds fields at the top, in a model entry, in a
-variant and in its verification, under schema 1.2: the device installs the new build,
+variant and in its verification, under schema 1.9: the device installs the new build,
 through the model's bin alone (``--model``) and through the whole signed manifest. The
 same unknown key under 1.0 is refused (a typo or tampering in a document it fully
 understands), and a 2.0 manifest is refused with the fix; both keep what runs."""
@@ -59,12 +59,12 @@ def test_a_device_installs_a_newer_minor_through_its_bin_and_the_whole_manifest(
 ) -> None:
     fleet = local_fleet
     first = first_sync(fleet)
-    built = publish_as(fleet, "1.3")
+    built = publish_as(fleet, "1.9")
     bin_json = json.loads(
         max(fleet.repo.meta.glob(f"*.{fleet.repo.bin_of(MODEL)}.json"), key=_version).read_text()
     )
     custom = bin_json["signed"]["targets"][f"models/{MODEL}"]["custom"]
-    assert custom["epfleet_schema"] == "1.3" and "licence" in custom["epfleet"]
+    assert custom["epfleet_schema"] == "1.9" and "licence" in custom["epfleet"]
 
     report = fleet.sync()  # models=[tiny-cls]: its entry from its signed bin alone
     assert report.exit_code == 0, report.manifest
