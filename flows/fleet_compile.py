@@ -20,7 +20,7 @@ from epfleet.errors import StoreError
 from epfleet.fleet.compile_run import run_compiles
 from epfleet.fleet.outcomes import PairOutcome
 from epfleet.fleet.plan_rules import PlannedPair
-from epfleet.fleet.planning import handed_report, plan_inputs
+from epfleet.fleet.planning import handed_origin, handed_report, plan_inputs
 from epfleet.fleet.publish_rules import news
 from epfleet.fleet.publishing import Published, read_in_force
 from epfleet.fleet.runs import RunPlan, RunReport
@@ -62,12 +62,14 @@ def fleet_compile(
             pool (1 or more; default an hour).
     """
     plan: RunPlan = plan_task(spec, store, models or None, targets or None, force)
-    done = handed_report(plan_inputs(spec, store, models or None, targets or None, force))
+    inputs = plan_inputs(spec, store, models or None, targets or None, force)
+    done = handed_report(inputs)
     if done is not None:
-        # ``epfleet compile`` compiled and published this plan while the API started.
+        # ``epfleet compile`` compiled and published this plan without Prefect: while the
+        # temporary API started, or earlier, with no API to record it on (a kept run).
         get_run_logger().info(
-            "compiled and published by the command that started this run, before Prefect's "
-            "API answered: %d compiled, %d failed, manifest generation %d",
+            "%s: %d compiled, %d failed, manifest generation %d",
+            handed_origin(inputs),
             done.compiled,
             done.failed,
             done.generation,

@@ -2,7 +2,9 @@
 
 The compiles start in this machine's workers before the flow run (importing Prefect and
 starting its temporary API take seconds); the fleet-compile flow then collects them.
-When the temporary API does not start, the pairs compile and publish without Prefect.
+With no Prefect API and nothing that needs one, the pairs compile and publish without
+Prefect and the run is kept to be recorded later (``epfleet.fleet.kept_runs``); when the
+temporary API does not start, they compile and publish without Prefect too.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from cyclopts import Parameter
 
@@ -22,6 +24,8 @@ from epfleet import MAX_WORKERS
 from epfleet.cli.interrupts import interrupts
 from epfleet.cli.options import Json, Repeatable, RunnerName, Store, command_help
 from epfleet.cli.prefect_api import (
+    api_url_named,
+    start_temporary_api,
     start_temporary_api_beside,
     temporary_api_dies_with_us,
 )
@@ -34,6 +38,7 @@ _PROCESS_STARTED = time.time()  # (close enough: this module is imported at star
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
 
+    from epfleet.fleet.planning import PlanInputs
     from epfleet.fleet.runs import RunPlan, RunReport
     from epfleet.logs import CompileProgress
     from epfleet.runtime.compile_pool import CompilePool
@@ -51,6 +56,7 @@ def compile_(
     task_runner: RunnerName = "threads",
     dask_address: str | None = None,
     prune: bool = False,
+    prefect: Literal["auto", "temporary"] = "auto",
     as_json: Json = False,
 ) -> int:
     """Compile every model of the fleet spec for every target, and publish.
@@ -88,6 +94,14 @@ def compile_(
         Then retire from the manifest the models and targets the spec no longer
         lists (as epfleet retire --spec SPEC --unlisted): judged on the whole spec,
         never on a --model/--target subset.
+    prefect
+        The Prefect API that records the run. auto: the server PREFECT_API_URL names;
+        without one, a run that needs nothing of Prefect (no work pool, threads) compiles
+        and publishes without it, starts no API, and is kept in the worker cache to be
+        recorded by the next compile that has one (a work pool's or Dask's run starts
+        Prefect's temporary API). temporary: without PREFECT_API_URL, start Prefect's
+        temporary API beside the compiles and record this run, and the runs kept before,
+        once it answers (seconds of CPU, tens of seconds on a busy machine).
     as_json
         Print one JSON object on stdout.
     """
@@ -101,7 +115,10 @@ def compile_(
         raise BadInputError("--dask-address needs --task-runner dask")
     try:
         with interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
-            report = _compile(spec, store, workers, force, model, target, task_runner, dask_address)
+            report = _compile(
+                *(spec, store, workers, force, model, target, task_runner, dask_address),
+                temporary=prefect == "temporary",
+            )
             pruned = _prune(spec, store) if prune else None
     except OSError as exc:  # a full disk: the worker cache or a local store
         if exc.errno not in NO_SPACE:
@@ -158,45 +175,54 @@ def _compile(
     target: list[str] | None,
     task_runner: str,
     dask_address: str | None,
+    temporary: bool,
 ) -> RunReport:
     """Plan, then run the plan the way ``epfleet.fleet.run_way`` chooses: answered from the
-    plan, as the fleet-compile flow run, or compiled and published at once while Prefect's
-    temporary API starts, and recorded on it once it answers."""
-    from epfleet.fleet.planning import plan_run
+    plan, as the fleet-compile flow run, or compiled and published at once without Prefect
+    and either kept to be recorded later (no Prefect API) or recorded on the temporary API
+    once it answers (``--prefect temporary``)."""
+    from epfleet.fleet.planning import plan_inputs, plan_run
     from epfleet.fleet.run_way import RunWay, run_way
     from epfleet.fleet.staging import tidy_cache
-    from epfleet.fleet.task_runners import task_runner as make_runner
 
     print(f"epfleet: planning {spec} against {store}", file=sys.stderr, flush=True)
     tidy_cache()  # temp files of killed runs, and the cache's size bound
     plan = plan_run(spec, store, model, target, force)
     if plan.is_noop:
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
+        _record_kept_if_an_api(temporary)
         return plan.report({}, plan.generation, published=False)
     print(
         f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs to compile "
         f"with {workers} workers",
         file=sys.stderr,
     )
-    # Prefect's temporary API (unless PREFECT_API_URL names a server, or Dask's run starts
-    # it) and the compiles start at once, the API first: it is the slower to come up.
+    api_named = api_url_named()
+    way = run_way(
+        up_to_date=False,
+        task_runner=task_runner,
+        work_pools=any(pair.work_pool for pair in plan.to_compile),
+        api_url=api_named,
+        temporary=temporary,
+    )
+    # Prefect's temporary API when this run needs one (unless Dask's run starts it) and
+    # the compiles start at once, the API first: it is the slower to come up.
     pool, progress, api = None, None, None
     if task_runner == "threads":
-        print(
-            "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
-            "names a server instead); the compiles run meanwhile",
-            file=sys.stderr,
-        )
-        api = start_temporary_api_beside()
+        if way is not RunWay.PLAIN_THEN_KEEP and not api_named:
+            print(
+                "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
+                "names a server instead); the compiles run meanwhile",
+                file=sys.stderr,
+            )
+            api = start_temporary_api_beside()
         pool, progress = _prestart(plan, store, workers)
     try:
-        way = run_way(
-            up_to_date=False,
-            task_runner=task_runner,
-            work_pools=any(pair.work_pool for pair in plan.to_compile),
-            api_url=_api_url_named(),
-        )
         args = (spec, store, workers, force, model, target)
+        if way is RunWay.PLAIN_THEN_KEEP:
+            report = _run_without_prefect(plan, store, workers)
+            _keep(plan, report, plan_inputs(spec, store, model, target, force), workers)
+            return report
         if way is RunWay.PLAIN_THEN_RECORD:
             assert api is not None
             return _compile_then_record(plan, api, *args)
@@ -209,6 +235,10 @@ def _compile(
                 file=sys.stderr,
             )
             return _run_without_prefect(plan, store, workers)
+        if api_named or api is not None:  # (the compiles started run meanwhile)
+            _record_kept_runs()
+        from epfleet.fleet.task_runners import task_runner as make_runner
+
         return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
     finally:
         if progress is not None:
@@ -217,12 +247,114 @@ def _compile(
             pool.drop_unclaimed()
 
 
-def _api_url_named() -> bool:
-    """PREFECT_API_URL (the environment or Prefect's profile) names a Prefect server."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect.settings import get_current_settings
+def _keep(plan: RunPlan, report: RunReport, inputs: PlanInputs, workers: int) -> None:
+    """Keep a run published without Prefect to be recorded by a later compile with a
+    Prefect API, saying so in one line; a record that cannot be kept costs the run nothing
+    but its record."""
+    from epfleet.fleet import kept_runs
 
-    return bool(get_current_settings().api.url)
+    try:
+        path, dropped = kept_runs.keep(inputs, workers, plan, report)
+    except (OSError, ValueError) as exc:
+        print(
+            f"epfleet: published without Prefect; this run's record was not kept ({exc}), "
+            "so no flow run will show it",
+            file=sys.stderr,
+        )
+        return
+    for old in dropped:
+        print(
+            f"epfleet: dropped the oldest kept run {old.name}, never recorded (at most "
+            f"{kept_runs.MAX_KEPT} are kept)",
+            file=sys.stderr,
+        )
+    print(
+        f"epfleet: published without Prefect (no PREFECT_API_URL); this run is kept in "
+        f"{path.parent} to be recorded as a fleet-compile flow run by the next compile with "
+        "a Prefect API (PREFECT_API_URL set, or --prefect temporary)",
+        file=sys.stderr,
+    )
+
+
+def _record_kept_if_an_api(temporary: bool) -> None:
+    """An up-to-date run: record the kept runs if a Prefect API is at hand (named by
+    PREFECT_API_URL, or the temporary one asked for); else say they wait. Nothing at all
+    (no Prefect import) when none is kept."""
+    from epfleet.fleet import kept_runs
+
+    count = len(kept_runs.pending())
+    if not count:
+        return
+    if api_url_named():
+        _record_kept_runs()
+        return
+    if not temporary:
+        print(
+            f"epfleet: {count} run(s) kept to be recorded on Prefect (set PREFECT_API_URL, "
+            "or add --prefect temporary)",
+            file=sys.stderr,
+        )
+        return
+    print(
+        f"epfleet: starting Prefect's temporary API to record {count} kept run(s)",
+        file=sys.stderr,
+    )
+    problem = start_temporary_api()
+    if problem is not None:
+        print(
+            f"epfleet: Prefect's temporary API did not start ({problem}); {count} run(s) "
+            "still kept to be recorded",
+            file=sys.stderr,
+        )
+        return
+    _record_kept_runs()
+
+
+def _record_kept_runs() -> None:
+    """Record each kept run (oldest first) as a fleet-compile flow run on the Prefect API
+    at hand, with the artifacts and events of a run that compiled, then remove its file.
+    The first that fails to record ends this, in one line: it and the rest stay kept."""
+    from epfleet.fleet import kept_runs
+    from epfleet.fleet.task_runners import task_runner
+
+    recorded = 0
+    for path in kept_runs.pending():
+        claimed = kept_runs.claim(path)
+        if claimed is None:  # another command records it
+            continue
+        try:
+            run = kept_runs.load(claimed)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            kept_runs.release(claimed)
+            print(f"epfleet: kept run {path} cannot be read ({exc}); left there", file=sys.stderr)
+            continue
+        spec, store, models, targets, force = run.inputs
+        try:
+            _run_fleet_flow(
+                *(run.plan, task_runner("threads", None, run.workers), Path(spec), store),
+                *(run.workers, force, list(models), list(targets)),
+                done=run.report,
+                origin=(
+                    f"compiled and published by epfleet compile at {run.kept_at} without "
+                    "Prefect, kept until a Prefect API was available"
+                ),
+            )
+        except Exception as exc:  # it stays kept: the API may answer next time
+            kept_runs.release(claimed)
+            left = len(kept_runs.pending())
+            print(
+                f"epfleet: Prefect's API did not record a kept run "
+                f"({' '.join(str(exc).split())[:300]}); {left} run(s) still kept",
+                file=sys.stderr,
+            )
+            break
+        claimed.unlink(missing_ok=True)
+        recorded += 1
+    if recorded:
+        print(
+            f"epfleet: recorded {recorded} kept run(s) as fleet-compile flow runs",
+            file=sys.stderr,
+        )
 
 
 def _compile_then_record(
@@ -237,7 +369,7 @@ def _compile_then_record(
 ) -> RunReport:
     """Compile and publish now without Prefect while its temporary API (``api``) starts;
     once the run is published and the API answers, a fleet-compile flow run records it
-    (its artifacts and events), as if it had compiled it."""
+    (its artifacts and events), as if it had compiled it, after the runs kept before."""
     report = _run_without_prefect(plan, store, workers)
     if not api.done():
         print(
@@ -255,6 +387,7 @@ def _compile_then_record(
         return report
     from epfleet.fleet.task_runners import task_runner
 
+    _record_kept_runs()
     runner = task_runner("threads", None, workers)
     try:
         _run_fleet_flow(plan, runner, spec, store, workers, force, model, target, done=report)
@@ -272,7 +405,7 @@ def _wait_saying_so(api: Future[str | None]) -> str | None:
     tens of seconds): why it did not come up, or None, saying when it answered."""
     started = time.monotonic()
     problem = api.result()
-    if problem is None and not _api_url_named():
+    if problem is None and not api_url_named():
         print(
             f"epfleet: Prefect's temporary API answered ({_started_ago()} s after the "
             f"command started, {time.monotonic() - started:.0f} s waited for)",
@@ -327,11 +460,13 @@ def _run_fleet_flow(
     models: list[str] | None,
     targets: list[str] | None,
     done: RunReport | None = None,
+    origin: str | None = None,
 ) -> RunReport:
-    """The fleet-compile flow run, on ``plan`` (and recording ``done``, a run this command
-    compiled and published already, instead of compiling)."""
+    """The fleet-compile flow run, on ``plan`` (and recording ``done``, a run compiled and
+    published already, by this command or by an earlier one, ``origin``, instead of
+    compiling)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from epfleet.fleet.planning import handing_over, plan_inputs
+    from epfleet.fleet.planning import HANDED_BY_THIS_COMMAND, handing_over, plan_inputs
     from flows.fleet_compile import fleet_compile
 
     temporary_api_dies_with_us()
@@ -340,7 +475,8 @@ def _run_fleet_flow(
         if not any(isinstance(f, _NoTracebackOfOurErrors) for f in logger.filters):
             logger.addFilter(_NoTracebackOfOurErrors())
     flow = fleet_compile.with_options(task_runner=runner)
-    with handing_over(plan, plan_inputs(spec, store, models, targets, force), done):
+    inputs = plan_inputs(spec, store, models, targets, force)
+    with handing_over(plan, inputs, done, origin or HANDED_BY_THIS_COMMAND):
         return flow(
             spec=str(spec.resolve()),
             store=store,

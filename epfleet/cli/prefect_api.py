@@ -17,6 +17,36 @@ from concurrent.futures import Future
 from typing import Any
 
 
+def api_url_named() -> bool:
+    """PREFECT_API_URL names a Prefect server (the environment, or Prefect's profile or
+    settings files). Importing Prefect's settings costs a second or more, so that is done
+    only when the variable is unset and one of those files mentions an API URL."""
+    from pathlib import Path
+
+    if os.environ.get("PREFECT_API_URL", "").strip():
+        return True
+    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    profiles = os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml"
+    files = {
+        Path(profiles).expanduser(): "PREFECT_API_URL",
+        Path(".env"): "PREFECT_API_URL",
+        Path("prefect.toml"): "api",
+        Path("pyproject.toml"): "tool.prefect",
+    }
+    mentioned = False
+    for path, marker in files.items():
+        try:
+            mentioned = mentioned or marker in path.read_text(errors="replace")
+        except OSError:
+            continue
+    if not mentioned:
+        return False
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.settings import get_current_settings
+
+    return bool(get_current_settings().api.url)
+
+
 def start_temporary_api() -> str | None:
     """Start Prefect's temporary API now (none when PREFECT_API_URL names a server), while
     the compiles run: why it did not come up within its start-up time, or None. The flow

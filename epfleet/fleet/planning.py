@@ -10,7 +10,9 @@ plan to the flow run it starts inside ``handing_over``; the flow's plan task tak
 (``handed_plan``) when the run's inputs are the ones it was made for, and plans otherwise.
 When the command compiled and published the plan itself, before Prefect's temporary API
 answered (``epfleet.fleet.run_way``), it hands over the finished report too
-(``handed_report``): the flow run then records that run instead of compiling again.
+(``handed_report``): the flow run then records that run instead of compiling again. So
+does a later command for a run kept to be recorded (``epfleet.fleet.kept_runs``), saying
+where the run came from (``handed_origin``).
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ PlanInputs = tuple[str, str, tuple[str, ...], tuple[str, ...], bool]
 """What a plan was made from: the spec's resolved path, the store, the models and targets
 selected (empty: all) and ``force``."""
 
-_handed: ContextVar[tuple[PlanInputs, RunPlan, RunReport | None] | None] = ContextVar(
+_handed: ContextVar[tuple[PlanInputs, RunPlan, RunReport | None, str] | None] = ContextVar(
     "handed_plan", default=None
+)
+
+HANDED_BY_THIS_COMMAND = (
+    "compiled and published by the command that started this run, before Prefect's API answered"
 )
 
 
@@ -78,12 +84,15 @@ def plan_inputs(
 
 @contextmanager
 def handing_over(
-    plan: RunPlan, inputs: PlanInputs, done: RunReport | None = None
+    plan: RunPlan,
+    inputs: PlanInputs,
+    done: RunReport | None = None,
+    origin: str = HANDED_BY_THIS_COMMAND,
 ) -> Iterator[None]:
     """Within this block, a run with these inputs takes ``plan`` instead of planning again
     and, given the report of the run ``done`` already (compiled and published), records
-    it instead of compiling."""
-    token = _handed.set((inputs, plan, done))
+    it instead of compiling; ``origin`` says in its log who did that run, and when."""
+    token = _handed.set((inputs, plan, done, origin))
     try:
         yield
     finally:
@@ -101,6 +110,12 @@ def handed_report(inputs: PlanInputs) -> RunReport | None:
     (see ``handing_over``): the flow run records it."""
     handed = _handed.get()
     return handed[2] if handed is not None and handed[0] == inputs else None
+
+
+def handed_origin(inputs: PlanInputs) -> str:
+    """Who compiled and published the run ``handed_report`` hands over, and when."""
+    handed = _handed.get()
+    return handed[3] if handed is not None and handed[0] == inputs else HANDED_BY_THIS_COMMAND
 
 
 def _identity(target: TargetSpec) -> dict[str, str]:
