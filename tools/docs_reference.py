@@ -52,7 +52,7 @@ SYNOPSIS = """\
 epfleet compile SPEC [--store URI] [--workers N] [--force]
                 [--model NAME ...] [--target NAME ...]
                 [--task-runner threads|dask [--dask-address tcp://HOST:8786]]
-                [--prune] [--json]
+                [--prune] [--prefect auto|temporary] [--json]
 epfleet manifest show [--store URI] [--json [--costs]]
 epfleet manifest schema          # the manifest's JSON Schema
 epfleet sync --cache DIR [--store URI] [--model NAME ...] [--no-recompile]

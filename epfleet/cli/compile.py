@@ -62,13 +62,16 @@ def compile_(
     """Compile every model of the fleet spec for every target, and publish.
 
     Pairs up to date are skipped (with no Prefect run when all are); pairs of a
-    target with a work_pool compile on that pool. Progress goes to stderr.
+    target with a work_pool compile on that pool. With no Prefect API (PREFECT_API_URL)
+    the run publishes without Prefect and is kept to be recorded by the next compile
+    that has one. Progress goes to stderr.
 
     For example:
       epfleet compile examples/fleet.yaml --store ./epfleet-store
       epfleet compile fleet.yaml --store s3://bucket/fleet --model ocr-det --json
       epfleet compile fleet.yaml --task-runner dask --dask-address tcp://h:8786
       epfleet compile fleet.yaml --store s3://bucket/fleet --prune
+      epfleet compile examples/fleet.yaml --prefect temporary  # recorded on Prefect now
 
     Exit codes: 0 every pair ok or up to date; 1 a pair failed (the others are
     still published) or the store failed; 2 bad input (nothing compiled).

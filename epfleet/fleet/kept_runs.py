@@ -78,7 +78,9 @@ def keep(
         old.unlink(missing_ok=True)
         dropped.append(old)
     # Named by time first, so that names sort oldest first.
-    name = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(4)}.json"
+    now = time.time_ns()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now // 10**9))
+    name = f"{stamp}.{now % 10**9:09d}-{secrets.token_hex(4)}.json"
     path = directory / name
     atomic_write_bytes(path, data)
     return path, dropped

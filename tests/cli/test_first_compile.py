@@ -1,7 +1,8 @@
-"""The first compile (issue 30 point 3): it publishes while Prefect's temporary API starts,
-says how far it got before the API is up, records the finished run on the API once it
-answers (the same artifacts as a flow run that compiled), and a second run with nothing to
-compile starts no API. Ordering, never timing: the API's process is held at start-up by a
+"""The first compile with ``--prefect temporary`` (issue 30 point 3; without it, a compile
+with no Prefect API starts none: tests/cli/test_kept_runs.py): it publishes while Prefect's
+temporary API starts, says how far it got before the API is up, records the finished run on
+the API once it answers (the same artifacts as a flow run that compiled), and a second run
+with nothing to compile starts no API. Ordering, never timing: the API's process is held at start-up by a
 gate file until the test has seen the run published."""
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def test_first_compile_publishes_before_the_api_is_up_and_records_after(
 ) -> None:
     spec = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET])
     argv = [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", "store"]
+    argv += ["--prefect", "temporary"]
     env = run_env(tmp_path)
     cli = subprocess.Popen(
         argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -69,7 +69,8 @@ class Lines:
 
 
 def start_compile(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen[str], str, Path]:
-    """`python -m epfleet compile` of 2 models × 8 HTP targets on the temporary Prefect API,
+    """`python -m epfleet compile --prefect temporary` of 2 models × 8 HTP targets on the
+    temporary Prefect API (asked for: without it, no API would start to interrupt),
     in a process group of its own; returns it, its cache marker and its store."""
     targets = [
         {**target, "name": f"{target['name']}-{k}"} for k in range(4) for target in HTP_TARGETS
@@ -81,7 +82,10 @@ def start_compile(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen[str
     env |= {"EPFLEET_CACHE": str(cache), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env["PYTHONPATH"] = str(REPO)
     cli = subprocess.Popen(
-        [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store)],
+        [
+            *(sys.executable, "-m", "epfleet", "compile", str(spec)),
+            *("--store", str(store), "--prefect", "temporary"),
+        ],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

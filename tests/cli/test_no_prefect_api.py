@@ -1,7 +1,8 @@
 """Commands that need no flow run start no Prefect API, and do not even import Prefect
 (issue 20): each runs in a fresh interpreter, which then reports whether ``prefect`` was
 imported. ``watch --dry-run`` took 15-40 s when it ran the flow; an up-to-date compile
-answers from the plan."""
+answers from the plan; a compile with no Prefect API and nothing that needs Prefect
+publishes without it and keeps its run to be recorded later (issue 30 point 3)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,6 @@ def probe(*argv: str, cwd: Path) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env |= {"PYTHONPATH": str(REPO), "EPFLEET_CACHE": str(cwd / "cache")}
     env["PREFECT_HOME"] = str(cwd / "prefect-home")  # never the user's
-    # The first compile publishes without waiting for a temporary API: not what is tested.
-    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "1"
     done = subprocess.run(
         [sys.executable, "-c", PROBE, *argv],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
@@ -47,9 +46,12 @@ def test_commands_without_a_flow_run_import_no_prefect(tmp_path: Path, model_dir
     spec = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET])
     store, cache = str(tmp_path / "store"), str(tmp_path / "device")
     first = probe("compile", str(spec), "--store", store, "--workers", "1", cwd=tmp_path)
-    assert first["code"] == 0  # (this one compiles, and imports Prefect for its flow run)
+    # It compiles and publishes, and keeps its run to be recorded: no Prefect API to use.
+    assert first == {"code": 0, "prefect": False}
+    assert len(list((tmp_path / "cache" / "work" / "kept-runs").iterdir())) == 1
     for argv in [
-        ["compile", str(spec), "--store", store],  # up to date: answered from the plan
+        # Up to date: answered from the plan (the kept run waits for a Prefect API).
+        ["compile", str(spec), "--store", store],
         ["watch", str(spec), "--store", store, "--dry-run"],
         ["sync", "--store", store, "--cache", cache],
         ["manifest", "show", "--store", store],

@@ -1,4 +1,5 @@
-"""`epfleet compile` and Prefect's temporary API: a temporary API that fails to start is
+"""`epfleet compile --prefect temporary` and Prefect's temporary API (without the option,
+a compile with no Prefect API starts none: tests/cli/test_kept_runs.py): a temporary API that fails to start is
 not fatal (the run compiles and publishes without Prefect, says so in one line, prints no
 traceback); compiles show a line each as they finish; Prefect's INFO lines stay out of the
 CLI's output."""
@@ -30,7 +31,7 @@ def compile_cli(tmp_path: Path, model_dir: Path, **env: str) -> subprocess.Compl
     done = subprocess.run(
         [
             *(sys.executable, "-m", "epfleet", "compile", str(spec)),
-            *("--store", str(tmp_path / "store"), "--json"),
+            *("--store", str(tmp_path / "store"), "--json", "--prefect", "temporary"),
         ],
         cwd=REPO,
         env=environment | env,

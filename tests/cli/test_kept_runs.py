@@ -1,0 +1,125 @@
+"""A compile with no Prefect API (issue 30 point 3, "not at all"): it publishes without
+starting Prefect's temporary API and keeps the finished run in the worker cache; the next
+compile that has a Prefect API records it as a fleet-compile flow run with the artifacts of
+a run that compiled, then removes it. No timing asserts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO
+from tests.support.specs import CPU_TARGET, tiny_models, write_spec
+
+# Imported by every Python process of the run (it is on PYTHONPATH): a Prefect API server
+# (uvicorn) started by the run leaves a mark.
+SITECUSTOMIZE = """
+import os
+if b"uvicorn" in open("/proc/self/cmdline", "rb").read():
+    open(os.environ["EPFLEET_TEST_API_MARK"], "a").close()
+"""
+
+
+def run_env(tmp_path: Path) -> dict[str, str]:
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "EPFLEET_"))}
+    return env | {
+        "PYTHONPATH": f"{REPO}{os.pathsep}{hook}",
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "EPFLEET_CACHE": str(tmp_path / "cache"),
+        "EPFLEET_TEST_API_MARK": str(tmp_path / "api-started"),
+    }
+
+
+def kept(tmp_path: Path) -> list[Path]:
+    directory = tmp_path / "cache" / "work" / "kept-runs"
+    return sorted(directory.iterdir()) if directory.is_dir() else []
+
+
+@pytest.mark.slow
+def test_a_compile_with_no_api_keeps_its_run_and_a_later_one_records_it(
+    tmp_path: Path, model_dir: Path, prefect_api: str
+) -> None:
+    from prefect.client.orchestration import get_client
+
+    spec = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET])
+    store = tmp_path / "store"
+    argv = [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store)]
+    env = run_env(tmp_path)
+    first = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "2 compiled, 0 up to date, 0 failed" in first.stdout, first.stdout
+    assert (store / "manifest.json").exists()
+    # No Prefect API: none started (no uvicorn process, no database), none mentioned.
+    assert not (tmp_path / "api-started").exists(), first.stderr
+    assert not (tmp_path / "prefect-home" / "prefect.db").exists()
+    assert "temporary API" not in first.stderr, first.stderr
+    [said] = [line for line in first.stderr.splitlines() if "kept in" in line]
+    assert said.startswith("epfleet: published without Prefect"), said
+    assert "PREFECT_API_URL" in said and "--prefect temporary" in said, said
+    [record] = kept(tmp_path)
+    assert record.suffix == ".json"
+
+    # A later compile (up to date) with a Prefect API records the kept run, then drops it.
+    again = subprocess.run(
+        argv, cwd=tmp_path, env=env | {"PREFECT_API_URL": prefect_api},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 compiled, 2 up to date" in again.stdout, again.stdout
+    assert "epfleet: recorded 1 kept run(s) as fleet-compile flow runs" in again.stderr
+    assert "did not record" not in again.stderr, again.stderr[-3000:]
+    assert kept(tmp_path) == []
+    assert not (tmp_path / "api-started").exists(), "a temporary API was started"
+    with get_client(sync_client=True) as client:
+        [run] = [r for r in client.read_flow_runs() if r.parameters.get("store") == str(store)]
+        assert run.state is not None and run.state.is_completed(), run.state
+        keys = {a.key for a in client.read_artifacts() if a.flow_run_id == run.id}
+    assert {
+        "fleet-compile-matrix",
+        "fleet-compile-details",
+        "fleet-compile-summary",
+        "fleet-compile-costs",
+    } <= keys, keys
+
+
+@pytest.mark.fast
+def test_kept_runs_are_bounded_and_claimed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from epfleet.fleet import kept_runs
+    from epfleet.fleet.runs import RunPlan, RunReport
+    from epfleet.settings import reset_settings
+
+    monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "cache"))
+    reset_settings()
+    monkeypatch.setattr(kept_runs, "MAX_KEPT", 3)
+    plan = RunPlan(store="s", sources={}, pairs=[], generation=0, published_sources={})
+    report = RunReport(generation=1, published=True, compiled=0, skipped=0, failed=0, variants=[])
+    inputs = (str(tmp_path / "spec.yaml"), "s", ("m",), (), False)
+    paths = []
+    for _ in range(4):
+        path, dropped = kept_runs.keep(inputs, 2, plan, report)
+        paths.append(path)
+    assert dropped == [paths[0]]  # the oldest goes, so that at most MAX_KEPT stay
+    assert kept_runs.pending() == paths[1:]
+    run = kept_runs.load(paths[1])
+    assert (run.inputs, run.workers, run.report) == (inputs, 2, report)
+
+    claimed = kept_runs.claim(paths[1])
+    assert claimed is not None and kept_runs.claim(paths[1]) is None  # one command only
+    assert kept_runs.pending() == paths[2:]
+    kept_runs.release(claimed)
+    assert kept_runs.pending() == paths[1:]
+
+    monkeypatch.setattr(kept_runs, "MAX_BYTES", 10)
+    with pytest.raises(ValueError, match="over 10"):
+        kept_runs.keep(inputs, 2, plan, report)
+    reset_settings()
