@@ -1,7 +1,9 @@
 """Prefect's temporary API for ``epfleet compile``: started early and quiet, dying with us.
 
 Without PREFECT_API_URL a flow run starts Prefect's temporary API server (a ``python -m
-uvicorn`` subprocess). The compile command starts it while its compiles already run,
+uvicorn`` subprocess). The compile command starts it only when a run needs it (a work pool,
+Dask, ``--prefect temporary``; otherwise it keeps the run to be recorded later), while its
+compiles already run,
 keeps its INFO lines off the terminal, reports why it did not come up (then the command
 compiles without Prefect), and on Linux makes it die when this process is killed.
 """
