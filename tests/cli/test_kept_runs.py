@@ -67,6 +67,16 @@ def test_a_compile_with_no_api_keeps_its_run_and_a_later_one_records_it(
     [record] = kept(tmp_path)
     assert record.suffix == ".json"
 
+    # An API that does not answer: the run stays kept, said in one line; the compile is fine.
+    dead = subprocess.run(
+        argv, cwd=tmp_path, env=env | {"PREFECT_API_URL": "http://127.0.0.1:9/api"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert dead.returncode == 0, dead.stderr[-3000:]
+    [failed] = [line for line in dead.stderr.splitlines() if "did not record" in line]
+    assert failed.endswith("; 1 run(s) still kept"), failed
+    assert kept(tmp_path) == [record]
+
     # A later compile (up to date) with a Prefect API records the kept run, then drops it.
     again = subprocess.run(
         argv, cwd=tmp_path, env=env | {"PREFECT_API_URL": prefect_api},
