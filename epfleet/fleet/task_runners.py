@@ -13,7 +13,6 @@ A deployment picks its runner through its workers' environment
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,11 +34,20 @@ def _threads(address: str | None, workers: int) -> TaskRunner[Any]:
 
 
 def _dask(address: str | None, workers: int) -> TaskRunner[Any]:
-    # distributed logs ~70 INFO lines per run from the scheduler, nannies and workers; this
-    # is read when dask is first imported, in this process and in the workers it spawns.
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     try:
         import dask
+    except ImportError:
+        raise MissingExtraError(
+            "task runner 'dask' needs prefect-dask: pip install 'epfleet[dask]'"
+        ) from None
+    # distributed logs ~70 INFO lines per run from the scheduler, nannies and workers; its
+    # logging is set up from Dask's config when distributed is first imported (below), so
+    # the level goes into that config first, unless one is configured (DASK_LOGGING__...).
+    # Dask's config, not this process's environment; LocalCluster (silence_logs) keeps
+    # its worker processes at warning too.
+    if dask.config.get("logging.distributed", None) is None:
+        dask.config.set({"logging.distributed": "warning"})
+    try:
         from prefect_dask import DaskTaskRunner
     except ImportError:
         raise MissingExtraError(
