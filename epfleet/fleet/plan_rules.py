@@ -24,7 +24,7 @@ from epfleet.runtime.requests import (
     source_fields,
 )
 from eps.base import (
-    TOLERANCE_OF,
+    effective_tolerance,
 )
 
 
@@ -54,15 +54,13 @@ def ladder_of(target: TargetSpec) -> list[Rung]:
     module = eps.load(target.ep)
     rungs = []
     for precision in target.ladder:
-        default = TOLERANCE_OF[precision]
+        tolerance = effective_tolerance(target.tolerance, target.abs_tolerance, precision=precision)
         rungs.append(
             Rung(
                 precision=precision,
                 provider_options=module.with_precision(precision, target.provider_options),
-                tolerance=default.relative if target.tolerance is None else target.tolerance,
-                abs_tolerance=default.absolute
-                if target.abs_tolerance is None
-                else target.abs_tolerance,
+                tolerance=tolerance.relative,
+                abs_tolerance=tolerance.absolute,
             )
         )
     return rungs
