@@ -22,6 +22,7 @@ from epfleet import MAX_WORKERS
 from epfleet.cli.interrupts import interrupts
 from epfleet.cli.options import Json, Repeatable, RunnerName, Store, command_help
 from epfleet.cli.prefect_api import (
+    prefect_defaults,
     start_temporary_api_beside,
     temporary_api_dies_with_us,
 )
@@ -190,26 +191,27 @@ def _compile(
         api = start_temporary_api_beside()
         pool, progress = _prestart(plan, store, workers)
     try:
-        way = run_way(
-            up_to_date=False,
-            task_runner=task_runner,
-            work_pools=any(pair.work_pool for pair in plan.to_compile),
-            api_url=_api_url_named(),
-        )
-        args = (spec, store, workers, force, model, target)
-        if way is RunWay.PLAIN_THEN_RECORD:
-            assert api is not None
-            return _compile_then_record(plan, api, *args)
-        problem = _wait_saying_so(api) if api is not None else None
-        if problem is not None:
-            print(
-                f"epfleet: Prefect's temporary API did not start ({problem}); "
-                "compiling and publishing without Prefect (no flow run, artifacts or "
-                "events recorded)",
-                file=sys.stderr,
+        with prefect_defaults():  # the run's Prefect settings (its flow run's, its API's)
+            way = run_way(
+                up_to_date=False,
+                task_runner=task_runner,
+                work_pools=any(pair.work_pool for pair in plan.to_compile),
+                api_url=_api_url_named(),
             )
-            return _run_without_prefect(plan, store, workers)
-        return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
+            args = (spec, store, workers, force, model, target)
+            if way is RunWay.PLAIN_THEN_RECORD:
+                assert api is not None
+                return _compile_then_record(plan, api, *args)
+            problem = _wait_saying_so(api) if api is not None else None
+            if problem is not None:
+                print(
+                    f"epfleet: Prefect's temporary API did not start ({problem}); "
+                    "compiling and publishing without Prefect (no flow run, artifacts or "
+                    "events recorded)",
+                    file=sys.stderr,
+                )
+                return _run_without_prefect(plan, store, workers)
+            return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
     finally:
         if progress is not None:
             progress.close()
@@ -219,7 +221,6 @@ def _compile(
 
 def _api_url_named() -> bool:
     """PREFECT_API_URL (the environment or Prefect's profile) names a Prefect server."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import get_current_settings
 
     return bool(get_current_settings().api.url)
@@ -330,7 +331,6 @@ def _run_fleet_flow(
 ) -> RunReport:
     """The fleet-compile flow run, on ``plan`` (and recording ``done``, a run this command
     compiled and published already, instead of compiling)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from epfleet.fleet.planning import handing_over, plan_inputs
     from flows.fleet_compile import fleet_compile
 

@@ -45,6 +45,7 @@ from epfleet.formats.spec import FleetSpec, ModelSpec, TargetSpec
 from epfleet.formats.spec_file import load_spec
 from epfleet.runtime.quantize import is_qdq
 from epfleet.runtime.requests import CompileRequest, fingerprinted
+from epfleet.settings import settings
 from epfleet.stores import Store, open_store
 from epfleet.trust.signers import check_signer
 
@@ -192,6 +193,7 @@ def plan_run(
             identities,
             force,
             store.size,
+            int(settings().embed_context_max_bytes),
             calibrations=calibrations,
         )
     )
