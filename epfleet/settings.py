@@ -200,6 +200,13 @@ class Settings(BaseModel):
         "awskms:, gcpkms:, azurekms: or hv: in production. Needed to publish to a store "
         "with trust metadata; a local store without any gets development keys",
     )
+    metric_modules: str = Field(
+        default="",
+        max_length=2000,
+        description="Comma-separated modules whose functions a spec's custom task metric may "
+        "call, their submodules included (e.g. acme.metrics). Empty, the default: no "
+        "custom metric runs, as a spec would otherwise name code for the compile host to run",
+    )
 
 
 def env_name(field: str) -> str:

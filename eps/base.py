@@ -102,9 +102,32 @@ class NoDeviceError(EpError):
     """The EP is installed but has no device here for what was asked."""
 
 
-def default_tolerance(module: ExecutionProvider, provider_options: Mapping[str, str]) -> Tolerance:
-    """The tolerance of the precision a target with these options computes in by default."""
-    return TOLERANCE_OF[module.precisions(provider_options)[0]]
+DEFAULT_TOLERANCE = FP16_TOLERANCE
+"""The tolerance when nothing says what a variant computes in (a compile request written
+by an older epfleet, which verified every variant with fp16's)."""
+
+
+def effective_tolerance(
+    relative: float | None = None,
+    absolute: float | None = None,
+    *,
+    precision: Precision | None = None,
+    module: ExecutionProvider | None = None,
+    provider_options: Mapping[str, str] | None = None,
+) -> Tolerance:
+    """The one rule for the tolerance a variant is verified, published and health-checked
+    with; every caller asks here. Each of ``relative`` and ``absolute`` that is given (a
+    target's in the spec, or what a compile host's verification recorded) wins; the other
+    is the default of the precision the variant computes in (``TOLERANCE_OF``):
+    ``precision``, else the EP ``module``'s default precision for ``provider_options``;
+    with neither, ``DEFAULT_TOLERANCE``."""
+    if precision is None and module is not None:
+        precision = module.precisions(provider_options or {})[0]
+    default = DEFAULT_TOLERANCE if precision is None else TOLERANCE_OF[precision]
+    return Tolerance(
+        relative=default.relative if relative is None else relative,
+        absolute=default.absolute if absolute is None else absolute,
+    )
 
 
 @functools.cache

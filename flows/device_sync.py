@@ -46,6 +46,7 @@ def device_sync(
     device: str = "",
     trust_root: str = "",
     allow_unsigned: bool = False,
+    report_to: str = "",
 ) -> DeviceReport:
     """Sync this device's cache with the fleet manifest.
 
@@ -59,10 +60,18 @@ def device_sync(
             $EPFLEET_TRUST_ROOT, else the root kept in the cache by an earlier sync).
         allow_unsigned: With no trusted root, sync from the unsigned manifest.json (off:
             as $EPFLEET_ALLOW_UNSIGNED says, else refused).
+        report_to: Where the device report goes, when not the store (empty:
+            $EPFLEET_REPORT_TO, else the store).
     """
     # The lock, state, discovery and worker: once per run. Empty means "as configured".
     with open_sync(
-        store, cache, policy, device or None, trust_root or None, allow_unsigned or None
+        store,
+        cache,
+        policy,
+        device or None,
+        trust_root or None,
+        allow_unsigned or None,
+        report_to or None,
     ):
         fetch_manifest_task(cache)
         drop_unlisted_task(cache)

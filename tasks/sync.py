@@ -45,6 +45,7 @@ def open_sync(
     device: str | None,
     trust_root: str | None = None,
     allow_unsigned: bool | None = None,
+    report_to: str | None = None,
 ) -> Iterator[None]:
     """Open the flow run's sync session, for the tasks below to find by ``cache``; and
     send epfleet's log records to the run's logs meanwhile."""
@@ -53,7 +54,13 @@ def open_sync(
         logs_to_run(),
         store_named_first(store),  # a missing store, before anything about trust
         SyncSession(
-            store, Path(cache), policy, device, trust_root=root, allow_unsigned=allow_unsigned
+            store,
+            Path(cache),
+            policy,
+            device,
+            trust_root=root,
+            allow_unsigned=allow_unsigned,
+            report_to=report_to,
         ) as session,
     ):
         key = session.cache.root

@@ -87,15 +87,22 @@ def main() -> int:
         else:
             directory = Path(args.metadata_dir)
             with staged(directory) as stage:
-                client = updater(args, stage)
-                client.refresh()
-                for name in args.target_name or [] if args.command == "download" else []:
-                    info = client.get_targetinfo(name)
-                    if info is None:
-                        raise tuf_errors.RepositoryError(f"{name} is not a target")
-                    if client.find_cached_target(info) is None:
-                        client.download_target(info)
-                promote(stage, directory)
+                try:
+                    client = updater(args, stage)
+                    client.refresh()
+                    for name in args.target_name or [] if args.command == "download" else []:
+                        info = client.get_targetinfo(name)
+                        if info is None:
+                            raise tuf_errors.RepositoryError(f"{name} is not a target")
+                        if client.find_cached_target(info) is None:
+                            client.download_target(info)
+                finally:
+                    # What ngclient verified and wrote to the stage is kept even when a
+                    # later step fails, as the TUF spec's client persists each role (the
+                    # suite checks it). A device promotes only a whole refresh its
+                    # high-water rules judged (epfleet.trust.client): stricter, and safe,
+                    # as the next refresh verifies again what it did not keep.
+                    promote(stage, directory)
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError, EpfleetError, OSError) as exc:
         print(f"epfleet client: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

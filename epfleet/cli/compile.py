@@ -25,6 +25,7 @@ from epfleet.cli.interrupts import interrupts
 from epfleet.cli.options import Json, Repeatable, RunnerName, Store, command_help
 from epfleet.cli.prefect_api import (
     api_url_named,
+    prefect_defaults,
     start_temporary_api,
     start_temporary_api_beside,
     temporary_api_dies_with_us,
@@ -226,23 +227,24 @@ def _compile(
             report = _run_without_prefect(plan, store, workers)
             _keep(plan, report, plan_inputs(spec, store, model, target, force), workers)
             return report
-        if way is RunWay.PLAIN_THEN_RECORD:
-            assert api is not None
-            return _compile_then_record(plan, api, *args)
-        problem = _wait_saying_so(api) if api is not None else None
-        if problem is not None:
-            print(
-                f"epfleet: Prefect's temporary API did not start ({problem}); "
-                "compiling and publishing without Prefect (no flow run, artifacts or "
-                "events recorded)",
-                file=sys.stderr,
-            )
-            return _run_without_prefect(plan, store, workers)
-        if api_named or api is not None:  # (the compiles started run meanwhile)
-            _record_kept_runs()
-        from epfleet.fleet.task_runners import task_runner as make_runner
+        with prefect_defaults():  # the run's Prefect settings (its flow run's, its API's)
+            if way is RunWay.PLAIN_THEN_RECORD:
+                assert api is not None
+                return _compile_then_record(plan, api, *args)
+            problem = _wait_saying_so(api) if api is not None else None
+            if problem is not None:
+                print(
+                    f"epfleet: Prefect's temporary API did not start ({problem}); "
+                    "compiling and publishing without Prefect (no flow run, artifacts or "
+                    "events recorded)",
+                    file=sys.stderr,
+                )
+                return _run_without_prefect(plan, store, workers)
+            if api_named or api is not None:  # (the compiles started run meanwhile)
+                _record_kept_runs()
+            from epfleet.fleet.task_runners import task_runner as make_runner
 
-        return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
+            return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
     finally:
         if progress is not None:
             progress.close()
@@ -289,7 +291,8 @@ def _record_kept_if_an_api(temporary: bool) -> None:
     if not count:
         return
     if api_url_named():
-        _record_kept_runs()
+        with prefect_defaults():
+            _record_kept_runs()
         return
     if not temporary:
         print(
@@ -302,15 +305,16 @@ def _record_kept_if_an_api(temporary: bool) -> None:
         f"epfleet: starting Prefect's temporary API to record {count} kept run(s)",
         file=sys.stderr,
     )
-    problem = start_temporary_api()
-    if problem is not None:
-        print(
-            f"epfleet: Prefect's temporary API did not start ({problem}); {count} run(s) "
-            "still kept to be recorded",
-            file=sys.stderr,
-        )
-        return
-    _record_kept_runs()
+    with prefect_defaults():
+        problem = start_temporary_api()
+        if problem is not None:
+            print(
+                f"epfleet: Prefect's temporary API did not start ({problem}); {count} run(s) "
+                "still kept to be recorded",
+                file=sys.stderr,
+            )
+            return
+        _record_kept_runs()
 
 
 def _record_kept_runs() -> None:
@@ -468,7 +472,6 @@ def _run_fleet_flow(
     """The fleet-compile flow run, on ``plan`` (and recording ``done``, a run compiled and
     published already, by this command or by an earlier one, ``origin``, instead of
     compiling)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from epfleet.fleet.planning import HANDED_BY_THIS_COMMAND, handing_over, plan_inputs
     from flows.fleet_compile import fleet_compile
 

@@ -10,13 +10,33 @@ compiles without Prefect), and on Linux makes it die when this process is killed
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
+
+PREFECT_DEFAULTS: dict[str, str] = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+"""epfleet's defaults for Prefect's settings, by variable: what the environment (or
+Prefect's profile) sets wins. Applied where epfleet runs Prefect (``prefect_defaults``)
+and in the environment of the temporary API server it starts, never written to
+``os.environ``."""
+
+
+@contextlib.contextmanager
+def prefect_defaults() -> Iterator[None]:
+    """``PREFECT_DEFAULTS`` in force within: a scoped Prefect settings context (Prefect's
+    ``temporary_settings``), which the API server Prefect starts meanwhile inherits too
+    (it passes the current settings to its subprocess)."""
+    from prefect.settings import temporary_settings
+
+    with temporary_settings(set_defaults=dict(PREFECT_DEFAULTS)):
+        yield
 
 
 def api_url_named() -> bool:
@@ -43,7 +63,6 @@ def api_url_named() -> bool:
             continue
     if not mentioned:
         return False
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import get_current_settings
 
     return bool(get_current_settings().api.url)
@@ -53,7 +72,6 @@ def start_temporary_api() -> str | None:
     """Start Prefect's temporary API now (none when PREFECT_API_URL names a server), while
     the compiles run: why it did not come up within its start-up time, or None. The flow
     run then uses this same server."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import get_current_settings
 
     quiet_prefect_console()
@@ -73,7 +91,11 @@ def start_temporary_api() -> str | None:
 
     # Prefect waits out its whole timeout even for a server that exited at start-up (a
     # database it cannot open): its process is watched here, so that ends the wait.
-    starting = threading.Thread(target=start, name="epfleet-prefect-api", daemon=True)
+    # In this context: Prefect hands the settings in force (prefect_defaults') to the server.
+    context = contextvars.copy_context()
+    starting = threading.Thread(
+        target=context.run, args=(start,), name="epfleet-prefect-api", daemon=True
+    )
     starting.start()
     exited: int | None = None
     failed_starts: set[int] = set()  # the processes that exited with uvicorn's code 3
@@ -100,12 +122,14 @@ def start_temporary_api() -> str | None:
 
 def start_temporary_api_beside() -> Future[str | None]:
     """``start_temporary_api`` in a thread of its own, so the caller compiles meanwhile:
-    its future is why the API did not come up, or None once it answers."""
+    its future is why the API did not come up, or None once it answers. The thread
+    imports Prefect and starts it within ``prefect_defaults``."""
     started: Future[str | None] = Future()
 
     def start() -> None:
         try:
-            started.set_result(start_temporary_api())
+            with prefect_defaults():
+                started.set_result(start_temporary_api())
         except BaseException as exc:  # told to whoever waits for it
             started.set_exception(exc)
 
@@ -211,6 +235,8 @@ class _PopenDyingWithUs:
         from epfleet.runtime.workers import spawn
 
         wrapped = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *args]
+        # epfleet's defaults in the server's own environment, not in ours.
+        kwargs["env"] = {**PREFECT_DEFAULTS, **(kwargs.get("env") or os.environ)}
         if kwargs.get("stdout") is None and kwargs.get("stderr") is None:
             # Its log lines (a start-up traceback) go to a file, not into our output.
             kwargs["stdout"] = kwargs["stderr"] = _temporary_api_log()

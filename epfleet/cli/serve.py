@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -69,7 +68,7 @@ def watch(
     if dry_run:
         plan = _dry_run(spec, store, report_max_age_days or REPORT_MAX_AGE_DAYS)
     else:
-        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        from epfleet.cli.prefect_api import api_for_a_flow_run, prefect_defaults
         from flows.runtime_watch import runtime_watch
 
         given = {
@@ -79,10 +78,9 @@ def watch(
         parameters: dict[str, Any] = {"spec": spec, "store": store, "trigger": True}
         parameters |= {name: value for name, value in given.items() if value is not None}
         _check_flow_parameters(runtime_watch, parameters)
-        from epfleet.cli.prefect_api import api_for_a_flow_run
-
-        api_for_a_flow_run(without="use --dry-run (a report needs no Prefect)")
-        plan = runtime_watch(**parameters)
+        with prefect_defaults():
+            api_for_a_flow_run(without="use --dry-run (a report needs no Prefect)")
+            plan = runtime_watch(**parameters)
     if as_json:
         print(plan.model_dump_json())
         return EXIT_OK
@@ -151,10 +149,11 @@ def serve(
     watch_every
         Seconds between runtime watches, and between runs of the rollout gate.
     """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from deployments.serve import serve_all
+    from epfleet.cli.prefect_api import prefect_defaults
 
-    serve_all(spec, store, cache, nightly, sync_every, watch_every)
+    with prefect_defaults():
+        serve_all(spec, store, cache, nightly, sync_every, watch_every)
     return EXIT_OK
 
 

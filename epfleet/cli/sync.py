@@ -13,7 +13,6 @@ kept out of the garbage collector's passes (``_verifier_without_boto3``,
 from __future__ import annotations
 
 import gc
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -83,7 +82,7 @@ def sync(
     report_to
         The store this device's reports go to, when not --store: a directory or
         s3://bucket/prefix it may write to (a device behind a read-only https://
-        mirror); default $EPFLEET_REPORT_TO, which this sets.
+        mirror); default $EPFLEET_REPORT_TO.
     as_json
         Print the device report as JSON.
     flow
@@ -101,10 +100,8 @@ def sync(
     from epfleet.stores.probe import store_named_first
 
     wanted = SyncPolicy.model_validate(policy.model_dump()) if policy else SyncPolicy()
-    if report_to:  # a setting of the device (its flow runs inherit it), as the option says
-        os.environ["EPFLEET_REPORT_TO"] = report_to
     if flow or serve is not None:
-        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        from epfleet.cli.prefect_api import api_for_a_flow_run, prefect_defaults
         from flows.device_sync import device_sync
 
         parameters: dict[str, Any] = {"cache": str(cache.resolve()), "store": store}
@@ -113,20 +110,21 @@ def sync(
             parameters["trust_root"] = str(trust_root.resolve())
         if allow_unsigned:
             parameters["allow_unsigned"] = True
-        if serve is not None:
-            device_sync.serve(
-                name="periodic",
-                interval=serve,
-                parameters=parameters,
-                pause_on_shutdown=False,  # a device that restarts keeps its schedule
-                limit=1,  # one sync of this cache at a time; late runs wait their turn
-            )
-            return 0
-        from epfleet.cli.prefect_api import api_for_a_flow_run
-
-        api_for_a_flow_run(without="sync without --flow (it needs no Prefect)")
-        with interrupts(INTERRUPTED):
-            report = device_sync(**parameters)
+        if report_to:  # each run of the flow (every scheduled one with --serve) gets it
+            parameters["report_to"] = report_to
+        with prefect_defaults():
+            if serve is not None:
+                device_sync.serve(
+                    name="periodic",
+                    interval=serve,
+                    parameters=parameters,
+                    pause_on_shutdown=False,  # a device that restarts keeps its schedule
+                    limit=1,  # one sync of this cache at a time; late runs wait their turn
+                )
+                return 0
+            api_for_a_flow_run(without="sync without --flow (it needs no Prefect)")
+            with interrupts(INTERRUPTED):
+                report = device_sync(**parameters)
     else:
         from epfleet.device.session import sync as sync_device
         from epfleet.logs import log_to_stderr
@@ -146,6 +144,7 @@ def sync(
                 device_id,
                 trust_root=trust_root,
                 allow_unsigned=allow_unsigned or None,  # unset: EPFLEET_ALLOW_UNSIGNED
+                report_to=report_to,  # unset: EPFLEET_REPORT_TO
             )
     print(report.model_dump_json() if as_json else render_device_report(report))
     return report.exit_code

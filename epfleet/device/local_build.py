@@ -19,7 +19,7 @@ from epfleet.device.activation import local_target_name
 from epfleet.device.local_eps import LocalEps, ep_versions
 from epfleet.formats.manifest import ModelEntry
 from epfleet.hashing import sha256_bytes
-from eps.base import DeviceType, LocalTarget, default_tolerance
+from eps.base import DeviceType, LocalTarget, effective_tolerance
 
 if TYPE_CHECKING:
     from epfleet.runtime.requests import CompileRequest
@@ -52,6 +52,7 @@ def local_request(model: str, entry: ModelEntry, ep: str, local: LocalTarget) ->
     from epfleet.runtime.requests import CompileRequest, fingerprinted, source_fields
 
     module = eps.load(ep)
+    tolerance = effective_tolerance(module=module, provider_options=local.provider_options)
     return fingerprinted(
         CompileRequest(
             model=model,
@@ -65,8 +66,8 @@ def local_request(model: str, entry: ModelEntry, ep: str, local: LocalTarget) ->
             embed_context=not (module.partitions_graph and entry.source.files),
             external_initializers=bool(entry.source.files),
             graph_optimization=module.default_graph_optimization,
-            tolerance=default_tolerance(module, local.provider_options).relative,
-            abs_tolerance=default_tolerance(module, local.provider_options).absolute,
+            tolerance=tolerance.relative,
+            abs_tolerance=tolerance.absolute,
             samples=entry.samples,
             fingerprint="",
         ),

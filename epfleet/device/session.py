@@ -89,7 +89,8 @@ class SyncSession:
     Trust: ``trust_root`` (default ``EPFLEET_TRUST_ROOT``) is the root metadata file the
     device is provisioned with, ``allow_unsigned`` (default ``EPFLEET_ALLOW_UNSIGNED``)
     lets a device with no trusted root sync from the unsigned manifest.json. Entering
-    the session fails with BadInputError naming ``--trust-root`` when there is neither."""
+    the session fails with BadInputError naming ``--trust-root`` when there is neither.
+    Its report goes to ``report_to`` (default ``EPFLEET_REPORT_TO``, else the store)."""
 
     def __init__(
         self,
@@ -101,6 +102,7 @@ class SyncSession:
         local: LocalEps | None = None,
         trust_root: Path | None = None,
         allow_unsigned: bool | None = None,
+        report_to: str | None = None,
     ) -> None:
         self.device = device_id(device)  # a bad id fails before anything is touched
         configured = settings()
@@ -118,7 +120,7 @@ class SyncSession:
         self.started = time.perf_counter()
         self.store_uri, self.cache_dir, self.policy = store_uri, cache_dir, policy
         self.store = open_store(store_uri)
-        self.report_store = reports_store(self.store, configured.report_to)
+        self.report_store = reports_store(self.store, report_to or configured.report_to)
         self.cache = DeviceCache(cache_dir)
         self.fetcher = Fetcher(self.store, self.cache, offline=False)
         self.status: ManifestStatus | None = None
@@ -384,6 +386,7 @@ def sync(
     *,
     trust_root: Path | None = None,
     allow_unsigned: bool | None = None,
+    report_to: str | None = None,
 ) -> DeviceReport:
     """One whole device sync, without Prefect."""
     with SyncSession(
@@ -393,6 +396,7 @@ def sync(
         device,
         trust_root=trust_root,
         allow_unsigned=allow_unsigned,
+        report_to=report_to,
     ) as session:
         session.fetch_manifest()
         session.drop_unlisted()

@@ -34,13 +34,12 @@ from epfleet.limits import DeadlineExceeded, time_limit
 from epfleet.settings import settings
 from epfleet.text import plural
 from eps.base import (
-    TOLERANCE_OF,
     DeviceType,
     Judgement,
     LocalTarget,
     Tolerance,
     Verdict,
-    default_tolerance,
+    effective_tolerance,
 )
 
 if TYPE_CHECKING:
@@ -319,18 +318,20 @@ class Steps:
 
 
 def tolerance(installed: Installed, entry: ModelEntry) -> Tolerance:
-    """What the compile host verified the variant with, else its precision's default."""
+    """What the compile host verified the variant with, else its precision's default
+    (``effective_tolerance``)."""
     variant = entry.variants.get(installed.target or "")
-    default = (
-        TOLERANCE_OF[variant.precision]
-        if variant is not None and variant.precision is not None
-        else default_tolerance(eps.load(installed.ep), installed.provider_options)
-    )
     verified = variant.verification if variant and installed.origin == "published" else None
-    if verified is None or verified.tolerance is None:
-        return default
-    absolute = default.absolute if verified.abs_tolerance is None else verified.abs_tolerance
-    return Tolerance(relative=verified.tolerance, absolute=absolute)
+    relative = verified.tolerance if verified is not None else None
+    precision = variant.precision if variant is not None else None
+    return effective_tolerance(
+        relative,
+        # a record without a relative tolerance carries none: the default's pair
+        verified.abs_tolerance if verified is not None and relative is not None else None,
+        precision=precision,
+        module=eps.load(installed.ep) if precision is None else None,
+        provider_options=installed.provider_options,
+    )
 
 
 def published_metric(installed: Installed, entry: ModelEntry) -> TaskMetric | None:

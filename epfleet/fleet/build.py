@@ -36,6 +36,7 @@ from epfleet.logs import pair_progress
 from epfleet.runtime.compile_pool import busy_slots, shared_pool
 from epfleet.runtime.compiler import CompileOutput, check_coverage, discard
 from epfleet.runtime.requests import CompileRequest
+from epfleet.settings import settings
 from epfleet.stores import Store
 from eps.base import Precision
 
@@ -308,6 +309,7 @@ def verify_output(
         qdq_path=output.qdq_path,
         twin_of=request.twin_of or (backing.target if backing else None),
         metric=request.metric,
+        metric_modules=settings().metric_modules,
     )
     verification = verify_artifact(job, request.verify_timeout)
     remember(cache_dir(), key, verification)

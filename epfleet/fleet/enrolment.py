@@ -20,14 +20,14 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
     load_pem_public_key,
 )
-from securesystemslib.signer import CryptoSigner, SSlibKey
+from securesystemslib.signer import SSlibKey
 
 from epfleet.errors import BadInputError
 from epfleet.fleet.publishing import update_manifest
 from epfleet.formats.manifest import NAME_PATTERN, DeviceKey, Manifest, utcnow
 from epfleet.stores import Store
 from epfleet.trust.key_location import check_keys_location
-from epfleet.trust.keys import new_key, read_private_key, write_private_key
+from epfleet.trust.keys import new_key, write_private_key
 from epfleet.trust.state import has_trust
 
 
@@ -51,11 +51,6 @@ def public_key_file(path: Path) -> SSlibKey:
     key = SSlibKey.from_crypto(loaded)
     pem = loaded.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode()
     return SSlibKey(key.keyid, key.keytype, key.scheme, {"public": pem})
-
-
-def device_signer(path: Path) -> CryptoSigner:
-    """The device's report-signing key (``EPFLEET_DEVICE_KEY``)."""
-    return read_private_key(path)
 
 
 def enroll(

@@ -24,7 +24,7 @@ from epfleet.runtime.requests import (
     source_fields,
 )
 from eps.base import (
-    TOLERANCE_OF,
+    effective_tolerance,
 )
 
 
@@ -54,15 +54,13 @@ def ladder_of(target: TargetSpec) -> list[Rung]:
     module = eps.load(target.ep)
     rungs = []
     for precision in target.ladder:
-        default = TOLERANCE_OF[precision]
+        tolerance = effective_tolerance(target.tolerance, target.abs_tolerance, precision=precision)
         rungs.append(
             Rung(
                 precision=precision,
                 provider_options=module.with_precision(precision, target.provider_options),
-                tolerance=default.relative if target.tolerance is None else target.tolerance,
-                abs_tolerance=default.absolute
-                if target.abs_tolerance is None
-                else target.abs_tolerance,
+                tolerance=tolerance.relative,
+                abs_tolerance=tolerance.absolute,
             )
         )
     return rungs
@@ -88,17 +86,14 @@ def plan_pairs(
     build_identities: dict[str, dict[str, str]],
     force: bool,
     stored_size: Callable[[str], int | None],
-    embed_max_bytes: int | None = None,
+    embed_max_bytes: int,
     calibrations: dict[str, ArtifactRef | None] | None = None,
 ) -> list[PlannedPair]:
     """Decide compile or skip for each pair. A pair is skipped when the manifest holds an
     ok build with the same fingerprint whose artifact and files are still in the store
     at their sizes, or a failed compile with the same fingerprint (up to date, failed).
-    ``embed_max_bytes``: EPFLEET_EMBED_CONTEXT_MAX_BYTES when None."""
-    if embed_max_bytes is None:
-        from epfleet.settings import settings
-
-        embed_max_bytes = int(settings().embed_context_max_bytes)
+    ``embed_max_bytes``: the caller's EPFLEET_EMBED_CONTEXT_MAX_BYTES (a rule reads no
+    setting)."""
     planned = []
     for model, target in pairs:
         source = sources[model.name]

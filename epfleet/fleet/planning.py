@@ -47,6 +47,7 @@ from epfleet.formats.spec import FleetSpec, ModelSpec, TargetSpec
 from epfleet.formats.spec_file import load_spec
 from epfleet.runtime.quantize import is_qdq
 from epfleet.runtime.requests import CompileRequest, fingerprinted
+from epfleet.settings import settings
 from epfleet.stores import Store, open_store
 from epfleet.trust.signers import check_signer
 
@@ -126,6 +127,19 @@ def _identity(target: TargetSpec) -> dict[str, str]:
         return eps.load(target.ep).build_identity()
 
 
+def check_metric_functions(models: list[ModelSpec]) -> None:
+    """BadInputError, before anything compiles, for a custom task metric whose module this
+    host does not let specs call (EPFLEET_METRIC_MODULES)."""
+    from epfleet.formats.task_metric import module_allowed, refusal
+    from epfleet.settings import settings
+
+    allowed = settings().metric_modules
+    for model in models:
+        function = model.metric.function if model.metric else None
+        if function and not module_allowed(function, allowed):
+            raise BadInputError(f"models[{model.name}]: {refusal(function)}")
+
+
 def plan_run(
     spec_path: Path,
     store_uri: str,
@@ -137,6 +151,7 @@ def plan_run(
     Raises BadInputError before anything compiles."""
     spec: FleetSpec = load_spec(spec_path)
     pairs = spec.pairs(models, targets)
+    check_metric_functions([model for model, _ in pairs])
     if not pairs:
         raise BadInputError("the selected models and targets form no pair to compile")
     store = open_store(store_uri)
@@ -193,6 +208,7 @@ def plan_run(
             identities,
             force,
             store.size,
+            int(settings().embed_context_max_bytes),
             calibrations=calibrations,
         )
     )

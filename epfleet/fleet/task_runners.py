@@ -35,11 +35,22 @@ def _threads(address: str | None, workers: int) -> TaskRunner[Any]:
 
 
 def _dask(address: str | None, workers: int) -> TaskRunner[Any]:
-    # distributed logs ~70 INFO lines per run from the scheduler, nannies and workers; this
-    # is read when dask is first imported, in this process and in the workers it spawns.
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     try:
         import dask
+    except ImportError:
+        raise MissingExtraError(
+            "task runner 'dask' needs prefect-dask: pip install 'epfleet[dask]'"
+        ) from None
+    # distributed logs ~70 INFO lines per run from the scheduler, nannies and workers. Its
+    # logging is set up from Dask's config when distributed is first imported (below), so
+    # the level goes into that config first, unless one is configured (QUIET_DASK...);
+    # Dask's config, not this process's environment. The local cluster's worker processes
+    # get the variable in their own environment (Nanny's env; as they did when this
+    # process set it: without it their exit can take past the nanny's 4 s, "Worker
+    # process still alive after 4.0 seconds, killing").
+    if dask.config.get("logging.distributed", None) is None:
+        dask.config.set({"logging.distributed": "warning"})
+    try:
         from prefect_dask import DaskTaskRunner
     except ImportError:
         raise MissingExtraError(
@@ -50,9 +61,13 @@ def _dask(address: str | None, workers: int) -> TaskRunner[Any]:
     dask.config.set({"distributed.worker.daemon": False})
     if address:
         return DaskTaskRunner(address=address)
-    return DaskTaskRunner(
-        cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True}
-    )
+    cluster: dict[str, Any] = {"n_workers": workers, "threads_per_worker": 1, "processes": True}
+    if QUIET_DASK not in os.environ:  # else they inherit the one given
+        cluster["env"] = {QUIET_DASK: "warning"}
+    return DaskTaskRunner(cluster_kwargs=cluster)
+
+
+QUIET_DASK = "DASK_LOGGING__DISTRIBUTED"
 
 
 # Prefect is imported only when a runner is made: the CLI answers an up-to-date fleet

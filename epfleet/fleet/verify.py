@@ -119,6 +119,8 @@ class VerifyJob(BaseModel):
     verified on every golden sample: this one runs the first ``TWIN_SAMPLES`` only."""
     metric: MetricSpec | None = None
     """The model's task metric: the variant must reach it as well as the tolerance."""
+    metric_modules: str = ""
+    """The modules a custom metric may come from (EPFLEET_METRIC_MODULES where it runs)."""
 
 
 TWIN_SAMPLES = 1
@@ -165,7 +167,9 @@ def run_verification(job: VerifyJob) -> Verification:
     metric, missed = None, None
     if job.metric is not None and twin_of is None:
         # A twin's metric is its representative's: a share over one sample is no measure.
-        metric, missed = scored(job.metric, names, outputs, reference[: len(samples)])
+        metric, missed = scored(
+            job.metric, names, outputs, reference[: len(samples)], job.metric_modules
+        )
     if failure and job.source_path and computes_in_fp16(job):
         failure += fp16_overflow(job.source_path, samples)
     elif failure and job.source_path and job.qdq_path:
@@ -202,7 +206,11 @@ def _name_of(index: int, names: list[str]) -> str:
 
 
 def scored(
-    spec: MetricSpec, names: list[str], outputs: list[list[Any]], reference: list[list[Any]]
+    spec: MetricSpec,
+    names: list[str],
+    outputs: list[list[Any]],
+    reference: list[list[Any]],
+    allowed_modules: str = "",
 ) -> tuple[TaskMetric, str | None]:
     """The variant's task metric, and why it misses it (None: it reaches ``spec.min``).
     A metric that cannot be measured (no such output, unsuitable shape, a custom function
@@ -221,7 +229,8 @@ def scored(
     )
     try:
         index = output_index(spec, names)
-        value = measure(spec, [o[index] for o in outputs], [r[index] for r in reference])
+        got, want = [o[index] for o in outputs], [r[index] for r in reference]
+        value = measure(spec, got, want, allowed_modules)
     except MetricError as exc:
         return record, f"task metric {spec.describe()} not measured: {exc}"
     except Exception as exc:  # the custom function's own failure

@@ -50,12 +50,6 @@ def _parts(version: str) -> tuple[int, int] | None:
 KNOWN = _parts(SCHEMA_VERSION) or (1, 0)
 
 
-def is_newer(version: str) -> bool:
-    """Whether ``version`` is newer than what this epfleet writes (either part)."""
-    parts = _parts(version)
-    return parts is not None and parts > KNOWN
-
-
 def is_newer_minor(version: object) -> bool:
     """Same major as this epfleet's, newer minor: a reader may ignore its unknown keys."""
     parts = _parts(version) if isinstance(version, str) else None

@@ -134,3 +134,21 @@ class TaskMetric(BaseModel):
             name += f"@{self.k}"
         value = "not measured" if self.value is None else f"{self.value:.4g}"
         return f"{name} {value} (min {self.min:g})"
+
+
+def module_allowed(function: str, allowed: str) -> bool:
+    """Whether ``function`` ('package.module:name') lies in one of the comma-separated
+    ``allowed`` modules or their submodules (EPFLEET_METRIC_MODULES)."""
+    module = function.partition(":")[0]
+    names = [name.strip() for name in allowed.split(",") if name.strip()]
+    return any(module == name or module.startswith(name + ".") for name in names)
+
+
+def refusal(function: str) -> str:
+    """Why a custom metric that is not allowed does not run, and how to allow it."""
+    module = function.partition(":")[0]
+    return (
+        f"metric function {function}: module {module!r} is not among the modules this host "
+        "lets specs call (EPFLEET_METRIC_MODULES, comma-separated; empty by default, as a "
+        f"spec's metric runs code on the compile host): add {module} there to allow it"
+    )

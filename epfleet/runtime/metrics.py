@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from epfleet.formats.task_metric import MetricSpec
+from epfleet.formats.task_metric import MetricSpec, module_allowed, refusal
 
 CustomMetric = Callable[[list[np.ndarray], list[np.ndarray]], float]
 
@@ -35,15 +35,22 @@ def output_index(spec: MetricSpec, names: list[str]) -> int:
     return names.index(spec.output)
 
 
-def measure(spec: MetricSpec, got: list[np.ndarray], reference: list[np.ndarray]) -> float:
+def measure(
+    spec: MetricSpec,
+    got: list[np.ndarray],
+    reference: list[np.ndarray],
+    allowed_modules: str = "",
+) -> float:
     """``spec``'s value for one output: ``got[k]`` the variant's and ``reference[k]`` the
-    source's array for sample ``k``. MetricError when the outputs do not suit the kind."""
+    source's array for sample ``k``. MetricError when the outputs do not suit the kind, or
+    a custom function lies outside ``allowed_modules`` (EPFLEET_METRIC_MODULES)."""
     if len(got) != len(reference) or not got:
         raise MetricError(f"{len(got)} outputs to score against {len(reference)}")
     pairs = [(np.asarray(g), np.asarray(r)) for g, r in zip(got, reference, strict=True)]
     if spec.kind == "custom":
         assert spec.function is not None
-        value = load_function(spec.function)([g for g, _ in pairs], [r for _, r in pairs])
+        function = load_function(spec.function, allowed_modules)
+        value = function([g for g, _ in pairs], [r for _, r in pairs])
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -136,8 +143,11 @@ def _sequence(steps: np.ndarray, blank: int | None) -> tuple[int, ...]:
     return tuple(decoded)
 
 
-def load_function(entry: str) -> CustomMetric:
-    """The ``module:function`` named by ``entry``; MetricError naming what is missing."""
+def load_function(entry: str, allowed_modules: str) -> CustomMetric:
+    """The ``module:function`` named by ``entry``; MetricError naming what is missing, or
+    that its module is not among ``allowed_modules``: nothing is imported then."""
+    if not module_allowed(entry, allowed_modules):
+        raise MetricError(refusal(entry))
     module_name, _, attribute = entry.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -20,7 +20,7 @@ from epfleet.formats.spec import DEFAULT_VERIFY_TIMEOUT, CalibrateMethod
 from epfleet.formats.task_metric import MetricSpec
 from epfleet.hashing import sha256_bytes
 from eps.base import (
-    FP16_TOLERANCE,
+    DEFAULT_TOLERANCE,
     INTEGER_PRECISIONS,
     DeviceType,
     GraphOptimization,
@@ -82,8 +82,8 @@ class CompileRequest(BaseModel):
     graph_optimization: GraphOptimization = "basic"
     min_coverage: float | None = None
     verify: bool = True
-    tolerance: float = FP16_TOLERANCE.relative
-    abs_tolerance: float = FP16_TOLERANCE.absolute
+    tolerance: float = DEFAULT_TOLERANCE.relative  # an older request's: eps.base's rule
+    abs_tolerance: float = DEFAULT_TOLERANCE.absolute
     verify_timeout: float = DEFAULT_VERIFY_TIMEOUT
     samples: SamplesRef | None = Field(
         default=None, description="The model's golden samples, verification's reference"

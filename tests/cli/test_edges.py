@@ -5,6 +5,7 @@ with its nearest known one. Through ``epfleet.cli.app.main`` in this process."""
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.cli.serve import REPORT_MAX_AGE_DAYS
+from epfleet.formats.device_report import decode_report, report_key
+from tests.support.hand_made_fleet import DEVICE, make_fleet
 
 pytestmark = pytest.mark.fast
 
@@ -162,3 +165,23 @@ def test_a_closed_stdout_is_not_a_traceback(
     out = (tmp_path / "out").open("w")
     monkeypatch.setattr(sys, "stdout", Closed())
     assert main(["manifest", "schema"]) == 1
+
+
+def test_sync_report_to_is_a_value_not_an_environment_variable(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``epfleet sync --report-to DIR``: the report goes to DIR, and the option is passed
+    down as a value: the process's environment is left as it was (it once set
+    EPFLEET_REPORT_TO, which leaked into the next test)."""
+    monkeypatch.delenv("EPFLEET_REPORT_TO", raising=False)
+    fleet = make_fleet(str(tmp_path / "store"), tmp_path)
+    reports = tmp_path / "reports"
+    before = dict(os.environ)
+    code = main(
+        ["sync", "--store", fleet.uri, "--cache", str(tmp_path / "cache"), "--trust-root",
+         str(fleet.root), "--device-id", DEVICE, "--report-to", str(reports), "--json"]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert dict(os.environ) == before
+    assert decode_report((reports / report_key(DEVICE)).read_bytes(), 1 << 20).device_id == DEVICE
+    assert not (tmp_path / "store" / report_key(DEVICE)).exists()

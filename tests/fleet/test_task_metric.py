@@ -89,14 +89,17 @@ def test_a_metric_that_cannot_be_measured_fails_the_variant(fleet) -> None:
         "'probs'; the model's outputs are 'logits'"
     )
     custom = MetricSpec(kind="custom", min=1, function="tests.support.task_metrics:raises")
-    broken = run_verification(job(fleet, metric=custom))
+    broken = run_verification(job(fleet, metric=custom, metric_modules="tests.support"))
     assert broken.status == "failed" and broken.reason is not None
     assert "not measured: the reader's vocabulary file is missing" in broken.reason
 
 
 def test_a_custom_metric_runs_in_the_verification(fleet) -> None:
     custom = MetricSpec(kind="custom", min=1, function="tests.support.task_metrics:rounded_match")
-    check = run_verification(job(fleet, metric=custom))
+    refused = run_verification(job(fleet, metric=custom))
+    assert refused.status == "failed" and refused.reason is not None
+    assert "is not among the modules this host lets specs call" in refused.reason
+    check = run_verification(job(fleet, metric=custom, metric_modules="tests.support"))
     assert check.metric is not None and check.metric.function == custom.function
     assert check.status == ("passed" if check.metric.value == 1 else "failed")
 
@@ -187,3 +190,23 @@ def test_a_device_measures_the_metric_again_on_its_own_ep(fleet) -> None:
     )
     custom = recorded.model_copy(update={"kind": "custom", "function": "absent.pkg:score"})
     assert check_health(health.model_copy(update={"metric": custom})).samples == 16
+
+
+def test_a_spec_naming_a_function_the_host_does_not_allow_is_refused_before_compiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from epfleet.errors import BadInputError
+    from epfleet.fleet.planning import plan_run
+    from tests.support.specs import CPU_TARGET, write_spec
+
+    fragile_classifier(tmp_path / "fragile.onnx")
+    metric = {"kind": "custom", "min": 1, "function": "os:system"}
+    model = {"name": "fragile", "source": "fragile.onnx", "metric": metric}
+    spec = write_spec(tmp_path, [model], [CPU_TARGET])
+    monkeypatch.delenv("EPFLEET_METRIC_MODULES", raising=False)
+    with pytest.raises(BadInputError) as refused:
+        plan_run(spec, str(tmp_path / "store"))
+    assert str(refused.value).startswith(
+        "models[fragile]: metric function os:system: module 'os' is not among the modules"
+    )
+    assert not (tmp_path / "store").exists()

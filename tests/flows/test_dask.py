@@ -4,6 +4,8 @@ tests/flows/test_dask_cluster.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from epfleet.errors import BadInputError
@@ -19,18 +21,25 @@ def test_unknown_task_runner_and_stray_address_are_refused() -> None:
         task_runner("threads", "tcp://127.0.0.1:8786")
 
 
-def test_dask_without_an_address_starts_a_local_cluster_of_the_asked_size() -> None:
+def test_dask_without_an_address_starts_a_local_cluster_of_the_asked_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import dask
     import distributed  # noqa: F401 (defines the distributed.* config defaults)
 
+    monkeypatch.delenv("DASK_LOGGING__DISTRIBUTED", raising=False)
     before = dask.config.get("distributed.worker.daemon")
+    environment = dict(os.environ)
     try:
         runner = task_runner("dask", None, workers=3)
         assert runner.cluster_kwargs == {
             "n_workers": 3,
             "threads_per_worker": 1,
             "processes": True,
+            # the workers' log level, in their environment, not in this process's
+            "env": {"DASK_LOGGING__DISTRIBUTED": "warning"},
         }
+        assert dict(os.environ) == environment
         assert runner.address is None
         # compiles are child processes of a Dask worker: a daemonic one could not start them
         assert dask.config.get("distributed.worker.daemon") is False

@@ -82,15 +82,39 @@ def test_custom_metrics_load_by_name_and_must_give_a_finite_number() -> None:
     values = [np.array([0.12, 0.5]), np.array([0.3, 0.9])]
     shifted = [v + 0.04 for v in values]
     entry = "tests.support.task_metrics:rounded_match"
-    assert measure(spec(kind="custom", function=entry), shifted, values) == 0.5
+    allowed = "numpy, tests.support"
+    assert measure(spec(kind="custom", function=entry), shifted, values, allowed) == 0.5
     with pytest.raises(MetricError, match=r"returned nan, not a finite number"):
-        measure(
-            spec(kind="custom", function="tests.support.task_metrics:not_a_number"), values, values
-        )
+        nan = spec(kind="custom", function="tests.support.task_metrics:not_a_number")
+        measure(nan, values, values, allowed)
     with pytest.raises(MetricError, match=r"cannot import 'no_such_pkg.metrics'.* install"):
-        load_function("no_such_pkg.metrics:score")
+        load_function("no_such_pkg.metrics:score", "no_such_pkg")
     with pytest.raises(MetricError, match=r"tests.support.task_metrics has no function 'absent'"):
-        load_function("tests.support.task_metrics:absent")
+        load_function("tests.support.task_metrics:absent", allowed)
+
+
+def test_a_custom_metric_runs_only_from_modules_the_host_allows() -> None:
+    """A spec's custom metric is code the compile host runs: only from the modules
+    EPFLEET_METRIC_MODULES names (and their submodules); nothing is imported otherwise."""
+    import sys
+
+    values = [np.array([0.1])]
+    for allowed in ("", "tests.supp", "numpy", "tests.support.task_metrics.other"):
+        with pytest.raises(MetricError, match=r"module 'tests.support.task_metrics' is not "):
+            load_function("tests.support.task_metrics:rounded_match", allowed)
+    assert (
+        measure(
+            spec(kind="custom", function="tests.support.task_metrics:rounded_match"),
+            values,
+            values,
+            " tests.support.task_metrics ,acme",
+        )
+        == 1.0
+    )
+    sys.modules.pop("json.tool", None)
+    with pytest.raises(MetricError, match="EPFLEET_METRIC_MODULES"):
+        load_function("json.tool:main", "")
+    assert "json.tool" not in sys.modules
 
 
 @pytest.mark.parametrize(

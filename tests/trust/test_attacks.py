@@ -575,8 +575,9 @@ def test_a_device_behind_a_mirror_reports_where_report_to_says(
 
 def test_sync_report_to_on_the_command_line(mirror_fleet: Fleet, tmp_path: Path) -> None:
     """`epfleet sync --report-to DIR` through the mirror, as a device runs it: exit 0, the
-    model active, the report in DIR and none behind the mirror. In a process of its own:
-    --report-to sets EPFLEET_REPORT_TO in the process that runs the command."""
+    model active, the report in DIR and none behind the mirror. In a process of its own,
+    as a device runs it (that the option leaves the environment alone is tested
+    in-process: tests/cli/test_edges.py)."""
     reports = tmp_path / "cli-reports"
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPFLEET_")}
     done = subprocess.run(
