@@ -33,7 +33,10 @@ After issue 30 point 3's "not at all" (the first command starts no Prefect API a
 its run to be recorded later; `--code` main before it and after, `--repeat 2`, 2 cores,
 load 1.9 then 2.0): plain 1.2 / 1.0 s wall, 1.4 / 1.2 s CPU; before 19.2 / 17.7 s wall,
 21.2 / 19.6 s CPU, compile exit at 18.1 / 16.4 s; after 5.2 / 6.9 s wall, 7.3 / 8.0 s CPU,
-first line at 0.8 / 1.0 s, [6/6] at 3.6 / 4.6 s, compile exit at 4.1 / 5.5 s.
+first line at 0.8 / 1.0 s, [6/6] at 3.6 / 4.6 s, compile exit at 4.1 / 5.5 s. Again at
+load 9.7 then 8.0: plain 2.7 / 2.3 s wall, 1.5 / 1.6 s CPU; before 42.5 / 31.9 s wall,
+25.3 / 24.6 s CPU, compile exit at 39.1 / 30.1 s; after 17.0 / 17.7 s wall, 9.7 / 9.5 s
+CPU, first line at 2.3 / 1.6 s, [6/6] at 11.4 / 8.6 s, compile exit at 14.1 / 13.0 s.
 """
 
 from __future__ import annotations
