@@ -133,3 +133,34 @@ def test_kept_runs_are_bounded_and_claimed_once(
     with pytest.raises(ValueError, match="over 10"):
         kept_runs.keep(inputs, 2, plan, report)
     reset_settings()
+
+
+@pytest.mark.slow
+def test_a_compile_run_as_the_flow_records_the_kept_runs_first(
+    tmp_path: Path, model_dir: Path, prefect_api: str
+) -> None:
+    """A compile with work to do on a Prefect API records the kept run before its own flow
+    run (its compiles run meanwhile), and both are fleet-compile flow runs."""
+    from prefect.client.orchestration import get_client
+
+    spec = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET])
+    store = tmp_path / "store"
+    argv = [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store)]
+    env = run_env(tmp_path)
+    first = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert len(kept(tmp_path)) == 1
+    again = subprocess.run(
+        [*argv, "--force"], cwd=tmp_path, env=env | {"PREFECT_API_URL": prefect_api},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "2 compiled, 0 up to date, 0 failed" in again.stdout, again.stdout
+    assert "epfleet: recorded 1 kept run(s) as fleet-compile flow runs" in again.stderr
+    assert kept(tmp_path) == []
+    with get_client(sync_client=True) as client:
+        runs = [r for r in client.read_flow_runs() if r.parameters.get("store") == str(store)]
+    assert [r.parameters["force"] for r in sorted(runs, key=lambda r: r.created or 0)] == [
+        False,  # the kept run, recorded first
+        True,  # this run, compiled as the flow run
+    ]
