@@ -1,7 +1,8 @@
 """A compile with no Prefect API (issue 30 point 3, "not at all"): it publishes without
 starting Prefect's temporary API and keeps the finished run in the worker cache; the next
 compile that has a Prefect API records it as a fleet-compile flow run with the artifacts of
-a run that compiled, then removes it. No timing asserts."""
+a run that compiled, then removes it. No timing asserts. (The record's bounds:
+tests/fleet/test_kept_runs.py.)"""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 
 from tests.support.paths import REPO
 from tests.support.specs import CPU_TARGET, tiny_models, write_spec
+
+pytestmark = pytest.mark.slow
 
 # Imported by every Python process of the run (it is on PYTHONPATH): a Prefect API server
 # (uvicorn) started by the run leaves a mark.
@@ -43,7 +46,6 @@ def kept(tmp_path: Path) -> list[Path]:
     return sorted(directory.iterdir()) if directory.is_dir() else []
 
 
-@pytest.mark.slow
 def test_a_compile_with_no_api_keeps_its_run_and_a_later_one_records_it(
     tmp_path: Path, model_dir: Path, prefect_api: str
 ) -> None:
@@ -100,42 +102,6 @@ def test_a_compile_with_no_api_keeps_its_run_and_a_later_one_records_it(
     } <= keys, keys
 
 
-@pytest.mark.fast
-def test_kept_runs_are_bounded_and_claimed_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from epfleet.fleet import kept_runs
-    from epfleet.fleet.runs import RunPlan, RunReport
-    from epfleet.settings import reset_settings
-
-    monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "cache"))
-    reset_settings()
-    monkeypatch.setattr(kept_runs, "MAX_KEPT", 3)
-    plan = RunPlan(store="s", sources={}, pairs=[], generation=0, published_sources={})
-    report = RunReport(generation=1, published=True, compiled=0, skipped=0, failed=0, variants=[])
-    inputs = (str(tmp_path / "spec.yaml"), "s", ("m",), (), False)
-    paths = []
-    for _ in range(4):
-        path, dropped = kept_runs.keep(inputs, 2, plan, report)
-        paths.append(path)
-    assert dropped == [paths[0]]  # the oldest goes, so that at most MAX_KEPT stay
-    assert kept_runs.pending() == paths[1:]
-    run = kept_runs.load(paths[1])
-    assert (run.inputs, run.workers, run.report) == (inputs, 2, report)
-
-    claimed = kept_runs.claim(paths[1])
-    assert claimed is not None and kept_runs.claim(paths[1]) is None  # one command only
-    assert kept_runs.pending() == paths[2:]
-    kept_runs.release(claimed)
-    assert kept_runs.pending() == paths[1:]
-
-    monkeypatch.setattr(kept_runs, "MAX_BYTES", 10)
-    with pytest.raises(ValueError, match="over 10"):
-        kept_runs.keep(inputs, 2, plan, report)
-    reset_settings()
-
-
-@pytest.mark.slow
 def test_a_compile_run_as_the_flow_records_the_kept_runs_first(
     tmp_path: Path, model_dir: Path, prefect_api: str
 ) -> None:

@@ -1,0 +1,45 @@
+"""Runs kept to be recorded on a Prefect API later (``epfleet.fleet.kept_runs``): written
+atomically, at most ``MAX_KEPT`` of them (the oldest dropped), none over ``MAX_BYTES``,
+read back as written, and claimed by one command at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.fast
+
+
+def test_kept_runs_are_bounded_and_claimed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from epfleet.fleet import kept_runs
+    from epfleet.fleet.runs import RunPlan, RunReport
+    from epfleet.settings import reset_settings
+
+    monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "cache"))
+    reset_settings()
+    monkeypatch.setattr(kept_runs, "MAX_KEPT", 3)
+    plan = RunPlan(store="s", sources={}, pairs=[], generation=0, published_sources={})
+    report = RunReport(generation=1, published=True, compiled=0, skipped=0, failed=0, variants=[])
+    inputs = (str(tmp_path / "spec.yaml"), "s", ("m",), (), False)
+    paths = []
+    for _ in range(4):
+        path, dropped = kept_runs.keep(inputs, 2, plan, report)
+        paths.append(path)
+    assert dropped == [paths[0]]  # the oldest goes, so that at most MAX_KEPT stay
+    assert kept_runs.pending() == paths[1:]
+    run = kept_runs.load(paths[1])
+    assert (run.inputs, run.workers, run.report) == (inputs, 2, report)
+
+    claimed = kept_runs.claim(paths[1])
+    assert claimed is not None and kept_runs.claim(paths[1]) is None  # one command only
+    assert kept_runs.pending() == paths[2:]
+    kept_runs.release(claimed)
+    assert kept_runs.pending() == paths[1:]
+
+    monkeypatch.setattr(kept_runs, "MAX_BYTES", 10)
+    with pytest.raises(ValueError, match="over 10"):
+        kept_runs.keep(inputs, 2, plan, report)
+    reset_settings()
