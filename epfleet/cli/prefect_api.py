@@ -41,12 +41,15 @@ def prefect_defaults() -> Iterator[None]:
 
 def api_url_named() -> bool:
     """PREFECT_API_URL names a Prefect server (the environment, or Prefect's profile or
-    settings files). Importing Prefect's settings costs a second or more, so that is done
-    only when the variable is unset and one of those files mentions an API URL."""
+    settings files, or a Prefect settings context in this process). Importing Prefect's
+    settings costs a second or more, so that is done only when the variable is unset and
+    one of those files mentions an API URL."""
     from pathlib import Path
 
     if os.environ.get("PREFECT_API_URL", "").strip():
         return True
+    if "prefect.settings" in sys.modules:  # imported already: asking costs nothing
+        return _settings_name_an_api()
     home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
     profiles = os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml"
     files = {
@@ -61,8 +64,10 @@ def api_url_named() -> bool:
             mentioned = mentioned or marker in path.read_text(errors="replace")
         except OSError:
             continue
-    if not mentioned:
-        return False
+    return mentioned and _settings_name_an_api()
+
+
+def _settings_name_an_api() -> bool:
     from prefect.settings import get_current_settings
 
     return bool(get_current_settings().api.url)
