@@ -20,7 +20,8 @@ from epfleet.errors import BadInputError, PreconditionFailed, StoreError, Transi
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.limits import TransferTooSlow
 from epfleet.stores import DocumentTooLarge, open_store
-from epfleet.stores.s3 import MiB, S3Store
+from epfleet.stores.s3 import S3Store
+from epfleet.stores.s3.store import MiB
 from tests.support.s3proxy import FaultProxy
 
 pytestmark = pytest.mark.fast

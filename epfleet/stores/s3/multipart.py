@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 import botocore.exceptions as bce
 
 from epfleet.stores.base import StoredObject
-from epfleet.stores.s3_errors import code_of
+from epfleet.stores.s3.errors import code_of
 
 UNUSABLE_STORE_CODES = frozenset({"NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
 """Answers that make the whole store unusable, not just this listing: raised as store
 errors (with no bucket or no endpoint, nothing else would work either)."""
 
 if TYPE_CHECKING:
-    from epfleet.stores.s3 import S3Store
+    from epfleet.stores.s3.store import S3Store
 
 logger = logging.getLogger("epfleet.stores.s3")  # the S3 store's logger, as before the split
 

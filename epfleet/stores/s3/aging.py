@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import botocore.exceptions as bce
 
 from epfleet.stores.caching import cache_control
-from epfleet.stores.s3_errors import is_missing
+from epfleet.stores.s3.errors import is_missing
 
 if TYPE_CHECKING:
-    from epfleet.stores.s3 import S3Store
+    from epfleet.stores.s3.store import S3Store
 
 
 def touch(store: S3Store, key: str, min_age: float) -> bool:

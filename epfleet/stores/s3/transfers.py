@@ -22,10 +22,10 @@ from boto3.exceptions import S3UploadFailedError
 from epfleet.errors import ObjectMissing, TransientStoreError
 from epfleet.limits import TransferGuard, TransferTooSlow
 from epfleet.stores.caching import cache_control
-from epfleet.stores.s3_errors import is_missing
+from epfleet.stores.s3.errors import is_missing
 
 if TYPE_CHECKING:
-    from epfleet.stores.s3 import S3Store
+    from epfleet.stores.s3.store import S3Store
 
 SHA256_META = "sha256"
 """The user-metadata field every object carries its sha256 in (ETags are not hashes)."""

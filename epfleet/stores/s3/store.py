@@ -1,9 +1,10 @@
 """A store in an S3 bucket (or anything that speaks S3): ``s3://bucket/prefix``.
 
-This module holds the store's reads, conditional writes and listings; beside it,
-``s3_client`` (the shared boto3 clients), ``s3_errors`` (boto3 failures as epfleet
-errors), ``s3_transfers`` (multipart upload, parallel ranged download) and
-``s3_multipart`` (incomplete multipart uploads).
+This module holds the store's reads, conditional writes and listings; beside it, in
+this package, ``client`` (the shared boto3 clients), ``bounds`` (time bounds on each
+request), ``errors`` (boto3 failures as epfleet errors), ``transfers`` (multipart upload,
+parallel ranged download), ``multipart`` (incomplete multipart uploads) and ``aging``
+(touch, delete if older).
 
 Consistency rules:
 
@@ -43,7 +44,6 @@ from boto3.s3.transfer import TransferConfig
 from epfleet.errors import BadInputError, PreconditionFailed, TransientStoreError
 from epfleet.hashing import sha256_bytes
 from epfleet.limits import TransferGuard, TransferLimits, stalled
-from epfleet.stores import s3_aging, s3_multipart, s3_transfers
 from epfleet.stores.base import (
     UNCHANGED,
     StoredObject,
@@ -55,9 +55,10 @@ from epfleet.stores.base import (
 )
 from epfleet.stores.caching import cache_control
 from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
-from epfleet.stores.s3_client import env_attempts, shared_client
-from epfleet.stores.s3_errors import code_of, is_missing, raise_store_error, status_of
-from epfleet.stores.s3_transfers import SHA256_META
+from epfleet.stores.s3 import aging, multipart, transfers
+from epfleet.stores.s3.client import env_attempts, shared_client
+from epfleet.stores.s3.errors import code_of, is_missing, raise_store_error, status_of
+from epfleet.stores.s3.transfers import SHA256_META
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -85,7 +86,7 @@ class S3Store:
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         attempts = max_attempts or env_attempts()
         # The read timeout is how long a socket may wait for a byte, and how long the head
-        # of an answer (status line and headers) may take as a whole (``s3_bounds``). For
+        # of an answer (status line and headers) may take as a whole (``bounds``). For
         # reads (and small writes) it is the stall timeout: a request nobody answers, or
         # answers a byte at a time, and a body that stops all end there. Uploads keep the
         # longer one: once a part is handed to the kernel, the answer waits until its send
@@ -324,10 +325,10 @@ class S3Store:
             self._raise(exc, key, "checking")
 
     def upload(self, key: str, path: Path, sha256: str) -> None:
-        s3_transfers.upload(self, key, path, sha256)
+        transfers.upload(self, key, path, sha256)
 
     def download(self, key: str, dest: Path) -> None:
-        s3_transfers.download(self, key, dest)
+        transfers.download(self, key, dest)
 
     def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []
@@ -362,7 +363,7 @@ class S3Store:
             self._raise(exc, prefix, "listing")
 
     def incomplete_uploads(self) -> list[StoredObject]:
-        return s3_multipart.incomplete_uploads(self)
+        return multipart.incomplete_uploads(self)
 
     def delete(self, key: str) -> None:
         try:
@@ -372,13 +373,13 @@ class S3Store:
                 self._raise(exc, key, "deleting")
 
     def touch(self, key: str, min_age: float = 0.0) -> bool:
-        return s3_aging.touch(self, key, min_age)
+        return aging.touch(self, key, min_age)
 
     def delete_if_older(self, key: str, cutoff: datetime) -> bool:
-        return s3_aging.delete_if_older(self, key, cutoff)
+        return aging.delete_if_older(self, key, cutoff)
 
     def clean_up_incomplete(self, older_than: float | None = None) -> list[str]:
-        return s3_multipart.clean_up_incomplete(self, older_than)
+        return multipart.clean_up_incomplete(self, older_than)
 
 
 def from_uri(uri: str) -> S3Store:
