@@ -69,6 +69,13 @@ WRITE_ID_META = "epfleet-write-id"
 
 
 class S3Store:
+    """The store (``epfleet.stores.base.Store``). Beside the store's methods, the other
+    modules of this package use its internal surface, and nothing else of it: ``client``
+    and ``uploader`` (the boto3 clients), ``limits``, ``transfer_config`` and
+    ``concurrency`` (how transfers run), ``root``, ``object_key`` and ``where`` (an
+    object's S3 key and its URI), ``raise_error`` (a boto3 failure as an epfleet error)
+    and ``range_of`` (a ranged read of one version under a guard)."""
+
     def __init__(
         self,
         bucket: str,
@@ -94,15 +101,15 @@ class S3Store:
         # callback instead (``upload``). A connect waits no longer than a stall either,
         # except an upload's: urllib3 sends a request's body under the connect timeout, and
         # an upload's callback should be what says its link stalled.
-        self._limits = TransferLimits.from_settings()
-        stall = self._limits.stall_timeout
+        self.limits = TransferLimits.from_settings()
+        stall = self.limits.stall_timeout
         self._settings = (attempts, min(connect_timeout, stall), stall)
         self._upload_settings = (attempts, connect_timeout, max(read_timeout, stall))
         self._client: S3Client | None = None
         self._uploader: S3Client | None = None
         self._client_lock = threading.Lock()
-        self._concurrency = max_concurrency
-        self._transfer = TransferConfig(
+        self.concurrency = max_concurrency
+        self.transfer_config = TransferConfig(
             multipart_threshold=multipart_threshold,
             multipart_chunksize=multipart_chunksize,
             max_concurrency=max_concurrency,
@@ -127,21 +134,28 @@ class S3Store:
                 self._uploader = shared_client(self._upload_settings)
             return self._uploader
 
-    def _key(self, key: str) -> str:
+    @property
+    def root(self) -> str:
+        """The S3 key prefix of the store's objects: its prefix and a slash, or nothing."""
+        return f"{self.prefix}/" if self.prefix else ""
+
+    def object_key(self, key: str) -> str:
+        """The S3 key of the store's ``key`` (checked)."""
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _where(self, key: str) -> str:
+    def where(self, key: str) -> str:
+        """The URI of the store's ``key`` for messages (the store's own for "")."""
         if not key:  # the whole store (a listing of its root)
             return f"{self.uri}/"
-        return f"s3://{self.bucket}/{self._key(key)}"
+        return f"s3://{self.bucket}/{self.object_key(key)}"
 
-    def _raise(self, exc: BaseException, key: str, action: str) -> NoReturn:
+    def raise_error(self, exc: BaseException, key: str, action: str) -> NoReturn:
         """Turn a boto3/botocore failure into TransientStoreError or StoreError."""
         attempts, _, stall = self._settings
         raise_store_error(
             exc,
-            where=self._where(key),
+            where=self.where(key),
             action=action,
             bucket=self.bucket,
             attempts=attempts,
@@ -156,7 +170,7 @@ class S3Store:
         """A document, read whole within its limit (``document_limit``): refused on its
         Content-Length before a byte of the body is read, or as soon as a body without
         one goes past the limit; and under the transfer limits while it streams."""
-        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self.object_key(key)}
         if if_none_match is not None:
             args["IfNoneMatch"] = if_none_match
         try:
@@ -166,20 +180,20 @@ class S3Store:
                 return None
             if status_of(exc) == 304:
                 return UNCHANGED
-            self._raise(exc, key, "reading")
+            self.raise_error(exc, key, "reading")
         except bce.BotoCoreError as exc:
-            self._raise(exc, key, "reading")
+            self.raise_error(exc, key, "reading")
         etag = str(resp["ETag"])
         limit, _ = document_limit(key)
         length = resp.get("ContentLength")
-        guard = TransferGuard(f"read of {key}", self.uri, self._limits)
+        guard = TransferGuard(f"read of {key}", self.uri, self.limits)
         chunks = self._chunks(resp, key, guard)
         try:
             if length is not None and length > limit:
-                raise too_large(self._where(key), key, length, etag)
+                raise too_large(self.where(key), key, length, etag)
             data = read_bounded(chunks, limit)
         except OverLimit:
-            raise too_large(self._where(key), key, None, etag) from None
+            raise too_large(self.where(key), key, None, etag) from None
         finally:
             chunks.close()  # closes the body: a refused one is not read to its end
         return Versioned(data, etag), resp.get("Metadata", {})
@@ -210,13 +224,13 @@ class S3Store:
             raise error or stalled(self.uri, what, self._settings[2]) from None
         except (u3e.ProtocolError, bce.ResponseStreamingError, bce.IncompleteReadError) as exc:
             raise TransientStoreError(
-                f"{what} from {self._where(key)}: the connection dropped ({exc})"
+                f"{what} from {self.where(key)}: the connection dropped ({exc})"
             ) from exc
         finally:
             body.close()
         if length is not None and got < length:  # urllib3 leaves this check to botocore
             raise TransientStoreError(
-                f"{what} from {self._where(key)}: the connection dropped after {got} of "
+                f"{what} from {self.where(key)}: the connection dropped after {got} of "
                 f"{length} bytes"
             )
 
@@ -232,9 +246,9 @@ class S3Store:
     def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
         """The bytes as they arrive (see ``_chunks``): the caller counts them against the
         transfer limits (``epfleet.device.download``); a stall raises TransferTooSlow."""
-        return self._range(key, start, end, None, None)
+        return self.range_of(key, start, end, None, None)
 
-    def _range(
+    def range_of(
         self,
         key: str,
         start: int,
@@ -242,7 +256,9 @@ class S3Store:
         if_match: str | None,
         guard: TransferGuard | None,
     ) -> Iterator[bytes]:
-        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        """``read_range`` of the version ``if_match`` names (any when None), each chunk
+        counted by ``guard`` (``transfers.download`` fetches its parts with it)."""
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self.object_key(key)}
         if start or end is not None:
             args["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         if if_match is not None:
@@ -256,7 +272,7 @@ class S3Store:
             with closing(chunks):
                 yield from within_range(chunks, skip, left)
         except (bce.BotoCoreError, bce.ClientError) as exc:
-            self._raise(exc, key, f"reading (from byte {start})")
+            self.raise_error(exc, key, f"reading (from byte {start})")
 
     def write(
         self,
@@ -271,7 +287,7 @@ class S3Store:
         write_id = uuid.uuid4().hex
         args: dict[str, Any] = {
             "Bucket": self.bucket,
-            "Key": self._key(key),
+            "Key": self.object_key(key),
             "Body": data,
             "Metadata": {SHA256_META: sha256, WRITE_ID_META: write_id},
             "CacheControl": cache_control(key),
@@ -292,15 +308,15 @@ class S3Store:
                 return self._after_412(key, sha256, write_id, exc)
             if status == 409:
                 raise PreconditionFailed(
-                    f"{self._where(key)}: a concurrent conditional write conflicted ({code})"
+                    f"{self.where(key)}: a concurrent conditional write conflicted ({code})"
                 ) from exc
             if if_match is not None and code == "NoSuchKey":
                 raise PreconditionFailed(
-                    f"{self._where(key)} no longer exists (it was deleted since it was read)"
+                    f"{self.where(key)} no longer exists (it was deleted since it was read)"
                 ) from exc
-            self._raise(exc, key, "writing")
+            self.raise_error(exc, key, "writing")
         except bce.BotoCoreError as exc:
-            self._raise(exc, key, "writing")
+            self.raise_error(exc, key, "writing")
 
     def _after_412(self, key: str, sha256: str, write_id: str, exc: bce.ClientError) -> str:
         """A 412 may answer the retry of a PUT that already succeeded: read back and see."""
@@ -310,19 +326,19 @@ class S3Store:
             if meta.get(WRITE_ID_META) == write_id and sha256_bytes(current.data) == sha256:
                 return current.etag
         raise PreconditionFailed(
-            f"{self._where(key)} changed since it was read (or already exists)"
+            f"{self.where(key)} changed since it was read (or already exists)"
         ) from exc
 
     def size(self, key: str) -> int | None:
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            head = self.client.head_object(Bucket=self.bucket, Key=self.object_key(key))
             return int(head["ContentLength"])
         except bce.ClientError as exc:
             if is_missing(exc):
                 return None
-            self._raise(exc, key, "checking")
+            self.raise_error(exc, key, "checking")
         except bce.BotoCoreError as exc:
-            self._raise(exc, key, "checking")
+            self.raise_error(exc, key, "checking")
 
     def upload(self, key: str, path: Path, sha256: str) -> None:
         transfers.upload(self, key, path, sha256)
@@ -332,7 +348,7 @@ class S3Store:
 
     def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []
-        root = f"{self.prefix}/" if self.prefix else ""
+        root = self.root
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=root + check_prefix(prefix)
@@ -340,7 +356,7 @@ class S3Store:
             for page in pages:
                 keys.extend(item["Key"][len(root) :] for item in page.get("Contents", []))
         except (bce.BotoCoreError, bce.ClientError) as exc:
-            self._raise(exc, prefix, "listing")
+            self.raise_error(exc, prefix, "listing")
         # folder markers (keys ending in "/") are not objects a store wrote
         return sorted(key for key in keys if not key.endswith("/") and not is_hidden(key))
 
@@ -348,7 +364,7 @@ class S3Store:
         return sorted(self.iter_objects(prefix, hidden=hidden), key=lambda o: o.key)
 
     def iter_objects(self, prefix: str, *, hidden: bool = False) -> Iterator[StoredObject]:
-        root = f"{self.prefix}/" if self.prefix else ""
+        root = self.root
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=root + check_prefix(prefix)
@@ -360,17 +376,17 @@ class S3Store:
                         continue
                     yield StoredObject(key, int(item["Size"]), item["LastModified"])
         except (bce.BotoCoreError, bce.ClientError) as exc:
-            self._raise(exc, prefix, "listing")
+            self.raise_error(exc, prefix, "listing")
 
     def incomplete_uploads(self) -> list[StoredObject]:
         return multipart.incomplete_uploads(self)
 
     def delete(self, key: str) -> None:
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+            self.client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
         except (bce.BotoCoreError, bce.ClientError) as exc:
             if not is_missing(exc):
-                self._raise(exc, key, "deleting")
+                self.raise_error(exc, key, "deleting")
 
     def touch(self, key: str, min_age: float = 0.0) -> bool:
         return aging.touch(self, key, min_age)
