@@ -8,13 +8,13 @@ Three kinds of limit, all set through ``epfleet.settings`` (``EPFLEET_*``):
   transfer's bytes and raises ``TransferTooSlow`` when the rate is too low; a stall
   shows as a socket timeout (the S3 client's read timeout is the stall timeout), which
   the store turns into the same error with ``stalled``. Before a body, the head of an
-  answer must arrive whole within the stall timeout (``epfleet.stores.s3_bounds``).
+  answer must arrive whole within the stall timeout (``epfleet.stores.s3.bounds``).
 - **Documents** read whole from a store (``manifest.json``, device reports, hand-over
   files): ``EPFLEET_MAX_MANIFEST_BYTES`` for the manifest, ``EPFLEET_MAX_DOCUMENT_BYTES``
   for the rest, enforced while streaming (``epfleet.stores.base.DocumentTooLarge``).
 - **A device sync** as a whole: ``EPFLEET_SYNC_DEADLINE``. The sync session runs each
   of its steps ``within`` it (downloads check it with every chunk, each S3 request is
-  stopped when it passes and none starts after it: ``epfleet.stores.s3_bounds``, worker
+  stopped when it passes and none starts after it: ``epfleet.stores.s3.bounds``, worker
   calls get at most what is left: ``time_limit``), and reports the models it did not
   reach as failed.
 """

@@ -7,8 +7,8 @@ compatibility strings, decides what to try (``selection``, pure) and runs those 
 (``steps``: download via ``fetching`` and ``download``, string check, ``health`` check,
 a build here via ``local_build``, fallback; a variant or source of several files is
 fetched and assembled by ``variant_sets``) until one installs a variant in the cache
-(``cache``, over ``nofollow``, ``cache_space``, ``cache_lock``, ``cache_state`` and the
-package manifest in ``package``), which then becomes active (``activation``, pure).
+(the ``cache`` subpackage: its paths, state, space, lock, repair and the package
+manifest), which then becomes active (``activation``, pure).
 While one model is synced, ``prefetch`` downloads the file the next one will download
 first. ``policy`` is what a sync is asked to do; ``unlisted`` drops the models the
 manifest no longer lists when it is asked to; ``reporting`` names the device and uploads

@@ -5,23 +5,25 @@ hex digits of its digest (its file's sha256 when it is one file; the file set's 
 ``epfleet.formats.manifest.set_digest``, when it has files beside the main one); it is also its
 directory in the cache. A model keeps its
 active variant and the one before it, for rollback; the cache's files follow the state
-(``epfleet.device.cache``; the state models are in ``epfleet.device.cache_state``).
+(``epfleet.device.cache``; the state models are in ``epfleet.device.cache.state``).
 """
 
 from __future__ import annotations
 
-from epfleet.device.cache_layout import MODEL_FILE
-from epfleet.device.cache_state import Installed, InstalledFile, ModelState, Origin
+from epfleet.device.cache import (
+    MODEL_FILE,
+    Installed,
+    InstalledFile,
+    ModelState,
+    Origin,
+    local_target_name,
+)
 from epfleet.formats.manifest import PackageFile, SourceEntry, VariantEntry, utcnow
 from eps.base import DeviceType, LocalTarget, Precision
 
 
 def variant_name(prefix: str, sha256: str) -> str:
     return f"{prefix}-{sha256[:12]}"
-
-
-def local_target_name(ep: str) -> str:
-    return "local-" + ep.lower().removesuffix("executionprovider")
 
 
 def published_variant(target: str, variant: VariantEntry) -> Installed:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import eps
 from epfleet import RECIPE_VERSION, ort_version
-from epfleet.device.activation import local_target_name
+from epfleet.device.cache import local_target_name
 from epfleet.device.local_eps import LocalEps, ep_versions
 from epfleet.formats.manifest import ModelEntry
 from epfleet.hashing import sha256_bytes

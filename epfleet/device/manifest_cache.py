@@ -30,9 +30,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_layout import LOCK_FILE, STATE_FILE
-from epfleet.device.cache_state import CacheState
+from epfleet.device.cache import LOCK_FILE, STATE_FILE, CacheState, DeviceCache
 from epfleet.errors import BadInputError, StoreError
 from epfleet.formats.device_report import ManifestStatus
 from epfleet.formats.manifest import VALIDATION_RULES, Manifest, ModelEntry

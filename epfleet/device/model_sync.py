@@ -13,8 +13,7 @@ import time
 
 import eps
 from epfleet.device.activation import drop_changed_active, promote, published_variant
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_state import CacheState, Installed, ModelState
+from epfleet.device.cache import CacheState, DeviceCache, Installed, ModelState
 from epfleet.device.local_build import build_key
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy

@@ -19,8 +19,7 @@ import contextvars
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_state import ModelState
+from epfleet.device.cache import DeviceCache, ModelState
 from epfleet.device.fetching import Fetcher
 from epfleet.device.model_sync import first_download
 from epfleet.device.policy import SyncPolicy

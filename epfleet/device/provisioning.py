@@ -22,9 +22,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_layout import STATE_DIR, STATE_FILE
-from epfleet.device.cache_state import CacheState
+from epfleet.device.cache import STATE_DIR, STATE_FILE, CacheState, DeviceCache
 from epfleet.errors import BadInputError
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import LocalStore

@@ -39,8 +39,7 @@ from types import TracebackType
 
 from epfleet import ort_version
 from epfleet.device import model_sync
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_state import CacheState
+from epfleet.device.cache import CacheState, DeviceCache
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_eps import LocalEps, discover, ep_versions
 from epfleet.device.manifest_cache import cached_manifest, fetch_manifest, manifest_in_force
@@ -82,7 +81,7 @@ class SyncSession:
     The sync has a deadline, ``EPFLEET_SYNC_DEADLINE`` seconds from entering: the manifest
     fetch (the signed metadata's refresh) and each model's sync run within it
     (``epfleet.limits.within``), so that a store request, download or worker call in
-    flight stops when it passes (``epfleet.stores.s3_bounds``), and a model not reached
+    flight stops when it passes (``epfleet.stores.s3.bounds``), and a model not reached
     by then is reported failed with its previous variant kept. The report's upload runs
     within it too, with at least a stall timeout left (``_report_deadline``).
 

@@ -23,9 +23,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_layout import STATE_DIR
-from epfleet.device.cache_state import CacheState
+from epfleet.device.cache import STATE_DIR, CacheState, DeviceCache
 from epfleet.device.manifest_cache import VERIFIED_NOTE, cached_manifest, save_state
 from epfleet.formats.device_report import ManifestStatus
 from epfleet.formats.manifest import VALIDATION_RULES, Manifest

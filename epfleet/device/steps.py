@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 
 import eps
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_state import Installed, InstalledFile, ModelState
+from epfleet.device.cache import DeviceCache, Installed, InstalledFile, ModelState
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_build import local_request, local_targets
 from epfleet.device.local_eps import LocalEps

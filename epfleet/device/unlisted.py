@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_state import CacheState
+from epfleet.device.cache import CacheState, DeviceCache
 from epfleet.formats.device_report import ManifestStatus
 
 logger = logging.getLogger(__name__)

@@ -23,9 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_layout import MODEL_FILE, STATE_DIR
-from epfleet.device.cache_state import Installed
+from epfleet.device.cache import MODEL_FILE, STATE_DIR, DeviceCache, Installed
 from epfleet.device.fetching import Fetcher
 from epfleet.disk import DiskFull
 from epfleet.errors import IntegrityError

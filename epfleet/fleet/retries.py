@@ -2,7 +2,7 @@
 
 - **A transient HTTP fault** (a dropped connection, throttling, a 5xx) on one store
   request: botocore's ``standard`` retry mode, ``AWS_MAX_ATTEMPTS`` attempts (5 by
-  default), configured in ``epfleet.stores.s3_client``; a download whose body breaks after the
+  default), configured in ``epfleet.stores.s3.client``; a download whose body breaks after the
   response began is re-requested by boto3's transfer manager (its
   ``num_download_attempts``), the one fault botocore does not see. The local store has
   no such faults.

@@ -52,7 +52,7 @@ def store_absence(store: Store) -> EpfleetError | None:
 def _bucket_absence(store: S3Store) -> EpfleetError | None:
     import botocore.exceptions as bce
 
-    from epfleet.stores.s3_errors import missing_bucket, status_of
+    from epfleet.stores.s3 import missing_bucket, status_of
 
     try:
         store.client.head_bucket(Bucket=store.bucket)

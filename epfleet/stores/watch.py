@@ -10,7 +10,7 @@ passes, the watch shuts the connection's socket down, which wakes the read in pr
 (closing it does not, on Linux), and the caller sees which limit ``fired``.
 
 Connections mix in ``Watched``; the code sending a request sets ``attempt.watch`` for
-its thread around the send (``epfleet.stores.s3_bounds`` for botocore,
+its thread around the send (``epfleet.stores.s3.bounds`` for botocore,
 ``epfleet.stores.https`` for the mirror store).
 """
 

@@ -27,12 +27,12 @@ import onnx
 import pytest
 
 from epfleet.cli.app import main
-from epfleet.device.cache_errors import CacheBusy, CacheDamaged
-from epfleet.device.cache_layout import DISK_MARGIN, MB
-from epfleet.device.repair import model_metadata
+from epfleet.device.cache import DISK_MARGIN, CacheBusy, CacheDamaged
+from epfleet.device.cache.repair import model_metadata
 from epfleet.errors import StoreError
 from epfleet.formats.device_report import DeviceReport
 from epfleet.stores.local import LocalStore
+from epfleet.text import MB
 from tests.support.disks import fill
 from tests.support.synced_fleet import (
     DEVICE,

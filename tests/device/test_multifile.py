@@ -19,9 +19,7 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_layout import DISK_MARGIN, MB
-from epfleet.device.cache_state import Installed
+from epfleet.device.cache import DISK_MARGIN, DeviceCache, Installed
 from epfleet.formats.keys import files_key
 from epfleet.formats.manifest import (
     ArtifactRef,
@@ -30,6 +28,7 @@ from epfleet.formats.manifest import (
 )
 from epfleet.hashing import sha256_file
 from epfleet.stores import open_store
+from epfleet.text import MB
 from tests.support.disks import fill
 from tests.support.multifile_store import (
     CPU,

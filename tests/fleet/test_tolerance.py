@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import eps
-from epfleet.device.cache_state import Installed
+from epfleet.device.cache import Installed
 from epfleet.device.steps import tolerance as device_tolerance
 from epfleet.fleet.build import build_variant, describe_verification
 from epfleet.fleet.plan_rules import ladder_of

@@ -25,8 +25,7 @@ import pytest
 from onnx import numpy_helper
 
 from epfleet.cli.app import main
-from epfleet.device.cache import DeviceCache
-from epfleet.device.cache_layout import STATE_DIR
+from epfleet.device.cache import STATE_DIR, DeviceCache
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.fleet.publishing import read_in_force

@@ -169,5 +169,5 @@ def test_touch_and_delete_if_older(store: Store, tmp_path: Path) -> None:
     assert store.delete_if_older("files/w", touched) is False
     assert b"".join(store.read_range("files/w", 0)) == b"w" * 1000
     if isinstance(store, S3Store):
-        head = store.client.head_object(Bucket=store.bucket, Key=store._key("files/w"))
+        head = store.client.head_object(Bucket=store.bucket, Key=store.object_key("files/w"))
         assert head["Metadata"].get("sha256") == sha  # the object's own sha256 kept

@@ -20,7 +20,8 @@ from epfleet.errors import BadInputError, PreconditionFailed, StoreError, Transi
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.limits import TransferTooSlow
 from epfleet.stores import DocumentTooLarge, open_store
-from epfleet.stores.s3 import MiB, S3Store
+from epfleet.stores.s3 import S3Store
+from epfleet.stores.s3.store import MiB
 from tests.support.s3proxy import FaultProxy
 
 pytestmark = pytest.mark.fast
@@ -47,7 +48,7 @@ def test_open_parses_bucket_and_prefix() -> None:
     assert (s.bucket, s.prefix, s.uri) == ("bkt", "a/b", "s3://bkt/a/b")
     bare = open_store("s3://bkt")
     assert isinstance(bare, S3Store)
-    assert (bare.prefix, bare._key("x/y.onnx")) == ("", "x/y.onnx")
+    assert (bare.prefix, bare.object_key("x/y.onnx")) == ("", "x/y.onnx")
 
 
 def test_open_without_bucket_is_bad_input() -> None:
@@ -58,7 +59,7 @@ def test_open_without_bucket_is_bad_input() -> None:
 @pytest.mark.parametrize("key", ["../escape", "/abs", "a/../../b", ""])
 def test_bad_keys(key: str) -> None:
     with pytest.raises(ValueError):
-        S3Store("bkt", "p")._key(key)
+        S3Store("bkt", "p").object_key(key)
 
 
 # --- contract ---------------------------------------------------------------------------

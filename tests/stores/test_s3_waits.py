@@ -2,7 +2,7 @@
 or a ``100 Continue``) trickles in a byte at a time, each byte inside the socket's read
 timeout, fails within the stall timeout per attempt; inside a device sync, the sync's
 deadline stops any attempt in flight (a body botocore reads itself included) and starts
-none after it (``epfleet.stores.s3_bounds``).
+none after it (``epfleet.stores.s3.bounds``).
 
 S3 is moto's server on loopback behind the fault proxy (tests/support/s3proxy.py), which sends
 the heads one byte every half second: each would take minutes. The limits are small

@@ -470,7 +470,7 @@ def test_a_device_wanting_2_of_n_models_fetches_only_their_bins(tmp_path: Path) 
 def test_the_state_is_written_only_under_the_cache_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from epfleet.device.cache_state import CacheState
+    from epfleet.device.cache import CacheState
     from epfleet.device.session import SyncSession
 
     store = synthetic_store(tmp_path / "store", 3)

@@ -1,9 +1,10 @@
 """A store in an S3 bucket (or anything that speaks S3): ``s3://bucket/prefix``.
 
-This module holds the store's reads, conditional writes and listings; beside it,
-``s3_client`` (the shared boto3 clients), ``s3_errors`` (boto3 failures as epfleet
-errors), ``s3_transfers`` (multipart upload, parallel ranged download) and
-``s3_multipart`` (incomplete multipart uploads).
+This module holds the store's reads, conditional writes and listings; beside it, in
+this package, ``client`` (the shared boto3 clients), ``bounds`` (time bounds on each
+request), ``errors`` (boto3 failures as epfleet errors), ``transfers`` (multipart upload,
+parallel ranged download), ``multipart`` (incomplete multipart uploads) and ``aging``
+(touch, delete if older).
 
 Consistency rules:
 
@@ -43,7 +44,6 @@ from boto3.s3.transfer import TransferConfig
 from epfleet.errors import BadInputError, PreconditionFailed, TransientStoreError
 from epfleet.hashing import sha256_bytes
 from epfleet.limits import TransferGuard, TransferLimits, stalled
-from epfleet.stores import s3_aging, s3_multipart, s3_transfers
 from epfleet.stores.base import (
     UNCHANGED,
     StoredObject,
@@ -55,9 +55,10 @@ from epfleet.stores.base import (
 )
 from epfleet.stores.caching import cache_control
 from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
-from epfleet.stores.s3_client import env_attempts, shared_client
-from epfleet.stores.s3_errors import code_of, is_missing, raise_store_error, status_of
-from epfleet.stores.s3_transfers import SHA256_META
+from epfleet.stores.s3 import aging, multipart, transfers
+from epfleet.stores.s3.client import env_attempts, shared_client
+from epfleet.stores.s3.errors import code_of, is_missing, raise_store_error, status_of
+from epfleet.stores.s3.transfers import SHA256_META
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -68,6 +69,13 @@ WRITE_ID_META = "epfleet-write-id"
 
 
 class S3Store:
+    """The store (``epfleet.stores.base.Store``). Beside the store's methods, the other
+    modules of this package use its internal surface, and nothing else of it: ``client``
+    and ``uploader`` (the boto3 clients), ``limits``, ``transfer_config`` and
+    ``concurrency`` (how transfers run), ``root``, ``object_key`` and ``where`` (an
+    object's S3 key and its URI), ``raise_error`` (a boto3 failure as an epfleet error)
+    and ``range_of`` (a ranged read of one version under a guard)."""
+
     def __init__(
         self,
         bucket: str,
@@ -85,7 +93,7 @@ class S3Store:
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         attempts = max_attempts or env_attempts()
         # The read timeout is how long a socket may wait for a byte, and how long the head
-        # of an answer (status line and headers) may take as a whole (``s3_bounds``). For
+        # of an answer (status line and headers) may take as a whole (``bounds``). For
         # reads (and small writes) it is the stall timeout: a request nobody answers, or
         # answers a byte at a time, and a body that stops all end there. Uploads keep the
         # longer one: once a part is handed to the kernel, the answer waits until its send
@@ -93,15 +101,15 @@ class S3Store:
         # callback instead (``upload``). A connect waits no longer than a stall either,
         # except an upload's: urllib3 sends a request's body under the connect timeout, and
         # an upload's callback should be what says its link stalled.
-        self._limits = TransferLimits.from_settings()
-        stall = self._limits.stall_timeout
+        self.limits = TransferLimits.from_settings()
+        stall = self.limits.stall_timeout
         self._settings = (attempts, min(connect_timeout, stall), stall)
         self._upload_settings = (attempts, connect_timeout, max(read_timeout, stall))
         self._client: S3Client | None = None
         self._uploader: S3Client | None = None
         self._client_lock = threading.Lock()
-        self._concurrency = max_concurrency
-        self._transfer = TransferConfig(
+        self.concurrency = max_concurrency
+        self.transfer_config = TransferConfig(
             multipart_threshold=multipart_threshold,
             multipart_chunksize=multipart_chunksize,
             max_concurrency=max_concurrency,
@@ -126,21 +134,28 @@ class S3Store:
                 self._uploader = shared_client(self._upload_settings)
             return self._uploader
 
-    def _key(self, key: str) -> str:
+    @property
+    def root(self) -> str:
+        """The S3 key prefix of the store's objects: its prefix and a slash, or nothing."""
+        return f"{self.prefix}/" if self.prefix else ""
+
+    def object_key(self, key: str) -> str:
+        """The S3 key of the store's ``key`` (checked)."""
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _where(self, key: str) -> str:
+    def where(self, key: str) -> str:
+        """The URI of the store's ``key`` for messages (the store's own for "")."""
         if not key:  # the whole store (a listing of its root)
             return f"{self.uri}/"
-        return f"s3://{self.bucket}/{self._key(key)}"
+        return f"s3://{self.bucket}/{self.object_key(key)}"
 
-    def _raise(self, exc: BaseException, key: str, action: str) -> NoReturn:
+    def raise_error(self, exc: BaseException, key: str, action: str) -> NoReturn:
         """Turn a boto3/botocore failure into TransientStoreError or StoreError."""
         attempts, _, stall = self._settings
         raise_store_error(
             exc,
-            where=self._where(key),
+            where=self.where(key),
             action=action,
             bucket=self.bucket,
             attempts=attempts,
@@ -155,7 +170,7 @@ class S3Store:
         """A document, read whole within its limit (``document_limit``): refused on its
         Content-Length before a byte of the body is read, or as soon as a body without
         one goes past the limit; and under the transfer limits while it streams."""
-        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self.object_key(key)}
         if if_none_match is not None:
             args["IfNoneMatch"] = if_none_match
         try:
@@ -165,20 +180,20 @@ class S3Store:
                 return None
             if status_of(exc) == 304:
                 return UNCHANGED
-            self._raise(exc, key, "reading")
+            self.raise_error(exc, key, "reading")
         except bce.BotoCoreError as exc:
-            self._raise(exc, key, "reading")
+            self.raise_error(exc, key, "reading")
         etag = str(resp["ETag"])
         limit, _ = document_limit(key)
         length = resp.get("ContentLength")
-        guard = TransferGuard(f"read of {key}", self.uri, self._limits)
+        guard = TransferGuard(f"read of {key}", self.uri, self.limits)
         chunks = self._chunks(resp, key, guard)
         try:
             if length is not None and length > limit:
-                raise too_large(self._where(key), key, length, etag)
+                raise too_large(self.where(key), key, length, etag)
             data = read_bounded(chunks, limit)
         except OverLimit:
-            raise too_large(self._where(key), key, None, etag) from None
+            raise too_large(self.where(key), key, None, etag) from None
         finally:
             chunks.close()  # closes the body: a refused one is not read to its end
         return Versioned(data, etag), resp.get("Metadata", {})
@@ -209,13 +224,13 @@ class S3Store:
             raise error or stalled(self.uri, what, self._settings[2]) from None
         except (u3e.ProtocolError, bce.ResponseStreamingError, bce.IncompleteReadError) as exc:
             raise TransientStoreError(
-                f"{what} from {self._where(key)}: the connection dropped ({exc})"
+                f"{what} from {self.where(key)}: the connection dropped ({exc})"
             ) from exc
         finally:
             body.close()
         if length is not None and got < length:  # urllib3 leaves this check to botocore
             raise TransientStoreError(
-                f"{what} from {self._where(key)}: the connection dropped after {got} of "
+                f"{what} from {self.where(key)}: the connection dropped after {got} of "
                 f"{length} bytes"
             )
 
@@ -231,9 +246,9 @@ class S3Store:
     def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
         """The bytes as they arrive (see ``_chunks``): the caller counts them against the
         transfer limits (``epfleet.device.download``); a stall raises TransferTooSlow."""
-        return self._range(key, start, end, None, None)
+        return self.range_of(key, start, end, None, None)
 
-    def _range(
+    def range_of(
         self,
         key: str,
         start: int,
@@ -241,7 +256,9 @@ class S3Store:
         if_match: str | None,
         guard: TransferGuard | None,
     ) -> Iterator[bytes]:
-        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        """``read_range`` of the version ``if_match`` names (any when None), each chunk
+        counted by ``guard`` (``transfers.download`` fetches its parts with it)."""
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self.object_key(key)}
         if start or end is not None:
             args["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         if if_match is not None:
@@ -255,7 +272,7 @@ class S3Store:
             with closing(chunks):
                 yield from within_range(chunks, skip, left)
         except (bce.BotoCoreError, bce.ClientError) as exc:
-            self._raise(exc, key, f"reading (from byte {start})")
+            self.raise_error(exc, key, f"reading (from byte {start})")
 
     def write(
         self,
@@ -270,7 +287,7 @@ class S3Store:
         write_id = uuid.uuid4().hex
         args: dict[str, Any] = {
             "Bucket": self.bucket,
-            "Key": self._key(key),
+            "Key": self.object_key(key),
             "Body": data,
             "Metadata": {SHA256_META: sha256, WRITE_ID_META: write_id},
             "CacheControl": cache_control(key),
@@ -291,15 +308,15 @@ class S3Store:
                 return self._after_412(key, sha256, write_id, exc)
             if status == 409:
                 raise PreconditionFailed(
-                    f"{self._where(key)}: a concurrent conditional write conflicted ({code})"
+                    f"{self.where(key)}: a concurrent conditional write conflicted ({code})"
                 ) from exc
             if if_match is not None and code == "NoSuchKey":
                 raise PreconditionFailed(
-                    f"{self._where(key)} no longer exists (it was deleted since it was read)"
+                    f"{self.where(key)} no longer exists (it was deleted since it was read)"
                 ) from exc
-            self._raise(exc, key, "writing")
+            self.raise_error(exc, key, "writing")
         except bce.BotoCoreError as exc:
-            self._raise(exc, key, "writing")
+            self.raise_error(exc, key, "writing")
 
     def _after_412(self, key: str, sha256: str, write_id: str, exc: bce.ClientError) -> str:
         """A 412 may answer the retry of a PUT that already succeeded: read back and see."""
@@ -309,29 +326,29 @@ class S3Store:
             if meta.get(WRITE_ID_META) == write_id and sha256_bytes(current.data) == sha256:
                 return current.etag
         raise PreconditionFailed(
-            f"{self._where(key)} changed since it was read (or already exists)"
+            f"{self.where(key)} changed since it was read (or already exists)"
         ) from exc
 
     def size(self, key: str) -> int | None:
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            head = self.client.head_object(Bucket=self.bucket, Key=self.object_key(key))
             return int(head["ContentLength"])
         except bce.ClientError as exc:
             if is_missing(exc):
                 return None
-            self._raise(exc, key, "checking")
+            self.raise_error(exc, key, "checking")
         except bce.BotoCoreError as exc:
-            self._raise(exc, key, "checking")
+            self.raise_error(exc, key, "checking")
 
     def upload(self, key: str, path: Path, sha256: str) -> None:
-        s3_transfers.upload(self, key, path, sha256)
+        transfers.upload(self, key, path, sha256)
 
     def download(self, key: str, dest: Path) -> None:
-        s3_transfers.download(self, key, dest)
+        transfers.download(self, key, dest)
 
     def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []
-        root = f"{self.prefix}/" if self.prefix else ""
+        root = self.root
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=root + check_prefix(prefix)
@@ -339,7 +356,7 @@ class S3Store:
             for page in pages:
                 keys.extend(item["Key"][len(root) :] for item in page.get("Contents", []))
         except (bce.BotoCoreError, bce.ClientError) as exc:
-            self._raise(exc, prefix, "listing")
+            self.raise_error(exc, prefix, "listing")
         # folder markers (keys ending in "/") are not objects a store wrote
         return sorted(key for key in keys if not key.endswith("/") and not is_hidden(key))
 
@@ -347,7 +364,7 @@ class S3Store:
         return sorted(self.iter_objects(prefix, hidden=hidden), key=lambda o: o.key)
 
     def iter_objects(self, prefix: str, *, hidden: bool = False) -> Iterator[StoredObject]:
-        root = f"{self.prefix}/" if self.prefix else ""
+        root = self.root
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=root + check_prefix(prefix)
@@ -359,26 +376,26 @@ class S3Store:
                         continue
                     yield StoredObject(key, int(item["Size"]), item["LastModified"])
         except (bce.BotoCoreError, bce.ClientError) as exc:
-            self._raise(exc, prefix, "listing")
+            self.raise_error(exc, prefix, "listing")
 
     def incomplete_uploads(self) -> list[StoredObject]:
-        return s3_multipart.incomplete_uploads(self)
+        return multipart.incomplete_uploads(self)
 
     def delete(self, key: str) -> None:
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+            self.client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
         except (bce.BotoCoreError, bce.ClientError) as exc:
             if not is_missing(exc):
-                self._raise(exc, key, "deleting")
+                self.raise_error(exc, key, "deleting")
 
     def touch(self, key: str, min_age: float = 0.0) -> bool:
-        return s3_aging.touch(self, key, min_age)
+        return aging.touch(self, key, min_age)
 
     def delete_if_older(self, key: str, cutoff: datetime) -> bool:
-        return s3_aging.delete_if_older(self, key, cutoff)
+        return aging.delete_if_older(self, key, cutoff)
 
     def clean_up_incomplete(self, older_than: float | None = None) -> list[str]:
-        return s3_multipart.clean_up_incomplete(self, older_than)
+        return multipart.clean_up_incomplete(self, older_than)
 
 
 def from_uri(uri: str) -> S3Store:

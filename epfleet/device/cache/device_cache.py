@@ -1,14 +1,14 @@
 """The device cache: a directory that is itself an ONNX Runtime model package.
 
-Its layout is in ``cache_layout``; its state (the record of truth) in ``cache_state``;
-the package manifest, rendered from the state after every change, in ``package`` (a
-crash between the two is mended by the next sync). A state that is missing, damaged or
-unreadable is rebuilt from the variant directories (``epfleet.device.repair``), keeping
-what the package's manifest selects.
+Beside it in this package: its layout in ``layout``; its state (the record of truth) in
+``state``; the package manifest, rendered from the state after every change, in
+``package`` (a crash between the two is mended by the next sync). A state that is
+missing, damaged or unreadable is rebuilt from the variant directories (``repair``),
+keeping what the package's manifest selects.
 
 Every path is reached without following a link (``nofollow``); disk space and partial
-downloads are ``cache_space``'s, the lock ``cache_lock``'s. Only what epfleet names is
-removed: variant directories, partial downloads, the compile scratch and temporary
+downloads are ``space``'s, the lock ``lock``'s, its own errors ``errors``'. Only what
+epfleet names is removed: variant directories, partial downloads, the compile scratch and temporary
 files of its atomic writes.
 """
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from epfleet.device import package
-from epfleet.device.cache_layout import (
+from epfleet.device.cache import package
+from epfleet.device.cache.layout import (
     FLEET_MANIFEST,
     LAST_REPORT,
     MODEL_FILE,
@@ -33,10 +33,10 @@ from epfleet.device.cache_layout import (
     STATE_FILE,
     VARIANT_DIR,
 )
-from epfleet.device.cache_lock import cache_locked
-from epfleet.device.cache_space import CacheSpace
-from epfleet.device.cache_state import CacheState, Installed, ModelState
-from epfleet.device.nofollow import lstat_at
+from epfleet.device.cache.lock import cache_locked
+from epfleet.device.cache.nofollow import lstat_at
+from epfleet.device.cache.space import CacheSpace
+from epfleet.device.cache.state import CacheState, Installed, ModelState
 from epfleet.disk import WRITE_DENIED, not_writable
 from epfleet.fsutil import read_nofollow, sha256_nofollow
 
@@ -48,7 +48,7 @@ class DeviceCache(CacheSpace):
 
     def locked(self) -> AbstractContextManager[None]:
         """Hold the cache for one sync; a second concurrent sync fails fast (see
-        ``epfleet.device.cache_lock``)."""
+        ``epfleet.device.cache.lock``)."""
         return cache_locked(self)
 
     def check_layout(self) -> None:
@@ -64,7 +64,7 @@ class DeviceCache(CacheSpace):
     def load_state(self) -> CacheState:
         """The cache's state. A state file that is missing while the cache holds models,
         damaged, of another schema or not a regular file is rebuilt from the variant
-        directories (``epfleet.device.repair``), with a note for the report."""
+        directories (``epfleet.device.cache.repair``), with a note for the report."""
         path = self.meta / STATE_FILE
         try:
             data = read_nofollow(path)
@@ -81,7 +81,7 @@ class DeviceCache(CacheSpace):
                 error = exc.errors()[0]
                 where = ".".join(map(str, error["loc"]))
                 problem = f"is damaged ({where + ': ' if where else ''}{error['msg']})"
-        from epfleet.device.repair import rebuild_state
+        from epfleet.device.cache.repair import rebuild_state
 
         state, kept = rebuild_state(self)
         self.note(
@@ -258,7 +258,7 @@ class DeviceCache(CacheSpace):
         return package.package_json(self, state)
 
     def write_package(self, state: CacheState) -> list[str]:
-        """See ``epfleet.device.package.write_package``."""
+        """See ``epfleet.device.cache.package.write_package``."""
         return package.write_package(self, state)
 
     def selected(self, model: str) -> str | None:

@@ -17,7 +17,7 @@ from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 
 from epfleet.errors import ObjectMissing, StoreError, StoreMissing, TransientStoreError
 from epfleet.limits import TransferTooSlow
-from epfleet.stores.s3_bounds import DeadlineReached
+from epfleet.stores.s3.bounds import DeadlineReached
 
 THROTTLING_CODES = frozenset(
     {

@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 
 class DeadlineReached(bce.BotoCoreError):
     """An attempt stopped (or not started) because the sync's deadline passed; botocore
-    does not retry it, and the store names what was stopped (``s3_errors``)."""
+    does not retry it, and the store names what was stopped (``errors``)."""
 
     fmt = "the sync's deadline passed: {method} {url} stopped"
 
@@ -119,8 +119,8 @@ def bound_waits(client: S3Client) -> S3Client:
         or "_content" not in vars(AWSResponse("", 200, HTTPHeaders(), None))
     ):
         raise RuntimeError(
-            "this botocore's HTTP session is not the one epfleet.stores.s3_bounds knows: "
-            "the waits of S3 requests would be unbounded; pin botocore or update s3_bounds"
+            "this botocore's HTTP session is not the one epfleet.stores.s3.bounds knows: "
+            "the waits of S3 requests would be unbounded; pin botocore or update that module"
         )
     # the session makes its proxies' pool managers from the first, its own uses the second
     vars(http)["_pool_classes_by_scheme"] = WATCHED_POOLS

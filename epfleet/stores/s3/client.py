@@ -4,7 +4,7 @@ Making a client costs ~0.1 s (botocore loads its S3 model) and a device sync ope
 store several times; clients are thread-safe, so every store of this process with the
 same settings and AWS environment shares one. Retries are botocore's standard mode with
 ``AWS_MAX_ATTEMPTS`` attempts (5 by default). Every request of a client is bounded in time
-(``epfleet.stores.s3_bounds``): socket timeouts alone let an answer that trickles in a byte
+(``epfleet.stores.s3.bounds``): socket timeouts alone let an answer that trickles in a byte
 at a time wait forever.
 """
 
@@ -18,7 +18,7 @@ import boto3
 from botocore import UNSIGNED
 from botocore.config import Config
 
-from epfleet.stores.s3_bounds import bound_waits
+from epfleet.stores.s3.bounds import bound_waits
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client

@@ -20,7 +20,7 @@ from collections.abc import Collection
 from contextlib import suppress
 from pathlib import Path
 
-from epfleet.device.cache_errors import CacheDamaged
+from epfleet.device.cache.errors import CacheDamaged
 from epfleet.disk import cannot_write
 from epfleet.errors import BadInputError
 from epfleet.fsutil import is_temp_name, read_nofollow

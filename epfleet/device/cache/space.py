@@ -15,14 +15,14 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from epfleet.device.cache_layout import (
+from epfleet.device.cache.layout import (
     DISK_MARGIN,
     OWN_FILES,
     PARTIAL_FILE,
     PARTIAL_MAX_AGE,
     STATE_DIR,
 )
-from epfleet.device.nofollow import CacheFiles, lstat_at, remove_temp_files
+from epfleet.device.cache.nofollow import CacheFiles, lstat_at, remove_temp_files
 from epfleet.disk import WRITE_DENIED, DiskFull, not_writable
 from epfleet.fsutil import NO_SPACE, atomic_write_bytes, free_bytes, is_temp_name
 from epfleet.text import mb

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from epfleet.device.cache_layout import MODEL_FILE
+from epfleet.device.cache.layout import MODEL_FILE
 from epfleet.formats.device_report import Profile
 from epfleet.formats.manifest import Name
 from epfleet.hashing import sha256_bytes

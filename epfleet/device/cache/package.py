@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 from epfleet import ort_version
-from epfleet.device.cache_layout import PACKAGE_MANIFEST, PACKAGE_NAME
-from epfleet.device.cache_space import CacheSpace
-from epfleet.device.cache_state import CacheState, Installed
+from epfleet.device.cache.layout import PACKAGE_MANIFEST, PACKAGE_NAME
+from epfleet.device.cache.space import CacheSpace
+from epfleet.device.cache.state import CacheState, Installed
 from epfleet.device.local_eps import ep_versions
 
 

@@ -14,25 +14,21 @@ from typing import TYPE_CHECKING
 import botocore.exceptions as bce
 
 from epfleet.stores.base import StoredObject
-from epfleet.stores.s3_errors import code_of
+from epfleet.stores.s3.errors import code_of
 
 UNUSABLE_STORE_CODES = frozenset({"NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
 """Answers that make the whole store unusable, not just this listing: raised as store
 errors (with no bucket or no endpoint, nothing else would work either)."""
 
 if TYPE_CHECKING:
-    from epfleet.stores.s3 import S3Store
+    from epfleet.stores.s3.store import S3Store
 
 logger = logging.getLogger("epfleet.stores.s3")  # the S3 store's logger, as before the split
 
 
-def _root(store: S3Store) -> str:
-    return f"{store.prefix}/" if store.prefix else ""
-
-
 def incomplete_uploads(store: S3Store) -> list[StoredObject]:
     """Each with the bytes of its parts so far (one ListParts per upload)."""
-    root = _root(store)
+    root = store.root
     found: list[StoredObject] = []
     try:
         pages = store.client.get_paginator("list_multipart_uploads").paginate(
@@ -40,7 +36,7 @@ def incomplete_uploads(store: S3Store) -> list[StoredObject]:
         )
         uploads = [upload for page in pages for upload in page.get("Uploads", [])]
     except (bce.BotoCoreError, bce.ClientError) as exc:
-        store._raise(exc, "", "listing the incomplete multipart uploads of")
+        store.raise_error(exc, "", "listing the incomplete multipart uploads of")
     for upload in uploads:
         key = upload["Key"][len(root) :]
         try:
@@ -51,7 +47,7 @@ def incomplete_uploads(store: S3Store) -> list[StoredObject]:
         except (bce.BotoCoreError, bce.ClientError) as exc:
             if isinstance(exc, bce.ClientError) and code_of(exc) == "NoSuchUpload":
                 continue  # completed or aborted since it was listed
-            store._raise(exc, key, "listing the parts of the multipart upload of")
+            store.raise_error(exc, key, "listing the parts of the multipart upload of")
         found.append(StoredObject(key, size, upload["Initiated"]))
     return sorted(found, key=lambda o: (o.key, o.modified))
 
@@ -67,7 +63,7 @@ def clean_up_incomplete(store: S3Store, older_than: float | None = None) -> list
 
         older_than = settings().multipart_grace
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than)
-    root = _root(store)
+    root = store.root
     aborted: list[str] = []
     try:
         pages = store.client.get_paginator("list_multipart_uploads").paginate(
@@ -89,7 +85,7 @@ def clean_up_incomplete(store: S3Store, older_than: float | None = None) -> list
                 code_of(exc),
             )
             return aborted
-        store._raise(exc, "", "listing incomplete uploads of")  # no bucket, no endpoint
+        store.raise_error(exc, "", "listing incomplete uploads of")  # no bucket, no endpoint
     for upload in stale:
         try:
             store.client.abort_multipart_upload(

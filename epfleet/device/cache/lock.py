@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime
 
-from epfleet.device.cache_errors import CacheBusy, CacheDamaged
-from epfleet.device.cache_layout import LOCK_FILE, STATE_DIR
-from epfleet.device.nofollow import CacheFiles, lstat_at
+from epfleet.device.cache.errors import CacheBusy, CacheDamaged
+from epfleet.device.cache.layout import LOCK_FILE, STATE_DIR
+from epfleet.device.cache.nofollow import CacheFiles, lstat_at
 from epfleet.disk import WRITE_DENIED, cannot_write
 from epfleet.errors import EpfleetError
 from epfleet.fsutil import NO_SPACE

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import botocore.exceptions as bce
 
 from epfleet.stores.caching import cache_control
-from epfleet.stores.s3_errors import is_missing
+from epfleet.stores.s3.errors import is_missing
 
 if TYPE_CHECKING:
-    from epfleet.stores.s3 import S3Store
+    from epfleet.stores.s3.store import S3Store
 
 
 def touch(store: S3Store, key: str, min_age: float) -> bool:
@@ -25,39 +25,39 @@ def touch(store: S3Store, key: str, min_age: float) -> bool:
     through this machine; multipart above the store's threshold): a new LastModified.
     Skipped when the object is younger than ``min_age`` seconds; False when missing."""
     try:
-        head = store.client.head_object(Bucket=store.bucket, Key=store._key(key))
+        head = store.client.head_object(Bucket=store.bucket, Key=store.object_key(key))
         if (datetime.now(timezone.utc) - head["LastModified"]).total_seconds() < min_age:
             return True
         store.uploader.copy(
-            {"Bucket": store.bucket, "Key": store._key(key)},
+            {"Bucket": store.bucket, "Key": store.object_key(key)},
             store.bucket,
-            store._key(key),
+            store.object_key(key),
             ExtraArgs={
                 "MetadataDirective": "REPLACE",
                 "Metadata": head.get("Metadata", {}),
                 "CacheControl": cache_control(key),
             },
-            Config=store._transfer,
+            Config=store.transfer_config,
         )
         return True
     except bce.ClientError as exc:
         if is_missing(exc):
             return False
-        store._raise(exc, key, "touching")
+        store.raise_error(exc, key, "touching")
     except bce.BotoCoreError as exc:
-        store._raise(exc, key, "touching")
+        store.raise_error(exc, key, "touching")
 
 
 def delete_if_older(store: S3Store, key: str, cutoff: datetime) -> bool:
     """Delete the object if it was last modified before ``cutoff``; True when it is gone."""
     try:
-        head = store.client.head_object(Bucket=store.bucket, Key=store._key(key))
+        head = store.client.head_object(Bucket=store.bucket, Key=store.object_key(key))
     except bce.ClientError as exc:
         if is_missing(exc):
             return True
-        store._raise(exc, key, "checking")
+        store.raise_error(exc, key, "checking")
     except bce.BotoCoreError as exc:
-        store._raise(exc, key, "checking")
+        store.raise_error(exc, key, "checking")
     if head["LastModified"] >= cutoff:
         return False
     store.delete(key)

@@ -22,10 +22,10 @@ from boto3.exceptions import S3UploadFailedError
 from epfleet.errors import ObjectMissing, TransientStoreError
 from epfleet.limits import TransferGuard, TransferTooSlow
 from epfleet.stores.caching import cache_control
-from epfleet.stores.s3_errors import is_missing
+from epfleet.stores.s3.errors import is_missing
 
 if TYPE_CHECKING:
-    from epfleet.stores.s3 import S3Store
+    from epfleet.stores.s3.store import S3Store
 
 SHA256_META = "sha256"
 """The user-metadata field every object carries its sha256 in (ETags are not hashes)."""
@@ -38,7 +38,7 @@ def upload(store: S3Store, key: str, path: Path, sha256: str) -> None:
     watchdog times it. Once the guard trips, the caller gets its error at once and
     the upload stops at its next read of the file (every retry too); an upload a
     killed run leaves unfinished is aborted by ``clean_up_incomplete``."""
-    guard = TransferGuard(f"upload of {key}", store.uri, store._limits)
+    guard = TransferGuard(f"upload of {key}", store.uri, store.limits)
     outcome: list[BaseException] = []
 
     def run() -> None:
@@ -46,9 +46,9 @@ def upload(store: S3Store, key: str, path: Path, sha256: str) -> None:
             store.uploader.upload_file(
                 str(path),
                 store.bucket,
-                store._key(key),
+                store.object_key(key),
                 ExtraArgs={"Metadata": {SHA256_META: sha256}, "CacheControl": cache_control(key)},
-                Config=store._transfer,
+                Config=store.transfer_config,
                 Callback=guard.add,
             )
         except BaseException as exc:
@@ -58,7 +58,7 @@ def upload(store: S3Store, key: str, path: Path, sha256: str) -> None:
         target=contextvars.copy_context().run, args=(run,), name=f"upload {key}", daemon=True
     )
     worker.start()
-    poll = min(1.0, store._limits.stall_timeout / 4, store._limits.rate_window / 4)
+    poll = min(1.0, store.limits.stall_timeout / 4, store.limits.rate_window / 4)
     try:
         while worker.is_alive():
             worker.join(poll)
@@ -73,7 +73,7 @@ def upload(store: S3Store, key: str, path: Path, sha256: str) -> None:
         raise guard.failure from None
     error = outcome[0]
     if isinstance(error, (bce.BotoCoreError, bce.ClientError, S3UploadFailedError)):
-        store._raise(error, key, f"uploading {path} to")
+        store.raise_error(error, key, f"uploading {path} to")
     raise error
 
 
@@ -82,26 +82,26 @@ def download(store: S3Store, key: str, dest: Path) -> None:
     or above the multipart threshold in ranged GETs of the multipart chunk size,
     ``max_concurrency`` at a time, all of the version the first answer named."""
     try:
-        head = store.client.head_object(Bucket=store.bucket, Key=store._key(key))
+        head = store.client.head_object(Bucket=store.bucket, Key=store.object_key(key))
     except bce.ClientError as exc:
         if is_missing(exc):
-            raise ObjectMissing(f"{store._where(key)} does not exist") from None
-        store._raise(exc, key, "downloading")
+            raise ObjectMissing(f"{store.where(key)} does not exist") from None
+        store.raise_error(exc, key, "downloading")
     except bce.BotoCoreError as exc:
-        store._raise(exc, key, "downloading")
+        store.raise_error(exc, key, "downloading")
     size, etag = int(head["ContentLength"]), str(head["ETag"])
-    step = store._transfer.multipart_chunksize
-    if size <= store._transfer.multipart_threshold:
+    step = store.transfer_config.multipart_chunksize
+    if size <= store.transfer_config.multipart_threshold:
         step = max(size, 1)
     parts = [(start, min(start + step, size)) for start in range(0, size, step)]
-    guard = TransferGuard(f"download of {key}", store.uri, store._limits)
+    guard = TransferGuard(f"download of {key}", store.uri, store.limits)
     stop = threading.Event()
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
 
     def fetch(start: int, end: int) -> None:
         offset = start
-        for chunk in store._range(key, start, end, etag, guard):
+        for chunk in store.range_of(key, start, end, etag, guard):
             if stop.is_set():
                 return
             view = memoryview(chunk)
@@ -110,12 +110,12 @@ def download(store: S3Store, key: str, dest: Path) -> None:
                 view, offset = view[written:], offset + written
         if offset != end:
             raise TransientStoreError(
-                f"downloading {store._where(key)}: bytes {start}-{end} ended at {offset}"
+                f"downloading {store.where(key)}: bytes {start}-{end} ended at {offset}"
             )
 
     try:
         try:
-            with ThreadPoolExecutor(min(len(parts), store._concurrency) or 1) as pool:
+            with ThreadPoolExecutor(min(len(parts), store.concurrency) or 1) as pool:
                 fetches = [pool.submit(fetch, start, end) for start, end in parts]
                 for done in fetches:
                     try:

@@ -34,3 +34,9 @@ report are written after it, and the device's other programs need room too."""
 VARIANT_DIR = re.compile(r"[a-z0-9][a-z0-9._-]*-[0-9a-f]{12}")
 PARTIAL_FILE = re.compile(r"[0-9a-f]{64}\.part(\.progress)?")
 OWN_FILES = frozenset({PACKAGE_MANIFEST, STATE_FILE, FLEET_MANIFEST, LAST_REPORT, REPORT_SENT})
+
+
+def local_target_name(ep: str) -> str:
+    """The target a variant built on the device is named after (``local-<ep>``), its
+    directory's prefix."""
+    return "local-" + ep.lower().removesuffix("executionprovider")

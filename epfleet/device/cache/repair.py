@@ -37,9 +37,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pydantic import ValidationError
 
-from epfleet.device.activation import local_target_name
-from epfleet.device.cache_layout import MODEL_FILE, VARIANT_DIR
-from epfleet.device.cache_state import (
+from epfleet.device.cache.layout import MODEL_FILE, VARIANT_DIR, local_target_name
+from epfleet.device.cache.state import (
     CacheState,
     Installed,
     InstalledFile,
@@ -51,7 +50,7 @@ from epfleet.formats.schema_version import validate_python
 from epfleet.fsutil import open_nofollow, sha256_nofollow
 
 if TYPE_CHECKING:  # the cache calls this module to rebuild its state: no import back
-    from epfleet.device.cache import DeviceCache
+    from epfleet.device.cache.device_cache import DeviceCache
 
 COMPATIBILITY_KEY = "ep_compatibility_info."
 METADATA_FIELD = 14  # ModelProto.metadata_props
