@@ -45,8 +45,12 @@ def test_compile_publish_and_incremental_rerun(fleet_spec: Path, tmp_path: Path)
     assert table is not None
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert {row["model"] for row in rows} == {"tiny-cls", "tiny-det"}
-    assert rows[0]["sd8g3-htp"].startswith("ok · fp16 · ")  # the precision it computes in
-    assert rows[0]["x86-cpu"].startswith("ok · fp32 · ")
+    assert rows[0]["sd8g3-htp"].startswith("ok fp16 ")  # the precision it computes in
+    assert rows[0]["x86-cpu"].startswith("ok fp32 ")
+    details = Artifact.get("fleet-compile-details")
+    assert details is not None
+    lines = json.loads(details.data) if isinstance(details.data, str) else details.data
+    assert len(lines) == 6
 
     again = fleet_compile(spec=str(fleet_spec), store=str(store), workers=2)
     assert (again.compiled, again.skipped, again.failed) == (0, 6, 0)
