@@ -23,8 +23,8 @@ os.environ.setdefault("EPFLEET_ALLOW_UNSIGNED", "true")
 
 from examples.build_models import npu_partial, npu_unfriendly, tiny_cls, tiny_det
 from tests.support.built_once import built_once, copy_with_keys
+from tests.support.plain_fleet import compile_fleet
 from tests.support.specs import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
-from tests.support.synced_fleet import compile_fleet
 
 
 @pytest.fixture(autouse=True)
@@ -119,18 +119,17 @@ def prefect_api() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def compiled_fleet(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
-) -> Path:
-    """tiny-cls and tiny-det × two HTP targets and one CPU target compiled by a real
-    ``epfleet compile`` into a local store, once per test run (its Prefect API is started
-    by the one worker that compiles). Never changed: tests get copies (``fleet_store``)."""
+def compiled_fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """tiny-cls and tiny-det × two HTP targets and one CPU target compiled into a local
+    store in this process, once per test run, through the compile's plain runner
+    (``tests.support.plain_fleet``: no subprocess, no Prefect API). It stands for a real
+    ``epfleet compile`` under a Prefect API; tests/cli/test_plain_fleet_fidelity.py (slow
+    tier) checks that both make the same store. Never changed: tests get copies
+    (``fleet_store``)."""
     return built_once(
         tmp_path_factory,
         "fleet",
-        lambda directory: compile_fleet(
-            directory, model_dir, [*HTP_TARGETS, CPU_TARGET], request.getfixturevalue("prefect_api")
-        ),
+        lambda directory: compile_fleet(directory, model_dir, [*HTP_TARGETS, CPU_TARGET]),
     )
 
 

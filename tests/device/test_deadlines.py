@@ -36,7 +36,7 @@ from tests.support.synced_fleet import (
     runaway,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.fast
 
 
 def only(report: DeviceReport, model: str = MODEL) -> ModelReport:

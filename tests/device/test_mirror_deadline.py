@@ -24,7 +24,7 @@ from tests.support.http_mirror import Mirror
 from tests.support.signed_fleet import Fleet, Site, first_sync, only, trusted, unsigned_copy
 from tests.support.synced_fleet import assert_package_runs
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("signed_only")]
 
 DEADLINE = 3
 SLACK = 3.0
