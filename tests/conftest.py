@@ -34,6 +34,20 @@ def _isolated_cache(
     monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 
+@pytest.fixture(autouse=True)
+def _health_in_thread(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device syncs run their health checks in this thread (no worker process to start for
+    each sync), but in tests marked ``health_in_worker``: those about a check that crashes,
+    runs past its time limit, or the worker itself. It stands for the production default,
+    the worker process: tests/device/test_health_runners.py (slow tier) runs the same
+    checks and syncs both ways and compares them."""
+    if request.node.get_closest_marker("health_in_worker") is None:
+        from epfleet.device.health import in_thread
+        from epfleet.device.session import SyncSession
+
+        monkeypatch.setattr(SyncSession, "default_health", staticmethod(in_thread))
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models")

@@ -54,6 +54,7 @@ def test_device_sync_flow(htp_only_store: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("prefect_api")
+@pytest.mark.health_in_worker  # counts the worker processes the session starts
 def test_device_sync_flow_does_the_per_sync_work_once(
     fleet_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
