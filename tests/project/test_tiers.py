@@ -1,5 +1,5 @@
 """Every test module is in one tier, declared at its top: ``pytestmark`` with
-``pytest.mark.fast`` (pure and store tests: ``pytest -m fast``, under a minute) or
+``pytest.mark.fast`` (pure, store, device-sync and attack tests: ``pytest -m fast``) or
 ``pytest.mark.slow`` (a Prefect API or server, the CLI in subprocesses, Dask clusters).
 A fast module asks for no fixture that starts a Prefect API, and starts no subprocess
 (it imports no ``subprocess``, nor a tests/support module that does): a command's
