@@ -16,10 +16,11 @@ from pydantic import BaseModel
 
 from epfleet.errors import EpfleetError, HealthCheckError, summarize
 from epfleet.formats.device_report import Profile
+from epfleet.formats.manifest import FoldedIo
 from epfleet.formats.task_metric import TaskMetric
 from epfleet.runtime.op_types import graph_op_types
 from epfleet.runtime.samples import compare, read_golden
-from epfleet.runtime.sessions import input_infos, open_session, run_samples
+from epfleet.runtime.sessions import folded_runner, input_infos, open_session, run_samples
 from eps.base import DeviceType, Tolerance, bounded
 
 
@@ -40,6 +41,9 @@ class HealthJob(BaseModel):
     metric: TaskMetric | None = None
     """The model's task metric as the compile host measured it: measured again here, on
     this device's EP (a custom one, whose package a device need not have, is not)."""
+    folded_io: FoldedIo | None = None
+    """A folded variant's integer inputs and outputs (its entry's): it must load with CPU
+    fallback disabled, and runs on its golden inputs quantised, outputs dequantised."""
 
 
 class Health(BaseModel):
@@ -97,13 +101,18 @@ def check_health(job: HealthJob) -> Health:
 
     started = time.perf_counter()
     name = job.label
+    folded = job.folded_io
     try:
-        session = open_session(job.path, job.ep, job.provider_options, job.device, name)
+        session = open_session(
+            job.path, job.ep, job.provider_options, job.device, name, cpu_fallback=folded is None
+        )
     except EpfleetError:
         raise
     except Exception as exc:
         raise HealthCheckError(f"{job.ep} cannot load {name}: {summarize(exc, 400)}") from None
     session_ms = (time.perf_counter() - started) * 1000
+    if folded is not None:
+        return _check_folded(job, folded, session, started, session_ms)
     if job.golden_path is None:
         infos = input_infos(session, job.input_shapes)
         zeros = [{i.name: np.zeros(i.shape, dtype=i.dtype) for i in infos}]
@@ -141,6 +150,53 @@ def check_health(job: HealthJob) -> Health:
         samples=len(samples),
         max_rel_error=comparison.max_rel_error,
         profile=profiled(session, samples, session_ms, times, job.path),
+    )
+
+
+def _check_folded(
+    job: HealthJob, folded: FoldedIo, session: Any, started: float, session_ms: float
+) -> Health:
+    """The health check of a folded variant: its record must describe the model, and on
+    its golden samples (quantised in, dequantised out) it must match the source's outputs.
+    Without golden samples nothing says its integers mean what the record says: refused."""
+    name = job.label
+    if job.golden_path is None:
+        raise HealthCheckError(
+            f"{name} is a folded variant and the manifest has no golden samples to check "
+            "its integer inputs and outputs against; not activated"
+        )
+    try:
+        run = folded_runner(session, folded, name)
+        samples, reference = read_golden(Path(job.golden_path))
+    except ValueError as exc:
+        raise HealthCheckError(f"{name}: {exc}") from None
+    except HealthCheckError as exc:
+        raise HealthCheckError(f"{exc}; not activated") from None
+    started_runs = time.perf_counter()
+    outputs = run(samples)
+    times = [(time.perf_counter() - started_runs) * 1000 / max(len(samples), 1)]
+    try:
+        comparison = compare(outputs, reference)
+    except ValueError as exc:
+        raise HealthCheckError(f"{name} disagrees with its golden samples: {exc}") from None
+    allowed = bounded(job.tolerance or Tolerance(relative=0.0, absolute=0.0))
+    failure = comparison.failure(allowed.relative, allowed.absolute)
+    if failure:
+        raise HealthCheckError(f"{name} on its golden samples: {failure}; not activated")
+    if job.metric is not None and job.metric.kind != "custom":
+        missed = missed_metric(job.metric, session, outputs, reference)
+        if missed:
+            raise HealthCheckError(f"{name} on its golden samples: {missed}; not activated")
+    from epfleet.runtime.folded_io import quantized_inputs
+
+    first = [quantized_inputs(samples[0], folded)]
+    return Health(
+        seconds=round(time.perf_counter() - started, 3),
+        providers=list(session.get_providers()),
+        outputs=len(outputs[0]),
+        samples=len(samples),
+        max_rel_error=comparison.max_rel_error,
+        profile=profiled(session, first, session_ms, times, job.path),
     )
 
 

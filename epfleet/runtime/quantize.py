@@ -28,6 +28,7 @@ import onnx
 
 from epfleet.errors import CompileError, summarize
 from epfleet.formats.manifest import Quantization
+from epfleet.formats.variant_checks import FoldedIo, FoldedTensor
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.runtime.requests import CompileRequest, QuantizeOptions
@@ -320,7 +321,44 @@ def fold_boundary_qdq(model: onnx.ModelProto) -> dict[str, IoQuantization]:
     return folded
 
 
-_INTEGER_IO = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.UINT16: "uint16"}
+_INTEGER_IO = {
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT16: "uint16",
+    onnx.TensorProto.INT16: "int16",
+}
+
+
+def folded_source(qdq: Path, model: str, precision: str) -> tuple[Path, FoldedIo]:
+    """The QDQ model at ``qdq`` with its boundary Q/DQ folded (``fold_boundary_qdq``),
+    written beside it once (a lock beside it, as ``quantized_source``), and what was
+    folded. CompileError when there is nothing to fold: a model whose inputs and outputs
+    are not quantised per tensor cannot be fed integers."""
+    folded_path = qdq.with_name(qdq.stem + ".folded.onnx")
+    record = qdq.with_name(qdq.stem + ".folded.json")
+    with open(qdq.with_name(qdq.stem + ".folded.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folded_path.exists() and record.exists()):
+            graph = onnx.load(str(qdq))
+            found = fold_boundary_qdq(graph)
+            if not found:
+                raise CompileError(
+                    f"model {model!r} at {precision}: fold_io found no QuantizeLinear on a "
+                    "graph input nor DequantizeLinear to a graph output with a per-tensor "
+                    "scale and zero point to fold; remove fold_io from the target"
+                )
+            inputs = {i.name for i in graph.graph.input}
+            tensors = [
+                FoldedTensor.model_validate({"name": name, **q._asdict()})
+                for name, q in found.items()
+            ]
+            folded = FoldedIo(
+                inputs=[t for t in tensors if t.name in inputs],
+                outputs=[t for t in tensors if t.name not in inputs],
+            )
+            onnx.save(graph, str(folded_path))
+            atomic_write_bytes(record, folded.model_dump_json().encode())
+    return folded_path, FoldedIo.model_validate_json(record.read_bytes())
 
 
 def blame_layers(float_path: str, qdq_path: str, samples: list[Sample]) -> str:
