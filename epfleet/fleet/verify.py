@@ -159,7 +159,7 @@ def run_verification(job: VerifyJob) -> Verification:
         reason = f"this host cannot run {job.ep} on a {job.device} device: {exc}"
         return _checked(job, "unverified", reason)
     runner = f"{'+'.join(session.get_providers())} on {platform.machine()}"
-    if folded is not None:
+    if folded is not None and partitions_graph(job.ep):
         runner += " (CPU fallback disabled)"
     try:
         if folded is None:
@@ -410,3 +410,9 @@ def verify_artifact(job: VerifyJob, timeout: float) -> Verification:
 
 def skipped(reason: str) -> Verification:
     return Verification(status="unverified", reason=reason)
+
+
+def partitions_graph(ep: str) -> bool:
+    import eps
+
+    return eps.load(ep).partitions_graph

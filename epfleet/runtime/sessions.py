@@ -31,8 +31,9 @@ def open_session(
     label: str,
     cpu_fallback: bool = True,
 ) -> onnxruntime.InferenceSession:
-    """An ORT session for the variant at ``path`` on ``ep``; without ``cpu_fallback``,
-    ORT refuses it unless ``ep`` takes every node (``session.disable_cpu_ep_fallback``).
+    """An ORT session for the variant at ``path`` on ``ep``; without ``cpu_fallback``, ORT
+    refuses it unless an EP that partitions graphs takes every node
+    (``session.disable_cpu_ep_fallback``).
     Raises epfleet's NoDeviceError or MissingExtraError when this machine cannot run it,
     and HealthCheckError when ORT refuses the model."""
     import onnxruntime as ort
@@ -42,14 +43,18 @@ def open_session(
     # by copying every MatMul weight to the heap: a 2.2 GB model then peaks at 2.8 GB
     # of RSS instead of running from its memory-mapped data file (bench/large_model.py).
     options.add_session_config_entry("session.disable_prepacking", "1")
-    if not cpu_fallback:
-        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     with ep_errors():
-        eps.load(ep).configure_session(options, provider_options, device)
+        module = eps.load(ep)
+        module.configure_session(options, provider_options, device)
+    # An EP that runs whole graphs (the CPU EP) has no fallback to disable: ORT refuses the
+    # setting beside the CPU EP itself.
+    whole = not cpu_fallback and module.partitions_graph
+    if whole:
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     try:
         return ort.InferenceSession(path, options)
     except Exception as exc:
-        without = "" if cpu_fallback else " with CPU fallback disabled"
+        without = " with CPU fallback disabled" if whole else ""
         raise HealthCheckError(
             f"{ep} cannot load {label}{without}: {summarize(exc, 400)}"
         ) from None
