@@ -95,7 +95,12 @@ def test_a_folded_variant_runs_all_on_the_htp_and_says_how_to_feed_it(
                 "samples": "samples.npz",
             }
         ],
-        [{"name": "htp", **htp}, {"name": "htp-folded", **htp, "fold_io": True}],
+        [
+            {"name": "htp", **htp},
+            {"name": "htp-folded", **htp, "fold_io": True},
+            # a ladder: its integer rung folded, to uint16
+            {"name": "htp-folded16", **htp, "precision": ["w8a16", "fp16"], "fold_io": True},
+        ],
     )
     store = tmp_path / "store"
     done = run_cli(["compile", str(spec), "--store", str(store), "--json"], cli_env)
@@ -126,10 +131,15 @@ def test_a_folded_variant_runs_all_on_the_htp_and_says_how_to_feed_it(
     assert checked.max_rel_error is not None and unfolded.max_rel_error is not None
     # the integer edges round the input and output as the Q/DQ nodes did: same error
     assert abs(checked.max_rel_error - unfolded.max_rel_error) < 1e-3, (checked, unfolded)
+    wide = manifest.models["cls"].variants["htp-folded16"]
+    assert wide.precision == "w8a16" and wide.folded_io is not None
+    assert {t.dtype for t in [*wide.folded_io.inputs, *wide.folded_io.outputs]} == {"uint16"}
+    assert wide.coverage is not None and wide.coverage.fraction == 1.0
+    assert wide.verification is not None and wide.verification.status == "passed"
     print(
         f"measured: coverage {plain.coverage.fraction} -> {folded.coverage.fraction}; "
         f"verification error {unfolded.max_rel_error:.4%} unfolded, "
-        f"{checked.max_rel_error:.4%} folded"
+        f"{checked.max_rel_error:.4%} folded; w8a16 folded {wide.verification.max_rel_error:.4%}"
     )
 
     shown = run_cli(["manifest", "show", "--store", str(store)], cli_env)
