@@ -2,7 +2,8 @@
 
 On the model's golden samples when the manifest has them (compared with the source's
 outputs within the variant's tolerance, never looser than ``eps.base.LOOSEST_TOLERANCE``),
-on zero inputs otherwise. The session
+on zero inputs otherwise. A folded variant (``folded_io``) is loaded with CPU fallback
+disabled and fed its golden inputs quantised, its outputs dequantised. The session
 helpers are shared with the compile host's verification (``epfleet.runtime.sessions``).
 """
 
@@ -18,9 +19,10 @@ from epfleet.errors import EpfleetError, HealthCheckError, summarize
 from epfleet.formats.device_report import Profile
 from epfleet.formats.manifest import FoldedIo
 from epfleet.formats.task_metric import TaskMetric
+from epfleet.runtime.folded_io import dequantized_outputs, mismatch, quantized_inputs
 from epfleet.runtime.op_types import graph_op_types
 from epfleet.runtime.samples import compare, read_golden
-from epfleet.runtime.sessions import folded_runner, input_infos, open_session, run_samples
+from epfleet.runtime.sessions import input_infos, io_types, open_session, run_samples
 from eps.base import DeviceType, Tolerance, bounded
 
 
@@ -111,8 +113,11 @@ def check_health(job: HealthJob) -> Health:
     except Exception as exc:
         raise HealthCheckError(f"{job.ep} cannot load {name}: {summarize(exc, 400)}") from None
     session_ms = (time.perf_counter() - started) * 1000
-    if folded is not None:
-        return _check_folded(job, folded, session, started, session_ms)
+    if folded is not None and job.golden_path is None:
+        raise HealthCheckError(
+            f"{name} is a folded variant and the manifest has no golden samples to check "
+            "its integer inputs and outputs against; not activated"
+        )
     if job.golden_path is None:
         infos = input_infos(session, job.input_shapes)
         zeros = [{i.name: np.zeros(i.shape, dtype=i.dtype) for i in infos}]
@@ -128,7 +133,17 @@ def check_health(job: HealthJob) -> Health:
     except ValueError as exc:
         raise HealthCheckError(f"{name}: {exc}") from None
     what = f"{job.ep} loaded {name} but on its golden samples"
-    outputs, times = timed_runs(session, samples, what)
+    if folded is None:
+        fed = samples
+        outputs, times = timed_runs(session, fed, what)
+    else:  # fed its golden inputs quantised, its outputs dequantised
+        problem = mismatch(folded, *io_types(session))
+        if problem is not None:
+            raise HealthCheckError(f"{name}: {problem}; not activated")
+        fed = [quantized_inputs(sample, folded) for sample in samples]
+        integers, times = timed_runs(session, fed, what)
+        names = [output.name for output in session.get_outputs()]
+        outputs = [dequantized_outputs(o, names, folded) for o in integers]
     try:
         comparison = compare(outputs, reference)
     except ValueError as exc:
@@ -149,54 +164,7 @@ def check_health(job: HealthJob) -> Health:
         outputs=len(outputs[0]),
         samples=len(samples),
         max_rel_error=comparison.max_rel_error,
-        profile=profiled(session, samples, session_ms, times, job.path),
-    )
-
-
-def _check_folded(
-    job: HealthJob, folded: FoldedIo, session: Any, started: float, session_ms: float
-) -> Health:
-    """The health check of a folded variant: its record must describe the model, and on
-    its golden samples (quantised in, dequantised out) it must match the source's outputs.
-    Without golden samples nothing says its integers mean what the record says: refused."""
-    name = job.label
-    if job.golden_path is None:
-        raise HealthCheckError(
-            f"{name} is a folded variant and the manifest has no golden samples to check "
-            "its integer inputs and outputs against; not activated"
-        )
-    try:
-        run = folded_runner(session, folded, name)
-        samples, reference = read_golden(Path(job.golden_path))
-    except ValueError as exc:
-        raise HealthCheckError(f"{name}: {exc}") from None
-    except HealthCheckError as exc:
-        raise HealthCheckError(f"{exc}; not activated") from None
-    started_runs = time.perf_counter()
-    outputs = run(samples)
-    times = [(time.perf_counter() - started_runs) * 1000 / max(len(samples), 1)]
-    try:
-        comparison = compare(outputs, reference)
-    except ValueError as exc:
-        raise HealthCheckError(f"{name} disagrees with its golden samples: {exc}") from None
-    allowed = bounded(job.tolerance or Tolerance(relative=0.0, absolute=0.0))
-    failure = comparison.failure(allowed.relative, allowed.absolute)
-    if failure:
-        raise HealthCheckError(f"{name} on its golden samples: {failure}; not activated")
-    if job.metric is not None and job.metric.kind != "custom":
-        missed = missed_metric(job.metric, session, outputs, reference)
-        if missed:
-            raise HealthCheckError(f"{name} on its golden samples: {missed}; not activated")
-    from epfleet.runtime.folded_io import quantized_inputs
-
-    first = [quantized_inputs(samples[0], folded)]
-    return Health(
-        seconds=round(time.perf_counter() - started, 3),
-        providers=list(session.get_providers()),
-        outputs=len(outputs[0]),
-        samples=len(samples),
-        max_rel_error=comparison.max_rel_error,
-        profile=profiled(session, first, session_ms, times, job.path),
+        profile=profiled(session, fed, session_ms, times, job.path),
     )
 
 
