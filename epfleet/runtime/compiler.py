@@ -254,8 +254,8 @@ def measure_coverage(
     quantisation of its inputs and the dequantisation of its outputs on the CPU EP: they
     count as left over (``boundary_qdq`` says how many of them), so such a variant is never
     reported as a full compile: with CPU fallback disabled it does not load (measured,
-    onnxruntime 1.32 and onnxruntime-qnn 2.7). Folding them into the variant's I/O
-    (``fold_boundary_qdq``) makes it full."""
+    onnxruntime 1.32 and onnxruntime-qnn 2.7). Folding them into the variant's I/O (the
+    target's ``fold_io``: ``epfleet.runtime.quantize.folded_source``) makes it full."""
     if not partitions_graph:
         count = len(variant.graph.node)
         return Coverage(ep_nodes=count, other_nodes=0, fraction=1.0)

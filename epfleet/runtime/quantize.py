@@ -246,7 +246,8 @@ def _basic(src: Path, dst: Path) -> None:
 
 class IoQuantization(NamedTuple):
     """How a folded QDQ model's integer input or output maps to the float it stands for:
-    ``real = (integer - zero_point) * scale``; ``dtype`` is ``uint8`` or ``uint16``."""
+    ``real = (integer - zero_point) * scale``; ``dtype`` is ``uint8``, ``int8``,
+    ``uint16`` or ``int16`` (the manifest records it as a ``FoldedTensor``)."""
 
     dtype: str
     scale: float
@@ -256,12 +257,13 @@ class IoQuantization(NamedTuple):
 def fold_boundary_qdq(model: onnx.ModelProto) -> dict[str, IoQuantization]:
     """Fold, in place, the QuantizeLinear of each float graph input and the DequantizeLinear
     to each graph output into the graph's I/O: the input becomes the quantised tensor
-    (uint8/uint16) and the output the integer one, so that a QNN HTP compile takes the whole
-    graph (one EPContext node, nothing on the CPU EP) and the variant loads with CPU
-    fallback disabled. Returns each folded input's and output's scale and zero point: a
-    device quantises its input with them (``round(x / scale) + zero_point``, clipped) and
-    dequantises the output. Only per-tensor Q/DQ with initializer scale and zero point,
-    and an input feeding nothing but its QuantizeLinear, are folded; others stay.
+    (uint8, int8, uint16 or int16) and the output the integer one, so that a QNN HTP
+    compile takes the whole graph (one EPContext node, nothing on the CPU EP) and the
+    variant loads with CPU fallback disabled. Returns each folded input's and output's
+    scale and zero point: a device quantises its input with them (``round(x / scale) +
+    zero_point``, clipped) and dequantises the output. Only per-tensor Q/DQ with
+    initializer scale and zero point, and an input feeding nothing but its QuantizeLinear,
+    are folded; others stay.
 
     Measured (onnxruntime 1.32, onnxruntime-qnn 2.7, HTP v75/57): tiny_cls at w8a8 and
     w8a16, folded and compiled, loads with ``session.disable_cpu_ep_fallback=1`` and its
