@@ -4,6 +4,8 @@ integer type's range; and the check that a folded_io record fits the model it de
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -166,4 +168,24 @@ def test_a_record_naming_a_tensor_twice_or_nothing_is_refused() -> None:
         FoldedIo.model_validate({"inputs": [x, x]})
     with pytest.raises(ValidationError, match="folds nothing"):
         FoldedIo.model_validate({})
-    assert onnx  # the ORT checks above build their graphs with onnx's helpers
+
+
+def test_a_model_with_nothing_to_fold_fails_its_compile_saying_so(tmp_path: Path) -> None:
+    from epfleet.errors import CompileError
+    from epfleet.runtime.quantize import folded_source
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "float",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+    )
+    path = tmp_path / "plain.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    with pytest.raises(CompileError) as refused:
+        folded_source(path, "m", "w8a8")
+    assert str(refused.value) == (
+        "model 'm' at w8a8: fold_io found no QuantizeLinear on a graph input nor "
+        "DequantizeLinear to a graph output with a per-tensor scale and zero point to fold; "
+        "remove fold_io from the target"
+    )
