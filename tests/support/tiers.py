@@ -17,11 +17,10 @@ LOCAL_STORES = ("local", "memory")
 """In-process stores: a test on them stays in its module's tier."""
 
 
-def on_stores(*names: str) -> list[Any]:
-    """``names`` as a fixture's params, those not in ``LOCAL_STORES`` marked ``END_TO_END``."""
-    return [
-        name if name in LOCAL_STORES else pytest.param(name, marks=END_TO_END) for name in names
-    ]
+def on_stores(*names: str, in_tier: tuple[str, ...] = LOCAL_STORES) -> list[Any]:
+    """``names`` as a fixture's params, those not in ``in_tier`` (by default the in-process
+    stores) marked ``END_TO_END``."""
+    return [name if name in in_tier else pytest.param(name, marks=END_TO_END) for name in names]
 
 
 def is_end_to_end(item: pytest.Item) -> bool:
