@@ -38,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 
 from epfleet import ort_version
+from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.device import model_sync
 from epfleet.device.cache import CacheState, DeviceCache
 from epfleet.device.fetching import Fetcher
@@ -102,8 +103,11 @@ class SyncSession:
         trust_root: Path | None = None,
         allow_unsigned: bool | None = None,
         report_to: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.device = device_id(device)  # a bad id fails before anything is touched
+        self.clock = clock
+        """Times the sync's deadline and its downloads' stalls and rates."""
         configured = settings()
         self.trust_root = trust_root if trust_root is not None else configured.trust_root
         self.allow_unsigned = (
@@ -121,7 +125,7 @@ class SyncSession:
         self.store = open_store(store_uri)
         self.report_store = reports_store(self.store, report_to or configured.report_to)
         self.cache = DeviceCache(cache_dir)
-        self.fetcher = Fetcher(self.store, self.cache, offline=False)
+        self.fetcher = Fetcher(self.store, self.cache, offline=False, clock=clock)
         self.status: ManifestStatus | None = None
         """The manifest fetch's outcome; before ``fetch_manifest``, the store counts as
         reachable and the cached manifest is in force."""
@@ -130,7 +134,7 @@ class SyncSession:
         self._state: CacheState | None = None
         self._stack = ExitStack()
         self._closed = False
-        self.deadline = Deadline.after(settings().sync_deadline)
+        self.deadline = Deadline.after(settings().sync_deadline, clock)
         """Counted again from entering the session (the lock taken)."""
 
     # -- the session's lifetime --
@@ -138,7 +142,7 @@ class SyncSession:
     def __enter__(self) -> SyncSession:
         with ExitStack() as stack:
             stack.enter_context(self.cache.locked())
-            self.deadline = Deadline.after(self.deadline.seconds)
+            self.deadline = Deadline.after(self.deadline.seconds, self.clock)
             try:
                 self.cache.check_layout()  # links and odd entries in epfleet's paths
                 self._state = self.cache.load_state()  # rebuilt from the cache if damaged
@@ -344,7 +348,7 @@ class SyncSession:
         grace = settings().stall_timeout
         if self.deadline.remaining() >= grace:
             return self.deadline
-        return Deadline(time.monotonic() + grace, self.deadline.seconds)
+        return Deadline(self.clock.monotonic() + grace, self.deadline.seconds, self.clock)
 
     def finish(self) -> DeviceReport:
         """Write and tidy the cache, then the device report of the models synced so far:
@@ -386,6 +390,7 @@ def sync(
     trust_root: Path | None = None,
     allow_unsigned: bool | None = None,
     report_to: str | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> DeviceReport:
     """One whole device sync, without Prefect."""
     with SyncSession(
@@ -396,6 +401,7 @@ def sync(
         trust_root=trust_root,
         allow_unsigned=allow_unsigned,
         report_to=report_to,
+        clock=clock,
     ) as session:
         session.fetch_manifest()
         session.drop_unlisted()

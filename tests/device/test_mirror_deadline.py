@@ -10,7 +10,10 @@ answer), the drain's own time limit lifted so that only ``EPFLEET_SYNC_DEADLINE`
 it: the sync ends by its deadline plus the time to write its report, and keeps what it
 ran. A mirror that asks to be retried later than the deadline allows ends the sync at
 once, and the report says so (it used to say the sync 'ran past its deadline' seconds
-into it)."""
+into it).
+
+This is the mirror's sync deadline on the real clock, end to end (its drain reads a
+socket); the deadline's rule is tested on a fake clock in tests/device/test_download.py."""
 
 from __future__ import annotations
 
