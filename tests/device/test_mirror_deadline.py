@@ -30,8 +30,10 @@ from tests.support.synced_fleet import assert_package_runs
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("signed_only")]
 
 DEADLINE = 3
-SLACK = 3.0
-"""Seconds past the deadline a sync may take: writing its report."""
+SLACK = 30.0
+"""Seconds past the deadline a sync may take: writing its report, on a busy 2-core machine
+(5.2 s in all were measured at load 15). A drain blind to the deadline takes minutes: the
+trickled 404 below is 64 KiB at a byte every 10 ms, about 11 minutes."""
 
 
 @pytest.fixture
@@ -66,7 +68,7 @@ def test_a_mirror_trickling_its_404s_holds_the_sync_no_longer_than_its_deadline(
     report = fleet.sync()
     seconds = time.monotonic() - started
 
-    assert seconds < DEADLINE + SLACK, seconds  # 3.0 s here (a drain blind to it: its own limit)
+    assert seconds < DEADLINE + SLACK, seconds  # 3.0 s quiet, 5.2 s at load 15
     assert ("GET", "/trust/metadata/2.root.json") in mirror.requests  # answered slowly
     assert report.exit_code == 1
     deadline = f"the sync ran past its deadline of {DEADLINE} s (EPFLEET_SYNC_DEADLINE)"
