@@ -22,13 +22,13 @@ Three kinds of limit, all set through ``epfleet.settings`` (``EPFLEET_*``):
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import TransientStoreError
 
 
@@ -75,16 +75,17 @@ class TransferLimits:
 @dataclass(frozen=True)
 class Deadline:
     at: float
-    """``time.monotonic()`` by which the sync ends."""
+    """``clock.monotonic()`` by which the sync ends."""
     seconds: float
     """The deadline as configured, for messages."""
+    clock: Clock = field(default=SYSTEM_CLOCK, compare=False, repr=False)
 
     @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(time.monotonic() + seconds, seconds)
+    def after(cls, seconds: float, clock: Clock = SYSTEM_CLOCK) -> Deadline:
+        return cls(clock.monotonic() + seconds, seconds, clock)
 
     def remaining(self) -> float:
-        return self.at - time.monotonic()
+        return self.at - self.clock.monotonic()
 
     def passed(self) -> bool:
         return self.remaining() <= 0
@@ -139,7 +140,8 @@ class TransferGuard:
     bytes of the last ``rate_window`` seconds average less than ``min_rate`` per second;
     and with ``DeadlineExceeded`` once the sync's deadline passes. Once tripped, every
     later call raises the same error, so that retries of the transfer (botocore
-    re-reading an upload's body) stop at once."""
+    re-reading an upload's body) stop at once. ``clock`` times the stall and the rate
+    (the deadline has its own)."""
 
     def __init__(
         self,
@@ -147,20 +149,21 @@ class TransferGuard:
         where: str,
         limits: TransferLimits | None = None,
         deadline: Deadline | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.what, self.where = what, where
+        self.what, self.where, self.clock = what, where, clock
         self.limits = limits or TransferLimits.from_settings()
         self.deadline = deadline if deadline is not None else current_deadline()
         self.moved = 0
         self.failure: TransientStoreError | None = None
         self._lock = threading.Lock()
-        self._started = self._last = time.monotonic()
+        self._started = self._last = clock.monotonic()
         self._samples: deque[tuple[float, int]] = deque([(self._started, 0)])
 
     def add(self, n: int) -> None:
         """Count ``n`` bytes moved (a negative ``n``, an upload's retry rewinding, is not
         progress) and check the limits."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             if self.failure is not None:
                 raise self.failure
@@ -172,7 +175,7 @@ class TransferGuard:
 
     def check(self) -> None:
         """Check the limits without progress: for a watchdog while the transfer blocks."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             if self.failure is not None:
                 raise self.failure

@@ -76,6 +76,7 @@ def compile_task(request: CompileRequest, store: str, workers: int) -> CompiledV
         1 + len(entry.files),
         entry.compatibility_string,
         coverage_text(entry.coverage.fraction, entry.coverage.boundary_qdq)
+        + (" (boundary Q/DQ folded: integer I/O)" if entry.folded_io else "")
         if entry.coverage
         else "-",
         describe_verification(entry.verification) if entry.verification else "-",

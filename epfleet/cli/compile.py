@@ -506,7 +506,7 @@ class _NoTracebackOfOurErrors(logging.Filter):
 REPORT_FIELDS = [
     *("model", "target", "ep", "status", "compatibility_string", "artifact_uri", "seconds"),
     *("error", "coverage", "verification", "max_rel_error", "verification_seconds"),
-    *("samples_origin", "precision", "verification_twin_of", "metric"),
+    *("samples_origin", "precision", "verification_twin_of", "metric", "folded"),
 ]
 """Each variant's keys in ``epfleet compile --json`` (a contract: tests/cli/test_cli.py)."""
 

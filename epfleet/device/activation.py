@@ -18,7 +18,7 @@ from epfleet.device.cache import (
     Origin,
     local_target_name,
 )
-from epfleet.formats.manifest import PackageFile, SourceEntry, VariantEntry, utcnow
+from epfleet.formats.manifest import FoldedIo, PackageFile, SourceEntry, VariantEntry, utcnow
 from eps.base import DeviceType, LocalTarget, Precision
 
 
@@ -44,6 +44,7 @@ def published_variant(target: str, variant: VariantEntry) -> Installed:
         model_file=variant.model_file,
         files=installed_files(variant.files),
         precision=variant.precision,
+        folded_io=variant.folded_io,
     )
 
 
@@ -117,6 +118,7 @@ def _new(
     model_file: str,
     files: list[InstalledFile],
     precision: Precision | None,
+    folded_io: FoldedIo | None = None,
 ) -> Installed:
     """The one place an ``Installed`` is made; the cache stamps its mtimes when it installs
     it."""
@@ -136,6 +138,7 @@ def _new(
         model_file=model_file,
         files=files,
         precision=precision,
+        folded_io=folded_io,
     )
     return installed.model_copy(update={"name": variant_name(prefix, installed.digest)})
 

@@ -40,10 +40,10 @@ import json
 import logging
 import os
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import IntegrityError, TransientStoreError
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_file
@@ -68,8 +68,11 @@ class Transfer:
         sha256: str,
         size: int,
         part: Path,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.store, self.key, self.sha256, self.size, self.part = store, key, sha256, size, part
+        self.clock = clock
+        """Times the stall, the rate and the progress lines (the sync's deadline has its own)."""
         self.segment = max(SEGMENT, -(-size // PARALLEL))
         self.segments = [(s, min(s + self.segment, size)) for s in range(0, size, self.segment)]
         self.progress = part.with_name(part.name + ".progress")
@@ -77,11 +80,11 @@ class Transfer:
         """Bytes this transfer moved, failed attempts included."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._started = time.monotonic()
+        self._started = clock.monotonic()
         self._reported = self._started
         self.done = self._resume()
         self._initial = sum(self.done)
-        self.guard = TransferGuard(f"download of {key}", store.uri)
+        self.guard = TransferGuard(f"download of {key}", store.uri, clock=clock)
 
     def _resume(self) -> list[int]:
         """Bytes already held per segment. A download in several segments always has a
@@ -118,7 +121,7 @@ class Transfer:
         deadline = current_deadline()
         if deadline is not None and deadline.passed():
             raise deadline.exceeded(f"download of {self.key} not started")
-        self.guard = TransferGuard(f"download of {self.key}", self.store.uri)
+        self.guard = TransferGuard(f"download of {self.key}", self.store.uri, clock=self.clock)
         try:
             self._run_once()
         except IntegrityError:
@@ -216,7 +219,7 @@ class Transfer:
     def _report(self) -> None:
         """A progress line every REPORT_EVERY seconds: large models take minutes on a slow
         link, and a device should not look hung."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             if now - self._reported < REPORT_EVERY:
                 return

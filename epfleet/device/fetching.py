@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.device.cache import DeviceCache
 from epfleet.device.download import Transfer
 from epfleet.disk import DiskFull
@@ -27,8 +28,11 @@ from epfleet.text import MB
 
 
 class Fetcher:
-    def __init__(self, store: Store, cache: DeviceCache, offline: bool) -> None:
+    def __init__(
+        self, store: Store, cache: DeviceCache, offline: bool, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.store = store
+        self.clock = clock
         self.cache = cache
         self.offline = offline
         """The manifest fetch found the store unreachable: steps needing it fail at once."""
@@ -44,7 +48,7 @@ class Fetcher:
     def download(self, key: str, sha256: str, size: int, part: Path) -> int:
         """Download ``key`` into ``part`` (resumable, parallel ranged GETs) and verify size
         and sha256 (see ``epfleet.device.download``). Returns the bytes moved."""
-        transfer = Transfer(self.store, key, sha256, size, part)
+        transfer = Transfer(self.store, key, sha256, size, part, self.clock)
         try:
             return transfer.run()
         finally:

@@ -2,7 +2,8 @@
 
 On the model's golden samples when the manifest has them (compared with the source's
 outputs within the variant's tolerance, never looser than ``eps.base.LOOSEST_TOLERANCE``),
-on zero inputs otherwise. The session
+on zero inputs otherwise. A folded variant (``folded_io``) is loaded with CPU fallback
+disabled and fed its golden inputs quantised, its outputs dequantised. The session
 helpers are shared with the compile host's verification (``epfleet.runtime.sessions``).
 
 Where it runs is the sync's ``HealthRunner``: by default a worker process
@@ -22,10 +23,12 @@ from pydantic import BaseModel
 
 from epfleet.errors import EpfleetError, HealthCheckError, summarize
 from epfleet.formats.device_report import Profile
+from epfleet.formats.manifest import FoldedIo
 from epfleet.formats.task_metric import TaskMetric
+from epfleet.runtime.folded_io import dequantized_outputs, mismatch, quantized_inputs
 from epfleet.runtime.op_types import graph_op_types
 from epfleet.runtime.samples import compare, read_golden
-from epfleet.runtime.sessions import input_infos, open_session, run_samples
+from epfleet.runtime.sessions import input_infos, io_types, open_session, run_samples
 from eps.base import DeviceType, Tolerance, bounded
 
 
@@ -46,6 +49,9 @@ class HealthJob(BaseModel):
     metric: TaskMetric | None = None
     """The model's task metric as the compile host measured it: measured again here, on
     this device's EP (a custom one, whose package a device need not have, is not)."""
+    folded_io: FoldedIo | None = None
+    """A folded variant's integer inputs and outputs (its entry's): it must load with CPU
+    fallback disabled, and runs on its golden inputs quantised, outputs dequantised."""
 
 
 class HealthRunner(Protocol):
@@ -116,13 +122,21 @@ def check_health(job: HealthJob) -> Health:
 
     started = time.perf_counter()
     name = job.label
+    folded = job.folded_io
     try:
-        session = open_session(job.path, job.ep, job.provider_options, job.device, name)
+        session = open_session(
+            job.path, job.ep, job.provider_options, job.device, name, cpu_fallback=folded is None
+        )
     except EpfleetError:
         raise
     except Exception as exc:
         raise HealthCheckError(f"{job.ep} cannot load {name}: {summarize(exc, 400)}") from None
     session_ms = (time.perf_counter() - started) * 1000
+    if folded is not None and job.golden_path is None:
+        raise HealthCheckError(
+            f"{name} is a folded variant and the manifest has no golden samples to check "
+            "its integer inputs and outputs against; not activated"
+        )
     if job.golden_path is None:
         infos = input_infos(session, job.input_shapes)
         zeros = [{i.name: np.zeros(i.shape, dtype=i.dtype) for i in infos}]
@@ -138,7 +152,17 @@ def check_health(job: HealthJob) -> Health:
     except ValueError as exc:
         raise HealthCheckError(f"{name}: {exc}") from None
     what = f"{job.ep} loaded {name} but on its golden samples"
-    outputs, times = timed_runs(session, samples, what)
+    if folded is None:
+        fed = samples
+        outputs, times = timed_runs(session, fed, what)
+    else:  # fed its golden inputs quantised, its outputs dequantised
+        problem = mismatch(folded, *io_types(session))
+        if problem is not None:
+            raise HealthCheckError(f"{name}: {problem}; not activated")
+        fed = [quantized_inputs(sample, folded) for sample in samples]
+        integers, times = timed_runs(session, fed, what)
+        names = [output.name for output in session.get_outputs()]
+        outputs = [dequantized_outputs(o, names, folded) for o in integers]
     try:
         comparison = compare(outputs, reference)
     except ValueError as exc:
@@ -159,7 +183,7 @@ def check_health(job: HealthJob) -> Health:
         outputs=len(outputs[0]),
         samples=len(samples),
         max_rel_error=comparison.max_rel_error,
-        profile=profiled(session, samples, session_ms, times, job.path),
+        profile=profiled(session, fed, session_ms, times, job.path),
     )
 
 

@@ -42,7 +42,7 @@ class Prefetch:
     """Downloads ahead for one sync, ``DEPTH`` threads of its own, under its deadline."""
 
     def __init__(self, store: Store, cache: DeviceCache, deadline: Deadline) -> None:
-        self._fetcher = Fetcher(store, cache, offline=False)
+        self._fetcher = Fetcher(store, cache, offline=False, clock=deadline.clock)
         self._deadline = deadline
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[str, Future[int]] = {}

@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar
 
 from epfleet import ort_version
+from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.device import model_sync
 from epfleet.device.cache import CacheState, DeviceCache
 from epfleet.device.fetching import Fetcher
@@ -116,8 +117,11 @@ class SyncSession:
         allow_unsigned: bool | None = None,
         report_to: str | None = None,
         health: HealthRunner | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.device = device_id(device)  # a bad id fails before anything is touched
+        self.clock = clock
+        """Times the sync's deadline and its downloads' stalls and rates."""
         configured = settings()
         self.trust_root = trust_root if trust_root is not None else configured.trust_root
         self.allow_unsigned = (
@@ -135,7 +139,7 @@ class SyncSession:
         self.store = open_store(store_uri)
         self.report_store = reports_store(self.store, report_to or configured.report_to)
         self.cache = DeviceCache(cache_dir)
-        self.fetcher = Fetcher(self.store, self.cache, offline=False)
+        self.fetcher = Fetcher(self.store, self.cache, offline=False, clock=clock)
         self.status: ManifestStatus | None = None
         """The manifest fetch's outcome; before ``fetch_manifest``, the store counts as
         reachable and the cached manifest is in force."""
@@ -145,7 +149,7 @@ class SyncSession:
         self._state: CacheState | None = None
         self._stack = ExitStack()
         self._closed = False
-        self.deadline = Deadline.after(settings().sync_deadline)
+        self.deadline = Deadline.after(settings().sync_deadline, clock)
         """Counted again from entering the session (the lock taken)."""
 
     # -- the session's lifetime --
@@ -153,7 +157,7 @@ class SyncSession:
     def __enter__(self) -> SyncSession:
         with ExitStack() as stack:
             stack.enter_context(self.cache.locked())
-            self.deadline = Deadline.after(self.deadline.seconds)
+            self.deadline = Deadline.after(self.deadline.seconds, self.clock)
             try:
                 self.cache.check_layout()  # links and odd entries in epfleet's paths
                 self._state = self.cache.load_state()  # rebuilt from the cache if damaged
@@ -359,7 +363,7 @@ class SyncSession:
         grace = settings().stall_timeout
         if self.deadline.remaining() >= grace:
             return self.deadline
-        return Deadline(time.monotonic() + grace, self.deadline.seconds)
+        return Deadline(self.clock.monotonic() + grace, self.deadline.seconds, self.clock)
 
     def finish(self) -> DeviceReport:
         """Write and tidy the cache, then the device report of the models synced so far:
@@ -402,6 +406,7 @@ def sync(
     allow_unsigned: bool | None = None,
     report_to: str | None = None,
     health: HealthRunner | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> DeviceReport:
     """One whole device sync, without Prefect."""
     with SyncSession(
@@ -413,6 +418,7 @@ def sync(
         allow_unsigned=allow_unsigned,
         report_to=report_to,
         health=health,
+        clock=clock,
     ) as session:
         session.fetch_manifest()
         session.drop_unlisted()

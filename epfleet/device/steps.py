@@ -306,6 +306,7 @@ class Steps:
             golden_path=str(golden) if golden else None,
             tolerance=tolerance(installed, entry),
             metric=published_metric(installed, entry),
+            folded_io=installed.folded_io,
         )
         limit, deadline = time_limit(
             settings().health_timeout, f"the health check of {installed.name}"

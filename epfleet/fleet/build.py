@@ -310,6 +310,7 @@ def verify_output(
         twin_of=request.twin_of or (backing.target if backing else None),
         metric=request.metric,
         metric_modules=settings().metric_modules,
+        folded_io=output.folded_io,
     )
     verification = verify_artifact(job, request.verify_timeout)
     remember(cache_dir(), key, verification)

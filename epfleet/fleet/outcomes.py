@@ -77,6 +77,7 @@ def ok_entry(
         verification=verification,
         precision=request.precision,
         quantization=output.quantization,
+        folded_io=output.folded_io,
     )
 
 

@@ -127,6 +127,7 @@ def plan_pairs(
             samples_origin="spec" if model.samples or calibration else "generated",
             samples_problem=samples_problems.get(model.name),
             metric=model.metric,
+            fold_io=target.fold_io,
             fingerprint="",
         )
         request = fingerprinted(unfingerprinted, ort_version, build_identities[target.ep])

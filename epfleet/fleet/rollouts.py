@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import BadInputError
 from epfleet.fleet.evidence_rules import Unattributed
 from epfleet.fleet.field_rules import FieldRow, field_view
@@ -34,7 +35,7 @@ from epfleet.fleet.rollout_rules import (
 )
 from epfleet.fleet.watch_inputs import stream_attributed_device_reports
 from epfleet.formats.device_report import DeviceReport
-from epfleet.formats.manifest import Manifest, ModelEntry, utcnow
+from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.rollout import Rollout
 from epfleet.stores import Store
 
@@ -72,9 +73,12 @@ class GateReading(BaseModel):
     )
 
 
-def read_evidence(store: Store, models: list[str] | None = None) -> GateReading:
+def read_evidence(
+    store: Store, models: list[str] | None = None, clock: Clock = SYSTEM_CLOCK
+) -> GateReading:
     """Every rollout in the manifest in force (or of ``models``), with its evidence and
-    the gate's verdict now, and the field view, from one streamed pass over the reports."""
+    the gate's verdict at ``clock.now()`` (a stage's ``min_hours``), and the field view,
+    from one streamed pass over the reports."""
     manifest = read_in_force(store).manifest
     entries = manifest.models if manifest is not None else {}
     unknown = sorted(set(models or ()) - set(entries))
@@ -97,7 +101,7 @@ def read_evidence(store: Store, models: list[str] | None = None) -> GateReading:
             yield heard
 
     field = field_view(manifest or Manifest(), readable())
-    now = utcnow()
+    now = _now(clock)
     found = []
     for name, rollout in sorted(staged.items()):
         found.append(
@@ -117,14 +121,28 @@ def read_evidence(store: Store, models: list[str] | None = None) -> GateReading:
     )
 
 
-def statuses(store: Store, models: list[str] | None = None) -> list[RolloutStatus]:
+def statuses(
+    store: Store, models: list[str] | None = None, clock: Clock = SYSTEM_CLOCK
+) -> list[RolloutStatus]:
     """Every rollout's status (``read_evidence``)."""
-    return read_evidence(store, models).statuses
+    return read_evidence(store, models, clock).statuses
 
 
-def move(store: Store, model: str, how: Move, reason: str, rollout_id: str | None = None) -> Moved:
+def _now(clock: Clock) -> datetime:
+    return clock.now().replace(microsecond=0)  # as the manifest stores times
+
+
+def move(
+    store: Store,
+    model: str,
+    how: Move,
+    reason: str,
+    rollout_id: str | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> Moved:
     """Advance, halt or revert the model's rollout (the one ``rollout_id`` names, when
-    given) in one publish. BadInputError when the model has no rollout under way."""
+    given) in one publish; an advance starts the next stage at ``clock.now()``.
+    BadInputError when the model has no rollout under way."""
     steps: dict[Move, Callable[[ModelEntry, datetime, str], ModelEntry]] = {
         "advance": lambda entry, now, _: advance(entry, now),
         "halt": lambda entry, _, why: halt(entry, why),
@@ -140,7 +158,7 @@ def move(store: Store, model: str, how: Move, reason: str, rollout_id: str | Non
         if rollout_id is not None and (entry.rollout is None or entry.rollout.id != rollout_id):
             return None  # a newer publish replaced the rollout judged: leave it
         try:
-            moved = steps[how](entry, utcnow(), reason)
+            moved = steps[how](entry, _now(clock), reason)
         except NoRollout as exc:
             raise BadInputError(
                 f"model {model!r} in {store.uri}: {exc}; nothing to {how}"
@@ -166,11 +184,13 @@ Approve = Callable[[RolloutStatus], tuple[str, str]]
 """Asks a person whether to advance a rollout whose policy wants approval: (decision, why)."""
 
 
-def run_gate(store: Store, approve: Approve | None = None) -> tuple[GateReading, list[Moved]]:
-    """Judge every active rollout on its evidence and advance or halt those the gate
-    decides (``rollout_rules.judge``), asking ``approve`` first for a stage past the first
-    of a policy with ``approval``; the reading judged and the moves made."""
-    reading = read_evidence(store)
+def run_gate(
+    store: Store, approve: Approve | None = None, clock: Clock = SYSTEM_CLOCK
+) -> tuple[GateReading, list[Moved]]:
+    """Judge every active rollout on its evidence at ``clock.now()`` and advance or halt
+    those the gate decides (``rollout_rules.judge``), asking ``approve`` first for a stage
+    past the first of a policy with ``approval``; the reading judged and the moves made."""
+    reading = read_evidence(store, clock=clock)
     moves = []
     for status in reading.statuses:
         decision: str = status.verdict.decision
@@ -179,5 +199,5 @@ def run_gate(store: Store, approve: Approve | None = None) -> tuple[GateReading,
             decision, reason = approve(status) if approve else ("wait", "waits for approval")
         if decision in ("advance", "halt"):
             how: Move = "advance" if decision == "advance" else "halt"
-            moves.append(move(store, status.model, how, reason, status.rollout.id))
+            moves.append(move(store, status.model, how, reason, status.rollout.id, clock))
     return reading, moves

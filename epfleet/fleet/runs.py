@@ -147,6 +147,11 @@ class PairResult(BaseModel):
         default_factory=list,
         description="Each of those, as the entry records it: how it lost, why, its seconds",
     )
+    folded: bool = Field(
+        default=False,
+        description="Compiled with its boundary Quantize/Dequantize folded: it takes and "
+        "gives integers (the entry's folded_io)",
+    )
 
     @classmethod
     def of(
@@ -191,6 +196,7 @@ class PairResult(BaseModel):
             precision=entry.precision if entry else None,
             precisions_lost=[t.precision for t in entry.precision_tried] if entry else [],
             precision_tried=list(entry.precision_tried) if entry else [],
+            folded=bool(entry and entry.folded_io),
         )
 
 

@@ -53,6 +53,9 @@ def numerics_basis(request: CompileRequest) -> dict[str, Any]:
     if request.metric is not None:
         # Only when named: numerics verified under the numeric gate alone keep their keys.
         basis["metric"] = request.metric.model_dump(mode="json")
+    if request.folds_io:
+        # Fed integers and loaded without CPU fallback: verified on its own terms.
+        basis["fold_io"] = True
     return basis
 
 

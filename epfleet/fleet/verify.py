@@ -23,7 +23,7 @@ from epfleet.errors import (
     MissingExtraError,
     summarize,
 )
-from epfleet.formats.manifest import Verification
+from epfleet.formats.manifest import FoldedIo, Verification
 from epfleet.formats.task_metric import MetricSpec, TaskMetric
 from epfleet.runtime.samples import (
     Comparison,
@@ -33,7 +33,7 @@ from epfleet.runtime.samples import (
     read_golden,
     write_golden,
 )
-from epfleet.runtime.sessions import input_infos, open_session, run_samples
+from epfleet.runtime.sessions import folded_runner, input_infos, open_session, run_samples
 from epfleet.runtime.shapes import uses_external_data
 from epfleet.runtime.workers import WorkerDied, WorkerTimeout, shared_workers
 from eps.base import DeviceType, Precision
@@ -121,6 +121,9 @@ class VerifyJob(BaseModel):
     """The model's task metric: the variant must reach it as well as the tolerance."""
     metric_modules: str = ""
     """The modules a custom metric may come from (EPFLEET_METRIC_MODULES where it runs)."""
+    folded_io: FoldedIo | None = None
+    """A folded variant's integer inputs and outputs: it is loaded with CPU fallback
+    disabled, fed the golden inputs quantised and its outputs dequantised."""
 
 
 TWIN_SAMPLES = 1
@@ -136,10 +139,18 @@ def run_verification(job: VerifyJob) -> Verification:
     samples, twin_of = every, None
     if job.twin_of is not None and len(every) > TWIN_SAMPLES:
         samples, twin_of = every[:TWIN_SAMPLES], job.twin_of
+    folded = job.folded_io
     try:
         session = open_session(
-            job.artifact_path, job.ep, job.provider_options, job.device, job.label
+            job.artifact_path,
+            job.ep,
+            job.provider_options,
+            job.device,
+            job.label,
+            cpu_fallback=folded is None,
         )
+        if folded is not None:
+            fed = folded_runner(session, folded, job.label)
     except HealthCheckError as exc:
         return _checked(
             job, "failed", str(exc), started, samples=len(samples), ran=True, twin_of=twin_of
@@ -148,8 +159,13 @@ def run_verification(job: VerifyJob) -> Verification:
         reason = f"this host cannot run {job.ep} on a {job.device} device: {exc}"
         return _checked(job, "unverified", reason)
     runner = f"{'+'.join(session.get_providers())} on {platform.machine()}"
+    if folded is not None and partitions_graph(job.ep):
+        runner += " (CPU fallback disabled)"
     try:
-        outputs = run_samples(session, samples, f"{job.ep} loaded {job.label}")
+        if folded is None:
+            outputs = run_samples(session, samples, f"{job.ep} loaded {job.label}")
+        else:
+            outputs = fed(samples)
         comparison = over_range_of(compare(outputs, reference[: len(samples)]), reference)
     except (HealthCheckError, ValueError) as exc:
         return _checked(
@@ -394,3 +410,9 @@ def verify_artifact(job: VerifyJob, timeout: float) -> Verification:
 
 def skipped(reason: str) -> Verification:
     return Verification(status="unverified", reason=reason)
+
+
+def partitions_graph(ep: str) -> bool:
+    import eps
+
+    return eps.load(ep).partitions_graph

@@ -20,20 +20,28 @@ GENERATED_LEGEND = (
 )
 
 
+FOLDED_MARK = "folded"
+"""After the precision of a variant compiled with its boundary Q/DQ folded (integer I/O)."""
+
+
 def generated_only(device: str | None, origin: str | None) -> bool:
     """An NPU variant verified on generated inputs only (flagged: it computes in a reduced
     precision, and uniform inputs in [-1, 1) may miss the ranges real inputs reach)."""
     return device == "npu" and origin == "generated"
 
 
-def precision_text(precision: str | None, lost: Sequence[str | PrecisionTried]) -> str | None:
+def precision_text(
+    precision: str | None, lost: Sequence[str | PrecisionTried], folded: bool = False
+) -> str | None:
     """``w8a16 (fp16 verification failed in 2.31 s)``: the precision a variant was built at
-    and those of its ladder that failed first, each with how and the seconds it took when
+    (``w8a8 folded``: with its boundary Q/DQ folded, so it takes and gives integers) and
+    those of its ladder that failed first, each with how and the seconds it took when
     recorded (``fp16 failed`` from records before 1.3); None when its entry records no
     precision (built before precisions)."""
     if precision is None:
         return None
-    return precision + (f" ({', '.join(map(lost_text, lost))})" if lost else "")
+    shown = precision + (f" {FOLDED_MARK}" if folded else "")
+    return shown + (f" ({', '.join(map(lost_text, lost))})" if lost else "")
 
 
 def lost_text(tried: str | PrecisionTried) -> str:
@@ -70,7 +78,7 @@ def cell(result: PairResult) -> str:
     the whole graph; ``detail`` has the rest."""
     parts: list[str] = [result.status]
     if result.precision is not None:
-        parts.append(result.precision)
+        parts.append(result.precision + (f" {FOLDED_MARK}" if result.folded else ""))
     parts.append(_checked_text(result))
     if result.coverage is not None and result.coverage < 1:
         parts.append(f"EP {share(result.coverage)}")
@@ -82,7 +90,7 @@ def detail(result: PairResult) -> str:
     compile seconds, size, coverage and verification."""
     parts: list[str] = [result.status]
     lost = result.precision_tried or result.precisions_lost
-    if shown := precision_text(result.precision, lost):
+    if shown := precision_text(result.precision, lost, result.folded):
         parts.append(shown)
     if result.seconds is not None:
         parts.append(f"{result.seconds:.2f} s")
@@ -144,7 +152,7 @@ def detail_rows(report: RunReport) -> list[dict[str, str]]:
             r.model,
             r.target,
             r.status,
-            precision_text(r.precision, r.precision_tried or r.precisions_lost) or "-",
+            precision_text(r.precision, r.precision_tried or r.precisions_lost, r.folded) or "-",
             "-" if r.seconds is None else f"{r.seconds:.2f}",
             format_bytes(r.size),
             coverage_text(r.coverage, r.coverage_boundary_qdq),
@@ -211,7 +219,7 @@ def render_manifest(manifest: Manifest, store: str) -> str:
                     v.ep.removesuffix("ExecutionProvider"),
                     v.device,
                     v.status,
-                    precision_text(v.precision, v.precision_tried) or "-",
+                    precision_text(v.precision, v.precision_tried, v.folded_io is not None) or "-",
                     format_bytes(v.artifact.size if v.artifact else None),
                     coverage_text(v.coverage.fraction, v.coverage.boundary_qdq)
                     if v.coverage

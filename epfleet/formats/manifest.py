@@ -33,6 +33,7 @@ from epfleet.formats.rollout import Rollout, is_member
 from epfleet.formats.variant_checks import (
     Coverage,
     FailedBuild,
+    FoldedIo,
     PrecisionTried,
     Quantization,
     Verification,
@@ -201,6 +202,14 @@ class VariantEntry(FileSet):
         default=None,
         exclude_if=lambda quantization: quantization is None,
         description="How an integer variant's QDQ model was made",
+    )
+    folded_io: FoldedIo | None = Field(
+        default=None,
+        exclude_if=lambda folded: folded is None,
+        description="The integer inputs and outputs of a variant compiled with its boundary "
+        "Quantize/Dequantize folded away (the target's fold_io): feed it quantised inputs "
+        "and dequantise its outputs with these scales and zero points (schema 1.4; a 1.3 "
+        "device never sees such a variant in the signed metadata)",
     )
 
     @model_validator(mode="after")

@@ -181,6 +181,14 @@ class TargetSpec(BaseModel):
         default=True,
         description="Run each new variant on this host and compare it with its source",
     )
+    fold_io: bool = Field(
+        default=False,
+        description="For the ladder's integer precisions (w16a16, w8a16, w8a8): remove the "
+        "QDQ model's QuantizeLinear of each graph input and DequantizeLinear to each graph "
+        "output before compiling, so the variant takes and gives integers and loads with "
+        "CPU fallback disabled; the manifest records each one's scale and zero point "
+        "(folded_io). The ladder's float precisions compile as they are",
+    )
     tolerance: float | None = Field(
         default=None,
         gt=0,
@@ -218,6 +226,14 @@ class TargetSpec(BaseModel):
     def quantizes(self) -> bool:
         """Whether some precision of its ladder is an integer one (a QDQ model)."""
         return any(p in INTEGER_PRECISIONS for p in self.ladder)
+
+    @field_validator("fold_io", mode="before")
+    @classmethod
+    def _a_boolean(cls, fold: Any) -> Any:
+        # pydantic would take "yes", 1 or "on": a spec says true or false
+        if not isinstance(fold, bool):
+            raise ValueError(f"must be true or false, got {fold!r}")
+        return fold
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -281,6 +297,16 @@ class TargetSpec(BaseModel):
         if self.graph_optimization is None:
             self.graph_optimization = module.default_graph_optimization
         self._precisions(module)
+        if self.fold_io and not self.quantizes:
+            error = PydanticCustomError(
+                "value_error",
+                "precision {p} has no integer precision whose Quantize/Dequantize to fold; "
+                "add w8a8, w8a16 or w16a16 to it, or remove fold_io",
+                {"p": ", ".join(self.ladder)},
+            )
+            raise ValidationError.from_exception_data(
+                "TargetSpec", [{"type": error, "loc": ("fold_io",), "input": True}]
+            ) from None
         if self.device is None:
             self.device = module.default_device(self.provider_options)
         elif self.device not in module.device_types:

@@ -2,7 +2,8 @@
 the graph the EP took (``Coverage``), how the variant compared with its source
 (``Verification``), a failed compile kept beside a working build (``FailedBuild``), and
 how it reached its precision (``PrecisionTried``: the ladder's precisions that lost;
-``Quantization``: how its QDQ model was made).
+``Quantization``: how its QDQ model was made), and how a variant whose boundary
+Quantize/Dequantize were folded is fed (``FoldedIo``).
 
 Pure pydantic models; ``epfleet.formats.manifest`` holds them in its entries. A device checks a
 new variant with the tolerances recorded here, so they are bounded: no entry, signed or
@@ -14,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from epfleet.formats.task_metric import TaskMetric
 from eps.base import LOOSEST_TOLERANCE, Precision
@@ -178,3 +179,57 @@ class Quantization(_Strict):
     per_channel: bool = False
     nodes_to_exclude: list[str] = Field(default_factory=list)
     seconds: float | None = Field(default=None, description="Time the quantise step took")
+
+
+IntegerDtype = Literal["uint8", "int8", "uint16", "int16"]
+INTEGER_RANGES: dict[str, tuple[int, int]] = {
+    "uint8": (0, 255),
+    "int8": (-128, 127),
+    "uint16": (0, 65_535),
+    "int16": (-32_768, 32_767),
+}
+
+
+class FoldedTensor(_Strict):
+    """One integer input or output of a folded variant: ``real = (integer - zero_point) *
+    scale``, and an app quantises its floats with ``clip(round(real / scale) + zero_point)``
+    to the dtype's range (``epfleet.runtime.folded_io``)."""
+
+    name: str = Field(min_length=1, max_length=1000, description="The model's input or output")
+    dtype: IntegerDtype = Field(description="The integer type the variant takes or gives")
+    scale: float = Field(gt=0, allow_inf_nan=False, description="Float per integer step")
+    zero_point: int = Field(description="The integer that stands for 0.0")
+
+    @model_validator(mode="after")
+    def _zero_point_in_range(self) -> FoldedTensor:
+        low, high = INTEGER_RANGES[self.dtype]
+        if not low <= self.zero_point <= high:
+            raise ValueError(
+                f"{self.name!r}: zero_point {self.zero_point} is outside {self.dtype}'s "
+                f"range [{low}, {high}]"
+            )
+        return self
+
+
+class FoldedIo(_Strict):
+    """A quantised variant compiled with its boundary QuantizeLinear and DequantizeLinear
+    removed (the target's ``fold_io``): the inputs it takes and the outputs it gives as
+    integers, and how each maps to the floats of the source. Inputs and outputs not listed
+    stay as the source has them. Schema 1.4."""
+
+    inputs: list[FoldedTensor] = Field(default_factory=list)
+    outputs: list[FoldedTensor] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> FoldedIo:
+        if not self.inputs and not self.outputs:
+            raise ValueError("folds nothing: name at least one input or output")
+        for kind, tensors in (("inputs", self.inputs), ("outputs", self.outputs)):
+            names = [t.name for t in tensors]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"{kind} name {twice[0]!r} twice")
+        return self
+
+    def tensor(self, name: str) -> FoldedTensor | None:
+        return next((t for t in [*self.inputs, *self.outputs] if t.name == name), None)

@@ -29,11 +29,11 @@ reports pin; ``collect`` here reads the store and removes.
 
 from __future__ import annotations
 
-import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
+from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import StoreError
 from epfleet.fleet.publishing import InForce, read_in_force
 from epfleet.fleet.report_reading import Problems, check_report_window
@@ -117,11 +117,13 @@ def collect(
     retention_days: float = DEFAULT_RETENTION_DAYS,
     now: datetime | None = None,
     recheck_seconds: float = RECHECK_SECONDS,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Collection:
     """List (and with ``delete`` remove) what nothing needs in ``store``: see the module
     docstring. Before a removal, the manifest is checked for a change when the last
-    check is ``recheck_seconds`` old. StoreError when the manifest cannot be read."""
-    now = now or datetime.now(timezone.utc)
+    check is ``recheck_seconds`` old on ``clock`` (``now`` defaults to its time).
+    StoreError when the manifest cannot be read."""
+    now = now or clock.now()
     grace = timedelta(hours=grace_hours)
     retention = timedelta(days=retention_days)
     check_report_window(retention, "the retention window (--retention-days)")
@@ -166,12 +168,12 @@ def collect(
     planned_by_key = {c.key: c for c in pending}
     touched: list[Kept] = []
     cutoff = now - grace
-    checked = time.monotonic()
+    checked = clock.monotonic()
     while pending:
         candidate = pending.pop(0)
-        if candidate.kind != "temp" and time.monotonic() - checked >= recheck_seconds:
+        if candidate.kind != "temp" and clock.monotonic() - checked >= recheck_seconds:
             changed = _manifest_changed(store, in_force)
-            checked = time.monotonic()
+            checked = clock.monotonic()
         else:
             changed = False
         if changed:

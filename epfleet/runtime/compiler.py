@@ -22,11 +22,11 @@ import eps
 from epfleet import RECIPE_VERSION, ort_version
 from epfleet.errors import CompileError, ep_errors, summarize
 from epfleet.formats.keys import files_key
-from epfleet.formats.manifest import Coverage, FileSet, PackageFile, Quantization
+from epfleet.formats.manifest import Coverage, FileSet, FoldedIo, PackageFile, Quantization
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.runtime.filesets import external_locations, link_or_copy, listed_files
-from epfleet.runtime.quantize import quantized_source
+from epfleet.runtime.quantize import folded_source, quantized_source
 from epfleet.runtime.requests import CompileRequest
 from epfleet.runtime.shapes import prepare_model, uses_external_data
 from epfleet.text import share
@@ -68,6 +68,8 @@ class CompileOutput(BaseModel):
     qdq_path: str | None = None
     """That QDQ model, and the float model it was quantised from (for ``blame_layers``)."""
     qdq_float_path: str | None = None
+    folded_io: FoldedIo | None = None
+    """The integer inputs and outputs of a variant compiled with its boundary Q/DQ folded."""
 
 
 def compatibility_key(ep_name: str) -> str:
@@ -128,6 +130,9 @@ def compile_job(job: CompileJob) -> CompileOutput:
         calibration = Path(job.calibration_path) if job.calibration_path else None
         quantized = quantized_source(request, src, Path(job.workdir), calibration)
         src = quantized[0]
+    folded: FoldedIo | None = None
+    if request.folds_io:
+        src, folded = folded_source(src, request.model, request.precision or "")
     variants = Path(job.workdir) / "variants"
     variants.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=variants, prefix=f"{request.model}.{request.target}."))
@@ -181,6 +186,7 @@ def compile_job(job: CompileJob) -> CompileOutput:
         quantization=quantized[2] if quantized else None,
         qdq_path=str(quantized[0]) if quantized else None,
         qdq_float_path=str(quantized[1]) if quantized else None,
+        folded_io=folded,
     )
 
 
@@ -248,8 +254,8 @@ def measure_coverage(
     quantisation of its inputs and the dequantisation of its outputs on the CPU EP: they
     count as left over (``boundary_qdq`` says how many of them), so such a variant is never
     reported as a full compile: with CPU fallback disabled it does not load (measured,
-    onnxruntime 1.32 and onnxruntime-qnn 2.7). Folding them into the variant's I/O
-    (``fold_boundary_qdq``) makes it full."""
+    onnxruntime 1.32 and onnxruntime-qnn 2.7). Folding them into the variant's I/O (the
+    target's ``fold_io``: ``epfleet.runtime.quantize.folded_source``) makes it full."""
     if not partitions_graph:
         count = len(variant.graph.node)
         return Coverage(ep_nodes=count, other_nodes=0, fraction=1.0)

@@ -28,6 +28,7 @@ import onnx
 
 from epfleet.errors import CompileError, summarize
 from epfleet.formats.manifest import Quantization
+from epfleet.formats.variant_checks import FoldedIo, FoldedTensor
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.runtime.requests import CompileRequest, QuantizeOptions
@@ -245,7 +246,8 @@ def _basic(src: Path, dst: Path) -> None:
 
 class IoQuantization(NamedTuple):
     """How a folded QDQ model's integer input or output maps to the float it stands for:
-    ``real = (integer - zero_point) * scale``; ``dtype`` is ``uint8`` or ``uint16``."""
+    ``real = (integer - zero_point) * scale``; ``dtype`` is ``uint8``, ``int8``,
+    ``uint16`` or ``int16`` (the manifest records it as a ``FoldedTensor``)."""
 
     dtype: str
     scale: float
@@ -255,12 +257,13 @@ class IoQuantization(NamedTuple):
 def fold_boundary_qdq(model: onnx.ModelProto) -> dict[str, IoQuantization]:
     """Fold, in place, the QuantizeLinear of each float graph input and the DequantizeLinear
     to each graph output into the graph's I/O: the input becomes the quantised tensor
-    (uint8/uint16) and the output the integer one, so that a QNN HTP compile takes the whole
-    graph (one EPContext node, nothing on the CPU EP) and the variant loads with CPU
-    fallback disabled. Returns each folded input's and output's scale and zero point: a
-    device quantises its input with them (``round(x / scale) + zero_point``, clipped) and
-    dequantises the output. Only per-tensor Q/DQ with initializer scale and zero point,
-    and an input feeding nothing but its QuantizeLinear, are folded; others stay.
+    (uint8, int8, uint16 or int16) and the output the integer one, so that a QNN HTP
+    compile takes the whole graph (one EPContext node, nothing on the CPU EP) and the
+    variant loads with CPU fallback disabled. Returns each folded input's and output's
+    scale and zero point: a device quantises its input with them (``round(x / scale) +
+    zero_point``, clipped) and dequantises the output. Only per-tensor Q/DQ with
+    initializer scale and zero point, and an input feeding nothing but its QuantizeLinear,
+    are folded; others stay.
 
     Measured (onnxruntime 1.32, onnxruntime-qnn 2.7, HTP v75/57): tiny_cls at w8a8 and
     w8a16, folded and compiled, loads with ``session.disable_cpu_ep_fallback=1`` and its
@@ -320,7 +323,44 @@ def fold_boundary_qdq(model: onnx.ModelProto) -> dict[str, IoQuantization]:
     return folded
 
 
-_INTEGER_IO = {onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.UINT16: "uint16"}
+_INTEGER_IO = {
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT16: "uint16",
+    onnx.TensorProto.INT16: "int16",
+}
+
+
+def folded_source(qdq: Path, model: str, precision: str) -> tuple[Path, FoldedIo]:
+    """The QDQ model at ``qdq`` with its boundary Q/DQ folded (``fold_boundary_qdq``),
+    written beside it once (a lock beside it, as ``quantized_source``), and what was
+    folded. CompileError when there is nothing to fold: a model whose inputs and outputs
+    are not quantised per tensor cannot be fed integers."""
+    folded_path = qdq.with_name(qdq.stem + ".folded.onnx")
+    record = qdq.with_name(qdq.stem + ".folded.json")
+    with open(qdq.with_name(qdq.stem + ".folded.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folded_path.exists() and record.exists()):
+            graph = onnx.load(str(qdq))
+            found = fold_boundary_qdq(graph)
+            if not found:
+                raise CompileError(
+                    f"model {model!r} at {precision}: fold_io found no QuantizeLinear on a "
+                    "graph input nor DequantizeLinear to a graph output with a per-tensor "
+                    "scale and zero point to fold; remove fold_io from the target"
+                )
+            inputs = {i.name for i in graph.graph.input}
+            tensors = [
+                FoldedTensor.model_validate({"name": name, **q._asdict()})
+                for name, q in found.items()
+            ]
+            folded = FoldedIo(
+                inputs=[t for t in tensors if t.name in inputs],
+                outputs=[t for t in tensors if t.name not in inputs],
+            )
+            onnx.save(graph, str(folded_path))
+            atomic_write_bytes(record, folded.model_dump_json().encode())
+    return folded_path, FoldedIo.model_validate_json(record.read_bytes())
 
 
 def blame_layers(float_path: str, qdq_path: str, samples: list[Sample]) -> str:

@@ -106,6 +106,11 @@ class CompileRequest(BaseModel):
     quantize: QuantizeOptions | None = Field(
         default=None, description="How to make the QDQ model of an integer precision"
     )
+    fold_io: bool = Field(
+        default=False,
+        description="Fold the QDQ model's boundary Quantize/Dequantize into the variant's "
+        "I/O at an integer precision (the target's fold_io)",
+    )
     twin_of: str | None = Field(
         default=None,
         description="The target of this model whose variant computes the same outputs "
@@ -132,6 +137,11 @@ class CompileRequest(BaseModel):
     def integer(self) -> bool:
         """Whether it builds a QDQ model's variant."""
         return self.precision in INTEGER_PRECISIONS
+
+    @property
+    def folds_io(self) -> bool:
+        """Whether its variant is compiled with the QDQ model's boundary Q/DQ folded."""
+        return self.fold_io and self.integer
 
 
 def source_fields(source: SourceEntry) -> dict[str, object]:
@@ -183,6 +193,9 @@ def fingerprinted(
         payload["metric"] = request.metric.model_dump(mode="json")
     if request.quantize is not None:
         payload["quantize"] = request.quantize.model_dump(mode="json")
+    if request.fold_io:
+        # Only when asked: pairs that do not fold keep their fingerprints.
+        payload["fold_io"] = True
     if not request.embed_context or request.external_initializers:
         # Only when not the single-file layout: single-file pairs keep their fingerprints.
         payload["layout"] = {

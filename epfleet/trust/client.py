@@ -25,6 +25,7 @@ too (``__all__``).
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from dataclasses import dataclass
@@ -54,7 +55,8 @@ from epfleet.trust.directory import (
 )
 from epfleet.trust.fetcher import StoreFetcher, Unreachable
 from epfleet.trust.highwater import Lineage, TrustMark, advanced
-from epfleet.trust.layout import CUSTOM_FIELD, METADATA_KEYS, SCHEMA_FIELD
+from epfleet.trust.layout import CUSTOM_FIELD, FOLDED_FIELD, METADATA_KEYS, SCHEMA_FIELD
+from epfleet.trust.targets import joined_folded
 from epfleet.trust.updater import (
     BelowHighWater,
     ForkedRoot,
@@ -229,6 +231,8 @@ def signed_entry(updater: Updater, store: Store, model: str) -> ModelEntry:
         # The entry follows the manifest's schema policy: a newer minor's unknown keys are
         # ignored, a newer major refused (see epfleet.formats.schema_version).
         check_declared(ModelEntry, version, "ignore")
+        if FOLDED_FIELD in custom:
+            value = _with_folded(model, store, value, custom[FOLDED_FIELD])
         # Canonical JSON, which TUF signs, has no floats (coverage, errors, tolerances): the
         # entry may come as its JSON text, or with its floats as strings (pydantic reads both).
         if isinstance(value, str):
@@ -241,6 +245,21 @@ def signed_entry(updater: Updater, store: Store, model: str) -> ModelEntry:
             at = "custom." + SCHEMA_FIELD
         raise MetadataRefused(
             f"the signed entry of {model!r} at {store.uri} fails validation at {at}: {error['msg']}"
+        ) from None
+
+
+def _with_folded(model: str, store: Store, value: object, folded: object) -> object:
+    """The signed entry with its folded variants (``FOLDED_FIELD``) back in it."""
+    try:
+        entry = json.loads(value) if isinstance(value, str) else value
+        parts = json.loads(folded) if isinstance(folded, str) else folded
+        if not isinstance(entry, dict):
+            raise ValueError("the entry is not an object")
+        return joined_folded(entry, parts)
+    except ValueError as exc:
+        raise MetadataRefused(
+            f"the signed entry of {model!r} at {store.uri} has folded variants "
+            f"(custom.{FOLDED_FIELD}) that cannot be read: {exc}"
         ) from None
 
 

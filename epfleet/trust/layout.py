@@ -17,6 +17,12 @@ CUSTOM_FIELD = "epfleet"
 SCHEMA_FIELD = "epfleet_schema"
 """Beside the entry in a model target's custom field: the manifest schema version the entry
 was written under, left out for "1.0" (so stores signed before it stay as they are)."""
+FOLDED_FIELD = "epfleet_folded"
+"""Beside the entry in a model target's custom field, when the model has variants with
+``folded_io`` (schema 1.4): those variants (and the rollout's previous ones), kept out of
+``CUSTOM_FIELD``'s entry so that a device of schema 1.3, which would drop ``folded_io`` as
+a newer minor's unknown key and feed the variant floats, never sees them
+(``epfleet.trust.targets.split_folded``)."""
 BIN_PREFIX = "bin"
 DEFAULT_BINS = 256
 LIFETIME = {

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from securesystemslib.signer import Key
 from tuf.api.metadata import Delegations, SuccinctRoles, TargetFile, Targets
 
 from epfleet.errors import BadInputError
 from epfleet.stores import MANIFEST_KEY
-from epfleet.trust.layout import BIN_PREFIX, CUSTOM_FIELD, LIFETIME, SCHEMA_FIELD
+from epfleet.trust.layout import BIN_PREFIX, CUSTOM_FIELD, FOLDED_FIELD, LIFETIME, SCHEMA_FIELD
 
 
 def canonical(value: object) -> bytes:
@@ -34,7 +35,8 @@ def model_targets(manifest_json: bytes) -> dict[str, Target]:
     model, ``models/<name>``, whose file and custom field ``epfleet`` are the model's entry
     with only its ok variants, as canonical JSON text (canonical JSON has no floats, so
     the custom field carries the text), beside the document's schema version unless it is
-    "1.0" (``SCHEMA_FIELD``); and ``manifest.json`` itself."""
+    "1.0" (``SCHEMA_FIELD``), and its folded variants apart (``FOLDED_FIELD``,
+    ``split_folded``); and ``manifest.json`` itself."""
     document = json.loads(manifest_json)
     version = document.get("schema_version", "1.0")
     schema = {} if version == "1.0" else {SCHEMA_FIELD: version}
@@ -44,11 +46,47 @@ def model_targets(manifest_json: bytes) -> dict[str, Target]:
         ok = {t: v for t, v in variants.items() if v.get("status") == "ok"}
         data = canonical({**entry, "variants": ok})
         info = TargetFile.from_data(f"models/{name}", data, ["sha256"])
-        info.unrecognized_fields["custom"] = {CUSTOM_FIELD: data.decode(), **schema}
+        seen, folded = split_folded({**entry, "variants": ok})
+        custom = {CUSTOM_FIELD: canonical(seen).decode(), **schema}
+        if folded is not None:
+            custom[FOLDED_FIELD] = canonical(folded).decode()
+        info.unrecognized_fields["custom"] = custom
         targets[info.path] = Target(info, data)
     whole = TargetFile.from_data(MANIFEST_KEY, manifest_json, ["sha256"])
     targets[MANIFEST_KEY] = Target(whole, manifest_json)
     return targets
+
+
+def split_folded(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A model entry (parsed JSON) as a device of schema 1.3 may see it, and its folded
+    parts apart (None: it has none). A variant with ``folded_io`` takes and gives integers;
+    1.3 drops that key as a newer minor's, so it must not see the variant at all: its
+    ``variants`` go without them and a folded ``previous`` becomes None ("the target had
+    none", which a device outside the rollout drops). ``joined_folded`` undoes it."""
+    variants = entry.get("variants") or {}
+    previous = entry.get("previous") or {}
+    folded_variants = {t: v for t, v in variants.items() if v.get("folded_io")}
+    folded_previous = {t: v for t, v in previous.items() if v and v.get("folded_io")}
+    if not folded_variants and not folded_previous:
+        return entry, None
+    seen = {**entry, "variants": {t: v for t, v in variants.items() if t not in folded_variants}}
+    if previous:
+        seen["previous"] = {t: None if t in folded_previous else v for t, v in previous.items()}
+    return seen, {"variants": folded_variants, "previous": folded_previous}
+
+
+def joined_folded(seen: dict[str, Any], folded: Any) -> dict[str, Any]:
+    """The entry ``split_folded`` split, whole again (variants in name order, as canonical
+    JSON has them). ValueError when ``folded`` is not what it wrote."""
+    if not isinstance(folded, dict) or set(folded) != {"variants", "previous"}:
+        raise ValueError("not an object of variants and previous")
+    variants, previous = folded["variants"], folded["previous"]
+    if not isinstance(variants, dict) or not isinstance(previous, dict):
+        raise ValueError("its variants and previous are not objects")
+    joined = {**seen, "variants": dict(sorted({**seen.get("variants", {}), **variants}.items()))}
+    if previous:
+        joined["previous"] = dict(sorted({**seen.get("previous", {}), **previous}.items()))
+    return joined
 
 
 def stale(expires: datetime, lifetime: timedelta, now: datetime) -> bool:

@@ -42,6 +42,7 @@ VARIANT_KEYS = {
     "precision",
     "verification_twin_of",
     "metric",
+    "folded",
 }
 
 

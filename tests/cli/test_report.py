@@ -320,3 +320,25 @@ def test_the_details_artifact_has_every_measurement() -> None:
     )
     width = max(len(cell(r)) for r in realistic_report().variants)
     assert width <= 24, width
+
+
+def test_a_folded_variant_is_marked_in_the_matrix_its_details_and_manifest_show() -> None:
+    from epfleet.formats.variant_checks import FoldedIo, FoldedTensor
+
+    folded = result("htp", "npu", "spec", precision="w8a8", folded=True, max_rel_error=0.0263)
+    plain = result("htp-q", "npu", "spec", precision="w8a8", max_rel_error=0.0263)
+    plain = plain.model_copy(update={"coverage": 0.92, "coverage_boundary_qdq": 2})
+    assert cell(folded) == "ok w8a8 folded 2.63%"
+    assert cell(plain) == "ok w8a8 2.63% EP 92%"
+    rows = {row["target"]: row for row in detail_rows(report(folded, plain))}
+    assert rows["htp"]["precision"] == "w8a8 folded" and rows["htp-q"]["precision"] == "w8a8"
+    io = FoldedIo(inputs=[FoldedTensor(name="x", dtype="uint8", scale=0.004, zero_point=0)])
+    source = SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=10)
+    variants = {
+        "htp": variant("npu", "spec").model_copy(update={"precision": "w8a8", "folded_io": io}),
+        "htp-q": variant("npu", "spec").model_copy(update={"precision": "w8a8"}),
+    }
+    manifest = Manifest(generation=1, models={"mel": ModelEntry(source=source, variants=variants)})
+    lines = render_manifest(manifest, "file:///store").splitlines()
+    shown = {line.split()[1]: line for line in lines[3:5]}
+    assert "ok      w8a8 folded" in shown["htp"] and "folded" not in shown["htp-q"]

@@ -6,6 +6,10 @@ S3 on loopback through the fault proxy (tests/support/s3proxy.py) where the stor
 a store that trickles or stalls, a sync past its deadline, a health check that never
 ends, a manifest too large (or endless) to read. The limits are set through the
 ``EPFLEET_*`` settings, small enough that each case takes seconds.
+
+The transfer and deadline tests here are the end-to-end ones on the real clock, one per
+mechanism (a minimum rate, a stall, the sync's deadline): the rules themselves are tested
+on a fake clock, without waiting, in tests/device/test_download.py.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from tests.support.synced_fleet import (
     runaway,
 )
 
-pytestmark = pytest.mark.fast
+pytestmark = pytest.mark.slow
 
 
 def only(report: DeviceReport, model: str = MODEL) -> ModelReport:

@@ -1,6 +1,11 @@
 """Resumable segmented downloads (epfleet.device.download) against a real local store, with a
 wrapper that cuts the byte streams: the only double here stands in for a network that
-drops connections, which nothing on loopback does on demand."""
+drops connections, which nothing on loopback does on demand.
+
+The limits (a minimum rate, the sync's deadline) are tested on a fake clock
+(tests/support/fake_clock.py) that the slow store advances with each chunk, so no test
+here waits for one; tests/device/test_deadlines.py checks the same limits on the real
+clock, end to end (a store that trickles, one that stalls, a sync past its deadline)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from epfleet.errors import IntegrityError, StoreError, TransientStoreError
 from epfleet.hashing import sha256_bytes
 from epfleet.limits import Deadline, DeadlineExceeded, TransferTooSlow, within
 from epfleet.stores.local import LocalStore
+from tests.support.fake_clock import FakeClock
 
 pytestmark = pytest.mark.fast
 
@@ -25,10 +31,14 @@ SIZE = 10_000  # with SEGMENT at 1,000: four segments of 2,500 bytes
 
 
 class Cutting:
-    """A store whose ranged reads stop with a transient error after ``budget`` bytes."""
+    """A store whose ranged reads stop with a transient error after ``budget`` bytes, and
+    take ``slow`` seconds for each 100 bytes: on ``clock`` when given (it advances), else
+    really."""
 
-    def __init__(self, store: LocalStore, budget: int, slow: float = 0.0) -> None:
-        self.store, self.budget, self.slow = store, budget, slow
+    def __init__(
+        self, store: LocalStore, budget: int, slow: float = 0.0, clock: FakeClock | None = None
+    ) -> None:
+        self.store, self.budget, self.slow, self.clock = store, budget, slow, clock
         self.uri = store.uri
 
     def read_range(self, key: str, start: int, end: int | None = None) -> Iterator[bytes]:
@@ -37,7 +47,10 @@ class Cutting:
             for i in range(0, len(chunk), 100):
                 if sent >= self.budget:
                     raise TransientStoreError("connection dropped")
-                time.sleep(self.slow)
+                if self.clock is not None:
+                    self.clock.advance(self.slow)
+                else:
+                    time.sleep(self.slow)
                 sent += len(chunk[i : i + 100])
                 yield chunk[i : i + 100]
 
@@ -51,9 +64,11 @@ def blob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LocalStore, b
     return store, data
 
 
-def transfer(store: object, data: bytes, part: Path) -> Transfer:
+def transfer(store: object, data: bytes, part: Path, clock: FakeClock | None = None) -> Transfer:
     digest = sha256_bytes(data)
-    return Transfer(store, "blob", digest, len(data), part)  # type: ignore[arg-type]
+    if clock is None:
+        return Transfer(store, "blob", digest, len(data), part)  # type: ignore[arg-type]
+    return Transfer(store, "blob", digest, len(data), part, clock)  # type: ignore[arg-type]
 
 
 def test_segments_resume_where_each_stopped(blob: tuple[LocalStore, bytes], tmp_path: Path) -> None:
@@ -162,15 +177,15 @@ def test_long_downloads_report_progress(
 def test_a_store_that_trickles_is_aborted_and_not_resumed_in_the_same_sync(
     blob: tuple[LocalStore, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("EPFLEET_MIN_RATE", "10KiB")  # four segments at 1 KB/s each: 4 KB/s
+    monkeypatch.setenv("EPFLEET_MIN_RATE", "10KiB")  # 100 bytes per 0.1 s: 1 KB/s in all
     monkeypatch.setenv("EPFLEET_RATE_WINDOW", "0.5")
     store, data = blob
     part = tmp_path / "blob.part"
-    slow = transfer(Cutting(store, budget=SIZE, slow=0.1), data, part)  # 2.5 s if let be
-    started = time.monotonic()
+    clock = FakeClock()
+    slow = transfer(Cutting(store, budget=SIZE, slow=0.1, clock=clock), data, part, clock)
     with pytest.raises(TransferTooSlow, match=r"below the minimum rate of 10 KiB/s") as info:
-        slow.run()
-    assert time.monotonic() - started < 2.0  # one window, no second round
+        slow.run()  # 10 s on its clock if let be
+    assert 0.5 <= clock.elapsed < 1.0  # one window, no second round
     assert str(info.value).endswith("download of blob aborted")
     assert 0 < slow.moved < SIZE
     record = json.loads(part.with_name("blob.part.progress").read_text())
@@ -179,20 +194,34 @@ def test_a_store_that_trickles_is_aborted_and_not_resumed_in_the_same_sync(
     assert part.read_bytes() == data
 
 
+def test_a_steady_store_is_not_aborted_by_the_rate_check(
+    blob: tuple[LocalStore, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPFLEET_MIN_RATE", "900")  # bytes a second, under its 1 KB/s
+    monkeypatch.setenv("EPFLEET_RATE_WINDOW", "0.5")
+    store, data = blob
+    clock = FakeClock()
+    steady = transfer(
+        Cutting(store, budget=SIZE, slow=0.1, clock=clock), data, tmp_path / "p", clock
+    )
+    assert steady.run() == SIZE
+    assert clock.elapsed == pytest.approx(10.0)  # 20 windows, each checked
+
+
 def test_the_sync_deadline_stops_a_download_in_flight(
     blob: tuple[LocalStore, bytes], tmp_path: Path
 ) -> None:
     store, data = blob
     part = tmp_path / "blob.part"
-    slow = transfer(Cutting(store, budget=SIZE, slow=0.1), data, part)  # 2.5 s if let be
-    started = time.monotonic()
-    with within(Deadline.after(0.4)), pytest.raises(DeadlineExceeded) as info:
-        slow.run()
-    assert time.monotonic() - started < 2.0
+    clock = FakeClock()
+    slow = transfer(Cutting(store, budget=SIZE, slow=0.1, clock=clock), data, part, clock)
+    with within(Deadline.after(0.4, clock)), pytest.raises(DeadlineExceeded) as info:
+        slow.run()  # 10 s on its clock if let be
+    assert 0.4 <= clock.elapsed < 1.0
     assert str(info.value) == (
         "the sync ran past its deadline of 0.4 s (EPFLEET_SYNC_DEADLINE): "
         f"download of blob ({store.uri}) stopped"
     )
-    with within(Deadline.after(0)), pytest.raises(DeadlineExceeded, match="not started"):
-        transfer(store, data, part).run()
+    with within(Deadline.after(0, clock)), pytest.raises(DeadlineExceeded, match="not started"):
+        transfer(store, data, part, clock).run()
     assert transfer(store, data, part).run() == SIZE - slow.moved

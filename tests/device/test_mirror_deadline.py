@@ -10,7 +10,10 @@ answer), the drain's own time limit lifted so that only ``EPFLEET_SYNC_DEADLINE`
 it: the sync ends by its deadline plus the time to write its report, and keeps what it
 ran. A mirror that asks to be retried later than the deadline allows ends the sync at
 once, and the report says so (it used to say the sync 'ran past its deadline' seconds
-into it)."""
+into it).
+
+This is the mirror's sync deadline on the real clock, end to end (its drain reads a
+socket); the deadline's rule is tested on a fake clock in tests/device/test_download.py."""
 
 from __future__ import annotations
 
@@ -24,11 +27,13 @@ from tests.support.http_mirror import Mirror
 from tests.support.signed_fleet import Fleet, Site, first_sync, only, trusted, unsigned_copy
 from tests.support.synced_fleet import assert_package_runs
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("signed_only")]
 
 DEADLINE = 3
-SLACK = 3.0
-"""Seconds past the deadline a sync may take: writing its report."""
+SLACK = 30.0
+"""Seconds past the deadline a sync may take: writing its report, on a busy 2-core machine
+(5.2 s in all were measured at load 15). A drain blind to the deadline takes minutes: the
+trickled 404 below is 64 KiB at a byte every 10 ms, about 11 minutes."""
 
 
 @pytest.fixture
@@ -63,7 +68,7 @@ def test_a_mirror_trickling_its_404s_holds_the_sync_no_longer_than_its_deadline(
     report = fleet.sync()
     seconds = time.monotonic() - started
 
-    assert seconds < DEADLINE + SLACK, seconds  # 3.0 s here (a drain blind to it: its own limit)
+    assert seconds < DEADLINE + SLACK, seconds  # 3.0 s quiet, 5.2 s at load 15
     assert ("GET", "/trust/metadata/2.root.json") in mirror.requests  # answered slowly
     assert report.exit_code == 1
     deadline = f"the sync ran past its deadline of {DEADLINE} s (EPFLEET_SYNC_DEADLINE)"

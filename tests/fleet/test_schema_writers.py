@@ -17,6 +17,7 @@ from epfleet.cli.app import main
 from epfleet.errors import BadInputError, StoreError
 from epfleet.fleet.publishing import read_in_force, update_manifest
 from epfleet.formats.manifest import Manifest
+from epfleet.formats.schema_version import SCHEMA_VERSION
 from epfleet.lifecycle.gc import collect
 from epfleet.stores import open_store
 from epfleet.trust.keys import file_uri
@@ -27,8 +28,8 @@ from tests.support.trust_helpers import make_trusted_store, online_key
 pytestmark = pytest.mark.fast
 
 REFUSAL = (
-    "the manifest declares schema 1.9, newer than this epfleet writes (1.3): upgrade "
-    "epfleet on the compile host"
+    f"the manifest declares schema 1.9, newer than this epfleet writes ({SCHEMA_VERSION}): "
+    "upgrade epfleet on the compile host"
 )
 
 

@@ -83,9 +83,9 @@ def first_error(exc: pytest.ExceptionInfo[ValidationError]) -> tuple[tuple[Any, 
 
 
 def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> None:
-    read = Manifest.from_json(data(with_future_fields(document("1.4"))), newer_minor="ignore")
+    read = Manifest.from_json(data(with_future_fields(document("1.5"))), newer_minor="ignore")
     known = Manifest.from_json(data(document()))
-    assert read.schema_version == "1.4"
+    assert read.schema_version == "1.5"
     assert read.models == known.models and read.generation == known.generation
     assert read.models["m"].variants["x86-cpu"].verification == (
         known.models["m"].variants["x86-cpu"].verification
@@ -278,3 +278,69 @@ def test_schema_1_3_records_how_each_lost_rung_lost_and_its_seconds() -> None:
     entry["precision_tried"] = [{"precision": "w8a8", "reason": "off"}]  # written before 1.3
     assert b"outcome" not in Manifest.from_json(data(doc)).to_json()
     assert b"precision_tried" not in plain
+
+
+FOLDED_IO = {
+    "inputs": [{"name": "x", "dtype": "uint8", "scale": 0.0039, "zero_point": 0}],
+    "outputs": [{"name": "y", "dtype": "uint8", "scale": 0.021, "zero_point": 128}],
+}
+
+
+def test_schema_1_4_records_folded_io_and_a_1_3_device_never_sees_a_folded_variant() -> None:
+    """1.4 added a variant's folded_io: how to feed a variant that takes and gives integers.
+    A 1.3 reader would drop that key as a newer minor's and feed the variant floats, so the
+    signed target keeps folded variants apart (custom.epfleet_folded): the entry a 1.3
+    device reads (custom.epfleet) has no folded variant, and a folded previous variant is
+    None there (a device outside the rollout then drops the target's variant)."""
+    from epfleet.trust.targets import joined_folded
+
+    doc = document("1.4")
+    variants = doc["models"]["m"]["variants"]
+    variants["htp-folded"] = variant() | {
+        "ep": "QNNExecutionProvider",
+        "device": "npu",
+        "precision": "w8a8",
+        "folded_io": FOLDED_IO,
+    }
+    doc["models"]["m"]["previous"] = {"htp-folded": variants["htp-folded"], "x86-cpu": None}
+    manifest = Manifest.from_json(data(doc))
+    folded = manifest.models["m"].variants["htp-folded"].folded_io
+    assert folded is not None and folded.inputs[0].scale == 0.0039
+    assert "folded_io" not in json.loads(manifest.to_json())["models"]["m"]["variants"]["x86-cpu"]
+    custom = model_targets(manifest.to_json())["models/m"].info.unrecognized_fields["custom"]
+    assert custom["epfleet_schema"] == "1.4"
+    seen = json.loads(custom["epfleet"])
+    assert list(seen["variants"]) == ["x86-cpu"] and "folded_io" not in custom["epfleet"]
+    assert seen["previous"] == {"htp-folded": None, "x86-cpu": None}
+    # as a 1.3 device reads it (any 1.x reader validates custom.epfleet alone)
+    as_1_3 = validate_json(ModelEntry, custom["epfleet"], "ignore", "1.4")
+    assert set(as_1_3.variants) == {"x86-cpu"}
+    # as this epfleet reads it: whole again
+    whole = joined_folded(seen, json.loads(custom["epfleet_folded"]))
+    assert validate_python(ModelEntry, whole, "ignore", "1.4") == manifest.models["m"]
+    # a model without folded variants is signed as before
+    plain = model_targets(Manifest.from_json(data(document())).to_json())["models/m"]
+    assert set(plain.info.unrecognized_fields["custom"]) == {"epfleet", "epfleet_schema"}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"scale": 0}, "greater than 0"),
+        ({"scale": "NaN"}, "finite number"),
+        ({"scale": -0.01}, "greater than 0"),
+        ({"dtype": "float"}, "Input should be 'uint8', 'int8', 'uint16' or 'int16'"),
+        ({"zero_point": -1}, "zero_point -1 is outside uint8's range [0, 255]"),
+    ],
+)
+def test_a_folded_io_no_model_could_have_fails_the_entry(
+    change: dict[str, Any], expected: str
+) -> None:
+    doc = document("1.4")
+    bad = copy.deepcopy(FOLDED_IO)
+    bad["inputs"][0] |= change
+    doc["models"]["m"]["variants"]["x86-cpu"]["folded_io"] = bad
+    with pytest.raises(ValidationError) as refused:
+        validate_json(ModelEntry, json.dumps(doc["models"]["m"]), "ignore", "1.4")
+    where, message = first_error(refused)
+    assert where[:4] == ("variants", "x86-cpu", "folded_io", "inputs") and expected in message

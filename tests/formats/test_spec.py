@@ -517,3 +517,47 @@ def test_a_spec_sharing_options_through_aliases_loads(tmp_path: Path) -> None:
         "  - {name: b, ep: QNNExecutionProvider, provider_options: *opts}\n"
     )
     assert [t.provider_options for t in load_spec(path).targets] == [{"htp_arch": "75"}] * 2
+
+
+def test_fold_io_needs_an_integer_precision_and_is_a_boolean() -> None:
+    folded = {**QNN, "name": "q", "precision": ["w8a8", "fp16"], "fold_io": True}
+    parsed = parse_spec(spec(targets=[folded]))
+    assert parsed.targets[0].fold_io is True
+    assert parse_spec(spec()).targets[0].fold_io is False
+    floats = {**QNN, "name": "f16", "precision": "fp16", "fold_io": True}
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(spec(targets=[floats]))
+    assert (
+        "targets[f16].fold_io: precision fp16 has no integer precision whose Quantize/Dequantize "
+        "to fold; add w8a8, w8a16 or w16a16 to it, or remove fold_io"
+    ) in str(raised.value)
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(spec(targets=[{**folded, "fold_io": "yes"}]))
+    assert "targets[q].fold_io: must be true or false, got 'yes'" in str(raised.value)
+
+
+def test_fold_io_is_part_of_the_fingerprint_only_when_asked(tmp_path: Path) -> None:
+    from epfleet.runtime.requests import CompileRequest, fingerprinted
+
+    request = CompileRequest.model_validate(
+        {
+            "model": "m",
+            "target": "t",
+            "ep": "QNNExecutionProvider",
+            "device": "npu",
+            "provider_options": {},
+            "input_shapes": {},
+            "source_key": "sources/a.onnx",
+            "source_sha256": "a" * 64,
+            "source_size": 1,
+            "precision": "w8a8",
+            "fingerprint": "",
+        }
+    )
+    plain = fingerprinted(request, "1.32.0", {"version": "2.7.0"})
+    folded = fingerprinted(
+        request.model_copy(update={"fold_io": True}), "1.32.0", {"version": "2.7.0"}
+    )
+    assert plain.fingerprint != folded.fingerprint and folded.folds_io and not plain.folds_io
+    fp16 = request.model_copy(update={"fold_io": True, "precision": "fp16"})
+    assert not fp16.folds_io  # a float rung of a folding target compiles as it is

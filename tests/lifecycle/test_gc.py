@@ -7,6 +7,7 @@ publish racing it is safe."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -36,6 +37,7 @@ from epfleet.lifecycle.gc import (
 )
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.stores.base import StoredObject
+from tests.support.fake_clock import FakeClock
 from tests.support.gc_fleet import (
     NOW,
     OLD,
@@ -161,6 +163,51 @@ def test_a_racing_publish_keeps_what_it_references(store: Store) -> None:
     assert referenced(in_force) <= keys(store)  # a device syncing now finds every file
     assert in_force.generation == 4
     assert referenced_by(fleet.retired) <= keys(store)
+
+
+class SlowRemovals:
+    """A store on which each removal takes ``seconds`` on ``clock``, and that records when
+    (on the clock) the collector looked at the manifest and removed an object."""
+
+    def __init__(self, store: Store, clock: FakeClock, seconds: float) -> None:
+        self._store, self._clock, self._seconds = store, clock, seconds
+        self.looked: list[float] = []
+        self.removed: list[tuple[str, float]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def read_if_changed(self, key: str, etag: str) -> object:
+        self.looked.append(self._clock.elapsed)
+        return self._store.read_if_changed(key, etag)
+
+    def size(self, key: str) -> int | None:
+        if key == MANIFEST_KEY:
+            self.looked.append(self._clock.elapsed)
+        return self._store.size(key)
+
+    def delete_if_older(self, key: str, cutoff: datetime) -> bool:
+        self.removed.append((key, self._clock.elapsed))
+        self._clock.advance(self._seconds)
+        return self._store.delete_if_older(key, cutoff)
+
+
+def test_the_manifest_is_looked_at_again_once_the_recheck_interval_has_passed(
+    store: Store,
+) -> None:
+    """On a fake clock: gc asks whether the manifest changed before a removal once its last
+    look is ``recheck_seconds`` old, and not more often (the racing publish above is the
+    same rule on the real clock)."""
+    aged, _ = make_fleet(store, multi_file=True)
+    clock = FakeClock(start=datetime.now(timezone.utc))  # the fleet's objects are real files
+    slow = SlowRemovals(aged, clock, seconds=0.4)
+    result = collect(slow, delete=True, recheck_seconds=1.0, clock=clock)  # type: ignore[arg-type]
+    assert len(slow.removed) >= 4 and not result.errors
+    assert 1 <= len(slow.looked) < len(slow.removed)
+    looks = [0.0, *slow.looked]  # the plan is the first look
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(looks))  # not more often
+    for _, at in slow.removed:  # and never a removal on a look older than the interval
+        assert at - max(t for t in looks if t <= at) < 1.0
 
 
 def test_kind_of_recognises_only_what_it_collects() -> None:

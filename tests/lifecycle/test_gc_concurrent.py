@@ -16,6 +16,8 @@ model with the variant of the manifest it read, byte for byte; gc removes only o
 that were unreferenced, unpinned and past the grace period (never one of the manifest in
 force or the one before it), all temp files, and all the rest when it finished before
 seeing the new manifest; everything the new manifest references is present afterwards.
+It runs gc on the real clock with its default recheck interval (``RECHECK_SECONDS``): the
+interval's rule itself is tested on a fake clock in tests/lifecycle/test_gc.py.
 
 The ``rollback`` case publishes the superseded build again instead (a deterministic
 rebuild, or a rollback: its files are all in the store, so nothing is uploaded), right

@@ -110,3 +110,18 @@ def test_each_module_declares_one_tier(path: Path) -> None:
         assert not spawning, (
             f"{name} is fast but imports {spawning}: move those tests to a slow file"
         )
+
+
+def test_end_to_end_variants_are_moved_to_the_slow_tier_where_they_are_used() -> None:
+    """A module that marks parameters ``END_TO_END`` (``tests.support.tiers``) is in a
+    directory whose conftest moves them to the slow tier; elsewhere they would run in a
+    fast module's tier too."""
+    unmoved = []
+    for path in every_test_module():
+        tree = ast.parse(path.read_text())
+        if "tests.support.tiers" not in imported_modules(tree):
+            continue
+        conftest = path.parent / "conftest.py"
+        if not conftest.exists() or "move_end_to_end_to_slow" not in conftest.read_text():
+            unmoved.append(str(path.relative_to(TESTS)))
+    assert not unmoved, f"END_TO_END used where no conftest moves it to the slow tier: {unmoved}"

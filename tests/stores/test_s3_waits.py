@@ -8,6 +8,11 @@ S3 is moto's server on loopback behind the fault proxy (tests/support/s3proxy.py
 the heads one byte every half second: each would take minutes. The limits are small
 (``EPFLEET_STALL_TIMEOUT=2``, two attempts), and the bounds asserted are generous beside
 them: a loaded machine passes, a wait that the limits did not end fails.
+
+These waits are sockets' and timers' (``epfleet.stores.watch``), so they run on the real
+clock: a trickled head on ``read`` is in the fast tier, the same on the other operations
+end to end in the slow tier (``END_TO_END``). The rules of the sync's deadline and of a
+transfer's rate are tested without waiting on a fake clock (tests/device/test_download.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from epfleet.limits import Deadline, DeadlineExceeded, TransferTooSlow, within
 from epfleet.stores import MANIFEST_KEY, open_store
 from epfleet.stores.s3 import S3Store
 from tests.support.s3proxy import FaultProxy
+from tests.support.tiers import END_TO_END
 
 pytestmark = pytest.mark.fast
 
@@ -60,7 +66,10 @@ OPERATIONS: dict[str, tuple[str, str, Callable[[S3Store], object]]] = {
 }
 
 
-@pytest.mark.parametrize("operation", sorted(OPERATIONS))
+@pytest.mark.parametrize(
+    "operation",
+    [op if op == "read" else pytest.param(op, marks=END_TO_END) for op in sorted(OPERATIONS)],
+)
 def test_an_answer_whose_head_trickles_fails_within_the_stall_timeout_per_attempt(
     store: S3Store, s3_bucket: str, s3_proxy: FaultProxy, operation: str
 ) -> None:

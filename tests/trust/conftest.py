@@ -1,5 +1,11 @@
 """Fixtures of the attack suites (tests/trust/test_*attacks*.py, test_tolerance_attack.py): a
-device that trusts a signed copy of the compiled fleet, on each kind of store."""
+device that trusts a signed copy of the compiled fleet, on each kind of store.
+
+Each attack's logic runs once in its module's tier, on the local store; its runs on S3
+(moto over HTTP) and on the hostile HTTPS mirror are end-to-end (``END_TO_END``
+parameters): they run in the slow tier only, even where the module is fast (the hook
+below), so the fast tier checks every attack once and the slow tier every store's
+wiring, and no assertion is dropped."""
 
 from __future__ import annotations
 
@@ -15,9 +21,15 @@ from tests.support.signed_fleet import (
     trusted,
     unsigned_copy,
 )
+from tests.support.tiers import move_end_to_end_to_slow, on_stores
 
 
-@pytest.fixture(params=["local", "s3", "https-mirror"])
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    move_end_to_end_to_slow(items, Path(__file__).parent)
+
+
+@pytest.fixture(params=on_stores("local", "s3", "https-mirror"))
 def site(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Site:
     directory = unsigned_copy(fleet_store, tmp_path / "store")
     if request.param == "local":

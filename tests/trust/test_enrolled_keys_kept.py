@@ -19,6 +19,7 @@ from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import Store, open_store
 from epfleet.trust.repository import has_trust, init_with_key_files
 from tests.support.publish_helpers import publish_new
+from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast
 
@@ -34,7 +35,7 @@ ROLLOUT = Rollout(
 )
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=on_stores("local", "s3"))
 def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     """A signed store whose model-0 is under a rollout that requires signed reports."""
     uri = (

@@ -38,6 +38,7 @@ from tests.support.signed_records import (
     signed_models,
     write_manifest,
 )
+from tests.support.tiers import on_stores
 from tests.support.trust_helpers import make_trusted_store, online_key
 
 pytestmark = pytest.mark.fast
@@ -46,7 +47,7 @@ EVIL = "ee" * 32
 TARGET = "model-3"
 
 
-@pytest.fixture(params=["local", "s3", "memory"])
+@pytest.fixture(params=on_stores("local", "s3", "memory"))
 def signed(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Store, Path, bytes]:

@@ -11,7 +11,14 @@ advance, and nothing unattributed halts one.
 
 The reports are written as devices write them (``encode_report``, gzip), the decision is
 ``epfleet rollout status``'s (``read_evidence``, the rollout-gate flow's ``run_gate``
-reads the same), and the CLI's table escapes what the reports' names carry."""
+reads the same), and the CLI's table escapes what the reports' names carry.
+
+The stage started two hours ago on the real clock (``min_hours`` 1), so the gate advances:
+the gate's ``min_hours`` end to end on the real clock. tests/fleet/test_rollout_gate_clock.py
+tests the same rule on a fake clock (a stage waits until it has lasted ``min_hours``).
+
+Each case runs on the in-memory store in the fast tier, and on a local directory and on S3
+(moto over HTTP) in the slow tier (``tests.support.tiers.END_TO_END``)."""
 
 from __future__ import annotations
 
@@ -39,10 +46,12 @@ from epfleet.formats.device_report import (
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 from epfleet.stores import Store, open_store
+from epfleet.stores.memory import forget
 from epfleet.trust.keys import new_key, read_private_key
 from epfleet.trust.repository import init_with_key_files
 from epfleet.trust.state import has_trust
 from tests.support.publish_helpers import publish_new
+from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast
 
@@ -63,13 +72,17 @@ MEMBERS = [d for d in IDS if is_member(ROLLOUT, d)]
 OUTSIDE = [d for d in IDS if not is_member(ROLLOUT, d)]
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=on_stores("memory", "local", "s3", in_tier=("memory",)))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    uri = (
-        str(tmp_path / "store")
-        if request.param == "local"
-        else request.getfixturevalue("s3_store_uri")
-    )
+    """The staged store: in memory (the fast tier), and end to end a local directory
+    (signed on its first publish with development keys, 256 bins: 3-4 s) and S3."""
+    if request.param == "memory":
+        uri = f"memory://{tmp_path.name}"
+        request.addfinalizer(lambda: forget(tmp_path.name))
+    elif request.param == "local":
+        uri = str(tmp_path / "store")
+    else:
+        uri = request.getfixturevalue("s3_store_uri")
     opened = open_store(uri)
     publish_new(opened, 0)
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from epfleet.device.cache.layout import MODEL_FILE
 from epfleet.formats.device_report import Profile
-from epfleet.formats.manifest import Name
+from epfleet.formats.manifest import FoldedIo, Name
 from epfleet.hashing import sha256_bytes
 from epfleet.trust.highwater import TrustMark
 from eps.base import DeviceType, Precision
@@ -50,6 +50,12 @@ class Installed(BaseModel):
     )
     profile: Profile | None = Field(
         default=None, description="How it ran when activated here (its health check, timed)"
+    )
+    folded_io: FoldedIo | None = Field(
+        default=None,
+        exclude_if=lambda folded: folded is None,
+        description="A folded variant's integer inputs and outputs, as its manifest entry "
+        "records them: an app quantises its inputs and dequantises its outputs with them",
     )
 
     @property
