@@ -23,8 +23,8 @@ os.environ.setdefault("EPFLEET_ALLOW_UNSIGNED", "true")
 
 from examples.build_models import npu_partial, npu_unfriendly, tiny_cls, tiny_det
 from tests.support.built_once import built_once, copy_with_keys
+from tests.support.plain_fleet import compile_fleet
 from tests.support.specs import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
-from tests.support.synced_fleet import compile_fleet
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +32,20 @@ def _isolated_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(autouse=True)
+def _health_in_thread(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device syncs run their health checks in this thread (no worker process to start for
+    each sync), but in tests marked ``health_in_worker``: those about a check that crashes,
+    runs past its time limit, or the worker itself. It stands for the production default,
+    the worker process: tests/device/test_health_runners.py (slow tier) runs the same
+    checks and syncs both ways and compares them."""
+    if request.node.get_closest_marker("health_in_worker") is None:
+        from epfleet.device.health import in_thread
+        from epfleet.device.session import SyncSession
+
+        monkeypatch.setattr(SyncSession, "default_health", staticmethod(in_thread))
 
 
 @pytest.fixture(scope="session")
@@ -119,18 +133,17 @@ def prefect_api() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def compiled_fleet(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
-) -> Path:
-    """tiny-cls and tiny-det × two HTP targets and one CPU target compiled by a real
-    ``epfleet compile`` into a local store, once per test run (its Prefect API is started
-    by the one worker that compiles). Never changed: tests get copies (``fleet_store``)."""
+def compiled_fleet(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """tiny-cls and tiny-det × two HTP targets and one CPU target compiled into a local
+    store in this process, once per test run, through the compile's plain runner
+    (``tests.support.plain_fleet``: no subprocess, no Prefect API). It stands for a real
+    ``epfleet compile`` under a Prefect API; tests/cli/test_plain_fleet_fidelity.py (slow
+    tier) checks that both make the same store. Never changed: tests get copies
+    (``fleet_store``)."""
     return built_once(
         tmp_path_factory,
         "fleet",
-        lambda directory: compile_fleet(
-            directory, model_dir, [*HTP_TARGETS, CPU_TARGET], request.getfixturevalue("prefect_api")
-        ),
+        lambda directory: compile_fleet(directory, model_dir, [*HTP_TARGETS, CPU_TARGET]),
     )
 
 

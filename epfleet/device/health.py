@@ -1,17 +1,23 @@
-"""The device's health check: run a variant before activating it, in a worker process.
+"""The device's health check: run a variant before activating it.
 
 On the model's golden samples when the manifest has them (compared with the source's
 outputs within the variant's tolerance, never looser than ``eps.base.LOOSEST_TOLERANCE``),
 on zero inputs otherwise. A folded variant (``folded_io``) is loaded with CPU fallback
 disabled and fed its golden inputs quantised, its outputs dequantised. The session
 helpers are shared with the compile host's verification (``epfleet.runtime.sessions``).
+
+Where it runs is the sync's ``HealthRunner``: by default a worker process
+(``epfleet.device.steps``), killed past its time limit, so that a variant whose native
+code crashes or never returns takes down the worker and not the sync; ``in_thread`` runs
+it in the calling thread instead, with neither protection (what the tests use, but for
+those about crashes and time limits).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -46,6 +52,19 @@ class HealthJob(BaseModel):
     folded_io: FoldedIo | None = None
     """A folded variant's integer inputs and outputs (its entry's): it must load with CPU
     fallback disabled, and runs on its golden inputs quantised, outputs dequantised."""
+
+
+class HealthRunner(Protocol):
+    def __call__(self, job: HealthJob, doing: str, timeout: float | None) -> Health:
+        """``check_health(job)``, run somewhere; ``doing`` names it in a crash's message and
+        ``timeout`` (seconds, None: none) is its time limit."""
+        ...
+
+
+def in_thread(job: HealthJob, doing: str, timeout: float | None) -> Health:
+    """Run the check in the calling thread: no worker process to start, and no time limit
+    (``timeout`` is not enforced) nor isolation from a crash of the EP's native code."""
+    return check_health(job)
 
 
 class Health(BaseModel):

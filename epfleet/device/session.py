@@ -36,6 +36,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, ClassVar
 
 from epfleet import ort_version
 from epfleet.clock import SYSTEM_CLOCK, Clock
@@ -60,6 +61,9 @@ from epfleet.limits import Deadline, within
 from epfleet.settings import settings
 from epfleet.stores import open_store, reports_store
 from epfleet.text import format_bytes
+
+if TYPE_CHECKING:
+    from epfleet.device.health import HealthRunner
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +94,16 @@ class SyncSession:
     device is provisioned with, ``allow_unsigned`` (default ``EPFLEET_ALLOW_UNSIGNED``)
     lets a device with no trusted root sync from the unsigned manifest.json. Entering
     the session fails with BadInputError naming ``--trust-root`` when there is neither.
-    Its report goes to ``report_to`` (default ``EPFLEET_REPORT_TO``, else the store)."""
+    Its report goes to ``report_to`` (default ``EPFLEET_REPORT_TO``, else the store).
+
+    ``health`` runs the health checks of the variants the sync installs (default
+    ``default_health``: None, the session's worker process, killed past the check's time
+    limit; ``epfleet.device.health.in_thread`` runs them in this thread)."""
+
+    default_health: ClassVar[HealthRunner | None] = None
+    """The ``health`` of a session not given one. The worker process in production; the
+    test suite sets ``in_thread`` (tests/conftest.py), but for the tests about crashes and
+    time limits."""
 
     def __init__(
         self,
@@ -103,6 +116,7 @@ class SyncSession:
         trust_root: Path | None = None,
         allow_unsigned: bool | None = None,
         report_to: str | None = None,
+        health: HealthRunner | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.device = device_id(device)  # a bad id fails before anything is touched
@@ -131,6 +145,7 @@ class SyncSession:
         reachable and the cached manifest is in force."""
         self.reports: list[ModelReport] = []
         self._given_local = local
+        self.health = health or self.default_health
         self._state: CacheState | None = None
         self._stack = ExitStack()
         self._closed = False
@@ -206,7 +221,7 @@ class SyncSession:
 
     @functools.cached_property
     def steps(self) -> Steps:
-        return Steps(self.fetcher, self.cache, self.local, self.policy.prefer)
+        return Steps(self.fetcher, self.cache, self.local, self.policy.prefer, self.health)
 
     @functools.cached_property
     def manifest(self) -> Manifest:
@@ -390,6 +405,7 @@ def sync(
     trust_root: Path | None = None,
     allow_unsigned: bool | None = None,
     report_to: str | None = None,
+    health: HealthRunner | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> DeviceReport:
     """One whole device sync, without Prefect."""
@@ -401,6 +417,7 @@ def sync(
         trust_root=trust_root,
         allow_unsigned=allow_unsigned,
         report_to=report_to,
+        health=health,
         clock=clock,
     ) as session:
         session.fetch_manifest()

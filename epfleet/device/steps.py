@@ -42,7 +42,7 @@ from eps.base import (
 )
 
 if TYPE_CHECKING:
-    from epfleet.device.health import Health
+    from epfleet.device.health import Health, HealthJob, HealthRunner
     from epfleet.runtime.compile_pool import CompilePool
 
 logger = logging.getLogger(__name__)
@@ -63,15 +63,24 @@ class Steps:
     and one worker process (started on first use; ``close`` stops it).
 
     The worker, the health check and the build are imported when a step first needs them:
-    a sync that keeps every model (most polls) never loads the compile side (``onnx``)."""
+    a sync that keeps every model (most polls) never loads the compile side (``onnx``).
+
+    ``health`` runs the health checks (None: in the worker process, killed past its time
+    limit; ``epfleet.device.health.in_thread``: in this thread)."""
 
     def __init__(
-        self, fetcher: Fetcher, cache: DeviceCache, local: LocalEps, prefer: Sequence[DeviceType]
+        self,
+        fetcher: Fetcher,
+        cache: DeviceCache,
+        local: LocalEps,
+        prefer: Sequence[DeviceType],
+        health: HealthRunner | None = None,
     ) -> None:
         self.fetcher = fetcher
         self.cache = cache
         self.local = local
         self.prefer = prefer
+        self.health_runner: HealthRunner = health or self.in_worker
         self._worker: CompilePool | None = None
 
     @property
@@ -81,6 +90,12 @@ class Steps:
 
             self._worker = CompilePool(1)
         return self._worker
+
+    def in_worker(self, job: HealthJob, doing: str, timeout: float | None) -> Health:
+        """The default ``HealthRunner``: the check in this sync's worker process."""
+        from epfleet.device.health import check_health
+
+        return self.worker.call(check_health, job, doing, timeout=timeout)
 
     def close(self) -> None:
         if self._worker is not None:
@@ -277,7 +292,7 @@ class Steps:
         """Run the variant before activating it: on the model's golden samples, compared
         with the source's outputs within the variant's tolerance, or on zero inputs when
         the manifest has no samples for the model. A variant that fails is deleted."""
-        from epfleet.device.health import HealthJob, check_health
+        from epfleet.device.health import HealthJob
         from epfleet.runtime.compile_pool import TimeLimitExceeded
 
         golden = self.fetcher.golden(entry)
@@ -297,9 +312,7 @@ class Steps:
             settings().health_timeout, f"the health check of {installed.name}"
         )
         try:
-            return self.worker.call(
-                check_health, job, f"health-checking {installed.name}", timeout=limit
-            )
+            return self.health_runner(job, f"health-checking {installed.name}", limit)
         except TimeLimitExceeded:
             if deadline is not None:  # the bytes may be fine: kept for the next sync
                 raise deadline.exceeded(

@@ -149,6 +149,7 @@ def test_the_sync_deadline_fails_what_is_left_keeps_the_previous_variants_and_fr
 # --- worker calls ----------------------------------------------------------------------------
 
 
+@pytest.mark.health_in_worker  # a check past its time limit: its worker is killed
 def test_a_runaway_health_check_is_killed_and_the_previous_variant_kept(
     fleet_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

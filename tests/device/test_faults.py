@@ -1,41 +1,44 @@
-"""The device cache under faults: links planted in it, damaged state, a dead sync's lock and
-temporary files, a full disk, another user reading the package.
+"""The device cache under faults a sync meets in-process: links planted in it, damaged
+state, an odd lock file, no room for a download, provider options the EP does not take,
+the umask. Those that need a process of their own or a mount (a dead or killed sync, a
+file size limit, a full or read-only file system, another user) are in
+test_faults_e2e.py (slow tier).
 
-Real syncs against a local store made by a real `epfleet compile` (``fleet_store``,
-tests/conftest.py). Each case ends with nothing outside the cache written or deleted,
-the active variant (or the one before it) still selected and running, and a warning in
-the device report naming the path that was repaired.
+Real syncs against a local store compiled in-process as `epfleet compile` compiles it
+(``fleet_store``, tests/conftest.py). Each case ends with nothing outside the cache
+written or deleted, the active variant (or the one before it) still selected and
+running, and a warning in the device report naming the path that was repaired.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
-import resource
 import shutil
-import signal
 import stat
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import onnx
 import pytest
 
-from epfleet.cli.app import main
-from epfleet.device.cache import DISK_MARGIN, CacheBusy, CacheDamaged
+from epfleet.device.cache import DISK_MARGIN, CacheDamaged
 from epfleet.device.cache.repair import model_metadata
 from epfleet.errors import StoreError
 from epfleet.formats.device_report import DeviceReport
 from epfleet.stores.local import LocalStore
 from epfleet.text import MB
+from tests.support.cache_faults import (
+    MODEL,
+    active,
+    package_variants,
+    rebuilt,
+    snapshot,
+    unsigned_copy,
+    warned,
+)
 from tests.support.disks import fill
 from tests.support.synced_fleet import (
-    DEVICE,
     assert_package_runs,
     copy_store,
     make_unreadable,
@@ -44,47 +47,7 @@ from tests.support.synced_fleet import (
     run_sync,
 )
 
-pytestmark = pytest.mark.slow
-
-MODEL = "tiny-cls"
-
-
-def rebuilt(model: onnx.ModelProto) -> None:
-    """A new build that runs like the old one: only its doc string differs."""
-    model.doc_string = f"rebuilt {time.time_ns()}"
-
-
-def snapshot(directory: Path) -> dict[str, bytes | None]:
-    """Every entry under ``directory`` and the bytes of its files."""
-    return {
-        str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None
-        for p in sorted(directory.rglob("*"))
-    }
-
-
-def active(report: DeviceReport, model: str = MODEL) -> str:
-    [found] = [m for m in report.models if m.model == model]
-    assert found.variant
-    return found.variant
-
-
-def package_variants(cache: Path, model: str = MODEL) -> list[str]:
-    package = json.loads((cache / "manifest.json").read_text())
-    return list(package["components"][model]["variants"])
-
-
-def warned(report: DeviceReport, *words: str) -> bool:
-    return any(all(w in warning for w in words) for warning in report.warnings)
-
-
-@pytest.fixture
-def synced(fleet_store: Path, tmp_path: Path) -> tuple[Path, Path, DeviceReport]:
-    """A copy of the fleet's store and a cache synced from it once."""
-    store = copy_store(fleet_store, tmp_path / "store")
-    cache = tmp_path / "device"
-    first = run_sync(str(store), cache)
-    assert first.exit_code == 0 and first.warnings == []
-    return store, cache, first
+pytestmark = pytest.mark.fast
 
 
 # --- links planted in the cache are never followed ----------------------------------------
@@ -332,79 +295,6 @@ def test_an_odd_lock_file_is_replaced(
     assert warned(report, str(lock), "symbolic link")
 
 
-def test_the_lock_of_a_dead_sync_is_taken_over(
-    synced: tuple[Path, Path, DeviceReport],
-) -> None:
-    """The lock is an flock: the kernel drops it when its holder dies, whatever it left in
-    the lock file; while the holder lives, a sync is refused with the holder's pid."""
-    store, cache, _ = synced
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from pathlib import Path\n"
-            "from epfleet.device.cache import DeviceCache\n"
-            "held = DeviceCache(Path(sys.argv[1])).locked()\n"
-            "held.__enter__()\n"
-            "print('held', flush=True); time.sleep(600)",
-            str(cache),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        with pytest.raises(CacheBusy, match=f"pid {holder.pid} on "):
-            run_sync(str(store), cache)
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-    report = run_sync(str(store), cache)
-    assert report.exit_code == 0 and [m.action for m in report.models] == ["kept", "kept"]
-
-
-def test_a_sync_killed_mid_way_leaves_nothing_the_next_one_does_not_tidy(
-    fleet_store: Path,
-    tmp_path: Path,
-) -> None:
-    """SIGKILL a real sync once it holds the lock, then plant the temporary files a sync
-    killed during its writes leaves: the next sync takes the lock and removes them."""
-    store = copy_store(fleet_store, tmp_path / "store")
-    cache = tmp_path / "device"
-    sync = subprocess.Popen(
-        [sys.executable, "-m", "epfleet", "sync", "--store", str(store), "--cache", str(cache)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    lock = cache / ".epfleet" / "lock"
-    deadline = time.monotonic() + 60
-    while sync.poll() is None and time.monotonic() < deadline:
-        if lock.exists() and str(sync.pid) in lock.read_text():
-            break
-        time.sleep(0.005)
-    sync.send_signal(signal.SIGKILL)
-    sync.wait()
-    meta = cache / ".epfleet"
-    (meta / "partial").mkdir(exist_ok=True)
-    leftovers = [
-        cache / ".manifest.json.abcd1234.tmp",
-        meta / ".state.json.zz_z9999.tmp",
-        meta / ".fleet-manifest.json.q1w2e3r4.tmp",
-        meta / ".last-report.json.00000000.tmp",
-        meta / "partial" / f".{'a' * 64}.part.progress.abcdefgh.tmp",
-    ]
-    strangers = [cache / "notes.txt", meta / "keep.tmp", cache / ".other.json.abcd1234.tmp"]
-    for path in leftovers + strangers:
-        path.write_text("x")
-
-    report = run_sync(str(store), cache)
-
-    assert {m.action for m in report.models} <= {"kept", "downloaded"}
-    assert [p for p in leftovers if p.exists()] == []
-    assert all(p.exists() for p in strangers)
-    assert_package_runs(cache, {m.model: m.variant or "" for m in report.models})
-
-
 # --- disk space ------------------------------------------------------------------------------
 
 
@@ -460,76 +350,6 @@ def test_old_partial_downloads_make_room(
     assert_package_runs(cache, {MODEL: active(report)})
 
 
-def test_the_report_is_printed_when_the_disk_is_full(
-    fleet_store: Path,
-    tmp_path: Path,
-    small_disk: Path,
-) -> None:
-    """It used to die in save_last_report with a traceback, exit 1, nothing on stdout."""
-    store = copy_store(fleet_store, tmp_path / "store")
-    cache = small_disk / "device"
-    first = run_sync(str(store), cache)
-    fill(small_disk, 0)
-    command = ["sync", "--store", str(store), "--cache", str(cache), "--device-id", DEVICE]
-
-    done = cli(*command, "--json")
-
-    assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr
-    report = DeviceReport.model_validate_json(done.stdout)
-    assert [m.action for m in report.models] == ["kept", "kept"]
-    assert warned(report, "last-report.json", "no disk space")
-    text = cli(*command)
-    assert text.returncode == 0 and "warning: could not save" in text.stdout
-    assert_package_runs(cache, {m.model: m.variant or "" for m in first.models})
-
-
-def test_running_out_of_space_mid_download_leaves_no_partial_file(
-    fleet_store: Path,
-    tmp_path: Path,
-) -> None:
-    """A file size limit (``ulimit -f``) stops the download's writes part-way."""
-    store = copy_store(fleet_store, tmp_path / "store")
-    cache = tmp_path / "device"
-    artifact = read_manifest(store).models[MODEL].variants["x86-cpu"].artifact
-    assert artifact is not None
-    # Past every document a sync writes before it downloads (the manifest it keeps, the
-    # trust metadata), short of the artifact: the limit stops the download's writes.
-    documents = max(path.stat().st_size for path in store.rglob("*.json"))
-    limit = max(artifact.size // 2, documents + 4096)
-    assert limit < artifact.size, (limit, artifact.size)
-
-    def small_files() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "epfleet", "sync", "--store", str(store)),
-            *("--cache", str(cache), "--model", MODEL, "--json", "--no-recompile"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=small_files,
-    )
-
-    assert done.returncode == 1, done.stderr
-    report = DeviceReport.model_validate_json(done.stdout)
-    [result] = report.models
-    assert result.action == "failed"
-    assert "ran out of disk space downloading" in result.reason
-    assert "partial download was removed" in result.reason
-    assert [p for p in (cache / ".epfleet" / "partial").iterdir() if p.suffix == ".part"] == []
-
-
-def unsigned_copy(fleet_store: Path, dest: Path) -> Path:
-    """A copy of the store without its development keys: the device syncs from the
-    unsigned manifest.json (EPFLEET_ALLOW_UNSIGNED), which these tests edit in place."""
-    store = copy_store(fleet_store, dest)
-    shutil.rmtree(store.with_name(f"{store.name}.dev-keys"), ignore_errors=True)
-    return store
-
-
 # --- provider options the device's EP does not take -------------------------------------------
 
 
@@ -552,129 +372,6 @@ def test_a_variant_with_provider_options_the_ep_does_not_take_is_skipped(
     assert cpu.verdict == "unsupported"
     assert "provider_options are not accepted by CPUExecutionProvider" in cpu.reason
     assert "isa_levl" in cpu.reason, cpu.reason
-
-
-# --- a read-only cache -----------------------------------------------------------------------
-
-
-def remount(path: Path, *options: str) -> None:
-    done = subprocess.run(["mount", *options, str(path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-
-
-def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    """``epfleet ARGV`` run in-process, its exit code and printed output: the report and
-    messages are what the tests that use it check (killed, limited or other users'
-    processes are tested in processes of their own)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return subprocess.CompletedProcess(["epfleet", *argv], code, out.getvalue(), err.getvalue())
-
-
-def cli_sync(store: Path, cache: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return cli(
-        *("sync", "--store", str(store), "--cache", str(cache)),
-        *("--device-id", DEVICE, "--no-recompile", *options),
-    )
-
-
-def test_a_read_only_cache_reports_what_runs_and_names_what_it_cannot_write(
-    fleet_store: Path, tmp_path: Path, small_disk: Path
-) -> None:
-    """The whole cache on a file system remounted read-only: a sync with nothing to change
-    prints its report (exit 0, a warning); one with a new manifest to keep prints its report
-    too and says which file it cannot write (exit 1). No traceback, the package untouched and still running."""
-    store = unsigned_copy(fleet_store, tmp_path / "store")
-    cache = small_disk / "device"
-    first = run_sync(str(store), cache)
-    expected = {m.model: m.variant or "" for m in first.models}
-    before = snapshot(cache)
-    remount(small_disk, "-o", "remount,ro")
-    try:
-        done = cli_sync(store, cache, "--json")
-        assert done.returncode == 0, done.stderr
-        assert "Traceback" not in done.stderr
-        report = DeviceReport.model_validate_json(done.stdout)
-        assert [m.action for m in report.models] == ["kept", "kept"]
-        assert warned(report, str(cache), "is not writable", "Read-only file system")
-
-        republish_edited_cpu_variant(store, rebuilt)
-        changed = cli_sync(store, cache)
-        assert changed.returncode == 1, changed.stderr
-        assert "Traceback" not in changed.stderr
-        kept = cache / ".epfleet" / "fleet-manifest.json"
-        assert f"cannot write {kept}: Read-only file system" in changed.stderr
-        assert "manifest: rejected" in changed.stdout  # the report is printed all the same
-    finally:
-        remount(small_disk, "-o", "remount,rw")
-    assert snapshot(cache) == before
-    assert_package_runs(cache, expected)
-
-
-def test_a_read_only_cache_verifies_a_signed_store_without_writing(
-    fleet_store: Path, tmp_path: Path, small_disk: Path
-) -> None:
-    """The signed path on a read-only cache: the trusted root ngclient saves on every start
-    is not written again when it is unchanged, so an unchanged signed store syncs (exit 0,
-    the manifest signed), with no traceback and nothing in the cache changed."""
-    store = copy_store(fleet_store, tmp_path / "store")
-    cache = small_disk / "device"
-    (tmp_path / "store.dev-keys").mkdir()
-    publish_signed = subprocess.run(  # the copy signed with development keys of its own
-        [
-            sys.executable,
-            "-c",
-            "import sys; from epfleet.fleet.publishing import update_manifest; "
-            "from epfleet.stores import open_store; update_manifest(open_store(sys.argv[1]), lambda m: None)",
-            str(store),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert publish_signed.returncode == 0, publish_signed.stderr
-    first = run_sync(str(store), cache)
-    assert first.manifest.signed, first.manifest
-    expected = {m.model: m.variant or "" for m in first.models}
-    before = snapshot(cache)
-    remount(small_disk, "-o", "remount,ro")
-    try:
-        done = cli_sync(store, cache, "--json")
-    finally:
-        remount(small_disk, "-o", "remount,rw")
-    assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr
-    report = DeviceReport.model_validate_json(done.stdout)
-    assert report.manifest.signed and [m.action for m in report.models] == ["kept", "kept"]
-    assert snapshot(cache) == before
-    assert_package_runs(cache, expected)
-
-
-def test_a_read_only_models_directory_fails_each_model_by_path_and_keeps_it(
-    fleet_store: Path, tmp_path: Path, small_disk: Path
-) -> None:
-    """Only models/ is read-only (a read-only bind mount): the new build is downloaded and
-    verified but cannot be installed; the model fails naming the directory, the report is
-    printed and the previous variant stays active and running."""
-    store = unsigned_copy(fleet_store, tmp_path / "store")
-    cache = small_disk / "device"
-    before = active(run_sync(str(store), cache, models=[MODEL]))
-    republish_edited_cpu_variant(store, rebuilt)
-    models = cache / "models"
-    remount(models, "--bind", str(models))
-    try:
-        remount(models, "-o", "remount,bind,ro")
-        done = cli_sync(store, cache, "--model", MODEL, "--json")
-    finally:
-        subprocess.run(["umount", str(models)], check=False)
-    assert done.returncode == 1, done.stderr
-    assert "Traceback" not in done.stderr
-    [result] = DeviceReport.model_validate_json(done.stdout).models
-    assert result.action == "failed" and result.variant == before
-    assert f"cannot write {models / MODEL}" in result.reason, result.reason
-    assert "Read-only file system" in result.reason and f"still running {before}" in result.reason
-    assert_package_runs(cache, {MODEL: before})
 
 
 # --- permissions -----------------------------------------------------------------------------
@@ -705,50 +402,3 @@ def test_files_follow_the_umask(fleet_store: Path, tmp_path: Path) -> None:
     files = {k for k in cache if (tmp_path / "device" / k).is_file()}
     assert {cache[k] for k in files} == {0o640}, cache
     assert {m for k, m in cache.items() if k not in files} == {0o750}
-
-
-READ_AS_NOBODY = """
-import os, sys
-import numpy as np
-import onnxruntime as ort
-
-os.setgroups([]); os.setgid(65534); os.setuid(65534)
-root = sys.argv[1]
-for directory, _, files in os.walk(root):
-    for name in files:
-        with open(os.path.join(directory, name), "rb") as f:
-            f.read()
-context = ort.ModelPackageContext(root)
-for model in context.get_component_names():
-    chosen = context.select_component(model, ort.ModelPackageOptions(ort.SessionOptions()))
-    session = chosen.create_session()
-    feeds = {
-        i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32)
-        for i in session.get_inputs()
-    }
-    session.run(None, feeds)
-    print(model, chosen.get_selected_variant_name())
-"""
-
-
-def test_another_user_runs_the_package(fleet_store: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("switching to another uid needs root")
-    top = Path(tempfile.mkdtemp(prefix="epfleet-other-uid-"))
-    try:
-        top.chmod(0o755)  # pytest's own temporary directories are 0700
-        cache = top / "device"
-        report = run_sync(str(fleet_store), cache)
-        assert report.exit_code == 0
-        done = subprocess.run(
-            [sys.executable, "-c", READ_AS_NOBODY, str(cache)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        assert sorted(done.stdout.split("\n")[:-1]) == sorted(
-            f"{m.model} {m.variant}" for m in report.models
-        )
-    finally:
-        shutil.rmtree(top)

@@ -1,4 +1,6 @@
-"""Device sync for real: a fleet compiled by `epfleet compile` (QNN HTP + CPU), published to
+"""Device sync for real: a fleet compiled in-process as `epfleet compile` compiles it
+(QNN HTP + CPU; ``tests.support.plain_fleet``, whose fidelity test is
+tests/cli/test_plain_fleet_fidelity.py), published to
 S3 on loopback (moto over HTTP, through a fault-injecting proxy where a test needs one),
 judged here by ONNX Runtime, downloaded, health-checked and activated in a cache that
 ORT opens as a model package.
@@ -10,11 +12,6 @@ unsupported here and the CPU variant (or a local CPU build) is what a device get
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -24,19 +21,16 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.device.cache import DeviceCache
-from epfleet.device.policy import SyncPolicy
 from epfleet.errors import BadInputError, StoreError
 from epfleet.formats.device_report import DeviceReport, ModelReport, decode_report
 from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes, sha256_file
-from tests.support.built_once import built_once, copy_with_keys
-from tests.support.paths import REPO
+from tests.support.plain_fleet import compile_fleet
 from tests.support.s3proxy import FaultProxy
 from tests.support.specs import CPU_TARGET, HTP_TARGETS
 from tests.support.synced_fleet import (
     DEVICE,
     assert_package_runs,
-    compile_fleet,
     copy_store,
     make_readable,
     make_unreadable,
@@ -48,22 +42,7 @@ from tests.support.synced_fleet import (
     scale_largest_weight,
 )
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def htp_only_store(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
-) -> Path:
-    """tiny-cls and tiny-det × the two HTP targets: a copy of one compile per test run."""
-    compiled = built_once(
-        tmp_path_factory,
-        "htp-only",
-        lambda directory: compile_fleet(
-            directory, model_dir, HTP_TARGETS, request.getfixturevalue("prefect_api")
-        ),
-    )
-    return copy_with_keys(compiled, tmp_path_factory.mktemp("htp-only"))
+pytestmark = pytest.mark.fast
 
 
 def by_model(report: DeviceReport) -> dict[str, ModelReport]:
@@ -178,7 +157,7 @@ def test_cli_sync_json(
 
 
 def test_only_htp_published_recompiles_for_cpu_then_switches_to_a_published_cpu_variant(
-    htp_only_store: Path, model_dir: Path, prefect_api: str, tmp_path: Path
+    htp_only_store: Path, model_dir: Path, tmp_path: Path
 ) -> None:
     store = copy_store(htp_only_store, tmp_path / "store")
     cache = tmp_path / "device"
@@ -203,7 +182,7 @@ def test_only_htp_published_recompiles_for_cpu_then_switches_to_a_published_cpu_
 
     # The fleet now publishes a CPU variant too: the next sync switches to it and keeps
     # the local build for rollback.
-    assert compile_fleet(tmp_path, model_dir, [*HTP_TARGETS, CPU_TARGET], prefect_api) == store
+    assert compile_fleet(tmp_path, model_dir, [*HTP_TARGETS, CPU_TARGET]) == store
     third = run_sync(str(store), cache)
     assert [(m.action, m.target) for m in third.models] == [("downloaded", "x86-cpu")] * 2
     package = json.loads((cache / "manifest.json").read_text())
@@ -428,69 +407,6 @@ def test_unknown_model_is_bad_input(fleet_store: Path, tmp_path: Path) -> None:
         run_sync(str(fleet_store), tmp_path / "device", models=["nope"])
 
 
-# --- the Prefect flow ------------------------------------------------------------------------
-
-
-@pytest.mark.usefixtures("prefect_api")
-def test_device_sync_flow(htp_only_store: Path, tmp_path: Path) -> None:
-    """The same sync as a Prefect flow run: typed parameters, one task per model, and the
-    device's choices as table artifacts."""
-    from prefect.artifacts import Artifact
-
-    from flows.device_sync import device_sync
-
-    cache = tmp_path / "device"
-    report = device_sync(
-        cache=str(cache),
-        store=str(htp_only_store),
-        policy=SyncPolicy(models=["tiny-cls"]),
-        device="flow-device",
-    )
-    [result] = report.models
-    assert (result.model, result.action, result.ep) == (
-        "tiny-cls",
-        "recompiled",
-        "CPUExecutionProvider",
-    )
-    assert_package_runs(cache, {"tiny-cls": result.variant or ""})
-    table = Artifact.get("device-sync-flow-device")
-    assert table is not None and "recompiled" in str(table.data)
-    verdicts = Artifact.get("device-sync-flow-device-verdicts")
-    assert verdicts is not None and "unsupported" in str(verdicts.data)
-    assert (htp_only_store / "reports" / "devices" / "flow-device.json").exists()
-
-
-@pytest.mark.usefixtures("prefect_api")
-def test_device_sync_flow_does_the_per_sync_work_once(
-    fleet_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One session serves the flow run's tasks: EP discovery, the manifest's parse and the
-    worker process happen once for all the models, not once per model task."""
-    import epfleet.device.session as session
-    import epfleet.runtime.compile_pool as compile_pool
-    from flows.device_sync import device_sync
-
-    calls: dict[str, int] = {"discover": 0, "parse": 0, "worker": 0}
-
-    def counted(name: str, call: Callable[..., object]) -> Callable[..., object]:
-        def wrapper(*args: object, **kwargs: object) -> object:
-            calls[name] += 1
-            return call(*args, **kwargs)
-
-        return wrapper
-
-    monkeypatch.setattr(session, "discover", counted("discover", session.discover))
-    monkeypatch.setattr(session, "manifest_in_force", counted("parse", session.manifest_in_force))
-    # the steps import the pool when a step first needs a worker
-    monkeypatch.setattr(compile_pool, "CompilePool", counted("worker", compile_pool.CompilePool))
-    report = device_sync(cache=str(tmp_path / "device"), store=str(fleet_store), device="once")
-    assert [(m.model, m.action) for m in report.models] == [
-        ("tiny-cls", "downloaded"),
-        ("tiny-det", "downloaded"),
-    ]
-    assert calls == {"discover": 1, "parse": 1, "worker": 1}
-
-
 # --- what review found: each of these once went wrong -------------------------------------
 
 
@@ -584,48 +500,6 @@ def test_resume_against_a_server_that_ignores_range(
     [result] = run_sync(uri, tmp_path / "device", models=["tiny-cls"]).models
     assert result.action == "downloaded", result.reason
     assert [g.body_bytes for g in s3_proxy.seen(cpu.artifact.uri)] == [5000, cpu.artifact.size]
-
-
-def test_device_sync_served_as_a_deployment(
-    fleet_store: Path, prefect_api: str, tmp_path: Path
-) -> None:
-    """`python flows/device_sync.py --serve N` serves a `periodic` deployment on a real Prefect
-    API; a run of it, started through the API, syncs the device."""
-    from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
-
-    store = copy_store(fleet_store, tmp_path / "store")
-    cache = tmp_path / "device"
-    report = store / "reports" / "devices" / "served-device.json"
-    env = dict(os.environ, PREFECT_API_URL=prefect_api, PREFECT_LOGGING_LEVEL="WARNING")
-    flow_file = REPO / "flows" / "device_sync.py"
-    server = subprocess.Popen(
-        [
-            *(sys.executable, str(flow_file), "--store", str(store), "--cache", str(cache)),
-            *("--device-id", "served-device", "--serve", "5"),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        run = None
-        while run is None and time.monotonic() < deadline and server.poll() is None:
-            try:  # the test API schedules nothing by itself: start a run as the UI would
-                run = run_deployment("device-sync/periodic", timeout=0)
-            except ObjectNotFound:
-                time.sleep(0.5)  # not served yet
-        while not report.exists() and time.monotonic() < deadline and server.poll() is None:
-            time.sleep(0.5)
-    finally:
-        server.terminate()
-        _, stderr = server.communicate(timeout=30)
-    assert report.exists(), stderr[-2000:]
-    served = decode_report(report.read_bytes(), 1 << 20)  # gzip-compressed JSON
-    assert [m.action for m in served.models] == ["downloaded", "downloaded"]
-    assert_package_runs(cache, {m.model: m.variant or "" for m in served.models})
 
 
 def test_a_manifest_relying_on_defaults_syncs(fleet_store: Path, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Every test module is in one tier, declared at its top: ``pytestmark`` with
-``pytest.mark.fast`` (pure and store tests: ``pytest -m fast``, under a minute) or
+``pytest.mark.fast`` (pure, store, device-sync and attack tests: ``pytest -m fast``) or
 ``pytest.mark.slow`` (a Prefect API or server, the CLI in subprocesses, Dask clusters).
 A fast module asks for no fixture that starts a Prefect API, and starts no subprocess
 (it imports no ``subprocess``, nor a tests/support module that does): a command's
@@ -17,19 +17,45 @@ from tests.support.paths import TESTS
 
 pytestmark = pytest.mark.fast
 
-PREFECT_FIXTURES = {"prefect_api", "cli_env", "compiled_fleet", "fleet_store", "htp_only_store"}
-"""Fixtures that start a Prefect API (or a store compiled through one)."""
 
-
-def fixtures_used(tree: ast.Module) -> set[str]:
-    """Fixture names the module's functions take, or name in ``usefixtures``."""
+def fixtures_used(tree: ast.AST) -> set[str]:
+    """Fixture names the functions under ``tree`` take, name in ``usefixtures`` or ask for
+    with ``request.getfixturevalue``."""
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
             names |= {arg.arg for arg in node.args.args + node.args.kwonlyargs}
-        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("usefixtures"):
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith(
+            ("usefixtures", "getfixturevalue")
+        ):
             names |= {str(a.value) for a in node.args if isinstance(a, ast.Constant)}
     return names
+
+
+def prefect_fixtures() -> set[str]:
+    """``prefect_api`` and the shared fixtures (those of every conftest.py) that ask for it,
+    directly or through another: the fixtures that start a Prefect API."""
+    needs: dict[str, set[str]] = {}
+    for conftest in TESTS.rglob("conftest.py"):
+        for node in ast.walk(ast.parse(conftest.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                "fixture" in ast.unparse(d) for d in node.decorator_list
+            ):
+                needs.setdefault(node.name, set()).update(fixtures_used(node))
+    found = {"prefect_api"}
+    while grown := {name for name, used in needs.items() if used & found} - found:
+        found |= grown
+    return found
+
+
+PREFECT_FIXTURES = prefect_fixtures()
+
+
+def test_the_prefect_fixtures_are_found_and_the_compiled_fleet_is_not_one() -> None:
+    """``cli_env`` passes the API to subprocesses; the compiled fleet is made in-process
+    without Prefect (tests/support/plain_fleet.py)."""
+    assert {"prefect_api", "cli_env"} <= PREFECT_FIXTURES
+    assert not {"compiled_fleet", "fleet_store"} & PREFECT_FIXTURES
 
 
 def tier(tree: ast.Module) -> set[str]:

@@ -1,5 +1,5 @@
 """Test data built once per test run, also under pytest-xdist: the session's compiled
-fleet (a real ``epfleet compile`` through a Prefect API, the slowest fixture) is built by
+fleet (real compiles and verifications, in-process: ``tests.support.plain_fleet``) is built by
 the first worker that needs it, and every other worker waits for it and reuses it."""
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""A fleet compiled by a real ``epfleet compile`` (the ``fleet_store`` fixture in
-tests/conftest.py) and what device tests do with it: copy it, publish it to S3, republish a
-variant, sync a device from it and check the package the device made."""
+"""What device tests do with the compiled test fleet (the ``fleet_store`` fixture in
+tests/conftest.py): copy it, publish it to S3, republish a variant, sync a device from it
+and check the package the device made."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,25 +19,8 @@ from epfleet.device.session import sync
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes
-from tests.support.specs import tiny_models, write_spec
 
 DEVICE = "test-device"
-
-
-def compile_fleet(directory: Path, model_dir: Path, targets: list[dict], prefect_api: str) -> Path:
-    """`epfleet compile` of the two small models into ``directory``/store."""
-    spec = write_spec(directory, tiny_models(model_dir), targets)
-    store = directory / "store"
-    env = dict(os.environ, PREFECT_API_URL=prefect_api, EPFLEET_CACHE=str(directory / "cache"))
-    done = subprocess.run(
-        [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store), "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    return store
 
 
 def publish_to_s3(store: Path, bucket: str, prefix: str = "fleet") -> str:

@@ -61,3 +61,8 @@ def fleet_on_s3(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Pat
 def local_fleet(fleet_store: Path, tmp_path: Path) -> Fleet:
     directory = unsigned_copy(fleet_store, tmp_path / "store")
     return trusted(Site(directory, str(directory), lambda: None), tmp_path)
+
+
+@pytest.fixture
+def mirror_fleet(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Fleet:
+    return trusted(mirror_site(request, unsigned_copy(fleet_store, tmp_path / "store")), tmp_path)

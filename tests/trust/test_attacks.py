@@ -12,10 +12,7 @@ signed with the wrong key or too few root keys, an expired timestamp.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -51,13 +48,10 @@ from tests.support.signed_fleet import (
     assert_refused,
     first_sync,
     in_days,
-    mirror_site,
     only,
     rebuilt,
     synthetic_store,
     trust_of,
-    trusted,
-    unsigned_copy,
 )
 from tests.support.synced_fleet import (
     assert_package_runs,
@@ -67,7 +61,7 @@ from tests.support.synced_fleet import (
     republish_edited_cpu_variant,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("signed_only")]
 
 
 # --- the attacks ----------------------------------------------------------------------------
@@ -426,25 +420,6 @@ def test_the_cli_syncs_with_a_trust_root_and_refuses_without_one(
     assert refused == 2 and "--trust-root" in err, err
 
 
-def test_the_device_sync_flow_verifies_with_its_trust_root(local_fleet: Fleet) -> None:
-    from prefect.artifacts import Artifact
-
-    from flows.device_sync import device_sync
-
-    fleet = local_fleet
-    report = device_sync(
-        cache=str(fleet.cache),
-        store=fleet.site.uri,
-        policy=SyncPolicy(models=[MODEL]),
-        device="trusting-flow",
-        trust_root=str(fleet.root),
-    )
-    assert report.exit_code == 0 and report.manifest.signed, report.manifest
-    summary = Artifact.get("device-sync-trusting-flow-summary")
-    assert summary is not None and "signed)" in str(summary.data)
-    assert "unsigned" not in str(summary.data) and "None" not in str(summary.data)
-
-
 # --- no compiled fleet needed ------------------------------------------------------------------
 
 
@@ -540,11 +515,6 @@ def test_a_local_store_with_development_keys_is_verified_with_their_root(tmp_pat
     assert f"trusting the development root {root}" in (status.warning or "")
 
 
-@pytest.fixture
-def mirror_fleet(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> Fleet:
-    return trusted(mirror_site(request, unsigned_copy(fleet_store, tmp_path / "store")), tmp_path)
-
-
 def test_a_device_behind_a_mirror_reports_where_report_to_says(
     mirror_fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -571,25 +541,6 @@ def test_a_device_behind_a_mirror_reports_where_report_to_says(
     monkeypatch.setenv("EPFLEET_REPORT_TO", "ftp://nowhere/reports")
     with pytest.raises(BadInputError, match="EPFLEET_REPORT_TO"):
         mirror_fleet.sync()
-
-
-def test_sync_report_to_on_the_command_line(mirror_fleet: Fleet, tmp_path: Path) -> None:
-    """`epfleet sync --report-to DIR` through the mirror, as a device runs it: exit 0, the
-    model active, the report in DIR and none behind the mirror. In a process of its own,
-    as a device runs it (that the option leaves the environment alone is tested
-    in-process: tests/cli/test_edges.py)."""
-    reports = tmp_path / "cli-reports"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPFLEET_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "epfleet", "sync", "--store", mirror_fleet.site.uri,
-         "--cache", str(mirror_fleet.cache), "--model", MODEL, "--device-id", DEVICE,
-         "--trust-root", str(mirror_fleet.root), "--report-to", str(reports), "--json"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout)["report_uploaded"] is True
-    assert decode_report((reports / report_key(DEVICE)).read_bytes(), 1 << 20).device_id == DEVICE
-    assert not (mirror_fleet.site.directory / report_key(DEVICE)).exists()
 
 
 def test_a_device_without_credentials_reads_a_public_bucket_unsigned(

@@ -15,7 +15,7 @@ import pytest
 from tests.support.signed_fleet import MODEL, Fleet, assert_refused, first_sync
 from tests.support.synced_fleet import republish_edited_cpu_variant, scale_largest_weight
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.fast
 
 
 @pytest.mark.parametrize("loosened", [{"tolerance": 1e9}, {"abs_tolerance": 1e9}])
