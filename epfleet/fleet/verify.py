@@ -241,6 +241,7 @@ def scored(
         min=spec.min,
         k=spec.k,
         blank=spec.blank,
+        time_axis=spec.time_axis,
         function=spec.function,
     )
     try:
