@@ -585,14 +585,36 @@ def evaluate(
     reference: Outputs,
     names: list[str],
     options: dict[str, str],
+    memo: Path,
 ) -> dict[str, Any]:
     """The numeric error and task metric of a variant: on the HTP backend when ``variant``
     is given (it compiles the variant, or says why it did not), else of its QDQ model
     simulated on the CPU EP (unfused); and, for a QDQ model, the task metric the CPU EP's
-    fused integer kernels give (a common stand-in for the NPU, which can differ)."""
+    fused integer kernels give (a common stand-in for the NPU, which can differ). A QDQ
+    model that does not load is reported as such. Kept in ``memo`` (a JSON file)."""
+    if memo.exists():
+        return dict(json.loads(memo.read_text()))
+    found = measured(model, variant, qdq, inputs, reference, names, options)
+    memo.write_text(json.dumps(found))
+    return found
+
+
+def measured(
+    model: Model,
+    variant: Callable[[], Path | str] | None,
+    qdq: Path | None,
+    inputs: list[Sample],
+    reference: Outputs,
+    names: list[str],
+    options: dict[str, str],
+) -> dict[str, Any]:
     found: dict[str, Any] = {"error": None, "metric": None, "fused_metric": None}
     if qdq is not None:
-        found["fused_metric"] = score(model, run_cpu(qdq, inputs), reference, names)[1]
+        try:
+            found["fused_metric"] = score(model, run_cpu(qdq, inputs), reference, names)[1]
+        except Exception as exc:  # ORT's tools can write a model ORT does not load
+            found["ran_on"] = f"the QDQ model does not load: {str(exc)[-240:]}"
+            return found
     compiled = variant() if variant is not None else "not run on the HTP"
     if isinstance(compiled, Path):
         got = run_htp(compiled, inputs, options)
@@ -933,7 +955,9 @@ def bench_model(model: Model, args: argparse.Namespace) -> dict[str, Any]:
             variant = partial(compile_for_htp, source, work / "epfleet-fp16.ctx.onnx", options)
         elif qdq is not None and args.htp_held_out:
             variant = partial(compile_for_htp, qdq, work / f"epfleet-{rung}.ctx.onnx", options)
-        held = evaluate(model, variant, qdq, held_inputs, held_ref, names, options)
+        on = ".htp" if args.htp_held_out else ""
+        memo = work / f"epfleet-{rung}.held{len(held_inputs)}{on}.json"
+        held = evaluate(model, variant, qdq, held_inputs, held_ref, names, options, memo)
         rows.append(
             {
                 "tool": "epfleet",
@@ -988,8 +1012,26 @@ def bench_model(model: Model, args: argparse.Namespace) -> dict[str, Any]:
             compiled: Callable[[], Path | str] | None = None
             if args.htp_held_out:
                 compiled = partial(compile_for_htp, made, work / f"{tool}-{rung}.ctx.onnx", options)
-            on_samples = evaluate(model, compiled, made, sample_inputs, sample_ref, names, options)
-            on_held = evaluate(model, compiled, made, held_inputs, held_ref, names, options)
+            on_samples = evaluate(
+                model,
+                compiled,
+                made,
+                sample_inputs,
+                sample_ref,
+                names,
+                options,
+                work / f"{tool}-{rung}.samples{len(sample_inputs)}{on}.json",
+            )
+            on_held = evaluate(
+                model,
+                compiled,
+                made,
+                held_inputs,
+                held_ref,
+                names,
+                options,
+                work / f"{tool}-{rung}.held{len(held_inputs)}{on}.json",
+            )
             rows.append(
                 {
                     "tool": tool,
