@@ -15,6 +15,8 @@ and a variant is published only when both gates pass.
 - ``snr_db``: the lowest signal-to-noise ratio of one sample's output, in dB.
 - ``sequence_match``: the share of sequences (argmax over the last axis, or integer
   rows) equal to the source's; with ``blank``, CTC greedy decoded first; ``min`` 0..1.
+  The steps lie along the last axis of the argmax (``[B, T, C]``: B sequences of T);
+  ``time_axis`` names another (``[T, B, C]``, a time-major CTC head: ``time_axis: 0``).
 - ``custom``: ``function(got, reference) -> float``, a ``module:function`` importable
   where verification runs.
 """
@@ -31,6 +33,8 @@ MetricKind = Literal[
 SHARE_KINDS = ("argmax_agreement", "topk_agreement", "sequence_match")
 ENTRY_POINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 MAX_TOP_K = 1000
+MAX_TIME_AXIS = 31
+"""A bound for the spec; an axis the output does not have is refused when measured."""
 
 
 class MetricSpec(BaseModel):
@@ -59,6 +63,13 @@ class MetricSpec(BaseModel):
         description="sequence_match: the CTC blank class; repeats collapse and blanks drop "
         "before sequences are compared",
     )
+    time_axis: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TIME_AXIS,
+        description="sequence_match: the output's axis of time steps, counted from 0 (0 for "
+        "a time-major [T, B, C] CTC head); omitted: the axis before the classes ([B, T, C])",
+    )
     function: str | None = Field(
         default=None,
         pattern=ENTRY_POINT_PATTERN,
@@ -79,6 +90,10 @@ class MetricSpec(BaseModel):
             raise ValueError(f"metric k: only topk_agreement takes k, not {self.kind}")
         if self.blank is not None and self.kind != "sequence_match":
             raise ValueError(f"metric blank: only sequence_match takes blank, not {self.kind}")
+        if self.time_axis is not None and self.kind != "sequence_match":
+            raise ValueError(
+                f"metric time_axis: only sequence_match takes time_axis, not {self.kind}"
+            )
         if (self.kind == "custom") != (self.function is not None):
             raise ValueError(
                 "metric: kind custom needs function: 'module:function'"
@@ -110,6 +125,11 @@ class TaskMetric(BaseModel):
     min: float = Field(allow_inf_nan=False, description="The lowest value published")
     k: int | None = Field(default=None, exclude_if=lambda k: k is None)
     blank: int | None = Field(default=None, exclude_if=lambda blank: blank is None)
+    time_axis: int | None = Field(
+        default=None,
+        exclude_if=lambda axis: axis is None,
+        description="sequence_match: the output's axis of time steps (schema 1.5)",
+    )
     function: str | None = Field(default=None, exclude_if=lambda f: f is None, max_length=300)
 
     @property
@@ -124,6 +144,7 @@ class TaskMetric(BaseModel):
             min=self.min,
             k=self.k,
             blank=self.blank,
+            time_axis=self.time_axis,
             function=self.function,
         )
 

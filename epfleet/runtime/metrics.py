@@ -74,7 +74,7 @@ def measure(
     return _share(
         np.array([_sequence(a, spec.blank) == _sequence(b, spec.blank)])
         for g, r in pairs
-        for a, b in zip(_sequences(g), _sequences(r), strict=True)
+        for a, b in zip(_sequences(g, spec), _sequences(r, spec), strict=True)
     )
 
 
@@ -123,11 +123,21 @@ def _snr_db(got: np.ndarray, ref: np.ndarray) -> float:
     return max(-200.0, min(200.0, 10.0 * math.log10(signal / noise)))
 
 
-def _sequences(value: np.ndarray) -> list[np.ndarray]:
+def _sequences(value: np.ndarray, spec: MetricSpec) -> list[np.ndarray]:
     """One sequence per row: integer outputs as they are, float scores by argmax over
-    the last axis (``[B, T, C]`` gives B sequences of T classes)."""
+    the last axis (``[B, T, C]`` gives B sequences of T classes); with ``time_axis``, the
+    steps are taken along that axis of the output (``[T, B, C]`` and ``time_axis: 0``
+    give B sequences of T, not T*B one-step ones)."""
     steps = value.argmax(-1) if value.dtype.kind == "f" else value
     steps = np.atleast_1d(steps)
+    if spec.time_axis is not None:
+        if spec.time_axis >= steps.ndim:
+            raise MetricError(
+                f"sequence_match time_axis {spec.time_axis}: the output's shape is "
+                f"{list(value.shape)}, whose steps (argmax over its last axis for scores) "
+                f"have axes 0..{steps.ndim - 1}"
+            )
+        steps = np.moveaxis(steps, spec.time_axis, -1)
     return list(steps.reshape(-1, steps.shape[-1]))
 
 

@@ -17,6 +17,7 @@ import onnx
 import pytest
 
 from epfleet.formats.manifest import Manifest
+from epfleet.formats.schema_version import SCHEMA_VERSION
 from examples.build_models import tiny_cls
 from tests.support.specs import write_spec
 
@@ -109,7 +110,7 @@ def test_a_folded_variant_runs_all_on_the_htp_and_says_how_to_feed_it(
     assert (report["htp-folded"]["folded"], report["htp"]["folded"]) == (True, False)
 
     manifest = Manifest.from_json((store / "manifest.json").read_bytes())
-    assert manifest.schema_version == "1.4"
+    assert manifest.schema_version == SCHEMA_VERSION  # 1.4 added folded_io
     plain = manifest.models["cls"].variants["htp"]
     folded = manifest.models["cls"].variants["htp-folded"]
     assert plain.folded_io is None and plain.coverage is not None

@@ -83,9 +83,9 @@ def first_error(exc: pytest.ExceptionInfo[ValidationError]) -> tuple[tuple[Any, 
 
 
 def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> None:
-    read = Manifest.from_json(data(with_future_fields(document("1.5"))), newer_minor="ignore")
+    read = Manifest.from_json(data(with_future_fields(document("1.6"))), newer_minor="ignore")
     known = Manifest.from_json(data(document()))
-    assert read.schema_version == "1.5"
+    assert read.schema_version == "1.6"
     assert read.models == known.models and read.generation == known.generation
     assert read.models["m"].variants["x86-cpu"].verification == (
         known.models["m"].variants["x86-cpu"].verification
@@ -344,3 +344,20 @@ def test_a_folded_io_no_model_could_have_fails_the_entry(
         validate_json(ModelEntry, json.dumps(doc["models"]["m"]), "ignore", "1.4")
     where, message = first_error(refused)
     assert where[:4] == ("variants", "x86-cpu", "folded_io", "inputs") and expected in message
+
+
+def test_schema_1_5_records_a_sequence_metric_time_axis() -> None:
+    """1.5 added a ``sequence_match`` metric's ``time_axis``: read back as written and
+    carried into the spec a device measures again; a metric without it keeps its bytes."""
+    doc = document()
+    metric = {"kind": "sequence_match", "output": "387", "value": 1.0, "min": 0.99, "blank": 0}
+    doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["metric"] = dict(metric)
+    plain = Manifest.from_json(data(doc)).to_json()
+    assert b"time_axis" not in plain
+    doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["metric"]["time_axis"] = 0
+    read = Manifest.from_json(data(doc))
+    check = read.models["m"].variants["x86-cpu"].verification
+    assert check is not None and check.metric is not None
+    assert check.metric.time_axis == 0 and check.metric.spec().time_axis == 0
+    written = json.loads(read.to_json())["models"]["m"]["variants"]["x86-cpu"]["verification"]
+    assert written["metric"] == metric | {"time_axis": 0}

@@ -67,6 +67,32 @@ def test_sequence_match_compares_whole_sequences_and_decodes_ctc() -> None:
     assert measure(spec(kind="sequence_match"), ids, ids) == 1.0
 
 
+def test_sequence_match_reads_a_time_major_output_along_its_time_axis() -> None:
+    """ddddocr's captcha reader (PyPI ddddocr 1.6.1) gives [T, 1, C]: one string of T steps.
+    Read as [B, T, C] it would be T one-step "sequences", and a variant that misreads one
+    character of a 4-step string would score 0.75 instead of 0."""
+    source = np.zeros((4, 1, 3), np.float32)
+    source[np.arange(4), 0, [1, 0, 2, 2]] = 1
+    misread = source.copy()
+    misread[3, 0] = [0, 1, 0]  # the last step reads class 1: the string differs
+    time_major = spec(kind="sequence_match", blank=0, time_axis=0)
+    assert measure(time_major, [misread], [source]) == 0.0
+    assert measure(time_major, [source], [source]) == 1.0
+    assert measure(spec(kind="sequence_match", blank=0), [misread], [source]) == 0.75
+    # [T=4, B=2, C=3]: two strings, the second misread at its first step
+    pair = np.concatenate([source, source], axis=1)
+    one_off = pair.copy()
+    one_off[0, 1] = [0, 0, 1]
+    assert measure(time_major, [one_off], [pair]) == 0.5
+    # [T, B] integer ids with their time axis first
+    ids = np.array([[3, 5], [1, 5], [4, 9]], np.int64)
+    other = ids.copy()
+    other[2, 1] = 8
+    assert measure(spec(kind="sequence_match", time_axis=0), [other], [ids]) == 0.5
+    with pytest.raises(MetricError, match=r"time_axis 2: the output's shape is \[4, 1, 3\]"):
+        measure(spec(kind="sequence_match", time_axis=2), [source], [source])
+
+
 def test_a_metric_that_does_not_suit_the_output_says_why() -> None:
     with pytest.raises(
         MetricError, match=r"class scores along the last axis; .* shape is \[4, 1\]"
@@ -125,6 +151,8 @@ def test_a_custom_metric_runs_only_from_modules_the_host_allows() -> None:
         ({"kind": "topk_agreement", "min": 0.9}, "topk_agreement needs k"),
         ({"kind": "cosine", "min": 0.9, "k": 5}, "only topk_agreement takes k"),
         ({"kind": "snr_db", "min": 20, "blank": 0}, "only sequence_match takes blank"),
+        ({"kind": "argmax_agreement", "min": 1, "time_axis": 0}, "only sequence_match takes"),
+        ({"kind": "sequence_match", "min": 1, "time_axis": -1}, "greater than or equal to 0"),
         ({"kind": "custom", "min": 1}, "kind custom needs function"),
         ({"kind": "cosine", "min": 0.9, "function": "a:b"}, "only kind custom takes a function"),
         ({"kind": "custom", "min": 1, "function": "not an entry"}, "should match pattern"),
