@@ -35,20 +35,16 @@ def signer_for(store: Store) -> Signer | None:
     """The online signer to sign ``store``'s metadata with; None for a store published
     unsigned (warned). BadInputError for a store with trust metadata and no signer."""
     uri = settings().trust_signer
-    local = isinstance(store, LocalStore)
+    if (
+        uri is None
+        and isinstance(store, LocalStore)
+        and (not has_trust(store) or development_keys_dir(store.root).is_dir())
+    ):
+        return _development_signer(store)
     if has_trust(store):
-        if uri is None and local:
-            uri = _development_signer_uri(store)  # type: ignore[arg-type]
         if uri is None:
-            raise BadInputError(
-                f"{store.uri} has trust metadata (trust/metadata/1.root.json) and "
-                "EPFLEET_TRUST_SIGNER is not set: set it to the online key's signer URI "
-                "(epfleet trust init printed it, e.g. "
-                "EPFLEET_TRUST_SIGNER=file2:/path/to/keys/online.pem)"
-            )
+            raise _no_signer(store)
         return online_signer(uri, online_public_key(store), store.uri)
-    if local and uri is None:
-        return _init_development(store)  # type: ignore[arg-type]
     logger.warning(
         "%s has no trust metadata: publishing manifest.json only, unsigned (devices refuse "
         "it unless --allow-unsigned); create it with: epfleet trust init --store %s --keys DIR",
@@ -73,22 +69,32 @@ def online_public_key(store: Store) -> Key:
     return root.get_key(root.roles["timestamp"].keyids[0])
 
 
-def _development_signer_uri(store: LocalStore) -> str | None:
-    online = development_keys_dir(store.root) / ONLINE_KEY
-    return file_uri(online) if online.is_file() else None
+def _no_signer(store: Store) -> BadInputError:
+    return BadInputError(
+        f"{store.uri} has trust metadata (trust/metadata/1.root.json) and "
+        "EPFLEET_TRUST_SIGNER is not set: set it to the online key's signer URI "
+        "(epfleet trust init printed it, e.g. "
+        "EPFLEET_TRUST_SIGNER=file2:/path/to/keys/online.pem)"
+    )
 
 
-def _init_development(store: LocalStore) -> Signer:
-    """Development keys for a local store, beside it, and its trust metadata: one
-    publisher does it (a lock beside the keys), the others use what it made."""
+def _development_signer(store: LocalStore) -> Signer:
+    """The online key of a local store's development keys, beside it, made with its trust
+    metadata on its first publish: one publisher makes them (a lock beside the keys), the
+    others wait for it and use what it made. A publisher that finds the metadata but no key
+    takes the lock too: the metadata is written before the keys are moved in (all or
+    nothing), so the keys may be on their way."""
     keys_dir = development_keys_dir(store.root)
+    online = keys_dir / ONLINE_KEY
+    if has_trust(store) and online.is_file():  # made before: no lock needed
+        return online_signer(file_uri(online), online_public_key(store), store.uri)
     keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(keys_dir / DEVELOPMENT_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not has_trust(store):
-            if (keys_dir / ONLINE_KEY).is_file():  # keys of an earlier store at this path
+            if online.is_file():  # keys of an earlier store at this path
                 offline = load_offline(keys_dir)
-                uri = file_uri(keys_dir / ONLINE_KEY)
+                uri = file_uri(online)
                 signer = online_signer(uri, public_key_of(uri))
                 root = init_repository(store, offline, signer, bins=DEFAULT_BINS)
                 atomic_write_bytes(keys_dir / ROOT_COPY, root)
@@ -101,5 +107,6 @@ def _init_development(store: LocalStore) -> Signer:
                 keys_dir,
                 keys_dir / ROOT_COPY,
             )
-    uri = file_uri(keys_dir / ONLINE_KEY)
-    return online_signer(uri, online_public_key(store), store.uri)
+        if not online.is_file():
+            raise _no_signer(store)
+    return online_signer(file_uri(online), online_public_key(store), store.uri)

@@ -61,4 +61,4 @@ def race(store_uri: str, publishers: int = 2, each: int = 8) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    assert not errors
+    assert not errors, errors

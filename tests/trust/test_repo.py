@@ -9,8 +9,10 @@ and a device that trusts only that root syncs and activates the variants.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import stat
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -27,6 +29,7 @@ from epfleet.trust.keys import generate_online_file, load_offline, new_key
 from epfleet.trust.repository import (
     TIMESTAMP_KEY,
     development_keys_dir,
+    init_with_key_files,
     latest_root,
     publish_trust,
     read_state,
@@ -34,6 +37,7 @@ from epfleet.trust.repository import (
     rotate_online_key,
     rotate_root_keys,
 )
+from epfleet.trust.signers import DEVELOPMENT_LOCK, signer_for
 from tests.support.publish_helpers import publish_new, race
 from tests.support.signed_records import (
     Records,
@@ -253,6 +257,44 @@ def test_local_store_gets_development_keys_beside_it(
         "model-0",
         "model-1",
     ]
+
+
+def test_a_publisher_that_finds_development_keys_on_their_way_waits_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two first publishes to one new local store: the one making its development keys
+    writes the store's trust metadata, then moves the keys in (all or nothing). The other,
+    seeing the metadata in between, waits on the lock beside the keys instead of refusing
+    the store for want of a signer (1 of 22 races under load did, before)."""
+    monkeypatch.delenv("EPFLEET_TRUST_SIGNER", raising=False)
+    store = open_store(str(tmp_path / "store"))
+    staged = tmp_path / "staged-keys"
+    init_with_key_files(store, staged, bins=16)  # the metadata is there, the keys not yet
+    keys = development_keys_dir(tmp_path / "store")
+    keys.mkdir()
+    got: list[object] = []
+    with open(keys / DEVELOPMENT_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first publisher, moving its keys in
+        other = threading.Thread(target=lambda: got.append(signer_for(store)))
+        other.start()
+        other.join(timeout=1.0)
+        assert other.is_alive() and got == []  # waiting, not refused
+        for key_file in staged.iterdir():
+            key_file.rename(keys / key_file.name)
+    other.join(timeout=30)
+    assert not other.is_alive() and len(got) == 1 and got[0] is not None
+    publish_new(store, 0)  # and it signs with them
+
+
+def test_a_local_store_whose_trust_was_made_elsewhere_still_needs_its_signer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EPFLEET_TRUST_SIGNER", raising=False)
+    store = open_store(str(tmp_path / "store"))
+    make_trusted_store(store, tmp_path / "keys", bins=16)
+    with pytest.raises(BadInputError, match="EPFLEET_TRUST_SIGNER is not set"):
+        signer_for(store)
+    assert not development_keys_dir(tmp_path / "store").exists()  # nothing made beside it
 
 
 # --- keeping it fresh, and rotating keys ------------------------------------------------------
