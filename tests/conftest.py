@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import boto3
 import onnx
@@ -14,6 +15,10 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from tests.support.s3proxy import FaultProxy
+
+if TYPE_CHECKING:
+    from epfleet.device.health import Health, HealthJob
+    from epfleet.runtime.compile_pool import CompilePool
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -36,16 +41,35 @@ def _isolated_cache(
 
 @pytest.fixture(autouse=True)
 def _health_in_thread(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Device syncs run their health checks in this thread (no worker process to start for
-    each sync), but in tests marked ``health_in_worker``: those about a check that crashes,
-    runs past its time limit, or the worker itself. It stands for the production default,
-    the worker process: tests/device/test_health_runners.py (slow tier) runs the same
-    checks and syncs both ways and compares them."""
+    """Device syncs run their CPU EP health checks in this thread (no worker process to
+    start for each sync), but in tests marked ``health_in_worker``: those about a check that
+    crashes, runs past its time limit, or the worker itself. It stands for the production
+    default, the worker process: tests/device/test_health_runners.py (slow tier) runs the
+    same checks and syncs both ways and compares them.
+
+    Another EP's check (QNN's HTP backend runs context binaries on this CPU) still runs in
+    a worker process: once a QNN session has run in a process, QNN's compatibility
+    validator there answers "not applicable" and then segfaults (eps/qnn.py), and the
+    device tests judge QNN strings in this process."""
     if request.node.get_closest_marker("health_in_worker") is None:
-        from epfleet.device.health import in_thread
         from epfleet.device.session import SyncSession
 
-        monkeypatch.setattr(SyncSession, "default_health", staticmethod(in_thread))
+        monkeypatch.setattr(SyncSession, "default_health", staticmethod(_cpu_in_thread))
+
+
+_health_worker: list[CompilePool] = []
+
+
+def _cpu_in_thread(job: HealthJob, doing: str, timeout: float | None) -> Health:
+    from epfleet.device.health import check_health, in_thread
+
+    if job.ep == "CPUExecutionProvider":
+        return in_thread(job, doing, timeout)
+    if not _health_worker:
+        from epfleet.runtime.compile_pool import CompilePool
+
+        _health_worker.append(CompilePool(1))
+    return _health_worker[0].call(check_health, job, doing, timeout=timeout)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")

@@ -285,6 +285,7 @@ def health_check_spinning(cli: subprocess.Popen[str], marker: str) -> bool:
     return False
 
 
+@pytest.mark.health_in_worker  # a runaway check: in-thread it has no time limit and never ends
 @pytest.mark.parametrize("point", ["manifest", "download", "health-check"])
 def test_ctrl_c_stops_a_sync(
     fleet_store: Path,
