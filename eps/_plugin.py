@@ -152,6 +152,9 @@ class PluginEP(ABC):
         """None: ORT asks the plugin's own validator."""
         return None
 
+    def explain_string(self, compatibility_string: str) -> str | None:
+        return None
+
     def configure_session(
         self,
         options: onnxruntime.SessionOptions,

@@ -298,6 +298,12 @@ class ExecutionProvider(Protocol):
         """epfleet's own verdict for strings it generates; None defers to ORT's validator."""
         ...
 
+    def explain_string(self, compatibility_string: str) -> str | None:
+        """What a string says of the hardware and runtime a variant was built for, in
+        words (for a device's report of a verdict), or None when the module cannot read
+        it."""
+        ...
+
     def configure_session(
         self,
         options: onnxruntime.SessionOptions,

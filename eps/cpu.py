@@ -241,6 +241,10 @@ class Cpu:
             compatibility_string, ort_version=ort_version(), arch=machine_arch(), isa=isa_class()
         )
 
+    def explain_string(self, compatibility_string: str) -> str | None:
+        """None: ``judge`` gives its reasons itself."""
+        return None
+
     def configure_session(
         self,
         options: onnxruntime.SessionOptions,

@@ -87,10 +87,20 @@ class LocalEps:
         if ep not in self.devices:
             why = self.absent.get(ep, f"{ep} is not an execution provider epfleet knows")
             return Judgement(Verdict.UNSUPPORTED, f"{ep} cannot run here: {why}")
-        own = eps.load(ep).judge(compatibility_string)
+        module = eps.load(ep)
+        own = module.judge(compatibility_string)
         if own is not None:
             return own
-        return ort_judgement(self.devices[ep], ep, compatibility_string)
+        judged = ort_judgement(self.devices[ep], ep, compatibility_string)
+        return explained(judged, module.explain_string(compatibility_string))
+
+
+def explained(judged: Judgement, built_for: str | None) -> Judgement:
+    """A usable but suboptimal verdict says what the variant was built for: why the EP
+    would rather it were rebuilt for this device."""
+    if judged.verdict is not Verdict.PREFER_RECOMPILATION or built_for is None:
+        return judged
+    return Judgement(judged.verdict, f"{judged.reason}: {built_for}")
 
 
 def ort_judgement(

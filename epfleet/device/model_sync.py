@@ -17,7 +17,7 @@ from epfleet.device.cache import CacheState, DeviceCache, Installed, ModelState
 from epfleet.device.local_build import build_key
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
-from epfleet.device.selection import ActiveVariant, Considered, Step, decide
+from epfleet.device.selection import USABLE, ActiveVariant, Considered, Step, decide
 from epfleet.device.steps import Done, Steps
 from epfleet.device.variant_sets import is_file_set
 from epfleet.disk import WRITE_DENIED, DiskFull
@@ -25,7 +25,7 @@ from epfleet.errors import EpfleetError, StoreError
 from epfleet.formats.device_report import ModelReport, VariantVerdict
 from epfleet.formats.manifest import SHA256_PATTERN, ArtifactRef, ModelEntry
 from epfleet.fsutil import NO_SPACE
-from eps.base import Judgement, Precision, Verdict
+from eps.base import INTEGER_PRECISIONS, Judgement, Precision, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ def sync_model(
         activate(cache, model, state, done.installed)
     elif notes:
         settle(cache, model, state)
+    precision = precision_of(done.installed, entry)
+    recompiled = done.action == "recompiled"
+    stood_in = quantised_passed_over(entry, judged, precision) if recompiled else []
     return ModelReport(
         model=model,
         action=done.action,
@@ -114,12 +117,32 @@ def sync_model(
         source_sha256=source_of(done.installed),
         verdict=done.verdict,
         bytes_downloaded=moved,
-        reason="; ".join([*notes, *failures, done.reason]),
+        reason="; ".join([*notes, *failures, done.reason, *stood_in]),
         considered=verdicts,
         seconds=seconds,
-        precision=precision_of(done.installed, entry),
+        precision=precision,
         profile=done.installed.profile,
     )
+
+
+def quantised_passed_over(
+    entry: ModelEntry, judged: list[Considered], built: Precision | None
+) -> list[str]:
+    """What a local float build stands in for: the published quantised variants this
+    device judged usable (the report says so, never silently)."""
+    if built in INTEGER_PRECISIONS:
+        return []
+    quantised = [
+        f"{c.target} ({entry.variants[c.target].precision})"
+        for c in judged
+        if c.verdict in USABLE and entry.variants[c.target].precision in INTEGER_PRECISIONS
+    ]
+    if not quantised:
+        return []
+    return [
+        f"a local {built or 'float'} build runs in place of the fleet's verified quantised "
+        f"variant {', '.join(quantised)}"
+    ]
 
 
 def plan_steps(
@@ -149,6 +172,7 @@ def plan_steps(
         entry.source.digest,
         recompile=policy.recompile,
         recompile_failed_before=key in mstate.recompile_failed,
+        recompile_suboptimal=policy.recompile_suboptimal,
         preference=policy.prefer,
     )
 

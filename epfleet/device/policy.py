@@ -14,7 +14,14 @@ class SyncPolicy(BaseModel):
         default_factory=list, description="Only these models (empty: every model)"
     )
     recompile: bool = Field(
-        default=True, description="Recompile locally when nothing published is optimal here"
+        default=True,
+        description="Recompile locally when nothing published is optimal here and no "
+        "published variant this device can run works",
+    )
+    recompile_suboptimal: bool = Field(
+        default=False,
+        description="Recompile locally before taking a published variant judged "
+        "prefer_recompilation here (default: the fleet's verified variant first)",
     )
     prefer: list[DeviceType] = Field(
         default=list(DEFAULT_PREFERENCE), description="Device types, most preferred first"

@@ -15,10 +15,17 @@ order; the sync engine runs them until one succeeds. The rules:
    ranked below it is tried). If all fail, a device that runs something keeps it;
    a fresh device goes on to rule 3.
 3. Otherwise, a locally built variant of the published source that still judges
-   optimal is kept. Failing that, recompile locally (when allowed, the source is
-   published and the same local build has not already failed), then take the
-   prefer-recompilation variants in rank order (keeping the active one), and last
-   run the source itself on the CPU EP.
+   optimal is kept. Failing that, take the prefer-recompilation variants in rank
+   order (keeping the active one): a variant the fleet verified, calibrated, signed
+   and staged runs before anything built here, which nobody verified (a real QNN
+   device judges every binary built for another VTCM size, or another arch it can
+   run, prefer-recompilation). Then recompile locally (when allowed, the source is
+   published and the same local build has not already failed), and last run the
+   source itself on the CPU EP.
+4. ``recompile_suboptimal`` (the policy asks for it explicitly) moves the local
+   recompile of rule 3 before the prefer-recompilation variants, as ORT's verdict
+   suggests; the device's report says when such a float build stands in for a
+   quantised variant the fleet published.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ def decide(
     *,
     recompile: bool,
     recompile_failed_before: bool,
+    recompile_suboptimal: bool = False,
     preference: Sequence[DeviceType] = DEFAULT_PREFERENCE,
 ) -> list[Step]:
     """The steps to try, in order. ``source_sha256`` is the published source (None when
@@ -129,9 +137,12 @@ def decide(
     ):
         return [Step(kind="keep")]
 
-    if recompile and source_sha256 is not None and not recompile_failed_before:
+    build = recompile and source_sha256 is not None and not recompile_failed_before
+    if build and recompile_suboptimal:
         steps.append(Step(kind="recompile"))
     steps.extend(fetch(prefer))
+    if build and not recompile_suboptimal:
+        steps.append(Step(kind="recompile"))
     if source_sha256 is not None:
         steps.append(Step(kind="fallback"))
     return steps

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import eps
 from epfleet.fleet.field_rules import FieldRow
 from epfleet.fleet.rollout_rules import SideEvidence
 from epfleet.fleet.rollouts import RolloutStatus
@@ -241,7 +242,22 @@ def render_manifest(manifest: Manifest, store: str) -> str:
     headers += ["verified", "compiled", "compatibility"]
     verified = headers.index("verified")
     legend = [GENERATED_LEGEND] if any(GENERATED_MARK in row[verified] for row in rows) else []
-    return "\n".join([header, table(headers, rows), *legend, *failures])
+    return "\n".join([header, table(headers, rows), *legend, *built_for(manifest), *failures])
+
+
+def built_for(manifest: Manifest) -> list[str]:
+    """One line per target whose EP reads its strings: the hardware and runtime its
+    variants were built for (a QNN target's HTP arch, SoC and VTCM size)."""
+    said: dict[str, list[str]] = {}
+    for model in manifest.models.values():
+        for target, variant in model.variants.items():
+            string = variant.compatibility_string
+            if string is None or variant.ep not in eps.known():
+                continue
+            words = eps.load(variant.ep).explain_string(string)
+            if words is not None and words not in said.setdefault(target, []):
+                said[target].append(words)
+    return [f"{target}: {'; '.join(words)}" for target, words in sorted(said.items()) if words]
 
 
 def _verified(variant: VariantEntry, target: str) -> str:

@@ -105,17 +105,31 @@ def test_a_reordered_preference_switches_the_active_variant() -> None:
     assert got == steps(("download", "b"), ("keep", "a"))
 
 
+@pytest.mark.parametrize("recompile_suboptimal", [False, True])
 @pytest.mark.parametrize("verdicts", list(itertools.product(list(Verdict), repeat=2)))
-def test_every_pair_of_verdicts(verdicts: tuple[Verdict, Verdict]) -> None:
+def test_every_pair_of_verdicts(
+    verdicts: tuple[Verdict, Verdict], recompile_suboptimal: bool
+) -> None:
     """Two published variants (npu then cpu), nothing active, recompiling allowed."""
     npu, cpu = variant("npu", verdicts[0], "npu"), variant("cpu", verdicts[1], "cpu")
-    got = decide([npu, cpu], None, SOURCE, recompile=True, recompile_failed_before=False)
+    got = decide(
+        [npu, cpu],
+        None,
+        SOURCE,
+        recompile=True,
+        recompile_failed_before=False,
+        recompile_suboptimal=recompile_suboptimal,
+    )
     optimal = [c for c in (npu, cpu) if c.verdict == V.OPTIMAL]
     prefer = [c for c in (npu, cpu) if c.verdict == V.PREFER_RECOMPILATION]
-    # A fresh device: the optimal variants first, then the rest of the ladder.
+    # A fresh device: the optimal variants first, then the rest of the ladder: the verified
+    # prefer-recompilation variants before a local build, unless the policy asks otherwise.
     expected = [Step(kind="download", target=c.target) for c in optimal]
-    expected += [Step(kind="recompile")]
-    expected += [Step(kind="download", target=c.target) for c in prefer]
+    suboptimal = [Step(kind="download", target=c.target) for c in prefer]
+    if recompile_suboptimal:
+        expected += [Step(kind="recompile"), *suboptimal]
+    else:
+        expected += [*suboptimal, Step(kind="recompile")]
     expected += [Step(kind="fallback")]
     assert got == expected
     # Unknown (EP_NOT_APPLICABLE) and unsupported are never downloaded.
@@ -213,3 +227,35 @@ def test_nothing_and_no_source_means_no_step() -> None:
         decide([variant("x", V.UNKNOWN)], None, None, recompile=True, recompile_failed_before=False)
         == []
     )
+
+
+def test_a_verified_prefer_recompilation_variant_runs_before_a_local_build() -> None:
+    """A real QNN device judges a binary built for another VTCM size prefer-recompilation:
+    the fleet's verified variant is taken, and a local build only if it fails."""
+    npu = variant("npu", V.PREFER_RECOMPILATION, "npu")
+    got = decide([npu], None, SOURCE, recompile=True, recompile_failed_before=False)
+    assert got == steps(("download", "npu"), ("recompile", None), ("fallback", None))
+    got = decide([npu], active_of(npu), SOURCE, recompile=True, recompile_failed_before=False)
+    assert got[0] == Step(kind="keep", target="npu")
+
+
+def test_recompile_suboptimal_builds_before_taking_a_prefer_recompilation_variant() -> None:
+    npu = variant("npu", V.PREFER_RECOMPILATION, "npu")
+    got = decide(
+        [npu],
+        None,
+        SOURCE,
+        recompile=True,
+        recompile_failed_before=False,
+        recompile_suboptimal=True,
+    )
+    assert got == steps(("recompile", None), ("download", "npu"), ("fallback", None))
+    off = decide(
+        [npu],
+        None,
+        SOURCE,
+        recompile=False,
+        recompile_failed_before=False,
+        recompile_suboptimal=True,
+    )
+    assert off == steps(("download", "npu"), ("fallback", None))
