@@ -478,9 +478,14 @@ def _target_vtcm_mb(options: Mapping[str, str]) -> int:
     soc = options.get("soc_model")
     known = soc_vtcm_mb(soc) if soc is not None else None
     if known is None:
-        which = f"SoC {soc}" if soc is not None else "a target that names no soc_model"
+        if soc is None:
+            raise ValueError(
+                "vtcm_mb: the target names no SoC, so the VTCM size its binaries need is not "
+                "known; name the SoC (soc_model, or htp_arch for that arch's reference SoC), "
+                "or set vtcm_mb: a binary built without it is never optimal on a device"
+            )
         raise ValueError(
-            f"vtcm_mb: the VTCM size of {which} is not known to epfleet; set vtcm_mb to the "
+            f"vtcm_mb: the VTCM size of SoC {soc} is not known to epfleet; set vtcm_mb to the "
             "SoC's VTCM in MB (Qualcomm's QNN documentation lists it): a binary built "
             "without it is never optimal on a device"
         )

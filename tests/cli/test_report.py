@@ -115,7 +115,14 @@ def test_manifest_show_flags_the_same_variants() -> None:
     rows = {line.split()[1]: line for line in lines[3:6]}
     assert "passed 0.04%†" in rows["htp"]
     assert "†" not in rows["htp-real"] and "†" not in rows["older"]
-    assert lines[-1] == GENERATED_LEGEND
+    assert lines[6] == GENERATED_LEGEND
+    # What each target's variants were built for: here a string without a VTCM size, which
+    # no Snapdragon judges optimal.
+    assert lines[7:] == [
+        f"{target}: built for HTP v75 SoC 57 with VTCM 0 (compiled without vtcm_mb) by QNN "
+        "SDK 2.51.0"
+        for target in ("htp", "htp-real", "older")
+    ]
 
 
 # --- precisions ------------------------------------------------------------------------

@@ -219,3 +219,11 @@ def test_a_target_whose_socs_vtcm_is_unknown_is_refused_naming_the_option() -> N
 def test_a_vtcm_no_device_takes_is_refused(vtcm: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         QNN_EP.check_options({**HTP, "htp_arch": "75", "soc_model": "57", "vtcm_mb": vtcm})
+
+
+def test_a_target_that_names_no_soc_is_told_how_to_name_one() -> None:
+    target = {"name": "bare", "ep": QNN}
+    with pytest.raises(BadInputError) as raised:
+        parse_spec({"models": [{"name": "m", "source": "m.onnx"}], "targets": [target]})
+    assert "the target names no SoC" in str(raised.value)
+    assert "name the SoC (soc_model, or htp_arch" in str(raised.value)

@@ -186,7 +186,7 @@ def test_npu_target_requires_static_shapes(tmp_path: Path, model_dir: Path) -> N
     spec_path = tmp_path / "fleet.yaml"
     spec_path.write_text(
         f"models: [{{name: m, source: {model_dir / 'tiny-cls.onnx'}}}]\n"
-        "targets: [{name: htp, ep: QNNExecutionProvider}]\n"
+        "targets: [{name: htp, ep: QNNExecutionProvider, provider_options: {soc_model: 57}}]\n"
     )
     with pytest.raises(
         BadInputError, match=r"needs static input shapes.*give them in the model's input_shapes"

@@ -79,6 +79,9 @@ def test_paddle_ocr_compiled_for_three_htp_targets_and_cpu_then_synced_to_this_h
         if target != "cpu"
     }
     assert {s.split(":")[4] for s in htp_strings} == {"75", "73", "79"}
+    # Each with its SoC's VTCM (8 MB for SM8650, SM8550 and SM8750): a device of that SoC
+    # judges it optimal.
+    assert {s.split(":", 4)[4] for s in htp_strings} == {"75:57:8:0", "73:43:8:0", "79:69:8:0"}
 
     again = json.loads(
         epfleet("compile", str(spec), "--store", store, "--json", env=cli_env).stdout
