@@ -1,8 +1,8 @@
 """``epfleet sync``: the device sync on the command line, once, as a flow run, or served.
 
 Its policy options (``--model``, ``--no-recompile``, ``--recompile-suboptimal``,
-``--prefer``, ``--verify``, ``--drop-unlisted``) are ``SyncPolicy``'s fields, the model the device-sync flow takes as its ``policy``. The
-device engine and the flow are imported inside the command. A process that is
+``--prefer``, ``--verify``, ``--drop-unlisted``) are ``SyncPolicy``'s fields, the model
+the device-sync flow takes as its ``policy``. The device engine and the flow are imported inside the command. A process that is
 ``epfleet sync`` (without ``--flow`` or ``--serve``) does nothing else, and is set up for
 that one job: securesystemslib's signers loaded without boto3, what it has loaded
 kept out of the garbage collector's passes (``_verifier_without_boto3``,
