@@ -2,11 +2,11 @@
 
 Its policy options (``--model``, ``--no-recompile``, ``--recompile-suboptimal``,
 ``--prefer``, ``--verify``, ``--drop-unlisted``) are ``SyncPolicy``'s fields, the model
-the device-sync flow takes as its ``policy``. The device engine and the flow are imported inside the command. A process that is
-``epfleet sync`` (without ``--flow`` or ``--serve``) does nothing else, and is set up for
-that one job: securesystemslib's signers loaded without boto3, what it has loaded
-kept out of the garbage collector's passes (``_verifier_without_boto3``,
-``_collect_less``; docs/operate/fleet-scale.md).
+the device-sync flow takes as its ``policy``. The device engine and the flow are imported
+inside the command. A process that is ``epfleet sync`` (without ``--flow`` or
+``--serve``) does nothing else, and is set up for that one job: securesystemslib's
+signers loaded without boto3, what it has loaded kept out of the garbage collector's
+passes (``_verifier_without_boto3``, ``_collect_less``; docs/operate/fleet-scale.md).
 """
 
 from __future__ import annotations
