@@ -46,7 +46,9 @@ from eps.base import Precision
 # manifest it cached under the older rules instead of trusting it, and fetches again one it
 # rejected under them. 6: verification tolerances bounded by eps.base.LOOSEST_TOLERANCE.
 # 7: a newer minor schema's unknown keys ignored (epfleet.formats.schema_version).
-VALIDATION_RULES = "7"
+# 8: a rollout policy bounded as a spec's, canary ids device ids, a rollout's stage one of its
+# policy's, folded_io lists bounded (epfleet.formats.rollout, epfleet.formats.variant_checks).
+VALIDATION_RULES = "8"
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from epfleet.errors import BadInputError
 from epfleet.formats.spec import FleetSpec
+from epfleet.text import printable
 
 MAX_NESTING = 32
 """How deep a spec's YAML may nest (a fleet spec needs 5 levels): PyYAML composes nodes
@@ -36,7 +37,7 @@ def _location(loc: tuple[int | str, ...], data: Any) -> str:
         if isinstance(item, int):
             node = node[item] if isinstance(node, list) and item < len(node) else None
             label = node.get("name") if isinstance(node, dict) else None
-            path += f"[{label or item}]"
+            path += f"[{printable(str(label)) if label else item}]"
         else:
             path += f".{item}" if path else str(item)
             node = node.get(item) if isinstance(node, dict) else None
