@@ -6,8 +6,9 @@ without the keys has padded with a long `folded_io` list.
 For each count, a signed local store (one small CPU model, 16 bins) gets a manifest.json
 that claims the signed generation and lists that many folded inputs on the model's CPU
 variant; `trust refresh` runs in-process (it compares that copy with the signed manifest,
-warns, and puts the signed copy back). Prints the planted file's size, the refresh's wall
-time and its exit code, and whether manifest.json is the signed copy again.
+warns, and puts the signed copy back), then, on the same copy planted again, `device enroll`.
+Prints the planted file's size, each command's wall time and exit code, and whether
+manifest.json is the signed copy again after the refresh.
 """
 
 from __future__ import annotations
@@ -52,18 +53,26 @@ def run(entries: int) -> None:
         assert found is not None
         data = planted(found.data, entries)
         store.write(MANIFEST_KEY, data)
-        errors = io.StringIO()
-        start = time.perf_counter()
-        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(errors):
-            code = main(["trust", "refresh", "--store", fleet.uri])
-        seconds = time.perf_counter() - start
+        refresh = timed(["trust", "refresh", "--store", fleet.uri])
         restored = store.read(MANIFEST_KEY)
         back = restored is not None and restored.data == found.data
+        store.write(MANIFEST_KEY, data)
+        keys = Path(scratch) / "device-keys"
+        enroll = timed(["device", "enroll", "dev-1", "--keys", str(keys), "--store", fleet.uri])
         print(
-            f"{entries:>8,} folded inputs  {len(data) / 1e6:6.1f} MB  refresh {seconds:7.2f} s  "
-            f"exit {code}  manifest.json the signed copy again: {back}",
+            f"{entries:>8,} folded inputs  {len(data) / 1e6:5.1f} MB  trust refresh {refresh}  "
+            f"(manifest.json the signed copy again: {back})  device enroll {enroll}",
             flush=True,
         )
+
+
+def timed(argv: list[str]) -> str:
+    """``epfleet ARGV`` in this process: its wall time and exit code."""
+    output = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stderr(output), contextlib.redirect_stdout(output):
+        code = main(argv)
+    return f"{time.perf_counter() - start:.2f} s, exit {code}"
 
 
 def main_() -> None:
