@@ -12,6 +12,7 @@ from epfleet.fleet.merge_rules import ModelFacts, merge
 from epfleet.formats.manifest import (
     ArtifactRef,
     Coverage,
+    FileSet,
     Manifest,
     SamplesRef,
     SourceEntry,
@@ -358,3 +359,16 @@ def test_a_name_folded_twice_is_found_in_a_long_list() -> None:
     names = [f"input-{i}" for i in range(MAX_FOLDED_TENSORS - 1)] + ["input-5"]
     with pytest.raises(ValidationError, match="inputs name 'input-5' twice"):
         FoldedIo.model_validate(folded(names))
+
+
+def package_files(paths: list[str]) -> list[dict]:
+    return [{"path": p, "uri": f"files/{SHA_B}", "sha256": SHA_B, "size": 1} for p in paths]
+
+
+def test_a_file_set_of_more_files_than_any_model_folder_is_refused() -> None:
+    deep = "/".join(["d"] * 90)
+    assert FileSet.model_validate({"files": package_files([f"{deep}/{i}" for i in range(10_000)])})
+    with pytest.raises(ValidationError, match="List should have at most 10000 items"):
+        FileSet.model_validate({"files": package_files([f"f{i}" for i in range(10_001)])})
+    with pytest.raises(ValidationError, match="'d/d' is both a file and a directory"):
+        FileSet.model_validate({"files": package_files([f"{deep}/0", "d/d"])})
