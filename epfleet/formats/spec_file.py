@@ -37,11 +37,11 @@ def _location(loc: tuple[int | str, ...], data: Any) -> str:
         if isinstance(item, int):
             node = node[item] if isinstance(node, list) and item < len(node) else None
             label = node.get("name") if isinstance(node, dict) else None
-            path += f"[{printable(str(label)) if label else item}]"
+            path += f"[{label or item}]"
         else:
             path += f".{item}" if path else str(item)
             node = node.get(item) if isinstance(node, dict) else None
-    return path or "spec"
+    return printable(path) or "spec"  # a name or key may hold control characters
 
 
 def _message(error: Any) -> str:

@@ -576,3 +576,11 @@ def test_an_escape_code_in_a_model_name_is_shown_escaped(
     err = capsys.readouterr().err
     assert "models[evil\\x1b[2Jred].name: String should match pattern" in err, err
     assert "\x1b" not in err
+
+
+def test_a_spec_error_names_a_hostile_key_escaped_wherever_it_is_shown() -> None:
+    """parse_spec's message is also a flow's error (a Prefect log), not only the CLI's."""
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(spec(models=[{"name": "m", "source": "m.onnx", "sour\x1b[2Jce": 1}]))
+    assert "models[m].sour\\x1b[2Jce: unknown key" in str(raised.value)
+    assert "\x1b" not in str(raised.value)
