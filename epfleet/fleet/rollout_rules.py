@@ -15,7 +15,11 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
   before it: a newer publish never makes an unproven build (or version) the way back.
 - ``advance`` moves to the next stage; past the last, the rollout is ``complete`` and
   ``previous`` is dropped (``epfleet gc`` may then collect it). ``halt`` freezes the
-  stage; ``revert`` sends every device back to ``previous``; both say why.
+  stage; ``revert`` sends every device back to ``previous``; both say why. ``resume``
+  makes a halted rollout active again at its stage. A halted rollout is not advanced:
+  it is resumed first (a halt is a decision an advance must not undo on the way). A move
+  that changes nothing (``halt`` of a halted rollout, ``resume`` of an active one) gives
+  back the entry it was given: nothing to publish.
 - What the gate hears (``epfleet.fleet.evidence_rules.attribute``): a report object is
   the report of the device its key names, or it is unreadable (it does not decode, or a
   number in it is not finite or out of range) or not attributed (its key names another
@@ -134,6 +138,11 @@ def _new_rollout(policy: RolloutPolicy, now: datetime) -> Rollout:
 
 def advance(entry: ModelEntry, now: datetime) -> ModelEntry:
     rollout = _under_way(entry)
+    if rollout.state == "halted":
+        raise CannotMove(
+            f"its rollout is halted ({rollout.reason or 'no reason given'}) at stage "
+            f"{rollout.stage + 1}: resume it first (epfleet rollout resume), then advance"
+        )
     if rollout.last_stage:
         done = rollout.model_copy(update={"state": "complete", "stage_started_at": now})
         return entry.model_copy(update={"rollout": done, "previous": {}, "previous_version": None})
@@ -145,8 +154,19 @@ def advance(entry: ModelEntry, now: datetime) -> ModelEntry:
 
 def halt(entry: ModelEntry, reason: str) -> ModelEntry:
     rollout = _under_way(entry)
+    if rollout.state == "halted":
+        return entry  # halted already: its first reason stays
     return entry.model_copy(
         update={"rollout": rollout.model_copy(update={"state": "halted", "reason": reason})}
+    )
+
+
+def resume(entry: ModelEntry) -> ModelEntry:
+    rollout = _under_way(entry)
+    if rollout.state == "active":
+        return entry
+    return entry.model_copy(
+        update={"rollout": rollout.model_copy(update={"state": "active", "reason": None})}
     )
 
 
@@ -157,7 +177,11 @@ def revert(entry: ModelEntry, reason: str) -> ModelEntry:
     )
 
 
-class NoRollout(ValueError):
+class CannotMove(ValueError):
+    """The move asked for does not apply to the model's rollout as it is."""
+
+
+class NoRollout(CannotMove):
     """The model has no rollout under way (none, or it is complete or reverted)."""
 
 

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from epfleet.fleet.evidence_rules import Unattributed, attribute
 from epfleet.fleet.merge_rules import ModelFacts, merge
 from epfleet.fleet.rollout_rules import (
+    CannotMove,
     Evidence,
     NoRollout,
     SideEvidence,
@@ -19,6 +20,7 @@ from epfleet.fleet.rollout_rules import (
     gather,
     halt,
     judge,
+    resume,
     revert,
     start,
 )
@@ -163,6 +165,23 @@ def test_a_rollout_advances_to_completion_halts_and_reverts() -> None:
     assert back.rollout is not None and back.rollout.state == "reverted"
     assert back.rollout.reason == "accuracy"
     assert back.for_device("dev-000").variants["cpu"].digest == "a" * 64  # even the canary
+
+
+def test_a_halted_rollout_is_resumed_before_it_advances_and_no_op_moves_change_nothing() -> None:
+    entry = entry_with_rollout()
+    later = NOW + timedelta(hours=2)
+    halted = halt(entry, "crashes")
+    assert halt(halted, "again") is halted  # nothing to publish: the first reason stays
+    with pytest.raises(CannotMove, match=r"halted \(crashes\) at stage 1: resume it first"):
+        advance(halted, later)
+    assert resume(entry) is entry
+    resumed = resume(halted)
+    assert resumed.rollout is not None and resumed.rollout.state == "active"
+    assert resumed.rollout.reason is None and resumed.rollout.stage == 0
+    moved = advance(resumed, later)
+    assert moved.rollout is not None and moved.rollout.stage == 1
+    with pytest.raises(NoRollout):
+        resume(revert(entry, "accuracy"))
 
 
 def side(devices: int, failed: int = 0, p50: float | None = None) -> SideEvidence:
