@@ -20,6 +20,10 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
   it is resumed first (a halt is a decision an advance must not undo on the way). A move
   that changes nothing (``halt`` of a halted rollout, ``resume`` of an active one) gives
   back the entry it was given: nothing to publish.
+- ``follow_policy``: a rollout under way (active or halted) follows its model's rollout
+  policy as the spec gives it now: a compile applies a changed policy (thresholds,
+  canaries, stages) to it at its current stage, and says so; a policy with fewer stages
+  than the rollout has reached is refused (advance or revert the rollout first).
 - What the gate hears (``epfleet.fleet.evidence_rules.attribute``): a report object is
   the report of the device its key names, or it is unreadable (it does not decode, or a
   number in it is not finite or out of range) or not attributed (its key names another
@@ -159,6 +163,39 @@ def halt(entry: ModelEntry, reason: str) -> ModelEntry:
     return entry.model_copy(
         update={"rollout": rollout.model_copy(update={"state": "halted", "reason": reason})}
     )
+
+
+def policy_change(entry: ModelEntry, policy: RolloutPolicy) -> str | None:
+    """What following ``policy`` would change in ``entry``'s rollout under way, as a
+    sentence; None when it has none or already follows it. CannotMove when the rollout's
+    stage is past ``policy``'s stages."""
+    rollout = entry.rollout
+    if rollout is None or rollout.state not in ("active", "halted"):
+        return None
+    before, after = rollout.policy.model_dump(), RolloutPolicy(**policy.model_dump()).model_dump()
+    if before == after:
+        return None
+    if rollout.stage >= len(policy.stages):
+        raise CannotMove(
+            f"the spec's rollout policy has {len(policy.stages)} stages {policy.stages}, and "
+            f"its rollout {rollout.id} under way is at stage {rollout.stage + 1} "
+            f"{rollout.policy.stages}: advance or revert that rollout first, or keep its stages"
+        )
+    changed = ", ".join(f"{f} {before[f]} -> {after[f]}" for f in after if before[f] != after[f])
+    return (
+        f"its rollout {rollout.id} ({rollout.state}, stage {rollout.stage + 1}) follows the "
+        f"spec's changed rollout policy: {changed}"
+    )
+
+
+def follow_policy(entry: ModelEntry, policy: RolloutPolicy) -> ModelEntry:
+    """``entry`` with its rollout under way following ``policy`` (``policy_change``); the
+    entry itself when there is nothing to change."""
+    if policy_change(entry, policy) is None:
+        return entry
+    assert entry.rollout is not None
+    followed = entry.rollout.model_copy(update={"policy": RolloutPolicy(**policy.model_dump())})
+    return entry.model_copy(update={"rollout": followed})
 
 
 def resume(entry: ModelEntry) -> ModelEntry:

@@ -48,6 +48,11 @@ class RunPlan(BaseModel):
     rollouts: dict[str, RolloutPolicy] = Field(
         default_factory=dict, description="Each staged model's rollout policy"
     )
+    policy_changes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Models whose rollout under way follows a policy the spec changed: what "
+        "changes",
+    )
 
     @property
     def to_compile(self) -> list[PlannedPair]:
@@ -79,6 +84,7 @@ class RunPlan(BaseModel):
             and self.published_samples == self.samples
             and self.published_calibrations == self.calibrations
             and self.published_preferences == self.preferences
+            and not self.policy_changes
         )
 
     @property
