@@ -96,7 +96,7 @@ def read_evidence(
 
     def readable() -> Iterator[DeviceReport]:
         # streamed: a large fleet's reports are never all held
-        for heard in stream_attributed_device_reports(store):
+        for heard in stream_attributed_device_reports(store, enrolled):
             for name, rollout in staged.items():
                 count(evidence[name], rollout, name, heard, enrolled)
             if isinstance(heard, Unattributed):
