@@ -177,7 +177,7 @@ def policy_change(entry: ModelEntry, policy: RolloutPolicy) -> str | None:
         return None
     if rollout.stage >= len(policy.stages):
         raise CannotMove(
-            f"the spec's rollout policy has {len(policy.stages)} stages {policy.stages}, and "
+            f"the spec's rollout policy has {_stages(policy)}, and "
             f"its rollout {rollout.id} under way is at stage {rollout.stage + 1} "
             f"{rollout.policy.stages}: advance or revert that rollout first, or keep its stages"
         )
@@ -186,6 +186,11 @@ def policy_change(entry: ModelEntry, policy: RolloutPolicy) -> str | None:
         f"its rollout {rollout.id} ({rollout.state}, stage {rollout.stage + 1}) follows the "
         f"spec's changed rollout policy: {changed}"
     )
+
+
+def _stages(policy: RolloutPolicy) -> str:
+    count = len(policy.stages)
+    return f"{count} stage{'s' if count != 1 else ''} {policy.stages}"
 
 
 def follow_policy(entry: ModelEntry, policy: RolloutPolicy) -> ModelEntry:

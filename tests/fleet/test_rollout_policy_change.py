@@ -113,7 +113,7 @@ def test_a_policy_without_the_stage_reached_is_refused_before_anything_compiles(
     assert main(["compile", str(fewer), "--store", store.uri]) == 2
     err = capsys.readouterr().err
     assert (
-        f"models[{MODEL}].rollout: the spec's rollout policy has 1 stages [100.0], and its "
+        f"models[{MODEL}].rollout: the spec's rollout policy has 1 stage [100.0], and its "
         f"rollout {ROLLOUT.id} under way is at stage 2 [10.0, 50.0, 100.0]: advance or "
         "revert that rollout first, or keep its stages"
     ) in err

@@ -205,7 +205,7 @@ def test_merge_makes_a_rollout_under_way_follow_its_changed_policy() -> None:
     ended = advance(entry_with_rollout(stage=1), NOW)
     assert ended.rollout is not None and ended.rollout.state == "complete"
     assert policy_change(ended, looser) is None  # a finished rollout keeps what it ran
-    with pytest.raises(CannotMove, match=r"has 1 stages \[100.0\], and its rollout"):
+    with pytest.raises(CannotMove, match=r"has 1 stage \[100.0\], and its rollout"):
         policy_change(entry_with_rollout(stage=1), RolloutPolicy(stages=[100]))
 
 
