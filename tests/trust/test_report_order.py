@@ -154,6 +154,7 @@ def test_an_older_signed_report_put_back_does_not_erase_a_members_failure(
     assert failure.report_uploaded, failure.report_error
     assert success.sequence is not None and failure.sequence is not None
     assert failure.sequence > success.sequence  # the device's counter, in its cache
+    assert json.loads(device.report_sent() or b"{}")["sequence"] == failure.sequence
     stored = decode_report(store.read(report_key(CANARY)).data, 1 << 20)  # type: ignore[union-attr]
     assert stored.sequence == failure.sequence  # inside the signed payload
     halted = gate(capsys, store)
