@@ -55,8 +55,8 @@ def by_pool(plan: RunPlan) -> tuple[list[PlannedPair], dict[str, list[PlannedPai
 def run_compiles(plan: RunPlan, runner: Runner) -> RunReport:
     """Compile what ``plan`` says (the pools' pairs started first, so that they run while
     this machine compiles), publish every outcome at once, and report."""
-    for model, change in plan.policy_changes.items():
-        runner.warn(f"model {model}: {change}")
+    for model, note in (plan.policy_changes | plan.policy_kept).items():
+        runner.warn(f"model {model}: {note}")
     here, pools = by_pool(plan)
     for pool, pairs in pools.items():
         runner.compile_in_pool(pool, pairs)

@@ -31,7 +31,7 @@ from epfleet.fleet.calibration import StagedCalibration, stage_calibration
 from epfleet.fleet.handover import PoolPair
 from epfleet.fleet.plan_rules import decide_pair, plan_pairs
 from epfleet.fleet.publishing import read_in_force
-from epfleet.fleet.rollout_rules import CannotMove, policy_change
+from epfleet.fleet.rollout_rules import CannotMove, policy_change, policy_dropped
 from epfleet.fleet.runs import RunPlan, RunReport
 from epfleet.fleet.staging import (
     PreparedSource,
@@ -234,6 +234,13 @@ def plan_run(
         },
         rollouts=rollouts,
         policy_changes=_policy_changes(published, rollouts),
+        policy_kept={
+            name: note
+            for name in sources
+            if name in published
+            and name not in rollouts
+            and (note := policy_dropped(published[name])) is not None
+        },
         preferences=(preferences := _preferences(spec, pairs)),
         published_preferences={
             name: published[name].preference if name in published else [] for name in preferences

@@ -23,7 +23,9 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
 - ``follow_policy``: a rollout under way (active or halted) follows its model's rollout
   policy as the spec gives it now: a compile applies a changed policy (thresholds,
   canaries, stages) to it at its current stage, and says so; a policy with fewer stages
-  than the rollout has reached is refused (advance or revert the rollout first).
+  than the rollout has reached is refused (advance or revert the rollout first). A spec
+  that no longer gives the model a policy leaves the rollout on its own, and the compile
+  says so (``policy_dropped``).
 - What the gate hears (``epfleet.fleet.evidence_rules.attribute``): a report object is
   the report of the device its key names, or it is unreadable (it does not decode, or a
   number in it is not finite or out of range) or not attributed (its key names another
@@ -185,6 +187,19 @@ def policy_change(entry: ModelEntry, policy: RolloutPolicy) -> str | None:
     return (
         f"its rollout {rollout.id} ({rollout.state}, stage {rollout.stage + 1}) follows the "
         f"spec's changed rollout policy: {changed}"
+    )
+
+
+def policy_dropped(entry: ModelEntry) -> str | None:
+    """What happens to ``entry``'s rollout under way when the spec gives the model no
+    rollout policy, as a sentence; None when it has none under way."""
+    rollout = entry.rollout
+    if rollout is None or rollout.state not in ("active", "halted"):
+        return None
+    return (
+        f"its rollout {rollout.id} ({rollout.state}, stage {rollout.stage + 1}) keeps the "
+        "policy it started with: the spec gives the model no rollout policy now (move it "
+        "by hand: epfleet rollout advance, halt or revert)"
     )
 
 

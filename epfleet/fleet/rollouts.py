@@ -147,7 +147,8 @@ def move(
 ) -> Moved:
     """Advance, halt, resume or revert the model's rollout (the one ``rollout_id`` names,
     when given) in one publish; an advance starts the next stage at ``clock.now()``. A
-    move that changes nothing publishes nothing and says why (``Moved.unchanged``).
+    move that changes nothing publishes nothing and says why (``Moved.unchanged``), and so
+    does the gate's move (``rollout_id`` given) of a rollout moved since it judged it.
     BadInputError when the model has no rollout under way, or for an advance of a
     halted rollout (resume it first)."""
     steps: dict[Move, Callable[[ModelEntry, datetime, str], ModelEntry]] = {
@@ -170,6 +171,11 @@ def move(
         try:
             moved = steps[how](entry, _now(clock), reason)
         except CannotMove as exc:
+            if rollout_id is not None:  # the gate's move: a person moved it since it judged
+                assert entry.rollout is not None
+                unchanged.append(f"its rollout is {entry.rollout.state} now: {exc}")
+                done.append(entry)
+                return None
             raise BadInputError(
                 f"model {model!r} in {store.uri}: {exc}; nothing to {how}"
             ) from None

@@ -53,6 +53,10 @@ class RunPlan(BaseModel):
         description="Models whose rollout under way follows a policy the spec changed: what "
         "changes",
     )
+    policy_kept: dict[str, str] = Field(
+        default_factory=dict,
+        description="Models whose rollout under way keeps its policy, the spec giving none",
+    )
 
     @property
     def to_compile(self) -> list[PlannedPair]:

@@ -119,3 +119,25 @@ def test_a_policy_without_the_stage_reached_is_refused_before_anything_compiles(
     ) in err
     assert generation(store) == before
     assert signed_rollout(store) == ROLLOUT
+
+
+def test_a_policy_dropped_from_the_spec_leaves_the_rollout_as_it_is_and_says_so(
+    store: Store,
+    model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "cache"))
+    before = generation(store)
+    spec = write_spec(tmp_path, tiny_models(model_dir), [*HTP_TARGETS, CPU_TARGET])
+    plan = plan_run(spec, store.uri)
+    assert plan.is_noop and set(plan.policy_kept) == {MODEL}
+    capsys.readouterr()
+    assert main(["compile", str(spec), "--store", store.uri]) == 0
+    assert (
+        f"epfleet: model {MODEL}: its rollout {ROLLOUT.id} (active, stage 2) keeps the policy "
+        "it started with: the spec gives the model no rollout policy now"
+    ) in capsys.readouterr().err
+    assert generation(store) == before
+    assert signed_rollout(store) == ROLLOUT

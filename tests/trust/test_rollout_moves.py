@@ -12,6 +12,7 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.fleet.publishing import read_in_force, update_manifest
+from epfleet.fleet.rollouts import move
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import Store, open_store
@@ -140,3 +141,16 @@ def test_a_revert_of_a_reverted_rollout_is_refused_and_publishes_nothing(
     assert run(store, "resume") == 2
     assert "its rollout is reverted; nothing to resume" in capsys.readouterr().err
     assert signed(store).generation == generation
+
+
+def test_the_gates_advance_of_a_rollout_halted_since_it_judged_leaves_it_halted(
+    store: Store,
+) -> None:
+    assert run(store, "halt", "--reason", "crash reports") == 0
+    generation = signed(store).generation
+    moved = move(store, MODEL, "advance", "the gate: 5 member devices", ROLLOUT.id)
+    assert not moved.published and moved.state == "halted"
+    assert moved.unchanged is not None
+    assert moved.unchanged.startswith("its rollout is halted now: its rollout is halted")
+    assert signed(store).generation == generation
+    assert rollout(store).state == "halted"
