@@ -1,5 +1,5 @@
 """What a staged rollout does (pure: every fact is passed in): how a publish starts one, how it
-moves (advance, halt, revert), and the gate's judgement of a stage from field evidence.
+moves (advance, halt, resume, revert), and the gate's judgement of a stage from field evidence.
 
 The rules (the state itself is ``epfleet.formats.rollout``'s):
 
