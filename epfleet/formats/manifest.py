@@ -365,6 +365,18 @@ class DeviceKey(_Strict):
     enrolled_at: datetime
 
 
+KeyId = Annotated[str, StringConstraints(pattern=SHA256_PATTERN)]
+
+
+class RevokedKey(_Strict):
+    """A device key that was revoked (``epfleet device revoke``): it is enrolled again only
+    with ``--force``, for the device it was revoked from, since the reports it signed
+    before would count again."""
+
+    device: Name = Field(description="The device it was enrolled for")
+    revoked_at: datetime
+
+
 class Manifest(_Strict):
     schema_version: str = Field(
         default=compat.SCHEMA_VERSION,
@@ -379,10 +391,16 @@ class Manifest(_Strict):
         exclude_if=lambda keys: not keys,
         description="Enrolled devices' public keys, by device id (signed with the manifest)",
     )
+    revoked_device_keys: dict[KeyId, RevokedKey] = Field(
+        default_factory=dict,
+        exclude_if=lambda keys: not keys,
+        description="Revoked device keys, by key id: refused by epfleet device enroll "
+        "unless --force (added in schema 1.6; devices ignore it)",
+    )
 
     def succeeded_by(self, models: dict[str, ModelEntry]) -> Manifest:
         """The next generation of this manifest with ``models``, everything else kept (the
-        enrolled device keys), stamped with the schema version this epfleet writes."""
+        enrolled and revoked device keys), stamped with the schema version this epfleet writes."""
         return self.model_copy(
             update={
                 "schema_version": compat.SCHEMA_VERSION,
