@@ -14,7 +14,7 @@ from typing import Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_OK
-from epfleet.cli.options import Json, Store, command_help
+from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -200,7 +200,7 @@ def rotate(
 
 
 @trust_app.command
-def refresh(*, store: Store = DEFAULT_STORE) -> int:
+def refresh(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) -> int:
     """Sign the timestamp and snapshot again (and bins near expiry), so devices never see
     expired metadata while nothing is published. Signs with EPFLEET_TRUST_SIGNER, from the
     signed metadata alone; then puts manifest.json right as the copy of the signed
@@ -217,6 +217,7 @@ def refresh(*, store: Store = DEFAULT_STORE) -> int:
     from epfleet.trust.repository import refresh as refresh_trust
     from epfleet.trust.signers import signer_for
 
+    pin_trust_root(store, trust_root)
     opened = open_store(store)
     if not signed_store(opened):
         raise BadInputError(f"--store {store} has no trust metadata: epfleet trust init first")
