@@ -82,7 +82,7 @@ def pins_of(store: Store) -> Pins | None:
         version, digest = root_version(data), signed_sha256(data)
         if version is not None and digest is not None and version not in pins.roots:
             pins.roots[version] = digest
-        pins.sources.append(f"the development keys' {path}")
+        pins.sources.append(f"in the development keys' {path}")
     return pins if pins.sources else None
 
 

@@ -222,8 +222,9 @@ def test_a_replaced_repository_is_refused(
     assert contents(store) == before
 
 
-def test_a_rolled_back_timestamp_is_refused(
-    capsys: pytest.CaptureFixture[str], signed: Signed
+@pytest.mark.parametrize("how", ["put back", "deleted"])
+def test_a_rolled_back_or_deleted_timestamp_is_refused(
+    capsys: pytest.CaptureFixture[str], signed: Signed, how: str
 ) -> None:
     store = signed.store
     old = store.read(TIMESTAMP_KEY)
@@ -232,14 +233,21 @@ def test_a_rolled_back_timestamp_is_refused(
         store, lambda current: current.succeeded_by(current.models) if current else None
     )
     assert read_in_force(store).manifest is not None  # this host verified the new timestamp
-    store.write(TIMESTAMP_KEY, old.data)  # the older signed timestamp put back
+    if how == "put back":
+        store.write(TIMESTAMP_KEY, old.data)  # the older signed timestamp
+    else:
+        store.delete(TIMESTAMP_KEY)
     clear_cache()
-    code, _, err = run(capsys, "device", "list", "--store", signed.uri)
+    before = contents(store)
+    code, _, err = run(capsys, "retire", "--store", signed.uri, "--model", "model-000")
     assert code == 1
-    assert (
-        f"{signed.uri}/{TIMESTAMP_KEY} is version 1, older than version 2 verified here: the "
-        "signed metadata was rolled back"
-    ) in err
+    says = {
+        "put back": "is version 1, older than version 2 verified here: the signed metadata "
+        "was rolled back",
+        "deleted": "is missing, but version 2 was verified here: the signed metadata was damaged",
+    }
+    assert f"{signed.uri}/{TIMESTAMP_KEY} {says[how]}" in err, err
+    assert contents(store) == before
 
 
 def test_a_given_trust_root_pins_a_store_this_host_never_saw(
@@ -295,7 +303,7 @@ def test_a_local_store_is_pinned_by_its_development_keys(
     code, _, err = run(capsys, "retire", "--store", str(tmp_path / "store"), "--model", "model-000")
     assert code == 1
     root = development_keys_dir(tmp_path / "store") / "root.json"
-    assert f"{MISSING_ROOT} (its root is the development keys' {root})" in err
+    assert f"{MISSING_ROOT} (its root is in the development keys' {root})" in err
 
 
 def test_a_publish_with_a_signer_set_never_goes_unsigned(
