@@ -14,11 +14,12 @@ import pytest
 from epfleet.cli.app import main
 from epfleet.fleet.enrolment import key_entry
 from epfleet.fleet.publishing import read_in_force, update_manifest
+from epfleet.fleet.rollouts import run_gate
 from epfleet.formats.manifest import Manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust.keys import new_key
 from epfleet.trust.layout import FIRST_ROOT_KEY, TIMESTAMP_KEY
-from epfleet.trust.pins import pin_problem, record_path
+from epfleet.trust.pins import TrustLost, pin_problem, record_path
 from epfleet.trust.repository import development_keys_dir, init_with_key_files
 from epfleet.trust.state import clear_cache
 from tests.support.signed_fleet import synthetic_store
@@ -111,6 +112,7 @@ def fleet_commands(signed: Signed, spec: Path) -> dict[str, list[str]]:
         "retire": ["retire", *store, "--model", "model-001"],
         "gc": ["gc", *store, "--delete", "--grace", "0"],
         "trust refresh": ["trust", "refresh", *store],
+        "watch --dry-run": ["watch", str(spec), *store, "--dry-run"],
     }
 
 
@@ -125,6 +127,7 @@ COMMANDS = [
     "retire",
     "gc",
     "trust refresh",
+    "watch --dry-run",
 ]
 
 
@@ -146,6 +149,17 @@ def test_with_its_first_root_deleted_a_signed_store_is_refused_and_nothing_publi
     assert f"recorded in {record_path(signed.store.uri)}" in err, err
     assert "planted-device" not in out and "forged" not in out
     assert contents(signed.store) == before  # nothing published, nothing removed
+
+
+def test_the_rollout_gate_refuses_a_signed_store_whose_first_root_was_deleted(
+    signed: Signed,
+) -> None:
+    """The gate as its flow runs it (``run_gate``), which moves rollouts on what it reads."""
+    forge(signed.store)
+    before = contents(signed.store)
+    with pytest.raises(TrustLost, match=MISSING_ROOT):
+        run_gate(signed.store)
+    assert contents(signed.store) == before
 
 
 def test_trust_init_refuses_a_store_that_was_signed_before(
