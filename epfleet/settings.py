@@ -40,7 +40,8 @@ class Settings(BaseModel):
     cache: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "epfleet",
         description="Worker-local scratch of the compile workers (fetched sources, fresh "
-        "artifacts); default ~/.cache/epfleet",
+        "artifacts), and this host's record of the signed stores it read "
+        "(signed-stores/); default ~/.cache/epfleet",
     )
     cache_max_bytes: ByteSize = Field(
         default=ByteSize(10 << 30),

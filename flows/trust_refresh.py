@@ -20,7 +20,8 @@ from prefect.artifacts import create_table_artifact
 
 from epfleet.fleet.publishing import put_copy_right
 from epfleet.stores import DEFAULT_STORE, open_store
-from epfleet.trust.repository import has_trust, refresh, status
+from epfleet.trust.pins import signed_store
+from epfleet.trust.repository import refresh, status
 from epfleet.trust.signers import signer_for
 from tasks.events import emit_tampered_event
 
@@ -39,7 +40,7 @@ def trust_refresh(store: str = DEFAULT_STORE) -> int | None:
     """
     logger = get_run_logger()
     opened = open_store(store)
-    if not has_trust(opened):
+    if not signed_store(opened):
         logger.warning("%s has no trust metadata: nothing to refresh (epfleet trust init)", store)
         return None
     signer = signer_for(opened)

@@ -22,7 +22,15 @@ from cyclopts import Parameter
 
 from epfleet import MAX_WORKERS
 from epfleet.cli.interrupts import interrupts
-from epfleet.cli.options import Json, Repeatable, RunnerName, Store, command_help
+from epfleet.cli.options import (
+    Json,
+    Repeatable,
+    RunnerName,
+    Store,
+    TrustRoot,
+    command_help,
+    pin_trust_root,
+)
 from epfleet.cli.prefect_api import (
     api_url_named,
     prefect_defaults,
@@ -58,6 +66,7 @@ def compile_(
     dask_address: str | None = None,
     prune: bool = False,
     prefect: Literal["auto", "temporary"] = "auto",
+    trust_root: TrustRoot = None,
     as_json: Json = False,
 ) -> int:
     """Compile every model of the fleet spec for every target, and publish.
@@ -117,6 +126,7 @@ def compile_(
         raise BadInputError(f"--workers must be from 1 to {MAX_WORKERS}, got {workers}")
     if dask_address and task_runner != "dask":
         raise BadInputError("--dask-address needs --task-runner dask")
+    pin_trust_root(store, trust_root)
     try:
         with interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
             report = _compile(

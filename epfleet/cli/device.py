@@ -17,7 +17,7 @@ from typing import Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
-from epfleet.cli.options import Json, Store, command_help
+from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.stores import DEFAULT_STORE
 
 device_app = App(
@@ -43,6 +43,7 @@ def enroll(
     store: Store = DEFAULT_STORE,
     keys: Path | None = None,
     public_key: Path | None = None,
+    trust_root: TrustRoot = None,
     force: bool = False,
 ) -> int:
     """Enrol a device: publish its public key in the signed manifest, so that a rollout
@@ -69,6 +70,7 @@ def enroll(
     from epfleet.fleet.enrolment import enroll as enroll_device
     from epfleet.stores import open_store
 
+    pin_trust_root(store, trust_root)
     enrolled = enroll_device(
         open_store(store), device, keys_dir=keys, public_key=public_key, force=force
     )
@@ -87,7 +89,7 @@ def enroll(
 
 
 @device_app.command
-def revoke(device: DeviceId, *, store: Store = DEFAULT_STORE) -> int:
+def revoke(device: DeviceId, *, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) -> int:
     """Remove a device's key: its reports no longer count where reports must be signed.
 
     For example:
@@ -96,13 +98,16 @@ def revoke(device: DeviceId, *, store: Store = DEFAULT_STORE) -> int:
     from epfleet.fleet.enrolment import revoke as revoke_device
     from epfleet.stores import open_store
 
+    pin_trust_root(store, trust_root)
     removed = revoke_device(open_store(store), device)
     print(f"revoked {device} in {store}: key {removed.keyid[:12]}")
     return EXIT_OK
 
 
 @device_app.command(name="list")
-def list_(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
+def list_(
+    *, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None, as_json: Json = False
+) -> int:
     """The enrolled devices and their keys, from the manifest in force.
 
     For example:
@@ -112,6 +117,7 @@ def list_(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
     from epfleet.stores import open_store
     from epfleet.text import table
 
+    pin_trust_root(store, trust_root)
     manifest = read_in_force(open_store(store)).manifest
     keys = manifest.device_keys if manifest is not None else {}
     if as_json:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
-from epfleet.cli.options import Json, Store, command_help
+from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -28,7 +28,12 @@ def _no_manifest_command(*unknown: Annotated[str, Parameter(show=False)]) -> int
 
 @manifest_app.command
 def show(
-    *, store: Store = DEFAULT_STORE, as_json: Json = False, costs: bool = False, field: bool = False
+    *,
+    store: Store = DEFAULT_STORE,
+    trust_root: TrustRoot = None,
+    as_json: Json = False,
+    costs: bool = False,
+    field: bool = False,
 ) -> int:
     """Print the published manifest as a table, with what the store holds per model and
     target, or as JSON.
@@ -61,6 +66,7 @@ def show(
     from epfleet.lifecycle.costs import costs as store_costs
     from epfleet.stores import MANIFEST_KEY, open_store
 
+    pin_trust_root(store, trust_root)
     opened = open_store(store)
     in_force = read_in_force(opened)
     manifest = in_force.manifest

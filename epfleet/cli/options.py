@@ -10,6 +10,7 @@ message; ``cli_error`` names the option in it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 
 from cyclopts import CycloptsError, Parameter
@@ -22,6 +23,14 @@ M = TypeVar("M", bound="BaseModel")
 Json = Annotated[bool, Parameter(name="--json", allow_repeating=True)]
 Store = Annotated[
     str, Parameter(help="The store: a directory, file:///abs/dir or s3://bucket/prefix.")
+]
+TrustRoot = Annotated[
+    Path | None,
+    Parameter(
+        help="A root.json of the store's signed metadata (trust init's) to pin: the store "
+        "must chain to it, or nothing is read nor published. Kept in the worker cache "
+        "(EPFLEET_CACHE): later commands on this host need it no more."
+    ),
 ]
 Repeatable = Annotated[list[str] | None, Parameter(negative_iterable=())]
 """A repeatable option (``--model a --model b``), all when not given."""
@@ -117,3 +126,13 @@ def command_help(*commands: Callable[..., Any]) -> None:
     only when that command runs (``epfleet.cli.app``)."""
     for command in commands:
         command.__doc__ = reflow_parameters(command.__doc__)
+
+
+def pin_trust_root(store: str, trust_root: Path | None) -> None:
+    """Pin ``--trust-root`` for ``store`` in the worker cache (``epfleet.trust.pins``), so
+    that every read of the store below goes through it."""
+    if trust_root is not None:
+        from epfleet.stores import open_store
+        from epfleet.trust.pins import pin_given_root
+
+        pin_given_root(open_store(store), trust_root)

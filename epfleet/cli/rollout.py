@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
-from epfleet.cli.options import Json, Repeatable, Store, command_help
+from epfleet.cli.options import Json, Repeatable, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.stores import DEFAULT_STORE
 
 rollout_app = App(
@@ -37,7 +38,13 @@ def _no_rollout_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
 
 
 @rollout_app.command
-def status(*, store: Store = DEFAULT_STORE, model: Repeatable = None, as_json: Json = False) -> int:
+def status(
+    *,
+    store: Store = DEFAULT_STORE,
+    model: Repeatable = None,
+    trust_root: TrustRoot = None,
+    as_json: Json = False,
+) -> int:
     """Show every rollout: its stage and state, the devices on the new and the previous
     variants side by side (failures, p50 latency, EP placement) from the device reports
     it can attribute, how many it could not, and what the gate would do.
@@ -51,6 +58,7 @@ def status(*, store: Store = DEFAULT_STORE, model: Repeatable = None, as_json: J
     from epfleet.stores import open_store
     from epfleet.text import table
 
+    pin_trust_root(store, trust_root)
     reading = read_evidence(open_store(store), model)
     found = reading.statuses
     if as_json:
@@ -70,10 +78,11 @@ def status(*, store: Store = DEFAULT_STORE, model: Repeatable = None, as_json: J
     return EXIT_OK
 
 
-def _move(store: str, model: str, how: str, reason: str) -> int:
+def _move(store: str, model: str, how: str, reason: str, trust_root: Path | None) -> int:
     from epfleet.fleet.rollouts import move
     from epfleet.stores import open_store
 
+    pin_trust_root(store, trust_root)
     moved = move(open_store(store), model, how, reason)  # type: ignore[arg-type]
     outcome = "published" if moved.published else "unchanged"
     if moved.unchanged is not None:
@@ -86,45 +95,63 @@ def _move(store: str, model: str, how: str, reason: str) -> int:
 
 
 @rollout_app.command
-def advance(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by hand") -> int:
+def advance(
+    *,
+    store: Store = DEFAULT_STORE,
+    model: Model,
+    reason: Reason = "by hand",
+    trust_root: TrustRoot = None,
+) -> int:
     """Move the model's rollout to its next stage (past the last: complete). A halted
     rollout is not advanced: resume it first.
 
     For example:
       epfleet rollout advance --store s3://bucket/fleet --model ocr-det
     """
-    return _move(store, model, "advance", reason)
+    return _move(store, model, "advance", reason, trust_root)
 
 
 @rollout_app.command
-def halt(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by hand") -> int:
+def halt(
+    *,
+    store: Store = DEFAULT_STORE,
+    model: Model,
+    reason: Reason = "by hand",
+    trust_root: TrustRoot = None,
+) -> int:
     """Freeze the model's rollout at its stage: no more devices take the new variants.
 
     For example:
       epfleet rollout halt --store s3://bucket/fleet --model ocr-det --reason "crash reports"
     """
-    return _move(store, model, "halt", reason)
+    return _move(store, model, "halt", reason, trust_root)
 
 
 @rollout_app.command
-def resume(*, store: Store = DEFAULT_STORE, model: Model) -> int:
+def resume(*, store: Store = DEFAULT_STORE, model: Model, trust_root: TrustRoot = None) -> int:
     """Make a halted rollout active again at its stage: the gate judges it again, and
     devices of the stage take the new variants.
 
     For example:
       epfleet rollout resume --store s3://bucket/fleet --model ocr-det
     """
-    return _move(store, model, "resume", "by hand")
+    return _move(store, model, "resume", "by hand", trust_root)
 
 
 @rollout_app.command
-def revert(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by hand") -> int:
+def revert(
+    *,
+    store: Store = DEFAULT_STORE,
+    model: Model,
+    reason: Reason = "by hand",
+    trust_root: TrustRoot = None,
+) -> int:
     """Send every device back to the variants the rollout replaced, at its next sync.
 
     For example:
       epfleet rollout revert --store s3://bucket/fleet --model ocr-det --reason "accuracy"
     """
-    return _move(store, model, "revert", reason)
+    return _move(store, model, "revert", reason, trust_root)
 
 
 command_help(status, advance, halt, resume, revert)

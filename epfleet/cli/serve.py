@@ -14,7 +14,7 @@ from cyclopts import Parameter
 from cyclopts.validators import Number
 
 from epfleet.cli.exit_codes import EXIT_OK
-from epfleet.cli.options import Json, Store, command_help
+from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -34,6 +34,7 @@ def watch(
     dry_run: bool = False,
     compile_deployment: str | None = None,
     report_max_age_days: int | None = None,
+    trust_root: TrustRoot = None,
     as_json: Json = False,
 ) -> int:
     """Run the runtime-watch flow once: compare the ORT and EP versions here with
@@ -65,6 +66,7 @@ def watch(
     """
     if report_max_age_days is not None and report_max_age_days < 1:
         raise BadInputError(f"--report-max-age-days must be 1 or more, got {report_max_age_days}")
+    pin_trust_root(store, trust_root)
     if dry_run:
         plan = _dry_run(spec, store, report_max_age_days or REPORT_MAX_AGE_DAYS)
     else:

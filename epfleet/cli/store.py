@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from epfleet.cli.exit_codes import EXIT_FAILED, EXIT_OK
-from epfleet.cli.options import Json, Repeatable, Store, command_help
+from epfleet.cli.options import Json, Repeatable, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -28,6 +28,7 @@ def gc(
     delete: bool = False,
     grace: float | None = None,
     retention_days: float | None = None,
+    trust_root: TrustRoot = None,
     as_json: Json = False,
 ) -> int:
     """List the store objects nothing needs, and with --delete remove them.
@@ -74,6 +75,7 @@ def gc(
             f"--retention-days must be 0 to {MAX_RETENTION_DAYS:,.0f} (a century), got "
             f"{retention_days:g}"
         )
+    pin_trust_root(store, trust_root)
     result = collect(
         open_store(store), delete=delete, grace_hours=grace, retention_days=retention_days
     )
@@ -92,6 +94,7 @@ def retire(
     model: Repeatable = None,
     target: Repeatable = None,
     dry_run: bool = False,
+    trust_root: TrustRoot = None,
     as_json: Json = False,
 ) -> int:
     """Remove models or targets from the manifest: devices stop getting them, and
@@ -135,6 +138,7 @@ def retire(
         raise BadInputError("give either --spec with --unlisted, or --model/--target, not both")
     if spec is None and not (model or target):
         raise BadInputError("name what to retire: --model, --target, or --spec with --unlisted")
+    pin_trust_root(store, trust_root)
     done = apply_retirement(
         open_store(store),
         spec=load_spec(spec) if spec is not None else None,

@@ -14,7 +14,7 @@ from typing import Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_OK
-from epfleet.cli.options import Json, Store, command_help
+from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -52,12 +52,19 @@ def init(
     root_keys: int = 3,
     root_threshold: int = 2,
     bins: int = 256,
+    adopt: bool = False,
     force: bool = False,
 ) -> int:
     """Create the store's signed metadata: root (a threshold of offline keys), targets
     (an offline key), and the online key that signs bins, snapshot and timestamp; then
     sign the store's manifest.json. New key files go to --keys (0600); without
     --online-signer or EPFLEET_TRUST_SIGNER an online key file is made there too.
+
+    A store that already holds a manifest.json was published unsigned: init lists what it
+    holds (models, variants, store objects, rollouts, device keys) and signs it only with
+    --adopt, once you have checked it. A store that was signed before (this host's worker
+    cache or its development keys pin a root for it) is refused: restore its trust/ from a
+    backup instead.
 
     For example:
       epfleet trust init --store s3://bucket/fleet --keys /media/offline/fleet-keys
@@ -68,9 +75,9 @@ def init(
     is refused (--force writes there anyway). Nothing is left in --keys when init fails:
     run the same command again.
 
-    Exit codes: 0 created; 1 the store failed; 2 bad input (the store has trust metadata,
-    --keys holds keys or is in a git work tree that does not ignore it, an impossible
-    threshold or bin count).
+    Exit codes: 0 created; 1 the store failed; 2 bad input (the store has or had trust
+    metadata, holds a manifest.json and --adopt is not given, --keys holds keys or is in a
+    git work tree that does not ignore it, an impossible threshold or bin count).
 
     Parameters
     ----------
@@ -81,30 +88,38 @@ def init(
     bins
         How many hashed bins the targets are spread over (a power of two; fixed for good:
         devices cache them).
+    adopt
+        Sign the manifest.json the store holds, as it is (listed when refused without it).
     force
         Write the keys into a git work tree that does not ignore --keys.
     """
     from epfleet.settings import settings
     from epfleet.stores import open_store
+    from epfleet.trust.creation import manifest_summary
     from epfleet.trust.key_location import check_keys_location
-    from epfleet.trust.repository import init_with_key_files
+    from epfleet.trust.repository import init_with_key_files, read_state
 
     check_keys_location(keys, force=force)
 
     uri = online_signer or settings().trust_signer
+    opened = open_store(store)
     root_file, uri = init_with_key_files(
-        open_store(store),
+        opened,
         keys,
         online_uri=uri,
         online_public_key=online_public_key,
         root_keys=root_keys,
         root_threshold=root_threshold,
         bins=bins,
+        adopt=adopt,
     )
     print(
         f"created the signed metadata of {store} ({bins} bins, root {root_threshold} of "
         f"{root_keys} keys in {keys})"
     )
+    signed = read_state(opened).document
+    if signed is not None:
+        print(f"signed the manifest.json it held: {manifest_summary(signed)}")
     print(f"provision devices with: epfleet sync --trust-root {root_file}")
     print(f"publishers sign with: EPFLEET_TRUST_SIGNER={uri}")
     return EXIT_OK
@@ -185,7 +200,7 @@ def rotate(
 
 
 @trust_app.command
-def refresh(*, store: Store = DEFAULT_STORE) -> int:
+def refresh(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) -> int:
     """Sign the timestamp and snapshot again (and bins near expiry), so devices never see
     expired metadata while nothing is published. Signs with EPFLEET_TRUST_SIGNER, from the
     signed metadata alone; then puts manifest.json right as the copy of the signed
@@ -198,12 +213,13 @@ def refresh(*, store: Store = DEFAULT_STORE) -> int:
     """
     from epfleet.fleet.publishing import put_copy_right
     from epfleet.stores import open_store
-    from epfleet.trust.repository import has_trust
+    from epfleet.trust.pins import signed_store
     from epfleet.trust.repository import refresh as refresh_trust
     from epfleet.trust.signers import signer_for
 
+    pin_trust_root(store, trust_root)
     opened = open_store(store)
-    if not has_trust(opened):
+    if not signed_store(opened):
         raise BadInputError(f"--store {store} has no trust metadata: epfleet trust init first")
     signer = signer_for(opened)
     assert signer is not None  # a store with trust metadata has one or raised

@@ -32,7 +32,7 @@ from epfleet.formats.manifest import NAME_PATTERN, DeviceKey, Manifest, RevokedK
 from epfleet.stores import Store
 from epfleet.trust.key_location import check_keys_location
 from epfleet.trust.keys import new_key, write_private_key
-from epfleet.trust.state import has_trust
+from epfleet.trust.pins import signed_store
 
 
 def key_entry(public: SSlibKey) -> DeviceKey:
@@ -78,7 +78,7 @@ def enroll(
     ``keys_dir/<device>.pem``; or the public key in ``public_key``) published in the signed
     manifest. ``force`` also writes ``keys_dir`` in a git work tree, and enrols a revoked
     key again. BadInputError for a key enrolled for another device, or revoked."""
-    if not has_trust(store):
+    if not signed_store(store):
         raise BadInputError(
             f"{store.uri} has no trust metadata: authenticated reports need a signed store "
             "(epfleet trust init), or anyone who can write it could enrol a key"

@@ -11,8 +11,12 @@ publish and refresh puts the copy right; entries someone changed in it are named
 (``Published.tampered``) and logged. A local store with no trust metadata and no signer
 configured gets development keys beside it (``<store>.dev-keys/``).
 
-Any other store without trust metadata is published unsigned, with a warning: its
-``manifest.json`` is the manifest in force, changed with compare-and-swap.
+A store known to have been signed (a root pinned for it, ``epfleet.trust.pins``) is read
+and published only through its signed metadata: when that is gone, replaced or rolled back
+nothing is read from ``manifest.json`` and nothing is published. Any other store without
+trust metadata is published unsigned, with a warning (refused when ``EPFLEET_TRUST_SIGNER``
+is set: this host signs): its ``manifest.json`` is the manifest in force, changed with
+compare-and-swap.
 
 Retry layer of this module (see ``epfleet.fleet.retries`` for the others): a publish re-reads,
 re-applies its change and re-writes when its conditional write loses a race to another
@@ -37,11 +41,8 @@ from epfleet.formats.manifest import Manifest, SourceEntry, VariantEntry, refere
 from epfleet.formats.schema_version import SCHEMA_VERSION, check_writable
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.layout import TIMESTAMP_KEY
-from epfleet.trust.repository import (
-    has_trust,
-    publish_trust,
-    read_state,
-)
+from epfleet.trust.pins import read_pinned_state, signed_store
+from epfleet.trust.repository import publish_trust, read_state
 from epfleet.trust.signers import signer_for
 
 logger = logging.getLogger(__name__)
@@ -79,9 +80,11 @@ class InForce:
 
 def read_in_force(store: Store) -> InForce:
     """The manifest in force: the signed document on a store with trust metadata (verified
-    against the store's root chain), else ``manifest.json``."""
-    if has_trust(store):
-        state = read_state(store, rotating=True)  # readers go on through a key rotation
+    against the store's root chain and the roots pinned for it, ``epfleet.trust.pins``),
+    else ``manifest.json``. TrustLost for a store pinned as signed whose signed metadata is
+    gone, replaced or rolled back: its ``manifest.json`` is never read instead."""
+    if signed_store(store):
+        state = read_pinned_state(store)  # readers go on through a key rotation
         return InForce(state.document, TIMESTAMP_KEY, state.timestamp_etag)
     manifest, etag = read_manifest(store)
     return InForce(manifest, MANIFEST_KEY, etag)
@@ -112,7 +115,7 @@ def update_manifest(
     compare-and-swap, starting again on a lost race; on a signed store, sign the result and
     then write ``manifest.json`` as its copy. ``change`` may run more than once: it must
     derive everything from its argument."""
-    if not has_trust(store):  # before a local store's development keys are made for it
+    if not signed_store(store):  # before a local store's development keys are made for it
         current, _ = read_manifest(store)
         check_writable(current.schema_version if current else None, store.uri)
     signer = signer_for(store)  # before anything is written: a store it cannot sign is refused

@@ -19,7 +19,7 @@ from securesystemslib.signer import Signer
 from tuf.api.metadata import Root
 
 from epfleet.errors import BadInputError, PreconditionFailed, StoreError
-from epfleet.formats.manifest import Manifest
+from epfleet.formats.manifest import Manifest, referenced_keys
 from epfleet.fsutil import atomic_write_bytes, fsync_dir
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import local_path
@@ -42,6 +42,7 @@ from epfleet.trust.layout import (
     metadata_key,
     utcnow,
 )
+from epfleet.trust.pins import describe_pins, record_new_repository
 from epfleet.trust.signing import publish_trust, sign_metadata
 from epfleet.trust.state import has_trust
 from epfleet.trust.targets import bin_bits, delegating_targets
@@ -55,10 +56,12 @@ def init_repository(
     root_threshold: int = 2,
     bins: int = DEFAULT_BINS,
     now: datetime | None = None,
+    adopt: bool = False,
 ) -> bytes:
-    """Create the signed metadata of ``store`` and sign its manifest.json (if any: an
-    unsigned store's manifest becomes the first signed document). Returns the root
-    metadata (``1.root.json``) devices are provisioned with."""
+    """Create the signed metadata of ``store`` and sign its manifest.json, if any, only
+    with ``adopt`` (an unsigned store's manifest becomes the first signed document: see
+    ``check_initable``). Returns the root metadata (``1.root.json``) devices are
+    provisioned with, recorded in the worker cache as the store's pinned root."""
     now = now or utcnow()
     bits = bin_bits(bins)
     if not 1 <= root_threshold <= len(offline.root):
@@ -66,11 +69,7 @@ def init_repository(
             f"--root-threshold {root_threshold}: must be from 1 to the number of root keys "
             f"({len(offline.root)})"
         )
-    if has_trust(store):
-        raise BadInputError(
-            f"{store.uri} already has trust metadata ({FIRST_ROOT_KEY}); rotate its keys "
-            "with epfleet trust rotate instead"
-        )
+    adopted = check_initable(store, adopt=adopt)  # refused before anything is written
     root = Root(expires=now + LIFETIME["root"], consistent_snapshot=True)
     for signer in offline.root:
         root.add_key(signer.public_key, "root")
@@ -79,7 +78,6 @@ def init_repository(
     for role in ("snapshot", "timestamp"):
         root.add_key(online.public_key, role)
     targets = delegating_targets(1, online.public_key, bits, now)
-    adopted = _unsigned_manifest(store)  # refused before anything is written
     try:
         store.write(
             metadata_key("targets", 1),
@@ -93,13 +91,64 @@ def init_repository(
         ) from None
     raw_root = sign_metadata(root, offline.root)
     store.write(FIRST_ROOT_KEY, raw_root, if_none_match=True)
+    record_new_repository(store, raw_root)  # before the first signed publish reads it
     publish_trust(store, online, (lambda _: adopted) if adopted else None, now=now)
     return raw_root
 
 
+def check_initable(store: Store, *, adopt: bool) -> Manifest | None:
+    """Refuse to create the signed metadata of a store that has it, or had it (a root is
+    pinned for it: its trust metadata was removed, and what it holds now is signed by no
+    one), or that holds an unsigned manifest unless ``adopt``; returns that manifest (to
+    be signed as it is)."""
+    if has_trust(store):
+        raise BadInputError(
+            f"{store.uri} already has trust metadata ({FIRST_ROOT_KEY}); rotate its keys "
+            "with epfleet trust rotate instead"
+        )
+    pinned = describe_pins(store)
+    if pinned is not None:
+        raise BadInputError(
+            f"{store.uri} was signed before ({pinned}) and its trust metadata "
+            f"({FIRST_ROOT_KEY}) is gone: refusing to sign what it holds now; restore its "
+            "trust/ from a backup (to give up that trust for good and start again, remove "
+            "what pins it)"
+        )
+    adopted = _unsigned_manifest(store)
+    if adopted is not None and not adopt:
+        raise BadInputError(
+            f"{store.uri}/{MANIFEST_KEY} is unsigned and trust init would sign it as it is: "
+            f"{manifest_summary(adopted)}; check that this is what you published (epfleet "
+            "manifest show), then run again with --adopt"
+        )
+    return adopted
+
+
+def manifest_summary(manifest: Manifest) -> str:
+    """What signing ``manifest`` vouches for, in one line: its models, variants, the store
+    objects it names, its rollouts and enrolled device keys."""
+    variants = [v for entry in manifest.models.values() for v in entry.variants.values()]
+    ok = sum(1 for v in variants if v.status == "ok")
+    rollouts = sorted(name for name, entry in manifest.models.items() if entry.rollout)
+    return (
+        f"{_counted(sorted(manifest.models), 'model')}, {len(variants)} variants ({ok} ok), "
+        f"{len(referenced_keys(manifest))} store objects, {_counted(rollouts, 'rollout')}, "
+        f"{_counted(sorted(manifest.device_keys), 'device key')}"
+    )
+
+
+def _counted(names: list[str], what: str, shown: int = 10) -> str:
+    plural = what if len(names) == 1 else what + "s"
+    if not names:
+        return f"0 {plural}"
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} {plural} ({', '.join(names[:shown])}{more})"
+
+
 def _unsigned_manifest(store: Store) -> Manifest | None:
     """The manifest an unsigned store published before ``trust init``: the operator who
-    runs init vouches for it, the only time a document read from the store is signed."""
+    runs init vouches for it (``--adopt``), the only time a document read from the store is
+    signed."""
     found = store.read(MANIFEST_KEY)
     if found is None:
         return None
@@ -133,6 +182,7 @@ def init_with_key_files(
     root_keys: int = 3,
     root_threshold: int = 2,
     bins: int = DEFAULT_BINS,
+    adopt: bool = False,
 ) -> tuple[Path, str]:
     """``init_repository`` with new offline keys written to ``keys_dir``, and a new online
     key file there too unless ``online_uri`` names one. Returns the root file for
@@ -142,11 +192,7 @@ def init_with_key_files(
     into it only once the store's metadata is written; a failure before that (a missing
     bucket, a refused signer, Ctrl-C) removes them, so that the same command can be run
     again as it was."""
-    if has_trust(store):  # before any key is made
-        raise BadInputError(
-            f"{store.uri} already has trust metadata ({FIRST_ROOT_KEY}); rotate its keys "
-            "with epfleet trust rotate instead"
-        )
+    check_initable(store, adopt=adopt)  # before any key is made
     bin_bits(bins)
     check_holds_no_keys(keys_dir)
     keys_dir = keys_dir.absolute()
@@ -160,7 +206,9 @@ def init_with_key_files(
             online_uri = file_uri(keys_dir / ONLINE_KEY)
         else:
             signer = online_signer(online_uri, public_key_of(online_uri, online_public_key))
-        raw_root = init_repository(store, offline, signer, root_threshold=root_threshold, bins=bins)
+        raw_root = init_repository(
+            store, offline, signer, root_threshold=root_threshold, bins=bins, adopt=adopt
+        )
         atomic_write_bytes(staging / ROOT_COPY, raw_root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

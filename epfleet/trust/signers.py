@@ -1,6 +1,6 @@
 """Which key signs a store's metadata on a publish: ``EPFLEET_TRUST_SIGNER``, or a local store's
 development keys beside it (made on its first publish), or none for a store without trust
-metadata (published unsigned, warned)."""
+metadata that nothing pins as signed and no signer is set for (published unsigned, warned)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from epfleet.settings import settings
 from epfleet.stores import Store
 from epfleet.stores.local import LocalStore
 from epfleet.trust.keys import ONLINE_KEY, file_uri, load_offline, online_signer, public_key_of
+from epfleet.trust.layout import FIRST_ROOT_KEY
+from epfleet.trust.pins import read_pinned_state, signed_store
 from epfleet.trust.repository import (
     DEFAULT_BINS,
     ROOT_COPY,
@@ -33,18 +35,30 @@ logger = logging.getLogger(__name__)
 
 def signer_for(store: Store) -> Signer | None:
     """The online signer to sign ``store``'s metadata with; None for a store published
-    unsigned (warned). BadInputError for a store with trust metadata and no signer."""
+    unsigned (warned). BadInputError for a store with trust metadata and no signer, or
+    without trust metadata and a signer set; TrustLost (``epfleet.trust.pins``) for a store
+    pinned as signed whose signed metadata is gone, replaced or rolled back."""
     uri = settings().trust_signer
+    signed = signed_store(store)  # a store pinned as signed without its metadata is refused
+    if signed:
+        read_pinned_state(store)  # and so is one whose signed metadata was replaced
     if (
         uri is None
         and isinstance(store, LocalStore)
-        and (not has_trust(store) or development_keys_dir(store.root).is_dir())
+        and (not signed or development_keys_dir(store.root).is_dir())
     ):
         return _development_signer(store)
-    if has_trust(store):
+    if signed:
         if uri is None:
             raise _no_signer(store)
         return online_signer(uri, online_public_key(store), store.uri)
+    if uri is not None:
+        raise BadInputError(
+            f"{store.uri} has no trust metadata ({FIRST_ROOT_KEY} is missing) and "
+            "EPFLEET_TRUST_SIGNER is set: refusing to publish it unsigned; if it was signed, "
+            "restore its trust/ from a backup; if it never was, create its metadata with "
+            f"epfleet trust init --store {store.uri} --keys DIR"
+        )
     logger.warning(
         "%s has no trust metadata: publishing manifest.json only, unsigned (devices refuse "
         "it unless --allow-unsigned); create it with: epfleet trust init --store %s --keys DIR",
@@ -56,10 +70,11 @@ def signer_for(store: Store) -> Signer | None:
 
 def check_signer(store: Store) -> None:
     """Refuse now, before anything compiles, what a publish to ``store`` would refuse
-    for want of a signer (none set, not a signer URI, another key): a BadInputError with
-    the fix. Creates nothing (a local store's development keys come with its first
-    publish)."""
-    if has_trust(store):
+    for want of a signer (none set, not a signer URI, another key, a signer set for a store
+    without trust metadata) or of its signed metadata (``signed_store``): a BadInputError
+    or TrustLost with the fix. Creates nothing (a local store's development keys come with
+    its first publish)."""
+    if signed_store(store) or settings().trust_signer is not None:
         signer_for(store)
 
 
@@ -96,10 +111,10 @@ def _development_signer(store: LocalStore) -> Signer:
                 offline = load_offline(keys_dir)
                 uri = file_uri(online)
                 signer = online_signer(uri, public_key_of(uri))
-                root = init_repository(store, offline, signer, bins=DEFAULT_BINS)
+                root = init_repository(store, offline, signer, bins=DEFAULT_BINS, adopt=True)
                 atomic_write_bytes(keys_dir / ROOT_COPY, root)
             else:
-                init_with_key_files(store, keys_dir, bins=DEFAULT_BINS)
+                init_with_key_files(store, keys_dir, bins=DEFAULT_BINS, adopt=True)
             logger.warning(
                 "created development keys for %s in %s: not for production (the private "
                 "keys are plain files). Devices trust it with --trust-root %s",

@@ -24,8 +24,8 @@ def make_trusted_store(store: Store | Path | str, keys_dir: Path, bins: int = 16
     """Create the signed metadata of ``store`` (root 2 of 3 offline keys, targets key and
     online key as files in ``keys_dir``) and sign its manifest.json, if any. Returns the
     root file devices are provisioned with (``keys_dir/root.json``). Sign later changes
-    builds with ``publish_new_build``."""
-    root, _ = init_with_key_files(_store(store), keys_dir, bins=bins)
+    builds with ``publish_new_build``. The test vouches for that manifest (``--adopt``)."""
+    root, _ = init_with_key_files(_store(store), keys_dir, bins=bins, adopt=True)
     return root
 
 

@@ -507,7 +507,9 @@ def test_a_local_store_with_development_keys_is_verified_with_their_root(tmp_pat
     from epfleet.trust.repository import development_keys_dir, init_with_key_files
 
     store = synthetic_store(tmp_path / "store", 3)
-    root, _ = init_with_key_files(open_store(str(store)), development_keys_dir(store), bins=16)
+    root, _ = init_with_key_files(
+        open_store(str(store)), development_keys_dir(store), bins=16, adopt=True
+    )
     policy = SyncPolicy(models=["model-001"])
     with SyncSession(str(store), tmp_path / "device", policy, DEVICE) as session:
         status = session.fetch_manifest()

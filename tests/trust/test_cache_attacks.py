@@ -246,7 +246,7 @@ def test_a_device_that_trusted_a_root_never_falls_back_to_a_development_root(
     from epfleet.trust.repository import development_keys_dir, init_with_key_files
 
     store = synthetic_store(tmp_path / "store", 3)
-    init_with_key_files(open_store(str(store)), development_keys_dir(store), bins=16)
+    init_with_key_files(open_store(str(store)), development_keys_dir(store), bins=16, adopt=True)
     cache, policy = tmp_path / "device", SyncPolicy(models=["model-001"])
     with SyncSession(str(store), cache, policy, DEVICE) as session:  # the README's first sync
         assert session.fetch_manifest().warning, "trusts the development root, and says so"

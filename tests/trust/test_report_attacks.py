@@ -331,7 +331,7 @@ def signed_store(
     """The staged store, signed (trust init adopts its manifest), its rollout asking for
     authenticated reports; EPFLEET_TRUST_SIGNER set for the publishes."""
     if not has_trust(store):  # a local store is signed already, with development keys
-        _, uri = init_with_key_files(store, tmp_path / "fleet-keys", bins=16)
+        _, uri = init_with_key_files(store, tmp_path / "fleet-keys", bins=16, adopt=True)
         monkeypatch.setenv("EPFLEET_TRUST_SIGNER", uri)
 
     def ask(current: Manifest | None) -> Manifest | None:
