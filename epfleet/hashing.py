@@ -2,6 +2,7 @@
 
 import hashlib
 from pathlib import Path
+from typing import BinaryIO
 
 CHUNK = 1 << 20
 
@@ -12,10 +13,15 @@ def sha256_bytes(data: bytes) -> str:
 
 def sha256_file(path: Path) -> tuple[str, int]:
     """Return (hex digest, size) of a file, reading it in chunks."""
+    with open(path, "rb") as f:
+        return sha256_stream(f)
+
+
+def sha256_stream(file: BinaryIO) -> tuple[str, int]:
+    """Return (hex digest, size) of an open file from its position on, reading it in chunks."""
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
+    while chunk := file.read(CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
     return digest.hexdigest(), size

@@ -4,7 +4,8 @@ tables, and text from outside (a device report's names and reasons) made safe to
 Anyone who can write a device report chooses its strings. ``printable`` is what a
 terminal may be shown of one: control characters (escape sequences, line breaks, a
 carriage return that redraws a line), Unicode format characters (bidi overrides) and
-line separators become ``\\x1b``-style escapes; ``table`` applies it to every cell.
+line separators become ``\\x1b``-style escapes; ``table`` applies it to every cell, and
+``printable_lines`` to every line of a message (the command line's errors).
 ``markdown_text`` is what a Markdown artifact may be shown: ``printable``, with the
 characters Markdown or HTML would interpret (``|`` ending a table cell, links, emphasis,
 code, tags) escaped. The Prefect UI renders a table artifact's cells as Markdown too
@@ -51,6 +52,12 @@ def printable(text: str) -> str:
     return "".join(
         _escape(c) if _UNSAFE.match(c) or unicodedata.category(c) == "Cf" else c for c in text
     )
+
+
+def printable_lines(text: str) -> str:
+    """``text`` with each line ``printable`` and its line breaks kept: a message of several
+    lines (a spec's errors, one per field) whose lines may quote text from outside."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def _escape(char: str) -> str:

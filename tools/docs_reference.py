@@ -60,7 +60,7 @@ epfleet sync --cache DIR [--store URI] [--model NAME ...] [--no-recompile]
              [--drop-unlisted] [--trust-root ROOT.json | --allow-unsigned]
              [--json] [--flow | --serve SECONDS]
 epfleet trust init|rotate|refresh|status [--store URI] ...  # TUF signing
-epfleet rollout status|advance|halt|revert [--store URI] ...  # rollouts
+epfleet rollout status|advance|halt|resume|revert [--store URI] ...  # rollouts
 epfleet device enroll|revoke|list [--store URI] ...  # devices' report keys
 epfleet retire [--store URI]
                (--model NAME ... | --target NAME ... | --spec SPEC --unlisted)

@@ -5,9 +5,10 @@ Commands ``compile`` (``epfleet.cli.compile``), ``manifest show|schema``
 (``epfleet.cli.serve``), ``trust`` (``epfleet.cli.trust``), ``gc`` and ``retire``
 (``epfleet.cli.store``), ``rollout`` (``epfleet.cli.rollout``), and ``--version``;
 ``epfleet COMMAND --help`` shows each with examples and exit codes (0 ok, 1 a pair or
-model failed or the store failed, 2 bad input). Options come from type hints (cyclopts,
-``epfleet.cli.options``). The flow files run by path (``python flows/runtime_watch.py
-...``) call ``main`` with their command. Ctrl-C (exit 130) is handled by
+model failed or the store failed, 2 bad input); an error is printed with its control
+characters escaped (it may quote a name from a spec or the store). Options come from type
+hints (cyclopts, ``epfleet.cli.options``). The flow files run by path (``python
+flows/runtime_watch.py ...``) call ``main`` with their command. Ctrl-C (exit 130) is handled by
 ``epfleet.cli.interrupts``.
 
 Commands are registered by name ("module:function", cyclopts' lazy commands): a command
@@ -32,6 +33,7 @@ from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from epfleet.cli.interrupts import announce_stopped
 from epfleet.cli.options import cli_error, default_text
 from epfleet.errors import BadInputError, EpfleetError
+from epfleet.text import printable_lines
 
 APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
 execution provider each device really has."""
@@ -98,13 +100,13 @@ def main(argv: list[str] | None = None) -> int:
             result_action="return_value",
         )
     except CycloptsError as exc:
-        print(f"epfleet: error: {cli_error(exc)}", file=sys.stderr)
+        print(f"epfleet: error: {printable_lines(cli_error(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BadInputError as exc:
-        print(f"epfleet: error: {exc}", file=sys.stderr)
+        print(f"epfleet: error: {printable_lines(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except EpfleetError as exc:
-        print(f"epfleet: {exc}", file=sys.stderr)
+        print(f"epfleet: {printable_lines(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:  # our handler's, or a Ctrl-C before it was installed
         announce_stopped()

@@ -193,6 +193,8 @@ def _compile(
     tidy_cache()  # temp files of killed runs, and the cache's size bound
     plan = plan_run(spec, store, model, target, force)
     if plan.is_noop:
+        for name, note in plan.policy_kept.items():
+            print(f"epfleet: model {name}: {note}", file=sys.stderr)
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
         _record_kept_if_an_api(temporary)
         return plan.report({}, plan.generation, published=False)

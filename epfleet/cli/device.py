@@ -3,8 +3,8 @@ counts, where a rollout's policy asks for authenticated reports.
 
 Enrolling and revoking are signed publishes (they need the store's signer, as a compile
 does). Exit codes as every epfleet command: 0 done, 1 the store failed, 2 bad input (an
-unsigned store, a device enrolled already or not enrolled, a key directory in a git work
-tree).
+unsigned store, a device enrolled already or not enrolled, a key enrolled for another
+device, a revoked key without --force, a key directory in a git work tree).
 """
 
 from __future__ import annotations
@@ -62,17 +62,27 @@ def enroll(
     public_key
         The device's public key (PEM), when its private key was made on the device.
     force
-        Write the key into a git work tree that does not ignore --keys.
+        Write the key into a git work tree that does not ignore --keys; or enrol again a
+        key that was revoked from this device (the reports it signed before its revocation
+        count again). A key enrolled for another device is refused even so.
     """
     from epfleet.fleet.enrolment import enroll as enroll_device
     from epfleet.stores import open_store
 
-    entry, written = enroll_device(
+    enrolled = enroll_device(
         open_store(store), device, keys_dir=keys, public_key=public_key, force=force
     )
+    entry = enrolled.entry
     print(f"enrolled {device} in {store}: key {entry.keyid[:12]} ({entry.scheme})")
-    if written is not None:
-        print(f"provision the device with: EPFLEET_DEVICE_KEY={written}")
+    if enrolled.revoked_before is not None:
+        when = enrolled.revoked_before.revoked_at.strftime("%Y-%m-%d %H:%M")
+        print(
+            f"epfleet: key {entry.keyid[:12]} was revoked on {when} and is enrolled again "
+            "(--force): the reports it signed before its revocation count again",
+            file=sys.stderr,
+        )
+    if enrolled.written is not None:
+        print(f"provision the device with: EPFLEET_DEVICE_KEY={enrolled.written}")
     return EXIT_OK
 
 

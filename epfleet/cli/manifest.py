@@ -14,7 +14,6 @@ from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
 if TYPE_CHECKING:
-    from epfleet.formats.manifest import Manifest
     from epfleet.stores import Store as StoreType
 
 manifest_app = App(name="manifest", help="Inspect the published manifest.", help_epilogue="")
@@ -52,7 +51,9 @@ def show(
     field
         Show what the device reports say of each model and target instead: devices
         running it, devices where it failed, latency p50/p95 across the fleet, devices
-        where part of it runs on other EPs (reports from the store, or EPFLEET_REPORT_TO).
+        where part of it runs on other EPs (reports from the store, or EPFLEET_REPORT_TO),
+        counted as the rollout gate counts them: a report only under its own device's
+        key, an enrolled device's newest signed report only.
     """
     from epfleet.fleet.publishing import read_in_force
     from epfleet.fleet.views import render_manifest
@@ -74,7 +75,7 @@ def show(
             file=sys.stderr,
         )
     if field:
-        return _show_field(opened, manifest, as_json)
+        return _show_field(opened, as_json)
     if as_json and costs:
         sys.stdout.write(store_costs(opened, manifest).model_dump_json(indent=2) + "\n")
     elif as_json:
@@ -99,17 +100,23 @@ def schema() -> int:
     return EXIT_OK
 
 
-def _show_field(opened: StoreType, manifest: Manifest, as_json: bool) -> int:
+def _show_field(opened: StoreType, as_json: bool) -> int:
+    from epfleet.fleet.rollouts import read_evidence
     from epfleet.fleet.views import render_field
-    from epfleet.fleet.watch_inputs import field_evidence
 
-    rows, read, unreadable = field_evidence(opened, manifest)
-    if unreadable:
-        print(f"epfleet: {unreadable} device reports could not be read", file=sys.stderr)
+    reading = read_evidence(opened)  # the gate's pass: its attribution and its order
+    if reading.unreadable:
+        print(f"epfleet: {reading.unreadable} device reports could not be read", file=sys.stderr)
+    if reading.unattributed:
+        print(
+            f"epfleet: {reading.unattributed} device reports under another device's key "
+            "not counted",
+            file=sys.stderr,
+        )
     if as_json:
-        print(json.dumps([row.model_dump() for row in rows], indent=2))
+        print(json.dumps([row.model_dump() for row in reading.field], indent=2))
     else:
-        print(render_field(rows, read))
+        print(render_field(reading.field, reading.read))
     return EXIT_OK
 
 

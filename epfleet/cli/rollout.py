@@ -1,8 +1,10 @@
-"""``epfleet rollout status|advance|halt|revert``: staged rollouts from the command line.
+"""``epfleet rollout status|advance|halt|resume|revert``: staged rollouts from the command
+line.
 
-Each move is a signed publish (it needs the store's signer, as a compile does). Exit codes
-as every epfleet command: 0 done, 1 the store failed, 2 bad input (no such model, or no
-rollout under way).
+Each move is a signed publish (it needs the store's signer, as a compile does); a move that
+changes nothing (halting a halted rollout) publishes nothing and says so. Exit codes as
+every epfleet command: 0 done (or nothing to change), 1 the store failed, 2 bad input (no
+such model, no rollout under way, or an advance of a halted rollout: resume it first).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ Reason = Annotated[str, Parameter(help="Why (recorded in the signed rollout stat
 @rollout_app.default
 def _no_rollout_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
     what = f"unknown command 'rollout {unknown[0]}'" if unknown else "rollout needs a command"
-    print(f"epfleet: error: {what}: status, advance, halt or revert", file=sys.stderr)
+    print(f"epfleet: error: {what}: status, advance, halt, resume or revert", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 
@@ -73,16 +75,20 @@ def _move(store: str, model: str, how: str, reason: str) -> int:
     from epfleet.stores import open_store
 
     moved = move(open_store(store), model, how, reason)  # type: ignore[arg-type]
+    outcome = "published" if moved.published else "unchanged"
+    if moved.unchanged is not None:
+        outcome = f"unchanged: {moved.unchanged}, nothing published"
     print(
         f"{moved.model}: rollout {moved.rollout_id} {moved.state}, stage {moved.stage + 1} "
-        f"({'published' if moved.published else 'unchanged'})"
+        f"({outcome})"
     )
     return EXIT_OK
 
 
 @rollout_app.command
 def advance(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by hand") -> int:
-    """Move the model's rollout to its next stage (past the last: complete).
+    """Move the model's rollout to its next stage (past the last: complete). A halted
+    rollout is not advanced: resume it first.
 
     For example:
       epfleet rollout advance --store s3://bucket/fleet --model ocr-det
@@ -101,6 +107,17 @@ def halt(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by han
 
 
 @rollout_app.command
+def resume(*, store: Store = DEFAULT_STORE, model: Model) -> int:
+    """Make a halted rollout active again at its stage: the gate judges it again, and
+    devices of the stage take the new variants.
+
+    For example:
+      epfleet rollout resume --store s3://bucket/fleet --model ocr-det
+    """
+    return _move(store, model, "resume", "by hand")
+
+
+@rollout_app.command
 def revert(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by hand") -> int:
     """Send every device back to the variants the rollout replaced, at its next sync.
 
@@ -110,4 +127,4 @@ def revert(*, store: Store = DEFAULT_STORE, model: Model, reason: Reason = "by h
     return _move(store, model, "revert", reason)
 
 
-command_help(status, advance, halt, revert)
+command_help(status, advance, halt, resume, revert)

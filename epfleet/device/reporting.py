@@ -5,7 +5,10 @@ differs from the last one uploaded) and otherwise once per heartbeat
 (``EPFLEET_REPORT_HEARTBEAT``, a day by default), so that the fleet side still sees the
 device alive: an unchanged poll writes nothing. The cache records what it last uploaded,
 where and when (``.epfleet/report-sent.json``); an upload that failed records nothing, so
-the next sync tries again. Uploads are compact JSON, gzip-compressed
+the next sync tries again. Each report uploaded carries the next number of a counter kept
+in that record (``sequence``, signed with the report), never below the upload's time in
+milliseconds: a cache that lost its record does not number again from 1, below reports
+the fleet side has heard (``next_sequence``). Uploads are compact JSON, gzip-compressed
 (``encode_report``), with ``Content-Encoding: gzip`` on S3.
 """
 
@@ -17,7 +20,7 @@ from contextlib import suppress
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from epfleet.device.cache import DeviceCache
 from epfleet.errors import BadInputError, EpfleetError, StoreError
@@ -57,6 +60,13 @@ class SentReport(BaseModel):
     key: str
     digest: str
     at: datetime
+    sequence: int = Field(default=0, ge=0, description="The number of the report uploaded")
+
+
+def next_sequence(last: int, now: datetime) -> int:
+    """The number of the next report after one numbered ``last``: one more, or the time
+    ``now`` in milliseconds when that is higher."""
+    return max(last + 1, int(now.timestamp() * 1000))
 
 
 def unchanged_since(
@@ -98,12 +108,14 @@ def upload_report(
             f"the next upload by {due} (EPFLEET_REPORT_HEARTBEAT)"
         )
         return report.model_copy(update={"report_uploaded": False, "report_skipped": skipped})
+    sequence = next_sequence(sent.sequence if sent is not None else 0, now)
+    report = report.model_copy(update={"sequence": sequence})
     try:
         store.write(key, encode_report(report, _signer()), content_encoding="gzip")
     except (StoreError, BadInputError) as exc:  # BadInputError: EPFLEET_DEVICE_KEY unusable
         return report.model_copy(update={"report_uploaded": False, "report_error": str(exc)})
     if cache is not None:
-        record = SentReport(store=store.uri, key=key, digest=digest, at=now)
+        record = SentReport(store=store.uri, key=key, digest=digest, at=now, sequence=sequence)
         with suppress(OSError, EpfleetError):  # not remembered: the next sync uploads again
             cache.save_report_sent(record.model_dump_json().encode())
     return report.model_copy(update={"report_uploaded": True})

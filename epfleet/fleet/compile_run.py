@@ -36,7 +36,8 @@ class Runner(Protocol):
         """Publish the variants (and the plan's sources and model facts) in one swap."""
 
     def warn(self, message: str) -> None:
-        """Say something the run's report does not (a variant refused at publish)."""
+        """Say something the run's report does not (a variant refused at publish, a rollout
+        following a changed policy)."""
 
 
 def by_pool(plan: RunPlan) -> tuple[list[PlannedPair], dict[str, list[PlannedPair]]]:
@@ -54,6 +55,8 @@ def by_pool(plan: RunPlan) -> tuple[list[PlannedPair], dict[str, list[PlannedPai
 def run_compiles(plan: RunPlan, runner: Runner) -> RunReport:
     """Compile what ``plan`` says (the pools' pairs started first, so that they run while
     this machine compiles), publish every outcome at once, and report."""
+    for model, note in (plan.policy_changes | plan.policy_kept).items():
+        runner.warn(f"model {model}: {note}")
     here, pools = by_pool(plan)
     for pool, pairs in pools.items():
         runner.compile_in_pool(pool, pairs)

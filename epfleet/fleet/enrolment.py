@@ -5,14 +5,18 @@ as the rollouts it judges.
 
 ``enroll`` adds a device's key in one signed publish (refused for a store without trust
 metadata: an unsigned manifest would let anyone who can write the store enrol a key);
-``revoke`` removes it. The private key is made here and written where the operator
-provisions devices from (``--keys``, never the store), or made on the device and only its
-public key given. A device signs its reports with it (``EPFLEET_DEVICE_KEY``).
+``revoke`` removes it and records it in ``Manifest.revoked_device_keys``. One key belongs
+to one device: a key enrolled for another device is refused, and a revoked key stays
+revoked unless ``force`` enrols it again, for the device it was revoked from (the reports
+it signed before its revocation count again). The private key is made here and written
+where the operator provisions devices from (``--keys``, never the store), or made on the
+device and only its public key given. A device signs its reports with it (``EPFLEET_DEVICE_KEY``).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives.serialization import (
@@ -24,7 +28,7 @@ from securesystemslib.signer import SSlibKey
 
 from epfleet.errors import BadInputError
 from epfleet.fleet.publishing import update_manifest
-from epfleet.formats.manifest import NAME_PATTERN, DeviceKey, Manifest, utcnow
+from epfleet.formats.manifest import NAME_PATTERN, DeviceKey, Manifest, RevokedKey, utcnow
 from epfleet.stores import Store
 from epfleet.trust.key_location import check_keys_location
 from epfleet.trust.keys import new_key, write_private_key
@@ -53,6 +57,15 @@ def public_key_file(path: Path) -> SSlibKey:
     return SSlibKey(key.keyid, key.keytype, key.scheme, {"public": pem})
 
 
+@dataclass(frozen=True)
+class Enrolled:
+    entry: DeviceKey
+    written: Path | None
+    """The private key file written, if the key was made here."""
+    revoked_before: RevokedKey | None
+    """The revocation ``force`` overrode, when the key had been revoked."""
+
+
 def enroll(
     store: Store,
     device: str,
@@ -60,10 +73,11 @@ def enroll(
     keys_dir: Path | None = None,
     public_key: Path | None = None,
     force: bool = False,
-) -> tuple[DeviceKey, Path | None]:
+) -> Enrolled:
     """Enrol ``device``: its key (made here, its private half written to
     ``keys_dir/<device>.pem``; or the public key in ``public_key``) published in the signed
-    manifest. Returns the entry and the private key file written, if any."""
+    manifest. ``force`` also writes ``keys_dir`` in a git work tree, and enrols a revoked
+    key again. BadInputError for a key enrolled for another device, or revoked."""
     if not has_trust(store):
         raise BadInputError(
             f"{store.uri} has no trust metadata: authenticated reports need a signed store "
@@ -88,17 +102,32 @@ def enroll(
         assert isinstance(signer.public_key, SSlibKey)
         public = signer.public_key
     entry = key_entry(public)
+    revoked_before: list[RevokedKey] = []
 
     def add(current: Manifest | None) -> Manifest | None:
         current = current or Manifest()
+        revoked_before.clear()
         if device in current.device_keys:
             held = current.device_keys[device].keyid[:12]
             raise BadInputError(
                 f"device {device!r} is enrolled already (key {held}); revoke it first to "
                 "enrol another key"
             )
+        holder = next((d for d, k in current.device_keys.items() if k.keyid == entry.keyid), None)
+        if holder is not None:
+            raise BadInputError(
+                f"key {entry.keyid[:12]} is enrolled for device {holder!r}: one key belongs to "
+                f"one device; give {device!r} a key of its own"
+            )
+        revoked = current.revoked_device_keys.get(entry.keyid)
+        if revoked is not None:
+            _check_enrol_again(revoked, entry, device, force)
+            revoked_before.append(revoked)
         keys = current.device_keys | {device: entry}
-        return current.succeeded_by(dict(current.models)).model_copy(update={"device_keys": keys})
+        still_revoked = {k: r for k, r in current.revoked_device_keys.items() if k != entry.keyid}
+        return current.succeeded_by(dict(current.models)).model_copy(
+            update={"device_keys": keys, "revoked_device_keys": still_revoked}
+        )
 
     try:
         update_manifest(store, add)
@@ -106,11 +135,28 @@ def enroll(
         if written is not None:
             written.unlink(missing_ok=True)  # never enrolled: no key left behind
         raise
-    return entry, written
+    return Enrolled(entry, written, revoked_before[0] if revoked_before else None)
+
+
+def _check_enrol_again(revoked: RevokedKey, entry: DeviceKey, device: str, force: bool) -> None:
+    """BadInputError unless ``force`` enrols the revoked key again for its own device."""
+    when = revoked.revoked_at.strftime("%Y-%m-%d %H:%M")
+    if revoked.device != device:
+        raise BadInputError(
+            f"key {entry.keyid[:12]} was revoked from device {revoked.device!r} on {when}: "
+            f"one key belongs to one device; give {device!r} a key of its own"
+        )
+    if not force:
+        raise BadInputError(
+            f"key {entry.keyid[:12]} of device {device!r} was revoked on {when}: a revoked "
+            "key stays revoked; give the device a new key, or --force to enrol this one "
+            "again (the reports it signed before its revocation would count again)"
+        )
 
 
 def revoke(store: Store, device: str) -> DeviceKey:
-    """Remove ``device``'s key from the signed manifest: its reports no longer count."""
+    """Remove ``device``'s key from the signed manifest, recording it as revoked: its
+    reports no longer count, and enrolling it again needs ``force``."""
     removed: list[DeviceKey] = []
 
     def drop(current: Manifest | None) -> Manifest | None:
@@ -119,7 +165,13 @@ def revoke(store: Store, device: str) -> DeviceKey:
             raise BadInputError(f"device {device!r} is not enrolled in {store.uri}")
         removed.append(current.device_keys[device])
         keys = {d: k for d, k in current.device_keys.items() if d != device}
-        return current.succeeded_by(dict(current.models)).model_copy(update={"device_keys": keys})
+        gone = current.device_keys[device]
+        revoked = current.revoked_device_keys | {
+            gone.keyid: RevokedKey(device=device, revoked_at=utcnow())
+        }
+        return current.succeeded_by(dict(current.models)).model_copy(
+            update={"device_keys": keys, "revoked_device_keys": revoked}
+        )
 
     update_manifest(store, drop)
     return removed[0]

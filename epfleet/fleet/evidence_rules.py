@@ -10,6 +10,15 @@ The rules:
   inside it; otherwise it is *not attributed* (reason ``key``). A device has one key, so
   one vote: the newest report it wrote, the one its key holds. Forty objects saying one
   id are one attributed report at most.
+- A device's reports in order (``newest``): an enrolled device numbers and signs its
+  reports, and the fleet side remembers the highest-numbered one it heard from each
+  (``epfleet.fleet.heard_reports``). What its key holds counts when it is signed with the
+  device's enrolled key and numbered at least as high; otherwise (an older report put
+  back, an unnumbered, unsigned or unreadable one in its place) the remembered one counts.
+  A report without a number (an older device) or not signed with an enrolled key ranks
+  below every numbered signed one, and is counted as before where nothing is remembered:
+  anyone who can write the store can write any number into an unsigned report, so only a
+  signed number orders reports.
 - What a report then counts for in a rollout (its side, its stage, its age) is
   ``epfleet.fleet.rollout_rules``'.
 
@@ -26,7 +35,8 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from epfleet.formats.device_report import DeviceReport, decode_report, key_device
+from epfleet.formats.device_report import DeviceReport, decode_report, key_device, signed_by
+from epfleet.formats.manifest import DeviceKey
 
 UnattributedReason = Literal["unreadable", "key"]
 
@@ -73,6 +83,27 @@ def attribute(key: str, data: bytes, limit: int) -> DeviceReport | Unattributed:
             report,
         )
     return report
+
+
+Heard = DeviceReport | Unattributed
+
+
+def newest(heard: Heard, remembered: Heard | None, key: DeviceKey) -> tuple[Heard, bool]:
+    """Which report of a device enrolled with ``key`` counts: ``heard``, what its report
+    key holds now, or ``remembered``, the highest-numbered signed report heard from it
+    before (both as ``attribute`` read them); and whether ``heard`` is to be remembered
+    in its place (it is signed and numbered higher). The rules are the module's."""
+    now, before = _rank(heard, key), _rank(remembered, key)
+    if remembered is not None and before is not None and (now is None or now < before):
+        return remembered, False
+    return heard, now is not None and (before is None or now > before)
+
+
+def _rank(report: Heard | None, key: DeviceKey) -> int | None:
+    """The report's number when it is signed with ``key``; None otherwise."""
+    if not isinstance(report, DeviceReport) or report.sequence is None:
+        return None
+    return report.sequence if signed_by(report, key) else None
 
 
 def _time_problem(generated_at: str) -> str | None:

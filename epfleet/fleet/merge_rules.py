@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
-from epfleet.fleet.rollout_rules import start, start_version
+from epfleet.fleet.rollout_rules import CannotMove, follow_policy, start, start_version
 from epfleet.formats.manifest import (
     ArtifactRef,
     FailedBuild,
@@ -78,6 +78,9 @@ def merge(
       one whose source this run replaces is staged as a new version over the entry it
       replaces (``start_version``: devices outside the rollout keep the whole previous
       version, samples included).
+    - A model whose rollout under way has another policy than ``facts.rollout`` gives it
+      follows the new policy (``rollout_rules.follow_policy``); one the new policy cannot
+      apply to (a stage it no longer has, reached since the run planned) keeps its own.
     """
     base = current or Manifest()
     models = dict(base.models)  # ``current`` is never changed: an entry is copied to change it
@@ -144,6 +147,17 @@ def merge(
             replaced.setdefault(model_name, {})[target] = was
         editable(model_name).variants[target] = variant
         changed = True
+    for name, spec_policy in facts.rollout.items():
+        if name in conflicts or name not in models:
+            continue
+        try:
+            followed = follow_policy(models[name], spec_policy)
+        except CannotMove:
+            continue  # the plan refused it; a stage reached since is left as it is
+        if followed is not models[name]:
+            models[name] = followed
+            copied.add(name)
+            changed = True
     now = utcnow()
     for name, old in replaced_versions.items():
         policy = facts.rollout.get(name)

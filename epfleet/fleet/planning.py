@@ -31,6 +31,7 @@ from epfleet.fleet.calibration import StagedCalibration, stage_calibration
 from epfleet.fleet.handover import PoolPair
 from epfleet.fleet.plan_rules import decide_pair, plan_pairs
 from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.rollout_rules import CannotMove, policy_change, policy_dropped
 from epfleet.fleet.runs import RunPlan, RunReport
 from epfleet.fleet.staging import (
     PreparedSource,
@@ -42,7 +43,8 @@ from epfleet.fleet.staging import (
     stage_source,
 )
 from epfleet.fleet.twin_rules import assign_twins
-from epfleet.formats.manifest import ArtifactRef, SamplesRef, SourceEntry
+from epfleet.formats.manifest import ArtifactRef, ModelEntry, SamplesRef, SourceEntry
+from epfleet.formats.rollout import RolloutPolicy
 from epfleet.formats.schema_version import check_writable
 from epfleet.formats.spec import FleetSpec, ModelSpec, TargetSpec
 from epfleet.formats.spec_file import load_spec
@@ -222,6 +224,7 @@ def plan_run(
             runtimes=spec.runtimes,
         )
     )
+    rollouts = {name: policy for name in sources if (policy := spec.rollout_of(name)) is not None}
     return RunPlan(
         store=store_uri,
         sources=sources,
@@ -239,14 +242,38 @@ def plan_run(
             name: published[name].calibration if name in published else None
             for name in calibrations
         },
-        rollouts={
-            name: policy for name in sources if (policy := spec.rollout_of(name)) is not None
+        rollouts=rollouts,
+        policy_changes=_policy_changes(published, rollouts),
+        policy_kept={
+            name: note
+            for name in sources
+            if name in published
+            and name not in rollouts
+            and (note := policy_dropped(published[name])) is not None
         },
         preferences=(preferences := _preferences(spec, pairs)),
         published_preferences={
             name: published[name].preference if name in published else [] for name in preferences
         },
     )
+
+
+def _policy_changes(
+    published: dict[str, ModelEntry], rollouts: dict[str, RolloutPolicy]
+) -> dict[str, str]:
+    """What following the spec's rollout policies changes in the rollouts under way, by
+    model; BadInputError, before anything compiles, for a policy one cannot follow."""
+    changes = {}
+    for name, policy in rollouts.items():
+        if name not in published:
+            continue
+        try:
+            change = policy_change(published[name], policy)
+        except CannotMove as exc:
+            raise BadInputError(f"models[{name}].rollout: {exc}") from None
+        if change is not None:
+            changes[name] = change
+    return changes
 
 
 def _preferences(

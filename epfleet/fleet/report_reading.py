@@ -15,8 +15,9 @@ reaches a terminal or a log).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
 from itertools import islice
 from typing import TypeVar
@@ -24,8 +25,10 @@ from typing import TypeVar
 from pydantic import ValidationError
 
 from epfleet.errors import BadInputError
-from epfleet.fleet.evidence_rules import Unattributed, attribute
-from epfleet.formats.device_report import DeviceReport, decode_report
+from epfleet.fleet.evidence_rules import Unattributed, attribute, newest
+from epfleet.fleet.heard_reports import HeardReports
+from epfleet.formats.device_report import DeviceReport, decode_report, key_device
+from epfleet.formats.manifest import DeviceKey
 from epfleet.settings import settings
 from epfleet.stores import DocumentTooLarge, Store, document_limit, reports_store
 from epfleet.text import printable
@@ -78,24 +81,61 @@ def read_report(
     return report
 
 
-def read_attributed(store: Store, key: str) -> DeviceReport | Unattributed | None:
+def read_attributed(
+    store: Store, key: str, order: ReportOrder | None = None
+) -> DeviceReport | Unattributed | None:
     """The report at ``key`` as the rollout gate hears it (``evidence_rules.attribute``),
-    or why not; None when it was removed since it was listed."""
+    or why not, in its device's order when ``order`` is given (``ReportOrder.counted``);
+    None when it was removed since it was listed."""
     try:
         found = store.read(key)
     except DocumentTooLarge as exc:  # over EPFLEET_MAX_DOCUMENT_BYTES: one bad report
-        return Unattributed(key, "unreadable", str(exc))
-    if found is None:
-        return None
-    return attribute(key, found.data, document_limit(key)[0])
+        heard: DeviceReport | Unattributed = Unattributed(key, "unreadable", str(exc))
+        data = None
+    else:
+        if found is None:
+            return None
+        data = found.data
+        heard = attribute(key, data, document_limit(key)[0])
+    return order.counted(key, heard, data) if order is not None else heard
+
+
+@dataclass(frozen=True)
+class ReportOrder:
+    """The enrolled devices' keys (the signed manifest's) and this machine's memory of the
+    newest signed report heard from each: what puts a device's reports in order."""
+
+    enrolled: Mapping[str, DeviceKey]
+    memory: HeardReports
+
+    def counted(
+        self, key: str, heard: DeviceReport | Unattributed, data: bytes | None
+    ) -> DeviceReport | Unattributed:
+        """The report that counts for the device ``key`` names, ``heard`` from ``data``
+        or the one remembered (``evidence_rules.newest``), remembering ``heard`` when it
+        is the newest."""
+        device = key_device(key)
+        enrolled_key = self.enrolled.get(device) if device is not None else None
+        if device is None or enrolled_key is None:
+            return heard
+        kept = self.memory.recall(device)
+        remembered = attribute(key, kept, document_limit(key)[0]) if kept is not None else None
+        chosen, remember = newest(heard, remembered, enrolled_key)
+        if remember and data is not None:
+            self.memory.remember(device, data)
+        return chosen
 
 
 def stream_attributed_reports(
-    store: Store, keys: Iterable[str], *, threads: int = READ_THREADS
+    store: Store,
+    keys: Iterable[str],
+    *,
+    threads: int = READ_THREADS,
+    order: ReportOrder | None = None,
 ) -> Iterator[DeviceReport | Unattributed]:
-    """Each report of ``keys`` as the rollout gate hears it (``read_attributed``),
-    streamed as ``stream_reports`` streams them."""
-    return _stream(store, keys, threads, read_attributed)
+    """Each report of ``keys`` as the rollout gate hears it (``read_attributed``, in its
+    device's ``order`` when given), streamed as ``stream_reports`` streams them."""
+    return _stream(store, keys, threads, lambda store, key: read_attributed(store, key, order))
 
 
 def stream_reports(

@@ -1,5 +1,5 @@
 """What a staged rollout does (pure: every fact is passed in): how a publish starts one, how it
-moves (advance, halt, revert), and the gate's judgement of a stage from field evidence.
+moves (advance, halt, resume, revert), and the gate's judgement of a stage from field evidence.
 
 The rules (the state itself is ``epfleet.formats.rollout``'s):
 
@@ -15,7 +15,17 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
   before it: a newer publish never makes an unproven build (or version) the way back.
 - ``advance`` moves to the next stage; past the last, the rollout is ``complete`` and
   ``previous`` is dropped (``epfleet gc`` may then collect it). ``halt`` freezes the
-  stage; ``revert`` sends every device back to ``previous``; both say why.
+  stage; ``revert`` sends every device back to ``previous``; both say why. ``resume``
+  makes a halted rollout active again at its stage. A halted rollout is not advanced:
+  it is resumed first (a halt is a decision an advance must not undo on the way). A move
+  that changes nothing (``halt`` of a halted rollout, ``resume`` of an active one) gives
+  back the entry it was given: nothing to publish.
+- ``follow_policy``: a rollout under way (active or halted) follows its model's rollout
+  policy as the spec gives it now: a compile applies a changed policy (thresholds,
+  canaries, stages) to it at its current stage, and says so; a policy with fewer stages
+  than the rollout has reached is refused (advance or revert the rollout first). A spec
+  that no longer gives the model a policy leaves the rollout on its own, and the compile
+  says so (``policy_dropped``).
 - What the gate hears (``epfleet.fleet.evidence_rules.attribute``): a report object is
   the report of the device its key names, or it is unreadable (it does not decode, or a
   number in it is not finite or out of range) or not attributed (its key names another
@@ -134,6 +144,11 @@ def _new_rollout(policy: RolloutPolicy, now: datetime) -> Rollout:
 
 def advance(entry: ModelEntry, now: datetime) -> ModelEntry:
     rollout = _under_way(entry)
+    if rollout.state == "halted":
+        raise CannotMove(
+            f"its rollout is halted ({rollout.reason or 'no reason given'}) at stage "
+            f"{rollout.stage + 1}: resume it first (epfleet rollout resume), then advance"
+        )
     if rollout.last_stage:
         done = rollout.model_copy(update={"state": "complete", "stage_started_at": now})
         return entry.model_copy(update={"rollout": done, "previous": {}, "previous_version": None})
@@ -145,8 +160,70 @@ def advance(entry: ModelEntry, now: datetime) -> ModelEntry:
 
 def halt(entry: ModelEntry, reason: str) -> ModelEntry:
     rollout = _under_way(entry)
+    if rollout.state == "halted":
+        return entry  # halted already: its first reason stays
     return entry.model_copy(
         update={"rollout": rollout.model_copy(update={"state": "halted", "reason": reason})}
+    )
+
+
+def policy_change(entry: ModelEntry, policy: RolloutPolicy) -> str | None:
+    """What following ``policy`` would change in ``entry``'s rollout under way, as a
+    sentence; None when it has none or already follows it. CannotMove when the rollout's
+    stage is past ``policy``'s stages."""
+    rollout = entry.rollout
+    if rollout is None or rollout.state not in ("active", "halted"):
+        return None
+    before, after = rollout.policy.model_dump(), RolloutPolicy(**policy.model_dump()).model_dump()
+    if before == after:
+        return None
+    if rollout.stage >= len(policy.stages):
+        raise CannotMove(
+            f"the spec's rollout policy has {_stages(policy)}, and "
+            f"its rollout {rollout.id} under way is at stage {rollout.stage + 1} "
+            f"{rollout.policy.stages}: advance or revert that rollout first, or keep its stages"
+        )
+    changed = ", ".join(f"{f} {before[f]} -> {after[f]}" for f in after if before[f] != after[f])
+    return (
+        f"its rollout {rollout.id} ({rollout.state}, stage {rollout.stage + 1}) follows the "
+        f"spec's changed rollout policy: {changed}"
+    )
+
+
+def policy_dropped(entry: ModelEntry) -> str | None:
+    """What happens to ``entry``'s rollout under way when the spec gives the model no
+    rollout policy, as a sentence; None when it has none under way."""
+    rollout = entry.rollout
+    if rollout is None or rollout.state not in ("active", "halted"):
+        return None
+    return (
+        f"its rollout {rollout.id} ({rollout.state}, stage {rollout.stage + 1}) keeps the "
+        "policy it started with: the spec gives the model no rollout policy now (move it "
+        "by hand: epfleet rollout advance, halt or revert)"
+    )
+
+
+def _stages(policy: RolloutPolicy) -> str:
+    count = len(policy.stages)
+    return f"{count} stage{'s' if count != 1 else ''} {policy.stages}"
+
+
+def follow_policy(entry: ModelEntry, policy: RolloutPolicy) -> ModelEntry:
+    """``entry`` with its rollout under way following ``policy`` (``policy_change``); the
+    entry itself when there is nothing to change."""
+    if policy_change(entry, policy) is None:
+        return entry
+    assert entry.rollout is not None
+    followed = entry.rollout.model_copy(update={"policy": RolloutPolicy(**policy.model_dump())})
+    return entry.model_copy(update={"rollout": followed})
+
+
+def resume(entry: ModelEntry) -> ModelEntry:
+    rollout = _under_way(entry)
+    if rollout.state == "active":
+        return entry
+    return entry.model_copy(
+        update={"rollout": rollout.model_copy(update={"state": "active", "reason": None})}
     )
 
 
@@ -157,7 +234,11 @@ def revert(entry: ModelEntry, reason: str) -> ModelEntry:
     )
 
 
-class NoRollout(ValueError):
+class CannotMove(ValueError):
+    """The move asked for does not apply to the model's rollout as it is."""
+
+
+class NoRollout(CannotMove):
     """The model has no rollout under way (none, or it is complete or reverted)."""
 
 

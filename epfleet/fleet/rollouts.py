@@ -1,5 +1,6 @@
 """Staged rollouts in a store: each one's status with its field evidence (from the device
-reports), the gate that advances or halts them, and an operator's advance, halt and revert.
+reports), the gate that advances or halts them, and an operator's advance, halt, resume
+and revert.
 
 The device reports are read once per gate run (``read_evidence``): the same stream feeds
 every rollout's evidence and the fleet's field view (``epfleet manifest show --field``).
@@ -7,7 +8,8 @@ every rollout's evidence and the fleet's field view (``epfleet manifest show --f
 Every move is a publish (``epfleet.fleet.publishing.update_manifest``): the rollout state
 is in the model's signed entry, so only a holder of the online key moves a rollout, and
 a move is compare-and-swap against the rollout it judged (a rollout replaced meanwhile by a
-newer publish is left alone). The rules are ``epfleet.fleet.rollout_rules``'.
+newer publish is left alone), and a move that changes nothing publishes nothing. The
+rules are ``epfleet.fleet.rollout_rules``'.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from epfleet.fleet.evidence_rules import Unattributed
 from epfleet.fleet.field_rules import FieldRow, field_view
 from epfleet.fleet.publishing import read_in_force, update_manifest
 from epfleet.fleet.rollout_rules import (
+    CannotMove,
     Evidence,
-    NoRollout,
     Verdict,
     advance,
     count,
     halt,
     judge,
+    resume,
     revert,
 )
 from epfleet.fleet.watch_inputs import stream_attributed_device_reports
@@ -39,7 +42,7 @@ from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.rollout import Rollout
 from epfleet.stores import Store
 
-Move = Literal["advance", "halt", "revert"]
+Move = Literal["advance", "halt", "resume", "revert"]
 
 
 class RolloutStatus(BaseModel):
@@ -58,7 +61,9 @@ class Moved(BaseModel):
     stage: int
     state: str
     published: bool
-    """False when the rollout had changed meanwhile (nothing was moved)."""
+    """False when the rollout had changed meanwhile, or the move changed nothing."""
+    unchanged: str | None = None
+    """Why nothing was published, when the move changed nothing."""
 
 
 class GateReading(BaseModel):
@@ -91,7 +96,7 @@ def read_evidence(
 
     def readable() -> Iterator[DeviceReport]:
         # streamed: a large fleet's reports are never all held
-        for heard in stream_attributed_device_reports(store):
+        for heard in stream_attributed_device_reports(store, enrolled):
             for name, rollout in staged.items():
                 count(evidence[name], rollout, name, heard, enrolled)
             if isinstance(heard, Unattributed):
@@ -140,18 +145,24 @@ def move(
     rollout_id: str | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> Moved:
-    """Advance, halt or revert the model's rollout (the one ``rollout_id`` names, when
-    given) in one publish; an advance starts the next stage at ``clock.now()``.
-    BadInputError when the model has no rollout under way."""
+    """Advance, halt, resume or revert the model's rollout (the one ``rollout_id`` names,
+    when given) in one publish; an advance starts the next stage at ``clock.now()``. A
+    move that changes nothing publishes nothing and says why (``Moved.unchanged``), and so
+    does the gate's move (``rollout_id`` given) of a rollout moved since it judged it.
+    BadInputError when the model has no rollout under way, or for an advance of a
+    halted rollout (resume it first)."""
     steps: dict[Move, Callable[[ModelEntry, datetime, str], ModelEntry]] = {
         "advance": lambda entry, now, _: advance(entry, now),
         "halt": lambda entry, _, why: halt(entry, why),
+        "resume": lambda entry, _, __: resume(entry),
         "revert": lambda entry, _, why: revert(entry, why),
     }
     done: list[ModelEntry] = []
+    unchanged: list[str] = []
 
     def change(current: Manifest | None) -> Manifest | None:
         done.clear()
+        unchanged.clear()
         entry = current.models.get(model) if current is not None else None
         if current is None or entry is None:
             raise BadInputError(f"no model {model!r} in {store.uri}")
@@ -159,11 +170,20 @@ def move(
             return None  # a newer publish replaced the rollout judged: leave it
         try:
             moved = steps[how](entry, _now(clock), reason)
-        except NoRollout as exc:
+        except CannotMove as exc:
+            if rollout_id is not None:  # the gate's move: a person moved it since it judged
+                assert entry.rollout is not None
+                unchanged.append(f"its rollout is {entry.rollout.state} now: {exc}")
+                done.append(entry)
+                return None
             raise BadInputError(
                 f"model {model!r} in {store.uri}: {exc}; nothing to {how}"
             ) from None
         done.append(moved)
+        if moved is entry:
+            assert entry.rollout is not None
+            unchanged.append(f"its rollout is {entry.rollout.state} already")
+            return None
         models = current.models | {model: moved}
         return current.succeeded_by(models)  # keeps the enrolled device keys
 
@@ -177,6 +197,7 @@ def move(
         stage=after.stage if after else -1,
         state=after.state if after else "unchanged",
         published=published.published,
+        unchanged=unchanged[-1] if unchanged else None,
     )
 
 

@@ -48,6 +48,15 @@ class RunPlan(BaseModel):
     rollouts: dict[str, RolloutPolicy] = Field(
         default_factory=dict, description="Each staged model's rollout policy"
     )
+    policy_changes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Models whose rollout under way follows a policy the spec changed: what "
+        "changes",
+    )
+    policy_kept: dict[str, str] = Field(
+        default_factory=dict,
+        description="Models whose rollout under way keeps its policy, the spec giving none",
+    )
 
     @property
     def to_compile(self) -> list[PlannedPair]:
@@ -79,6 +88,7 @@ class RunPlan(BaseModel):
             and self.published_samples == self.samples
             and self.published_calibrations == self.calibrations
             and self.published_preferences == self.preferences
+            and not self.policy_changes
         )
 
     @property

@@ -24,12 +24,20 @@ from epfleet.errors import BadInputError, IntegrityError, StoreError
 from epfleet.fleet.input_memory import check_input_memory
 from epfleet.fleet.verify import GoldenJob, golden_for
 from epfleet.formats.keys import files_key, samples_key, source_key
-from epfleet.formats.manifest import PackageFile, SamplesRef, SourceEntry
+from epfleet.formats.manifest import MODEL_FILE, ArtifactRef, PackageFile, SamplesRef, SourceEntry
 from epfleet.formats.spec import ModelSpec
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.runtime.compiler import CompileJob
 from epfleet.runtime.environments import RuntimeEnvironment
-from epfleet.runtime.filesets import LocalSet, check_external_data, file_set, link_or_copy
+from epfleet.runtime.filesets import (
+    LocalSet,
+    check_external_data,
+    file_set,
+    hash_in_set,
+    link_or_copy,
+    open_in_set,
+)
+from epfleet.runtime.onnx_files import onnx_problem
 from epfleet.runtime.requests import CompileRequest, RuntimeRef
 from epfleet.runtime.samples import GOLDEN_VERSION
 from epfleet.runtime.shapes import prepare_model, uses_external_data
@@ -184,19 +192,20 @@ class PreparedSource:
 def stage_source(
     model: ModelSpec, uri: str, static_eps: set[str], store: Store
 ) -> tuple[SourceEntry, PreparedSource]:
-    """Hash the source's files, check that its input_shapes apply (and leave every input
-    static when an EP in ``static_eps`` needs that, and one sample of inputs fits in
-    memory: ``check_input_memory``), and upload them content-addressed,
+    """Check the source's files, hash them, check that its input_shapes apply (and leave
+    every input static when an EP in ``static_eps`` needs that, and one sample of inputs
+    fits in memory: ``check_input_memory``), and only then upload them content-addressed,
     once: the main file under sources/, the others (external data, a folder's other
-    files) under files/. Also returns the source with its shapes fixed."""
+    files) under files/. Every file is read as a regular file in the model's folder, never
+    through a symbolic link (``open_in_set``), and the main file must look like ONNX from
+    its first bytes before it is parsed. Also returns the source with its shapes fixed."""
     where = f"models[{model.name}].source"
     with local_source(uri, where, folders=is_local(uri)) as path:
         files = file_set(path, None, model.model_file, where) if path.is_dir() else None
-        main_path = files.path_of(files.model_file) if files else path
-        try:
-            loaded = onnx.load(str(main_path), load_external_data=False)
-        except Exception as exc:
-            raise BadInputError(f"{where} {uri} is not an ONNX model: {exc}") from None
+        main = files or LocalSet(
+            root=path.parent, model_file=MODEL_FILE, disk_names={MODEL_FILE: path.name}
+        )
+        loaded = _load_graph(main, where, uri)
         if not is_local(uri) and uses_external_data(loaded):
             raise BadInputError(
                 f"{where} {uri} keeps tensors in external data files; a source with "
@@ -212,14 +221,18 @@ def stage_source(
             check_input_memory(loaded)  # before the golden samples try to allocate them
         except ValueError as exc:
             raise BadInputError(f"models[{model.name}] ({uri}): {exc}") from None
-        sha256, size = sha256_file(main_path)
-        key = source_key(sha256)
-        if store.size(key) != size:
-            store.upload(key, main_path, sha256)
-        others = [_stage_file(store, files, other) for other in files.others]
+        sha256, size = hash_in_set(files, files.model_file, where)
+        others = []
+        for other in files.others:
+            other_sha256, other_size = hash_in_set(files, other, where)
+            others.append(
+                PackageFile(
+                    path=other, uri=files_key(other_sha256), sha256=other_sha256, size=other_size
+                )
+            )
         try:
             entry = SourceEntry(
-                uri=key,
+                uri=source_key(sha256),
                 sha256=sha256,
                 size=size,
                 model_file=files.model_file,
@@ -229,17 +242,31 @@ def stage_source(
         except ValidationError as exc:
             problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
             raise BadInputError(f"{where} {uri}: {problem}") from None
+        # Every file has passed its checks: nothing of a refused source reaches the store.
+        _upload(store, entry, files.path_of(files.model_file))
+        for file in others:
+            _upload(store, file, files.path_of(file.path))
     return entry, PreparedSource(loaded, files.root if data_files else None, data_files)
 
 
-def _stage_file(store: Store, files: LocalSet, path: str) -> PackageFile:
-    """Upload one file of a source set under files/<sha256>, unless already there."""
-    local = files.path_of(path)
-    sha256, size = sha256_file(local)
-    key = files_key(sha256)
-    if store.size(key) != size:
-        store.upload(key, local, sha256)
-    return PackageFile(path=path, uri=key, sha256=sha256, size=size)
+def _load_graph(main: LocalSet, where: str, uri: str) -> onnx.ModelProto:
+    """The main file's graph, without its external data, once its first bytes say it is
+    ONNX (``onnx_problem``): a file that is not is refused before it is read whole."""
+    with open_in_set(main, main.model_file, where) as file:
+        problem = onnx_problem(file)
+        if problem is not None:
+            raise BadInputError(f"{where} {uri} is not an ONNX model: {problem}")
+        file.seek(0)
+        try:
+            return onnx.load_model_from_string(file.read())
+        except Exception as exc:
+            raise BadInputError(f"{where} {uri} is not an ONNX model: {exc}") from None
+
+
+def _upload(store: Store, ref: ArtifactRef, local: Path) -> None:
+    """Upload one file of a source under its content-addressed key, unless already there."""
+    if store.size(ref.uri) != ref.size:
+        store.upload(ref.uri, local, ref.sha256)
 
 
 def stage_samples(

@@ -7,21 +7,22 @@ held; the decisions on what is read are ``epfleet.fleet.watch_rules``'s (pure).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import eps
 from epfleet import ort_version
 from epfleet.fleet.evidence_rules import Unattributed
-from epfleet.fleet.field_rules import FieldRow, field_view
+from epfleet.fleet.heard_reports import HeardReports
 from epfleet.fleet.report_reading import (
     READ_THREADS,
+    ReportOrder,
     reports_from,
     stream_attributed_reports,
     stream_reports,
 )
 from epfleet.fleet.watch_rules import Runtime, report_time
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
-from epfleet.formats.manifest import Manifest
+from epfleet.formats.manifest import DeviceKey
 from epfleet.formats.spec import FleetSpec
 from epfleet.stores import Store
 from eps.base import MissingExtraError
@@ -67,12 +68,15 @@ def stream_device_reports(
 
 
 def stream_attributed_device_reports(
-    store: Store, threads: int = READ_THREADS
+    store: Store, enrolled: Mapping[str, DeviceKey], threads: int = READ_THREADS
 ) -> Iterator[DeviceReport | Unattributed]:
     """Every device report of the fleet as the rollout gate hears it: the report of the
-    device its key names, or why not (``epfleet.fleet.evidence_rules.attribute``)."""
+    device its key names, or why not (``epfleet.fleet.evidence_rules.attribute``); for a
+    device ``enrolled`` (the signed manifest's keys), its newest signed report, this
+    machine's memory of them kept (``epfleet.fleet.heard_reports``)."""
     reports = reports_from(store)
-    return stream_attributed_reports(reports, report_keys(reports), threads=threads)
+    order = ReportOrder(enrolled, HeardReports.of(reports.uri))
+    return stream_attributed_reports(reports, report_keys(reports), threads=threads, order=order)
 
 
 def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[DeviceReport], list[str]]:
@@ -81,20 +85,3 @@ def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[Device
     results = list(stream_device_reports(store, threads))
     reports = [r for r in results if isinstance(r, DeviceReport)]
     return reports, [r for r in results if isinstance(r, str)]
-
-
-def field_evidence(store: Store, manifest: Manifest) -> tuple[list[FieldRow], int, int]:
-    """What the device reports say of each model × target (``epfleet.fleet.field_rules``),
-    with the number of reports read and of those that could not be, streamed."""
-    counts = [0, 0]
-
-    def reports() -> Iterator[DeviceReport]:
-        for found in stream_device_reports(store):
-            if isinstance(found, str):
-                counts[1] += 1
-            else:
-                counts[0] += 1
-                yield found
-
-    rows = field_view(manifest, reports())
-    return rows, counts[0], counts[1]

@@ -13,9 +13,15 @@ does; an envelope starts ``{"payload"``), keeps an envelope's signatures with th
 (``signed_envelope``) for the rollout gate to verify, and never inflates one past a size
 limit.
 ``content_digest`` is what a report says, without what changes on every sync (times,
-bytes moved, the manifest's version): a device uploads a report whose digest differs from
-the last one it uploaded, and otherwise only once per heartbeat
+bytes moved, the manifest's version, its number): a device uploads a report whose digest
+differs from the last one it uploaded, and otherwise only once per heartbeat
 (``EPFLEET_REPORT_HEARTBEAT``).
+
+A device numbers the reports it uploads (``sequence``, increasing; inside the signed
+payload when it signs), so that the fleet side can tell its newest report from an older
+one put back in its place (``epfleet.fleet.evidence_rules.newest``). Reports of older
+devices have no number; a reader of an older epfleet ignores it (a report's unknown keys
+are ignored), so adding it needed no version.
 """
 
 from __future__ import annotations
@@ -208,6 +214,15 @@ class DeviceReport(_Bounded):
     manifest: ManifestStatus
     models: list[ModelReport]
     seconds: float = Field(ge=0, le=MAX_SECONDS)
+    sequence: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        exclude_if=lambda sequence: sequence is None,
+        description="The report's number: higher in every report the device uploads "
+        "(a counter in its cache, never below the upload's time in milliseconds); left "
+        "out by older devices",
+    )
     report_uploaded: bool | None = None
     report_error: str | None = None
     report_skipped: str | None = Field(
@@ -295,12 +310,12 @@ def content_digest(report: DeviceReport) -> str:
     file, EP, verdict and precision), what failed or fell back and why, how the device
     judged each published variant, its EPs, hardware and runtime, its store, a manifest
     it rejected and its warnings. Left out: times, bytes moved, the manifest's generation
-    and signed version, and whether a served model's variant was kept, downloaded or
-    built just now (the poll after a download says ``kept`` of the same variant). Two
-    syncs that changed nothing have the same digest."""
+    and signed version, whether a served model's variant was kept, downloaded or built
+    just now (the poll after a download says ``kept`` of the same variant), and the
+    report's number. Two syncs that changed nothing have the same digest."""
     said: dict[str, Any] = report.model_dump(
         mode="json",
-        exclude={*LOCAL_FIELDS, "generated_at", "seconds", "manifest", "models"},
+        exclude={*LOCAL_FIELDS, "generated_at", "seconds", "sequence", "manifest", "models"},
     )
     manifest = report.manifest
     if manifest.status == "rejected" or manifest.warning:

@@ -46,7 +46,10 @@ from eps.base import Precision
 # manifest it cached under the older rules instead of trusting it, and fetches again one it
 # rejected under them. 6: verification tolerances bounded by eps.base.LOOSEST_TOLERANCE.
 # 7: a newer minor schema's unknown keys ignored (epfleet.formats.schema_version).
-VALIDATION_RULES = "7"
+# 8: a rollout policy bounded as a spec's, canary ids device ids, a rollout's stage one of its
+# policy's, folded_io lists and a file set's files bounded (epfleet.formats.rollout,
+# epfleet.formats.variant_checks, MAX_FILES).
+VALIDATION_RULES = "8"
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
@@ -84,6 +87,8 @@ FILE_PATH_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*(/[A-Za-z0-9_][A-Za-z0-9_.+-]
 """A file's path inside a variant directory: relative POSIX, no empty, hidden, ``.`` or
 ``..`` component (a device creates these names)."""
 FILE_PATH_MAX_LENGTH = 200
+MAX_FILES = 10_000
+"""The most files beside a main ONNX file (a GenAI model folder has tens)."""
 
 
 class PackageFile(ArtifactRef):
@@ -111,6 +116,7 @@ class FileSet(_Strict):
     files: list[PackageFile] = Field(
         default_factory=list,
         exclude_if=lambda files: not files,
+        max_length=MAX_FILES,
         description="Files beside the main one: external data, EP contexts, sidecars",
     )
 
@@ -122,7 +128,7 @@ class FileSet(_Strict):
         folded = [path.lower() for path in paths]
         if len(set(folded)) != len(folded):
             raise ValueError(f"file paths must be distinct (ignoring case): {paths}")
-        dirs = {"/".join(p.split("/")[:i]) for p in folded for i in range(1, p.count("/") + 1)}
+        dirs = {path[:i] for path in folded for i, char in enumerate(path) if char == "/"}
         if clash := sorted(dirs & set(folded)):
             raise ValueError(f"{clash[0]!r} is both a file and a directory")
         return self
@@ -376,6 +382,18 @@ class DeviceKey(_Strict):
     enrolled_at: datetime
 
 
+KeyId = Annotated[str, StringConstraints(pattern=SHA256_PATTERN)]
+
+
+class RevokedKey(_Strict):
+    """A device key that was revoked (``epfleet device revoke``): it is enrolled again only
+    with ``--force``, for the device it was revoked from, since the reports it signed
+    before would count again."""
+
+    device: Name = Field(description="The device it was enrolled for")
+    revoked_at: datetime
+
+
 class Manifest(_Strict):
     schema_version: str = Field(
         default=compat.SCHEMA_VERSION,
@@ -390,10 +408,16 @@ class Manifest(_Strict):
         exclude_if=lambda keys: not keys,
         description="Enrolled devices' public keys, by device id (signed with the manifest)",
     )
+    revoked_device_keys: dict[KeyId, RevokedKey] = Field(
+        default_factory=dict,
+        exclude_if=lambda keys: not keys,
+        description="Revoked device keys, by key id: refused by epfleet device enroll "
+        "unless --force (added in schema 1.6; devices ignore it)",
+    )
 
     def succeeded_by(self, models: dict[str, ModelEntry]) -> Manifest:
         """The next generation of this manifest with ``models``, everything else kept (the
-        enrolled device keys), stamped with the schema version this epfleet writes."""
+        enrolled and revoked device keys), stamped with the schema version this epfleet writes."""
         return self.model_copy(
             update={
                 "schema_version": compat.SCHEMA_VERSION,

@@ -21,45 +21,82 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 RolloutState = Literal["active", "halted", "reverted", "complete"]
 BUCKETS = 10_000
 
 
+MAX_MIN_HOURS = 8_760.0
+"""The longest ``min_hours`` a stage may have: a year."""
+MAX_MIN_REPORTS = 1_000_000
+MAX_LATENCY_REGRESSION = 100.0
+"""10,000 % slower: past this a ``max_latency_regression`` gates nothing."""
+MAX_STAGES = 100
+MAX_CANARIES = 10_000
+DEVICE_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+"""What a device id is (``epfleet.device.reporting.device_id``): a canary id is one."""
+DEVICE_ID_MAX_LENGTH = 100
+DeviceId = Annotated[
+    str, StringConstraints(pattern=DEVICE_ID_PATTERN, max_length=DEVICE_ID_MAX_LENGTH)
+]
+
+
 class RolloutPolicy(BaseModel):
     """How a model's new variants reach the fleet (the spec's ``rollout:``, at the top level
-    or on a model)."""
+    or on a model), as the spec gives it and as a signed entry carries it: every number
+    finite and in a range the gate can act on, canary ids device ids. The same bounds hold
+    when a spec is loaded (refused with the field named) and when a manifest is read (an
+    entry outside them, written by someone without the keys or by hand, is refused)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     stages: list[float] = Field(
         default_factory=lambda: [5.0, 25.0, 100.0],
+        max_length=MAX_STAGES,
         description="Percentages of devices, in order; the last must be 100",
     )
-    canary: list[str] = Field(
-        default_factory=list, description="Device ids that take a new variant first"
+    canary: list[DeviceId] = Field(
+        default_factory=list,
+        max_length=MAX_CANARIES,
+        description="Device ids that take a new variant first (lower-case letters, digits, "
+        "'.', '_' and '-', as EPFLEET_DEVICE_ID)",
     )
     min_reports: int = Field(
-        default=5, ge=1, description="Devices on the new variants before the gate judges a stage"
+        default=5,
+        ge=1,
+        le=MAX_MIN_REPORTS,
+        description="Member devices that must report on a stage before the gate advances it",
     )
     max_failure_rate: float = Field(
         default=0.05,
         ge=0,
         le=1,
-        description="Share of devices on the new variants whose health check or sync of the "
-        "model failed, past which the gate halts the rollout",
+        description="Share of member devices whose sync or health check of the model failed, "
+        "past which the gate halts the rollout (0 to 1)",
     )
     max_latency_regression: float = Field(
         default=0.25,
         ge=0,
-        description="How much slower (p50, as a fraction) the new variants may run than the "
-        "ones they replace, past which the gate halts the rollout",
+        le=MAX_LATENCY_REGRESSION,
+        description="How much slower (p50, as a fraction, up to 100) the new variants may run "
+        "than the ones they replace, past which the gate halts the rollout",
     )
     min_hours: float = Field(
-        default=1.0, ge=0, description="Hours a stage lasts at least before the gate advances it"
+        default=1.0,
+        ge=0,
+        le=MAX_MIN_HOURS,
+        description="Hours a stage lasts at least before the gate advances it (up to 8,760: "
+        "a year)",
     )
     approval: bool = Field(
         default=False,
@@ -98,6 +135,14 @@ class Rollout(BaseModel):
     stage_started_at: datetime
     reason: str | None = Field(default=None, description="Why it was halted or reverted")
 
+    @model_validator(mode="after")
+    def _a_stage_of_its_policy(self) -> Rollout:
+        if self.stage >= len(self.policy.stages):
+            raise ValueError(
+                f"stage {self.stage} is past the policy's {len(self.policy.stages)} stages"
+            )
+        return self
+
     @property
     def percent(self) -> float:
         return self.policy.stages[self.stage]
@@ -105,50 +150,6 @@ class Rollout(BaseModel):
     @property
     def last_stage(self) -> bool:
         return self.stage == len(self.policy.stages) - 1
-
-
-MAX_MIN_HOURS = 8_760.0
-"""The longest ``min_hours`` a spec may give a stage: a year."""
-MAX_MIN_REPORTS = 1_000_000
-MAX_LATENCY_REGRESSION = 100.0
-"""10,000 % slower: past this a ``max_latency_regression`` gates nothing."""
-
-
-class SpecRolloutPolicy(RolloutPolicy):
-    """A rollout policy as a fleet spec may give it: every number finite and in a range the
-    gate can act on, refused at spec load with the field named. The signed entries keep
-    ``RolloutPolicy`` (what older publishers signed is still read; the gate's arithmetic
-    is safe for any number it holds)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    min_reports: int = Field(
-        default=5,
-        ge=1,
-        le=MAX_MIN_REPORTS,
-        description="Member devices that must report on a stage before the gate advances it",
-    )
-    max_failure_rate: float = Field(
-        default=0.05,
-        ge=0,
-        le=1,
-        description="Share of member devices whose sync or health check of the model failed, "
-        "past which the gate halts the rollout (0 to 1)",
-    )
-    max_latency_regression: float = Field(
-        default=0.25,
-        ge=0,
-        le=MAX_LATENCY_REGRESSION,
-        description="How much slower (p50, as a fraction, up to 100) the new variants may run "
-        "than the ones they replace, past which the gate halts the rollout",
-    )
-    min_hours: float = Field(
-        default=1.0,
-        ge=0,
-        le=MAX_MIN_HOURS,
-        description="Hours a stage lasts at least before the gate advances it (up to 8,760: "
-        "a year)",
-    )
 
 
 def bucket(salt: str, device_id: str) -> int:

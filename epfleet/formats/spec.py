@@ -25,7 +25,7 @@ from epfleet.formats.manifest import (
     NAME_MAX_LENGTH,
     NAME_PATTERN,
 )
-from epfleet.formats.rollout import RolloutPolicy, SpecRolloutPolicy
+from epfleet.formats.rollout import RolloutPolicy
 from epfleet.formats.task_metric import MetricSpec
 from eps.base import (
     INTEGER_PRECISIONS,
@@ -106,7 +106,7 @@ class ModelSpec(BaseModel):
         default_factory=lambda: QuantizationSpec(),
         description="How integer variants are quantised (ORT's QNN quantisation tools)",
     )
-    rollout: SpecRolloutPolicy | None = Field(
+    rollout: RolloutPolicy | None = Field(
         default=None,
         description="How new variants of this model reach the fleet (overrides the spec's)",
     )
@@ -365,7 +365,7 @@ class FleetSpec(BaseModel):
         "qnn-2.5: [onnxruntime==1.32.0, onnxruntime-qnn==2.5.0]",
     )
     targets: list[TargetSpec] = Field(min_length=1)
-    rollout: SpecRolloutPolicy | None = Field(
+    rollout: RolloutPolicy | None = Field(
         default=None,
         description="Staged rollouts of new variants: stages, canary devices and the gates "
         "that advance or halt them; omitted: a publish reaches every device at once",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from epfleet.errors import BadInputError
 from epfleet.formats.spec import FleetSpec
+from epfleet.text import printable
 
 MAX_NESTING = 32
 """How deep a spec's YAML may nest (a fleet spec needs 5 levels): PyYAML composes nodes
@@ -40,7 +41,7 @@ def _location(loc: tuple[int | str, ...], data: Any) -> str:
         else:
             path += f".{item}" if path else str(item)
             node = node.get(item) if isinstance(node, dict) else None
-    return path or "spec"
+    return printable(path) or "spec"  # a name or key may hold control characters
 
 
 def _message(error: Any) -> str:

@@ -211,24 +211,33 @@ class FoldedTensor(_Strict):
         return self
 
 
+MAX_FOLDED_TENSORS = 10_000
+"""The most inputs (or outputs) a ``folded_io`` may list: far more than any model has (a
+large language model with its caches has a few hundred), so that an entry written by
+someone without the keys cannot make every reader of the manifest work for minutes. Where
+the model is at hand, a list longer than its inputs (or outputs) is refused
+(``epfleet.runtime.folded_io.mismatch``)."""
+
+
 class FoldedIo(_Strict):
     """A quantised variant compiled with its boundary QuantizeLinear and DequantizeLinear
     removed (the target's ``fold_io``): the inputs it takes and the outputs it gives as
     integers, and how each maps to the floats of the source. Inputs and outputs not listed
     stay as the source has them. Schema 1.4."""
 
-    inputs: list[FoldedTensor] = Field(default_factory=list)
-    outputs: list[FoldedTensor] = Field(default_factory=list)
+    inputs: list[FoldedTensor] = Field(default_factory=list, max_length=MAX_FOLDED_TENSORS)
+    outputs: list[FoldedTensor] = Field(default_factory=list, max_length=MAX_FOLDED_TENSORS)
 
     @model_validator(mode="after")
     def _distinct(self) -> FoldedIo:
         if not self.inputs and not self.outputs:
             raise ValueError("folds nothing: name at least one input or output")
         for kind, tensors in (("inputs", self.inputs), ("outputs", self.outputs)):
-            names = [t.name for t in tensors]
-            twice = sorted({n for n in names if names.count(n) > 1})
-            if twice:
-                raise ValueError(f"{kind} name {twice[0]!r} twice")
+            seen: set[str] = set()
+            for tensor in tensors:
+                if tensor.name in seen:
+                    raise ValueError(f"{kind} name {tensor.name!r} twice")
+                seen.add(tensor.name)
         return self
 
     def tensor(self, name: str) -> FoldedTensor | None:

@@ -4,7 +4,9 @@ A source is an ONNX file, with the external data files its tensors name beside i
 folder (a GenAI-style model folder): every regular, non-hidden file under it, its main
 ONNX file named by the spec's ``model_file``. Paths inside a set are relative POSIX
 paths that fit ``FILE_PATH_PATTERN``; external data never leaves its files here (only
-the main file's graph is read, without its weights).
+the main file's graph is read, without its weights). A set's files are read only as
+regular files in the model's folder (``open_in_set``): a file that is a symbolic link, or
+lies in a linked directory, could put any file of the host into the store.
 """
 
 from __future__ import annotations
@@ -12,13 +14,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from onnx import ModelProto, external_data_helper
 
 from epfleet.errors import BadInputError
 from epfleet.formats.manifest import FILE_PATH_MAX_LENGTH, FILE_PATH_PATTERN, MODEL_FILE
+from epfleet.fsutil import NotRegularFile, open_nofollow
+from epfleet.hashing import sha256_stream
 
 _PATH = re.compile(FILE_PATH_PATTERN)
 
@@ -152,6 +159,37 @@ def file_set(path: Path, model: ModelProto | None, model_file: str | None, where
         others=others,
         disk_names={MODEL_FILE: path.name},
     )
+
+
+@contextmanager
+def open_in_set(files: LocalSet, path: str, where: str) -> Iterator[BinaryIO]:
+    """The set's file at ``path``, open for reading: it must be a regular file, not a
+    symbolic link (opened without following one), in a directory that resolves inside the
+    set's folder. BadInputError naming the file otherwise."""
+    local = files.path_of(path)
+    folder = files.root.resolve()
+    if not local.parent.resolve().is_relative_to(folder):
+        raise BadInputError(
+            f"{where}: {path} lies in {local.parent.resolve()}, outside the model's folder "
+            f"{folder} (through a linked directory); copy the file into the folder"
+        )
+    try:
+        with open_nofollow(local) as file:
+            yield file
+    except NotRegularFile:
+        kind = "a symbolic link" if local.is_symlink() else "not a regular file"
+        raise BadInputError(
+            f"{where}: {local} is {kind}; a source's files are read only as regular files "
+            "in the model's folder: copy the file itself there"
+        ) from None
+    except FileNotFoundError:
+        raise BadInputError(f"{where}: {local} does not exist") from None
+
+
+def hash_in_set(files: LocalSet, path: str, where: str) -> tuple[str, int]:
+    """(sha256, size) of the set's file at ``path``, opened as ``open_in_set`` does."""
+    with open_in_set(files, path, where) as file:
+        return sha256_stream(file)
 
 
 def check_external_data(files: LocalSet, model: ModelProto, where: str) -> list[str]:

@@ -53,13 +53,15 @@ def dequantized_outputs(
 
 def mismatch(folded: FoldedIo, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> str | None:
     """Why ``folded`` does not describe a model with these ``inputs`` and ``outputs``
-    (name to ORT type, e.g. ``tensor(uint8)``), or None: every folded name is one of the
-    model's, of the recorded dtype. A record that fails this would have an app feed the
-    variant wrongly."""
+    (name to ORT type, e.g. ``tensor(uint8)``), or None: no more folded inputs (outputs)
+    than the model has, every folded name one of the model's, of the recorded dtype. A
+    record that fails this would have an app feed the variant wrongly."""
     for kind, tensors, have in (
         ("input", folded.inputs, inputs),
         ("output", folded.outputs, outputs),
     ):
+        if len(tensors) > len(have):
+            return f"folded_io lists {len(tensors)} {kind}s; the model has {len(have)}"
         for tensor in tensors:
             if tensor.name not in have:
                 known = ", ".join(repr(n) for n in have) or "none"

@@ -271,3 +271,11 @@ def test_a_store_under_a_file_is_bad_input(
     code, err = run(capsys, *filled)
     assert code == 2, err
     assert f"{file} is a file, not a directory" in err
+
+
+def test_an_error_quoting_an_escape_code_prints_it_escaped(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, err = run(capsys, "manifest", "show", "--store", str(tmp_path / "no\x1b[2Jstore"))
+    assert code == 2 and "no\\x1b[2Jstore" in err, err
+    assert "\x1b" not in err

@@ -12,6 +12,7 @@ from epfleet.fleet.merge_rules import ModelFacts, merge
 from epfleet.formats.manifest import (
     ArtifactRef,
     Coverage,
+    FileSet,
     Manifest,
     SamplesRef,
     SourceEntry,
@@ -19,6 +20,7 @@ from epfleet.formats.manifest import (
     Verification,
     json_schema,
 )
+from epfleet.formats.variant_checks import MAX_FOLDED_TENSORS, FoldedIo
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.fast
@@ -275,3 +277,98 @@ def test_merge_never_changes_the_manifest_it_is_given() -> None:
     assert second is not None and set(second.models["m"].variants) == {"t", "u"}
     assert first.model_dump_json() == before
     assert second.models["n"] is first.models["n"]  # an entry it left alone is not copied
+
+
+def with_rollout(policy: dict, stage: int = 0) -> dict:
+    """A manifest document whose model is in a rollout with ``policy`` (the JSON a store
+    holds), at ``stage``."""
+    manifest = run(None, {"m": source()}, {("m", "t"): variant()}).manifest
+    assert manifest is not None
+    document = json.loads(manifest.to_json())
+    document["models"]["m"]["rollout"] = {
+        "id": "0" * 16,
+        "salt": "1" * 32,
+        "policy": {"stages": [10, 100]} | policy,
+        "stage": stage,
+        "started_at": "2026-12-01T00:00:00Z",
+        "stage_started_at": "2026-12-01T00:00:00Z",
+    }
+    document["models"]["m"]["previous"] = {"t": None}
+    return document
+
+
+def test_a_rollout_within_the_spec_bounds_is_read() -> None:
+    document = with_rollout({"canary": ["lab-phone-1"], "min_hours": 8760}, stage=1)
+    rollout = Manifest.from_json(json.dumps(document).encode()).models["m"].rollout
+    assert rollout is not None and rollout.policy.canary == ["lab-phone-1"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "stage", "expected"),
+    [
+        ({"min_hours": float("inf")}, 0, "min_hours\n  Input should be a finite number"),
+        ({"min_hours": 1e12}, 0, "min_hours\n  Input should be less than or equal to 8760"),
+        ({"min_reports": 10**9}, 0, "min_reports\n  Input should be less than or equal to"),
+        ({"max_latency_regression": 1e9}, 0, "max_latency_regression\n  Input should be less"),
+        ({"canary": ["../../x"]}, 0, "canary.0\n  String should match pattern"),
+        ({"canary": ["dev-1\x1b[2J"]}, 0, "canary.0\n  String should match pattern"),
+        ({"canary": ["d" * 101]}, 0, "canary.0\n  String should have at most 100 characters"),
+        ({"canary": ["d"] * 10_001}, 0, "canary\n  List should have at most 10000 items"),
+        ({}, 2, "stage 2 is past the policy's 2 stages"),
+    ],
+    ids=[
+        "min_hours inf",
+        "min_hours 1e12",
+        "min_reports 1e9",
+        "latency 1e9",
+        "canary ../../x",
+        "canary escape",
+        "canary 101 characters",
+        "10,001 canaries",
+        "stage past the last",
+    ],
+)
+def test_a_rollout_a_spec_could_not_give_is_refused_when_a_manifest_is_read(
+    policy: dict, stage: int, expected: str
+) -> None:
+    data = json.dumps(with_rollout(policy, stage)).replace("Infinity", "1e999").encode()
+    with pytest.raises(ValidationError) as raised:
+        Manifest.from_json(data)
+    assert expected in str(raised.value), str(raised.value)
+
+
+def folded(inputs: list[str]) -> dict:
+    return {
+        "inputs": [{"name": n, "dtype": "uint8", "scale": 0.5, "zero_point": 0} for n in inputs]
+    }
+
+
+def test_a_folded_io_longer_than_any_model_is_refused_when_a_manifest_is_read() -> None:
+    manifest = run(None, {"m": source()}, {("m", "t"): variant()}).manifest
+    assert manifest is not None
+    document = json.loads(manifest.to_json())
+    names = [f"input-{i}" for i in range(MAX_FOLDED_TENSORS + 1)]
+    document["models"]["m"]["variants"]["t"]["folded_io"] = folded(names)
+    with pytest.raises(ValidationError, match="List should have at most 10000 items"):
+        Manifest.from_json(json.dumps(document).encode())
+    document["models"]["m"]["variants"]["t"]["folded_io"] = folded(names[:MAX_FOLDED_TENSORS])
+    assert Manifest.from_json(json.dumps(document).encode()).models["m"].variants["t"].folded_io
+
+
+def test_a_name_folded_twice_is_found_in_a_long_list() -> None:
+    names = [f"input-{i}" for i in range(MAX_FOLDED_TENSORS - 1)] + ["input-5"]
+    with pytest.raises(ValidationError, match="inputs name 'input-5' twice"):
+        FoldedIo.model_validate(folded(names))
+
+
+def package_files(paths: list[str]) -> list[dict]:
+    return [{"path": p, "uri": f"files/{SHA_B}", "sha256": SHA_B, "size": 1} for p in paths]
+
+
+def test_a_file_set_of_more_files_than_any_model_folder_is_refused() -> None:
+    deep = "/".join(["d"] * 90)
+    assert FileSet.model_validate({"files": package_files([f"{deep}/{i}" for i in range(10_000)])})
+    with pytest.raises(ValidationError, match="List should have at most 10000 items"):
+        FileSet.model_validate({"files": package_files([f"f{i}" for i in range(10_001)])})
+    with pytest.raises(ValidationError, match="'d/d' is both a file and a directory"):
+        FileSet.model_validate({"files": package_files([f"{deep}/0", "d/d"])})

@@ -83,9 +83,9 @@ def first_error(exc: pytest.ExceptionInfo[ValidationError]) -> tuple[tuple[Any, 
 
 
 def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> None:
-    read = Manifest.from_json(data(with_future_fields(document("1.6"))), newer_minor="ignore")
+    read = Manifest.from_json(data(with_future_fields(document("1.7"))), newer_minor="ignore")
     known = Manifest.from_json(data(document()))
-    assert read.schema_version == "1.6"
+    assert read.schema_version == "1.7"
     assert read.models == known.models and read.generation == known.generation
     assert read.models["m"].variants["x86-cpu"].verification == (
         known.models["m"].variants["x86-cpu"].verification
@@ -361,3 +361,18 @@ def test_schema_1_5_records_a_sequence_metric_time_axis() -> None:
     assert check.metric.time_axis == 0 and check.metric.spec().time_axis == 0
     written = json.loads(read.to_json())["models"]["m"]["variants"]["x86-cpu"]["verification"]
     assert written["metric"] == metric | {"time_axis": 0}
+
+
+def test_schema_1_6_records_revoked_device_keys() -> None:
+    """1.6 added ``revoked_device_keys``: read back as written, keyed by key id, left out
+    when empty (a manifest without revocations keeps its bytes)."""
+    doc = document()
+    assert b"revoked_device_keys" not in Manifest.from_json(data(doc)).to_json()
+    revoked = {"c" * 64: {"device": "dev-1", "revoked_at": "2026-12-07T10:00:00Z"}}
+    doc["revoked_device_keys"] = revoked
+    read = Manifest.from_json(data(doc))
+    assert read.revoked_device_keys["c" * 64].device == "dev-1"
+    assert json.loads(read.to_json())["revoked_device_keys"] == revoked
+    doc["revoked_device_keys"] = {"not-a-key-id": revoked["c" * 64]}
+    with pytest.raises(ValidationError):
+        Manifest.from_json(data(doc))

@@ -434,6 +434,8 @@ def test_a_name_longer_than_a_directory_name_allows_is_refused() -> None:
         ({"stages": [10, float("inf")]}, "rollout.stages[1]: Input should be a finite number"),
         ({"stages": [float("nan"), 100]}, "rollout.stages[0]: Input should be a finite number"),
         ({"stages": [50, 10, 100]}, "percentages from 0 to 100, increasing"),
+        ({"canary": ["../../x"]}, "rollout.canary[0]: String should match pattern"),
+        ({"canary": ["dev-1\x1b[2J"]}, "rollout.canary[0]: String should match pattern"),
     ],
 )
 def test_a_rollout_policy_out_of_range_is_refused_at_spec_load(
@@ -561,3 +563,24 @@ def test_fold_io_is_part_of_the_fingerprint_only_when_asked(tmp_path: Path) -> N
     assert plain.fingerprint != folded.fingerprint and folded.folds_io and not plain.folds_io
     fp16 = request.model_copy(update={"fold_io": True, "precision": "fp16"})
     assert not fp16.folds_io  # a float rung of a folding target compiles as it is
+
+
+def test_an_escape_code_in_a_model_name_is_shown_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(spec(models=[{"name": "evil\x1b[2Jred", "source": "m.onnx"}])))
+    from epfleet.cli.app import main
+
+    assert main(["compile", str(path), "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert "models[evil\\x1b[2Jred].name: String should match pattern" in err, err
+    assert "\x1b" not in err
+
+
+def test_a_spec_error_names_a_hostile_key_escaped_wherever_it_is_shown() -> None:
+    """parse_spec's message is also a flow's error (a Prefect log), not only the CLI's."""
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(spec(models=[{"name": "m", "source": "m.onnx", "sour\x1b[2Jce": 1}]))
+    assert "models[m].sour\\x1b[2Jce: unknown key" in str(raised.value)
+    assert "\x1b" not in str(raised.value)

@@ -142,6 +142,13 @@ def test_a_record_that_does_not_fit_the_model_is_named(
     assert mismatch(FOLDED, inputs, outputs) == expected
 
 
+def test_a_record_listing_more_inputs_than_the_model_has_is_named_by_its_count() -> None:
+    tensors = [FoldedTensor(name=f"x{i}", dtype="uint8", scale=0.5, zero_point=0) for i in range(3)]
+    folded = FoldedIo(inputs=tensors)
+    problem = mismatch(folded, {"x0": "tensor(uint8)", "x1": "tensor(uint8)"}, {})
+    assert problem == "folded_io lists 3 inputs; the model has 2"
+
+
 @pytest.mark.parametrize(
     ("tensor", "expected"),
     [

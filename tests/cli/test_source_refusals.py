@@ -1,0 +1,137 @@
+"""A model's source is read safely: its main file and every external data file are opened
+as regular files (never through a symbolic link) in directories inside the model's folder,
+and nothing of the source is uploaded until all of it has passed its checks. A file that is
+not ONNX is refused from its first bytes. Run through ``epfleet.cli.app.main`` in this
+process (every case is refused while planning, before a Prefect API would start), on a
+local store and on S3 (moto over HTTP)."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from epfleet.cli.app import main
+from epfleet.fleet.planning import plan_run
+from epfleet.hashing import sha256_bytes, sha256_file
+from epfleet.stores import open_store
+from tests.support.specs import CPU_TARGET, write_spec
+
+pytestmark = pytest.mark.fast
+
+SECRET = b"root:x:0:0:root:/root:/bin/bash\n"
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return str(request.getfixturevalue("s3_store_uri"))
+
+
+def save_with_external_data(path: Path, location: str = "w.bin") -> None:
+    """y = x @ W, W (16 KiB) in the external data file ``location`` beside ``path``."""
+    weights = numpy_helper.from_array(np.ones((64, 64), np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        [weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (path.parent / location).parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, location=location, size_threshold=0
+    )
+
+
+def secret_outside(tmp_path: Path) -> Path:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir(exist_ok=True)
+    (outside / "passwd").write_bytes(SECRET)
+    return outside / "passwd"
+
+
+def refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, source: str, uri: str) -> str:
+    """epfleet compile of ``source`` on ``uri``: exit 2 and the error, and nothing staged."""
+    spec = write_spec(tmp_path, [{"name": "m", "source": source}], [CPU_TARGET])
+    code = main(["compile", str(spec), "--store", uri])
+    err = "\n".join(
+        line for line in capsys.readouterr().err.splitlines() if line.startswith("epfleet")
+    )
+    assert code == 2, err
+    staged = open_store(uri).list_keys("")
+    assert not [key for key in staged if key.startswith(("sources/", "files/"))], staged
+    return err
+
+
+def test_an_external_data_file_linked_to_a_host_file_is_refused_and_nothing_is_uploaded(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, store_uri: str
+) -> None:
+    save_with_external_data(tmp_path / "linked" / "m.onnx")
+    (tmp_path / "linked" / "w.bin").unlink()
+    (tmp_path / "linked" / "w.bin").symlink_to(secret_outside(tmp_path))
+    err = refused(capsys, tmp_path, "linked/m.onnx", store_uri)
+    assert f"models[m].source: {tmp_path / 'linked' / 'w.bin'} is a symbolic link" in err
+    assert sha256_bytes(SECRET) not in " ".join(open_store(store_uri).list_keys(""))
+
+
+def test_an_external_data_file_in_a_linked_directory_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, store_uri: str
+) -> None:
+    save_with_external_data(tmp_path / "model" / "m.onnx", location="data/w.bin")
+    os.rename(tmp_path / "model" / "data", tmp_path / "data-elsewhere")
+    (tmp_path / "model" / "data").symlink_to(tmp_path / "data-elsewhere")
+    err = refused(capsys, tmp_path, "model/m.onnx", store_uri)
+    assert "models[m].source: data/w.bin lies in" in err
+    assert "outside the model's folder" in err
+
+
+def test_a_folders_main_file_linked_inside_the_folder_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, store_uri: str
+) -> None:
+    save_with_external_data(tmp_path / "folder" / "real.onnx")
+    (tmp_path / "folder" / "model.onnx").symlink_to(tmp_path / "folder" / "real.onnx")
+    err = refused(capsys, tmp_path, "folder", store_uri)
+    assert f"{tmp_path / 'folder' / 'model.onnx'} is a symbolic link" in err
+
+
+def test_a_file_that_is_not_onnx_is_refused_from_its_first_bytes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, store_uri: str
+) -> None:
+    (tmp_path / "notes.onnx").write_bytes(SECRET)
+    err = refused(capsys, tmp_path, "notes.onnx", store_uri)
+    assert "models[m].source" in err and "notes.onnx is not an ONNX model: field" in err
+
+
+def test_a_2_gb_sparse_file_is_refused_without_being_read(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, store_uri: str
+) -> None:
+    with open(tmp_path / "sparse.onnx", "wb") as sparse:
+        sparse.truncate(2_100_000_000)
+    tracemalloc.start()
+    try:
+        err = refused(capsys, tmp_path, "sparse.onnx", store_uri)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "sparse.onnx is not an ONNX model: no protobuf field at byte 0" in err
+    assert peak < 100_000_000, f"{peak:,} bytes allocated refusing it"
+
+
+def test_a_source_with_its_external_data_in_its_folder_is_staged_whole(
+    tmp_path: Path, store_uri: str
+) -> None:
+    """The control: the same model with its data file in place plans and is uploaded."""
+    save_with_external_data(tmp_path / "good" / "m.onnx")
+    spec = write_spec(tmp_path, [{"name": "m", "source": "good/m.onnx"}], [CPU_TARGET])
+    plan = plan_run(spec, store_uri)
+    assert len(plan.to_compile) == 1
+    data_sha256, _ = sha256_file(tmp_path / "good" / "w.bin")
+    assert f"files/{data_sha256}" in open_store(store_uri).list_keys("files/")

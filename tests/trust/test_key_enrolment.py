@@ -1,0 +1,122 @@
+"""One key belongs to one device, and a revoked key stays revoked (epfleet/fleet/enrolment.py):
+``epfleet device enroll`` refuses a key enrolled for another device or revoked from one,
+publishing nothing, and enrols a revoked key again only with ``--force``, for the device
+it was revoked from, saying that its old reports count again; on a local store and on S3
+over HTTP (moto)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from epfleet.cli.app import main
+from epfleet.fleet.publishing import read_in_force
+from epfleet.formats.manifest import Manifest
+from epfleet.stores import Store, open_store
+from epfleet.trust.keys import read_private_key
+from epfleet.trust.repository import has_trust, init_with_key_files
+from tests.support.publish_helpers import publish_new
+from tests.support.tiers import on_stores
+
+pytestmark = pytest.mark.fast
+
+
+@pytest.fixture(params=on_stores("local", "s3"))
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """A signed store with one model."""
+    uri = (
+        str(tmp_path / "store")
+        if request.param == "local"
+        else request.getfixturevalue("s3_store_uri")
+    )
+    opened = open_store(uri)
+    publish_new(opened, 0)
+    if not has_trust(opened):  # a local store is signed already, with development keys
+        _, signer = init_with_key_files(opened, tmp_path / "fleet-keys", bins=16)
+        monkeypatch.setenv("EPFLEET_TRUST_SIGNER", signer)
+    return opened
+
+
+def signed(store: Store) -> Manifest:
+    manifest = read_in_force(store).manifest
+    assert manifest is not None
+    return manifest
+
+
+def public_key_of(private: Path, into: Path) -> Path:
+    """The public half of a device key file, as ``--public-key`` takes it."""
+    into.write_text(read_private_key(private).public_key.keyval["public"])
+    return into
+
+
+def enroll(store: Store, device: str, *extra: str) -> int:
+    return main(["device", "enroll", device, "--store", store.uri, *extra])
+
+
+def test_a_revoked_key_is_enrolled_again_only_with_force_and_says_so(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert enroll(store, "dev-000", "--keys", str(tmp_path / "keys")) == 0
+    public = public_key_of(tmp_path / "keys" / "dev-000.pem", tmp_path / "dev-000.pub.pem")
+    keyid = signed(store).device_keys["dev-000"].keyid
+    assert main(["device", "revoke", "dev-000", "--store", store.uri]) == 0
+    revoked = signed(store).revoked_device_keys
+    assert set(revoked) == {keyid} and revoked[keyid].device == "dev-000"
+    generation = signed(store).generation
+    capsys.readouterr()
+
+    assert enroll(store, "dev-000", "--public-key", str(public)) == 2
+    err = capsys.readouterr().err
+    assert f"key {keyid[:12]} of device 'dev-000' was revoked on" in err
+    assert "a revoked key stays revoked" in err and "--force" in err
+    assert signed(store).generation == generation  # nothing published
+    assert "dev-000" not in signed(store).device_keys
+
+    assert enroll(store, "dev-000", "--public-key", str(public), "--force") == 0
+    out, err = capsys.readouterr()
+    assert f"enrolled dev-000 in {store.uri}: key {keyid[:12]}" in out
+    assert "is enrolled again (--force): the reports it signed before its revocation" in err
+    after = signed(store)
+    assert after.device_keys["dev-000"].keyid == keyid
+    assert after.revoked_device_keys == {}  # enrolled: no longer on the revoked list
+
+
+def test_one_key_belongs_to_one_device(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert enroll(store, "dev-000", "--keys", str(tmp_path / "keys")) == 0
+    public = public_key_of(tmp_path / "keys" / "dev-000.pem", tmp_path / "dev-000.pub.pem")
+    keyid = signed(store).device_keys["dev-000"].keyid
+    generation = signed(store).generation
+    capsys.readouterr()
+
+    for extra in ([], ["--force"]):
+        assert enroll(store, "dev-001", "--public-key", str(public), *extra) == 2
+        err = capsys.readouterr().err
+        assert f"key {keyid[:12]} is enrolled for device 'dev-000'" in err
+        assert "one key belongs to one device; give 'dev-001' a key of its own" in err
+    assert signed(store).generation == generation
+    assert set(signed(store).device_keys) == {"dev-000"}
+
+    # revoked from dev-000, it still cannot become dev-001's, even with --force
+    assert main(["device", "revoke", "dev-000", "--store", store.uri]) == 0
+    capsys.readouterr()
+    assert enroll(store, "dev-001", "--public-key", str(public), "--force") == 2
+    err = capsys.readouterr().err
+    assert f"key {keyid[:12]} was revoked from device 'dev-000' on" in err
+    assert signed(store).device_keys == {}
+
+
+def test_a_new_key_for_a_device_whose_key_was_revoked_is_enrolled(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert enroll(store, "dev-000", "--keys", str(tmp_path / "old")) == 0
+    old = signed(store).device_keys["dev-000"].keyid
+    assert main(["device", "revoke", "dev-000", "--store", store.uri]) == 0
+    capsys.readouterr()
+    assert enroll(store, "dev-000", "--keys", str(tmp_path / "new")) == 0
+    assert "revoked" not in capsys.readouterr().err
+    after = signed(store)
+    assert after.device_keys["dev-000"].keyid != old
+    assert set(after.revoked_device_keys) == {old}  # the old key stays revoked
