@@ -112,25 +112,26 @@ def test_each_runtimes_workers_load_its_own_onnxruntime_qnn_and_an_older_one_ref
 def test_a_device_takes_its_runtimes_variant_as_it_moves_up_and_back(
     tmp_path: Path, model_dir: Path, cache: Path
 ) -> None:
-    """The newest runtime listed first: judged as a Snapdragon X Elite's QNN validator
-    would judge them (``tests.support.qnn_device``), a device on onnxruntime-qnn 2.5.0
-    refuses 2.7.0's binary and runs 2.5.0's; moved to 2.7.0 it runs 2.7.0's; moved back,
-    2.5.0's again, from its cache, never a local build."""
+    """Judged as a Snapdragon X Elite's QNN validator would judge them
+    (``tests.support.qnn_device``), a device on onnxruntime-qnn 2.5.0 refuses 2.7.0's
+    binary and runs 2.5.0's; moved to 2.7.0 it judges both optimal and runs the one built
+    with its own release, although the spec lists 2.5.0 first; moved back, 2.5.0's
+    again, from its cache, never a local build."""
     from epfleet.device.policy import SyncPolicy
     from epfleet.device.session import SyncSession
     from eps.qnn import HtpRuntime
     from tests.support.qnn_device import QnnDeviceEps
 
     store = tmp_path / "store"
-    spec = write(tmp_path, model_dir, {"qnn-2.7": QNN_2_7, "qnn-2.5": QNN_2_5})
+    spec = write(tmp_path, model_dir, {"qnn-2.5": QNN_2_5, "qnn-2.7": QNN_2_7})
     assert compile_spec(spec, store, cache).exit_code == 0
     on_2_5 = HtpRuntime(arch=73, vtcm_mb=8, backend_api=(5, 49, 0), sdk=(2, 49, 40))
     on_2_7 = HtpRuntime(arch=73, vtcm_mb=8, backend_api=(5, 51, 0), sdk=(2, 51, 0))
     device = tmp_path / "device"
 
-    def sync_on(runtime: HtpRuntime) -> tuple[str, str | None, str]:
+    def sync_on(runtime: HtpRuntime, release: str) -> tuple[str, str | None, str]:
         with SyncSession(
-            str(store), device, SyncPolicy(), "dev-1", local=QnnDeviceEps(runtime),
+            str(store), device, SyncPolicy(), "dev-1", local=QnnDeviceEps(runtime, release),
             allow_unsigned=True,
         ) as session:  # fmt: skip
             session.fetch_manifest()
@@ -138,8 +139,9 @@ def test_a_device_takes_its_runtimes_variant_as_it_moves_up_and_back(
             report = session.finish().models[0]
         return report.action, report.target, report.reason
 
-    assert sync_on(on_2_5)[:2] == ("downloaded", "sd-x-elite.qnn-2.5")
-    assert sync_on(on_2_7)[:2] == ("downloaded", "sd-x-elite.qnn-2.7")
-    action, target, reason = sync_on(on_2_5)
+    assert sync_on(on_2_5, "2.5.0")[:2] == ("downloaded", "sd-x-elite.qnn-2.5")
+    assert sync_on(on_2_7, "2.7.0")[:2] == ("downloaded", "sd-x-elite.qnn-2.7")
+    assert sync_on(on_2_7, "2.7.0")[:2] == ("kept", "sd-x-elite.qnn-2.7")
+    action, target, reason = sync_on(on_2_5, "2.5.0")
     assert (action, target) == ("downloaded", "sd-x-elite.qnn-2.5")
     assert reason.startswith("rolled back to sd-x-elite.qnn-2.5")
