@@ -43,6 +43,12 @@ class Settings(BaseModel):
         "artifacts), and this host's record of the signed stores it read "
         "(signed-stores/); default ~/.cache/epfleet",
     )
+    runtime_wheels: Path | None = Field(
+        default=None,
+        description="A directory of wheels to build the spec's runtime environments from "
+        "(pip --no-index --find-links), for a compile host without a package index; unset: "
+        "pip's configured index",
+    )
     cache_max_bytes: ByteSize = Field(
         default=ByteSize(10 << 30),
         ge=0,

@@ -451,7 +451,8 @@ def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool,
     pool = shared_pool(workers)
     compiles = []
     for pair in plan.to_compile:
-        if pair.work_pool is None:  # the others compile on their work pool
+        # Pairs of a work pool compile there; those of a runtime, in its environment's pool.
+        if pair.work_pool is None and pair.request.runtime is None:
             job = compile_job_for(pair.request, store)
             label = f"{pair.request.model} × {pair.request.target}"
             compiles.append((label, pool.prestart(job)))

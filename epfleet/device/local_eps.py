@@ -36,8 +36,15 @@ class LocalEps:
         """EP name -> this machine's devices for it (only EPs with at least one)."""
         self.absent = absent
         """EP name -> why it cannot run here (package missing, library or device absent)."""
+        self.releases: dict[str, str] = {}
+        """EP name -> the version of its package here (the CPU EP's: onnxruntime's): which
+        release of each EP this device runs, for preferring the variants built with it."""
         self._judged: dict[tuple[str, str], Judgement] = {}
         self._refused: dict[tuple[str, tuple[tuple[str, str], ...]], str | None] = {}
+
+    def release(self, ep: str) -> str | None:
+        """The version of ``ep``'s package on this device, or None when it is absent."""
+        return self.releases.get(ep)
 
     def present(self, ep: str) -> bool:
         return ep in self.devices
@@ -146,7 +153,10 @@ def discover() -> LocalEps:
             found[ep] = devices
         else:
             absent[ep] = f"{ep} is installed but enumerates no device here"
-    return LocalEps(found, absent)
+    local = LocalEps(found, absent)
+    for ep in found:
+        local.releases[ep] = eps.load(ep).build_identity()["version"]
+    return local
 
 
 @functools.cache

@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 def considered(local: LocalEps, entry: ModelEntry) -> list[Considered]:
     """Every published variant of the model, judged here by its compatibility string, with
     its place in the fleet's declared preference."""
-    declared = {target: entry.preference.index(target) for target in entry.preference}
+    declared = declared_ranks(entry)
+    releases = runtime_ranks(local, entry)
     judged = []
     for target, variant in entry.variants.items():
         if variant.status != "ok" or variant.artifact is None:
@@ -53,9 +54,44 @@ def considered(local: LocalEps, entry: ModelEntry) -> list[Considered]:
                 verdict=judgement.verdict,
                 reason=judgement.reason,
                 declared_rank=declared.get(target),
+                runtime_rank=releases.get(target, 0),
             )
         )
     return judged
+
+
+def runtime_ranks(local: LocalEps, entry: ModelEntry) -> dict[str, int]:
+    """Each variant built under one of the spec's runtimes, by the EP release it was built
+    with: 0 for this device's own release of its EP, then the other releases, newest
+    first. Variants built with the compile host's own packages are not ranked (0)."""
+    keys: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for target, variant in entry.variants.items():
+        built, mine = variant.runtime, local.release(variant.ep)
+        if built is None or mine is None or built.ep_version == mine:
+            keys[target] = (0, ())
+        else:
+            keys[target] = (1, tuple(-part for part in release_parts(built.ep_version)))
+    order = sorted(set(keys.values()))
+    return {target: order.index(key) for target, key in keys.items()}
+
+
+def declared_ranks(entry: ModelEntry) -> dict[str, int]:
+    """Each target's place in the model's declared preference, the variants of one target
+    built under several runtimes (``<target>.<runtime>``) sharing their target's place."""
+    places: dict[str, int] = {}
+    ranks = {}
+    for target in entry.preference:
+        variant = entry.variants.get(target)
+        suffix = f".{variant.runtime.name}" if variant and variant.runtime else ""
+        base = target.removesuffix(suffix) if suffix else target
+        ranks[target] = places.setdefault(base, len(places))
+    return ranks
+
+
+def release_parts(version: str) -> tuple[int, ...]:
+    """A release's numbers, for ordering (2.7.0 -> (2, 7, 0); what is not a number
+    counts as 0)."""
+    return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
 
 
 def sync_model(

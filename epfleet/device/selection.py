@@ -9,7 +9,10 @@ order; the sync engine runs them until one succeeds. The rules:
    the device's preference of device type (npu, gpu, cpu unless configured), then
    by the fleet's declared preference (the model entry's ``preference``: the spec's
    target order, e.g. a w8a8 target listed before an fp16 one; targets it does not
-   list come after those it does), then by manifest order.
+   list come after those it does; a target's variants built under several runtimes
+   share its place), then by the EP release a variant was built with
+   (``runtime_rank``: this device's own release first, then the newest), then by
+   manifest order.
 2. If some published variant is optimal: download the optimal ones in rank order,
    except that the active variant is kept rather than fetched again (and nothing
    ranked below it is tried). If all fail, a device that runs something keeps it;
@@ -54,6 +57,10 @@ class Considered(BaseModel):
     declared_rank: int | None = None
     """Its target's position in the model's declared preference (0 first); None when the
     entry does not list it (or lists no preference)."""
+    runtime_rank: int = 0
+    """0 when it was built under a runtime with this device's own release of its EP (or
+    with the compile host's packages); then 1, 2, ... for the other releases, newest
+    first."""
 
 
 class ActiveVariant(BaseModel):
@@ -84,6 +91,7 @@ def rank(considered: Sequence[Considered], preference: Sequence[DeviceType]) -> 
             order.get(c.device, len(order)),
             c.declared_rank is None,
             c.declared_rank or 0,
+            c.runtime_rank,
         ),
     )
 

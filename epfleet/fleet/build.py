@@ -19,7 +19,13 @@ from typing import Literal
 import eps
 from epfleet.errors import CompileError, summarize
 from epfleet.fleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
-from epfleet.fleet.staging import cache_dir, compile_job_for, fetch_verified
+from epfleet.fleet.staging import (
+    built_with,
+    cache_dir,
+    compile_job_for,
+    fetch_verified,
+    runtime_site,
+)
 from epfleet.fleet.verify import VerifyJob, skipped, verify_artifact
 from epfleet.fleet.verify_cache import (
     key_for,
@@ -196,10 +202,11 @@ def build_at(request: CompileRequest, store: Store, workers: int) -> CompiledVar
     of its coverage floor or fails verification; CompileError when it does not compile;
     store errors raise through."""
     job = compile_job_for(request, store)
+    site = runtime_site(request)
     # The pair's compile and its verification hold one of ``workers`` slots: with
     # --workers 1 no verification runs beside the next pair's compile.
     with busy_slots(workers):
-        output = shared_pool(workers).run(job)
+        output = shared_pool(workers, site).run(job)
         try:
             verification = checked(request, output, store, job.source_path)
         except BaseException:
@@ -286,11 +293,12 @@ def verify_output(
             reason=f"{problem}; nothing to compare the variant with (set verify: false "
             "on the target to publish it unverified)",
         )
-    key = key_for(request, output)
+    built = built_with(request.ep, request.runtime)
+    key = key_for(request, output, built)
     earlier = recalled(cache_dir(), key)
     if earlier is not None:
         return reused(earlier)
-    numerics = numerics_key_for(request)
+    numerics = numerics_key_for(request, built)
     backing = recalled_backing(cache_dir(), numerics)
     samples = request.samples
     golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
@@ -312,7 +320,7 @@ def verify_output(
         metric_modules=settings().metric_modules,
         folded_io=output.folded_io,
     )
-    verification = verify_artifact(job, request.verify_timeout)
+    verification = verify_artifact(job, request.verify_timeout, runtime_site(request))
     remember(cache_dir(), key, verification)
     remember_backing(cache_dir(), numerics, request.target, verification)
     return verification

@@ -10,21 +10,22 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-import eps
 from epfleet import ort_version
 from epfleet.errors import CompileError
 from epfleet.fleet.runs import PairResult
+from epfleet.fleet.staging import built_with
 from epfleet.formats.keys import files_key
 from epfleet.formats.manifest import (
     ArtifactRef,
     Coverage,
     PackageFile,
     VariantEntry,
+    VariantRuntime,
     Verification,
     utcnow,
 )
 from epfleet.runtime.compiler import CompileOutput
-from epfleet.runtime.requests import CompileRequest
+from epfleet.runtime.requests import CompileRequest, RuntimeRef
 
 
 class CompiledVariant(BaseModel):
@@ -56,6 +57,7 @@ def ok_entry(
 ) -> VariantEntry:
     """The entry of a build that passed its checks and was uploaded at ``artifact_key``
     (its other files under files/<sha256>)."""
+    ort, build = built_with(request.ep, request.runtime)
     return VariantEntry(
         ep=request.ep,
         device=request.device,
@@ -67,8 +69,8 @@ def ok_entry(
             PackageFile(path=path, uri=files_key(sha256), sha256=sha256, size=size)
             for path, sha256, size in output.files
         ],
-        ort_version=ort_version(),
-        ep_version=eps.load(request.ep).build_identity()["version"],
+        ort_version=ort,
+        ep_version=build["version"],
         compiled_at=utcnow(),
         status="ok",
         source_sha256=request.source_sha256,
@@ -78,6 +80,18 @@ def ok_entry(
         precision=request.precision,
         quantization=output.quantization,
         folded_io=output.folded_io,
+        runtime=variant_runtime(request.runtime, ort, build),
+    )
+
+
+def variant_runtime(
+    runtime: RuntimeRef | None, ort: str, build: dict[str, str]
+) -> VariantRuntime | None:
+    """What a variant's entry says of the runtime it was built under."""
+    if runtime is None:
+        return None
+    return VariantRuntime(
+        name=runtime.name, onnxruntime=ort, ep_package=build["package"], ep_version=build["version"]
     )
 
 
@@ -103,15 +117,16 @@ def failed_entry(
     """The entry of a pair that failed with ``error``, with what was measured of its build
     (merge keeps a working build over it)."""
     try:
-        ep_version: str | None = eps.load(request.ep).build_identity()["version"]
+        ort, build = built_with(request.ep, request.runtime)
     except Exception:
-        ep_version = None
+        ort, build = ort_version(), {}
     return VariantEntry(
         ep=request.ep,
         device=request.device,
         provider_options=request.provider_options,
-        ort_version=ort_version(),
-        ep_version=ep_version,
+        ort_version=ort,
+        ep_version=build.get("version"),
+        runtime=variant_runtime(request.runtime, ort, build) if build else None,
         compiled_at=utcnow(),
         status="failed",
         error=error,

@@ -20,6 +20,7 @@ from epfleet.runtime.requests import (
     CompileRequest,
     QuantizeOptions,
     Rung,
+    RuntimeRef,
     fingerprinted,
     source_fields,
 )
@@ -82,16 +83,18 @@ def plan_pairs(
     samples: dict[str, SamplesRef | None],
     samples_problems: dict[str, str],
     manifest: Manifest | None,
-    ort_version: str,
-    build_identities: dict[str, dict[str, str]],
+    built_with: dict[str, tuple[str, dict[str, str]]],
     force: bool,
     stored_size: Callable[[str], int | None],
     embed_max_bytes: int,
     calibrations: dict[str, ArtifactRef | None] | None = None,
+    runtimes: dict[str, list[str]] | None = None,
 ) -> list[PlannedPair]:
     """Decide compile or skip for each pair. A pair is skipped when the manifest holds an
     ok build with the same fingerprint whose artifact and files are still in the store
     at their sizes, or a failed compile with the same fingerprint (up to date, failed).
+    ``built_with``: each target's onnxruntime version and EP build identity (its
+    runtime's, or the host's); ``runtimes``: the spec's, by name.
     ``embed_max_bytes``: the caller's EPFLEET_EMBED_CONTEXT_MAX_BYTES (a rule reads no
     setting)."""
     planned = []
@@ -128,9 +131,14 @@ def plan_pairs(
             samples_problem=samples_problems.get(model.name),
             metric=model.metric,
             fold_io=target.fold_io,
+            runtime=(
+                RuntimeRef(name=target.runtime, requirements=(runtimes or {})[target.runtime])
+                if target.runtime
+                else None
+            ),
             fingerprint="",
         )
-        request = fingerprinted(unfingerprinted, ort_version, build_identities[target.ep])
+        request = fingerprinted(unfingerprinted, *built_with[target.name])
         entry = manifest.models.get(model.name) if manifest else None
         previous = entry.variants.get(target.name) if entry else None
         action: Literal["compile", "skip"]

@@ -35,6 +35,7 @@ from epfleet.fleet.rollout_rules import CannotMove, policy_change, policy_droppe
 from epfleet.fleet.runs import RunPlan, RunReport
 from epfleet.fleet.staging import (
     PreparedSource,
+    built_with,
     cache_dir,
     local_source,
     resolve_source,
@@ -48,7 +49,7 @@ from epfleet.formats.schema_version import check_writable
 from epfleet.formats.spec import FleetSpec, ModelSpec, TargetSpec
 from epfleet.formats.spec_file import load_spec
 from epfleet.runtime.quantize import is_qdq
-from epfleet.runtime.requests import CompileRequest, fingerprinted
+from epfleet.runtime.requests import CompileRequest, RuntimeRef, fingerprinted
 from epfleet.settings import settings
 from epfleet.stores import Store, open_store
 from epfleet.trust.signers import check_signer
@@ -121,12 +122,21 @@ def handed_origin(inputs: PlanInputs) -> str:
     return handed[3] if handed is not None and handed[0] == inputs else HANDED_BY_THIS_COMMAND
 
 
-def _identity(target: TargetSpec) -> dict[str, str]:
+def _built_with(target: TargetSpec, runtimes: dict[str, list[str]]) -> tuple[str, dict[str, str]]:
+    """The onnxruntime version and EP build identity the target's pairs build with: its
+    pool's (decided there), its runtime environment's (built now if this host has none
+    yet), or this host's."""
     if target.work_pool:
         # Its pool decides (plan_on_pool): this machine need not even have the package.
-        return {"package": target.ep, "version": "decided on the pool", "pool": target.work_pool}
+        pool = {"package": target.ep, "version": "decided on the pool", "pool": target.work_pool}
+        return ort_version(), pool
+    runtime = (
+        RuntimeRef(name=target.runtime, requirements=runtimes[target.runtime])
+        if target.runtime
+        else None
+    )
     with ep_errors():
-        return eps.load(target.ep).build_identity()
+        return built_with(target.ep, runtime)
 
 
 def check_metric_functions(models: list[ModelSpec]) -> None:
@@ -158,7 +168,7 @@ def plan_run(
         raise BadInputError("the selected models and targets form no pair to compile")
     store = open_store(store_uri)
     store.clean_up_incomplete()  # uploads killed runs left, after EPFLEET_MULTIPART_GRACE
-    identities = {target.ep: _identity(target) for _, target in pairs}
+    identities = {target.name: _built_with(target, spec.runtimes) for _, target in pairs}
     check_signer(store)  # what a publish would refuse is refused now, before any compile
     static_eps: dict[str, set[str]] = {}
     for model, target in pairs:
@@ -206,12 +216,12 @@ def plan_run(
             samples,
             problems,
             manifest,
-            ort_version(),
             identities,
             force,
             store.size,
             int(settings().embed_context_max_bytes),
             calibrations=calibrations,
+            runtimes=spec.runtimes,
         )
     )
     rollouts = {name: policy for name in sources if (policy := spec.rollout_of(name)) is not None}

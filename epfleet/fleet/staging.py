@@ -28,6 +28,7 @@ from epfleet.formats.manifest import MODEL_FILE, ArtifactRef, PackageFile, Sampl
 from epfleet.formats.spec import ModelSpec
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.runtime.compiler import CompileJob
+from epfleet.runtime.environments import RuntimeEnvironment
 from epfleet.runtime.filesets import (
     LocalSet,
     check_external_data,
@@ -37,7 +38,7 @@ from epfleet.runtime.filesets import (
     open_in_set,
 )
 from epfleet.runtime.onnx_files import onnx_problem
-from epfleet.runtime.requests import CompileRequest
+from epfleet.runtime.requests import CompileRequest, RuntimeRef
 from epfleet.runtime.samples import GOLDEN_VERSION
 from epfleet.runtime.shapes import prepare_model, uses_external_data
 from epfleet.settings import settings
@@ -394,6 +395,48 @@ def _complete(folder: Path, wanted: list[tuple[str, int]]) -> bool:
         return all((folder / path).stat().st_size == size for path, size in wanted)
     except OSError:
         return False
+
+
+def runtime_environment(runtime: RuntimeRef) -> RuntimeEnvironment:
+    """The runtime's environment on this host, built into the worker cache the first time
+    (``EPFLEET_RUNTIME_WHEELS``: from that wheel directory)."""
+    from epfleet.runtime.environments import ENVIRONMENTS, ensure_environment
+
+    return ensure_environment(
+        runtime.name, runtime.requirements, cache_dir() / ENVIRONMENTS, settings().runtime_wheels
+    )
+
+
+def runtime_site(request: CompileRequest) -> str | None:
+    """Where the pair's workers load ONNX Runtime from: its runtime environment, or None
+    for the host's own."""
+    return runtime_environment(request.runtime).site if request.runtime else None
+
+
+def built_with(ep: str, runtime: RuntimeRef | None) -> tuple[str, dict[str, str]]:
+    """The onnxruntime version and the EP's build identity a pair builds with: its runtime
+    environment's (named, with the environment's key), or this host's. Raises
+    MissingExtraError when this host lacks the EP's package (its module reads it)."""
+    import eps
+    from epfleet import ort_version
+
+    identity = eps.load(ep).build_identity()
+    if runtime is None:
+        return ort_version(), identity
+    environment = runtime_environment(runtime)
+    version = environment.version_of(identity["package"])
+    if version is None:
+        raise BadInputError(
+            f"runtime {runtime.name!r} installs no {identity['package']}, which {ep} needs: "
+            f"add it to the runtime's requirements"
+        )
+    built = {
+        **identity,
+        "version": version,
+        "runtime": runtime.name,
+        "environment": environment.key,
+    }
+    return environment.onnxruntime, built
 
 
 def compile_job_for(request: CompileRequest, store: Store) -> CompileJob:

@@ -393,13 +393,14 @@ def _checked(
     )
 
 
-def verify_artifact(job: VerifyJob, timeout: float) -> Verification:
-    """``run_verification`` in a killable worker. A variant that could not be checked
-    because it ran past ``timeout``, crashed its process or ran out of memory is
-    ``failed``: nothing unchecked is published."""
+def verify_artifact(job: VerifyJob, timeout: float, site: str | None = None) -> Verification:
+    """``run_verification`` in a killable worker, of the runtime environment at ``site``
+    when the variant was built under one (None: the host's onnxruntime). A variant that
+    could not be checked because it ran past ``timeout``, crashed its process or ran out
+    of memory is ``failed``: nothing unchecked is published."""
     started = time.perf_counter()
     try:
-        return shared_workers().call(run_verification, job, timeout)
+        return shared_workers(site).call(run_verification, job, timeout)
     except WorkerTimeout:
         reason = (
             f"verification ran past its time limit of {timeout:g} s (verify_timeout); its "

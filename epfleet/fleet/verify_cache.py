@@ -127,27 +127,39 @@ def remember_backing(cache: Path, key: str, target: str, verification: Verificat
         atomic_write_bytes(_backing_path(cache, key), backing.model_dump_json().encode())
 
 
-def numerics_key_for(request: CompileRequest) -> str:
-    """The numerics cache key of verifying a variant built for ``request`` (at its
-    precision) with this machine's EP and ORT builds."""
+BuiltWith = tuple[str, dict[str, str]]
+"""The onnxruntime version and the EP's build identity a variant was built and is verified
+with: a runtime environment's, or this machine's (None)."""
+
+
+def _host_build(ep: str, built_with: BuiltWith | None) -> BuiltWith:
+    if built_with is not None:
+        return built_with
     import eps
     from eps.base import ort_version
 
+    return ort_version(), eps.load(ep).build_identity()
+
+
+def numerics_key_for(request: CompileRequest, built_with: BuiltWith | None = None) -> str:
+    """The numerics cache key of verifying a variant built for ``request`` (at its
+    precision) with these EP and ORT builds (None: this machine's)."""
+    ort, ep_build = _host_build(request.ep, built_with)
     document = {
         "version": CACHE_VERSION,
         "basis": numerics_basis(request),
-        "ep_build": eps.load(request.ep).build_identity(),
-        "ort_version": ort_version(),
+        "ep_build": ep_build,
+        "ort_version": ort,
     }
     return sha256_bytes(json.dumps(document, sort_keys=True, separators=(",", ":")).encode())
 
 
-def key_for(request: CompileRequest, output: CompileOutput) -> str:
+def key_for(
+    request: CompileRequest, output: CompileOutput, built_with: BuiltWith | None = None
+) -> str:
     """The cache key of verifying ``output``, compiled for ``request``, on the request's
-    golden samples with this machine's EP and ORT builds."""
-    import eps
-    from eps.base import ort_version
-
+    golden samples with these EP and ORT builds (None: this machine's)."""
+    ort, ep_build = _host_build(request.ep, built_with)
     assert request.samples is not None
     files = [(output.model_file, output.sha256, output.size), *output.files]
     return verification_key(
@@ -155,8 +167,8 @@ def key_for(request: CompileRequest, output: CompileOutput) -> str:
             artifact=files,
             samples_sha256=request.samples.sha256,
             ep=request.ep,
-            ep_build=eps.load(request.ep).build_identity(),
-            ort_version=ort_version(),
+            ep_build=ep_build,
+            ort_version=ort,
             device=request.device,
             provider_options=request.provider_options,
             tolerance=request.tolerance,

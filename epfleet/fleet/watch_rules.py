@@ -102,6 +102,15 @@ def check_pairs(spec: FleetSpec, manifest: Manifest | None, runtime: Runtime) ->
                 )
             )
             continue
+        if target.runtime:
+            checks.append(
+                check(
+                    status="current",
+                    reason=f"built under the spec's runtime {target.runtime}: the workers' "
+                    "own versions do not decide it",
+                )
+            )
+            continue
         worker_ep = runtime.ep_versions.get(target.ep)
         if worker_ep is None:
             # A compile started from here could not build it: never trigger one.

@@ -169,6 +169,17 @@ class SamplesRef(ArtifactRef):
     )
 
 
+class VariantRuntime(BaseModel):
+    """The runtime environment a variant was built and verified under (the spec's
+    ``runtimes``): the onnxruntime and EP package a device must run for it to be this
+    variant's first choice."""
+
+    name: Name
+    onnxruntime: str = Field(max_length=64)
+    ep_package: str = Field(max_length=100)
+    ep_version: str = Field(max_length=64)
+
+
 class VariantEntry(FileSet):
     """One compiled variant. ``artifact`` is its main ONNX file (it carries the
     compatibility string); ``files`` sit beside it in the variant's directory."""
@@ -203,6 +214,12 @@ class VariantEntry(FileSet):
         default_factory=list,
         exclude_if=lambda tried: not tried,
         description="Precisions of the target's ladder tried first, and why each lost",
+    )
+    runtime: VariantRuntime | None = Field(
+        default=None,
+        exclude_if=lambda runtime: runtime is None,
+        description="The spec's runtime it was built under; None: the compile host's own "
+        "onnxruntime and EP package (ort_version, ep_version)",
     )
     quantization: Quantization | None = Field(
         default=None,

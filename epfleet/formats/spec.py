@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -151,6 +153,18 @@ class TargetSpec(BaseModel):
     )
     models: list[str] | None = Field(
         default=None, description="Subset of model names; every model when omitted"
+    )
+    runtimes: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Names of the spec's runtimes to build this target under, one variant "
+        "each, named <target>.<runtime>; omitted: the compile host's own onnxruntime and EP "
+        "package",
+    )
+    runtime: str | None = Field(
+        default=None,
+        description="The one runtime this target builds under (a target with runtimes "
+        "becomes one target per runtime, each with its runtime here)",
     )
     work_pool: str | None = Field(
         default=None,
@@ -344,6 +358,12 @@ class FleetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[ModelSpec] = Field(min_length=1)
+    runtimes: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Named compile runtimes: each the pip requirements of an environment "
+        "(onnxruntime and an EP package, pinned) that a target's runtimes build under, e.g. "
+        "qnn-2.5: [onnxruntime==1.32.0, onnxruntime-qnn==2.5.0]",
+    )
     targets: list[TargetSpec] = Field(min_length=1)
     rollout: RolloutPolicy | None = Field(
         default=None,
@@ -354,6 +374,43 @@ class FleetSpec(BaseModel):
     def rollout_of(self, model: str) -> RolloutPolicy | None:
         """The model's rollout policy: its own, else the spec's."""
         return self.model(model).rollout or self.rollout
+
+    @model_validator(mode="after")
+    def _one_target_per_runtime(self) -> FleetSpec:
+        """A target with ``runtimes`` becomes one target per runtime, ``<target>.<runtime>``,
+        in the order it lists them (idempotent: an expanded spec stays as it is)."""
+        for name, requirements in self.runtimes.items():
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise ValueError(f"runtimes: {name!r} is not a valid name ({NAME_PATTERN})")
+            check_requirements(name, requirements)
+        expanded = []
+        for target in self.targets:
+            asked = target.runtimes or ([target.runtime] if target.runtime else [])
+            unknown = [name for name in asked if name not in self.runtimes]
+            if unknown:
+                known = ", ".join(sorted(self.runtimes)) or "none: add a runtimes section"
+                raise ValueError(
+                    f"target {target.name!r} names unknown runtime(s) {', '.join(unknown)}; "
+                    f"the spec's runtimes: {known}"
+                )
+            if target.runtimes is None:
+                expanded.append(target)
+                continue
+            if target.work_pool:
+                raise ValueError(
+                    f"target {target.name!r}: runtimes build on the compile host; a work "
+                    "pool's workers build in their own environment (remove work_pool or "
+                    "runtimes)"
+                )
+            for runtime in target.runtimes:
+                name = f"{target.name}.{runtime}"
+                if len(name) > NAME_MAX_LENGTH:
+                    raise ValueError(f"target {name!r} is longer than {NAME_MAX_LENGTH}")
+                expanded.append(
+                    target.model_copy(update={"name": name, "runtimes": None, "runtime": runtime})
+                )
+        self.targets = expanded
+        return self
 
     @model_validator(mode="after")
     def _names(self) -> FleetSpec:
@@ -403,3 +460,23 @@ def _require_known(kind: str, asked: list[str] | None, known: list[str]) -> None
     unknown = sorted(set(asked or ()) - set(known))
     if unknown:
         raise BadInputError(f"unknown {kind} {', '.join(unknown)}; the spec has {', '.join(known)}")
+
+
+def check_requirements(name: str, requirements: list[str]) -> None:
+    """ValueError naming the runtime when a requirement is not one pip reads, or the list
+    does not pin onnxruntime (the environment would run the host's, unnoticed)."""
+    if not requirements:
+        raise ValueError(f"runtime {name!r} lists no requirements")
+    named = set()
+    for text in requirements:
+        try:
+            named.add(Requirement(text).name.lower())
+        except InvalidRequirement as exc:
+            raise ValueError(
+                f"runtime {name!r}: {text!r} is not a pip requirement ({exc})"
+            ) from None
+    if "onnxruntime" not in named:
+        raise ValueError(
+            f"runtime {name!r} does not pin onnxruntime: add e.g. 'onnxruntime==1.32.0' (a "
+            "runtime's workers import the onnxruntime its requirements install)"
+        )

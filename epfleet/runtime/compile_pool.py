@@ -28,6 +28,7 @@ from epfleet.runtime.workers import (
     IsolatedWorkers,
     WorkerDied,
     WorkerTimeout,
+    enter_runtime,
     interrupted,
     worker_context,
     worker_started,
@@ -49,8 +50,9 @@ class TimeLimitExceeded(EpfleetError):
         return (TimeLimitExceeded, (self.doing, self.seconds))
 
 
-def _warm_up(parent: int) -> None:
+def _warm_up(parent: int, site: str | None = None) -> None:
     worker_started(parent)  # SIGINT is the parent's to handle; die with the parent
+    enter_runtime(site)  # a runtime environment's onnxruntime, before it is imported
     # Vendor SDKs print banners from native code; keep stdout clean for --json callers.
     os.dup2(2, 1)
     filter_native_banners()  # QNN's ' # LIBNATIVE:' lines, on every load
@@ -61,10 +63,12 @@ def _warm_up(parent: int) -> None:
 
 
 class CompilePool:
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, site: str | None = None) -> None:
         self.workers = workers
+        self.site = site
+        """The runtime environment its workers load ONNX Runtime from (None: the host's)."""
         self._lock = threading.Lock()
-        self._executor = self._new_executor(workers)
+        self._executor = self._new_executor(workers, site)
         self._early: dict[str, Future[CompileOutput]] = {}
         self._killable: IsolatedWorkers | None = None
         # Shut the workers down before multiprocessing's own exit handlers (priority 10)
@@ -73,12 +77,12 @@ class CompilePool:
         self._at_exit = multiprocessing.util.Finalize(None, self._shutdown_now, exitpriority=100)
 
     @staticmethod
-    def _new_executor(workers: int) -> ProcessPoolExecutor:
+    def _new_executor(workers: int, site: str | None) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
             max_workers=workers,
             mp_context=worker_context(),
             initializer=_warm_up,
-            initargs=(os.getpid(),),
+            initargs=(os.getpid(), site),
         )
 
     def prestart(
@@ -129,7 +133,7 @@ class CompilePool:
             self._replace(executor)
             if interrupted():  # killed on Ctrl-C, not a crash to rerun
                 raise KeyboardInterrupt from None
-        alone = self._new_executor(1)
+        alone = self._new_executor(1, self.site)
         try:
             return alone.submit(fn, job).result()
         except BrokenProcessPool:
@@ -168,7 +172,7 @@ class CompilePool:
     ) -> Result:
         with self._lock:
             if self._killable is None:
-                self._killable = IsolatedWorkers(self.workers)
+                self._killable = IsolatedWorkers(self.workers, self.site)
             workers = self._killable
         try:
             return workers.call(fn, arg, max(timeout, 0.0))
@@ -183,7 +187,7 @@ class CompilePool:
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         with self._lock:
             if self._executor is broken:
-                self._executor = self._new_executor(self.workers)
+                self._executor = self._new_executor(self.workers, self.site)
         broken.shutdown(wait=False)
 
     def drop_unclaimed(self) -> None:
@@ -204,16 +208,17 @@ class CompilePool:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
-_pools: dict[int, CompilePool] = {}
+_pools: dict[tuple[int, str | None], CompilePool] = {}
 _pools_lock = threading.Lock()
 
 
-def shared_pool(workers: int) -> CompilePool:
-    """One pool per size per process, shared by the compile tasks of a flow run."""
+def shared_pool(workers: int, site: str | None = None) -> CompilePool:
+    """One pool per size and runtime environment (``site``; None: the host's onnxruntime)
+    per process, shared by the compile tasks of a flow run."""
     with _pools_lock:
-        pool = _pools.get(workers)
+        pool = _pools.get((workers, site))
         if pool is None:
-            pool = _pools[workers] = CompilePool(workers)
+            pool = _pools[workers, site] = CompilePool(workers, site)
         return pool
 
 

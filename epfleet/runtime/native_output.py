@@ -13,9 +13,10 @@ import os
 import subprocess
 import sys
 
-BANNERS = (b" # LIBNATIVE:",)
+BANNERS = (b" # LIBNATIVE:", b"Starting stage: ", b"Completed stage: ")
 """Line prefixes a worker's output loses (the bytes of the line as the library writes
-it)."""
+it): QNN's banner, and the progress of each graph preparation stage that onnxruntime-qnn
+2.5.0's HTP libraries print on every compile."""
 
 _FILTER = f"""
 import signal, sys

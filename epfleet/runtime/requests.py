@@ -50,6 +50,14 @@ class QuantizeOptions(BaseModel):
     nodes_to_exclude: list[str] = Field(default_factory=list)
 
 
+class RuntimeRef(BaseModel):
+    """The spec's runtime a pair builds under: its name and pip requirements (each compile
+    host builds or reuses the environment: ``epfleet.runtime.environments``)."""
+
+    name: str
+    requirements: list[str]
+
+
 class CompileRequest(BaseModel):
     """What a compile task needs: names, store keys and digests, never a loaded model.
     It builds at ``precision`` (its ``provider_options`` and tolerances are that rung's);
@@ -110,6 +118,11 @@ class CompileRequest(BaseModel):
         default=False,
         description="Fold the QDQ model's boundary Quantize/Dequantize into the variant's "
         "I/O at an integer precision (the target's fold_io)",
+    )
+    runtime: RuntimeRef | None = Field(
+        default=None,
+        description="The runtime environment it builds and verifies under; None: the "
+        "compile host's own onnxruntime and EP package",
     )
     twin_of: str | None = Field(
         default=None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.util
@@ -199,8 +200,24 @@ class WorkerDied(Exception):
     """The worker process died during the call (native crash, abort, OOM kill)."""
 
 
-def _serve(conn: Connection, parent: int) -> None:
+def enter_runtime(site: str | None) -> None:
+    """In a fresh worker, before ONNX Runtime is imported: put a runtime environment's
+    packages (``epfleet.runtime.environments``) first on the import path, so its
+    onnxruntime and EP package are the ones this worker loads. None: the host's own."""
+    if site is None:
+        return
+    loaded = sorted(name for name in sys.modules if name.split(".")[0].startswith("onnxruntime"))
+    if loaded:
+        raise RuntimeError(
+            f"cannot enter the runtime at {site}: {loaded[0]} is loaded in this worker already"
+        )
+    sys.path.insert(0, site)
+    importlib.invalidate_caches()
+
+
+def _serve(conn: Connection, parent: int, site: str | None = None) -> None:
     worker_started(parent)
+    enter_runtime(site)
     os.dup2(2, 1)  # EP banners from native code must not reach a --json caller's stdout
     filter_native_banners()  # QNN's ' # LIBNATIVE:' lines, on every load
     import onnxruntime
@@ -218,11 +235,11 @@ def _serve(conn: Connection, parent: int) -> None:
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, site: str | None = None) -> None:
         context = worker_context()
         self.conn, child = context.Pipe()
         self.process: BaseProcess = context.Process(
-            target=_serve, args=(child, os.getpid()), daemon=True
+            target=_serve, args=(child, os.getpid(), site), daemon=True
         )
         self.process.start()
         child.close()
@@ -267,7 +284,9 @@ class _Worker:
 class IsolatedWorkers:
     """Up to ``size`` workers shared by the threads of one process."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, site: str | None = None) -> None:
+        self.site = site
+        """The runtime environment its workers load ONNX Runtime from (None: the host's)."""
         self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(size)
         self._all: set[_Worker] = set()
@@ -300,7 +319,7 @@ class IsolatedWorkers:
             try:
                 worker = self._idle.get_nowait()
             except queue.Empty:
-                worker = _Worker()
+                worker = _Worker(self.site)
                 with self._lock:
                     self._all.add(worker)
                 return worker
@@ -320,14 +339,14 @@ class IsolatedWorkers:
             worker.kill()
 
 
-_shared: IsolatedWorkers | None = None
+_shared: dict[str | None, IsolatedWorkers] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_workers() -> IsolatedWorkers:
-    """This process's workers for running models (as many as it has CPUs)."""
-    global _shared
+def shared_workers(site: str | None = None) -> IsolatedWorkers:
+    """This process's workers for running models (as many as it has CPUs), in the runtime
+    environment at ``site`` (None: the host's own onnxruntime)."""
     with _shared_lock:
-        if _shared is None:
-            _shared = IsolatedWorkers(max(1, os.cpu_count() or 1))
-        return _shared
+        if site not in _shared:
+            _shared[site] = IsolatedWorkers(max(1, os.cpu_count() or 1), site)
+        return _shared[site]

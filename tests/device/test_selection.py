@@ -6,7 +6,14 @@ import itertools
 
 import pytest
 
-from epfleet.device.selection import ActiveVariant, Considered, Step, decide, rank
+from epfleet.device.selection import (
+    DEFAULT_PREFERENCE,
+    ActiveVariant,
+    Considered,
+    Step,
+    decide,
+    rank,
+)
 from eps.base import DeviceType, Verdict
 
 pytestmark = pytest.mark.fast
@@ -259,3 +266,15 @@ def test_recompile_suboptimal_builds_before_taking_a_prefer_recompilation_varian
         recompile_suboptimal=True,
     )
     assert off == steps(("download", "npu"), ("fallback", None))
+
+
+def test_a_targets_variants_of_several_runtimes_rank_by_release_after_the_declared_order() -> None:
+    """Two targets declared w8a8 first, each built under two runtimes: the declared order
+    decides between targets, and within one the device's own release, then the newest."""
+    w8a8_new = variant("w8a8.qnn-2.7", V.OPTIMAL, "npu", declared=0).model_copy(
+        update={"runtime_rank": 1}
+    )
+    w8a8_own = variant("w8a8.qnn-2.5", V.OPTIMAL, "npu", declared=0)
+    fp16_own = variant("fp16.qnn-2.5", V.OPTIMAL, "npu", declared=1)
+    ranked = rank([fp16_own, w8a8_new, w8a8_own], DEFAULT_PREFERENCE)
+    assert [c.target for c in ranked] == ["w8a8.qnn-2.5", "w8a8.qnn-2.7", "fp16.qnn-2.5"]

@@ -298,3 +298,23 @@ def test_a_target_for_another_device_of_the_same_ep_does_not_serve_the_npu() -> 
         .models["det"]
         .startswith("no target in the spec for OpenVINOExecutionProvider npu")
     )
+
+
+def test_a_variant_of_the_specs_runtime_is_not_stale_against_the_workers_versions() -> None:
+    """A pair built under one of the spec's runtimes follows that runtime, not the compile
+    workers' own packages: an older onnxruntime-qnn there triggers no recompile."""
+    spec = parse_spec(
+        {
+            "models": [{"name": "det", "source": "det.onnx"}],
+            "runtimes": {"qnn-2.5": ["onnxruntime==1.32.0", "onnxruntime-qnn==2.5.0"]},
+            "targets": [
+                {"name": "sd8g3-htp", "ep": QNN, "provider_options": {"soc_model": 57},
+                 "runtimes": ["qnn-2.5"]},
+            ],
+        }
+    )  # fmt: skip
+    fleet = current_fleet()
+    fleet.models["det"].variants["sd8g3-htp.qnn-2.5"] = variant(QNN, ep_version="2.5.0")
+    (check,) = check_pairs(spec, fleet, RUNTIME)
+    assert (check.target, check.status) == ("sd8g3-htp.qnn-2.5", "current")
+    assert not check.needs_compile

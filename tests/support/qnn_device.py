@@ -26,10 +26,13 @@ def htp_device(arch: int, vtcm_mb: int) -> HtpRuntime:
 
 
 class QnnDeviceEps(LocalEps):
-    def __init__(self, runtime: HtpRuntime) -> None:
+    def __init__(self, runtime: HtpRuntime, release: str | None = None) -> None:
+        """``release``: the onnxruntime-qnn version the device says it runs (default:
+        this host's)."""
         found = discover()
         assert QNN in found.devices, "the QNN plugin enumerates a device on this host"
         super().__init__(found.devices, found.absent)
+        self.releases = {**found.releases, **({QNN: release} if release else {})}
         self.runtime = runtime
 
     def _judge(self, ep: str, compatibility_string: str) -> Judgement:

@@ -1,0 +1,89 @@
+"""The spec's runtimes: a target built under several EP versions becomes one target per
+runtime, and bad runtime input is refused naming the runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from epfleet.errors import BadInputError
+from epfleet.formats.spec import FleetSpec
+from epfleet.formats.spec_file import parse_spec
+
+pytestmark = pytest.mark.fast
+
+QNN_2_5 = ["onnxruntime==1.32.0", "onnxruntime-qnn==2.5.0"]
+QNN_2_7 = ["onnxruntime==1.32.0", "onnxruntime-qnn==2.7.0"]
+X_ELITE = {"backend_type": "htp", "htp_arch": "73", "soc_model": "60"}
+
+
+def spec(defined: dict[str, Any], **target: Any) -> dict[str, Any]:
+    htp = {"name": "sd-x-elite", "ep": "QNNExecutionProvider", "provider_options": X_ELITE}
+    return {
+        "models": [{"name": "m", "source": "m.onnx"}],
+        "runtimes": defined,
+        "targets": [{**htp, **target}, {"name": "cpu", "ep": "CPUExecutionProvider"}],
+    }
+
+
+def test_a_target_becomes_one_target_per_runtime_in_its_order() -> None:
+    parsed = parse_spec(
+        spec({"qnn-2.5": QNN_2_5, "qnn-2.7": QNN_2_7}, runtimes=["qnn-2.7", "qnn-2.5"])
+    )
+    assert [(t.name, t.runtime) for t in parsed.targets] == [
+        ("sd-x-elite.qnn-2.7", "qnn-2.7"),
+        ("sd-x-elite.qnn-2.5", "qnn-2.5"),
+        ("cpu", None),
+    ]
+    assert all(t.runtimes is None for t in parsed.targets)
+    assert parsed.targets[0].provider_options == X_ELITE
+    # Validated again (a flow's parameter round trip), it stays as it is.
+    again = FleetSpec.model_validate(parsed.model_dump())
+    assert [t.name for t in again.targets] == [t.name for t in parsed.targets]
+    assert [t.name for _, t in parsed.pairs()] == [t.name for t in parsed.targets]
+
+
+@pytest.mark.parametrize(
+    ("runtimes", "target", "message"),
+    [
+        (
+            {},
+            {"runtimes": ["qnn-2.5"]},
+            "names unknown runtime(s) qnn-2.5; the spec's runtimes: none: add a runtimes section",
+        ),
+        ({"qnn-2.5": QNN_2_5}, {"runtimes": ["qnn-2.6"]}, "runtimes: qnn-2.5"),
+        (
+            {"qnn-2.5": ["onnxruntime-qnn==2.5.0"]},
+            {"runtimes": ["qnn-2.5"]},
+            "runtime 'qnn-2.5' does not pin onnxruntime",
+        ),
+        (
+            {"qnn-2.5": ["onnxruntime==1.32.0", "onnxruntime-qnn=2.5.0"]},
+            {},
+            "runtime 'qnn-2.5': 'onnxruntime-qnn=2.5.0' is not a pip requirement",
+        ),
+        ({"qnn-2.5": []}, {}, "runtime 'qnn-2.5' lists no requirements"),
+        ({"QNN 2.5": QNN_2_5}, {}, "runtimes: 'QNN 2.5' is not a valid name"),
+        (
+            {"qnn-2.5": QNN_2_5},
+            {"runtimes": ["qnn-2.5"], "work_pool": "arm"},
+            "runtimes build on the compile host",
+        ),
+    ],
+)
+def test_bad_runtime_input_is_refused_naming_the_runtime(
+    runtimes: dict[str, Any], target: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(spec(runtimes, **target))
+    assert message in str(raised.value)
+
+
+def test_an_expanded_name_that_clashes_with_another_target_is_refused() -> None:
+    document = spec({"qnn-2.5": QNN_2_5}, runtimes=["qnn-2.5"])
+    document["targets"].append({**document["targets"][0], "name": "sd-x-elite.qnn-2.5"})
+    del document["targets"][-1]["runtimes"]
+    with pytest.raises(BadInputError) as raised:
+        parse_spec(document)
+    assert "duplicate name 'sd-x-elite.qnn-2.5'" in str(raised.value)
