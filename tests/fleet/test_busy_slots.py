@@ -43,8 +43,8 @@ def test_one_worker_never_verifies_beside_a_compile(
     real_pool = build.shared_pool
 
     class TimedPool:
-        def __init__(self, workers: int) -> None:
-            self.pool = real_pool(workers)
+        def __init__(self, workers: int, site: str | None = None) -> None:
+            self.pool = real_pool(workers, site)
 
         def run(self, job):  # type: ignore[no-untyped-def]
             return timed("compile", self.pool.run)(job)

@@ -98,7 +98,7 @@ def test_changed_target_recompiles_only_its_pairs(fleet_spec: Path, tmp_path: Pa
     after = read_manifest(store)
     assert after.generation == before.generation + 1
     assert (
-        after.models["tiny-cls"].variants["sd8g2-htp"].compatibility_string.endswith(":73:53:0:0")
+        after.models["tiny-cls"].variants["sd8g2-htp"].compatibility_string.endswith(":73:53:8:0")
     )
     assert (
         after.models["tiny-cls"].variants["sd8g3-htp"]

@@ -66,7 +66,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     opened = open_store(uri)
     publish_new(opened, 0)
     if not has_trust(opened):  # a local store is signed already, with development keys
-        _, signer = init_with_key_files(opened, tmp_path / "fleet-keys", bins=16)
+        _, signer = init_with_key_files(opened, tmp_path / "fleet-keys", bins=16, adopt=True)
         monkeypatch.setenv("EPFLEET_TRUST_SIGNER", signer)
 
     def stage(current: Manifest | None) -> Manifest | None:
