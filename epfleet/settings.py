@@ -43,6 +43,14 @@ class Settings(BaseModel):
         "artifacts), and this host's record of the signed stores it read "
         "(signed-stores/); default ~/.cache/epfleet",
     )
+    runtime_packages: str = Field(
+        default="",
+        max_length=2000,
+        description="Comma-separated packages a spec's runtimes may install besides "
+        "onnxruntime and the EP packages epfleet knows (e.g. a vendor's EP plugin). Empty, "
+        "the default: those only, as a runtime would otherwise have the compile host "
+        "install and run any code a spec names",
+    )
     runtime_wheels: Path | None = Field(
         default=None,
         description="A directory of wheels to build the spec's runtime environments from "

@@ -158,19 +158,30 @@ def _disks(store: str) -> dict[str, Path]:
 
 def _prune(spec: Path, store: str) -> dict[str, object]:
     """Retire what the spec no longer lists; say what went on stderr."""
+    from datetime import timedelta
+
+    from epfleet.formats.manifest import utcnow
     from epfleet.formats.spec_file import load_spec
-    from epfleet.lifecycle.retire import Retirement, apply_retirement
+    from epfleet.lifecycle.retire import Retirement, apply_retirement, releases_in_use
+    from epfleet.settings import settings
     from epfleet.stores import MANIFEST_KEY, open_store
     from epfleet.text import format_bytes
 
     opened = open_store(store)
     if opened.size(MANIFEST_KEY) is None:  # nothing published yet, so nothing to retire
         return Retirement().model_dump(mode="json")
-    done = apply_retirement(opened, spec=load_spec(spec))
+    since = utcnow() - timedelta(days=settings().gc_retention_days)
+    done = apply_retirement(opened, spec=load_spec(spec), releases=releases_in_use(opened, since))
     for name in done.models:
         print(f"epfleet: pruned model {name} (no longer in the spec)", file=sys.stderr)
     for pair in done.variants:
         print(f"epfleet: pruned variant {pair} (no longer in the spec)", file=sys.stderr)
+    for target in done.kept:
+        print(
+            f"epfleet: kept target {target} (no longer in the spec): devices that reported "
+            "within EPFLEET_GC_RETENTION_DAYS still run its runtime's EP release",
+            file=sys.stderr,
+        )
     if not done.empty:
         print(
             f"epfleet: {format_bytes(done.bytes)} no longer referenced; epfleet gc collects "

@@ -139,6 +139,23 @@ def _built_with(target: TargetSpec, runtimes: dict[str, list[str]]) -> tuple[str
         return built_with(target.ep, runtime)
 
 
+def check_runtime_packages(runtimes: dict[str, list[str]]) -> None:
+    """BadInputError, before any environment is built, for a runtime requirement naming a
+    package this host does not let specs install (EPFLEET_RUNTIME_PACKAGES)."""
+    from epfleet.runtime.environments import allowed_packages, refused_packages
+    from epfleet.settings import settings
+
+    allowed = allowed_packages(settings().runtime_packages)
+    for name, requirements in runtimes.items():
+        refused = refused_packages(requirements, allowed)
+        if refused:
+            raise BadInputError(
+                f"runtimes[{name}]: {', '.join(refused)} is not onnxruntime or an EP package "
+                f"(allowed here: {', '.join(sorted(allowed))}); a compile host installs and "
+                "runs what a runtime names, so others need EPFLEET_RUNTIME_PACKAGES"
+            )
+
+
 def check_metric_functions(models: list[ModelSpec]) -> None:
     """BadInputError, before anything compiles, for a custom task metric whose module this
     host does not let specs call (EPFLEET_METRIC_MODULES)."""
@@ -168,6 +185,7 @@ def plan_run(
         raise BadInputError("the selected models and targets form no pair to compile")
     store = open_store(store_uri)
     store.clean_up_incomplete()  # uploads killed runs left, after EPFLEET_MULTIPART_GRACE
+    check_runtime_packages(spec.runtimes)
     identities = {target.name: _built_with(target, spec.runtimes) for _, target in pairs}
     check_signer(store)  # what a publish would refuse is refused now, before any compile
     static_eps: dict[str, set[str]] = {}

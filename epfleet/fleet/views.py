@@ -10,7 +10,7 @@ from epfleet.fleet.rollout_rules import SideEvidence
 from epfleet.fleet.rollouts import RolloutStatus
 from epfleet.fleet.runs import PairResult, RunReport
 from epfleet.formats.manifest import Manifest, PrecisionTried, VariantEntry
-from epfleet.text import format_bytes, printable, share, table
+from epfleet.text import format_bytes, plural, printable, share, table
 
 GENERATED_MARK = "†"
 
@@ -242,7 +242,31 @@ def render_manifest(manifest: Manifest, store: str) -> str:
     headers += ["verified", "compiled", "compatibility"]
     verified = headers.index("verified")
     legend = [GENERATED_LEGEND] if any(GENERATED_MARK in row[verified] for row in rows) else []
-    return "\n".join([header, table(headers, rows), *legend, *built_for(manifest), *failures])
+    lines = [*built_for(manifest), *runtime_lines(manifest)]
+    return "\n".join([header, table(headers, rows), *legend, *lines, *failures])
+
+
+def runtime_lines(manifest: Manifest) -> list[str]:
+    """One line per runtime the variants were built under: its releases and the targets
+    whose variants serve it, with how many models each."""
+    served: dict[str, dict[str, int]] = {}
+    releases: dict[str, str] = {}
+    for model in manifest.models.values():
+        for target, variant in model.variants.items():
+            runtime = variant.runtime
+            if runtime is None or variant.status != "ok":
+                continue
+            releases[runtime.name] = (
+                f"onnxruntime {runtime.onnxruntime}, {runtime.ep_package} {runtime.ep_version}"
+            )
+            counts = served.setdefault(runtime.name, {})
+            counts[target] = counts.get(target, 0) + 1
+    lines = []
+    for name in sorted(served):
+        targets = sorted(served[name].items())
+        serving = ", ".join(f"{target} ({plural(count, 'model')})" for target, count in targets)
+        lines.append(f"runtime {name} ({releases[name]}): {serving}")
+    return lines
 
 
 def built_for(manifest: Manifest) -> list[str]:

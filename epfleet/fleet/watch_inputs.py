@@ -49,7 +49,30 @@ def compile_worker_runtime(spec: FleetSpec) -> Runtime:
             versions[ep] = packages[ep] = None
             continue
         versions[ep], packages[ep] = identity["version"], identity["package"]
-    return Runtime(ort_version=ort_version(), ep_versions=versions, ep_packages=packages)
+    return Runtime(
+        ort_version=ort_version(),
+        ep_versions=versions,
+        ep_packages=packages,
+        spec_releases=spec_releases(spec, packages),
+    )
+
+
+def spec_releases(spec: FleetSpec, packages: dict[str, str | None]) -> dict[str, dict[str, str]]:
+    """EP name -> the spec's runtimes that build its targets -> the release of the EP's
+    package each pins (``==``); a runtime that does not pin it exactly is left out."""
+    from packaging.requirements import Requirement
+
+    releases: dict[str, dict[str, str]] = {}
+    for target in spec.targets:
+        package = packages.get(target.ep)
+        if target.runtime is None or package is None:
+            continue
+        for text in spec.runtimes[target.runtime]:
+            requirement = Requirement(text)
+            pins = [s.version for s in requirement.specifier if s.operator == "=="]
+            if requirement.name.lower() == package.lower() and len(pins) == 1:
+                releases.setdefault(target.ep, {})[target.runtime] = pins[0]
+    return releases
 
 
 def report_keys(store: Store) -> Iterator[str]:

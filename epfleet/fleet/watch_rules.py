@@ -37,6 +37,11 @@ class Runtime(BaseModel):
     ort_version: str
     ep_versions: dict[str, str | None] = Field(description="EP name -> package version")
     ep_packages: dict[str, str | None] = Field(description="EP name -> package name")
+    spec_releases: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="EP name -> the spec's runtimes that build its targets -> the release of "
+        "its package each pins",
+    )
 
 
 class PairCheck(BaseModel):
@@ -182,6 +187,24 @@ def find_unserved(
             continue
         counted = False
         ident, label, device_eps = profile_of(report)
+        lacking = lacking_runtime(report, runtime)
+        if lacking is not None:
+            profile = profiles.setdefault(
+                f"{ident}-{lacking[0]}",
+                UnservedProfile(
+                    profile_id=f"{ident}-{lacking[0]}",
+                    label=f"{label}; {lacking[0]}",
+                    eps=device_eps,
+                    devices=[],
+                    models={},
+                    targets=[],
+                ),
+            )
+            profile.device_count += 1
+            if len(profile.devices) < MAX_LISTED_DEVICES:
+                profile.devices.append(report.device_id)
+            for model_report in report.models:
+                profile.models.setdefault(model_report.model, lacking[1])
         hardware = {(d.ep, d.type) for d in report.devices}
         accelerators = {(ep, kind) for ep, kind in hardware if kind != "cpu"}
         for model_report in report.models:
@@ -224,6 +247,24 @@ def find_unserved(
             profile.models.setdefault(model_report.model, reason)
             profile.targets = sorted(set(profile.targets) | set(targets))
     return list(profiles.values()), quiet
+
+
+def lacking_runtime(report: DeviceReport, runtime: Runtime) -> tuple[str, str] | None:
+    """(the device's release, why) when the device runs a release of an EP that the spec
+    builds under named runtimes, and none of them is that release; else None."""
+    for ep in sorted({d.ep for d in report.devices}):
+        releases = runtime.spec_releases.get(ep)
+        package = runtime.ep_packages.get(ep)
+        theirs = report.ep_packages.get(package) if package else None
+        if not releases or theirs is None or theirs in releases.values():
+            continue
+        named = ", ".join(f"{name}: {version}" for name, version in sorted(releases.items()))
+        return (
+            f"{package} {theirs}",
+            f"runs {package} {theirs}, which none of the spec's runtimes builds with "
+            f"({named}): add a runtime for it, or move the device to one of them",
+        )
+    return None
 
 
 def _unserved_reason(

@@ -470,11 +470,17 @@ def check_requirements(name: str, requirements: list[str]) -> None:
     named = set()
     for text in requirements:
         try:
-            named.add(Requirement(text).name.lower())
+            requirement = Requirement(text)
         except InvalidRequirement as exc:
             raise ValueError(
                 f"runtime {name!r}: {text!r} is not a pip requirement ({exc})"
             ) from None
+        if requirement.url:
+            raise ValueError(
+                f"runtime {name!r}: {text!r} names a URL; name a release of the package "
+                "index (or give the host a wheel directory: EPFLEET_RUNTIME_WHEELS)"
+            )
+        named.add(requirement.name.lower())
     if "onnxruntime" not in named:
         raise ValueError(
             f"runtime {name!r} does not pin onnxruntime: add e.g. 'onnxruntime==1.32.0' (a "

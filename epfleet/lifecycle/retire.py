@@ -10,6 +10,7 @@ retires nothing. ``retire`` is the pure change; ``apply_retirement`` writes it t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 from pydantic import BaseModel, Field
 
@@ -27,6 +28,11 @@ class Selection(BaseModel):
     pairs: list[tuple[str, str]] = Field(
         default_factory=list, description="(model, target): a target no longer built for a model"
     )
+    kept: list[str] = Field(
+        default_factory=list,
+        description="Targets the spec no longer lists, kept: built under a runtime whose EP "
+        "release devices still run",
+    )
 
     @property
     def empty(self) -> bool:
@@ -39,6 +45,11 @@ class Retirement(BaseModel):
     models: list[str] = Field(default_factory=list, description="Models removed whole")
     variants: list[str] = Field(
         default_factory=list, description="'<model>/<target>' variants removed from kept models"
+    )
+    kept: list[str] = Field(
+        default_factory=list,
+        description="Targets the spec no longer lists, kept while devices run their runtime's "
+        "EP release",
     )
     bytes: int = Field(
         default=0, description="Bytes of the artifacts (and sources) no longer referenced"
@@ -54,16 +65,38 @@ class Retirement(BaseModel):
         return not (self.models or self.variants)
 
 
-def unlisted(manifest: Manifest, spec: FleetSpec) -> Selection:
+Release = tuple[str, str]
+"""An EP package and the version of it a device runs, e.g. ("onnxruntime-qnn", "2.5.0")."""
+
+
+def still_run(manifest: Manifest, targets: Iterable[str], releases: set[Release]) -> list[str]:
+    """Of ``targets``, those built under a runtime whose EP release devices still run: each
+    of their variants names a runtime, and ``releases`` (reported by devices within the
+    retention window) holds its release."""
+    kept = []
+    for target in targets:
+        variants = [e.variants[target] for e in manifest.models.values() if target in e.variants]
+        runtimes = [v.runtime for v in variants]
+        if runtimes and all(
+            r is not None and (r.ep_package, r.ep_version) in releases for r in runtimes
+        ):
+            kept.append(target)
+    return kept
+
+
+def unlisted(
+    manifest: Manifest, spec: FleetSpec, releases: set[Release] | None = None
+) -> Selection:
     """What ``manifest`` holds that ``spec`` no longer lists: models it does not name,
     targets it does not name, and a target's variants of a model outside the target's
-    ``models``."""
+    ``models``. A target built under a runtime the spec no longer names stays while devices
+    run its release (``releases``: ``still_run``)."""
     spec_models = {m.name for m in spec.models}
     spec_targets = {t.name: t for t in spec.targets}
     models = sorted(name for name in manifest.models if name not in spec_models)
-    targets = sorted(
-        {t for entry in manifest.models.values() for t in entry.variants} - spec_targets.keys()
-    )
+    gone = {t for entry in manifest.models.values() for t in entry.variants} - spec_targets.keys()
+    kept = sorted(still_run(manifest, gone, releases or set()))
+    targets = sorted(gone - set(kept))
     pairs = sorted(
         (name, target)
         for name, entry in manifest.models.items()
@@ -73,7 +106,7 @@ def unlisted(manifest: Manifest, spec: FleetSpec) -> Selection:
         and spec_targets[target].models is not None
         and name not in (spec_targets[target].models or [])
     )
-    return Selection(models=models, targets=targets, pairs=pairs)
+    return Selection(models=models, targets=targets, pairs=pairs, kept=kept)
 
 
 def check_names(manifest: Manifest, selection: Selection, where: str) -> None:
@@ -98,7 +131,7 @@ def retire(manifest: Manifest, selection: Selection) -> tuple[Manifest | None, R
     what was removed; None when nothing in it is selected. Names it does not hold are
     skipped (``check_names`` refuses them first)."""
     models = dict(manifest.models)  # ``manifest`` is never changed: an entry is copied first
-    done = Retirement()
+    done = Retirement(kept=selection.kept)
     released: dict[str, int] = {}
     for name in sorted(set(selection.models)):
         entry = models.pop(name, None)
@@ -140,11 +173,13 @@ def selection_for(
     spec: FleetSpec | None = None,
     models: Iterable[str] = (),
     targets: Iterable[str] = (),
+    releases: set[Release] | None = None,
 ) -> Selection:
     """The selection from the command line's choices: what ``spec`` no longer lists
-    (when given), else the models and targets named."""
+    (when given; ``releases``: the EP releases devices still run), else the models and
+    targets named."""
     if spec is not None:
-        return unlisted(manifest, spec)
+        return unlisted(manifest, spec, releases)
     return Selection(models=sorted(set(models)), targets=sorted(set(targets)))
 
 
@@ -155,10 +190,12 @@ def apply_retirement(
     models: Iterable[str] = (),
     targets: Iterable[str] = (),
     dry_run: bool = False,
+    releases: set[Release] | None = None,
 ) -> Retirement:
-    """Retire from the store's manifest what ``spec`` no longer lists (when given), or the
-    ``models`` and ``targets`` named, with compare-and-swap; with ``dry_run`` only say
-    what would go. BadInputError for no manifest, nothing chosen, or a name it lacks."""
+    """Retire from the store's manifest what ``spec`` no longer lists (when given; but a
+    runtime's variants while devices run its release, ``releases``), or the ``models`` and
+    ``targets`` named, with compare-and-swap; with ``dry_run`` only say what would go.
+    BadInputError for no manifest, nothing chosen, or a name it lacks."""
     from epfleet.fleet.publishing import read_in_force
 
     models, targets = list(models), list(targets)
@@ -175,14 +212,21 @@ def apply_retirement(
         f"{store.uri}/{MANIFEST_KEY}",
     )
     if dry_run:
-        _, done = retire(current, selection_for(current, spec=spec, models=models, targets=targets))
+        chosen = selection_for(
+            current, spec=spec, models=models, targets=targets, releases=releases
+        )
+        _, done = retire(current, chosen)
         done.generation = current.generation
         return done
-    return _write(store, spec, models, targets)
+    return _write(store, spec, models, targets, releases)
 
 
 def _write(
-    store: Store, spec: FleetSpec | None, models: list[str], targets: list[str]
+    store: Store,
+    spec: FleetSpec | None,
+    models: list[str],
+    targets: list[str],
+    releases: set[Release] | None = None,
 ) -> Retirement:
     from epfleet.fleet.publishing import update_manifest
 
@@ -195,7 +239,8 @@ def _write(
             outcome.append(Retirement())
             return None
         after, done = retire(
-            current, selection_for(current, spec=spec, models=models, targets=targets)
+            current,
+            selection_for(current, spec=spec, models=models, targets=targets, releases=releases),
         )
         outcome.append(done)
         return after
@@ -206,3 +251,16 @@ def _write(
     done.generation = published.manifest.generation if published.manifest else None
     done.signed_version = published.signed_version
     return done
+
+
+def releases_in_use(store: Store, since: datetime) -> set[Release]:
+    """The EP releases (package, version) of the devices that reported since ``since``
+    (the store's clock), streamed; unreadable reports are left out."""
+    from epfleet.fleet.report_reading import Problems
+    from epfleet.lifecycle.gc_pins import recent_reports
+
+    return {
+        (package, version)
+        for report in recent_reports(store, since, Problems())
+        for package, version in report.ep_packages.items()
+    }

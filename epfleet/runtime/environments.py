@@ -81,6 +81,26 @@ def environment_key(requirements: list[str]) -> str:
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
+BASE_PACKAGES = frozenset({"onnxruntime"})
+
+
+def refused_packages(requirements: list[str], allowed: frozenset[str]) -> list[str]:
+    """The requirements naming a package outside ``allowed`` (canonical names): a runtime
+    installs ONNX Runtime and EP packages, never other code a spec would have the compile
+    host run."""
+    return [text for text in requirements if _canonical(Requirement(text).name) not in allowed]
+
+
+def allowed_packages(extra: str) -> frozenset[str]:
+    """onnxruntime, the package of every EP epfleet knows, and ``extra`` (the
+    comma-separated EPFLEET_RUNTIME_PACKAGES)."""
+    import eps
+
+    known = {getattr(eps.load(name), "package", None) for name in eps.known()}
+    named = {part.strip() for part in extra.split(",") if part.strip()}
+    return frozenset(_canonical(p) for p in (BASE_PACKAGES | named | known) if p)
+
+
 def ensure_environment(
     name: str, requirements: list[str], root: Path, wheels: Path | None = None
 ) -> RuntimeEnvironment:
@@ -145,8 +165,10 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _pip_install(name: str, requirements: list[str], site: Path, wheels: Path | None) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target"]
-    command += [str(site), "--disable-pip-version-check", "--no-warn-script-location"]
+    # Wheels only: building a source distribution would run its code on this host.
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--only-binary"]
+    command += [":all:", "--target", str(site), "--disable-pip-version-check"]
+    command += ["--no-warn-script-location"]
     if wheels is not None:
         command += ["--no-index", "--find-links", str(wheels)]
     command += requirements

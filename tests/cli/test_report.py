@@ -349,3 +349,23 @@ def test_a_folded_variant_is_marked_in_the_matrix_its_details_and_manifest_show(
     lines = render_manifest(manifest, "file:///store").splitlines()
     shown = {line.split()[1]: line for line in lines[3:5]}
     assert "ok      w8a8 folded" in shown["htp"] and "folded" not in shown["htp-q"]
+
+
+def test_manifest_show_lists_each_runtime_and_the_targets_that_serve_it() -> None:
+    from epfleet.fleet.views import runtime_lines
+    from epfleet.formats.manifest import VariantRuntime
+
+    def built_under(name: str, release: str) -> VariantEntry:
+        runtime = VariantRuntime(
+            name=name, onnxruntime="1.32.0", ep_package="onnxruntime-qnn", ep_version=release
+        )
+        return variant("npu", "spec").model_copy(update={"runtime": runtime})
+
+    source = SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=10)
+    variants = {"x.qnn-2.5": built_under("qnn-2.5", "2.5.0"), "host": variant("npu", "spec")}
+    variants["x.qnn-2.7"] = built_under("qnn-2.7", "2.7.0")
+    models = {name: ModelEntry(source=source, variants=variants) for name in ("mel", "det")}
+    assert runtime_lines(Manifest(generation=1, models=models)) == [
+        "runtime qnn-2.5 (onnxruntime 1.32.0, onnxruntime-qnn 2.5.0): x.qnn-2.5 (2 models)",
+        "runtime qnn-2.7 (onnxruntime 1.32.0, onnxruntime-qnn 2.7.0): x.qnn-2.7 (2 models)",
+    ]

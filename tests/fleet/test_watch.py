@@ -318,3 +318,44 @@ def test_a_variant_of_the_specs_runtime_is_not_stale_against_the_workers_version
     (check,) = check_pairs(spec, fleet, RUNTIME)
     assert (check.target, check.status) == ("sd8g3-htp.qnn-2.5", "current")
     assert not check.needs_compile
+
+
+def test_a_device_on_a_release_no_runtime_of_the_spec_builds_with_is_unserved() -> None:
+    """The spec builds its HTP target under onnxruntime-qnn 2.5.0 and 2.7.0: a device on
+    2.6.0 is named (served or not: it runs a binary of another release), one on 2.5.0 is
+    not, and a spec without runtimes judges as before."""
+    from epfleet.fleet.watch_inputs import spec_releases
+
+    spec = parse_spec(
+        {
+            "models": [{"name": "det", "source": "det.onnx"}],
+            "runtimes": {
+                "qnn-2.5": ["onnxruntime==1.32.0", "onnxruntime-qnn==2.5.0"],
+                "qnn-2.7": ["onnxruntime==1.32.0", "onnxruntime-qnn==2.7.0"],
+            },
+            "targets": [
+                {"name": "htp", "ep": QNN, "provider_options": {"soc_model": 57},
+                 "runtimes": ["qnn-2.5", "qnn-2.7"]},
+            ],
+        }
+    )  # fmt: skip
+    releases = spec_releases(spec, RUNTIME.ep_packages)
+    assert releases == {QNN: {"qnn-2.5": "2.5.0", "qnn-2.7": "2.7.0"}}
+    runtime = RUNTIME.model_copy(update={"spec_releases": releases})
+    npu = [(QNN, "npu", 0x5143)]
+    on_2_6 = report("d-26", npu, {"det": "downloaded"}, ep_packages={"onnxruntime-qnn": "2.6.0"})
+    on_2_5 = report("d-25", npu, {"det": "downloaded"}, ep_packages={"onnxruntime-qnn": "2.5.0"})
+    unserved, _ = find_unserved(
+        [on_2_6, on_2_5], spec, check_pairs(spec, None, runtime), runtime, NOW, timedelta(days=7)
+    )
+    (profile,) = unserved
+    assert profile.devices == ["d-26"] and profile.device_count == 1
+    assert profile.label.endswith("; onnxruntime-qnn 2.6.0")
+    assert profile.models["det"] == (
+        "runs onnxruntime-qnn 2.6.0, which none of the spec's runtimes builds with "
+        "(qnn-2.5: 2.5.0, qnn-2.7: 2.7.0): add a runtime for it, or move the device to one "
+        "of them"
+    )
+    plain, _ = find_unserved([on_2_6], SPEC, check_pairs(SPEC, None, RUNTIME), RUNTIME, NOW,
+                             timedelta(days=7))  # fmt: skip
+    assert plain == []

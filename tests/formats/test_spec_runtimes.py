@@ -64,6 +64,11 @@ def test_a_target_becomes_one_target_per_runtime_in_its_order() -> None:
             "runtime 'qnn-2.5': 'onnxruntime-qnn=2.5.0' is not a pip requirement",
         ),
         ({"qnn-2.5": []}, {}, "runtime 'qnn-2.5' lists no requirements"),
+        (
+            {"qnn-2.5": ["onnxruntime @ https://example.com/onnxruntime.whl"]},
+            {},
+            "names a URL; name a release of the package index",
+        ),
         ({"QNN 2.5": QNN_2_5}, {}, "runtimes: 'QNN 2.5' is not a valid name"),
         (
             {"qnn-2.5": QNN_2_5},

@@ -177,3 +177,60 @@ def test_retire_command(
     assert manifest is not None and list(manifest.models) == ["cls"]
     assert run_cli(argv[:-1]) == 0
     assert "nothing to retire" in capsys.readouterr().out
+
+
+def test_a_runtime_the_spec_dropped_stays_while_devices_run_its_release(local: Store) -> None:
+    """The spec no longer builds under onnxruntime-qnn 2.5.0: its variants stay while
+    devices report running 2.5.0 (a device left on it would otherwise lose its binary),
+    and go once none does; a target without a runtime goes as before."""
+    from epfleet.formats.manifest import VariantRuntime
+
+    manifest = fleet(local)
+    runtime = VariantRuntime(
+        name="qnn-2.5", onnxruntime="1.32.0", ep_package="onnxruntime-qnn", ep_version="2.5.0"
+    )
+    det = manifest.models["det"]
+    variants = {**det.variants, "htp.qnn-2.5": det.variants["old-npu"].model_copy(
+        update={"runtime": runtime})}  # fmt: skip
+    manifest.models["det"] = det.model_copy(update={"variants": variants})
+    fleet_spec = spec(["cls", "det", "gone"], [{"name": "x86-cpu"}, {"name": "htp"}])
+    in_use = {("onnxruntime-qnn", "2.5.0"), ("onnxruntime", "1.32.0")}
+    assert unlisted(manifest, fleet_spec, in_use) == Selection(
+        targets=["old-npu"], kept=["htp.qnn-2.5"]
+    )
+    _, done = retire(manifest, unlisted(manifest, fleet_spec, in_use))
+    assert done.variants == ["det/old-npu"] and done.kept == ["htp.qnn-2.5"]
+    moved_on = {("onnxruntime-qnn", "2.7.0")}
+    assert unlisted(manifest, fleet_spec, moved_on).targets == ["htp.qnn-2.5", "old-npu"]
+
+
+def test_the_releases_in_use_are_those_of_recent_reports(local: Store) -> None:
+    from datetime import datetime, timezone
+
+    from epfleet.formats.device_report import (
+        DeviceReport,
+        ManifestStatus,
+        encode_report,
+        report_key,
+    )
+    from epfleet.lifecycle.retire import releases_in_use
+
+    report = DeviceReport(
+        device_id="dev-1",
+        generated_at=datetime.now(timezone.utc).isoformat(),
+        ort_version="1.32.0",
+        ep_packages={"onnxruntime": "1.32.0", "onnxruntime-qnn": "2.5.0"},
+        devices=[],
+        store=local.uri,
+        cache="/c",
+        manifest=ManifestStatus(status="fetched", generation=1, body_bytes=1),
+        models=[],
+        seconds=0.1,
+    )
+    local.write(report_key("dev-1"), encode_report(report))
+    long_ago = datetime(2000, 1, 1, tzinfo=timezone.utc)
+    assert releases_in_use(local, long_ago) == {
+        ("onnxruntime", "1.32.0"),
+        ("onnxruntime-qnn", "2.5.0"),
+    }
+    assert releases_in_use(local, datetime(2999, 1, 1, tzinfo=timezone.utc)) == set()

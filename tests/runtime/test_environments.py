@@ -76,3 +76,22 @@ def test_a_worker_that_loaded_onnxruntime_cannot_enter_a_runtime(tmp_path: Path)
     with pytest.raises(RuntimeError, match="is loaded in this worker already"):
         enter_runtime(str(tmp_path))
     enter_runtime(None)  # the host's own: nothing to do
+
+
+def test_a_runtime_installs_onnxruntime_and_ep_packages_only_unless_the_host_allows_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compile host installs and imports what a runtime names: a spec naming another
+    package is refused before any environment is built, unless EPFLEET_RUNTIME_PACKAGES
+    names it."""
+    from epfleet.fleet.planning import check_runtime_packages
+
+    runtimes = {"odd": ["onnxruntime==1.32.0", "onnxruntime_qnn==2.5.0", "requests==2.32.0"]}
+    with pytest.raises(BadInputError) as raised:
+        check_runtime_packages(runtimes)
+    assert str(raised.value).startswith(
+        "runtimes[odd]: requests==2.32.0 is not onnxruntime or an EP package (allowed here: "
+        "onnxruntime, onnxruntime-ep-nv-tensorrt-rtx, onnxruntime-ep-openvino, onnxruntime-qnn)"
+    )
+    monkeypatch.setenv("EPFLEET_RUNTIME_PACKAGES", "Requests")
+    check_runtime_packages(runtimes)
