@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import pathlib
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -315,10 +316,23 @@ def signed_files(bundle: bytes) -> dict[str, str]:
 
 
 def _reason(exc: Exception) -> str:
+    """Why model_signing refused, in a line: the files that differ from the signed ones,
+    the extra and the missing (its own message quotes digests as Python bytes)."""
     text = str(exc) or type(exc).__name__
     if type(exc).__name__ == "InvalidSignature":
         return "the signature does not verify with this public key"
-    return text
+    if not text.startswith("Signature mismatch"):
+        return text
+    found = []
+    changed = re.findall(r"Hash mismatch for \\?'([^'\\]*)\\?'", text)
+    if changed:
+        names = ", ".join("the file" if name == "." else name for name in changed)
+        found.append(f"bytes differ from the signed sha256: {names}")
+    for what in ("Extra files", "Missing files"):
+        listed = re.search(what + r" (?:found )?in model [^:]*: ([^\]\"]*?)\\?['\"]", text)
+        if listed:
+            found.append(f"{what.lower()}: {listed.group(1)}")
+    return "signature mismatch: " + "; ".join(found) if found else text
 
 
 def _development_key(keys_dir: Path) -> Path:
