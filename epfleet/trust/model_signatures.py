@@ -70,6 +70,14 @@ def model_signer_for(store: Store) -> ModelSigner | None:
     when neither is there and the store publishes no model-signing key. BadInputError when
     the store publishes one and nothing here can sign for it, or another key is set."""
     published = published_public_key(store)
+    if settings().model_signer is None and published is None and not _installed():
+        if _development_keys(store) is not None:
+            logger.warning(
+                "%s: publishing without OpenSSF model signatures (the model-signing package "
+                "is not installed: python -m pip install 'epfleet[oms]')",
+                store.uri,
+            )
+        return None
     uri = model_signer_uri(store)
     if uri is None:
         if published is not None:
@@ -99,11 +107,17 @@ def model_signer_uri(store: Store) -> str | None:
     """``EPFLEET_MODEL_SIGNER``, else a local store's development key when it has
     development keys beside it (the key is made the first time), else None."""
     uri = settings().model_signer
-    if uri is None and isinstance(store, LocalStore):
-        keys_dir = development_keys_dir(store.root)
-        if keys_dir.is_dir():
-            uri = f"file2:{_development_key(keys_dir)}"
+    keys_dir = _development_keys(store)
+    if uri is None and keys_dir is not None:
+        uri = f"file2:{_development_key(keys_dir)}"
     return uri
+
+
+def _development_keys(store: Store) -> Path | None:
+    """The development keys beside a local store, when it has them."""
+    if isinstance(store, LocalStore) and development_keys_dir(store.root).is_dir():
+        return development_keys_dir(store.root)
+    return None
 
 
 def load_model_signer(uri: str, public_pem: bytes | None) -> ModelSigner:
@@ -356,10 +370,16 @@ def _pem_of(key: Key) -> bytes:
     return public.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
 
 
-def _check_installed() -> None:
+def _installed() -> bool:
     try:
         import model_signing  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+def _check_installed() -> None:
+    if not _installed():
         raise MissingExtraError(
             "model signatures need the model-signing package: python -m pip install 'epfleet[oms]'"
         ) from None

@@ -7,13 +7,14 @@ variant. S3 runs are end-to-end (slow tier)."""
 from __future__ import annotations
 
 import shutil
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from epfleet.cli.app import main
-from epfleet.errors import BadInputError
+from epfleet.errors import BadInputError, MissingExtraError
 from epfleet.fleet.publishing import read_in_force
 from epfleet.formats.keys import MODEL_SIGNING_PUBLIC_KEY, signature_key
 from epfleet.formats.manifest import Manifest
@@ -22,6 +23,7 @@ from epfleet.stores import open_store
 from epfleet.stores.base import StoredObject
 from epfleet.stores.local import LocalStore
 from epfleet.trust.keys import generate_online_file
+from epfleet.trust.layout import development_keys_dir
 from epfleet.trust.model_signatures import (
     DEVELOPMENT_KEY,
     load_model_signer,
@@ -204,3 +206,18 @@ def test_verify_model_refuses_a_variant_changed_in_the_store(
     assert main(["verify-model", "--store", site.uri, "--model", model, "--json"]) == 1
     out = capsys.readouterr().out
     assert f'"target": "{target}"' in out and "bytes differ from the signed sha256: the file" in out
+
+
+def test_without_the_oms_extra_a_development_store_publishes_unsigned_models_and_says_so(
+    fleet_store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "model_signing", None)  # as if not installed
+    store = open_store(str(fleet_store))
+    with pytest.raises(MissingExtraError, match=r"pip install 'epfleet\[oms\]'"):
+        model_signer_for(store)  # it publishes a model-signing key: refused, not skipped
+    unsigned = LocalStore(fleet_store.parent / "unsigned-copy")
+    unsigned_copy(fleet_store, unsigned.root)
+    development_keys_dir(unsigned.root).mkdir()
+    assert model_signer_for(unsigned) is None
+    assert "publishing without OpenSSF model signatures" in caplog.text
+    assert not (development_keys_dir(unsigned.root) / DEVELOPMENT_KEY).exists()
