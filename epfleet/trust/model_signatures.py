@@ -22,9 +22,8 @@ verify.
 from __future__ import annotations
 
 import base64
-import contextlib
+import fcntl
 import hashlib
-import json
 import logging
 import pathlib
 import re
@@ -32,7 +31,6 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography.hazmat.primitives.serialization import (
     Encoding,
@@ -49,6 +47,7 @@ from epfleet.stores import Store
 from epfleet.stores.local import LocalStore
 from epfleet.trust.keys import check_signer_uri, read_private_key, write_private_key
 from epfleet.trust.layout import development_keys_dir
+from epfleet.trust.signers import DEVELOPMENT_LOCK
 
 DEVELOPMENT_KEY = "model-signing.pem"
 """A local store's development model-signing key, beside its TUF development keys."""
@@ -322,13 +321,6 @@ def _download_variant(store: Store, variant: VariantEntry, scratch: Path) -> Pat
     return directory
 
 
-def signed_files(bundle: bytes) -> dict[str, str]:
-    """The files a bundle lists (path -> sha256), unverified: for messages."""
-    envelope = json.loads(bundle)["dsseEnvelope"]
-    statement: dict[str, Any] = json.loads(base64.b64decode(envelope["payload"]))
-    return {r["name"]: r["digest"] for r in statement["predicate"]["resources"]}
-
-
 def _reason(exc: Exception) -> str:
     """Why model_signing refused, in a line: the files that differ from the signed ones,
     the extra and the missing (its own message quotes digests as Python bytes)."""
@@ -350,9 +342,14 @@ def _reason(exc: Exception) -> str:
 
 
 def _development_key(keys_dir: Path) -> Path:
+    """The development model-signing key in ``keys_dir``, made by the first publisher that
+    needs it (under the development keys' lock: concurrent publishers wait for it)."""
     path = keys_dir / DEVELOPMENT_KEY
-    if not path.is_file():
-        with contextlib.suppress(BadInputError):  # another publisher made it first
+    if path.is_file():
+        return path
+    with open(keys_dir / DEVELOPMENT_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.is_file():
             write_private_key(path, CryptoSigner.generate_ecdsa())
     return path
 
