@@ -94,10 +94,15 @@ def model_signer_for(store: Store) -> ModelSigner | None:
         )
     signer = load_model_signer(uri, published)
     if published is not None and _pem_of(_load_pem(published)) != signer.public_pem:
+        given = (
+            f"EPFLEET_MODEL_SIGNER={uri!r}"
+            if settings().model_signer is not None
+            else f"EPFLEET_MODEL_SIGNER is not set and the development key {uri[6:]}"
+        )
         raise BadInputError(
-            f"EPFLEET_MODEL_SIGNER={uri!r} is not the key {store.uri}/"
-            f"{MODEL_SIGNING_PUBLIC_KEY} holds: to rotate the model-signing key, run "
-            f"epfleet trust sign-models --store {store.uri} with the new key set"
+            f"{given} is not the key {store.uri}/{MODEL_SIGNING_PUBLIC_KEY} holds: set "
+            "EPFLEET_MODEL_SIGNER to that key's signer URI; to rotate the model-signing key, "
+            f"run epfleet trust sign-models --store {store.uri} with the new key set"
         )
     return signer
 

@@ -34,6 +34,7 @@ from epfleet.trust.model_signatures import (
     verify_published,
 )
 from tests.support import multifile_store
+from tests.support.publish_helpers import publish_new
 from tests.support.signed_fleet import Site, s3_site, unsigned_copy
 from tests.support.tiers import on_stores
 
@@ -221,3 +222,30 @@ def test_without_the_oms_extra_a_development_store_publishes_unsigned_models_and
     assert model_signer_for(unsigned) is None
     assert "publishing without OpenSSF model signatures" in caplog.text
     assert not (development_keys_dir(unsigned.root) / DEVELOPMENT_KEY).exists()
+
+
+@pytest.fixture(params=on_stores("local", "s3"))
+def empty_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return f"s3://{request.getfixturevalue('s3_bucket')}/fleet"
+
+
+def test_each_publish_signs_the_variants_it_adds_and_one_without_the_key_publishes_nothing(
+    empty_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPFLEET_MODEL_SIGNER", generate_online_file(tmp_path / "signing.pem"))
+    store = open_store(empty_store)
+    publish_new(store, 0)
+    first = store.read(signature_key(f"variants/model-0/cpu/{0:064x}.onnx"))
+    assert first is not None and store.read(MODEL_SIGNING_PUBLIC_KEY) is not None
+    publish_new(store, 1)
+    assert store.read(signature_key(f"variants/model-1/cpu/{1:064x}.onnx")) is not None
+    again = store.read(signature_key(f"variants/model-0/cpu/{0:064x}.onnx"))
+    assert again is not None and again.data == first.data  # signed once, when it was added
+
+    monkeypatch.delenv("EPFLEET_MODEL_SIGNER")  # (a local store's development key is another)
+    with pytest.raises(BadInputError, match="EPFLEET_MODEL_SIGNER is not set"):
+        publish_new(store, 2)
+    assert sorted(_manifest(empty_store).models) == ["model-0", "model-1"]
+    assert store.read(signature_key(f"variants/model-2/cpu/{2:064x}.onnx")) is None
