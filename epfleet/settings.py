@@ -215,6 +215,13 @@ class Settings(BaseModel):
         "awskms:, gcpkms:, azurekms: or hv: in production. Needed to publish to a store "
         "with trust metadata; a local store without any gets development keys",
     )
+    model_signer: str | None = Field(
+        default=None,
+        description="The key of a store's OpenSSF model signatures (a Sigstore bundle beside "
+        "each published variant), as a securesystemslib signer URI: file2:<path> to a PEM "
+        "key, or a KMS. Needed to publish to a store that publishes a model-signing key "
+        "(trust/model-signing.pub); a local store with development keys gets one beside them",
+    )
     metric_modules: str = Field(
         default="",
         max_length=2000,

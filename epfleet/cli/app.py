@@ -3,7 +3,8 @@
 Commands ``compile`` (``epfleet.cli.compile``), ``manifest show|schema``
 (``epfleet.cli.manifest``), ``sync`` (``epfleet.cli.sync``), ``watch`` and ``serve``
 (``epfleet.cli.serve``), ``trust`` (``epfleet.cli.trust``), ``gc`` and ``retire``
-(``epfleet.cli.store``), ``rollout`` (``epfleet.cli.rollout``), and ``--version``;
+(``epfleet.cli.store``), ``verify-model`` (``epfleet.cli.verify_model``), ``rollout``
+(``epfleet.cli.rollout``), and ``--version``;
 ``epfleet COMMAND --help`` shows each with examples and exit codes (0 ok, 1 a pair or
 model failed or the store failed, 2 bad input); an error is printed with its control
 characters escaped (it may quote a name from a spec or the store). Options come from type
@@ -58,6 +59,7 @@ COMMANDS = {
     "trust": "epfleet.cli.trust:trust_app",
     "rollout": "epfleet.cli.rollout:rollout_app",
     "device": "epfleet.cli.device:device_app",
+    "verify-model": "epfleet.cli.verify_model:verify_model",
 }
 """Each command's name and where it is defined: a function (its docstring is its help,
 ``epfleet.cli.options.command_help``) or an ``App`` of subcommands named as the command."""

@@ -233,6 +233,54 @@ def refresh(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) -> in
 
 
 @trust_app.command
+def sign_models(
+    *,
+    store: Store = DEFAULT_STORE,
+    public_key: Annotated[
+        Path | None,
+        Parameter(help="The model-signing key's public key (PEM), for a KMS signer."),
+    ] = None,
+    trust_root: TrustRoot = None,
+) -> int:
+    """Sign every variant the manifest keeps with the model-signing key (EPFLEET_MODEL_SIGNER,
+    or a local store's development key), then publish its public key as
+    trust/model-signing.pub: a store's first OpenSSF model signatures, or a new key in
+    place of the old one. Publishes sign their new variants themselves afterwards.
+
+    For example:
+      EPFLEET_MODEL_SIGNER=file2:/secure/model-signing-2.pem \\
+        epfleet trust sign-models --store s3://bucket/fleet
+      EPFLEET_MODEL_SIGNER=awskms:... epfleet trust sign-models --store s3://bucket/fleet \\
+        --public-key model-signing.pub
+
+    Exit codes: 0 signed; 1 the store failed; 2 no signer or bad input.
+    """
+    from epfleet.fleet.publishing import read_in_force
+    from epfleet.stores import open_store
+    from epfleet.trust.model_signatures import load_model_signer, model_signer_uri, sign_all
+
+    pin_trust_root(store, trust_root)
+    opened = open_store(store)
+    uri = model_signer_uri(opened)
+    if uri is None:
+        raise BadInputError(
+            "EPFLEET_MODEL_SIGNER is not set: set it to the model-signing key's signer URI "
+            "(e.g. file2:/path/to/model-signing.pem)"
+        )
+    try:
+        public_pem = public_key.read_bytes() if public_key is not None else None
+    except OSError as exc:
+        raise BadInputError(f"--public-key {public_key}: {exc.strerror or exc}") from None
+    signer = load_model_signer(uri, public_pem)
+    written = sign_all(opened, signer, read_in_force(opened).manifest)
+    print(
+        f"signed {len(written)} variants of {store} and published its model-signing key "
+        "as trust/model-signing.pub"
+    )
+    return EXIT_OK
+
+
+@trust_app.command
 def status(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
     """Show the signed metadata: each role's version and expiry, and the bin count.
 

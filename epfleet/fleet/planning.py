@@ -52,6 +52,7 @@ from epfleet.runtime.quantize import is_qdq
 from epfleet.runtime.requests import CompileRequest, RuntimeRef, fingerprinted
 from epfleet.settings import settings
 from epfleet.stores import Store, open_store
+from epfleet.trust.model_signatures import model_signer_for
 from epfleet.trust.signers import check_signer
 
 logger = logging.getLogger(__name__)
@@ -188,6 +189,7 @@ def plan_run(
     check_runtime_packages(spec.runtimes)
     identities = {target.name: _built_with(target, spec.runtimes) for _, target in pairs}
     check_signer(store)  # what a publish would refuse is refused now, before any compile
+    model_signer_for(store)  # and so is a model-signing key it would refuse
     static_eps: dict[str, set[str]] = {}
     for model, target in pairs:
         needs_static = eps.load(target.ep).requires_static_shapes

@@ -41,6 +41,7 @@ from epfleet.formats.manifest import Manifest, SourceEntry, VariantEntry, refere
 from epfleet.formats.schema_version import SCHEMA_VERSION, check_writable
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.layout import TIMESTAMP_KEY
+from epfleet.trust.model_signatures import model_signer_for, signing_new_variants
 from epfleet.trust.pins import read_pinned_state, signed_store
 from epfleet.trust.repository import publish_trust, read_state
 from epfleet.trust.signers import signer_for
@@ -119,7 +120,10 @@ def update_manifest(
         current, _ = read_manifest(store)
         check_writable(current.schema_version if current else None, store.uri)
     signer = signer_for(store)  # before anything is written: a store it cannot sign is refused
+    model_signer = model_signer_for(store)
     change = _writable(store, change)
+    if model_signer is not None:
+        change = signing_new_variants(store, model_signer, change)
     if signer is not None:
         return _publish_signed(store, signer, change)
     result = None

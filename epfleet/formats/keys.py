@@ -25,3 +25,13 @@ def files_key(sha256: str) -> str:
     """Where a file beside a main model (external data, EP context, sidecar) is stored:
     content-addressed, so a file shared by a source and all its variants is stored once."""
     return f"files/{sha256}"
+
+
+def signature_key(artifact_key: str) -> str:
+    """Beside a variant's main file, its OpenSSF model signature (a Sigstore bundle over
+    the variant's file, or its directory when it has files beside the main one)."""
+    return artifact_key + ".sig"
+
+
+MODEL_SIGNING_PUBLIC_KEY = "trust/model-signing.pub"
+"""The public key of the store's model signatures (PEM)."""

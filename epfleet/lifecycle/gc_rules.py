@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from epfleet.formats.keys import listing_key
+from epfleet.formats.keys import listing_key, signature_key
 from epfleet.formats.manifest import Manifest, referenced_keys
 from epfleet.fsutil import is_temp_name
 from epfleet.stores import MANIFEST_KEY
@@ -29,7 +29,7 @@ PROTECTED = ("reports/", "trust/", "runs/")
 _HEX = "[0-9a-f]{64}"
 _NAME = "[a-z0-9][a-z0-9._-]*"
 _PATTERNS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
-    ("variant", re.compile(rf"variants/{_NAME}/{_NAME}/{_HEX}\.(onnx|files\.json)")),
+    ("variant", re.compile(rf"variants/{_NAME}/{_NAME}/{_HEX}\.(onnx|files\.json|onnx\.sig)")),
     ("source", re.compile(rf"sources/{_HEX}\.onnx")),
     ("samples", re.compile(rf"samples/{_HEX}\.npz")),
     ("file", re.compile(rf"files/{_HEX}")),
@@ -52,11 +52,14 @@ def kind_of(key: str) -> Kind | None:
 
 
 def needed_keys(manifest: Manifest | None) -> set[str]:
-    """What the manifest references, and the file listings of its multi-file variants."""
+    """What the manifest references, the file listings of its multi-file variants and the
+    model signatures of its variants."""
     keys = referenced_keys(manifest)
     for entry in (manifest.models if manifest else {}).values():
         kept = [v for v in entry.previous.values() if v is not None]  # a rollout's way back
         for variant in [*entry.variants.values(), *kept]:
+            if variant.artifact is not None:
+                keys.add(signature_key(variant.artifact.uri))
             if variant.artifact is not None and variant.files:
                 keys.add(listing_key(variant.artifact.uri))
     return keys

@@ -103,6 +103,20 @@ def test_delete_removes_exactly_the_unreferenced_unpinned_old_objects(store: Sto
     assert [c for c in again.plan.candidates] == []
 
 
+def test_a_model_signature_is_removed_with_its_variant_and_kept_with_it(store: Store) -> None:
+    store, fleet = make_fleet(store, multi_file=True, signatures=True)
+    signatures = {key for key in keys(store) if key.endswith(".onnx.sig")}
+    assert len(signatures & fleet.removable) == 3  # cls's superseded build, old-det, llm's
+    assert len(signatures & fleet.pinned) == 2  # the builds dev-1 and dev-3 run
+    before = keys(store)
+    result = collect(store, delete=True)
+    assert result.errors == []
+    after = keys(store)
+    assert before - after == fleet.removable
+    for signature in signatures:
+        assert (signature in after) == (signature.removesuffix(".sig") in after), signature
+
+
 def test_grace_and_retention_are_options(store: Store) -> None:
     store, fleet = make_fleet(store, multi_file=True)
     # a retention window of a day: the device report of two days ago no longer pins

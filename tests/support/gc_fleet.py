@@ -11,7 +11,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 
 from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport, report_key
-from epfleet.formats.keys import files_key, listing_key, samples_key, source_key, variant_key
+from epfleet.formats.keys import (
+    files_key,
+    listing_key,
+    samples_key,
+    signature_key,
+    source_key,
+    variant_key,
+)
 from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,
@@ -214,9 +221,13 @@ def multi_file_model(store: Store) -> tuple[ModelEntry, VariantEntry, VariantEnt
     return llm, build(1), build(0)
 
 
-def make_fleet(store: Store, multi_file: bool = False) -> tuple[Store, Fleet]:
+def make_fleet(
+    store: Store, multi_file: bool = False, signatures: bool = False
+) -> tuple[Store, Fleet]:
     """The fleet store; with ``multi_file``, also the model of ``multi_file_model``, its
-    pinned build run by a current device (dev-3), and an orphan files/ object."""
+    pinned build run by a current device (dev-3), and an orphan files/ object; with
+    ``signatures``, a model signature (``<artifact key>.sig``) beside every variant's main
+    file, which goes or stays with it."""
     current = model_entry(store, "cls", {"x86-cpu": b"cls build 2" * 50, "htp": b"cls htp" * 20})
     superseded = put(store, lambda sha: variant_key("cls", "x86-cpu", sha), b"cls build 1" * 40)
     pinned = put(store, lambda sha: variant_key("cls", "x86-cpu", sha), b"cls build 0" * 30)
@@ -280,6 +291,14 @@ def make_fleet(store: Store, multi_file: bool = False) -> tuple[Store, Fleet]:
         young={young.uri},
         untouchable=untouchable,
     )
+    if signatures:
+        for key in keys(store):
+            if is_variant_file(key):
+                store.write(signature_key(key), b"a model signature")
+        fleet.removable |= {signature_key(k) for k in fleet.removable if is_variant_file(k)}
+        fleet.pinned_by |= {signature_key(k): d for k, d in pinned_by.items() if is_variant_file(k)}
+        fleet.pinned = set(fleet.pinned_by)
+        fleet.young.add(signature_key(young.uri))
     assert not (fleet.removable | fleet.pinned) & needed_keys(manifest)
     everything = {o.key for o in store.list_objects("", hidden=True)}
     ages = dict.fromkeys(everything - fleet.young, OLD)
@@ -296,6 +315,10 @@ def make_fleet(store: Store, multi_file: bool = False) -> tuple[Store, Fleet]:
         Bucket=store.bucket, Key=key, UploadId=started["UploadId"], PartNumber=1, Body=b"p" * 100
     )
     return Aged(store, ages), fleet  # type: ignore[return-value]
+
+
+def is_variant_file(key: str) -> bool:
+    return key.startswith("variants/") and key.endswith(".onnx")
 
 
 def referenced_by(entry: ModelEntry) -> set[str]:
