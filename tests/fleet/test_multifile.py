@@ -26,7 +26,7 @@ from epfleet.fleet.planning import plan_run
 from epfleet.fleet.publish_rules import to_publish
 from epfleet.fleet.publishing import publish, read_manifest, update_manifest
 from epfleet.fleet.staging import cache_dir, fetch_source, tidy_cache
-from epfleet.formats.keys import files_key, listing_key
+from epfleet.formats.keys import files_key, listing_key, signature_key
 from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,
@@ -363,6 +363,8 @@ def test_gc_collects_unreferenced_files_and_keeps_referenced_and_pinned_ones(
     dropped = Manifest(generation=manifest.generation + 1, published_at=later - timedelta(days=2))
     update_manifest(store, lambda current: dropped)  # a publish (the store is signed)
     runs = {variant.artifact.uri, listing, *(f.uri for f in variant.files)}
+    signature = signature_key(variant.artifact.uri)  # the variant's model signature goes with it
+    runs |= {signature} if store.size(signature) is not None else set()
     assert variant.files and {f.uri for f in variant.files} <= referenced  # shared with source
     pinned = collect(store, delete=True, now=later)
     assert pinned.errors == [] and pinned.warnings == []
