@@ -87,7 +87,7 @@ def outcome_text(built: CompiledVariant) -> str:
         return f"compiled in {built.seconds:.2f} s, not verified ({reason})"
     measured = percent_of_range(verified.max_rel_error)
     if verified.metric:
-        measured += f", {verified.metric.describe()}"
+        measured += f", {verified.metric.shown()}"
     if verified.reused:
         return f"verified before, same artifact ({measured}; compiled in {built.seconds:.2f} s)"
     if verified.twin_of:
@@ -334,7 +334,7 @@ def describe_verification(verification: Verification) -> str:
                 f", on its first {verification.samples} sample(s), its numerics verified in "
                 f"full as {verification.twin_of}'s"
             )
-        metric = f", {verification.metric.describe()}" if verification.metric else ""
+        metric = f", {verification.metric.shown()}" if verification.metric else ""
         return (
             f"passed ({percent_of_range(verification.max_rel_error)}, tolerance "
             f"{verification.tolerance:.2%}{metric}, {spent}, on "

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,13 +25,16 @@ from epfleet.errors import (
     summarize,
 )
 from epfleet.formats.manifest import FoldedIo, Verification
-from epfleet.formats.task_metric import MetricSpec, TaskMetric
+from epfleet.formats.task_metric import SHARE_KINDS, MetricSpec, TaskMetric
 from epfleet.runtime.samples import (
+    INPUT_SETS,
     Comparison,
+    InputSet,
     compare,
+    distinct_inputs,
     generated_samples,
     load_samples,
-    read_golden,
+    read_golden_sets,
     write_golden,
 )
 from epfleet.runtime.sessions import folded_runner, input_infos, open_session, run_samples
@@ -49,6 +53,9 @@ class GoldenJob(BaseModel):
     samples_path: str | None
     """The spec's ``samples`` file; None: seeded generated inputs."""
     dest: str
+    sets: dict[str, str] = {}
+    """Further inputs the task metric is judged on, by set (``INPUT_SETS``): files in the
+    samples format. An input already among the samples or an earlier set counts once."""
 
 
 def make_golden(job: GoldenJob) -> int:
@@ -67,7 +74,16 @@ def make_golden(job: GoldenJob) -> int:
     else:
         samples = generated_samples(infos, GENERATED_COUNT)
     outputs = run_samples(session, samples, "the source on the CPU EP")
-    write_golden(Path(job.dest), samples, outputs)
+    sets, seen = [], list(samples)
+    for name in INPUT_SETS:
+        if name not in job.sets:
+            continue
+        inputs = distinct_inputs(load_samples(Path(job.sets[name]), infos), seen)
+        if inputs:
+            seen += inputs
+            made = run_samples(session, inputs, "the source on the CPU EP")
+            sets.append(InputSet(name, inputs, made))
+    write_golden(Path(job.dest), samples, outputs, sets)
     return len(samples)
 
 
@@ -135,7 +151,7 @@ def run_verification(job: VerifyJob) -> Verification:
     compare with the source's outputs, each error relative to the output's range over
     every golden sample."""
     started = time.perf_counter()
-    every, reference = read_golden(Path(job.golden_path))
+    every, reference, sets = read_golden_sets(Path(job.golden_path))
     samples, twin_of = every, None
     if job.twin_of is not None and len(every) > TWIN_SAMPLES:
         samples, twin_of = every[:TWIN_SAMPLES], job.twin_of
@@ -161,11 +177,14 @@ def run_verification(job: VerifyJob) -> Verification:
     runner = f"{'+'.join(session.get_providers())} on {platform.machine()}"
     if folded is not None and partitions_graph(job.ep):
         runner += " (CPU fallback disabled)"
-    try:
+
+    def run(inputs: list[Any]) -> list[list[Any]]:
         if folded is None:
-            outputs = run_samples(session, samples, f"{job.ep} loaded {job.label}")
-        else:
-            outputs = fed(samples)
+            return run_samples(session, inputs, f"{job.ep} loaded {job.label}")
+        return fed(inputs)
+
+    try:
+        outputs = run(samples)
         comparison = over_range_of(compare(outputs, reference[: len(samples)]), reference)
     except (HealthCheckError, ValueError) as exc:
         return _checked(
@@ -183,9 +202,17 @@ def run_verification(job: VerifyJob) -> Verification:
     metric, missed = None, None
     if job.metric is not None and twin_of is None:
         # A twin's metric is its representative's: a share over one sample is no measure.
-        metric, missed = scored(
-            job.metric, names, outputs, reference[: len(samples)], job.metric_modules
+        judged = judge_metric(
+            job.metric,
+            names,
+            Evidence(outputs, reference[: len(samples)]),
+            sets if failure is None else [],
+            run,
+            job,
         )
+        metric, missed = judged.record, judged.missed
+        if judged.failure:
+            failure = judged.failure
     if failure and job.source_path and computes_in_fp16(job):
         failure += fp16_overflow(job.source_path, samples)
     elif failure and job.source_path and job.qdq_path:
@@ -221,17 +248,94 @@ def _name_of(index: int, names: list[str]) -> str:
     return names[index] if index < len(names) else str(index)
 
 
+SET_BATCH = 16
+"""Inputs of a further set run between two looks at whether the metric is settled."""
+
+
+@dataclass
+class Evidence:
+    """The variant's and the source's outputs the metric is judged on, and how many
+    inputs of each set they hold."""
+
+    outputs: list[list[Any]]
+    reference: list[list[Any]]
+    inputs: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.inputs = self.inputs or {"samples": len(self.outputs)}
+
+    def add(self, name: str, outputs: list[list[Any]], reference: list[list[Any]]) -> None:
+        self.outputs += outputs
+        self.reference += reference
+        self.inputs[name] = self.inputs.get(name, 0) + len(outputs)
+
+
+@dataclass(frozen=True)
+class Judged:
+    record: TaskMetric
+    missed: str | None
+    """Why the variant misses the metric (None: it reaches it)."""
+    failure: str | None = None
+    """Why the variant failed on a further set's input (NaN, out of [0, 1], a crash)."""
+
+
+def judge_metric(
+    spec: MetricSpec,
+    names: list[str],
+    evidence: Evidence,
+    sets: list[InputSet],
+    run: Callable[[list[Any]], list[list[Any]]],
+    job: VerifyJob,
+) -> Judged:
+    """The metric over the golden samples, then over each further set ``run`` in batches
+    of ``SET_BATCH`` until the verdict is settled (``settled``) or every input has run.
+    Each batch is also checked for NaN or inf where the source gives a number and for a
+    probability leaving [0, 1]: such a failure ends the verdict."""
+    record, missed = scored(spec, names, evidence, job.metric_modules)
+    for extra in sets:
+        for start in range(0, len(extra.inputs), SET_BATCH):
+            if settled(record):
+                return Judged(record, missed)
+            inputs = extra.inputs[start : start + SET_BATCH]
+            want = extra.outputs[start : start + SET_BATCH]
+            where = f"{extra.name} input(s) {start}-{start + len(inputs) - 1}"
+            try:
+                got = run(inputs)
+                wrong = compare(got, want).domain_failure(job.abs_tolerance)
+            except (HealthCheckError, ValueError) as exc:
+                return Judged(record, missed, f"on {where}: {exc}")
+            if wrong:
+                return Judged(record, missed, f"on {where}: {wrong}")
+            evidence.add(extra.name, got, want)
+            record, missed = scored(spec, names, evidence, job.metric_modules)
+    return Judged(record, missed)
+
+
+def settled(record: TaskMetric) -> bool:
+    """Whether more inputs cannot change the verdict the metric gives: a rate's bounds
+    show it either way, a lowest-value metric (cosine, snr_db) is already below its
+    minimum, or it could not be measured. A custom metric is never settled early."""
+    if record.value is None:
+        return True
+    if record.evidence is not None:
+        return record.evidence != "undecided"
+    return record.kind in ("cosine", "snr_db") and record.value < record.min
+
+
 def scored(
     spec: MetricSpec,
     names: list[str],
-    outputs: list[list[Any]],
-    reference: list[list[Any]],
+    evidence: Evidence,
     allowed_modules: str = "",
 ) -> tuple[TaskMetric, str | None]:
     """The variant's task metric, and why it misses it (None: it reaches ``spec.min``).
     A metric that cannot be measured (no such output, unsuitable shape, a custom function
-    that fails or returns no number) is missed: nothing unjudged is published."""
-    from epfleet.runtime.metrics import MetricError, measure, output_index
+    that fails or returns no number) is missed: nothing unjudged is published. A rate
+    metric's count is weighed against ``spec.min`` (``epfleet.fleet.share_rules``)."""
+    from epfleet.fleet.share_rules import weigh
+    from epfleet.runtime.metrics import MetricError, counted, measure, output_index
+
+    outputs, reference = evidence.outputs, evidence.reference
 
     output = spec.output or (names[0] if names else "0")
     record = TaskMetric(
@@ -244,21 +348,53 @@ def scored(
         time_axis=spec.time_axis,
         function=spec.function,
     )
+    inputs = dict(evidence.inputs)
+    record = record.model_copy(update={"inputs": inputs})
     try:
         index = output_index(spec, names)
         got, want = [o[index] for o in outputs], [r[index] for r in reference]
-        value = measure(spec, got, want, allowed_modules)
+        if spec.kind in SHARE_KINDS:
+            hits, trials = counted(spec, got, want)
+            value = hits / trials if trials else 1.0
+        else:
+            value, hits, trials = measure(spec, got, want, allowed_modules), 0, 0
     except MetricError as exc:
         return record, f"task metric {spec.describe()} not measured: {exc}"
     except Exception as exc:  # the custom function's own failure
         return record, f"task metric {spec.describe()} not measured: {summarize(exc, 300)}"
     record = record.model_copy(update={"value": value})
+    doubt = None
+    if trials:
+        verdict = weigh(hits, trials, spec.min)
+        record = record.model_copy(
+            update={
+                "hits": hits,
+                "trials": trials,
+                "low": _rounded(verdict.low),
+                "high": _rounded(verdict.high),
+                "evidence": verdict.evidence,
+            }
+        )
+        unit = "inputs" if trials == len(outputs) else _unit(spec)
+        doubt = verdict.doubt(spec.function or spec.kind, unit)
     if record.passed:
         return record, None
-    return record, (
-        f"task metric {record.describe()} on output {output!r} over {len(outputs)} "
-        "sample(s): the variant changes what its users see, whatever its numeric error"
-    )
+    why = f"task metric {record.describe()} on output {output!r} over {_inputs_said(inputs)}"
+    if doubt:
+        return record, f"{why}; {doubt}; below its minimum, so refused"
+    return record, f"{why}: the variant changes what its users see, whatever its numeric error"
+
+
+def _inputs_said(inputs: dict[str, int]) -> str:
+    """``16 sample(s)``, or ``108 input(s) (12 samples, 96 calibration)``."""
+    if list(inputs) == ["samples"]:
+        return f"{inputs['samples']} sample(s)"
+    parts = ", ".join(f"{count} {name}" for name, count in inputs.items())
+    return f"{sum(inputs.values())} input(s) ({parts})"
+
+
+def _unit(spec: MetricSpec) -> str:
+    return "sequences" if spec.kind == "sequence_match" else "rows"
 
 
 def over_range_of(comparison: Comparison, reference: list[list[Any]]) -> Comparison:
