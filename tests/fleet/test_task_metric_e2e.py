@@ -65,17 +65,20 @@ def test_a_task_metric_refuses_the_rung_that_breaks_the_task(
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "fp16 (w8a8 verification failed in " in run.stdout
-    assert "argmax_agreement 1 (min 0.99)" in run.stderr
+    # judged on the 16 samples and the 16 calibration inputs: 32 cannot show 0.99
+    assert "argmax_agreement 32/32 = 1 [0.911, 1] (min 0.99) on 32 inputs" in run.stderr
     manifest = Manifest.from_json((judged / "store" / "manifest.json").read_bytes())
     variant = manifest.models["fragile"].variants["sd8g2"]
     assert variant.precision == "fp16"
     check = variant.verification
     assert check is not None and check.metric is not None
     assert check.metric.value == 1.0 and check.metric.output == "logits"
+    assert check.metric.inputs == {"samples": 16, "calibration": 16}
+    assert check.metric.evidence == "undecided"
     lost = variant.precision_tried[0]
     assert lost.precision == "w8a8" and lost.max_rel_error is not None and lost.max_rel_error < 0.02
     assert "task metric argmax_agreement 0." in lost.reason and "(min 0.99)" in lost.reason
 
     shown = epfleet("manifest", "show", "--store", str(judged / "store"), env=cli_env)
     assert shown.returncode == 0, shown.stderr
-    assert "argmax_agreement 1 (min 0.99)" in shown.stdout
+    assert "argmax_agreement 32/32 = 1 [0.911, 1] (min 0.99) on 32 inputs" in shown.stdout
