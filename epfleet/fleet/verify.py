@@ -24,6 +24,13 @@ from epfleet.errors import (
     MissingExtraError,
     summarize,
 )
+from epfleet.fleet.decision_rules import (
+    DEFAULT_DECISION_MIN,
+    SCORE_OPS,
+    class_scores,
+    decision_metric,
+    judged_by_default,
+)
 from epfleet.formats.manifest import FoldedIo, Verification
 from epfleet.formats.task_metric import SHARE_KINDS, MetricSpec, TaskMetric
 from epfleet.runtime.samples import (
@@ -213,6 +220,8 @@ def run_verification(job: VerifyJob) -> Verification:
         metric, missed = judged.record, judged.missed
         if judged.failure:
             failure = judged.failure
+    elif twin_of is None and judged_by_default(job.precision, job.metric is not None):
+        metric, missed = judge_decisions(job, names, outputs, reference[: len(samples)])
     if failure and job.source_path and computes_in_fp16(job):
         failure += fp16_overflow(job.source_path, samples)
     elif failure and job.source_path and job.qdq_path:
@@ -242,6 +251,59 @@ def run_verification(job: VerifyJob) -> Verification:
         error_floor=None if worst is None else _rounded(worst.floor),
         tail_abs_error=_rounded(max((o.tail_abs_error for o in comparison.outputs), default=0)),
     )
+
+
+def judge_decisions(
+    job: VerifyJob, names: list[str], outputs: list[list[Any]], reference: list[list[Any]]
+) -> tuple[TaskMetric | None, str | None]:
+    """The default metric of an integer variant of a model that names none: each output
+    holding class scores judged by its decisions (``epfleet.fleet.decision_rules``). The
+    record is the first output that misses, else the lowest scoring; None when no output
+    holds class scores."""
+    if job.source_path is None or not reference:
+        return None, None
+    judged = []
+    for name in class_score_outputs(job.source_path):
+        if name not in names:
+            continue
+        spec = decision_metric(name, tuple(reference[0][names.index(name)].shape))
+        if spec is not None:
+            record, missed = scored(spec, names, Evidence(outputs, reference))
+            judged.append((record.model_copy(update={"default": True}), missed))
+    if not judged:
+        return None, None
+    record, missed = next(
+        ((r, m) for r, m in judged if m), min(judged, key=lambda rm: rm[0].value or 0.0)
+    )
+    if missed:
+        missed += (
+            f" (the default for an integer variant's class scores, min "
+            f"{DEFAULT_DECISION_MIN:g}: name the model's metric to judge it otherwise)"
+        )
+    return record, missed
+
+
+def class_score_outputs(source_path: str) -> list[str]:
+    """The source's graph outputs that hold class scores (``decision_rules.class_scores``)."""
+    import onnx
+
+    model = onnx.load(source_path, load_external_data=False)
+    producers = {output: node for node in model.graph.node for output in node.output}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    found = []
+    for output in model.graph.output:
+        node = producers.get(output.name)
+        axis, rank = None, None
+        if output.type.tensor_type.HasField("shape"):
+            rank = len(output.type.tensor_type.shape.dim)
+        if node is not None and node.op_type in SCORE_OPS:
+            axis = -1 if opset >= 13 else 1  # the op's default axis
+            for attribute in node.attribute:
+                if attribute.name == "axis":
+                    axis = attribute.i
+        if class_scores(output.name, node.op_type if node else None, axis, rank):
+            found.append(output.name)
+    return found
 
 
 def _name_of(index: int, names: list[str]) -> str:

@@ -33,7 +33,7 @@ from epfleet.hashing import sha256_bytes
 from epfleet.runtime.compiler import CompileOutput
 from epfleet.runtime.requests import CompileRequest
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Bumped when what decides a verification's result changes (a new comparison, say)."""
 
 

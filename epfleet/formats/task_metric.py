@@ -132,6 +132,12 @@ class TaskMetric(BaseModel):
         description="sequence_match: the output's axis of time steps (schema 1.5)",
     )
     function: str | None = Field(default=None, exclude_if=lambda f: f is None, max_length=300)
+    default: bool = Field(
+        default=False,
+        exclude_if=lambda default: not default,
+        description="The default metric of an integer variant's class scores, for a model "
+        "that names none (schema 1.7)",
+    )
     inputs: dict[InputSetName, int] | None = Field(
         default=None,
         exclude_if=lambda inputs: inputs is None,
@@ -218,6 +224,8 @@ class TaskMetric(BaseModel):
             text += f" on {count} input{'' if count == 1 else 's'}"
         if self.evidence == "undecided":
             text += ", undecided"
+        if self.default:
+            text += " (default for class scores)"
         return text
 
 
