@@ -302,6 +302,8 @@ def verify_output(
     backing = recalled_backing(cache_dir(), numerics)
     samples = request.samples
     golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
+    more = samples.metric_inputs if request.metric is not None else None
+    sets = fetch_verified(store, more.uri, more.sha256, more.size) if more else None
     job = VerifyJob(
         label=f"{request.model} × {request.target}",
         artifact_path=output.artifact_path,
@@ -319,6 +321,7 @@ def verify_output(
         metric=request.metric,
         metric_modules=settings().metric_modules,
         folded_io=output.folded_io,
+        sets_path=str(sets) if sets else None,
     )
     verification = verify_artifact(job, request.verify_timeout, runtime_site(request))
     remember(cache_dir(), key, verification)

@@ -315,6 +315,7 @@ def stage_samples(
             samples_path=str(samples_path) if samples_path else None,
             dest=str(golden),
             sets={name: str(path) for name, path in set_paths.items()},
+            sets_dest=str(scratch / "input-sets.npz"),
         )
         try:
             count = golden_for(job)
@@ -326,7 +327,20 @@ def stage_samples(
         key = samples_key(sha256)
         if store.size(key) != size:
             store.upload(key, golden, sha256)
-    return SamplesRef(uri=key, sha256=sha256, size=size, count=count, basis=basis)
+        metric_inputs = None
+        if (scratch / "input-sets.npz").exists():
+            metric_inputs = _uploaded(scratch / "input-sets.npz", store)
+    return SamplesRef(
+        uri=key, sha256=sha256, size=size, count=count, basis=basis, metric_inputs=metric_inputs
+    )
+
+
+def _uploaded(path: Path, store: Store) -> ArtifactRef:
+    sha256, size = sha256_file(path)
+    key = samples_key(sha256)
+    if store.size(key) != size:
+        store.upload(key, path, sha256)
+    return ArtifactRef(uri=key, sha256=sha256, size=size)
 
 
 def _scratch_root() -> Path:

@@ -41,8 +41,10 @@ from epfleet.runtime.samples import (
     distinct_inputs,
     generated_samples,
     load_samples,
-    read_golden_sets,
+    read_golden,
+    read_input_sets,
     write_golden,
+    write_input_sets,
 )
 from epfleet.runtime.sessions import folded_runner, input_infos, open_session, run_samples
 from epfleet.runtime.shapes import uses_external_data
@@ -63,10 +65,13 @@ class GoldenJob(BaseModel):
     sets: dict[str, str] = {}
     """Further inputs the task metric is judged on, by set (``INPUT_SETS``): files in the
     samples format. An input already among the samples or an earlier set counts once."""
+    sets_dest: str | None = None
+    """Where the input sets file goes (written only when a set holds an input)."""
 
 
 def make_golden(job: GoldenJob) -> int:
-    """Run the source on the CPU EP for each sample and write the golden file; the count."""
+    """Run the source on the CPU EP for each sample and write the golden file, and for each
+    input of ``job.sets`` into the input sets file; the count of samples."""
     import onnx
     import onnxruntime as ort
 
@@ -90,7 +95,9 @@ def make_golden(job: GoldenJob) -> int:
             seen += inputs
             made = run_samples(session, inputs, "the source on the CPU EP")
             sets.append(InputSet(name, inputs, made))
-    write_golden(Path(job.dest), samples, outputs, sets)
+    write_golden(Path(job.dest), samples, outputs)
+    if sets and job.sets_dest is not None:
+        write_input_sets(Path(job.sets_dest), sets)
     return len(samples)
 
 
@@ -147,6 +154,8 @@ class VerifyJob(BaseModel):
     folded_io: FoldedIo | None = None
     """A folded variant's integer inputs and outputs: it is loaded with CPU fallback
     disabled, fed the golden inputs quantised and its outputs dequantised."""
+    sets_path: str | None = None
+    """The model's input sets file: more inputs the named metric is judged on."""
 
 
 TWIN_SAMPLES = 1
@@ -158,7 +167,8 @@ def run_verification(job: VerifyJob) -> Verification:
     compare with the source's outputs, each error relative to the output's range over
     every golden sample."""
     started = time.perf_counter()
-    every, reference, sets = read_golden_sets(Path(job.golden_path))
+    every, reference = read_golden(Path(job.golden_path))
+    sets = read_input_sets(Path(job.sets_path)) if job.sets_path and job.metric else []
     samples, twin_of = every, None
     if job.twin_of is not None and len(every) > TWIN_SAMPLES:
         samples, twin_of = every[:TWIN_SAMPLES], job.twin_of

@@ -5,9 +5,13 @@ outputs on the CPU EP for them:
 
     input/<k>/<input name>     the k-th sample's input arrays
     output/<k>/<index>         the source's outputs for it, in output order
-    set/<set>/<k>/<input name> the k-th input of a further set (``INPUT_SETS``: the
-                               calibration and verification inputs the task metric is
-                               also judged on), when the spec gives one
+
+A model that names a task metric also has an input sets file: the further inputs the
+metric is judged on (``INPUT_SETS``: its calibration and verification inputs) and the
+source's outputs for them, kept apart so that readers of the golden file (devices of
+every version) see the same file:
+
+    set/<set>/<k>/<input name> the k-th input of a set
     setout/<set>/<k>/<index>   the source's outputs for it
 
 It is written byte for byte the same for the same arrays (fixed zip timestamps),
@@ -130,19 +134,19 @@ class InputSet:
     outputs: list[list[np.ndarray]]
 
 
-def write_golden(
-    path: Path,
-    samples: list[Sample],
-    outputs: list[list[np.ndarray]],
-    sets: list[InputSet] | None = None,
-) -> None:
+def write_golden(path: Path, samples: list[Sample], outputs: list[list[np.ndarray]]) -> None:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for k, sample in enumerate(samples):
             for name in sorted(sample):
                 _add(archive, f"input/{k}/{name}", sample[name])
             for index, array in enumerate(outputs[k]):
                 _add(archive, f"output/{k}/{index}", array)
-        for extra in sets or []:
+
+
+def write_input_sets(path: Path, sets: list[InputSet]) -> None:
+    """The input sets file, byte for byte the same for the same arrays."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for extra in sets:
             for k, sample in enumerate(extra.inputs):
                 for name in sorted(sample):
                     _add(archive, f"set/{extra.name}/{k}/{name}", sample[name])
@@ -190,50 +194,56 @@ def _add(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
 
 def read_golden(path: Path) -> tuple[list[Sample], list[list[np.ndarray]]]:
     """Each sample's inputs and reference outputs; ValueError when the file is malformed."""
-    samples, outputs, _ = read_golden_sets(path)
-    return samples, outputs
+    paired = _read_pairs(path, ("input", "output"), "golden samples")
+    if list(paired) != [""]:
+        raise ValueError(f"{path} is not a golden samples file: samples and outputs do not pair")
+    return paired[""]
 
 
-def read_golden_sets(
-    path: Path,
-) -> tuple[list[Sample], list[list[np.ndarray]], list[InputSet]]:
-    """The samples' inputs and reference outputs, and the further input sets the file
-    holds (in ``INPUT_SETS`` order); ValueError when the file is malformed."""
+def read_input_sets(path: Path) -> list[InputSet]:
+    """The input sets a file holds, in ``INPUT_SETS`` order; ValueError when malformed."""
+    paired = _read_pairs(path, ("set", "setout"), "input sets")
+    unknown = sorted(set(paired) - set(INPUT_SETS))
+    if unknown:
+        raise ValueError(f"{path} is not an input sets file: unknown sets {unknown}")
+    return [InputSet(name, *paired[name]) for name in INPUT_SETS if name in paired]
+
+
+def _read_pairs(
+    path: Path, kinds: tuple[str, str], what: str
+) -> dict[str, tuple[list[Sample], list[list[np.ndarray]]]]:
+    """Inputs and outputs by set ("" for a golden file's samples), paired by index."""
+    given_kind = kinds[0]
     inputs: dict[str, dict[int, Sample]] = {}
     outputs: dict[str, dict[int, dict[int, np.ndarray]]] = {}
     try:
         with np.load(path, allow_pickle=False) as archive:
             for key in archive.files:
                 kind, rest = key.split("/", 1)
-                if kind in ("input", "output"):
-                    where = ""
-                elif kind in ("set", "setout"):
-                    where, rest = rest.split("/", 1)
-                    if where not in INPUT_SETS:
-                        raise ValueError(f"unknown input set {where!r}")
-                else:
+                if kind not in kinds:
                     raise ValueError(f"unexpected array {key!r}")
+                where = ""
+                if kind in ("set", "setout"):
+                    where, rest = rest.split("/", 1)
                 k, name = rest.split("/", 1)
-                if kind in ("input", "set"):
+                if kind == given_kind:
                     inputs.setdefault(where, {}).setdefault(int(k), {})[name] = archive[key]
                 else:
                     outputs.setdefault(where, {}).setdefault(int(k), {})[int(name)] = archive[key]
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{path} is not a golden samples file: {exc}") from None
+        raise ValueError(f"{path} is not a {what} file: {exc}") from None
     paired = {}
     for where in sorted(set(inputs) | set(outputs)):
         given, made = inputs.get(where, {}), outputs.get(where, {})
         if sorted(given) != sorted(made) or sorted(given) != list(range(len(given))):
-            raise ValueError(f"{path} is not a golden samples file: inputs and outputs do not pair")
+            raise ValueError(f"{path} is not a {what} file: inputs and outputs do not pair")
         paired[where] = (
             [given[k] for k in range(len(given))],
             [[made[k][i] for i in sorted(made[k])] for k in range(len(given))],
         )
-    if "" not in paired:
-        raise ValueError(f"{path} is not a golden samples file: samples and outputs do not pair")
-    samples, references = paired[""]
-    sets = [InputSet(name, *paired[name]) for name in INPUT_SETS if name in paired]
-    return samples, references, sets
+    if not paired:
+        raise ValueError(f"{path} is not a {what} file: it holds nothing")
+    return paired
 
 
 TAIL_PERCENTILE = 99.9

@@ -1,6 +1,6 @@
 """Every real input counts, weighed against the evidence, on the real verification path
-(ORT's CPU EP, in this process): the golden file carries the calibration and verification
-inputs beside the samples when the model names a metric, and a rate metric is judged over
+(ORT's CPU EP, in this process): a model that names a metric has an input sets file beside
+its golden samples, holding its calibration and verification inputs, and a rate metric is judged over
 them in batches until its bounds settle the verdict, the record saying how many inputs of
 each set it rests on."""
 
@@ -16,7 +16,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from epfleet.fleet.verify import GoldenJob, VerifyJob, make_golden, run_verification
 from epfleet.formats.task_metric import MetricSpec
-from epfleet.runtime.samples import InputSet, read_golden, read_golden_sets, write_golden
+from epfleet.runtime.samples import (
+    InputSet,
+    read_golden,
+    read_input_sets,
+    write_golden,
+    write_input_sets,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -53,23 +59,27 @@ def inputs(clear: int, close: int, seed: int) -> list[dict[str, np.ndarray]]:
     return made
 
 
-def golden(root: Path, samples: list, **sets: list) -> Path:
+def golden(root: Path, samples: list, **sets: list) -> dict[str, str]:
+    """The golden file and, given sets, the input sets file: a job's paths."""
     source = shifted_classifier(root / "source.onnx", 0.0)
     session = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
-    extra = [
+    path = root / "golden.npz"
+    write_golden(path, samples, [session.run(None, s) for s in samples])
+    if not sets:
+        return {"golden_path": str(path)}
+    made = [
         InputSet(name, given, [session.run(None, s) for s in given]) for name, given in sets.items()
     ]
-    path = root / "golden.npz"
-    write_golden(path, samples, [session.run(None, s) for s in samples], extra)
-    return path
+    write_input_sets(root / "sets.npz", made)
+    return {"golden_path": str(path), "sets_path": str(root / "sets.npz")}
 
 
-def job(root: Path, golden_path: Path, **fields: object) -> VerifyJob:
+def job(root: Path, paths: dict[str, str], **fields: object) -> VerifyJob:
     return VerifyJob.model_validate(
-        {
+        paths
+        | {
             "label": "shifted × x86-cpu",
             "artifact_path": str(shifted_classifier(root / "variant.onnx", 0.02)),
-            "golden_path": str(golden_path),
             "ep": "CPUExecutionProvider",
             "device": "cpu",
             "provider_options": {},
@@ -157,9 +167,9 @@ def test_without_a_metric_only_the_samples_run(tmp_path: Path) -> None:
     assert check.status == "passed" and check.metric is None and check.samples == 12
 
 
-def test_the_golden_file_holds_each_set_once(tmp_path: Path) -> None:
-    """Calibration inputs already among the samples, or repeated, count once; the samples
-    part reads as before, so a golden file without sets keeps its layout."""
+def test_the_input_sets_file_holds_each_input_once(tmp_path: Path) -> None:
+    """Calibration inputs already among the samples, or repeated, count once; the golden
+    file holds the samples alone, as before (devices read it)."""
     source = shifted_classifier(tmp_path / "source.onnx", 0.0)
     samples = inputs(3, 0, 0)
     calibration = inputs(5, 0, 1)
@@ -172,27 +182,30 @@ def test_the_golden_file_holds_each_set_once(tmp_path: Path) -> None:
         input_shapes={},
         samples_path=str(tmp_path / "samples.npz"),
         dest=str(tmp_path / "golden.npz"),
+        sets_dest=str(tmp_path / "sets.npz"),
         sets={
             "verification": str(tmp_path / "verification.npz"),
             "calibration": str(tmp_path / "calibration.npz"),
         },
     )
     assert make_golden(job) == 3
-    read_samples, read_outputs, sets = read_golden_sets(tmp_path / "golden.npz")
+    read_samples, read_outputs = read_golden(tmp_path / "golden.npz")
     assert len(read_samples) == len(read_outputs) == 3
+    sets = read_input_sets(tmp_path / "sets.npz")
     assert [(s.name, len(s.inputs), len(s.outputs)) for s in sets] == [
         ("calibration", 5, 5),
         ("verification", 3, 3),
     ]
     np.testing.assert_array_equal(sets[0].outputs[4][0], calibration[4]["x"])
-    assert len(read_golden(tmp_path / "golden.npz")[0]) == 3
+    with pytest.raises(ValueError, match="not a golden samples file"):
+        read_golden(tmp_path / "sets.npz")
 
 
-def test_planning_puts_the_calibration_and_verification_inputs_in_the_golden_file(
+def test_planning_stores_the_calibration_and_verification_inputs_for_the_metric(
     tmp_path: Path,
 ) -> None:
-    """Only for a model that names a metric: without one they would cost runs and judge
-    nothing, and its golden file stays what it was."""
+    """Into the input sets file, only for a model that names a metric (without one they
+    would cost runs and judge nothing); the golden file is the same either way."""
     from epfleet.fleet.planning import plan_run
     from tests.support.specs import CPU_TARGET, write_spec
 
@@ -215,7 +228,8 @@ def test_planning_puts_the_calibration_and_verification_inputs_in_the_golden_fil
     plan = plan_run(spec, str(tmp_path / "store"))
     plain, weighed = plan.samples["m"], plan.samples["judged"]
     assert plain is not None and weighed is not None
-    assert read_golden_sets(tmp_path / "store" / plain.uri)[2] == []
-    sets = read_golden_sets(tmp_path / "store" / weighed.uri)[2]
+    assert plain.metric_inputs is None and weighed.metric_inputs is not None
+    assert weighed.sha256 == plain.sha256 and weighed.count == plain.count == 4
+    assert weighed.basis != plain.basis  # the pairs' fingerprints change
+    sets = read_input_sets(tmp_path / "store" / weighed.metric_inputs.uri)
     assert [(s.name, len(s.inputs)) for s in sets] == [("calibration", 10), ("verification", 6)]
-    assert weighed.count == plain.count == 4 and weighed.basis != plain.basis

@@ -408,3 +408,30 @@ def test_schema_1_7_records_what_a_metric_rests_on() -> None:
     doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["metric"]["hits"] = 109
     with pytest.raises(ValidationError):
         Manifest.from_json(data(doc))
+
+
+def test_schema_1_7_names_a_metric_s_input_sets_file_and_keeps_it_from_gc() -> None:
+    """The golden samples' ``metric_inputs`` (1.7): read back as written, left out when
+    absent, and among the store keys the manifest names (gc keeps it)."""
+    from epfleet.formats.manifest import referenced_keys
+
+    doc = document()
+    golden, sets = "a" * 64, "b" * 64
+    doc["models"]["m"]["samples"] = {
+        "uri": f"samples/{golden}.npz",
+        "sha256": golden,
+        "size": 2,
+        "count": 1,
+        "basis": "x",
+    }
+    assert b"metric_inputs" not in Manifest.from_json(data(doc)).to_json()
+    doc["models"]["m"]["samples"]["metric_inputs"] = {
+        "uri": f"samples/{sets}.npz",
+        "sha256": sets,
+        "size": 3,
+    }
+    read = Manifest.from_json(data(doc))
+    samples = read.models["m"].samples
+    assert samples is not None and samples.metric_inputs is not None
+    assert json.loads(read.to_json())["models"]["m"]["samples"]["metric_inputs"]["size"] == 3
+    assert {f"samples/{golden}.npz", f"samples/{sets}.npz"} <= referenced_keys(read)
