@@ -8,6 +8,7 @@ published.
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 from collections.abc import Callable
@@ -297,7 +298,10 @@ def class_score_outputs(source_path: str) -> list[str]:
     """The source's graph outputs that hold class scores (``decision_rules.class_scores``)."""
     import onnx
 
-    model = onnx.load(source_path, load_external_data=False)
+    try:
+        model = onnx.load(source_path, load_external_data=False)
+    except Exception:  # judged by the numeric gate alone, as before this default
+        return []
     producers = {output: node for node in model.graph.node for output in node.output}
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     found = []
@@ -442,8 +446,9 @@ def scored(
             update={
                 "hits": hits,
                 "trials": trials,
-                "low": _rounded(verdict.low),
-                "high": _rounded(verdict.high),
+                # Rounded outwards: a stored bound never claims more than was shown.
+                "low": math.floor(verdict.low * 1e4) / 1e4,
+                "high": math.ceil(verdict.high * 1e4) / 1e4,
                 "evidence": verdict.evidence,
             }
         )
