@@ -23,6 +23,8 @@ and a variant is published only when both gates pass.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -212,12 +214,12 @@ class TaskMetric(BaseModel):
         if self.value is not None and self.hits is not None and self.trials is not None:
             value = f"{self.hits}/{self.trials} = {self.value:.3g}"
             if self.low is not None and self.high is not None:
-                value += f" [{self.low:.3g}, {self.high:.3g}]"
+                value += f" [{_outwards(self.low, math.floor)}, {_outwards(self.high, math.ceil)}]"
         return f"{name} {value} (min {self.min:g})"
 
     def shown(self) -> str:
         """``describe`` with what the value rests on, for tables and progress lines:
-        ``sequence_match 107/108 = 0.991 [0.957, 1] (min 0.99) on 108 inputs, undecided``."""
+        ``sequence_match 107/108 = 0.991 [0.956, 1] (min 0.99) on 108 inputs, undecided``."""
         text = self.describe()
         count = self.input_count
         if count is not None:
@@ -227,6 +229,11 @@ class TaskMetric(BaseModel):
         if self.default:
             text += " (default for class scores)"
         return text
+
+
+def _outwards(bound: float, rounding: Callable[[float], int]) -> str:
+    """A bound to 3 decimals, rounded away from the value: never claiming more."""
+    return f"{rounding(round(bound * 1000, 6)) / 1000:g}"
 
 
 def module_allowed(function: str, allowed: str) -> bool:

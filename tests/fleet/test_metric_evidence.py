@@ -233,3 +233,37 @@ def test_planning_stores_the_calibration_and_verification_inputs_for_the_metric(
     assert weighed.basis != plain.basis  # the pairs' fingerprints change
     sets = read_input_sets(tmp_path / "store" / weighed.metric_inputs.uri)
     assert [(s.name, len(s.inputs)) for s in sets] == [("calibration", 10), ("verification", 6)]
+
+
+def test_a_compile_records_and_shows_what_its_metric_rests_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Planned, compiled, verified and published in this process (the plain runner): the
+    CPU variant agrees on all 4 samples and 20 calibration inputs; 24 cannot show 0.99, so
+    the point value publishes it, and the record and ``manifest show`` say so."""
+    from epfleet.cli.app import main
+    from epfleet.formats.manifest import Manifest
+    from tests.support.plain_fleet import compile_spec
+    from tests.support.specs import CPU_TARGET, write_spec
+
+    shifted_classifier(tmp_path / "m.onnx", 0.0)
+    for name, made in [("samples", inputs(4, 0, 0)), ("calibration", inputs(20, 0, 1))]:
+        np.savez(tmp_path / f"{name}.npz", x=np.stack([s["x"] for s in made]))
+    model = {
+        "name": "m",
+        "source": "m.onnx",
+        "samples": "samples.npz",
+        "calibration": "calibration.npz",
+        "metric": {"kind": "argmax_agreement", "min": 0.99},
+    }
+    store = tmp_path / "store"
+    report = compile_spec(write_spec(tmp_path, [model], [CPU_TARGET]), store, tmp_path / "cache")
+    assert report.exit_code == 0, [r.error for r in report.variants]
+    shown = "argmax_agreement 24/24 = 1 [0.882, 1] (min 0.99) on 24 inputs, undecided"
+    assert [r.metric for r in report.variants] == [shown]
+    check = Manifest.from_json((store / "manifest.json").read_bytes()).models["m"]
+    metric = check.variants["x86-cpu"].verification.metric  # type: ignore[union-attr]
+    assert metric is not None and metric.inputs == {"samples": 4, "calibration": 20}
+    capsys.readouterr()
+    assert main(["manifest", "show", "--store", str(store)]) == 0
+    assert shown in capsys.readouterr().out
