@@ -344,7 +344,9 @@ def measure_signed(
 
     store = open_store(STORE)
     manifest = Manifest.from_json(getattr(store.read(MANIFEST_KEY), "data", b""))
-    (root_file, uri), sign_s = timed(init_with_key_files, store, work / "keys", bins=256)
+    (root_file, uri), sign_s = timed(
+        init_with_key_files, store, work / "keys", bins=256, adopt=True
+    )
     online, root = online_signer(uri, public_key_of(uri)), root_file.read_bytes()
     plain, cache = work / "unsigned-cache", work / "signed-cache"
     u_first = fetch_manifest(STORE, plain)

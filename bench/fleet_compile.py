@@ -338,7 +338,7 @@ def signing_cost(manifest_json: bytes, work: Path) -> dict[str, float]:
     store = open_store(str(store_dir))
     store.write(MANIFEST_KEY, manifest_json)
     started = time.perf_counter()
-    _, uri = init_with_key_files(store, work / "signing-keys", bins=256)
+    _, uri = init_with_key_files(store, work / "signing-keys", bins=256, adopt=True)
     first = time.perf_counter() - started
     os.environ["EPFLEET_TRUST_SIGNER"] = uri
 

@@ -172,7 +172,7 @@ def build_fleet(work: Path, models: int, htp_targets: int) -> Path:
             variants=variants,
         )
     store.write(MANIFEST_KEY, Manifest(generation=1, models=entries).to_json())
-    root, _ = init_with_key_files(store, work / "keys", bins=256)
+    root, _ = init_with_key_files(store, work / "keys", bins=256, adopt=True)
     return root
 
 

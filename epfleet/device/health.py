@@ -202,6 +202,7 @@ def missed_metric(
         return f"task metric {spec.describe()} not measured: {exc}"
     if value >= metric.min:
         return None
-    scored = metric.model_copy(update={"value": value}).describe()
+    measured_here = {"value": value, "hits": None, "trials": None, "low": None, "high": None}
+    scored = metric.model_copy(update=measured_here).describe()
     host = "nothing" if metric.value is None else f"{metric.value:.4g}"
     return f"task metric {scored} on output {metric.output!r} (the compile host measured {host})"

@@ -87,7 +87,7 @@ def outcome_text(built: CompiledVariant) -> str:
         return f"compiled in {built.seconds:.2f} s, not verified ({reason})"
     measured = percent_of_range(verified.max_rel_error)
     if verified.metric:
-        measured += f", {verified.metric.describe()}"
+        measured += f", {verified.metric.shown()}"
     if verified.reused:
         return f"verified before, same artifact ({measured}; compiled in {built.seconds:.2f} s)"
     if verified.twin_of:
@@ -302,6 +302,8 @@ def verify_output(
     backing = recalled_backing(cache_dir(), numerics)
     samples = request.samples
     golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
+    more = samples.metric_inputs if request.metric is not None else None
+    sets = fetch_verified(store, more.uri, more.sha256, more.size) if more else None
     job = VerifyJob(
         label=f"{request.model} × {request.target}",
         artifact_path=output.artifact_path,
@@ -319,6 +321,7 @@ def verify_output(
         metric=request.metric,
         metric_modules=settings().metric_modules,
         folded_io=output.folded_io,
+        sets_path=str(sets) if sets else None,
     )
     verification = verify_artifact(job, request.verify_timeout, runtime_site(request))
     remember(cache_dir(), key, verification)
@@ -334,7 +337,7 @@ def describe_verification(verification: Verification) -> str:
                 f", on its first {verification.samples} sample(s), its numerics verified in "
                 f"full as {verification.twin_of}'s"
             )
-        metric = f", {verification.metric.describe()}" if verification.metric else ""
+        metric = f", {verification.metric.shown()}" if verification.metric else ""
         return (
             f"passed ({percent_of_range(verification.max_rel_error)}, tolerance "
             f"{verification.tolerance:.2%}{metric}, {spent}, on "

@@ -224,6 +224,7 @@ def plan_run(
                     prepared,
                     before.samples if before and before.source == sources[name] else None,
                     store,
+                    metric_sets(spec_path, model),
                 )
             except BadInputError:
                 raise
@@ -276,6 +277,16 @@ def plan_run(
             name: published[name].preference if name in published else [] for name in preferences
         },
     )
+
+
+def metric_sets(spec_path: Path, model: ModelSpec) -> dict[str, str]:
+    """The input sets beside the samples that a model's task metric is judged on: its
+    calibration and verification inputs, when it names a metric (without one they would
+    cost runs and judge nothing)."""
+    if model.metric is None:
+        return {}
+    given = {"calibration": model.calibration, "verification": model.verification}
+    return {name: resolve_source(spec_path, path) for name, path in given.items() if path}
 
 
 def _policy_changes(

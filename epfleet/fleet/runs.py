@@ -192,7 +192,7 @@ class PairResult(BaseModel):
                 entry.verification.seconds if entry and entry.verification else None
             ),
             metric=(
-                entry.verification.metric.describe()
+                entry.verification.metric.shown()
                 if entry and entry.verification and entry.verification.metric
                 else None
             ),

@@ -276,22 +276,30 @@ def stage_samples(
     prepared: PreparedSource,
     published: SamplesRef | None,
     store: Store,
+    set_uris: dict[str, str] | None = None,
 ) -> SamplesRef:
     """The model's golden samples: the spec's sample inputs (or seeded generated ones) and
-    the source's outputs for them on the CPU EP, uploaded content-addressed. Reused from
-    the manifest while what made them is unchanged, so reference outputs do not drift
-    with the machine or ORT version that plans. EpfleetError when the source does not
-    run on the CPU EP; BadInputError for a samples file that does not fit the model."""
+    the source's outputs for them on the CPU EP, uploaded content-addressed, with the
+    further input sets of ``set_uris`` (by name: calibration, verification) the task metric
+    is judged on. Reused from the manifest while what made them is unchanged, so reference
+    outputs do not drift with the machine or ORT version that plans. EpfleetError when the
+    source does not run on the CPU EP; BadInputError for a samples file that does not fit
+    the model."""
     with ExitStack() as stack:
         samples_path = (
             stack.enter_context(local_source(samples_uri, f"models[{model.name}].samples"))
             if samples_uri
             else None
         )
+        set_paths = {
+            name: stack.enter_context(local_source(uri, f"models[{model.name}].{name}"))
+            for name, uri in (set_uris or {}).items()
+        }
         samples_sha = sha256_file(samples_path)[0] if samples_path else None
-        basis = sha256_bytes(
-            json.dumps([GOLDEN_VERSION, source.digest, source.input_shapes, samples_sha]).encode()
-        )
+        made_of: list[object] = [GOLDEN_VERSION, source.digest, source.input_shapes, samples_sha]
+        if set_paths:  # only then: goldens without sets keep their basis
+            made_of.append({name: sha256_file(path)[0] for name, path in set_paths.items()})
+        basis = sha256_bytes(json.dumps(made_of).encode())
         if (
             published is not None
             and published.basis == basis
@@ -306,16 +314,33 @@ def stage_samples(
             input_shapes=source.input_shapes,
             samples_path=str(samples_path) if samples_path else None,
             dest=str(golden),
+            sets={name: str(path) for name, path in set_paths.items()},
+            sets_dest=str(scratch / "input-sets.npz"),
         )
         try:
             count = golden_for(job)
         except BadInputError as exc:
+            if set_uris:  # the error names its file
+                raise BadInputError(f"models[{model.name}]: {exc}") from None
             raise BadInputError(f"models[{model.name}].samples {samples_uri}: {exc}") from None
         sha256, size = sha256_file(golden)
         key = samples_key(sha256)
         if store.size(key) != size:
             store.upload(key, golden, sha256)
-    return SamplesRef(uri=key, sha256=sha256, size=size, count=count, basis=basis)
+        metric_inputs = None
+        if (scratch / "input-sets.npz").exists():
+            metric_inputs = _uploaded(scratch / "input-sets.npz", store)
+    return SamplesRef(
+        uri=key, sha256=sha256, size=size, count=count, basis=basis, metric_inputs=metric_inputs
+    )
+
+
+def _uploaded(path: Path, store: Store) -> ArtifactRef:
+    sha256, size = sha256_file(path)
+    key = samples_key(sha256)
+    if store.size(key) != size:
+        store.upload(key, path, sha256)
+    return ArtifactRef(uri=key, sha256=sha256, size=size)
 
 
 def _scratch_root() -> Path:

@@ -8,9 +8,11 @@ published.
 
 from __future__ import annotations
 
+import math
 import platform
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,15 +25,27 @@ from epfleet.errors import (
     MissingExtraError,
     summarize,
 )
+from epfleet.fleet.decision_rules import (
+    DEFAULT_DECISION_MIN,
+    SCORE_OPS,
+    class_scores,
+    decision_metric,
+    judged_by_default,
+)
 from epfleet.formats.manifest import FoldedIo, Verification
-from epfleet.formats.task_metric import MetricSpec, TaskMetric
+from epfleet.formats.task_metric import SHARE_KINDS, MetricSpec, TaskMetric
 from epfleet.runtime.samples import (
+    INPUT_SETS,
     Comparison,
+    InputSet,
     compare,
+    distinct_inputs,
     generated_samples,
     load_samples,
     read_golden,
+    read_input_sets,
     write_golden,
+    write_input_sets,
 )
 from epfleet.runtime.sessions import folded_runner, input_infos, open_session, run_samples
 from epfleet.runtime.shapes import uses_external_data
@@ -49,10 +63,16 @@ class GoldenJob(BaseModel):
     samples_path: str | None
     """The spec's ``samples`` file; None: seeded generated inputs."""
     dest: str
+    sets: dict[str, str] = {}
+    """Further inputs the task metric is judged on, by set (``INPUT_SETS``): files in the
+    samples format. An input already among the samples or an earlier set counts once."""
+    sets_dest: str | None = None
+    """Where the input sets file goes (written only when a set holds an input)."""
 
 
 def make_golden(job: GoldenJob) -> int:
-    """Run the source on the CPU EP for each sample and write the golden file; the count."""
+    """Run the source on the CPU EP for each sample and write the golden file, and for each
+    input of ``job.sets`` into the input sets file; the count of samples."""
     import onnx
     import onnxruntime as ort
 
@@ -67,7 +87,18 @@ def make_golden(job: GoldenJob) -> int:
     else:
         samples = generated_samples(infos, GENERATED_COUNT)
     outputs = run_samples(session, samples, "the source on the CPU EP")
+    sets, seen = [], list(samples)
+    for name in INPUT_SETS:
+        if name not in job.sets:
+            continue
+        inputs = distinct_inputs(load_samples(Path(job.sets[name]), infos), seen)
+        if inputs:
+            seen += inputs
+            made = run_samples(session, inputs, "the source on the CPU EP")
+            sets.append(InputSet(name, inputs, made))
     write_golden(Path(job.dest), samples, outputs)
+    if sets and job.sets_dest is not None:
+        write_input_sets(Path(job.sets_dest), sets)
     return len(samples)
 
 
@@ -124,6 +155,8 @@ class VerifyJob(BaseModel):
     folded_io: FoldedIo | None = None
     """A folded variant's integer inputs and outputs: it is loaded with CPU fallback
     disabled, fed the golden inputs quantised and its outputs dequantised."""
+    sets_path: str | None = None
+    """The model's input sets file: more inputs the named metric is judged on."""
 
 
 TWIN_SAMPLES = 1
@@ -136,6 +169,7 @@ def run_verification(job: VerifyJob) -> Verification:
     every golden sample."""
     started = time.perf_counter()
     every, reference = read_golden(Path(job.golden_path))
+    sets = read_input_sets(Path(job.sets_path)) if job.sets_path and job.metric else []
     samples, twin_of = every, None
     if job.twin_of is not None and len(every) > TWIN_SAMPLES:
         samples, twin_of = every[:TWIN_SAMPLES], job.twin_of
@@ -161,11 +195,14 @@ def run_verification(job: VerifyJob) -> Verification:
     runner = f"{'+'.join(session.get_providers())} on {platform.machine()}"
     if folded is not None and partitions_graph(job.ep):
         runner += " (CPU fallback disabled)"
-    try:
+
+    def run(inputs: list[Any]) -> list[list[Any]]:
         if folded is None:
-            outputs = run_samples(session, samples, f"{job.ep} loaded {job.label}")
-        else:
-            outputs = fed(samples)
+            return run_samples(session, inputs, f"{job.ep} loaded {job.label}")
+        return fed(inputs)
+
+    try:
+        outputs = run(samples)
         comparison = over_range_of(compare(outputs, reference[: len(samples)]), reference)
     except (HealthCheckError, ValueError) as exc:
         return _checked(
@@ -183,9 +220,19 @@ def run_verification(job: VerifyJob) -> Verification:
     metric, missed = None, None
     if job.metric is not None and twin_of is None:
         # A twin's metric is its representative's: a share over one sample is no measure.
-        metric, missed = scored(
-            job.metric, names, outputs, reference[: len(samples)], job.metric_modules
+        judged = judge_metric(
+            job.metric,
+            names,
+            Evidence(outputs, reference[: len(samples)]),
+            sets if failure is None else [],
+            run,
+            job,
         )
+        metric, missed = judged.record, judged.missed
+        if judged.failure:
+            failure = judged.failure
+    elif twin_of is None and judged_by_default(job.precision, job.metric is not None):
+        metric, missed = judge_decisions(job, names, outputs, reference[: len(samples)])
     if failure and job.source_path and computes_in_fp16(job):
         failure += fp16_overflow(job.source_path, samples)
     elif failure and job.source_path and job.qdq_path:
@@ -217,21 +264,154 @@ def run_verification(job: VerifyJob) -> Verification:
     )
 
 
+def judge_decisions(
+    job: VerifyJob, names: list[str], outputs: list[list[Any]], reference: list[list[Any]]
+) -> tuple[TaskMetric | None, str | None]:
+    """The default metric of an integer variant of a model that names none: each output
+    holding class scores judged by its decisions (``epfleet.fleet.decision_rules``). The
+    record is the first output that misses, else the lowest scoring; None when no output
+    holds class scores."""
+    if job.source_path is None or not reference:
+        return None, None
+    judged = []
+    for name in class_score_outputs(job.source_path):
+        if name not in names:
+            continue
+        spec = decision_metric(name, tuple(reference[0][names.index(name)].shape))
+        if spec is not None:
+            record, missed = scored(spec, names, Evidence(outputs, reference))
+            judged.append((record.model_copy(update={"default": True}), missed))
+    if not judged:
+        return None, None
+    record, missed = next(
+        ((r, m) for r, m in judged if m), min(judged, key=lambda rm: rm[0].value or 0.0)
+    )
+    if missed:
+        missed += (
+            f" (the default for an integer variant's class scores, min "
+            f"{DEFAULT_DECISION_MIN:g}: name the model's metric to judge it otherwise)"
+        )
+    return record, missed
+
+
+def class_score_outputs(source_path: str) -> list[str]:
+    """The source's graph outputs that hold class scores (``decision_rules.class_scores``)."""
+    import onnx
+
+    try:
+        model = onnx.load(source_path, load_external_data=False)
+    except Exception:  # judged by the numeric gate alone, as before this default
+        return []
+    producers = {output: node for node in model.graph.node for output in node.output}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    found = []
+    for output in model.graph.output:
+        node = producers.get(output.name)
+        axis, rank = None, None
+        if output.type.tensor_type.HasField("shape"):
+            rank = len(output.type.tensor_type.shape.dim)
+        if node is not None and node.op_type in SCORE_OPS:
+            axis = -1 if opset >= 13 else 1  # the op's default axis
+            for attribute in node.attribute:
+                if attribute.name == "axis":
+                    axis = attribute.i
+        if class_scores(output.name, node.op_type if node else None, axis, rank):
+            found.append(output.name)
+    return found
+
+
 def _name_of(index: int, names: list[str]) -> str:
     return names[index] if index < len(names) else str(index)
+
+
+SET_BATCH = 16
+"""Inputs of a further set run between two looks at whether the metric is settled."""
+
+
+@dataclass
+class Evidence:
+    """The variant's and the source's outputs the metric is judged on, and how many
+    inputs of each set they hold."""
+
+    outputs: list[list[Any]]
+    reference: list[list[Any]]
+    inputs: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.inputs = self.inputs or {"samples": len(self.outputs)}
+
+    def add(self, name: str, outputs: list[list[Any]], reference: list[list[Any]]) -> None:
+        self.outputs += outputs
+        self.reference += reference
+        self.inputs[name] = self.inputs.get(name, 0) + len(outputs)
+
+
+@dataclass(frozen=True)
+class Judged:
+    record: TaskMetric
+    missed: str | None
+    """Why the variant misses the metric (None: it reaches it)."""
+    failure: str | None = None
+    """Why the variant failed on a further set's input (NaN, out of [0, 1], a crash)."""
+
+
+def judge_metric(
+    spec: MetricSpec,
+    names: list[str],
+    evidence: Evidence,
+    sets: list[InputSet],
+    run: Callable[[list[Any]], list[list[Any]]],
+    job: VerifyJob,
+) -> Judged:
+    """The metric over the golden samples, then over each further set ``run`` in batches
+    of ``SET_BATCH`` until the verdict is settled (``settled``) or every input has run.
+    Each batch is also checked for NaN or inf where the source gives a number and for a
+    probability leaving [0, 1]: such a failure ends the verdict."""
+    record, missed = scored(spec, names, evidence, job.metric_modules)
+    for extra in sets:
+        for start in range(0, len(extra.inputs), SET_BATCH):
+            if settled(record):
+                return Judged(record, missed)
+            inputs = extra.inputs[start : start + SET_BATCH]
+            want = extra.outputs[start : start + SET_BATCH]
+            where = f"{extra.name} input(s) {start}-{start + len(inputs) - 1}"
+            try:
+                got = run(inputs)
+                wrong = compare(got, want).domain_failure(job.abs_tolerance)
+            except (HealthCheckError, ValueError) as exc:
+                return Judged(record, missed, f"on {where}: {exc}")
+            if wrong:
+                return Judged(record, missed, f"on {where}: {wrong}")
+            evidence.add(extra.name, got, want)
+            record, missed = scored(spec, names, evidence, job.metric_modules)
+    return Judged(record, missed)
+
+
+def settled(record: TaskMetric) -> bool:
+    """Whether more inputs cannot change the verdict the metric gives: a rate's bounds
+    show it either way, a lowest-value metric (cosine, snr_db) is already below its
+    minimum, or it could not be measured. A custom metric is never settled early."""
+    if record.value is None:
+        return True
+    if record.evidence is not None:
+        return record.evidence != "undecided"
+    return record.kind in ("cosine", "snr_db") and record.value < record.min
 
 
 def scored(
     spec: MetricSpec,
     names: list[str],
-    outputs: list[list[Any]],
-    reference: list[list[Any]],
+    evidence: Evidence,
     allowed_modules: str = "",
 ) -> tuple[TaskMetric, str | None]:
     """The variant's task metric, and why it misses it (None: it reaches ``spec.min``).
     A metric that cannot be measured (no such output, unsuitable shape, a custom function
-    that fails or returns no number) is missed: nothing unjudged is published."""
-    from epfleet.runtime.metrics import MetricError, measure, output_index
+    that fails or returns no number) is missed: nothing unjudged is published. A rate
+    metric's count is weighed against ``spec.min`` (``epfleet.fleet.share_rules``)."""
+    from epfleet.fleet.share_rules import weigh
+    from epfleet.runtime.metrics import MetricError, counted, measure, output_index
+
+    outputs, reference = evidence.outputs, evidence.reference
 
     output = spec.output or (names[0] if names else "0")
     record = TaskMetric(
@@ -244,21 +424,54 @@ def scored(
         time_axis=spec.time_axis,
         function=spec.function,
     )
+    inputs = dict(evidence.inputs)
+    record = record.model_copy(update={"inputs": inputs})
     try:
         index = output_index(spec, names)
         got, want = [o[index] for o in outputs], [r[index] for r in reference]
-        value = measure(spec, got, want, allowed_modules)
+        if spec.kind in SHARE_KINDS:
+            hits, trials = counted(spec, got, want)
+            value = hits / trials if trials else 1.0
+        else:
+            value, hits, trials = measure(spec, got, want, allowed_modules), 0, 0
     except MetricError as exc:
         return record, f"task metric {spec.describe()} not measured: {exc}"
     except Exception as exc:  # the custom function's own failure
         return record, f"task metric {spec.describe()} not measured: {summarize(exc, 300)}"
     record = record.model_copy(update={"value": value})
+    doubt = None
+    if trials:
+        verdict = weigh(hits, trials, spec.min)
+        record = record.model_copy(
+            update={
+                "hits": hits,
+                "trials": trials,
+                # Rounded outwards: a stored bound never claims more than was shown.
+                "low": math.floor(verdict.low * 1e4) / 1e4,
+                "high": math.ceil(verdict.high * 1e4) / 1e4,
+                "evidence": verdict.evidence,
+            }
+        )
+        unit = "inputs" if trials == len(outputs) else _unit(spec)
+        doubt = verdict.doubt(spec.function or spec.kind, unit)
     if record.passed:
         return record, None
-    return record, (
-        f"task metric {record.describe()} on output {output!r} over {len(outputs)} "
-        "sample(s): the variant changes what its users see, whatever its numeric error"
-    )
+    why = f"task metric {record.describe()} on output {output!r} over {_inputs_said(inputs)}"
+    if doubt:
+        return record, f"{why}; {doubt}; below its minimum, so refused"
+    return record, f"{why}: the variant changes what its users see, whatever its numeric error"
+
+
+def _inputs_said(inputs: dict[str, int]) -> str:
+    """``16 sample(s)``, or ``108 input(s) (12 samples, 96 calibration)``."""
+    if list(inputs) == ["samples"]:
+        return f"{inputs['samples']} sample(s)"
+    parts = ", ".join(f"{count} {name}" for name, count in inputs.items())
+    return f"{sum(inputs.values())} input(s) ({parts})"
+
+
+def _unit(spec: MetricSpec) -> str:
+    return "sequences" if spec.kind == "sequence_match" else "rows"
 
 
 def over_range_of(comparison: Comparison, reference: list[list[Any]]) -> Comparison:

@@ -33,7 +33,7 @@ from epfleet.hashing import sha256_bytes
 from epfleet.runtime.compiler import CompileOutput
 from epfleet.runtime.requests import CompileRequest
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Bumped when what decides a verification's result changes (a new comparison, say)."""
 
 
@@ -43,6 +43,8 @@ class VerifyKey(BaseModel):
     artifact: list[tuple[str, str, int]]
     """(path, sha256, size) of the main file and each file beside it, sorted."""
     samples_sha256: str
+    metric_inputs_sha256: str | None = None
+    """The input sets a named metric is also judged on (None: none; left out of the key)."""
     ep: str
     ep_build: dict[str, str]
     """The EP's ``build_identity()``: its package and version (and, for the CPU EP, the
@@ -166,6 +168,11 @@ def key_for(
         VerifyKey(
             artifact=files,
             samples_sha256=request.samples.sha256,
+            metric_inputs_sha256=(
+                request.samples.metric_inputs.sha256
+                if request.samples.metric_inputs is not None and request.metric is not None
+                else None
+            ),
             ep=request.ep,
             ep_build=ep_build,
             ort_version=ort,

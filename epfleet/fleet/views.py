@@ -290,7 +290,7 @@ def _verified(variant: VariantEntry, target: str) -> str:
         return "-"
     mark = GENERATED_MARK if generated_only(variant.device, check.samples_origin) else ""
     twin = twin_text(check.twin_of, target, check.samples)
-    metric = f", {check.metric.describe()}" if check.metric else ""
+    metric = f", {check.metric.shown()}" if check.metric else ""
     if check.status in ("passed", "failed") and check.max_rel_error is not None:
         return f"{check.status} {check.max_rel_error:.2%}{metric}{mark}{twin}"
     return check.status + metric + mark + twin

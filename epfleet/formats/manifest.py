@@ -167,6 +167,12 @@ class SamplesRef(ArtifactRef):
     basis: str = Field(
         description="Hash of what made it (source, input shapes, the spec's samples file)"
     )
+    metric_inputs: ArtifactRef | None = Field(
+        default=None,
+        exclude_if=lambda ref: ref is None,
+        description="The calibration and verification inputs a named task metric is also "
+        "judged on, with the source's outputs for them (schema 1.7)",
+    )
 
 
 class VariantRuntime(BaseModel):
@@ -459,6 +465,8 @@ def referenced_keys(manifest: Manifest | None) -> set[str]:
         keys.update(f.uri for f in entry.source.files)
         if entry.samples is not None:
             keys.add(entry.samples.uri)
+            if entry.samples.metric_inputs is not None:
+                keys.add(entry.samples.metric_inputs.uri)
         if entry.calibration is not None:
             keys.add(entry.calibration.uri)
         old = entry.previous_version  # what a rollout of a new source may send devices back to
@@ -466,6 +474,8 @@ def referenced_keys(manifest: Manifest | None) -> set[str]:
             keys.add(old.source.uri)
             keys.update(f.uri for f in old.source.files)
             keys.update(ref.uri for ref in (old.samples, old.calibration) if ref is not None)
+            if old.samples is not None and old.samples.metric_inputs is not None:
+                keys.add(old.samples.metric_inputs.uri)
         kept = [v for v in entry.previous.values() if v is not None]
         for variant in [*entry.variants.values(), *kept]:
             if variant.quantization is not None and variant.quantization.qdq_uri is not None:

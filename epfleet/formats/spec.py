@@ -100,7 +100,14 @@ class ModelSpec(BaseModel):
         description="Inputs that integer (w16a16, w8a16, w8a8) variants are calibrated on: an "
         ".npz in the samples format (relative to the spec), inputs like the real data, none of "
         "them among the samples. Without samples, a fifth of them (at least one) is held "
-        "out for verification",
+        "out for verification. The task metric is judged on them too",
+    )
+    verification: str | None = Field(
+        default=None,
+        min_length=1,
+        description="More inputs the task metric is judged on (beside the samples and the "
+        "calibration inputs): an .npz in the samples format (relative to the spec), real "
+        "inputs held out from calibration. Used only when a metric is named",
     )
     quantization: QuantizationSpec = Field(
         default_factory=lambda: QuantizationSpec(),
@@ -113,8 +120,9 @@ class ModelSpec(BaseModel):
     metric: MetricSpec | None = Field(
         default=None,
         description="What the model's users judge it by (e.g. {kind: argmax_agreement, min: "
-        "0.99}): a variant is published only when it reaches this on the golden samples as "
-        "well as the numeric tolerance. Omitted: the numeric gate alone",
+        "0.99}): a variant is published only when it reaches this on the golden samples, the "
+        "calibration and verification inputs as well as the numeric tolerance. Omitted: the "
+        "numeric gate alone",
     )
 
     @field_validator("input_shapes")

@@ -23,6 +23,8 @@ and a variant is published only when both gates pass.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,6 +33,7 @@ MetricKind = Literal[
     "argmax_agreement", "topk_agreement", "cosine", "snr_db", "sequence_match", "custom"
 ]
 SHARE_KINDS = ("argmax_agreement", "topk_agreement", "sequence_match")
+InputSetName = Literal["samples", "calibration", "verification"]
 ENTRY_POINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 MAX_TOP_K = 1000
 MAX_TIME_AXIS = 31
@@ -131,6 +134,59 @@ class TaskMetric(BaseModel):
         description="sequence_match: the output's axis of time steps (schema 1.5)",
     )
     function: str | None = Field(default=None, exclude_if=lambda f: f is None, max_length=300)
+    default: bool = Field(
+        default=False,
+        exclude_if=lambda default: not default,
+        description="The default metric of an integer variant's class scores, for a model "
+        "that names none (schema 1.7)",
+    )
+    inputs: dict[InputSetName, int] | None = Field(
+        default=None,
+        exclude_if=lambda inputs: inputs is None,
+        description="How many inputs of each set the value rests on: the golden samples, "
+        "the calibration and the verification inputs (schema 1.7)",
+    )
+    hits: int | None = Field(
+        default=None,
+        ge=0,
+        exclude_if=lambda hits: hits is None,
+        description="A rate metric's agreeing rows or sequences (schema 1.7)",
+    )
+    trials: int | None = Field(
+        default=None,
+        ge=1,
+        exclude_if=lambda trials: trials is None,
+        description="A rate metric's rows or sequences counted (schema 1.7)",
+    )
+    low: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        exclude_if=lambda low: low is None,
+        description="A rate metric's lower Clopper-Pearson bound, one-sided 95 % (schema 1.7)",
+    )
+    high: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        exclude_if=lambda high: high is None,
+        description="A rate metric's upper Clopper-Pearson bound, one-sided 95 % (schema 1.7)",
+    )
+    evidence: Literal["reaches", "misses", "undecided"] | None = Field(
+        default=None,
+        exclude_if=lambda evidence: evidence is None,
+        description="What the bounds show about min: reaches (the lower bound is at least "
+        "min), misses (the upper bound is below it) or undecided, when the value decides "
+        "(schema 1.7)",
+    )
+
+    @model_validator(mode="after")
+    def _a_count(self) -> TaskMetric:
+        if self.hits is not None and self.trials is not None and self.hits > self.trials:
+            raise ValueError(f"metric: {self.hits} hits of {self.trials} trials is not a count")
+        return self
+
+    @property
+    def input_count(self) -> int | None:
+        return None if self.inputs is None else sum(self.inputs.values())
 
     @property
     def passed(self) -> bool:
@@ -149,12 +205,35 @@ class TaskMetric(BaseModel):
         )
 
     def describe(self) -> str:
-        """``argmax_agreement 0.875 (min 0.99)``."""
+        """``argmax_agreement 0.875 (min 0.99)``; a rate with its count and bounds:
+        ``sequence_match 11/12 = 0.917 [0.661, 0.996] (min 0.99)``."""
         name = self.function or self.kind
         if self.k is not None:
             name += f"@{self.k}"
         value = "not measured" if self.value is None else f"{self.value:.4g}"
+        if self.value is not None and self.hits is not None and self.trials is not None:
+            value = f"{self.hits}/{self.trials} = {self.value:.3g}"
+            if self.low is not None and self.high is not None:
+                value += f" [{_outwards(self.low, math.floor)}, {_outwards(self.high, math.ceil)}]"
         return f"{name} {value} (min {self.min:g})"
+
+    def shown(self) -> str:
+        """``describe`` with what the value rests on, for tables and progress lines:
+        ``sequence_match 107/108 = 0.991 [0.956, 1] (min 0.99) on 108 inputs, undecided``."""
+        text = self.describe()
+        count = self.input_count
+        if count is not None:
+            text += f" on {count} input{'' if count == 1 else 's'}"
+        if self.evidence == "undecided":
+            text += ", undecided"
+        if self.default:
+            text += " (default for class scores)"
+        return text
+
+
+def _outwards(bound: float, rounding: Callable[[float], int]) -> str:
+    """A bound to 3 decimals, rounded away from the value: never claiming more."""
+    return f"{rounding(round(bound * 1000, 6)) / 1000:g}"
 
 
 def module_allowed(function: str, allowed: str) -> bool:

@@ -83,7 +83,7 @@ class Verification(_Strict):
         default=None,
         exclude_if=lambda metric: metric is None,
         description="The model's task metric and what the variant scored (None: the model "
-        "names none, and the numeric gate alone decided)",
+        "names none and no default applied: the numeric gate alone decided)",
     )
     tolerance: float | None = Field(
         default=None,

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from epfleet.formats.task_metric import MetricSpec, module_allowed, refusal
+from epfleet.formats.task_metric import SHARE_KINDS, MetricSpec, module_allowed, refusal
 
 CustomMetric = Callable[[list[np.ndarray], list[np.ndarray]], float]
 
@@ -46,6 +46,9 @@ def measure(
     a custom function lies outside ``allowed_modules`` (EPFLEET_METRIC_MODULES)."""
     if len(got) != len(reference) or not got:
         raise MetricError(f"{len(got)} outputs to score against {len(reference)}")
+    if spec.kind in SHARE_KINDS:
+        agreeing, total = counted(spec, got, reference)
+        return agreeing / total if total else 1.0
     pairs = [(np.asarray(g), np.asarray(r)) for g, r in zip(got, reference, strict=True)]
     if spec.kind == "custom":
         assert spec.function is not None
@@ -58,32 +61,47 @@ def measure(
         if not math.isfinite(number):
             raise MetricError(f"{spec.function} returned {number}, not a finite number")
         return number
-    for g, r in pairs:
-        if g.size != r.size:
-            raise MetricError(f"the variant's output has {g.size} values, the source's {r.size}")
-    pairs = [(g.reshape(r.shape), r) for g, r in pairs]
-    if spec.kind == "argmax_agreement":
-        return _share(_rows(g, spec).argmax(-1) == _rows(r, spec).argmax(-1) for g, r in pairs)
-    if spec.kind == "topk_agreement":
-        assert spec.k is not None
-        return _share(_top1_in_topk(g, r, spec.k, spec) for g, r in pairs)
+    pairs = _shaped(pairs)
     if spec.kind == "cosine":
         return min(_cosine(g, r) for g, r in pairs)
-    if spec.kind == "snr_db":
-        return min(_snr_db(g, r) for g, r in pairs)
-    return _share(
+    return min(_snr_db(g, r) for g, r in pairs)
+
+
+def counted(
+    spec: MetricSpec, got: list[np.ndarray], reference: list[np.ndarray]
+) -> tuple[int, int]:
+    """A rate metric's count (``SHARE_KINDS``): the rows or sequences on which the variant
+    agrees with the source, and how many there are, over every sample."""
+    if len(got) != len(reference) or not got:
+        raise MetricError(f"{len(got)} outputs to score against {len(reference)}")
+    pairs = _shaped([(np.asarray(g), np.asarray(r)) for g, r in zip(got, reference, strict=True)])
+    if spec.kind == "argmax_agreement":
+        return _count(_rows(g, spec).argmax(-1) == _rows(r, spec).argmax(-1) for g, r in pairs)
+    if spec.kind == "topk_agreement":
+        assert spec.k is not None
+        return _count(_top1_in_topk(g, r, spec.k, spec) for g, r in pairs)
+    if spec.kind != "sequence_match":
+        raise MetricError(f"{spec.kind} is not a rate: it has no count")
+    return _count(
         np.array([_sequence(a, spec.blank) == _sequence(b, spec.blank)])
         for g, r in pairs
         for a, b in zip(_sequences(g, spec), _sequences(r, spec), strict=True)
     )
 
 
-def _share(hits: Any) -> float:
+def _shaped(pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    for g, r in pairs:
+        if g.size != r.size:
+            raise MetricError(f"the variant's output has {g.size} values, the source's {r.size}")
+    return [(g.reshape(r.shape), r) for g, r in pairs]
+
+
+def _count(hits: Any) -> tuple[int, int]:
     agreeing, total = 0, 0
     for hit in hits:
         agreeing += int(np.count_nonzero(hit))
         total += int(np.size(hit))
-    return agreeing / total if total else 1.0
+    return agreeing, total
 
 
 def _rows(value: np.ndarray, spec: MetricSpec) -> np.ndarray:

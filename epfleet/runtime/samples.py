@@ -6,6 +6,14 @@ outputs on the CPU EP for them:
     input/<k>/<input name>     the k-th sample's input arrays
     output/<k>/<index>         the source's outputs for it, in output order
 
+A model that names a task metric also has an input sets file: the further inputs the
+metric is judged on (``INPUT_SETS``: its calibration and verification inputs) and the
+source's outputs for them, kept apart so that readers of the golden file (devices of
+every version) see the same file:
+
+    set/<set>/<k>/<input name> the k-th input of a set
+    setout/<set>/<k>/<index>   the source's outputs for it
+
 It is written byte for byte the same for the same arrays (fixed zip timestamps),
 so it can be stored content-addressed.
 """
@@ -42,6 +50,8 @@ NUMPY_TYPES = {
 }
 
 Sample = dict[str, np.ndarray]
+INPUT_SETS = ("calibration", "verification")
+"""The input sets a golden file may hold beside its samples, in the order they are run."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,15 @@ def load_samples(path: Path, inputs: list[InputInfo]) -> list[Sample]:
     return [{name: array[k] for name, array in arrays.items()} for k in range(count)]
 
 
+@dataclass(frozen=True)
+class InputSet:
+    """Inputs beside the golden samples, and the source's outputs for them."""
+
+    name: str
+    inputs: list[Sample]
+    outputs: list[list[np.ndarray]]
+
+
 def write_golden(path: Path, samples: list[Sample], outputs: list[list[np.ndarray]]) -> None:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for k, sample in enumerate(samples):
@@ -122,6 +141,29 @@ def write_golden(path: Path, samples: list[Sample], outputs: list[list[np.ndarra
                 _add(archive, f"input/{k}/{name}", sample[name])
             for index, array in enumerate(outputs[k]):
                 _add(archive, f"output/{k}/{index}", array)
+
+
+def write_input_sets(path: Path, sets: list[InputSet]) -> None:
+    """The input sets file, byte for byte the same for the same arrays."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for extra in sets:
+            for k, sample in enumerate(extra.inputs):
+                for name in sorted(sample):
+                    _add(archive, f"set/{extra.name}/{k}/{name}", sample[name])
+                for index, array in enumerate(extra.outputs[k]):
+                    _add(archive, f"setout/{extra.name}/{k}/{index}", array)
+
+
+def distinct_inputs(candidates: list[Sample], seen: list[Sample]) -> list[Sample]:
+    """``candidates`` without any input among ``seen`` or repeated: an input counts once."""
+    known = {sample_digest(s) for s in seen}
+    kept = []
+    for sample in candidates:
+        digest = sample_digest(sample)
+        if digest not in known:
+            known.add(digest)
+            kept.append(sample)
+    return kept
 
 
 def write_samples(path: Path, samples: list[Sample]) -> None:
@@ -152,30 +194,56 @@ def _add(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
 
 def read_golden(path: Path) -> tuple[list[Sample], list[list[np.ndarray]]]:
     """Each sample's inputs and reference outputs; ValueError when the file is malformed."""
-    samples: dict[int, Sample] = {}
-    outputs: dict[int, dict[int, np.ndarray]] = {}
+    paired = _read_pairs(path, ("input", "output"), "golden samples")
+    if list(paired) != [""]:
+        raise ValueError(f"{path} is not a golden samples file: samples and outputs do not pair")
+    return paired[""]
+
+
+def read_input_sets(path: Path) -> list[InputSet]:
+    """The input sets a file holds, in ``INPUT_SETS`` order; ValueError when malformed."""
+    paired = _read_pairs(path, ("set", "setout"), "input sets")
+    unknown = sorted(set(paired) - set(INPUT_SETS))
+    if unknown:
+        raise ValueError(f"{path} is not an input sets file: unknown sets {unknown}")
+    return [InputSet(name, *paired[name]) for name in INPUT_SETS if name in paired]
+
+
+def _read_pairs(
+    path: Path, kinds: tuple[str, str], what: str
+) -> dict[str, tuple[list[Sample], list[list[np.ndarray]]]]:
+    """Inputs and outputs by set ("" for a golden file's samples), paired by index."""
+    given_kind = kinds[0]
+    inputs: dict[str, dict[int, Sample]] = {}
+    outputs: dict[str, dict[int, dict[int, np.ndarray]]] = {}
     try:
         with np.load(path, allow_pickle=False) as archive:
             for key in archive.files:
-                kind, k, name = key.split("/", 2)
-                if kind == "input":
-                    samples.setdefault(int(k), {})[name] = archive[key]
-                elif kind == "output":
-                    outputs.setdefault(int(k), {})[int(name)] = archive[key]
-                else:
+                kind, rest = key.split("/", 1)
+                if kind not in kinds:
                     raise ValueError(f"unexpected array {key!r}")
+                where = ""
+                if kind in ("set", "setout"):
+                    where, rest = rest.split("/", 1)
+                k, name = rest.split("/", 1)
+                if kind == given_kind:
+                    inputs.setdefault(where, {}).setdefault(int(k), {})[name] = archive[key]
+                else:
+                    outputs.setdefault(where, {}).setdefault(int(k), {})[int(name)] = archive[key]
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{path} is not a golden samples file: {exc}") from None
-    if (
-        not samples
-        or sorted(samples) != sorted(outputs)
-        or sorted(samples) != list(range(len(samples)))
-    ):
-        raise ValueError(f"{path} is not a golden samples file: samples and outputs do not pair")
-    return (
-        [samples[k] for k in range(len(samples))],
-        [[outputs[k][i] for i in sorted(outputs[k])] for k in range(len(samples))],
-    )
+        raise ValueError(f"{path} is not a {what} file: {exc}") from None
+    paired = {}
+    for where in sorted(set(inputs) | set(outputs)):
+        given, made = inputs.get(where, {}), outputs.get(where, {})
+        if sorted(given) != sorted(made) or sorted(given) != list(range(len(given))):
+            raise ValueError(f"{path} is not a {what} file: inputs and outputs do not pair")
+        paired[where] = (
+            [given[k] for k in range(len(given))],
+            [[made[k][i] for i in sorted(made[k])] for k in range(len(given))],
+        )
+    if not paired:
+        raise ValueError(f"{path} is not a {what} file: it holds nothing")
+    return paired
 
 
 TAIL_PERCENTILE = 99.9
@@ -231,19 +299,36 @@ class Comparison:
         whose source values all lie in [0, 1] (a probability) fails when the variant leaves
         [0, 1] by more than ``abs_tolerance``, whatever its relative error."""
         for output in self.outputs:
-            if output.ref_min >= 0.0 and output.ref_max <= 1.0:
-                for value in (output.got_min, output.got_max):
-                    if value < -abs_tolerance or value > 1.0 + abs_tolerance:
-                        return (
-                            f"output {output.index} gives {value:.6g}, outside [0, 1] where "
-                            f"every source value lies (allowance {abs_tolerance:g})"
-                        )
+            wrong = self._out_of_domain(output, abs_tolerance)
+            if wrong:
+                return wrong
             if output.max_abs_error > max(tolerance * output.span, abs_tolerance):
                 return (
                     f"output {output.index} differs from the source by "
                     f"{output.rel_error:.1%} of its range (tolerance {tolerance:.1%}; "
                     f"{output.max_abs_error:.3g} against an absolute floor of {abs_tolerance:g})"
                 )
+        return None
+
+    def domain_failure(self, abs_tolerance: float = 0.0) -> str | None:
+        """Why the variant leaves the source's domain (a probability outside [0, 1]), or
+        None: the check of ``failure`` that needs no range, for inputs the tolerance does
+        not judge."""
+        for output in self.outputs:
+            wrong = self._out_of_domain(output, abs_tolerance)
+            if wrong:
+                return wrong
+        return None
+
+    @staticmethod
+    def _out_of_domain(output: OutputError, abs_tolerance: float) -> str | None:
+        if output.ref_min >= 0.0 and output.ref_max <= 1.0:
+            for value in (output.got_min, output.got_max):
+                if value < -abs_tolerance or value > 1.0 + abs_tolerance:
+                    return (
+                        f"output {output.index} gives {value:.6g}, outside [0, 1] where "
+                        f"every source value lies (allowance {abs_tolerance:g})"
+                    )
         return None
 
 

@@ -94,6 +94,9 @@ def test_a_folded_variant_runs_all_on_the_htp_and_says_how_to_feed_it(
                 "input_shapes": {"x": SHAPE},
                 "calibration": "calibration.npz",
                 "samples": "samples.npz",
+                # The tiny model's random classes are near-tied, so its w8a8 variants flip
+                # 0-1 of the 3 samples' decisions; folding, not deciding, is tested here.
+                "metric": {"kind": "argmax_agreement", "min": 0.0},
             }
         ],
         [

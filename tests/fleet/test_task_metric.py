@@ -216,13 +216,14 @@ def test_a_spec_naming_a_function_the_host_does_not_allow_is_refused_before_comp
 def test_the_record_keeps_a_time_axis_and_scores_whole_strings() -> None:
     """A time-major CTC head ([T, 1, C], as ddddocr's): the record carries ``time_axis`` (a
     device measures the same again), and a misread character fails its whole string."""
-    from epfleet.fleet.verify import scored
+    from epfleet.fleet.verify import Evidence, scored
 
     source = np.zeros((3, 1, 4), np.float32)
     source[np.arange(3), 0, [1, 2, 3]] = 1
     misread = source.copy()
     misread[2, 0] = [0, 0, 1, 0]
     spec = MetricSpec(kind="sequence_match", blank=0, time_axis=0, min=0.99)
-    record, why = scored(spec, ["387"], [[misread], [source]], [[source], [source]])
+    record, why = scored(spec, ["387"], Evidence([[misread], [source]], [[source], [source]]))
     assert record.time_axis == 0 and record.spec() == spec.model_copy(update={"output": "387"})
-    assert record.value == 0.5 and why is not None and "0.5 (min 0.99)" in why
+    assert record.value == 0.5 and why is not None and "1/2 = 0.5 [" in why
+    assert (record.hits, record.trials, record.inputs) == (1, 2, {"samples": 2})

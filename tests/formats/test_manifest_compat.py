@@ -83,9 +83,9 @@ def first_error(exc: pytest.ExceptionInfo[ValidationError]) -> tuple[tuple[Any, 
 
 
 def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> None:
-    read = Manifest.from_json(data(with_future_fields(document("1.7"))), newer_minor="ignore")
+    read = Manifest.from_json(data(with_future_fields(document("1.8"))), newer_minor="ignore")
     known = Manifest.from_json(data(document()))
-    assert read.schema_version == "1.7"
+    assert read.schema_version == "1.8"
     assert read.models == known.models and read.generation == known.generation
     assert read.models["m"].variants["x86-cpu"].verification == (
         known.models["m"].variants["x86-cpu"].verification
@@ -376,3 +376,62 @@ def test_schema_1_6_records_revoked_device_keys() -> None:
     doc["revoked_device_keys"] = {"not-a-key-id": revoked["c" * 64]}
     with pytest.raises(ValidationError):
         Manifest.from_json(data(doc))
+
+
+def test_schema_1_7_records_what_a_metric_rests_on() -> None:
+    """1.7 added a metric's inputs by set, a rate's count and bounds and what they show:
+    read back as written; a metric without them keeps its bytes; a count whose hits exceed
+    its trials is refused."""
+    doc = document()
+    metric = {"kind": "sequence_match", "output": "387", "value": 0.5, "min": 0.99}
+    doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["metric"] = dict(metric)
+    plain = Manifest.from_json(data(doc)).to_json()
+    assert b"trials" not in plain and b"evidence" not in plain
+    weighed = {
+        "inputs": {"samples": 12, "calibration": 96},
+        "hits": 54,
+        "trials": 108,
+        "low": 0.418,
+        "high": 0.582,
+        "evidence": "misses",
+    }
+    doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["metric"] = metric | weighed
+    read = Manifest.from_json(data(doc))
+    check = read.models["m"].variants["x86-cpu"].verification
+    assert check is not None and check.metric is not None
+    assert check.metric.input_count == 108 and check.metric.evidence == "misses"
+    assert check.metric.shown() == (
+        "sequence_match 54/108 = 0.5 [0.418, 0.582] (min 0.99) on 108 inputs"
+    )
+    written = json.loads(read.to_json())["models"]["m"]["variants"]["x86-cpu"]["verification"]
+    assert written["metric"] == metric | weighed
+    doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["metric"]["hits"] = 109
+    with pytest.raises(ValidationError):
+        Manifest.from_json(data(doc))
+
+
+def test_schema_1_7_names_a_metric_s_input_sets_file_and_keeps_it_from_gc() -> None:
+    """The golden samples' ``metric_inputs`` (1.7): read back as written, left out when
+    absent, and among the store keys the manifest names (gc keeps it)."""
+    from epfleet.formats.manifest import referenced_keys
+
+    doc = document()
+    golden, sets = "a" * 64, "b" * 64
+    doc["models"]["m"]["samples"] = {
+        "uri": f"samples/{golden}.npz",
+        "sha256": golden,
+        "size": 2,
+        "count": 1,
+        "basis": "x",
+    }
+    assert b"metric_inputs" not in Manifest.from_json(data(doc)).to_json()
+    doc["models"]["m"]["samples"]["metric_inputs"] = {
+        "uri": f"samples/{sets}.npz",
+        "sha256": sets,
+        "size": 3,
+    }
+    read = Manifest.from_json(data(doc))
+    samples = read.models["m"].samples
+    assert samples is not None and samples.metric_inputs is not None
+    assert json.loads(read.to_json())["models"]["m"]["samples"]["metric_inputs"]["size"] == 3
+    assert {f"samples/{golden}.npz", f"samples/{sets}.npz"} <= referenced_keys(read)
