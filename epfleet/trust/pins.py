@@ -28,7 +28,7 @@ from epfleet.errors import BadInputError, StoreError
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
 from epfleet.settings import settings
-from epfleet.stores import Store
+from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.stores.local import LocalStore
 from epfleet.trust.layout import (
     FIRST_ROOT_KEY,
@@ -97,11 +97,33 @@ def signed_store(store: Store) -> bool:
         return False
     if has_trust(store):  # made meanwhile: trust init writes the root before it pins it
         return True
+    if started_again(store):
+        return False
     raise TrustLost(
         f"{store.uri}/{FIRST_ROOT_KEY} is missing, but the store was signed (its root is "
         f"{_where(pins)}): refusing its unsigned manifest.json; restore the store's trust/ "
         "from a backup"
     )
+
+
+def started_again(store: Store) -> bool:
+    """A local store deleted whole (no manifest, no trust metadata, no development keys
+    beside it) and about to be created again: its record is dropped, with a warning, so
+    that ``rm -rf`` and a new compile start it from nothing. Whoever can delete a local
+    store's directory and its keys owns this machine; devices provisioned with its old
+    root refuse the new one. Never for a remote store, where a store writer holds no keys."""
+    if not isinstance(store, LocalStore) or _development_root(store) is not None:
+        return False
+    holds = store.root.is_dir() and any(store.root.iterdir())
+    if holds or store.size(MANIFEST_KEY) is not None:
+        return False
+    record_path(store.uri).unlink(missing_ok=True)
+    logger.warning(
+        "%s was signed before and is gone with its development keys: starting it again "
+        "from nothing (devices provisioned with its old root refuse the new one)",
+        store.uri,
+    )
+    return True
 
 
 def read_pinned_state(store: Store) -> RepositoryState:

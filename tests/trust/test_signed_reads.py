@@ -354,3 +354,30 @@ def test_what_a_store_must_hold_of_what_is_pinned(
 ) -> None:
     problem = pin_problem({1: "a", 2: "b"}, 2, chain, timestamp)
     assert problem is None if says is None else says in (problem or ""), problem
+
+
+def test_a_store_deleted_whole_starts_again_only_when_it_is_local(signed: Signed) -> None:
+    """``rm -rf`` of a local store and its keys, then a compile: a new store, its old record
+    dropped (whoever deletes a local store's directory and keys owns this machine). The
+    same emptiness on S3, or anything left in the local directory, is still refused."""
+    import shutil
+
+    from epfleet.trust.pins import signed_store
+
+    store = signed.store
+    for key in list(store.list_keys("")):
+        store.delete(key)
+    clear_cache()
+    if store.uri.startswith("s3://"):
+        with pytest.raises(TrustLost, match="is missing, but the store was signed"):
+            signed_store(store)
+        return
+    root = Path(store.uri.removeprefix("file://"))
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "leftover").write_bytes(b"x")
+    with pytest.raises(TrustLost):
+        signed_store(store)
+    shutil.rmtree(root)
+    assert record_path(store.uri).exists()
+    assert signed_store(store) is False
+    assert not record_path(store.uri).exists()
