@@ -22,7 +22,7 @@ from epfleet.fleet.watch_rules import WatchPlan
 from epfleet.stores import DEFAULT_STORE
 from epfleet.text import markdown_cells, markdown_text, printable
 from tasks.dispatch import sweep_results
-from tasks.events import emit_unserved_events
+from tasks.events import MAX_UNSERVED_EVENTS, emit_unserved_events
 from tasks.watch import trigger_compile, watch_task
 
 
@@ -61,7 +61,14 @@ def runtime_watch(
             printable(", ".join(f"{m}: {why}" for m, why in profile.models.items())),
         )
     if trigger:  # a dry run starts nothing, automations included, and removes nothing
-        emit_unserved_events(plan.unserved, store)
+        left_out = emit_unserved_events(plan.unserved, store)
+        if left_out:
+            logger.warning(
+                "%d more unserved profiles emitted no event (at most %d a pass, the most "
+                "devices first)",
+                left_out,
+                MAX_UNSERVED_EVENTS,
+            )
         try:
             for key in sweep_results(store, timedelta(hours=1)):
                 logger.info("removed %s: its fleet run ended without collecting it", key)

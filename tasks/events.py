@@ -58,8 +58,17 @@ def emit_variant_events(results: list[PairResult], store: str, generation: int) 
     return emitted
 
 
-def emit_unserved_events(profiles: list[UnservedProfile], store: str) -> None:
-    for profile in profiles:
+MAX_UNSERVED_EVENTS = 100
+"""Unserved profiles one watch pass emits an event for, the most devices first: device
+reports choose the hardware and releases a profile is made of, so forged reports could
+otherwise make a pass emit one event per forged profile."""
+
+
+def emit_unserved_events(profiles: list[UnservedProfile], store: str) -> int:
+    """One event per unserved profile, for the ``MAX_UNSERVED_EVENTS`` profiles with the
+    most devices; returns how many profiles were left without one."""
+    ranked = sorted(profiles, key=lambda p: (-p.device_count, p.profile_id))
+    for profile in ranked[:MAX_UNSERVED_EVENTS]:
         emit_event(
             event="epfleet.device.unserved",
             resource={
@@ -70,6 +79,7 @@ def emit_unserved_events(profiles: list[UnservedProfile], store: str) -> None:
             },
             payload=profile.model_dump(mode="json"),
         )
+    return max(0, len(ranked) - MAX_UNSERVED_EVENTS)
 
 
 def emit_tampered_event(models: list[str], store: str) -> None:

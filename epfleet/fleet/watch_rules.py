@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Literal
 
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
 
 from epfleet.formats.device_report import DeviceReport
@@ -249,6 +250,25 @@ def find_unserved(
     return list(profiles.values()), quiet
 
 
+MAX_RELEASE_CHARS = 40
+
+
+def readable_release(version: str) -> str:
+    """A release a device reports, as a profile may name it: its PEP 440 form when it is
+    one of at most ``MAX_RELEASE_CHARS`` characters, else ``an unreadable version`` (the
+    device wrote the text: a forged one groups with every other forged one instead of
+    naming a profile, an event or a log line of its own)."""
+    try:
+        normal = str(Version(version)) if len(version) <= MAX_RELEASE_CHARS else None
+    except InvalidVersion:
+        normal = None
+    return (
+        normal
+        if normal is not None and len(normal) <= MAX_RELEASE_CHARS
+        else "an unreadable version"
+    )
+
+
 def lacking_runtime(report: DeviceReport, runtime: Runtime) -> tuple[str, str] | None:
     """(the device's release, why) when the device runs a release of an EP that the spec
     builds under named runtimes, and none of them is that release; else None."""
@@ -256,7 +276,10 @@ def lacking_runtime(report: DeviceReport, runtime: Runtime) -> tuple[str, str] |
         releases = runtime.spec_releases.get(ep)
         package = runtime.ep_packages.get(ep)
         theirs = report.ep_packages.get(package) if package else None
-        if not releases or theirs is None or theirs in releases.values():
+        if not releases or theirs is None:
+            continue
+        theirs = readable_release(theirs)
+        if theirs in {readable_release(release) for release in releases.values()}:
             continue
         named = ", ".join(f"{name}: {version}" for name, version in sorted(releases.items()))
         return (

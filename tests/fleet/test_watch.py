@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from epfleet.fleet.watch_rules import WatchPlan, check_pairs, find_unserved
+from epfleet.fleet.watch_rules import UnservedProfile, WatchPlan, check_pairs, find_unserved
 from epfleet.formats.device_report import (
     DeviceInfo,
     DeviceReport,
@@ -359,3 +359,65 @@ def test_a_device_on_a_release_no_runtime_of_the_spec_builds_with_is_unserved() 
     plain, _ = find_unserved([on_2_6], SPEC, check_pairs(SPEC, None, RUNTIME), RUNTIME, NOW,
                              timedelta(days=7))  # fmt: skip
     assert plain == []
+
+
+def test_forged_releases_group_into_one_profile_that_names_none_of_them() -> None:
+    """A device writes its own report: a release that is no version (an escape sequence,
+    100,000 characters) makes no profile, label or event of its own."""
+    from epfleet.fleet.watch_inputs import spec_releases
+
+    spec = parse_spec(
+        {
+            "models": [{"name": "det", "source": "det.onnx"}],
+            "runtimes": {"qnn-2.5": ["onnxruntime==1.32.0", "onnxruntime-qnn==2.5.0"]},
+            "targets": [
+                {"name": "htp", "ep": QNN, "provider_options": {"soc_model": 57},
+                 "runtimes": ["qnn-2.5"]},
+            ],
+        }
+    )  # fmt: skip
+    runtime = RUNTIME.model_copy(update={"spec_releases": spec_releases(spec, RUNTIME.ep_packages)})
+    npu = [(QNN, "npu", 0x5143)]
+    forged = ["\x1b[2J2.5.1", "9" * 100_000, "v" + "1." * 30 + "0", "not a version"]
+    reports = [
+        report(f"d-{n}", npu, {"det": "downloaded"}, ep_packages={"onnxruntime-qnn": release})
+        for n, release in enumerate(forged)
+    ]
+    reports.append(
+        report("d-real", npu, {"det": "downloaded"}, ep_packages={"onnxruntime-qnn": "2.06"})
+    )
+    reports.append(  # the spec's own release, in another spelling
+        report("d-ok", npu, {"det": "downloaded"}, ep_packages={"onnxruntime-qnn": " 2.5.0\n"})
+    )
+    unserved, _ = find_unserved(
+        reports, spec, check_pairs(spec, None, runtime), runtime, NOW, timedelta(days=7)
+    )
+    by_label = {p.label.rsplit("; ", 1)[1]: p for p in unserved}
+    assert set(by_label) == {"onnxruntime-qnn an unreadable version", "onnxruntime-qnn 2.6"}
+    assert by_label["onnxruntime-qnn an unreadable version"].device_count == len(forged)
+    assert all(len(p.profile_id) < 80 and p.profile_id.isprintable() for p in unserved)
+    assert not any("d-ok" in p.devices for p in unserved)
+
+
+def test_a_pass_emits_events_for_the_largest_profiles_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forged reports can make any number of profiles: a pass emits at most
+    ``MAX_UNSERVED_EVENTS``, the most devices first (the real emit is run end to end in
+    tests/flows/test_deployments.py)."""
+    import tasks.events as events
+
+    emitted: list[str] = []
+    monkeypatch.setattr(
+        events,
+        "emit_event",
+        lambda **event: emitted.append(event["resource"]["prefect.resource.name"]),
+    )
+    profiles = [
+        UnservedProfile(
+            profile_id=f"p{n}", label=f"p{n}", eps=[QNN], devices=[], device_count=n,
+            models={}, targets=[],
+        )
+        for n in range(events.MAX_UNSERVED_EVENTS + 30)
+    ]  # fmt: skip
+    assert events.emit_unserved_events(profiles, "s3://b/p") == 30
+    assert len(emitted) == events.MAX_UNSERVED_EVENTS
+    assert set(emitted) == {f"p{n}" for n in range(30, events.MAX_UNSERVED_EVENTS + 30)}
