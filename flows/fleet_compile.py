@@ -97,7 +97,12 @@ class _FlowRunner:
     sent: list[Dispatched] = field(default_factory=list)
 
     def compile_here(self, pairs: list[PlannedPair]) -> list[PairOutcome]:
-        return compile_all([pair.request for pair in pairs], self.store, self.workers)
+        resources = {
+            (pair.request.model, pair.request.target): pair.dask_resource
+            for pair in pairs
+            if pair.dask_resource
+        }
+        return compile_all([pair.request for pair in pairs], self.store, self.workers, resources)
 
     def compile_in_pool(self, pool: str, pairs: list[PlannedPair]) -> None:
         sent = dispatch(pool, pairs, self.store, self.workers, self.work_pool_timeout, self.force)
