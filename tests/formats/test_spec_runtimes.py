@@ -136,11 +136,10 @@ def test_a_runtime_pinned_to_a_work_pool_or_dask_workers_says_where_its_pairs_co
 
 def test_a_target_of_a_work_pool_builds_its_runtimes_on_that_pool() -> None:
     parsed = parse_spec(spec({"qnn-2.5": QNN_2_5}, runtimes=["qnn-2.5"], work_pool="arm"))
-    assert [(t.name, t.runtime, t.work_pool) for t in parsed.targets][0] == (
-        "sd-x-elite.qnn-2.5",
-        "qnn-2.5",
-        "arm",
-    )
+    assert [(t.name, t.runtime, t.work_pool) for t in parsed.targets] == [
+        ("sd-x-elite.qnn-2.5", "qnn-2.5", "arm"),
+        ("cpu", None, None),
+    ]
 
 
 def test_pins_are_exact_releases_only() -> None:
