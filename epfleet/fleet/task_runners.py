@@ -6,6 +6,9 @@
   tasks go to the Dask scheduler at ``address``, or to a local cluster of
   ``workers`` single-threaded worker processes when no address is given.
 
+A spec runtime with ``dask_resource: true`` compiles only on Dask workers that advertise
+the resource ``runtime-<name>`` (``unserved_resource`` says when none does).
+
 A deployment picks its runner through its workers' environment
 (``EPFLEET_TASK_RUNNER``, ``EPFLEET_DASK_ADDRESS``, e.g. job_variables.env in
 ``deployments/prefect.yaml``); the CLI through ``--task-runner`` and ``--dask-address``.
@@ -119,6 +122,9 @@ def dask_resources() -> DaskWorkers | None:
 
 @dataclass(frozen=True)
 class DaskWorkers:
+    """What a flow's Dask cluster offers: the resources its workers advertise, and whether
+    it is the task runner's own local cluster (this machine)."""
+
     resources: frozenset[str]
     local: bool
 
