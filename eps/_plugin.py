@@ -155,6 +155,9 @@ class PluginEP(ABC):
     def explain_string(self, compatibility_string: str) -> str | None:
         return None
 
+    def sdk_version(self, compatibility_string: str) -> str | None:
+        return None
+
     def configure_session(
         self,
         options: onnxruntime.SessionOptions,

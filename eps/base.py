@@ -304,6 +304,12 @@ class ExecutionProvider(Protocol):
         it."""
         ...
 
+    def sdk_version(self, compatibility_string: str) -> str | None:
+        """The version of the vendor SDK a string says the variant was built with (QNN:
+        the QAIRT release), or None when the EP's strings name none (or this one is not
+        one the module reads)."""
+        ...
+
     def configure_session(
         self,
         options: onnxruntime.SessionOptions,

@@ -245,6 +245,10 @@ class Cpu:
         """None: ``judge`` gives its reasons itself."""
         return None
 
+    def sdk_version(self, compatibility_string: str) -> str | None:
+        """None: ORT itself is the CPU EP's whole runtime."""
+        return None
+
     def configure_session(
         self,
         options: onnxruntime.SessionOptions,

@@ -455,6 +455,14 @@ class Qnn(PluginEP):
         except ValueError:
             return None
 
+    def sdk_version(self, compatibility_string: str) -> str | None:
+        """The QAIRT (QNN SDK) release the string's SDK field names: 2.49.40 under
+        onnxruntime-qnn 2.5.0, 2.51.0 under 2.7.0, 2.47.0 under 2.3.0 (its V1 string)."""
+        try:
+            return ".".join(map(str, QnnString.parse(compatibility_string).sdk))
+        except ValueError:
+            return None
+
     def session_devices(self, device: DeviceType) -> list[onnxruntime.OrtEpDevice]:
         """An HTP variant runs on an NPU, and on an x86 host through the plugin's HTP backend,
         which executes the context binary on the CPU; a GPU variant needs an Adreno GPU."""

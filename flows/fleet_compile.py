@@ -25,7 +25,7 @@ from epfleet.fleet.publish_rules import news
 from epfleet.fleet.publishing import Published, read_in_force
 from epfleet.fleet.runs import RunPlan, RunReport
 from epfleet.fleet.task_runners import from_environment
-from epfleet.fleet.views import detail_rows, matrix_rows
+from epfleet.fleet.views import detail_rows, matrix_rows, runtime_lines
 from epfleet.formats.manifest import VariantEntry
 from epfleet.lifecycle.costs import cost_markdown, costs
 from epfleet.stores import DEFAULT_STORE, open_store
@@ -80,7 +80,7 @@ def fleet_compile(
         report = run_compiles(plan, runner)
         discard_results(store, runner.sent)
     _publish_artifacts(report, store)
-    _cost_artifact(store)
+    _store_artifacts(store)
     emit_variant_events(news(plan, report), store, report.generation)
     return report
 
@@ -97,7 +97,12 @@ class _FlowRunner:
     sent: list[Dispatched] = field(default_factory=list)
 
     def compile_here(self, pairs: list[PlannedPair]) -> list[PairOutcome]:
-        return compile_all([pair.request for pair in pairs], self.store, self.workers)
+        resources = {
+            (pair.request.model, pair.request.target): pair.dask_resource
+            for pair in pairs
+            if pair.dask_resource
+        }
+        return compile_all([pair.request for pair in pairs], self.store, self.workers, resources)
 
     def compile_in_pool(self, pool: str, pairs: list[PlannedPair]) -> None:
         sent = dispatch(pool, pairs, self.store, self.workers, self.work_pool_timeout, self.force)
@@ -145,12 +150,15 @@ def _publish_artifacts(report: RunReport, store: str) -> None:
     )
 
 
-def _cost_artifact(store: str) -> None:
-    """Bytes per model and target and the store's total, as a markdown artifact. A store
-    that fails here costs the run only this artifact: the manifest is already published."""
+def _store_artifacts(store: str) -> None:
+    """From the manifest in force: bytes per model and target and the store's total, and,
+    when variants are built under the spec's runtimes, the variants serving each runtime.
+    A store that fails here costs the run only these artifacts: the manifest is already
+    published."""
     try:
         opened = open_store(store)
-        data = costs(opened, read_in_force(opened).manifest)
+        manifest = read_in_force(opened).manifest
+        data = costs(opened, manifest)
     except StoreError as exc:
         get_run_logger().warning("no cost artifact: %s", exc)
         return
@@ -160,6 +168,14 @@ def _cost_artifact(store: str) -> None:
         description=f"Store costs for {store} (generation {data.generation}): bytes per model "
         "and target, the store's total referenced and unreferenced",
     )
+    served = runtime_lines(manifest) if manifest else []
+    if served:
+        create_markdown_artifact(
+            key="fleet-compile-runtimes",
+            markdown="```\n" + "\n".join(served) + "\n```",
+            description=f"Runtimes of {store} (generation {data.generation}): each one's "
+            "onnxruntime, EP package and SDK releases, and the variants that serve it",
+        )
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import as_completed
+from prefect.futures import PrefectFuture, as_completed
 
+from epfleet.errors import EpfleetError
 from epfleet.fleet.build import build_variant, describe_verification
 from epfleet.fleet.merge_rules import ModelFacts
 from epfleet.fleet.outcomes import CompiledVariant, PairOutcome, ok_outcome, outcome_of_failure
@@ -23,6 +24,7 @@ from epfleet.fleet.planning import handed_plan, plan_inputs, plan_run
 from epfleet.fleet.publishing import Published, publish
 from epfleet.fleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
 from epfleet.fleet.runs import RunPlan
+from epfleet.fleet.task_runners import DaskWorkers, dask_resources, unserved_resource
 from epfleet.fleet.views import coverage_text
 from epfleet.formats.manifest import SourceEntry, VariantEntry
 from epfleet.runtime.requests import CompileRequest
@@ -112,14 +114,30 @@ def publish_task(
     return outcome
 
 
-def compile_all(requests: list[CompileRequest], store: str, workers: int) -> list[PairOutcome]:
+def compile_all(
+    requests: list[CompileRequest],
+    store: str,
+    workers: int,
+    resources: dict[tuple[str, str], str] | None = None,
+) -> list[PairOutcome]:
     """Run ``compile_task`` for every request on the flow's task runner, logging progress
     as each finishes. A failed pair becomes a failed outcome (``outcome_of_failure``); it
-    never stops the others.
+    never stops the others. ``resources``: (model, target) -> the Dask worker resource its
+    compile needs (its runtime's; see ``submit_pinned``).
     Call from inside a flow."""
     logger = get_run_logger()
-    futures = {compile_task.submit(request, store, workers): request for request in requests}
+    resources = resources or {}
+    advertised = dask_resources() if resources else None
+    futures = {}
     outcomes = []
+    for request in requests:
+        resource = resources.get((request.model, request.target))
+        refused = unserved_resource(resource, advertised)
+        if refused is not None:
+            logger.error("%s × %s: %s", request.model, request.target, refused)
+            outcomes.append(outcome_of_failure(request, EpfleetError(refused)))
+            continue
+        futures[submit_pinned(request, store, workers, resource, advertised)] = request
     for done, future in enumerate(as_completed(list(futures)), start=1):
         request = futures[future]
         try:
@@ -136,3 +154,20 @@ def compile_all(requests: list[CompileRequest], store: str, workers: int) -> lis
             "ok" if outcome.result.status == "ok" else f"FAILED: {outcome.entry.error}",
         )
     return outcomes
+
+
+def submit_pinned(
+    request: CompileRequest,
+    store: str,
+    workers: int,
+    resource: str | None,
+    dask: DaskWorkers | None,
+) -> PrefectFuture[CompiledVariant]:
+    """Submit one compile, on Dask to the workers advertising ``resource`` (the task
+    runner's own local cluster: to any of its workers, unless some advertise it)."""
+    if resource is None or dask is None or resource not in dask.resources:
+        return compile_task.submit(request, store, workers)
+    import dask as dask_config
+
+    with dask_config.annotate(resources={resource: 1}):
+        return compile_task.submit(request, store, workers)

@@ -154,19 +154,26 @@ def discover() -> LocalEps:
         else:
             absent[ep] = f"{ep} is installed but enumerates no device here"
     local = LocalEps(found, absent)
+    identities = ep_identities()
     for ep in found:
-        local.releases[ep] = eps.load(ep).build_identity()["version"]
+        if ep in identities:
+            local.releases[ep] = identities[ep]["version"]
     return local
 
 
 @functools.cache
-def ep_versions() -> dict[str, str]:
-    """Package -> version of ORT and of every installed EP package."""
-    versions: dict[str, str] = {}
+def ep_identities() -> dict[str, dict[str, str]]:
+    """EP name -> its package and version, for every EP whose package is installed: read
+    once a process, for device discovery and the report's package versions alike."""
+    identities: dict[str, dict[str, str]] = {}
     for ep in eps.known():
         try:
-            identity = eps.load(ep).build_identity()
+            identities[ep] = eps.load(ep).build_identity()
         except MissingExtraError:
             continue
-        versions[identity["package"]] = identity["version"]
-    return versions
+    return identities
+
+
+def ep_versions() -> dict[str, str]:
+    """Package -> version of ORT and of every installed EP package."""
+    return {identity["package"]: identity["version"] for identity in ep_identities().values()}

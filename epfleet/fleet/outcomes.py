@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+import eps
 from epfleet import ort_version
 from epfleet.errors import CompileError
 from epfleet.fleet.runs import PairResult
@@ -80,18 +81,31 @@ def ok_entry(
         precision=request.precision,
         quantization=output.quantization,
         folded_io=output.folded_io,
-        runtime=variant_runtime(request.runtime, ort, build),
+        runtime=variant_runtime(
+            request.runtime, ort, build, request.ep, output.compatibility_string
+        ),
     )
 
 
 def variant_runtime(
-    runtime: RuntimeRef | None, ort: str, build: dict[str, str]
+    runtime: RuntimeRef | None,
+    ort: str,
+    build: dict[str, str],
+    ep: str,
+    compatibility_string: str | None,
 ) -> VariantRuntime | None:
-    """What a variant's entry says of the runtime it was built under."""
+    """What a variant's entry says of the runtime it was built under (the SDK release
+    where the EP's string names one)."""
     if runtime is None:
         return None
     return VariantRuntime(
-        name=runtime.name, onnxruntime=ort, ep_package=build["package"], ep_version=build["version"]
+        name=runtime.name,
+        onnxruntime=ort,
+        ep_package=build["package"],
+        ep_version=build["version"],
+        sdk_version=(
+            eps.load(ep).sdk_version(compatibility_string) if compatibility_string else None
+        ),
     )
 
 
@@ -126,7 +140,17 @@ def failed_entry(
         provider_options=request.provider_options,
         ort_version=ort,
         ep_version=build.get("version"),
-        runtime=variant_runtime(request.runtime, ort, build) if build else None,
+        runtime=(
+            variant_runtime(
+                request.runtime,
+                ort,
+                build,
+                request.ep,
+                output.compatibility_string if output else None,
+            )
+            if build
+            else None
+        ),
         compiled_at=utcnow(),
         status="failed",
         error=error,

@@ -15,7 +15,7 @@ from epfleet.formats.manifest import (
     SourceEntry,
     VariantEntry,
 )
-from epfleet.formats.spec import ModelSpec, TargetSpec
+from epfleet.formats.spec import ModelSpec, RuntimeSpec, TargetSpec, dask_resource
 from epfleet.runtime.requests import (
     CompileRequest,
     QuantizeOptions,
@@ -46,6 +46,11 @@ class PlannedPair(BaseModel):
     )
     work_pool: str | None = Field(
         default=None, description="Where it compiles: a work pool, or None for the flow's own"
+    )
+    dask_resource: str | None = Field(
+        default=None,
+        description="On the Dask task runner, the worker resource its compile needs (its "
+        "runtime's), or None for any worker",
     )
 
 
@@ -88,7 +93,7 @@ def plan_pairs(
     stored_size: Callable[[str], int | None],
     embed_max_bytes: int,
     calibrations: dict[str, ArtifactRef | None] | None = None,
-    runtimes: dict[str, list[str]] | None = None,
+    runtimes: dict[str, RuntimeSpec] | None = None,
 ) -> list[PlannedPair]:
     """Decide compile or skip for each pair. A pair is skipped when the manifest holds an
     ok build with the same fingerprint whose artifact and files are still in the store
@@ -98,6 +103,7 @@ def plan_pairs(
     ``embed_max_bytes``: the caller's EPFLEET_EMBED_CONTEXT_MAX_BYTES (a rule reads no
     setting)."""
     planned = []
+    known = runtimes or {}
     for model, target in pairs:
         source = sources[model.name]
         first, *fallbacks = ladder_of(target)
@@ -132,7 +138,7 @@ def plan_pairs(
             metric=model.metric,
             fold_io=target.fold_io,
             runtime=(
-                RuntimeRef(name=target.runtime, requirements=(runtimes or {})[target.runtime])
+                RuntimeRef(name=target.runtime, requirements=known[target.runtime].requirements)
                 if target.runtime
                 else None
             ),
@@ -153,6 +159,11 @@ def plan_pairs(
                 reason=reason,
                 previous=previous,
                 work_pool=target.work_pool,
+                dask_resource=(
+                    dask_resource(target.runtime)
+                    if target.runtime and known[target.runtime].dask_resource
+                    else None
+                ),
             )
         )
     return planned

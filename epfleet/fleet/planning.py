@@ -186,8 +186,9 @@ def plan_run(
         raise BadInputError("the selected models and targets form no pair to compile")
     store = open_store(store_uri)
     store.clean_up_incomplete()  # uploads killed runs left, after EPFLEET_MULTIPART_GRACE
-    check_runtime_packages(spec.runtimes)
-    identities = {target.name: _built_with(target, spec.runtimes) for _, target in pairs}
+    requirements = spec.runtime_requirements()
+    check_runtime_packages(requirements)
+    identities = {target.name: _built_with(target, requirements) for _, target in pairs}
     check_signer(store)  # what a publish would refuse is refused now, before any compile
     model_signer_for(store)  # and so is a model-signing key it would refuse
     static_eps: dict[str, set[str]] = {}
@@ -360,13 +361,15 @@ def plan_on_pool(
     pairs: list[PoolPair], store: str, force: bool
 ) -> tuple[list[CompileRequest], list[tuple[str, str]]]:
     """On the pool's worker: fingerprint each pair with this machine's ORT and EP packages
-    and decide, as the fleet flow does for its own pairs, which to compile."""
+    (a runtime's pair: its runtime environment's, built here the first time) and decide,
+    as the fleet flow does for its own pairs, which to compile."""
     target_store = open_store(store)
     todo, skipped = [], []
     for pair in pairs:
-        with ep_errors():
-            identity = eps.load(pair.request.ep).build_identity()
-        request = fingerprinted(pair.request, ort_version(), identity)
+        with ep_errors():  # a runtime's pair: its environment's, built here the first time
+            request = fingerprinted(
+                pair.request, *built_with(pair.request.ep, pair.request.runtime)
+            )
         action, _ = decide_pair(request, pair.previous, force, target_store.size)
         if action == "compile":
             todo.append(request)

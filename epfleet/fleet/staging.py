@@ -424,9 +424,25 @@ def _complete(folder: Path, wanted: list[tuple[str, int]]) -> bool:
 
 def runtime_environment(runtime: RuntimeRef) -> RuntimeEnvironment:
     """The runtime's environment on this host, built into the worker cache the first time
-    (``EPFLEET_RUNTIME_WHEELS``: from that wheel directory)."""
-    from epfleet.runtime.environments import ENVIRONMENTS, ensure_environment
+    (``EPFLEET_RUNTIME_WHEELS``: from that wheel directory). Every machine that builds one
+    (the compile host, a work pool's or a Dask cluster's workers, handed the requirements
+    by a flow run's parameters) installs only what its own EPFLEET_RUNTIME_PACKAGES allows:
+    BadInputError naming the runtime otherwise."""
+    from epfleet.runtime.environments import (
+        ENVIRONMENTS,
+        allowed_packages,
+        ensure_environment,
+        refused_packages,
+    )
 
+    allowed = allowed_packages(settings().runtime_packages)
+    refused = refused_packages(runtime.requirements, allowed)
+    if refused:
+        raise BadInputError(
+            f"runtime {runtime.name!r}: {', '.join(refused)} is not onnxruntime or an EP "
+            f"package (allowed on this machine: {', '.join(sorted(allowed))}); others need "
+            "EPFLEET_RUNTIME_PACKAGES here"
+        )
     return ensure_environment(
         runtime.name, runtime.requirements, cache_dir() / ENVIRONMENTS, settings().runtime_wheels
     )

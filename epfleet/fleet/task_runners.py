@@ -6,6 +6,9 @@
   tasks go to the Dask scheduler at ``address``, or to a local cluster of
   ``workers`` single-threaded worker processes when no address is given.
 
+A spec runtime with ``dask_resource: true`` compiles only on Dask workers that advertise
+the resource ``runtime-<name>`` (``unserved_resource`` says when none does).
+
 A deployment picks its runner through its workers' environment
 (``EPFLEET_TASK_RUNNER``, ``EPFLEET_DASK_ADDRESS``, e.g. job_variables.env in
 ``deployments/prefect.yaml``); the CLI through ``--task-runner`` and ``--dask-address``.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from epfleet import MAX_WORKERS
@@ -100,3 +104,39 @@ def from_environment() -> TaskRunner[Any]:
         return task_runner(name, address, workers)
     except BadInputError as exc:
         raise BadInputError(f"EPFLEET_TASK_RUNNER={name!r}: {exc}") from None
+
+
+def dask_resources() -> DaskWorkers | None:
+    """The resources the workers of the flow's Dask cluster advertise, and whether the
+    cluster is the task runner's own local one; None when its tasks do not run on Dask."""
+    from prefect.context import FlowRunContext
+
+    runner = getattr(FlowRunContext.get(), "task_runner", None)
+    if type(runner).__name__ != "DaskTaskRunner":
+        return None
+    own = getattr(runner, "address", None) is None  # a LocalCluster of this machine
+    info = runner.client.scheduler_info(n_workers=-1)  # type: ignore[union-attr]
+    names = {name for worker in info["workers"].values() for name in worker.get("resources", {})}
+    return DaskWorkers(resources=frozenset(names), local=own)
+
+
+@dataclass(frozen=True)
+class DaskWorkers:
+    """What a flow's Dask cluster offers: the resources its workers advertise, and whether
+    it is the task runner's own local cluster (this machine)."""
+
+    resources: frozenset[str]
+    local: bool
+
+
+def unserved_resource(resource: str | None, workers: DaskWorkers | None) -> str | None:
+    """Why a compile pinned to Dask workers advertising ``resource`` cannot be submitted:
+    none of the cluster's workers advertises it (it would wait forever). The task runner's
+    own local cluster is this machine, which builds every runtime: it is never refused."""
+    if resource is None or workers is None or workers.local or resource in workers.resources:
+        return None
+    return (
+        f"no worker of the Dask cluster advertises resource {resource!r}, which the "
+        f"runtime's compiles need: start one with dask worker ADDRESS --resources "
+        f"'{resource}=1'"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import eps
@@ -246,26 +247,42 @@ def render_manifest(manifest: Manifest, store: str) -> str:
     return "\n".join([header, table(headers, rows), *legend, *lines, *failures])
 
 
-def runtime_lines(manifest: Manifest) -> list[str]:
-    """One line per runtime the variants were built under: its releases and the targets
-    whose variants serve it, with how many models each."""
+RUNTIME_WIDTH = 80
+
+
+def runtime_lines(manifest: Manifest, width: int = RUNTIME_WIDTH) -> list[str]:
+    """Per runtime the variants were built under: a line of its releases (the SDK's where
+    the EP names it), then the targets whose variants serve it, with how many models
+    each; wrapped within ``width`` columns."""
     served: dict[str, dict[str, int]] = {}
-    releases: dict[str, str] = {}
+    releases: dict[str, list[str]] = {}
     for model in manifest.models.values():
         for target, variant in model.variants.items():
             runtime = variant.runtime
             if runtime is None or variant.status != "ok":
                 continue
-            releases[runtime.name] = (
-                f"onnxruntime {runtime.onnxruntime}, {runtime.ep_package} {runtime.ep_version}"
-            )
+            said = f"onnxruntime {runtime.onnxruntime}"
+            if runtime.ep_package != "onnxruntime":  # the CPU EP's package is ORT's own
+                said += f", {runtime.ep_package} {runtime.ep_version}"
+            if runtime.sdk_version:
+                said += f" (SDK {runtime.sdk_version})"
+            if said not in releases.setdefault(runtime.name, []):
+                releases[runtime.name].append(said)
             counts = served.setdefault(runtime.name, {})
             counts[target] = counts.get(target, 0) + 1
     lines = []
     for name in sorted(served):
+        head = f"runtime {name}: {'; '.join(sorted(releases[name]))}"
+        lines += textwrap.wrap(head, width, subsequent_indent="    ", break_on_hyphens=False)
         targets = sorted(served[name].items())
         serving = ", ".join(f"{target} ({plural(count, 'model')})" for target, count in targets)
-        lines.append(f"runtime {name} ({releases[name]}): {serving}")
+        lines += textwrap.wrap(
+            f"served by {serving}",
+            width,
+            initial_indent="  ",
+            subsequent_indent="    ",
+            break_on_hyphens=False,
+        )
     return lines
 
 

@@ -60,18 +60,16 @@ def compile_worker_runtime(spec: FleetSpec) -> Runtime:
 def spec_releases(spec: FleetSpec, packages: dict[str, str | None]) -> dict[str, dict[str, str]]:
     """EP name -> the spec's runtimes that build its targets -> the release of the EP's
     package each pins (``==``); a runtime that does not pin it exactly is left out."""
-    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     releases: dict[str, dict[str, str]] = {}
     for target in spec.targets:
         package = packages.get(target.ep)
         if target.runtime is None or package is None:
             continue
-        for text in spec.runtimes[target.runtime]:
-            requirement = Requirement(text)
-            pins = [s.version for s in requirement.specifier if s.operator == "=="]
-            if requirement.name.lower() == package.lower() and len(pins) == 1:
-                releases.setdefault(target.ep, {})[target.runtime] = pins[0]
+        pinned = spec.runtimes[target.runtime].pins.get(canonicalize_name(package))
+        if pinned is not None:
+            releases.setdefault(target.ep, {})[target.runtime] = pinned
     return releases
 
 

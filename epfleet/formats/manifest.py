@@ -184,6 +184,14 @@ class VariantRuntime(BaseModel):
     onnxruntime: str = Field(max_length=64)
     ep_package: str = Field(max_length=100)
     ep_version: str = Field(max_length=64)
+    sdk_version: str | None = Field(
+        default=None,
+        max_length=64,
+        exclude_if=lambda sdk: sdk is None,
+        description="The vendor SDK release the EP built it with, where its compatibility "
+        "string names one (QNN: the QAIRT version, e.g. 2.51.0); None: the EP names none "
+        "(schema 1.8)",
+    )
 
 
 class VariantEntry(FileSet):

@@ -6,10 +6,12 @@ import re
 from typing import Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -362,15 +364,52 @@ def _options_said(options: dict[str, str]) -> str:
     return f" with {', '.join(said)}" if said else ""
 
 
+DASK_RESOURCE_PREFIX = "runtime-"
+
+
+class RuntimeSpec(BaseModel):
+    """A named compile runtime: the pip requirements of its environment and, when its
+    compiles do not run on the compile host, where they run. A spec may give a runtime as
+    its requirement list alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requirements: list[str] = Field(
+        description="pip requirements of the environment (onnxruntime and an EP package, "
+        "pinned), e.g. [onnxruntime==1.32.0, onnxruntime-qnn==2.5.0]"
+    )
+    work_pool: str | None = Field(
+        default=None,
+        pattern=WORK_POOL_PATTERN,
+        description="Prefect work pool whose workers compile this runtime's pairs (in the "
+        "runtime's environment, which they build); the fleet flow runs deployment "
+        "compile-pairs/<work_pool> for them. Omitted: the target's work pool, else the "
+        "fleet flow's own task runner",
+    )
+    dask_resource: bool = Field(
+        default=False,
+        description="On the Dask task runner, only workers advertising the resource "
+        "runtime-<name> compile this runtime's pairs (dask worker ADDRESS --resources "
+        "runtime-<name>=1)",
+    )
+    _pins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def pins(self) -> dict[str, str]:
+        """Package (canonical name) -> the release its requirement pins with ``==``."""
+        return self._pins
+
+
 class FleetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[ModelSpec] = Field(min_length=1)
-    runtimes: dict[str, list[str]] = Field(
+    runtimes: dict[str, RuntimeSpec] = Field(
         default_factory=dict,
-        description="Named compile runtimes: each the pip requirements of an environment "
-        "(onnxruntime and an EP package, pinned) that a target's runtimes build under, e.g. "
-        "qnn-2.5: [onnxruntime==1.32.0, onnxruntime-qnn==2.5.0]",
+        description="Named compile runtimes that a target's runtimes build under: each the "
+        "pip requirements of an environment (onnxruntime and an EP package, pinned), e.g. "
+        "qnn-2.5: [onnxruntime==1.32.0, onnxruntime-qnn==2.5.0], or an object with those "
+        "requirements and where its compiles run (work_pool, dask_resource)",
     )
     targets: list[TargetSpec] = Field(min_length=1)
     rollout: RolloutPolicy | None = Field(
@@ -383,14 +422,29 @@ class FleetSpec(BaseModel):
         """The model's rollout policy: its own, else the spec's."""
         return self.model(model).rollout or self.rollout
 
+    @field_validator("runtimes", mode="before")
+    @classmethod
+    def _requirement_lists(cls, runtimes: Any) -> Any:
+        """A runtime given as its requirement list alone."""
+        if not isinstance(runtimes, dict):
+            return runtimes
+        return {
+            name: {"requirements": given} if isinstance(given, list) else given
+            for name, given in runtimes.items()
+        }
+
+    def runtime_requirements(self) -> dict[str, list[str]]:
+        """Runtime name -> its pip requirements."""
+        return {name: runtime.requirements for name, runtime in self.runtimes.items()}
+
     @model_validator(mode="after")
     def _one_target_per_runtime(self) -> FleetSpec:
         """A target with ``runtimes`` becomes one target per runtime, ``<target>.<runtime>``,
         in the order it lists them (idempotent: an expanded spec stays as it is)."""
-        for name, requirements in self.runtimes.items():
+        for name, defined in self.runtimes.items():
             if not re.fullmatch(NAME_PATTERN, name):
                 raise ValueError(f"runtimes: {name!r} is not a valid name ({NAME_PATTERN})")
-            check_requirements(name, requirements)
+            defined._pins = check_requirements(name, defined.requirements)
         expanded = []
         for target in self.targets:
             asked = target.runtimes or ([target.runtime] if target.runtime else [])
@@ -404,18 +458,20 @@ class FleetSpec(BaseModel):
             if target.runtimes is None:
                 expanded.append(target)
                 continue
-            if target.work_pool:
-                raise ValueError(
-                    f"target {target.name!r}: runtimes build on the compile host; a work "
-                    "pool's workers build in their own environment (remove work_pool or "
-                    "runtimes)"
-                )
             for runtime in target.runtimes:
                 name = f"{target.name}.{runtime}"
                 if len(name) > NAME_MAX_LENGTH:
                     raise ValueError(f"target {name!r} is longer than {NAME_MAX_LENGTH}")
+                pool = _pool_of(target, runtime, self.runtimes[runtime].work_pool)
                 expanded.append(
-                    target.model_copy(update={"name": name, "runtimes": None, "runtime": runtime})
+                    target.model_copy(
+                        update={
+                            "name": name,
+                            "runtimes": None,
+                            "runtime": runtime,
+                            "work_pool": pool,
+                        }
+                    )
                 )
         self.targets = expanded
         return self
@@ -456,6 +512,22 @@ class FleetSpec(BaseModel):
         return chosen
 
 
+def _pool_of(target: TargetSpec, runtime: str, runtime_pool: str | None) -> str | None:
+    """The work pool a target's pairs under ``runtime`` compile on: the runtime's, else
+    the target's; ValueError naming both when they differ."""
+    if runtime_pool and target.work_pool and runtime_pool != target.work_pool:
+        raise ValueError(
+            f"target {target.name!r} names work pool {target.work_pool!r} and its runtime "
+            f"{runtime!r} work pool {runtime_pool!r}: name one of them"
+        )
+    return runtime_pool or target.work_pool
+
+
+def dask_resource(runtime: str) -> str:
+    """The Dask worker resource a runtime pinned to Dask workers needs."""
+    return f"{DASK_RESOURCE_PREFIX}{runtime}"
+
+
 def _require_unique(field: str, names: list[str]) -> None:
     seen: set[str] = set()
     for name in names:
@@ -470,12 +542,14 @@ def _require_known(kind: str, asked: list[str] | None, known: list[str]) -> None
         raise BadInputError(f"unknown {kind} {', '.join(unknown)}; the spec has {', '.join(known)}")
 
 
-def check_requirements(name: str, requirements: list[str]) -> None:
-    """ValueError naming the runtime when a requirement is not one pip reads, or the list
+def check_requirements(name: str, requirements: list[str]) -> dict[str, str]:
+    """The releases the requirements pin with ``==`` (canonical package name -> version);
+    ValueError naming the runtime when a requirement is not one pip reads, or the list
     does not pin onnxruntime (the environment would run the host's, unnoticed)."""
     if not requirements:
         raise ValueError(f"runtime {name!r} lists no requirements")
     named = set()
+    pins: dict[str, str] = {}
     for text in requirements:
         try:
             requirement = Requirement(text)
@@ -488,9 +562,14 @@ def check_requirements(name: str, requirements: list[str]) -> None:
                 f"runtime {name!r}: {text!r} names a URL; name a release of the package "
                 "index (or give the host a wheel directory: EPFLEET_RUNTIME_WHEELS)"
             )
-        named.add(requirement.name.lower())
+        package = canonicalize_name(requirement.name)
+        named.add(package)
+        exact = [s.version for s in requirement.specifier if s.operator == "=="]
+        if len(exact) == 1:
+            pins[package] = exact[0]
     if "onnxruntime" not in named:
         raise ValueError(
             f"runtime {name!r} does not pin onnxruntime: add e.g. 'onnxruntime==1.32.0' (a "
             "runtime's workers import the onnxruntime its requirements install)"
         )
+    return pins

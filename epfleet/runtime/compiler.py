@@ -348,10 +348,11 @@ def _stamp(
 ) -> tuple[onnx.ModelProto, str, str]:
     """The main file's graph (its external data left in its files) with the compatibility
     string and provenance in its metadata."""
-    from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
-
-    raw_bytes = raw.read_bytes()
-    string = get_compatibility_info_from_model_bytes(raw_bytes, request.ep)
+    # Read from the metadata ORT wrote it to (the key its own reader reads), as every
+    # runtime's ORT allows: onnxruntime 1.24 has no get_compatibility_info_from_model_bytes.
+    model = onnx.load_from_string(raw.read_bytes())
+    props = {p.key: p.value for p in model.metadata_props}
+    string = props.get(compatibility_key(request.ep))
     written_by = "ep"
     if not string:
         string = module.generate_compatibility_string(raw)
@@ -360,8 +361,6 @@ def _stamp(
         raise CompileError(
             f"{request.ep} wrote no compatibility string and its epfleet module generates none"
         )
-    model = onnx.load_from_string(raw_bytes)
-    props = {p.key: p.value for p in model.metadata_props}
     props.update(
         {
             compatibility_key(request.ep): string,

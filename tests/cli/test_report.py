@@ -355,17 +355,30 @@ def test_manifest_show_lists_each_runtime_and_the_targets_that_serve_it() -> Non
     from epfleet.fleet.views import runtime_lines
     from epfleet.formats.manifest import VariantRuntime
 
-    def built_under(name: str, release: str) -> VariantEntry:
+    def built_under(name: str, release: str, sdk: str | None) -> VariantEntry:
         runtime = VariantRuntime(
-            name=name, onnxruntime="1.32.0", ep_package="onnxruntime-qnn", ep_version=release
+            name=name,
+            onnxruntime="1.32.0",
+            ep_package="onnxruntime-qnn",
+            ep_version=release,
+            sdk_version=sdk,
         )
         return variant("npu", "spec").model_copy(update={"runtime": runtime})
 
     source = SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=10)
-    variants = {"x.qnn-2.5": built_under("qnn-2.5", "2.5.0"), "host": variant("npu", "spec")}
-    variants["x.qnn-2.7"] = built_under("qnn-2.7", "2.7.0")
+    variants = {
+        "x.qnn-2.5": built_under("qnn-2.5", "2.5.0", "2.49.40"),
+        "host": variant("npu", "spec"),
+    }
+    variants["x.qnn-2.7"] = built_under("qnn-2.7", "2.7.0", None)
+    variants |= {f"snapdragon-{n}.qnn-2.7": built_under("qnn-2.7", "2.7.0", None) for n in range(3)}
     models = {name: ModelEntry(source=source, variants=variants) for name in ("mel", "det")}
-    assert runtime_lines(Manifest(generation=1, models=models)) == [
-        "runtime qnn-2.5 (onnxruntime 1.32.0, onnxruntime-qnn 2.5.0): x.qnn-2.5 (2 models)",
-        "runtime qnn-2.7 (onnxruntime 1.32.0, onnxruntime-qnn 2.7.0): x.qnn-2.7 (2 models)",
+    lines = runtime_lines(Manifest(generation=1, models=models))
+    assert lines == [
+        "runtime qnn-2.5: onnxruntime 1.32.0, onnxruntime-qnn 2.5.0 (SDK 2.49.40)",
+        "  served by x.qnn-2.5 (2 models)",
+        "runtime qnn-2.7: onnxruntime 1.32.0, onnxruntime-qnn 2.7.0",
+        "  served by snapdragon-0.qnn-2.7 (2 models), snapdragon-1.qnn-2.7 (2 models),",
+        "    snapdragon-2.qnn-2.7 (2 models), x.qnn-2.7 (2 models)",
     ]
+    assert max(len(line) for line in lines) <= 80

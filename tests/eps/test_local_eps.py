@@ -6,7 +6,7 @@ import pytest
 
 import eps.cpu as cpu
 from epfleet import ort_version
-from epfleet.device.local_eps import LocalEps, discover
+from epfleet.device.local_eps import LocalEps, discover, ep_identities, ep_versions
 from eps.base import Verdict
 
 pytestmark = pytest.mark.fast
@@ -29,6 +29,17 @@ def test_discovery_groups_devices_by_ep(local: LocalEps) -> None:
         d.ep_name == "OpenVINOExecutionProvider"
         for d in local.devices.get("OpenVINOExecutionProvider", [])
     )
+
+
+def test_the_releases_discovery_and_the_report_name_come_from_one_read(local: LocalEps) -> None:
+    import importlib.metadata
+
+    read = ep_identities()
+    assert local.releases == {ep: read[ep]["version"] for ep in local.devices}
+    assert local.releases["QNNExecutionProvider"] == importlib.metadata.version("onnxruntime-qnn")
+    assert ep_versions()["onnxruntime-qnn"] == local.releases["QNNExecutionProvider"]
+    assert ep_versions()["onnxruntime"] == ort_version()
+    assert "onnxruntime-ep-nv-tensorrt-rtx" not in ep_versions()  # not installed here
 
 
 def test_qnn_string_is_unsupported_with_orts_reason(local: LocalEps) -> None:

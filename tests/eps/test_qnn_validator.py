@@ -227,3 +227,18 @@ def test_a_target_that_names_no_soc_is_told_how_to_name_one() -> None:
         parse_spec({"models": [{"name": "m", "source": "m.onnx"}], "targets": [target]})
     assert "the target names no SoC" in str(raised.value)
     assert "name the SoC (soc_model, or htp_arch" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("string", "sdk"),
+    [
+        ("v2:6:2.49.40:5.49.0:73:60:0:0", "2.49.40"),  # onnxruntime-qnn 2.5.0
+        ("v2:6:2.51.0:5.51.0:73:60:8:0", "2.51.0"),  # 2.7.0
+        ("6:2.47.0:5.47.0:0.0.0:73:0", "2.47.0"),  # 2.3.0, a V1 string
+        ("v3:6:2.51.0", None),
+        ("cpu:x86-64:avx2", None),
+    ],
+)
+def test_the_sdk_release_a_string_names(string: str, sdk: str | None) -> None:
+    assert eps.load(QNN).sdk_version(string) == sdk
+    assert eps.load("CPUExecutionProvider").sdk_version(string) is None

@@ -114,3 +114,25 @@ def test_events_name_only_failures_and_builds_that_changed_the_manifest() -> Non
 
     assert [r.target for r in news(plan, report(True))] == ["rebuilt-new", "broken"]
     assert [r.target for r in news(plan, report(False))] == ["broken"]
+
+
+def test_a_pool_installs_no_package_its_own_machine_does_not_allow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compile-pairs run's parameters carry each pair's runtime requirements: a forged
+    one naming another package is refused on the pool's machine, naming the runtime,
+    before pip runs (EPFLEET_RUNTIME_PACKAGES of that machine decides)."""
+    from epfleet.errors import BadInputError
+    from epfleet.runtime.requests import RuntimeRef
+
+    monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "cache"))
+    forged = request().model_copy(
+        update={
+            "runtime": RuntimeRef(name="ort", requirements=["onnxruntime==1.32.0", "evil==1.0"])
+        }
+    )
+    store = open_store(str(tmp_path / "store"))
+    with pytest.raises(BadInputError) as refused:
+        plan_on_pool([PoolPair(request=forged)], store.uri, False)
+    assert str(refused.value).startswith("runtime 'ort': evil==1.0 is not onnxruntime or an EP")
+    assert not (tmp_path / "cache" / "runtimes").exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from epfleet.errors import BadInputError
 from epfleet.formats.manifest import Manifest
 from epfleet.runtime.environments import ENVIRONMENTS, ensure_environment
 from epfleet.runtime.workers import shared_workers
@@ -67,9 +68,10 @@ def test_a_target_is_built_under_each_runtime_and_a_changed_runtime_rebuilds_its
     old, new = variants.variants["sd-x-elite.qnn-2.5"], variants.variants["sd-x-elite.qnn-2.7"]
     assert old.compatibility_string == "v2:6:2.49.40:5.49.0:73:60:8:0"
     assert new.compatibility_string == "v2:6:2.51.0:5.51.0:73:60:8:0"
-    for entry, version in ((old, "2.5.0"), (new, "2.7.0")):
+    for entry, version, sdk in ((old, "2.5.0", "2.49.40"), (new, "2.7.0", "2.51.0")):
         assert entry.runtime is not None and entry.ep_version == version
         assert (entry.runtime.ep_package, entry.runtime.ep_version) == ("onnxruntime-qnn", version)
+        assert entry.runtime.sdk_version == sdk
         assert entry.verification is not None and entry.verification.status == "passed"
     assert variants.variants["x86-cpu"].runtime is None
     assert variants.preference == ["sd-x-elite.qnn-2.5", "sd-x-elite.qnn-2.7", "x86-cpu"]
@@ -145,3 +147,35 @@ def test_a_device_takes_its_runtimes_variant_as_it_moves_up_and_back(
     action, target, reason = sync_on(on_2_5, "2.5.0")
     assert (action, target) == ("downloaded", "sd-x-elite.qnn-2.5")
     assert reason.startswith("rolled back to sd-x-elite.qnn-2.5")
+
+
+QNN_2_3 = ["onnxruntime==1.24.4", "onnxruntime-qnn==2.3.0"]
+
+
+def test_the_oldest_runtime_epfleet_compiles_with_and_one_older_refused_at_plan_time(
+    tmp_path: Path, model_dir: Path, cache: Path
+) -> None:
+    """onnxruntime-qnn 2.3.0 (QAIRT 2.47) needs onnxruntime 1.24.4, which has no reader of
+    compatibility strings: its variant is compiled and verified all the same, with the
+    older six-field string, and a 2.7.0 worker runs it. A runtime on onnxruntime 1.23.2 is
+    refused when the plan builds its environment, naming it, before anything compiles."""
+    store = tmp_path / "store"
+    report = compile_spec(write(tmp_path, model_dir, {"qnn-2.3": QNN_2_3}), store, cache)
+    assert report.exit_code == 0, [(r.target, r.error) for r in report.variants]
+    entry = Manifest.from_json((store / "manifest.json").read_bytes()).models["tiny-cls"]
+    built = entry.variants["sd-x-elite.qnn-2.3"]
+    assert built.compatibility_string == "6:2.47.0:5.47.0:0.0.0:73:0"
+    assert built.runtime is not None and built.verification is not None
+    assert (built.runtime.onnxruntime, built.runtime.sdk_version) == ("1.24.4", "2.47.0")
+    assert built.verification.status == "passed"
+    assert built.artifact is not None
+    newer = shared_workers(ensure_environment("qnn-2.7", QNN_2_7, cache / ENVIRONMENTS).site)
+    assert newer.call(run_htp, str(store / built.artifact.uri), 300) == ("1.32.0", "2.7.0")
+
+    older = {"qnn-old": ["onnxruntime==1.23.2", "onnxruntime-qnn==2.3.0"]}
+    with pytest.raises(BadInputError) as refused:
+        compile_spec(write(tmp_path, model_dir, older), tmp_path / "other", cache)
+    message = str(refused.value)
+    assert message.startswith("runtime 'qnn-old': ")
+    assert "onnxruntime 1.23.2 is older than this epfleet compiles with (at least 1.24)" in message
+    assert not (tmp_path / "other" / "manifest.json").exists()

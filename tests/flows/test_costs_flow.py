@@ -1,4 +1,5 @@
-"""The fleet-compile flow's cost artifact, under a real (isolated) Prefect API."""
+"""The fleet-compile flow's store artifacts (costs, runtimes), under a real (isolated)
+Prefect API."""
 
 from __future__ import annotations
 
@@ -16,8 +17,21 @@ from tests.support.specs import CPU_TARGET, tiny_models, write_spec
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
-def test_fleet_flow_publishes_a_cost_artifact(tmp_path: Path, model_dir: Path) -> None:
-    spec = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET])
+def test_fleet_flow_publishes_a_cost_artifact_and_the_variants_serving_each_runtime(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    cpu_under_runtimes = {
+        "name": "cpu",
+        "ep": "CPUExecutionProvider",
+        "runtimes": ["ort-a", "ort-b"],
+        "models": ["tiny-cls"],
+    }
+    spec = write_spec(
+        tmp_path,
+        tiny_models(model_dir),
+        [CPU_TARGET, cpu_under_runtimes],
+        runtimes={"ort-a": ["onnxruntime==1.32.0"], "ort-b": ["onnxruntime==1.32.0"]},
+    )
     store = open_store(str(tmp_path / "store"))
     report = fleet_compile(spec=str(spec), store=store.uri, workers=1)
     assert report.failed == 0 and report.published
@@ -27,3 +41,13 @@ def test_fleet_flow_publishes_a_cost_artifact(tmp_path: Path, model_dir: Path) -
     assert artifact.data == cost_markdown(expected)
     assert "| tiny-cls |" in artifact.data and "| tiny-det |" in artifact.data
     assert expected.totals.referenced > 0 and expected.totals.unreferenced == 0
+    served = Artifact.get("fleet-compile-runtimes")
+    assert served is not None and isinstance(served.data, str)
+    assert served.data.splitlines() == [
+        "```",
+        "runtime ort-a: onnxruntime 1.32.0",
+        "  served by cpu.ort-a (1 model)",
+        "runtime ort-b: onnxruntime 1.32.0",
+        "  served by cpu.ort-b (1 model)",
+        "```",
+    ]

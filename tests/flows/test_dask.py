@@ -9,7 +9,7 @@ import os
 import pytest
 
 from epfleet.errors import BadInputError
-from epfleet.fleet.task_runners import task_runner
+from epfleet.fleet.task_runners import DaskWorkers, task_runner, unserved_resource
 
 pytestmark = pytest.mark.fast
 
@@ -61,3 +61,16 @@ def test_environment_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("EPFLEET_DASK_WORKERS", "two")
     with pytest.raises(BadInputError, match="EPFLEET_DASK_WORKERS='two'"):
         from_environment()
+
+
+def test_a_runtimes_compile_is_refused_only_by_a_cluster_none_of_whose_workers_serves_it() -> None:
+    remote = DaskWorkers(resources=frozenset({"runtime-qnn-2.7"}), local=False)
+    assert unserved_resource("runtime-qnn-2.7", remote) is None
+    assert unserved_resource(None, remote) is None  # a pair not pinned: any worker
+    assert unserved_resource("runtime-qnn-2.5", None) is None  # not on Dask: here
+    own = DaskWorkers(resources=frozenset(), local=True)
+    assert unserved_resource("runtime-qnn-2.5", own) is None  # this machine builds it
+    refused = unserved_resource("runtime-qnn-2.5", remote)
+    assert refused is not None
+    assert "no worker of the Dask cluster advertises resource 'runtime-qnn-2.5'" in refused
+    assert refused.endswith("dask worker ADDRESS --resources 'runtime-qnn-2.5=1'")

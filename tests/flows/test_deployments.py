@@ -572,3 +572,50 @@ def test_serve_py_after_prefect_deploy_runs_the_flows_here(
         "serving fleet-compile/on-demand here instead of its deployment (work pool epfleet)"
         in stderr
     )
+
+
+def test_a_runtime_pinned_to_a_work_pool_compiles_there_in_its_own_environment(
+    deployed: Server, workers: Workers, model_dir: Path, tmp_path: Path
+) -> None:
+    """Runtime ``ort`` names the gpu-compilers pool: its pairs go to a compile-pairs run
+    there, whose worker builds the runtime's environment in its own cache and fingerprints
+    with it, exactly as this host would (the same spec without the pool plans nothing)."""
+    from epfleet.fleet.planning import plan_run
+
+    runtime = {"requirements": ["onnxruntime==1.32.0"]}
+    targets = [CPU_TARGET, {"name": "rt-cpu", "ep": "CPUExecutionProvider", "runtimes": ["ort"]}]
+    spec = write_spec(
+        tmp_path,
+        tiny_models(model_dir),
+        targets,
+        runtimes={"ort": runtime | {"work_pool": "gpu-compilers"}},
+    )
+    store = tmp_path / "store"
+    children_before = len(deployed.flow_runs("compile-pairs/gpu-compilers"))
+    run = deployed.wait_for_run(
+        deployed.start_run("fleet-compile/on-demand", {"spec": str(spec), "store": str(store)})
+    )
+    assert run["state"]["type"] == "COMPLETED", workers.logs()
+    children = deployed.flow_runs("compile-pairs/gpu-compilers")
+    assert len(children) == children_before + 1
+    (child,) = [c for c in children if c["parameters"]["store"].endswith(str(store))]
+    assert child["state"]["type"] == "COMPLETED"
+    assert (
+        sorted(p["request"]["target"] for p in child["parameters"]["pairs"]) == ["rt-cpu.ort"] * 2
+    )
+    manifest = read_manifest(store)
+    for model in ("tiny-cls", "tiny-det"):
+        entry = manifest.models[model].variants["rt-cpu.ort"]
+        assert entry.status == "ok" and entry.runtime is not None
+        assert (entry.runtime.name, entry.runtime.onnxruntime) == ("ort", "1.32.0")
+    built = list((tmp_path / "worker-cache" / "runtimes").glob("*/versions.json"))
+    assert len(built) == 1, "the pool's worker built the runtime's environment"
+
+    unpinned = write_spec(
+        tmp_path, tiny_models(model_dir), targets, name="here.yaml", runtimes={"ort": runtime}
+    )
+    plan = plan_run(unpinned, str(store))
+    assert [(p.request.target, p.action) for p in plan.pairs] == [
+        ("x86-cpu", "skip"),
+        ("rt-cpu.ort", "skip"),
+    ] * 2

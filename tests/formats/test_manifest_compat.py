@@ -83,9 +83,9 @@ def first_error(exc: pytest.ExceptionInfo[ValidationError]) -> tuple[tuple[Any, 
 
 
 def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> None:
-    read = Manifest.from_json(data(with_future_fields(document("1.8"))), newer_minor="ignore")
+    read = Manifest.from_json(data(with_future_fields(document("1.9"))), newer_minor="ignore")
     known = Manifest.from_json(data(document()))
-    assert read.schema_version == "1.8"
+    assert read.schema_version == "1.9"
     assert read.models == known.models and read.generation == known.generation
     assert read.models["m"].variants["x86-cpu"].verification == (
         known.models["m"].variants["x86-cpu"].verification
@@ -93,12 +93,12 @@ def test_a_reader_takes_a_newer_minor_without_the_keys_it_does_not_know() -> Non
 
 
 def test_a_writer_refuses_a_newer_minor_naming_both_versions() -> None:
-    for doc in (document("1.9"), with_future_fields(document("1.9"))):
+    for doc in (document("1.10"), with_future_fields(document("1.10"))):
         with pytest.raises(ValidationError) as refused:
             Manifest.from_json(data(doc))
         loc, msg = first_error(refused)
         assert loc == ("schema_version",)
-        assert f"schema 1.9, newer than this epfleet writes ({SCHEMA_VERSION})" in msg
+        assert f"schema 1.10, newer than this epfleet writes ({SCHEMA_VERSION})" in msg
         assert "upgrade epfleet on the compile host" in msg
 
 
@@ -134,7 +134,7 @@ def test_an_unknown_key_at_the_readers_own_minor_stays_an_error(version: str) ->
 
 
 def test_a_newer_minor_is_still_validated_in_every_field_it_knows() -> None:
-    doc = with_future_fields(document("1.9"))
+    doc = with_future_fields(document("1.10"))
     doc["models"]["m"]["variants"]["x86-cpu"]["verification"]["tolerance"] = 9.0  # too loose
     with pytest.raises(ValidationError) as refused:
         Manifest.from_json(data(doc), newer_minor="ignore")
@@ -145,23 +145,23 @@ def test_a_newer_minor_is_still_validated_in_every_field_it_knows() -> None:
 def test_a_signed_entry_follows_the_version_it_comes_with() -> None:
     entry = with_future_fields(document())["models"]["m"]
     text = canonical(entry).decode()
-    taken = validate_json(ModelEntry, text, "ignore", "1.9")
+    taken = validate_json(ModelEntry, text, "ignore", "1.10")
     assert taken == ModelEntry.model_validate(document()["models"]["m"])
-    assert validate_python(ModelEntry, entry, "ignore", "1.9") == taken
+    assert validate_python(ModelEntry, entry, "ignore", "1.10") == taken
     assert "licence" in entry  # the caller's value is left as it was
     with pytest.raises(ValidationError):
         validate_json(ModelEntry, text, "ignore", "1.0")  # absent means 1.0: strict
     with pytest.raises(ValidationError) as refused:
         check_declared(ModelEntry, "2.1", "ignore")
     assert "schema 2.1, newer than this epfleet reads (1.x)" in first_error(refused)[1]
-    check_declared(ModelEntry, "1.9", "ignore")  # a newer minor passes
+    check_declared(ModelEntry, "1.10", "ignore")  # a newer minor passes
 
 
 def test_writers_refuse_a_document_a_reader_took() -> None:
     check_writable(None, "store")
     check_writable(SCHEMA_VERSION, "store")
-    with pytest.raises(BadInputError, match=r"^/s: the manifest declares schema 1.9, newer"):
-        check_writable("1.9", "/s")
+    with pytest.raises(BadInputError, match=r"^/s: the manifest declares schema 1.10, newer"):
+        check_writable("1.10", "/s")
 
 
 def test_the_signed_targets_of_a_1_0_manifest_are_what_they_were() -> None:
@@ -187,9 +187,9 @@ def test_the_signed_targets_of_a_1_0_manifest_are_what_they_were() -> None:
 
 
 def test_the_signed_target_of_a_newer_manifest_carries_its_schema() -> None:
-    future = data(with_future_fields(document("1.9")))
+    future = data(with_future_fields(document("1.10")))
     custom = model_targets(future)["models/m"].info.unrecognized_fields["custom"]
-    assert custom["epfleet_schema"] == "1.9"
+    assert custom["epfleet_schema"] == "1.10"
     assert json.loads(custom["epfleet"])["licence"] == {"spdx": "MIT"}
 
 
@@ -435,3 +435,28 @@ def test_schema_1_7_names_a_metric_s_input_sets_file_and_keeps_it_from_gc() -> N
     assert samples is not None and samples.metric_inputs is not None
     assert json.loads(read.to_json())["models"]["m"]["samples"]["metric_inputs"]["size"] == 3
     assert {f"samples/{golden}.npz", f"samples/{sets}.npz"} <= referenced_keys(read)
+
+
+def test_schema_1_8_names_a_runtimes_sdk_release() -> None:
+    """1.8 added the SDK release to a variant's runtime: read back as written; a runtime
+    without it keeps its bytes (a reader of 1.7, a device of an older epfleet, drops the
+    key as any newer minor's and chooses by the EP package's release as before)."""
+    doc = document()
+    runtime = {
+        "name": "qnn-2-7",
+        "onnxruntime": "1.32.0",
+        "ep_package": "onnxruntime-qnn",
+        "ep_version": "2.7.0",
+    }
+    doc["models"]["m"]["variants"]["x86-cpu"]["runtime"] = dict(runtime)
+    plain = Manifest.from_json(data(doc)).to_json()
+    assert b"sdk_version" not in plain
+    doc["models"]["m"]["variants"]["x86-cpu"]["runtime"] = runtime | {"sdk_version": "2.51.0"}
+    read = Manifest.from_json(data(doc))
+    built = read.models["m"].variants["x86-cpu"].runtime
+    assert built is not None and built.sdk_version == "2.51.0"
+    written = json.loads(read.to_json())["models"]["m"]["variants"]["x86-cpu"]["runtime"]
+    assert written == runtime | {"sdk_version": "2.51.0"}
+    doc["models"]["m"]["variants"]["x86-cpu"]["runtime"]["sdk_version"] = "2" * 65
+    with pytest.raises(ValidationError):
+        Manifest.from_json(data(doc))

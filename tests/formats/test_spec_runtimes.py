@@ -71,9 +71,20 @@ def test_a_target_becomes_one_target_per_runtime_in_its_order() -> None:
         ),
         ({"QNN 2.5": QNN_2_5}, {}, "runtimes: 'QNN 2.5' is not a valid name"),
         (
-            {"qnn-2.5": QNN_2_5},
+            {"qnn-2.5": {"requirements": QNN_2_5, "work_pool": "qnn-hosts"}},
             {"runtimes": ["qnn-2.5"], "work_pool": "arm"},
-            "runtimes build on the compile host",
+            "names work pool 'arm' and its runtime 'qnn-2.5' work pool 'qnn-hosts'",
+        ),
+        (
+            {"qnn-2.5": {"requirements": QNN_2_5, "work_pool": "a pool"}},
+            {"runtimes": ["qnn-2.5"]},
+            "runtimes.qnn-2.5.work_pool",
+        ),
+        ({"qnn-2.5": {"requirements": QNN_2_5, "gpu": 1}}, {}, "runtimes.qnn-2.5.gpu"),
+        (
+            {"qnn-2.5": {"requirements": ["onnxruntime-qnn==2.5.0"], "dask_resource": True}},
+            {},
+            "runtime 'qnn-2.5' does not pin onnxruntime",
         ),
     ],
 )
@@ -92,3 +103,47 @@ def test_an_expanded_name_that_clashes_with_another_target_is_refused() -> None:
     with pytest.raises(BadInputError) as raised:
         parse_spec(document)
     assert "duplicate name 'sd-x-elite.qnn-2.5'" in str(raised.value)
+
+
+def test_a_runtime_pinned_to_a_work_pool_or_dask_workers_says_where_its_pairs_compile() -> None:
+    parsed = parse_spec(
+        spec(
+            {
+                "qnn-2.5": QNN_2_5,
+                "qnn-2.7": {"requirements": QNN_2_7, "work_pool": "qnn-2-7", "dask_resource": True},
+            },
+            runtimes=["qnn-2.5", "qnn-2.7"],
+        )
+    )
+    assert [(t.name, t.work_pool) for t in parsed.targets] == [
+        ("sd-x-elite.qnn-2.5", None),
+        ("sd-x-elite.qnn-2.7", "qnn-2-7"),
+        ("cpu", None),
+    ]
+    assert parsed.runtime_requirements() == {"qnn-2.5": QNN_2_5, "qnn-2.7": QNN_2_7}
+    assert (parsed.runtimes["qnn-2.5"].dask_resource, parsed.runtimes["qnn-2.7"].dask_resource) == (
+        False,
+        True,
+    )
+    assert parsed.runtimes["qnn-2.7"].pins == {"onnxruntime": "1.32.0", "onnxruntime-qnn": "2.7.0"}
+    # Validated again (a flow's parameter round trip), the placement and the pins stay.
+    again = FleetSpec.model_validate(parsed.model_dump())
+    assert [(t.name, t.work_pool) for t in again.targets] == [
+        (t.name, t.work_pool) for t in parsed.targets
+    ]
+    assert again.runtimes["qnn-2.7"].pins == parsed.runtimes["qnn-2.7"].pins
+
+
+def test_a_target_of_a_work_pool_builds_its_runtimes_on_that_pool() -> None:
+    parsed = parse_spec(spec({"qnn-2.5": QNN_2_5}, runtimes=["qnn-2.5"], work_pool="arm"))
+    assert [(t.name, t.runtime, t.work_pool) for t in parsed.targets] == [
+        ("sd-x-elite.qnn-2.5", "qnn-2.5", "arm"),
+        ("cpu", None, None),
+    ]
+
+
+def test_pins_are_exact_releases_only() -> None:
+    parsed = parse_spec(
+        spec({"r": ["onnxruntime==1.32.0", "Onnxruntime_QNN>=2.5,<2.8"]}, runtimes=["r"])
+    )
+    assert parsed.runtimes["r"].pins == {"onnxruntime": "1.32.0"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 from onnxruntime.capi._pybind_state import get_compatibility_info_from_model_bytes
@@ -40,10 +41,17 @@ CPU_TARGET = {"name": "x86-cpu", "ep": "CPUExecutionProvider"}
 
 
 def write_spec(
-    directory: Path, models: list[dict], targets: list[dict], name: str = "fleet.yaml"
+    directory: Path,
+    models: list[dict],
+    targets: list[dict],
+    name: str = "fleet.yaml",
+    runtimes: dict[str, Any] | None = None,
 ) -> Path:
     path = directory / name
-    path.write_text(yaml.safe_dump({"models": models, "targets": targets}, sort_keys=False))
+    spec: dict[str, Any] = {"models": models, "targets": targets}
+    if runtimes:
+        spec["runtimes"] = runtimes
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 
