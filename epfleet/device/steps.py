@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import eps
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
 from epfleet.device.cache import DeviceCache, Installed, InstalledFile, ModelState
+from epfleet.device.cache.repair import COMPATIBILITY_KEY
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_build import local_request, local_targets
 from epfleet.device.local_eps import LocalEps
@@ -354,13 +355,25 @@ def published_metric(installed: Installed, entry: ModelEntry) -> TaskMetric | No
     return verified.metric if verified else None
 
 
+def embedded_string(path: Path, ep: str) -> str | None:
+    """The compatibility string ``path``'s metadata carries for ``ep``, read by ORT; by
+    the model's metadata where ORT has no reader for it (onnxruntime 1.24)."""
+    try:
+        from onnxruntime.capi._pybind_state import get_compatibility_info_from_model
+    except ImportError:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+        props = {p.key: p.value for p in model.metadata_props}
+        return props.get(COMPATIBILITY_KEY + ep)
+    return get_compatibility_info_from_model(str(path), ep)
+
+
 def check_string(path: Path, variant: VariantEntry) -> None:
     """The artifact carries the compatibility string the manifest gives for it (the
     verdict was reached on the manifest's); a file that does not is deleted."""
-    from onnxruntime.capi._pybind_state import get_compatibility_info_from_model
-
     try:
-        embedded = get_compatibility_info_from_model(str(path), variant.ep)
+        embedded = embedded_string(path, variant.ep)
     except Exception as exc:
         path.unlink(missing_ok=True)
         raise IntegrityError(f"the artifact is not a model ORT reads: {exc}") from None

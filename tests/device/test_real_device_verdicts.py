@@ -127,3 +127,38 @@ def test_a_float_local_build_in_place_of_a_quantised_variant_says_so(store: Path
     assert quantised_passed_over(entry, judged, "w8a8") == []
     unsupported = considered(QnnDeviceEps(htp_device(arch=69, vtcm_mb=8)), entry)
     assert quantised_passed_over(entry, unsupported, "fp32") == []
+
+
+def test_the_string_is_read_alike_where_ort_has_no_reader(
+    fleet_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxruntime 1.24 has no ``get_compatibility_info_from_model``: a device on it reads
+    the string from the model's metadata, and gets what ORT's reader gets (every variant
+    of the test fleet, HTP and CPU)."""
+    import builtins
+
+    from epfleet.device.steps import embedded_string
+
+    variants = [
+        (fleet_store / v.artifact.uri, v.ep, v.compatibility_string)
+        for entry in read_manifest(fleet_store).models.values()
+        for v in entry.variants.values()
+        if v.artifact is not None
+    ]
+    by_ort = [embedded_string(path, ep) for path, ep, _ in variants]
+    real_import = builtins.__import__
+    refused: list[str] = []
+
+    def without_the_reader(name: str, *args: object, **kwargs: object) -> object:
+        fromlist = args[2] if len(args) > 2 else kwargs.get("fromlist")
+        if name.endswith("_pybind_state") and "get_compatibility_info_from_model" in (
+            fromlist or ()
+        ):
+            refused.append(name)
+            raise ImportError("cannot import name 'get_compatibility_info_from_model'")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", without_the_reader)
+    by_metadata = [embedded_string(path, ep) for path, ep, _ in variants]
+    assert len(variants) >= 6 and len(refused) == len(variants)
+    assert by_metadata == by_ort == [string for _, _, string in variants]
