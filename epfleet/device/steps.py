@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import eps
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
 from epfleet.device.cache import DeviceCache, Installed, InstalledFile, ModelState
+from epfleet.device.delta_fetch import FromDelta, fetch_by_delta
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_build import local_request, local_targets
 from epfleet.device.local_eps import LocalEps
@@ -56,6 +57,8 @@ class Done:
     action: Action
     verdict: Verdict | None
     reason: str
+    delta_from: str | None = None
+    """The variant whose file a delta turned into this one (None: not made from a delta)."""
 
 
 class Steps:
@@ -158,7 +161,13 @@ class Steps:
                 reason=f"rolled back to {previous.name}, kept in the cache: {chosen.reason}",
             )
         self.fetcher.require_store()
-        got = fetch_set(self.fetcher, installed.name, artifact, variant.model_file, variant.files)
+        made = fetch_by_delta(self.fetcher, model, variant, state)
+        if isinstance(made, FromDelta):
+            got = made.fetched
+        else:
+            got = fetch_set(
+                self.fetcher, installed.name, artifact, variant.model_file, variant.files
+            )
         try:
             check_string(got.main, variant)
             health = self.health(got.main, installed, entry)
@@ -175,8 +184,20 @@ class Steps:
             got.moved,
             f" on {plural(health.samples, 'golden sample')}" if health.samples else "",
         )
+        reason = chosen.reason
+        if isinstance(made, FromDelta):
+            reason += (
+                f"; made from a {made.delta.size:,}-byte delta to {made.base.name}, not the "
+                f"{artifact.size:,}-byte file"
+            )
+        elif made is not None:
+            reason += f"; {made}"
         return Done(
-            installed=installed, action="downloaded", verdict=chosen.verdict, reason=chosen.reason
+            installed=installed,
+            action="downloaded",
+            verdict=chosen.verdict,
+            reason=reason,
+            delta_from=made.base.name if isinstance(made, FromDelta) else None,
         )
 
     def recompile(self, model: str, entry: ModelEntry) -> Done:

@@ -28,7 +28,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from epfleet.errors import BadInputError
 
-SCHEMA_VERSION = "1.7"
+SCHEMA_VERSION = "1.8"
 """What this epfleet writes, and the newest version it fully understands."""
 VERSION_PATTERN = r"^[0-9]+\.[0-9]+$"
 NEWER_MINOR = "newer_minor"
