@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from epfleet.deltas import apply_delta
+from epfleet.deltas import MAX_DELTA_SIZE, apply_delta
 from epfleet.device.cache import MODEL_FILE, Installed, ModelState
 from epfleet.device.fetching import Fetcher
 from epfleet.device.variant_sets import Fetched
@@ -46,6 +46,8 @@ def delta_base(variant: VariantEntry, state: ModelState) -> tuple[Installed, Del
     """The variant the cache holds (the active one first, then the rollback one) that one
     of ``variant``'s deltas applies to, with that delta; None when none does."""
     if variant.files or variant.model_file != MODEL_FILE or not variant.deltas:
+        return None
+    if variant.artifact is None or variant.artifact.size > MAX_DELTA_SIZE:
         return None
     for held in (state.active, state.previous):
         if held is None or held.origin != "published" or held.files:

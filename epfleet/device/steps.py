@@ -187,8 +187,8 @@ class Steps:
         reason = chosen.reason
         if isinstance(made, FromDelta):
             reason += (
-                f"; made from a {made.delta.size:,}-byte delta to {made.base.name}, not the "
-                f"{artifact.size:,}-byte file"
+                f"; made from a delta of {made.delta.size:,} bytes to {made.base.name}, "
+                f"not the whole file of {artifact.size:,} bytes"
             )
         elif made is not None:
             reason += f"; {made}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epfleet.deltas import MAX_DELTA_SIZE
 from epfleet.formats.manifest import (
     MAX_DELTAS,
     ArtifactRef,
@@ -23,11 +24,6 @@ from epfleet.formats.manifest import (
     ModelEntry,
     VariantEntry,
 )
-
-MAX_DELTA_SIZE = 256 << 20
-"""The largest variant file a delta is made for: making one holds the base, the file and
-zstd's window over both in memory, and a device applying one holds the base and the
-result (larger variants are downloaded whole)."""
 
 
 @dataclass(frozen=True)

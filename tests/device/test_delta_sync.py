@@ -43,10 +43,10 @@ def write(directory: Path, source: Path) -> Path:
     return path
 
 
-def sync_once(store: Path, device: Path) -> ModelReport:
+def sync_once(store: Path, device: Path, trust_root: Path | None = None) -> ModelReport:
     with SyncSession(
         str(store), device, SyncPolicy(), "dev-1", local=QnnDeviceEps(ON_2_7, "2.7.0"),
-        allow_unsigned=True,
+        allow_unsigned=trust_root is None, trust_root=trust_root,
     ) as session:  # fmt: skip
         session.fetch_manifest()
         session.sync_model(MODEL)
@@ -65,18 +65,42 @@ def active_file(device: Path, report: ModelReport) -> Path:
 def retrain(
     tmp_path_factory: pytest.TempPathFactory, model_dir: Path
 ) -> tuple[Path, Path, ModelReport]:
-    """A signed store holding tiny-cls retrained in one layer over its first build, an
-    unsigned copy of the first build's store (``before``) and a device synced from it."""
+    """A signed store holding tiny-cls retrained in one layer over its first build, with
+    a device that synced the first build from it (``signed-device``, trusting its root),
+    and one that synced it from an unsigned copy (``device``, at ``before``)."""
     work = tmp_path_factory.mktemp("retrain")
     store, cache = work / "store", work / "cache"
     assert compile_spec(write(work, model_dir / "tiny-cls.onnx"), store, cache).exit_code == 0
     before = copy_store(store, work / "before")
     first = sync_once(before, work / "device")
     assert (first.action, first.target, first.delta_from) == ("downloaded", TARGET, None)
+    signed = sync_once(store, work / "signed-device", root_of(store))
+    assert (signed.variant, signed.delta_from) == (first.variant, None)
     changed = work / "retrained.onnx"
     retrained(model_dir / "tiny-cls.onnx", changed)
     assert compile_spec(write(work, changed), store, cache).exit_code == 0
     return store, work / "device", first
+
+
+def root_of(store: Path) -> Path:
+    """The root the store's development keys signed (a device's trust root)."""
+    return store.with_name(f"{store.name}.dev-keys") / "root.json"
+
+
+def test_a_device_trusting_the_signed_metadata_gets_the_retrain_as_a_delta(
+    retrain: tuple[Path, Path, ModelReport], tmp_path: Path
+) -> None:
+    store, device, first = retrain
+    copy = tmp_path / "signed-device"
+    shutil.copytree(device.with_name("signed-device"), copy, symlinks=True)
+    report = sync_once(store, copy, root_of(store))
+    variant = published(store)
+    assert variant.artifact is not None
+    assert (report.action, report.delta_from) == ("downloaded", first.variant), report.reason
+    assert sha256_file(active_file(copy, report)) == (
+        variant.artifact.sha256,
+        variant.artifact.size,
+    )
 
 
 def after(retrain: tuple[Path, Path, ModelReport], tmp_path: Path) -> tuple[Path, Path]:

@@ -10,7 +10,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from epfleet.fleet.delta_rules import MAX_DELTA_SIZE, delta_jobs, with_deltas
+from epfleet.deltas import MAX_DELTA_SIZE
+from epfleet.fleet.delta_rules import delta_jobs, with_deltas
 from epfleet.formats.manifest import (
     ArtifactRef,
     DeltaRef,
