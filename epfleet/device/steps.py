@@ -187,8 +187,8 @@ class Steps:
         reason = chosen.reason
         if isinstance(made, FromDelta):
             reason += (
-                f"; made from a delta of {made.delta.size:,} bytes to {made.base.name}, "
-                f"not the whole file of {artifact.size:,} bytes"
+                f"; a delta of {made.delta.size:,} B from {made.base.name} "
+                f"(whole file {artifact.size:,} B)"
             )
         elif made is not None:
             reason += f"; {made}"

@@ -16,7 +16,7 @@ def device_rows(report: DeviceReport) -> list[dict[str, str]]:
             "ep": (m.ep or "-").removesuffix("ExecutionProvider"),
             "precision": m.precision or "-",
             "verdict": m.verdict.value if m.verdict else "-",
-            "downloaded": format_bytes(m.bytes_downloaded) + (" delta" if m.delta_from else ""),
+            "downloaded": format_bytes(m.bytes_downloaded),
             "reason": m.reason,
         }
         for m in report.models
