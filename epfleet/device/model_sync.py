@@ -14,6 +14,7 @@ import time
 import eps
 from epfleet.device.activation import drop_changed_active, promote, published_variant
 from epfleet.device.cache import CacheState, DeviceCache, Installed, ModelState
+from epfleet.device.delta_fetch import delta_base
 from epfleet.device.local_build import build_key
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
@@ -153,6 +154,7 @@ def sync_model(
         source_sha256=source_of(done.installed),
         verdict=done.verdict,
         bytes_downloaded=moved,
+        delta_from=done.delta_from,
         reason="; ".join([*notes, *failures, done.reason, *stood_in]),
         considered=verdicts,
         seconds=seconds,
@@ -226,6 +228,8 @@ def first_download(
     variant = entry.variants[plan[0].target]
     if variant.artifact is None or is_file_set(variant.model_file, variant.files):
         return None
+    if delta_base(variant, mstate) is not None:
+        return None  # the step fetches a delta, not the whole file
     previous = mstate.previous
     if previous is not None and previous.name == published_variant(plan[0].target, variant).name:
         return None

@@ -21,6 +21,7 @@ import eps
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
 from epfleet.device.cache import DeviceCache, Installed, InstalledFile, ModelState
 from epfleet.device.cache.repair import COMPATIBILITY_KEY
+from epfleet.device.delta_fetch import FromDelta, fetch_by_delta
 from epfleet.device.fetching import Fetcher
 from epfleet.device.local_build import local_request, local_targets
 from epfleet.device.local_eps import LocalEps
@@ -57,6 +58,8 @@ class Done:
     action: Action
     verdict: Verdict | None
     reason: str
+    delta_from: str | None = None
+    """The variant whose file a delta turned into this one (None: not made from a delta)."""
 
 
 class Steps:
@@ -159,7 +162,13 @@ class Steps:
                 reason=f"rolled back to {previous.name}, kept in the cache: {chosen.reason}",
             )
         self.fetcher.require_store()
-        got = fetch_set(self.fetcher, installed.name, artifact, variant.model_file, variant.files)
+        made = fetch_by_delta(self.fetcher, model, variant, state)
+        if isinstance(made, FromDelta):
+            got = made.fetched
+        else:
+            got = fetch_set(
+                self.fetcher, installed.name, artifact, variant.model_file, variant.files
+            )
         try:
             check_string(got.main, variant)
             health = self.health(got.main, installed, entry)
@@ -176,8 +185,20 @@ class Steps:
             got.moved,
             f" on {plural(health.samples, 'golden sample')}" if health.samples else "",
         )
+        reason = chosen.reason
+        if isinstance(made, FromDelta):
+            reason += (
+                f"; a delta of {made.delta.size:,} B from {made.base.name} "
+                f"(whole file {artifact.size:,} B)"
+            )
+        elif made is not None:
+            reason += f"; {made}"
         return Done(
-            installed=installed, action="downloaded", verdict=chosen.verdict, reason=chosen.reason
+            installed=installed,
+            action="downloaded",
+            verdict=chosen.verdict,
+            reason=reason,
+            delta_from=made.base.name if isinstance(made, FromDelta) else None,
         )
 
     def recompile(self, model: str, entry: ModelEntry) -> Done:

@@ -36,8 +36,16 @@ from pydantic import BaseModel, Field, ValidationError
 from securesystemslib.signer import Signer
 
 from epfleet.errors import PreconditionFailed, StoreError
+from epfleet.fleet.delta_publishing import deltas_for_run
+from epfleet.fleet.delta_rules import with_deltas
 from epfleet.fleet.merge_rules import ModelFacts, merge
-from epfleet.formats.manifest import Manifest, SourceEntry, VariantEntry, referenced_keys
+from epfleet.formats.manifest import (
+    Manifest,
+    SourceEntry,
+    VariantEntry,
+    delta_keys,
+    referenced_keys,
+)
 from epfleet.formats.schema_version import SCHEMA_VERSION, check_writable
 from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.layout import TIMESTAMP_KEY
@@ -133,7 +141,7 @@ def update_manifest(
         if changed is None:
             result = Published(manifest=current, published=False)
             break
-        check_present(store, referenced_keys(changed) - referenced_keys(current))
+        check_present(store, published_keys(changed) - published_keys(current))
         data = changed.to_json()
         try:
             if etag is None:
@@ -173,7 +181,7 @@ def _publish_signed(
     def checked(current: Manifest | None) -> Manifest | None:
         changed = change(current)
         if changed is not None:
-            check_present(store, referenced_keys(changed) - referenced_keys(current))
+            check_present(store, published_keys(changed) - published_keys(current))
         return changed
 
     tampered = tampered_entries(store)  # before this publish changes the signed manifest
@@ -262,6 +270,11 @@ REUSE_TOUCH_AGE = 600.0
 just uploaded, and gc keeps them for its grace period anyway)."""
 
 
+def published_keys(manifest: Manifest | None) -> set[str]:
+    """What a manifest names in the store: ``referenced_keys`` and its deltas."""
+    return referenced_keys(manifest) | delta_keys(manifest)
+
+
 def check_present(store: Store, keys: set[str]) -> None:
     """Refuse to publish a manifest naming objects the store no longer has, and touch the
     older ones it names: a run that found an object already stored skips its upload, and
@@ -284,8 +297,10 @@ def publish(
     facts: ModelFacts | None = None,
 ) -> Published:
     """Merge a run into the manifest with ``update_manifest`` (see ``merge`` for what a run
-    may change)."""
+    may change), its new variants listing the deltas made to them from the files they
+    replace (``epfleet.fleet.delta_rules``)."""
     conflicts: list[str] = []
+    deltas = deltas_for_run(store, lambda: read_in_force(store).manifest, variants)
 
     def change(current: Manifest | None) -> Manifest | None:
         merged = merge(
@@ -297,7 +312,9 @@ def publish(
             present=lambda ref: store.size(ref.uri) == ref.size,
         )
         conflicts[:] = merged.conflicts
-        return merged.manifest
+        if merged.manifest is None or not deltas:
+            return merged.manifest
+        return with_deltas(merged.manifest, deltas, set(variants))
 
     published = update_manifest(store, change)
     published.conflicts = conflicts

@@ -172,6 +172,12 @@ class ModelReport(_Bounded):
     )
     verdict: Verdict | None
     bytes_downloaded: int = Field(ge=0, le=MAX_COUNT)
+    delta_from: str | None = Field(
+        default=None,
+        exclude_if=lambda name: name is None,
+        description="The variant whose file a binary delta (bytes_downloaded) turned into "
+        "the one activated; left out when none was used and in reports of older devices",
+    )
     reason: str
     considered: list[VariantVerdict]
     seconds: float = Field(ge=0, le=MAX_SECONDS)

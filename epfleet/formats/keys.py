@@ -15,6 +15,15 @@ def variant_key(model: str, target: str, sha256: str) -> str:
     return f"variants/{model}/{target}/{sha256}.onnx"
 
 
+def delta_key(model: str, target: str, sha256: str, base_sha256: str) -> str:
+    """A binary delta that turns the variant file ``base_sha256`` (of any target of the
+    model) into the ``target`` variant's file ``sha256`` (``epfleet.deltas``)."""
+    return f"{DELTAS_PREFIX}{model}/{target}/{sha256}.from-{base_sha256}.zst"
+
+
+DELTAS_PREFIX = "deltas/"
+
+
 def listing_key(artifact_key: str) -> str:
     """Beside a multi-file variant's main file, the list of its other files (JSON): what
     ``epfleet gc`` keeps of a variant a device runs after the manifest dropped it."""

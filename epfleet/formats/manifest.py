@@ -175,6 +175,18 @@ class SamplesRef(ArtifactRef):
     )
 
 
+class DeltaRef(ArtifactRef):
+    """A binary delta (``epfleet.deltas``, zstd patch-from) that turns a variant file a
+    device may hold, ``base_sha256``, into this variant's main file: a device holding that
+    file downloads this instead and checks what it makes against the variant's artifact."""
+
+    base_sha256: str = Field(pattern=SHA256_PATTERN, description="The file it applies to")
+
+
+MAX_DELTAS = 16
+"""The most deltas one variant lists (the bases a publisher makes them from are a few)."""
+
+
 class VariantRuntime(BaseModel):
     """The runtime environment a variant was built and verified under (the spec's
     ``runtimes``): the onnxruntime and EP package a device must run for it to be this
@@ -249,6 +261,16 @@ class VariantEntry(FileSet):
         "device never sees such a variant in the signed metadata)",
     )
 
+    deltas: list[DeltaRef] = Field(
+        default_factory=list,
+        exclude_if=lambda deltas: not deltas,
+        max_length=MAX_DELTAS,
+        description="Binary deltas to the main file from files devices may hold (the "
+        "previous build, the version a rollout replaces, the target under another runtime), "
+        "each under half the file's size (schema 1.8; an older device ignores them and "
+        "downloads the whole file)",
+    )
+
     @model_validator(mode="after")
     def _status_fields(self) -> VariantEntry:
         if self.status == "ok" and (self.artifact is None or not self.compatibility_string):
@@ -271,8 +293,16 @@ class VariantEntry(FileSet):
     def same_build(self, other: VariantEntry) -> bool:
         """Equal but for when it was compiled and how long its checks took (or whether they
         were reused): publishing it again would change nothing."""
-        ignore: dict[str, object] = {"compiled_at": True, "verification": {"seconds", "reused"}}
+        ignore: dict[str, object] = {
+            "compiled_at": True,
+            "verification": {"seconds", "reused"},
+            "deltas": True,
+        }
         return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)  # type: ignore[arg-type]
+
+    def delta_from(self, base_sha256: str) -> DeltaRef | None:
+        """The delta to this variant's main file from the file ``base_sha256``, if any."""
+        return next((d for d in self.deltas if d.base_sha256 == base_sha256), None)
 
     def failure_for(self, fingerprint: str) -> VariantEntry | None:
         """The failed compile this entry records for the inputs ``fingerprint`` hashes (the
@@ -461,6 +491,17 @@ class Manifest(_Strict):
 
 def json_schema() -> str:
     return json.dumps(Manifest.model_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def delta_keys(manifest: Manifest | None) -> set[str]:
+    """The deltas the manifest's variants list. Not in ``referenced_keys``: ``epfleet gc``
+    keeps a delta only while both its base and its variant are kept."""
+    keys: set[str] = set()
+    for entry in (manifest.models if manifest else {}).values():
+        kept = [v for v in entry.previous.values() if v is not None]
+        for variant in [*entry.variants.values(), *kept]:
+            keys.update(d.uri for d in variant.deltas)
+    return keys
 
 
 def referenced_keys(manifest: Manifest | None) -> set[str]:

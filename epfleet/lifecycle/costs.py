@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from epfleet.formats.manifest import Manifest, referenced_keys
+from epfleet.formats.manifest import Manifest, delta_keys, referenced_keys
 from epfleet.lifecycle.gc import kind_of, needed_keys
 from epfleet.stores import Store
 from epfleet.text import format_bytes, table
@@ -79,7 +79,7 @@ def costs(store: Store, manifest: Manifest | None) -> Costs:
             cost = by_target.setdefault(target, TargetCost(target=target, variants=0, bytes=0))
             cost.variants += 1
             cost.bytes += size
-    referenced = needed_keys(manifest)
+    referenced = needed_keys(manifest) | delta_keys(manifest)
     listed = store.list_objects("", hidden=True)
     uploads = store.incomplete_uploads()
     present = {o.key for o in listed}

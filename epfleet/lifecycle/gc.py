@@ -11,6 +11,9 @@ What it collects (each a *kind*):
 - ``file``: ``files/<sha256>`` (external data, EP contexts, sidecars of multi-file sources
   and variants) no source or variant lists, and no variant a device reported active
   lists (``variants/.../<sha256>.files.json``, beside its main file, says which);
+- ``delta``: ``deltas/<model>/<target>/<sha256>.from-<base sha256>.zst``, a binary delta
+  to a variant's file from a file devices may hold (``epfleet.fleet.delta_rules``), unless
+  both that variant file and its base are kept;
 - ``temp``: temporary files interrupted local writes left (``.<name>.<8 chars>.tmp``);
 - ``multipart``: incomplete S3 multipart uploads.
 

@@ -21,8 +21,8 @@ from epfleet.fsutil import is_temp_name
 from epfleet.stores import MANIFEST_KEY
 from epfleet.stores.base import StoredObject
 
-Kind = Literal["variant", "source", "samples", "file", "temp", "multipart"]
-KINDS: tuple[Kind, ...] = ("variant", "source", "samples", "file", "temp", "multipart")
+Kind = Literal["variant", "source", "samples", "file", "delta", "temp", "multipart"]
+KINDS: tuple[Kind, ...] = ("variant", "source", "samples", "file", "delta", "temp", "multipart")
 PROTECTED = ("reports/", "trust/", "runs/")
 """Never collected: device reports, signed metadata, hand-over files (their own sweeps)."""
 
@@ -33,8 +33,11 @@ _PATTERNS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
     ("source", re.compile(rf"sources/{_HEX}\.onnx")),
     ("samples", re.compile(rf"samples/{_HEX}\.npz")),
     ("file", re.compile(rf"files/{_HEX}")),
+    ("delta", re.compile(rf"deltas/{_NAME}/{_NAME}/{_HEX}\.from-{_HEX}\.zst")),
 )
-_TEMP_FOLDERS = ("sources/", "samples/", "variants/", "files/")
+_TEMP_FOLDERS = ("sources/", "samples/", "variants/", "files/", "deltas/")
+_DELTA = re.compile(rf"deltas/({_NAME})/({_NAME})/({_HEX})\.from-({_HEX})\.zst")
+_VARIANT_FILE = re.compile(rf"variants/({_NAME})/{_NAME}/({_HEX})\.onnx")
 """Where a temp file is collected: these folders and the store's root."""
 
 
@@ -138,8 +141,15 @@ def plan_collection(
             f"{manifest.published_at.isoformat()}, within the grace period: a device may "
             "still be downloading what the one before it referenced"
         )
+    deltas: list[StoredObject] = []
+    variant_files: set[str] = set()
     for obj in objects:
         kind = kind_of(obj.key)
+        if kind == "delta":
+            deltas.append(obj)  # decided once every variant file is
+            continue
+        if kind == "variant" and obj.key.endswith(".onnx"):
+            variant_files.add(obj.key)
         if kind is None and (obj.key == MANIFEST_KEY or obj.key.startswith(PROTECTED)):
             plan.protected += 1
             continue
@@ -168,6 +178,8 @@ def plan_collection(
             plan.candidates.append(
                 Candidate(key=obj.key, kind=kind, size=obj.size, modified=obj.modified)
             )
+    collected = {c.key for c in plan.candidates}
+    _plan_deltas(plan, deltas, variant_files - collected, cutoff)
     for upload in uploads:
         if upload.modified > cutoff:
             reason = "an upload started within the grace period (maybe still running)"
@@ -181,3 +193,29 @@ def plan_collection(
                 )
             )
     return plan
+
+
+def _plan_deltas(
+    plan: GcPlan, deltas: list[StoredObject], kept_variants: set[str], cutoff: datetime
+) -> None:
+    """A delta is kept while both the variant file it makes and the file it applies to (its
+    base, of any target of the model) are kept, and while it is younger than the grace
+    period (a publish uploads its deltas before the manifest lists them); else it goes."""
+    kept_files = set()
+    for key in kept_variants:
+        if found := _VARIANT_FILE.fullmatch(key):
+            kept_files.add(found.groups())
+    for obj in deltas:
+        found = _DELTA.fullmatch(obj.key)
+        assert found is not None  # kind_of matched the same pattern
+        model, target, sha256, base = found.groups()
+        made_kept = f"variants/{model}/{target}/{sha256}.onnx" in kept_variants
+        if made_kept and (model, base) in kept_files:
+            continue
+        if obj.modified > cutoff:
+            reason = "younger than the grace period"
+            plan.kept.append(Kept(key=obj.key, kind="delta", size=obj.size, reason=reason))
+            continue
+        plan.candidates.append(
+            Candidate(key=obj.key, kind="delta", size=obj.size, modified=obj.modified)
+        )

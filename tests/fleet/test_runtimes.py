@@ -5,12 +5,14 @@ binary, for real (onnxruntime-qnn 2.5.0 and 2.7.0, and 2.6.0 for a changed runti
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from epfleet.errors import BadInputError
+from epfleet.formats.device_report import ModelReport
 from epfleet.formats.manifest import Manifest
 from epfleet.runtime.environments import ENVIRONMENTS, ensure_environment
 from epfleet.runtime.workers import shared_workers
@@ -179,3 +181,54 @@ def test_the_oldest_runtime_epfleet_compiles_with_and_one_older_refused_at_plan_
     assert message.startswith("runtime 'qnn-old': ")
     assert "onnxruntime 1.23.2 is older than this epfleet compiles with (at least 1.24)" in message
     assert not (tmp_path / "other" / "manifest.json").exists()
+
+
+def test_a_device_moved_to_a_newer_runtime_gets_its_variant_as_a_delta(
+    tmp_path: Path, model_dir: Path, cache: Path
+) -> None:
+    """A runtime added to a target builds its variant beside the one devices hold, with a
+    delta from it under half the file; a device on 2.5.0's variant upgraded to 2.7.0
+    downloads the delta alone, and activates 2.7.0's file byte for byte."""
+    from epfleet.device.policy import SyncPolicy
+    from epfleet.device.session import SyncSession
+    from epfleet.hashing import sha256_file
+    from eps.qnn import HtpRuntime
+    from tests.support.qnn_device import QnnDeviceEps
+    from tests.support.synced_fleet import copy_store
+
+    store = tmp_path / "store"
+    assert (
+        compile_spec(write(tmp_path, model_dir, {"qnn-2.5": QNN_2_5}), store, cache).exit_code == 0
+    )
+    device = tmp_path / "device"
+
+    def sync_on(runtime: HtpRuntime, release: str, where: Path) -> ModelReport:
+        with SyncSession(
+            str(where), device, SyncPolicy(), "dev-1", local=QnnDeviceEps(runtime, release),
+            allow_unsigned=True,
+        ) as session:  # fmt: skip
+            session.fetch_manifest()
+            session.sync_model("tiny-cls")
+            return session.finish().models[0]
+
+    served = copy_store(store, tmp_path / "served")
+    on_2_5 = HtpRuntime(arch=73, vtcm_mb=8, backend_api=(5, 49, 0), sdk=(2, 49, 40))
+    held = sync_on(on_2_5, "2.5.0", served)
+    assert (held.action, held.target) == ("downloaded", "sd-x-elite.qnn-2.5")
+    both = write(tmp_path, model_dir, {"qnn-2.5": QNN_2_5, "qnn-2.7": QNN_2_7})
+    assert compile_spec(both, store, cache).exit_code == 0
+    shutil.rmtree(served)
+    copy_store(store, served)
+    variant = Manifest.from_json((served / "manifest.json").read_bytes()).models["tiny-cls"]
+    new = variant.variants["sd-x-elite.qnn-2.7"]
+    assert new.artifact is not None
+    [delta] = new.deltas
+    assert delta.base_sha256 == held.artifact_sha256
+    assert delta.size < new.artifact.size / 2, (delta.size, new.artifact.size)
+
+    on_2_7 = HtpRuntime(arch=73, vtcm_mb=8, backend_api=(5, 51, 0), sdk=(2, 51, 0))
+    moved = sync_on(on_2_7, "2.7.0", served)
+    assert (moved.action, moved.target) == ("downloaded", "sd-x-elite.qnn-2.7"), moved.reason
+    assert (moved.delta_from, moved.bytes_downloaded) == (held.variant, delta.size)
+    active = device / "models" / "tiny-cls" / (moved.variant or "") / "model.onnx"
+    assert sha256_file(active) == (new.artifact.sha256, new.artifact.size)
