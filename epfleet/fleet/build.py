@@ -28,6 +28,7 @@ from epfleet.fleet.staging import (
 )
 from epfleet.fleet.verify import VerifyJob, skipped, verify_artifact
 from epfleet.fleet.verify_cache import (
+    judged_on_sets,
     key_for,
     numerics_key_for,
     recalled,
@@ -302,7 +303,7 @@ def verify_output(
     backing = recalled_backing(cache_dir(), numerics)
     samples = request.samples
     golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
-    more = samples.metric_inputs if request.metric is not None else None
+    more = samples.metric_inputs if judged_on_sets(request) else None
     sets = fetch_verified(store, more.uri, more.sha256, more.size) if more else None
     job = VerifyJob(
         label=f"{request.model} × {request.target}",
@@ -322,6 +323,7 @@ def verify_output(
         metric_modules=settings().metric_modules,
         folded_io=output.folded_io,
         sets_path=str(sets) if sets else None,
+        decision_default=request.decision_default,
     )
     verification = verify_artifact(job, request.verify_timeout, runtime_site(request))
     remember(cache_dir(), key, verification)

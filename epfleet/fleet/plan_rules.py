@@ -135,7 +135,8 @@ def plan_pairs(
             # a model with calibration inputs and no samples is verified on held-out ones
             samples_origin="spec" if model.samples or calibration else "generated",
             samples_problem=samples_problems.get(model.name),
-            metric=model.metric,
+            metric=model.named_metric,
+            decision_default=model.decision_default,
             fold_io=target.fold_io,
             runtime=(
                 RuntimeRef(name=target.runtime, requirements=known[target.runtime].requirements)

@@ -165,7 +165,7 @@ def check_metric_functions(models: list[ModelSpec]) -> None:
 
     allowed = settings().metric_modules
     for model in models:
-        function = model.metric.function if model.metric else None
+        function = model.named_metric.function if model.named_metric else None
         if function and not module_allowed(function, allowed):
             raise BadInputError(f"models[{model.name}]: {refusal(function)}")
 
@@ -282,9 +282,10 @@ def plan_run(
 
 def metric_sets(spec_path: Path, model: ModelSpec) -> dict[str, str]:
     """The input sets beside the samples that a model's task metric is judged on: its
-    calibration and verification inputs, when it names a metric (without one they would
-    cost runs and judge nothing)."""
-    if model.metric is None:
+    calibration and verification inputs, unless ``metric: {kind: none}`` turns judging
+    off (then they would cost runs and judge nothing). With no metric named they serve the
+    default for class scores."""
+    if model.named_metric is None and not model.decision_default:
         return {}
     given = {"calibration": model.calibration, "verification": model.verification}
     return {name: resolve_source(spec_path, path) for name, path in given.items() if path}

@@ -27,6 +27,8 @@ from epfleet.errors import (
 )
 from epfleet.fleet.decision_rules import (
     DEFAULT_DECISION_MIN,
+    LAYOUT_OPS,
+    LINEAR_OPS,
     SCORE_OPS,
     class_scores,
     decision_metric,
@@ -156,7 +158,11 @@ class VerifyJob(BaseModel):
     """A folded variant's integer inputs and outputs: it is loaded with CPU fallback
     disabled, fed the golden inputs quantised and its outputs dequantised."""
     sets_path: str | None = None
-    """The model's input sets file: more inputs the named metric is judged on."""
+    """The model's input sets file: more inputs the named metric, or the default for class
+    scores, is judged on."""
+    decision_default: bool = True
+    """With no metric: whether an integer variant's class scores are judged by their
+    decisions (False: the spec's ``metric: {kind: none}``)."""
 
 
 TWIN_SAMPLES = 1
@@ -169,7 +175,9 @@ def run_verification(job: VerifyJob) -> Verification:
     every golden sample."""
     started = time.perf_counter()
     every, reference = read_golden(Path(job.golden_path))
-    sets = read_input_sets(Path(job.sets_path)) if job.sets_path and job.metric else []
+    by_default = judged_by_default(job.precision, job.metric is not None, job.decision_default)
+    judged_on_sets = job.sets_path is not None and (job.metric is not None or by_default)
+    sets = read_input_sets(Path(job.sets_path)) if judged_on_sets and job.sets_path else []
     samples, twin_of = every, None
     if job.twin_of is not None and len(every) > TWIN_SAMPLES:
         samples, twin_of = every[:TWIN_SAMPLES], job.twin_of
@@ -231,8 +239,17 @@ def run_verification(job: VerifyJob) -> Verification:
         metric, missed = judged.record, judged.missed
         if judged.failure:
             failure = judged.failure
-    elif twin_of is None and judged_by_default(job.precision, job.metric is not None):
-        metric, missed = judge_decisions(job, names, outputs, reference[: len(samples)])
+    elif twin_of is None and by_default:
+        decided = judge_decisions(
+            job,
+            names,
+            Evidence(outputs, reference[: len(samples)]),
+            sets if failure is None else [],
+            run,
+        )
+        if decided is not None:
+            metric, missed = decided.record, decided.missed
+            failure = decided.failure or failure
     if failure and job.source_path and computes_in_fp16(job):
         failure += fp16_overflow(job.source_path, samples)
     elif failure and job.source_path and job.qdq_path:
@@ -265,37 +282,44 @@ def run_verification(job: VerifyJob) -> Verification:
 
 
 def judge_decisions(
-    job: VerifyJob, names: list[str], outputs: list[list[Any]], reference: list[list[Any]]
-) -> tuple[TaskMetric | None, str | None]:
+    job: VerifyJob,
+    names: list[str],
+    evidence: Evidence,
+    sets: list[InputSet],
+    run: Callable[[list[Any]], list[list[Any]]],
+) -> Judged | None:
     """The default metric of an integer variant of a model that names none: each output
-    holding class scores judged by its decisions (``epfleet.fleet.decision_rules``). The
-    record is the first output that misses, else the lowest scoring; None when no output
-    holds class scores."""
-    if job.source_path is None or not reference:
-        return None, None
-    judged = []
-    for name in class_score_outputs(job.source_path):
-        if name not in names:
-            continue
-        spec = decision_metric(name, tuple(reference[0][names.index(name)].shape))
-        if spec is not None:
-            record, missed = scored(spec, names, Evidence(outputs, reference))
-            judged.append((record.model_copy(update={"default": True}), missed))
-    if not judged:
-        return None, None
+    holding class scores judged by its decisions (``epfleet.fleet.decision_rules``) on the
+    samples and the further sets, as a named metric is (``judge``). The record is the first
+    output that misses, else the lowest scoring; None when no output holds class scores."""
+    if job.source_path is None or not evidence.reference:
+        return None
+    specs = []
+    for name, linear in class_score_outputs(job.source_path):
+        if name in names:
+            shape = tuple(evidence.reference[0][names.index(name)].shape)
+            spec = decision_metric(name, shape, linear)
+            if spec is not None:
+                specs.append(spec)
+    if not specs:
+        return None
+    judged = judge(specs, names, evidence, sets, run, job)
+    records = [(r.model_copy(update={"default": True}), m) for r, m in judged.records]
     record, missed = next(
-        ((r, m) for r, m in judged if m), min(judged, key=lambda rm: rm[0].value or 0.0)
+        ((r, m) for r, m in records if m), min(records, key=lambda rm: rm[0].value or 0.0)
     )
     if missed:
         missed += (
             f" (the default for an integer variant's class scores, min "
-            f"{DEFAULT_DECISION_MIN:g}: name the model's metric to judge it otherwise)"
+            f"{DEFAULT_DECISION_MIN:g}: name the model's metric to judge it otherwise, or "
+            "metric: {kind: none} to judge it by the numeric gate alone)"
         )
-    return record, missed
+    return Judged(record, missed, judged.failure)
 
 
-def class_score_outputs(source_path: str) -> list[str]:
-    """The source's graph outputs that hold class scores (``decision_rules.class_scores``)."""
+def class_score_outputs(source_path: str) -> list[tuple[str, bool]]:
+    """The source's graph outputs that hold class scores (``decision_rules.class_scores``),
+    each with whether it is a linear head's (``linear_head``)."""
     import onnx
 
     try:
@@ -305,8 +329,13 @@ def class_score_outputs(source_path: str) -> list[str]:
     producers = {output: node for node in model.graph.node for output in node.output}
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     found = []
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {o for node in model.graph.node if node.op_type == "Constant" for o in node.output}
     for output in model.graph.output:
         node = producers.get(output.name)
+        if linear_head(output.name, producers, constants):
+            found.append((output.name, True))
+            continue
         axis, rank = None, None
         if output.type.tensor_type.HasField("shape"):
             rank = len(output.type.tensor_type.shape.dim)
@@ -316,8 +345,26 @@ def class_score_outputs(source_path: str) -> list[str]:
                 if attribute.name == "axis":
                     axis = attribute.i
         if class_scores(output.name, node.op_type if node else None, axis, rank):
-            found.append(output.name)
+            found.append((output.name, False))
     return found
+
+
+def linear_head(name: str, producers: dict[str, Any], constants: set[str]) -> bool:
+    """Whether graph output ``name`` is made by a MatMul or Gemm through ``LAYOUT_OPS``
+    only (``decision_rules``)."""
+    node = producers.get(name)
+    for _ in range(16):
+        if node is None:
+            return False
+        if node.op_type in LINEAR_OPS:
+            return True
+        if node.op_type not in LAYOUT_OPS or not node.input:
+            return False
+        data = [i for i in node.input if i not in constants] if node.op_type == "Add" else []
+        if node.op_type == "Add" and len(data) != 1:
+            return False
+        node = producers.get(data[0] if data else node.input[0])
+    return False
 
 
 def _name_of(index: int, names: list[str]) -> str:
@@ -363,15 +410,43 @@ def judge_metric(
     run: Callable[[list[Any]], list[list[Any]]],
     job: VerifyJob,
 ) -> Judged:
-    """The metric over the golden samples, then over each further set ``run`` in batches
-    of ``SET_BATCH`` until the verdict is settled (``settled``) or every input has run.
-    Each batch is also checked for NaN or inf where the source gives a number and for a
-    probability leaving [0, 1]: such a failure ends the verdict."""
-    record, missed = scored(spec, names, evidence, job.metric_modules)
+    """The named metric over the golden samples and the further sets (``judge``)."""
+    judged = judge([spec], names, evidence, sets, run, job)
+    record, missed = judged.records[0]
+    return Judged(record, missed, judged.failure)
+
+
+@dataclass(frozen=True)
+class JudgedAll:
+    records: list[tuple[TaskMetric, str | None]]
+    """Each metric's record, and why the variant misses it (None: it reaches it)."""
+    failure: str | None = None
+
+
+def judge(
+    specs: list[MetricSpec],
+    names: list[str],
+    evidence: Evidence,
+    sets: list[InputSet],
+    run: Callable[[list[Any]], list[list[Any]]],
+    job: VerifyJob,
+) -> JudgedAll:
+    """Each metric over the golden samples, then over each further set ``run`` in batches
+    of ``SET_BATCH`` until the verdict is settled (one metric shown missed, or every one
+    ``settled``) or every input has run. Each batch is also checked for NaN or inf where
+    the source gives a number and for a probability leaving [0, 1]: such a failure ends
+    the verdict."""
+
+    def scores() -> list[tuple[TaskMetric, str | None]]:
+        return [scored(spec, names, evidence, job.metric_modules) for spec in specs]
+
+    records = scores()
     for extra in sets:
         for start in range(0, len(extra.inputs), SET_BATCH):
-            if settled(record):
-                return Judged(record, missed)
+            if all(settled(r) for r, _ in records) or any(
+                m and r.evidence == "misses" for r, m in records
+            ):
+                return JudgedAll(records)
             inputs = extra.inputs[start : start + SET_BATCH]
             want = extra.outputs[start : start + SET_BATCH]
             where = f"{extra.name} input(s) {start}-{start + len(inputs) - 1}"
@@ -379,12 +454,12 @@ def judge_metric(
                 got = run(inputs)
                 wrong = compare(got, want).domain_failure(job.abs_tolerance)
             except (HealthCheckError, ValueError) as exc:
-                return Judged(record, missed, f"on {where}: {exc}")
+                return JudgedAll(records, f"on {where}: {exc}")
             if wrong:
-                return Judged(record, missed, f"on {where}: {wrong}")
+                return JudgedAll(records, f"on {where}: {wrong}")
             evidence.add(extra.name, got, want)
-            record, missed = scored(spec, names, evidence, job.metric_modules)
-    return Judged(record, missed)
+            records = scores()
+    return JudgedAll(records)
 
 
 def settled(record: TaskMetric) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from epfleet.fleet.decision_rules import judged_by_default
 from epfleet.fleet.twin_rules import numerics_basis
 from epfleet.formats.manifest import Verification
 from epfleet.formats.task_metric import MetricSpec
@@ -58,6 +59,17 @@ class VerifyKey(BaseModel):
     """A pass within a longer time limit need not hold within a shorter one."""
     metric: MetricSpec | None = None
     """The task metric it was judged by (left out of the key when None)."""
+    decision_default: bool | None = None
+    """False when ``metric: {kind: none}`` turned the default for class scores off (None:
+    left out of the key)."""
+
+
+def judged_on_sets(request: CompileRequest) -> bool:
+    """Whether a variant's verification runs the model's calibration and verification
+    inputs: for a named metric, or for the default for class scores (an integer rung)."""
+    return request.metric is not None or judged_by_default(
+        request.precision, False, request.decision_default
+    )
 
 
 def verification_key(key: VerifyKey) -> str:
@@ -170,9 +182,10 @@ def key_for(
             samples_sha256=request.samples.sha256,
             metric_inputs_sha256=(
                 request.samples.metric_inputs.sha256
-                if request.samples.metric_inputs is not None and request.metric is not None
+                if request.samples.metric_inputs is not None and judged_on_sets(request)
                 else None
             ),
+            decision_default=None if request.decision_default else False,
             ep=request.ep,
             ep_build=ep_build,
             ort_version=ort,

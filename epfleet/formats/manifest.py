@@ -170,8 +170,9 @@ class SamplesRef(ArtifactRef):
     metric_inputs: ArtifactRef | None = Field(
         default=None,
         exclude_if=lambda ref: ref is None,
-        description="The calibration and verification inputs a named task metric is also "
-        "judged on, with the source's outputs for them (schema 1.7)",
+        description="The calibration and verification inputs a named task metric, or the "
+        "default for class scores, is also judged on, with the source's outputs for them "
+        "(schema 1.7)",
     )
 
 

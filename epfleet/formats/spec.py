@@ -28,7 +28,7 @@ from epfleet.formats.manifest import (
     NAME_PATTERN,
 )
 from epfleet.formats.rollout import RolloutPolicy
-from epfleet.formats.task_metric import MetricSpec
+from epfleet.formats.task_metric import MetricSpec, NoMetric
 from eps.base import (
     INTEGER_PRECISIONS,
     LOOSEST_TOLERANCE,
@@ -109,7 +109,8 @@ class ModelSpec(BaseModel):
         min_length=1,
         description="More inputs the task metric is judged on (beside the samples and the "
         "calibration inputs): an .npz in the samples format (relative to the spec), real "
-        "inputs held out from calibration. Used only when a metric is named",
+        "inputs held out from calibration. Used by a named metric, and by the default for "
+        "class scores on integer variants; not with metric {kind: none}",
     )
     quantization: QuantizationSpec = Field(
         default_factory=lambda: QuantizationSpec(),
@@ -119,13 +120,26 @@ class ModelSpec(BaseModel):
         default=None,
         description="How new variants of this model reach the fleet (overrides the spec's)",
     )
-    metric: MetricSpec | None = Field(
+    metric: MetricSpec | NoMetric | None = Field(
         default=None,
+        discriminator="kind",
         description="What the model's users judge it by (e.g. {kind: argmax_agreement, min: "
         "0.99}): a variant is published only when it reaches this on the golden samples, the "
         "calibration and verification inputs as well as the numeric tolerance. Omitted: the "
-        "numeric gate alone",
+        "numeric gate, and integer variants' class-score outputs judged by their decisions "
+        "(min 0.97); {kind: none}: the numeric gate alone",
     )
+
+    @property
+    def named_metric(self) -> MetricSpec | None:
+        """The task metric the spec names (None: none, or ``kind: none``)."""
+        return self.metric if isinstance(self.metric, MetricSpec) else None
+
+    @property
+    def decision_default(self) -> bool:
+        """Whether integer variants' class scores are judged by the default: no metric
+        named, and the default not turned off with ``kind: none``."""
+        return self.metric is None
 
     @field_validator("input_shapes")
     @classmethod

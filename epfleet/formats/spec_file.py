@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from epfleet.errors import BadInputError
 from epfleet.formats.spec import FleetSpec
+from epfleet.formats.task_metric import MetricKind
 from epfleet.text import printable
 
 MAX_NESTING = 32
@@ -30,10 +31,17 @@ MAX_ALIASED_CHARACTERS = 1_000_000
 gigabytes in anything that writes the spec's values out (a flow's parameters, a log)."""
 
 
+METRIC_TAGS = ("none", *typing.get_args(MetricKind))
+"""A metric's kinds: the tags pydantic puts in the location of a metric's errors."""
+
+
 def _location(loc: tuple[int | str, ...], data: Any) -> str:
-    """Render a pydantic error location as models[ocr-det].input_shapes.x, naming list items."""
+    """Render a pydantic error location as models[ocr-det].input_shapes.x, naming list items.
+    A tagged union's tag (``metric.argmax_agreement.min``: the metric's kind) is left out."""
     path, node = "", data
     for item in loc:
+        if isinstance(node, dict) and item not in node and node.get("kind") == item:
+            continue
         if isinstance(item, int):
             node = node[item] if isinstance(node, list) and item < len(node) else None
             label = node.get("name") if isinstance(node, dict) else None
@@ -49,7 +57,8 @@ def _message(error: Any) -> str:
     if error["type"] != "extra_forbidden":
         return str(error["msg"]).removeprefix("Value error, ")
     *parent, key = error["loc"]
-    known = _known_keys(FleetSpec, parent)
+    tag = parent.pop() if parent and parent[-1] in METRIC_TAGS else None
+    known = ["kind"] if tag == "none" else _known_keys(FleetSpec, parent)
     near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.7)
     hint = f"did you mean {near[0]}?" if near else f"known keys: {', '.join(known)}"
     return f"unknown key; {hint}"

@@ -114,6 +114,17 @@ class MetricSpec(BaseModel):
         return f"{name} ≥ {self.min:g}{on}"
 
 
+class NoMetric(BaseModel):
+    """``metric: {kind: none}``: the model names no task metric and turns the default for
+    class scores off, so its variants are judged by the numeric gate alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["none"] = Field(
+        description="none: no task metric, and no default judging of class scores"
+    )
+
+
 class TaskMetric(BaseModel):
     """The task metric a variant scored in its verification."""
 

@@ -99,6 +99,11 @@ class CompileRequest(BaseModel):
     samples_origin: Literal["spec", "generated"] = Field(
         default="generated", description="Whether the spec gave the samples' inputs"
     )
+    decision_default: bool = Field(
+        default=True,
+        description="With no metric: whether integer rungs' class scores are judged by "
+        "their decisions (False: the spec's metric {kind: none})",
+    )
     metric: MetricSpec | None = Field(
         default=None, description="The model's task metric, judged beside the tolerance"
     )
@@ -204,6 +209,9 @@ def fingerprinted(
     if request.metric is not None:
         # Only when named: pairs judged by the numeric gate alone keep their fingerprints.
         payload["metric"] = request.metric.model_dump(mode="json")
+    if not request.decision_default and request.metric is None:
+        # Only when turned off: pairs under the default keep their fingerprints.
+        payload["decision_default"] = False
     if request.quantize is not None:
         payload["quantize"] = request.quantize.model_dump(mode="json")
     if request.fold_io:

@@ -57,6 +57,54 @@ def test_only_integer_rungs_of_models_without_a_metric() -> None:
     assert not judged_by_default("w8a8", named_metric=True)
     assert not judged_by_default("fp16", named_metric=False)
     assert not judged_by_default(None, named_metric=False)
+    assert not judged_by_default("w8a8", named_metric=False, default_on=False)  # kind: none
+
+
+def linear_heads(path: Path) -> Path:
+    """Three outputs: a CTC head that leaves its Softmax to the caller (MatMul, bias Add,
+    Reshape to a time-major [T, 1, C], named by a number as exporters do), a Gemm's
+    [1, 8] that may be an embedding, and a Sigmoid's."""
+    steps, features, classes = 20, 6, 37
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["mm"]),
+            helper.make_node("Add", ["b", "mm"], ["biased"]),
+            helper.make_node("Reshape", ["biased", "shape"], ["387"]),
+            helper.make_node("Gemm", ["pooled", "w2"], ["embedding"]),
+            helper.make_node("Sigmoid", ["embedding"], ["gate"]),
+        ],
+        "heads",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, features]),
+            helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, features]),
+        ],
+        [
+            helper.make_tensor_value_info("387", TensorProto.FLOAT, [1, "seqlen"]),  # as shipped
+            helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, 8]),
+            helper.make_tensor_value_info("gate", TensorProto.FLOAT, [1, 8]),
+        ],
+        [
+            numpy_helper.from_array(np.ones((features, classes), np.float32), "w"),
+            numpy_helper.from_array(np.zeros(classes, np.float32), "b"),
+            numpy_helper.from_array(np.array([steps, 1, classes], np.int64), "shape"),
+            numpy_helper.from_array(np.ones((features, 8), np.float32), "w2"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_linear_head_of_three_axes_is_judged_by_its_paths(tmp_path: Path) -> None:
+    """ddddocr's reader ends in Gemm and Reshape to [T, 1, 8210], output '387', and its
+    graph declares [1, seqlen]: the rule follows the graph, the shape is the one it gives."""
+    found = class_score_outputs(str(linear_heads(tmp_path / "heads.onnx")))
+    assert found == [("387", True), ("embedding", True)]
+    ctc = decision_metric("387", (20, 1, 37), linear_head=True)
+    assert ctc is not None and ctc.kind == "sequence_match" and ctc.time_axis == 0
+    assert decision_metric("embedding", (1, 8), linear_head=True) is None  # may embed
+    assert decision_metric("logits", (1, 8)) is not None  # named so: class scores
 
 
 def classifier(path: Path, shift: float, output: str = "logits", softmax: bool = False) -> Path:
@@ -121,14 +169,15 @@ def test_an_integer_rung_that_flips_decisions_is_refused_by_default(tmp_path: Pa
     )
     assert check.reason.endswith(
         "(the default for an integer variant's class scores, min 0.97: name the model's "
-        "metric to judge it otherwise)"
+        "metric to judge it otherwise, or metric: {kind: none} to judge it by the numeric "
+        "gate alone)"
     )
     assert check.metric.shown().endswith("on 16 inputs, undecided (default for class scores)")
 
 
 def test_a_softmax_output_is_judged_and_a_clean_rung_passes(tmp_path: Path) -> None:
     assert class_score_outputs(str(classifier(tmp_path / "s.onnx", 0.0, "probs", True))) == [
-        "probs"
+        ("probs", False)
     ]
     flips = verify(tmp_path, close=1, output="probs", softmax=True)
     assert flips.status == "failed" and flips.metric is not None and flips.metric.hits == 15
@@ -142,5 +191,7 @@ def test_fp16_and_outputs_without_class_scores_stay_numeric(tmp_path: Path) -> N
     assert fp16.status == "passed" and fp16.metric is None
     other = verify(tmp_path, close=2, output="y")
     assert other.status == "passed" and other.metric is None
+    off = verify(tmp_path, close=2, decision_default=False)  # metric: {kind: none}
+    assert off.status == "passed" and off.metric is None
     twin = verify(tmp_path, close=2, twin_of="sd8g3")
     assert twin.status == "passed" and twin.metric is None and twin.samples == 1

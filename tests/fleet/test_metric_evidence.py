@@ -161,10 +161,35 @@ def test_a_variant_the_tolerance_refuses_runs_no_further_set(tmp_path: Path) -> 
     assert check.reason is not None and check.reason.startswith("output 0 differs")
 
 
-def test_without_a_metric_only_the_samples_run(tmp_path: Path) -> None:
+def test_without_a_metric_a_float_variant_runs_only_the_samples(tmp_path: Path) -> None:
     path = golden(tmp_path, inputs(11, 1, 0), calibration=inputs(64, 0, 1))
     check = run_verification(job(tmp_path, path, metric=None))
     assert check.status == "passed" and check.metric is None and check.samples == 12
+
+
+def test_the_default_for_class_scores_is_judged_on_the_calibration_inputs(
+    tmp_path: Path,
+) -> None:
+    """An integer rung of a model that names no metric: 16 clean samples cannot refuse it,
+    the calibration inputs do (4 flips in the first batch show it below 0.97), and stop
+    there; a clean one runs every input (80 clean cannot show 0.97: that takes 99) and
+    passes on the point value; ``metric: {kind: none}`` judges it by the numeric gate."""
+    default = {"metric": None, "precision": "w8a8", "source_path": str(tmp_path / "source.onnx")}
+    path = golden(tmp_path, inputs(16, 0, 0), calibration=inputs(60, 4, 1))
+    check = run_verification(job(tmp_path, path, **default))
+    assert check.status == "failed" and check.metric is not None and check.metric.default
+    assert check.metric.inputs == {"samples": 16, "calibration": 16}
+    assert (check.metric.hits, check.metric.trials, check.metric.evidence) == (28, 32, "misses")
+    assert check.reason is not None and "over 32 input(s) (16 samples, 16 calibration)" in (
+        check.reason
+    )
+    off = run_verification(job(tmp_path, path, decision_default=False, **default))
+    assert off.status == "passed" and off.metric is None
+    path = golden(tmp_path, inputs(16, 0, 0), calibration=inputs(64, 0, 1))
+    clean = run_verification(job(tmp_path, path, **default))
+    assert clean.status == "passed" and clean.metric is not None
+    assert clean.metric.inputs == {"samples": 16, "calibration": 64}
+    assert clean.metric.evidence == "undecided"
 
 
 def test_the_input_sets_file_holds_each_input_once(tmp_path: Path) -> None:
@@ -204,7 +229,8 @@ def test_the_input_sets_file_holds_each_input_once(tmp_path: Path) -> None:
 def test_planning_stores_the_calibration_and_verification_inputs_for_the_metric(
     tmp_path: Path,
 ) -> None:
-    """Into the input sets file, only for a model that names a metric (without one they
+    """Into the input sets file, for a model that names a metric or leaves the default for
+    class scores on, not for one that turns judging off (``metric: {kind: none}``: they
     would cost runs and judge nothing); the golden file is the same either way."""
     from epfleet.fleet.planning import plan_run
     from tests.support.specs import CPU_TARGET, write_spec
@@ -224,11 +250,15 @@ def test_planning_stores_the_calibration_and_verification_inputs_for_the_metric(
         "verification": "verification.npz",
     }
     judged = {**model, "name": "judged", "metric": {"kind": "argmax_agreement", "min": 0.99}}
-    spec = write_spec(tmp_path, [model, judged], [CPU_TARGET])
+    default = {**model, "name": "default"}
+    model["metric"] = {"kind": "none"}
+    spec = write_spec(tmp_path, [model, judged, default], [CPU_TARGET])
     plan = plan_run(spec, str(tmp_path / "store"))
     plain, weighed = plan.samples["m"], plan.samples["judged"]
     assert plain is not None and weighed is not None
     assert plain.metric_inputs is None and weighed.metric_inputs is not None
+    by_default = plan.samples["default"]
+    assert by_default is not None and by_default.metric_inputs == weighed.metric_inputs
     assert weighed.sha256 == plain.sha256 and weighed.count == plain.count == 4
     assert weighed.basis != plain.basis  # the pairs' fingerprints change
     sets = read_input_sets(tmp_path / "store" / weighed.metric_inputs.uri)

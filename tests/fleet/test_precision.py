@@ -153,6 +153,12 @@ def test_the_ladder_and_the_quantise_inputs_decide_the_fingerprint() -> None:
     )
     assert [r.precision for r in laddered.rungs] == ["fp16", "w8a16"]
     assert laddered.rungs[1].fallbacks == [] and laddered.rungs[1].tolerance == 0.10
+    # metric: {kind: none} judges by the numeric gate alone: another verdict, another build
+    off = request(precision="w8a8", decision_default=False)
+    assert off.fingerprint != request(precision="w8a8").fingerprint
+    assert request(precision="w8a8", decision_default=True).fingerprint == (
+        request(precision="w8a8").fingerprint  # the default keeps the fingerprints it had
+    )
 
 
 def samples(values: list[float]) -> list[dict[str, np.ndarray]]:

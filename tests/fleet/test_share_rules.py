@@ -80,3 +80,34 @@ def test_an_undecided_count_says_how_many_more_would_decide() -> None:
     )
     assert weigh(14, 16, 0.99).doubt("x") is None  # settled: nothing to add
     assert "no count can show a minimum of 1" in (weigh(5, 5, 1.0).doubt("x") or "")
+
+
+@pytest.mark.parametrize(
+    ("hits", "trials", "minimum", "shown", "published"),
+    [
+        # Counts measured with bench/verification_cases.py on ddddocr's reader (PyPI
+        # ddddocr 1.6.1, common.onnx), HTP v73 and v68, 96 calibration inputs, 12 samples.
+        (11, 12, 0.97, "undecided", False),  # w8a8 and w8a16, whole paths on the samples
+        (155, 160, 0.99, "misses", False),  # w8a8, strings on 160 held-out captchas
+        (158, 160, 0.97, "undecided", True),  # w8a16, strings held out (as a captcha CRNN's w8a8)
+        # The figures that set the default's bound (decision_rules.DEFAULT_DECISION_MIN).
+        (138, 160, 0.97, "misses", False),  # a text reader's w8a8 (0.863)
+        (61, 64, 0.97, "undecided", False),  # ddddocr's w8a8 at 64x160 (0.953)
+    ],
+)
+def test_the_measured_counts_against_their_minimums(
+    hits: int, trials: int, minimum: float, shown: str, published: bool
+) -> None:
+    verdict = weigh(hits, trials, minimum)
+    assert verdict.evidence == shown
+    assert verdict.passed is published  # the point value decides an undecided count
+
+
+def test_the_default_on_twelve_samples_says_how_many_inputs_would_settle_it() -> None:
+    """ddddocr's w8a8 reader on HTP v73, 11 of 12 whole paths: the refusal names the
+    calibration inputs that would settle it."""
+    said = weigh(11, 12, 0.97).doubt("sequence_match", "inputs")
+    assert said == (
+        "sequence_match 11/12 = 0.917; 12 inputs cannot show >= 0.97 either way: about 99 all "
+        "agreeing would show it reached, about 55 at this rate would show it missed"
+    )

@@ -57,11 +57,15 @@ def test_every_input_of_a_verification_changes_its_key_and_file_order_does_not()
         "tolerance": 0.02,
         "abs_tolerance": 0.001,
         "verify_timeout": 5.0,
+        "metric_inputs_sha256": "f" * 64,
+        "decision_default": False,  # metric: {kind: none}
     }
     keys = {
         field: verification_key(KEY.model_copy(update={field: v})) for field, v in changes.items()
     }
     assert base not in keys.values() and len(set(keys.values())) == len(changes)
+    # Fields left unset stay out of the key: records from before them are still found.
+    assert base == verification_key(KEY.model_copy(update={"decision_default": None}))
 
 
 def test_only_passed_results_are_kept_and_a_damaged_file_is_a_miss(tmp_path: Path) -> None:

@@ -584,3 +584,25 @@ def test_a_spec_error_names_a_hostile_key_escaped_wherever_it_is_shown() -> None
         parse_spec(spec(models=[{"name": "m", "source": "m.onnx", "sour\x1b[2Jce": 1}]))
     assert "models[m].sour\\x1b[2Jce: unknown key" in str(raised.value)
     assert "\x1b" not in str(raised.value)
+
+
+def test_a_metric_of_kind_none_turns_the_default_for_class_scores_off() -> None:
+    def model(metric: object) -> dict:
+        return {"name": "m", "source": "m.onnx", "metric": metric}
+
+    named = {"kind": "argmax_agreement", "min": 0.99}
+    off = parse_spec(spec(models=[model({"kind": "none"})])).models[0]
+    default = parse_spec(spec(models=[{"name": "m", "source": "m.onnx"}])).models[0]
+    judged = parse_spec(spec(models=[model(named)])).models[0]
+    assert (off.named_metric, off.decision_default) == (None, False)
+    assert (default.named_metric, default.decision_default) == (None, True)
+    assert judged.named_metric is not None and not judged.decision_default
+    for metric, expected in [
+        ({"kind": "argmax_agreement"}, "models[m].metric.min: Field required"),
+        ({"kind": "none", "min": 0.9}, "models[m].metric.min: unknown key; known keys: kind"),
+        (named | {"mn": 1}, "models[m].metric.mn: unknown key; did you mean min?"),
+        ({"kind": "nothing"}, "models[m].metric: Input tag 'nothing' found using 'kind'"),
+    ]:
+        with pytest.raises(BadInputError) as caught:
+            parse_spec(spec(models=[model(metric)]))
+        assert expected in str(caught.value)
