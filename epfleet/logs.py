@@ -23,11 +23,17 @@ PACKAGE_LOGGER = "epfleet"
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is when a record comes (tests swap it)."""
+    """Writes to whatever ``sys.stderr`` is when a record comes (tests swap it), each line
+    fitted to its width (``epfleet.text.output_width``)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
         super().emit(record)
+
+    def format(self, record: logging.LogRecord) -> str:
+        from epfleet.text import output_width, wrap
+
+        return wrap(super().format(record), output_width(sys.stderr))
 
 
 def log_to_stderr(level: int = logging.INFO) -> None:

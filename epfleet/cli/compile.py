@@ -71,8 +71,9 @@ def compile_(
 ) -> int:
     """Compile every model of the fleet spec for every target, and publish.
 
-    Pairs up to date are skipped (with no Prefect run when all are); pairs of a
-    target with a work_pool compile on that pool. With no Prefect API (PREFECT_API_URL)
+    Each model is compiled once per target: a pair (model × target). Pairs up to date are
+    skipped (with no Prefect run when all are); pairs of a target with a work_pool compile
+    on that pool. With no Prefect API (PREFECT_API_URL)
     the run publishes without Prefect and is kept to be recorded by the next compile
     that has one. Progress goes to stderr.
 
@@ -81,7 +82,7 @@ def compile_(
       epfleet compile fleet.yaml --store s3://bucket/fleet --model ocr-det --json
       epfleet compile fleet.yaml --task-runner dask --dask-address tcp://h:8786
       epfleet compile fleet.yaml --store s3://bucket/fleet --prune
-      epfleet compile examples/fleet.yaml --prefect temporary  # recorded on Prefect now
+      epfleet compile examples/fleet.yaml --prefect temporary  # recorded now
 
     Exit codes: 0 every pair ok or up to date; 1 a pair failed (the others are
     still published) or the store failed; 2 bad input (nothing compiled).
@@ -120,6 +121,7 @@ def compile_(
     """
     from epfleet.fleet.views import render_report
     from epfleet.logs import log_to_stderr
+    from epfleet.text import output_width
 
     log_to_stderr()  # epfleet's warnings as "epfleet: ..." lines, the report alone on stdout
     if not 1 <= workers <= MAX_WORKERS:
@@ -141,7 +143,7 @@ def compile_(
     if as_json:
         print(json.dumps(_json_report(report) | ({"pruned": pruned} if prune else {})))
     else:
-        print(render_report(report))
+        print(render_report(report, output_width()))
     return report.exit_code
 
 
@@ -220,8 +222,8 @@ def _compile(
         _record_kept_if_an_api(temporary)
         return plan.report({}, plan.generation, published=False)
     print(
-        f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs to compile "
-        f"with {workers} workers",
+        f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs (model × target) to "
+        f"compile, {workers} at a time",
         file=sys.stderr,
     )
     api_named = api_url_named()
