@@ -45,8 +45,8 @@ APP_EPILOGUE = """For example:
   epfleet COMMAND --help
 
 Exit codes: 0 ok; 1 a model failed to compile or sync, or the store failed;
-2 bad input; 130 interrupted (Ctrl-C). --store defaults to ./epfleet-store. The
-EPFLEET_* environment variables are in the docs (docs/reference/settings.md)."""
+2 bad input; 130 interrupted (Ctrl-C). --store defaults to ./epfleet-store.
+The EPFLEET_* environment variables: docs/reference/settings.md."""
 
 COMMANDS = {
     "compile": "epfleet.cli.compile:compile_",

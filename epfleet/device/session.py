@@ -53,8 +53,8 @@ from epfleet.device.signed_manifest import fetch_signed_manifest, untrusted
 from epfleet.device.steps import Steps
 from epfleet.device.unlisted import drop_models, unlisted
 from epfleet.device.views import manifest_facts
-from epfleet.disk import CacheNotWritable, DiskFull, cannot_write
-from epfleet.errors import BadInputError, EpfleetError
+from epfleet.disk import cannot_write
+from epfleet.errors import BadInputError, CacheNotWritable, DiskFull, EpfleetError
 from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
 from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.limits import Deadline, within

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 import eps
-from epfleet.errors import CompileError, summarize
-from epfleet.fleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
+from epfleet.errors import CompileError, RejectedBuild, summarize
+from epfleet.fleet.outcomes import CompiledVariant, failed_entry, ok_entry
 from epfleet.fleet.staging import (
     built_with,
     cache_dir,

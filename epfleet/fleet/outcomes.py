@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from epfleet import ort_version
-from epfleet.errors import CompileError
+from epfleet.errors import CompileError, RejectedBuild
 from epfleet.fleet.runs import PairResult
 from epfleet.fleet.staging import built_with
 from epfleet.formats.keys import files_key
@@ -93,18 +93,6 @@ def variant_runtime(
     return VariantRuntime(
         name=runtime.name, onnxruntime=ort, ep_package=build["package"], ep_version=build["version"]
     )
-
-
-class RejectedBuild(CompileError):
-    """A compiled variant refused by its checks (coverage floor, verification): its failed
-    entry, with what was measured, and the compile's seconds."""
-
-    def __init__(self, entry: VariantEntry, seconds: float) -> None:
-        super().__init__(entry.error)
-        self.entry, self.seconds = entry, seconds
-
-    def __reduce__(self) -> tuple[object, ...]:  # crosses processes (Dask) intact
-        return (RejectedBuild, (self.entry, self.seconds))
 
 
 def failed_entry(

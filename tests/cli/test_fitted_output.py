@@ -12,11 +12,14 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.cli.sync import INTERRUPTED, INTERRUPTED_FIRST, interrupted_message
+from epfleet.device.cache.device_cache import DeviceCache
 from epfleet.device.local_eps import NO_NPU
+from epfleet.device.reporting import upload_report
 from epfleet.device.views import render_device_report
 from epfleet.formats.device_report import DeviceReport
+from epfleet.stores import open_store
 from epfleet.text import output_width, table, wrap
-from tests.cli.test_edges import REPORT
+from tests.support.sample_report import REPORT
 
 pytestmark = pytest.mark.fast
 
@@ -98,11 +101,19 @@ def test_a_long_reason_at_80_columns_is_wrapped_and_kept_whole() -> None:
     assert " ".join(reason.split()) in " ".join(shown.split())  # the note, wrapped
 
 
-def test_a_report_the_store_already_has_is_explained() -> None:
-    said = "says what the store's copy of 2026-12-01T17:29:57+00:00 says; the next upload by"
-    report = DeviceReport.model_validate(REPORT | {"report_skipped": said})
-    shown = render_device_report(report)
-    assert "report not uploaded: it says what" not in shown
+def test_a_report_the_store_already_has_is_explained(tmp_path: Path) -> None:
+    """A second sync that changed nothing does not upload its report again, and says why
+    in words that need no knowledge of the heartbeat."""
+    cache = DeviceCache(tmp_path / "cache")
+    store = open_store(str(tmp_path / "store"))
+    report = DeviceReport.model_validate(REPORT)
+    assert upload_report(store, report, cache).report_uploaded is True
+    again = upload_report(store, report, cache)
+    assert again.report_uploaded is False
+    shown = render_device_report(again, 80)
+    said = " ".join(shown.split())
+    assert "report not uploaded: the store has the same report, uploaded 20" in said
+    assert "says what" not in said
 
 
 def test_an_interrupted_first_sync_claims_no_previous_variants(tmp_path: Path) -> None:
