@@ -213,11 +213,12 @@ def _compile(
     say(f"epfleet: planning {spec} against {store}")
     tidy_cache()  # temp files of killed runs, and the cache's size bound
     plan = plan_run(spec, store, model, target, force)
+    store_uri = canonical(store)  # what the runs kept for this store are kept under
     if plan.is_noop:
         for name, note in plan.policy_kept.items():
             say(f"epfleet: model {name}: {note}")
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
-        _record_kept_if_an_api(temporary)
+        _record_kept_if_an_api(temporary, store_uri)
         return plan.report({}, plan.generation, published=False)
     say(
         f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs (model × target) to "
@@ -246,7 +247,7 @@ def _compile(
         args = (spec, store, workers, force, model, target)
         if way is RunWay.PLAIN_THEN_KEEP:
             report = _run_without_prefect(plan, store, workers)
-            _keep(plan, report, plan_inputs(spec, store, model, target, force), workers)
+            _keep(plan, report, plan_inputs(spec, store_uri, model, target, force), workers)
             return report
         with prefect_defaults():  # the run's Prefect settings (its flow run's, its API's)
             if way is RunWay.PLAIN_THEN_RECORD:
@@ -261,7 +262,7 @@ def _compile(
                 )
                 return _run_without_prefect(plan, store, workers)
             if api_named or api is not None:  # (the compiles started run meanwhile)
-                _record_kept_runs()
+                _record_kept_runs(store_uri)
             from epfleet.fleet.task_runners import task_runner as make_runner
 
             return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
@@ -298,18 +299,26 @@ def _keep(plan: RunPlan, report: RunReport, inputs: PlanInputs, workers: int) ->
     )
 
 
-def _record_kept_if_an_api(temporary: bool) -> None:
+def canonical(store: str) -> str:
+    """The store's canonical URI (``file:///abs/dir``, ``s3://bucket/prefix``): the same
+    store from any working directory."""
+    from epfleet.stores import open_store
+
+    return open_store(store).uri
+
+
+def _record_kept_if_an_api(temporary: bool, store_uri: str) -> None:
     """An up-to-date run: record the kept runs if a Prefect API is at hand (named by
     PREFECT_API_URL, or the temporary one asked for); else say they wait. Nothing at all
     (no Prefect import) when none is kept."""
     from epfleet.fleet import kept_runs
 
-    count = len(kept_runs.pending())
+    count = len(kept_runs.pending(store_uri))
     if not count:
         return
     if api_url_named():
         with prefect_defaults():
-            _record_kept_runs()
+            _record_kept_runs(store_uri)
         return
     if not temporary:
         say(
@@ -326,10 +335,10 @@ def _record_kept_if_an_api(temporary: bool) -> None:
                 "still kept to be recorded"
             )
             return
-        _record_kept_runs()
+        _record_kept_runs(store_uri)
 
 
-def _record_kept_runs() -> None:
+def _record_kept_runs(store_uri: str) -> None:
     """Record each kept run (oldest first) as a fleet-compile flow run on the Prefect API
     at hand, with the artifacts and events of a run that compiled, then remove its file.
     The first that fails to record ends this, in one line: it and the rest stay kept."""
@@ -337,7 +346,7 @@ def _record_kept_runs() -> None:
     from epfleet.fleet.task_runners import task_runner
 
     recorded = 0
-    for path in kept_runs.pending():
+    for path in kept_runs.pending(store_uri):
         claimed = kept_runs.claim(path)
         if claimed is None:  # another command records it
             continue
@@ -360,7 +369,7 @@ def _record_kept_runs() -> None:
             )
         except Exception as exc:  # it stays kept: the API may answer next time
             kept_runs.release(claimed)
-            left = len(kept_runs.pending())
+            left = len(kept_runs.pending(store_uri))
             say(
                 f"epfleet: Prefect's API did not record a kept run "
                 f"({' '.join(str(exc).split())[:300]}); {left} run(s) still kept"
@@ -400,7 +409,7 @@ def _compile_then_record(
         return report
     from epfleet.fleet.task_runners import task_runner
 
-    _record_kept_runs()
+    _record_kept_runs(canonical(store))
     runner = task_runner("threads", None, workers)
     try:
         _run_fleet_flow(plan, runner, spec, store, workers, force, model, target, done=report)
