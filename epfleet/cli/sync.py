@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 from cyclopts import Parameter
 
 from epfleet.cli.options import Json, Store, command_help, options_from
-from epfleet.device.cache.layout import PACKAGE_MANIFEST
 from epfleet.device.policy import SyncPolicy
 from epfleet.stores import DEFAULT_STORE
 
@@ -44,6 +43,8 @@ INTERRUPTED_FIRST = "epfleet: interrupted before the first sync finished; nothin
 def interrupted_message(cache: Path) -> str:
     """What a Ctrl-C leaves: the variants active before, or, in a cache that has none yet
     (no package manifest), no claim that there were any."""
+    from epfleet.device.cache.layout import PACKAGE_MANIFEST
+
     return INTERRUPTED if (cache / PACKAGE_MANIFEST).is_file() else INTERRUPTED_FIRST
 
 
