@@ -7,15 +7,9 @@ import errno
 import os
 from pathlib import Path
 
-from epfleet.errors import EpfleetError
+from epfleet.errors import CacheNotWritable, DiskFull
 from epfleet.fsutil import NO_SPACE, free_space
 from epfleet.text import mb
-
-
-class CacheNotWritable(EpfleetError):
-    """A path in the cache cannot be written (a read-only file system, or permissions):
-    nothing there changes, and what is active stays active."""
-
 
 WRITE_DENIED = (errno.EROFS, errno.EACCES, errno.EPERM)
 
@@ -25,10 +19,6 @@ def not_writable(path: Path, exc: OSError) -> CacheNotWritable:
         f"cannot write {path}: {exc.strerror or exc}; the device cache must be writable by "
         f"this user (uid {os.getuid()}), or sync into another --cache"
     )
-
-
-class DiskFull(EpfleetError):
-    """Not enough free disk space for a download or a write; the next sync tries again."""
 
 
 def cannot_write(path: Path, exc: OSError) -> CacheNotWritable | DiskFull:

@@ -25,3 +25,10 @@ def sha256_stream(file: BinaryIO) -> tuple[str, int]:
         digest.update(chunk)
         size += len(chunk)
     return digest.hexdigest(), size
+
+
+def store_dir_name(store_uri: str) -> str:
+    """The name of a directory of this machine's state about one store (its kept runs, its
+    verification results): a digest of the store's canonical URI (``Store.uri``), so that
+    what is kept for one store is never taken for another's."""
+    return sha256_bytes(store_uri.encode())[:16]

@@ -11,7 +11,7 @@ Three kinds of limit, all set through ``epfleet.settings`` (``EPFLEET_*``):
   answer must arrive whole within the stall timeout (``epfleet.stores.s3.bounds``).
 - **Documents** read whole from a store (``manifest.json``, device reports, hand-over
   files): ``EPFLEET_MAX_MANIFEST_BYTES`` for the manifest, ``EPFLEET_MAX_DOCUMENT_BYTES``
-  for the rest, enforced while streaming (``epfleet.stores.base.DocumentTooLarge``).
+  for the rest, enforced while streaming (``epfleet.errors.DocumentTooLarge``).
 - **A device sync** as a whole: ``EPFLEET_SYNC_DEADLINE``. The sync session runs each
   of its steps ``within`` it (downloads check it with every chunk, each S3 request is
   stopped when it passes and none starts after it: ``epfleet.stores.s3.bounds``, worker
@@ -29,17 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from epfleet.clock import SYSTEM_CLOCK, Clock
-from epfleet.errors import TransientStoreError
-
-
-class TransferTooSlow(TransientStoreError):
-    """A transfer stalled or moved less than the minimum rate; it was aborted (a resumable
-    download keeps what it has for the next sync)."""
-
-
-class DeadlineExceeded(TransientStoreError):
-    """The sync ran past its deadline; what was in flight was stopped. Transient: the next
-    sync starts with a fresh deadline."""
+from epfleet.errors import DeadlineExceeded, TransferTooSlow, TransientStoreError
 
 
 def format_size(size: float) -> str:

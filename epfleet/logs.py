@@ -23,11 +23,15 @@ PACKAGE_LOGGER = "epfleet"
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is when a record comes (tests swap it)."""
+    """Writes to whatever ``sys.stderr`` is when a record comes (tests swap it), each line
+    fitted to its width (``epfleet.text.output_width``)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
         super().emit(record)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _fitted(super().format(record))
 
 
 def log_to_stderr(level: int = logging.INFO) -> None:
@@ -41,6 +45,17 @@ def log_to_stderr(level: int = logging.INFO) -> None:
         logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
+
+
+def say(text: str) -> None:
+    """Print a line of a command's progress on stderr, fitted to its width."""
+    print(_fitted(text), file=sys.stderr, flush=True)
+
+
+def _fitted(text: str) -> str:
+    from epfleet.text import output_width, wrap
+
+    return wrap(text, output_width(sys.stderr))
 
 
 _pair_listeners: list[Callable[[str, str, bool], None]] = []
@@ -95,12 +110,12 @@ class CompileProgress:
                 return
             if not final:
                 self._verifying_since.setdefault(label, time.monotonic())
-                self._write(f"epfleet: {label}: {what}\n")
+                self._write(_fitted(f"epfleet: {label}: {what}") + "\n")
                 return
             self._finished.add(label)
             self._verifying_since.pop(label, None)
             count = f"[{len(self._finished)}/{len(self._compiles)}]"
-            self._write(f"epfleet: {count} {label}: {what}\n")
+            self._write(_fitted(f"epfleet: {count} {label}: {what}") + "\n")
 
     @functools.cached_property
     def _labels(self) -> frozenset[str]:

@@ -25,6 +25,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 # Most tests sync from stores they compiled without trust metadata; the signed path and
 # the refusal without a root are tested in tests/trust/ (the attack suites unset this).
 os.environ.setdefault("EPFLEET_ALLOW_UNSIGNED", "true")
+# Output is fitted to $COLUMNS when set: tests read whole lines unless they set it.
+os.environ.pop("COLUMNS", None)
 
 from examples.build_models import npu_partial, npu_unfriendly, tiny_cls, tiny_det
 from tests.support.built_once import built_once, copy_with_keys

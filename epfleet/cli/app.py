@@ -32,7 +32,7 @@ from cyclopts import App, CycloptsError, Parameter
 from epfleet import RECIPE_VERSION, __version__, ort_version
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from epfleet.cli.interrupts import announce_stopped
-from epfleet.cli.options import cli_error, default_text
+from epfleet.cli.options import cli_error, default_text, did_you_mean, unknown_command
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.text import printable_lines
 
@@ -44,9 +44,9 @@ APP_EPILOGUE = """For example:
   epfleet sync --store ./epfleet-store --cache ./epfleet-device
   epfleet COMMAND --help
 
-Exit codes: 0 ok; 1 a pair or a model failed, or the store failed; 2 bad input;
-130 interrupted (Ctrl-C). --store defaults to ./epfleet-store. The EPFLEET_*
-environment variables are in the documentation (docs/reference/settings.md)."""
+Exit codes: 0 ok; 1 a model failed to compile or sync, or the store failed;
+2 bad input; 130 interrupted (Ctrl-C). --store defaults to ./epfleet-store.
+The EPFLEET_* environment variables: docs/reference/settings.md."""
 
 COMMANDS = {
     "compile": "epfleet.cli.compile:compile_",
@@ -71,7 +71,10 @@ app = App(
     help=APP_HELP,
     help_epilogue=APP_EPILOGUE,
     help_format="plaintext",
-    version=lambda: f"epfleet {__version__} (onnxruntime {ort_version()}, recipe {RECIPE_VERSION})",
+    version=lambda: (
+        f"epfleet {__version__} (onnxruntime {ort_version()}, compile recipe {RECIPE_VERSION}: "
+        "a new recipe recompiles every variant)"
+    ),
     default_parameter=Parameter(negative=(), show_default=default_text),
     suppress_keyboard_interrupt=False,  # main says "interrupted" (cyclopts exits silently)
 )
@@ -84,7 +87,9 @@ for name, where in COMMANDS.items():
 
 @app.default
 def _no_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
-    what = f"unknown command {unknown[0]!r}" if unknown else "a command is required"
+    what = "a command is required"
+    if unknown:
+        what = f"unknown command {unknown[0]!r}{did_you_mean(unknown[0], COMMANDS)}"
     print(f"epfleet: error: {what} (epfleet --help)", file=sys.stderr)
     return EXIT_BAD_INPUT
 
@@ -102,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             result_action="return_value",
         )
     except CycloptsError as exc:
-        print(f"epfleet: error: {printable_lines(cli_error(exc))}", file=sys.stderr)
+        message = unknown_command(exc) or cli_error(exc)
+        print(f"epfleet: error: {printable_lines(message)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BadInputError as exc:
         print(f"epfleet: error: {printable_lines(str(exc))}", file=sys.stderr)

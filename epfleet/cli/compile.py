@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -40,6 +39,7 @@ from epfleet.cli.prefect_api import (
 )
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.fsutil import NO_SPACE, no_room
+from epfleet.logs import say
 from epfleet.stores import DEFAULT_STORE
 
 _PROCESS_STARTED = time.time()  # (close enough: this module is imported at start-up)
@@ -71,8 +71,9 @@ def compile_(
 ) -> int:
     """Compile every model of the fleet spec for every target, and publish.
 
-    Pairs up to date are skipped (with no Prefect run when all are); pairs of a
-    target with a work_pool compile on that pool. With no Prefect API (PREFECT_API_URL)
+    Each model is compiled once per target: a pair (model × target). Pairs up to date are
+    skipped (with no Prefect run when all are); pairs of a target with a work_pool compile
+    on that pool. With no Prefect API (PREFECT_API_URL)
     the run publishes without Prefect and is kept to be recorded by the next compile
     that has one. Progress goes to stderr.
 
@@ -81,7 +82,7 @@ def compile_(
       epfleet compile fleet.yaml --store s3://bucket/fleet --model ocr-det --json
       epfleet compile fleet.yaml --task-runner dask --dask-address tcp://h:8786
       epfleet compile fleet.yaml --store s3://bucket/fleet --prune
-      epfleet compile examples/fleet.yaml --prefect temporary  # recorded on Prefect now
+      epfleet compile examples/fleet.yaml --prefect temporary  # recorded now
 
     Exit codes: 0 every pair ok or up to date; 1 a pair failed (the others are
     still published) or the store failed; 2 bad input (nothing compiled).
@@ -120,6 +121,7 @@ def compile_(
     """
     from epfleet.fleet.views import render_report
     from epfleet.logs import log_to_stderr
+    from epfleet.text import output_width
 
     log_to_stderr()  # epfleet's warnings as "epfleet: ..." lines, the report alone on stdout
     if not 1 <= workers <= MAX_WORKERS:
@@ -141,7 +143,7 @@ def compile_(
     if as_json:
         print(json.dumps(_json_report(report) | ({"pruned": pruned} if prune else {})))
     else:
-        print(render_report(report))
+        print(render_report(report, output_width()))
     return report.exit_code
 
 
@@ -173,20 +175,18 @@ def _prune(spec: Path, store: str) -> dict[str, object]:
     since = utcnow() - timedelta(days=settings().gc_retention_days)
     done = apply_retirement(opened, spec=load_spec(spec), releases=releases_in_use(opened, since))
     for name in done.models:
-        print(f"epfleet: pruned model {name} (no longer in the spec)", file=sys.stderr)
+        say(f"epfleet: pruned model {name} (no longer in the spec)")
     for pair in done.variants:
-        print(f"epfleet: pruned variant {pair} (no longer in the spec)", file=sys.stderr)
+        say(f"epfleet: pruned variant {pair} (no longer in the spec)")
     for target in done.kept:
-        print(
+        say(
             f"epfleet: kept target {target} (no longer in the spec): devices that reported "
-            "within EPFLEET_GC_RETENTION_DAYS still run its runtime's EP release",
-            file=sys.stderr,
+            "within EPFLEET_GC_RETENTION_DAYS still run its runtime's EP release"
         )
     if not done.empty:
-        print(
+        say(
             f"epfleet: {format_bytes(done.bytes)} no longer referenced; epfleet gc collects "
-            "it after its grace period",
-            file=sys.stderr,
+            "it after its grace period"
         )
     return done.model_dump(mode="json")
 
@@ -210,19 +210,19 @@ def _compile(
     from epfleet.fleet.run_way import RunWay, run_way
     from epfleet.fleet.staging import tidy_cache
 
-    print(f"epfleet: planning {spec} against {store}", file=sys.stderr, flush=True)
+    say(f"epfleet: planning {spec} against {store}")
     tidy_cache()  # temp files of killed runs, and the cache's size bound
     plan = plan_run(spec, store, model, target, force)
+    store_uri = canonical(store)  # what the runs kept for this store are kept under
     if plan.is_noop:
         for name, note in plan.policy_kept.items():
-            print(f"epfleet: model {name}: {note}", file=sys.stderr)
+            say(f"epfleet: model {name}: {note}")
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
-        _record_kept_if_an_api(temporary)
+        _record_kept_if_an_api(temporary, store_uri)
         return plan.report({}, plan.generation, published=False)
-    print(
-        f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs to compile "
-        f"with {workers} workers",
-        file=sys.stderr,
+    say(
+        f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs (model × target) to "
+        f"compile, {workers} at a time"
     )
     api_named = api_url_named()
     way = run_way(
@@ -237,10 +237,9 @@ def _compile(
     pool, progress, api = None, None, None
     if task_runner == "threads":
         if way is not RunWay.PLAIN_THEN_KEEP and not api_named:
-            print(
+            say(
                 "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
-                "names a server instead); the compiles run meanwhile",
-                file=sys.stderr,
+                "names a server instead); the compiles run meanwhile"
             )
             api = start_temporary_api_beside()
         pool, progress = _prestart(plan, store, workers)
@@ -248,7 +247,7 @@ def _compile(
         args = (spec, store, workers, force, model, target)
         if way is RunWay.PLAIN_THEN_KEEP:
             report = _run_without_prefect(plan, store, workers)
-            _keep(plan, report, plan_inputs(spec, store, model, target, force), workers)
+            _keep(plan, report, plan_inputs(spec, store_uri, model, target, force), workers)
             return report
         with prefect_defaults():  # the run's Prefect settings (its flow run's, its API's)
             if way is RunWay.PLAIN_THEN_RECORD:
@@ -256,15 +255,14 @@ def _compile(
                 return _compile_then_record(plan, api, *args)
             problem = _wait_saying_so(api) if api is not None else None
             if problem is not None:
-                print(
+                say(
                     f"epfleet: Prefect's temporary API did not start ({problem}); "
                     "compiling and publishing without Prefect (no flow run, artifacts or "
-                    "events recorded)",
-                    file=sys.stderr,
+                    "events recorded)"
                 )
                 return _run_without_prefect(plan, store, workers)
             if api_named or api is not None:  # (the compiles started run meanwhile)
-                _record_kept_runs()
+                _record_kept_runs(store_uri)
             from epfleet.fleet.task_runners import task_runner as make_runner
 
             return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
@@ -284,63 +282,63 @@ def _keep(plan: RunPlan, report: RunReport, inputs: PlanInputs, workers: int) ->
     try:
         path, dropped = kept_runs.keep(inputs, workers, plan, report)
     except (OSError, ValueError) as exc:
-        print(
+        say(
             f"epfleet: published without Prefect; this run's record was not kept ({exc}), "
-            "so no flow run will show it",
-            file=sys.stderr,
+            "so no flow run will show it"
         )
         return
     for old in dropped:
-        print(
+        say(
             f"epfleet: dropped the oldest kept run {old.name}, never recorded (at most "
-            f"{kept_runs.MAX_KEPT} are kept)",
-            file=sys.stderr,
+            f"{kept_runs.MAX_KEPT} are kept)"
         )
-    print(
+    say(
         f"epfleet: published without Prefect (no PREFECT_API_URL); this run is kept in "
         f"{path.parent} to be recorded as a fleet-compile flow run by the next compile with "
-        "a Prefect API (PREFECT_API_URL set, or --prefect temporary)",
-        file=sys.stderr,
+        "a Prefect API (PREFECT_API_URL set, or --prefect temporary)"
     )
 
 
-def _record_kept_if_an_api(temporary: bool) -> None:
+def canonical(store: str) -> str:
+    """The store's canonical URI (``file:///abs/dir``, ``s3://bucket/prefix``): the same
+    store from any working directory."""
+    from epfleet.stores import open_store
+
+    return open_store(store).uri
+
+
+def _record_kept_if_an_api(temporary: bool, store_uri: str) -> None:
     """An up-to-date run: record the kept runs if a Prefect API is at hand (named by
     PREFECT_API_URL, or the temporary one asked for); else say they wait. Nothing at all
     (no Prefect import) when none is kept."""
     from epfleet.fleet import kept_runs
 
-    count = len(kept_runs.pending())
+    count = len(kept_runs.pending(store_uri))
     if not count:
         return
     if api_url_named():
         with prefect_defaults():
-            _record_kept_runs()
+            _record_kept_runs(store_uri)
         return
     if not temporary:
-        print(
+        say(
             f"epfleet: {count} run(s) kept to be recorded on Prefect (set PREFECT_API_URL, "
-            "or add --prefect temporary)",
-            file=sys.stderr,
+            "or add --prefect temporary)"
         )
         return
-    print(
-        f"epfleet: starting Prefect's temporary API to record {count} kept run(s)",
-        file=sys.stderr,
-    )
+    say(f"epfleet: starting Prefect's temporary API to record {count} kept run(s)")
     with prefect_defaults():
         problem = start_temporary_api()
         if problem is not None:
-            print(
+            say(
                 f"epfleet: Prefect's temporary API did not start ({problem}); {count} run(s) "
-                "still kept to be recorded",
-                file=sys.stderr,
+                "still kept to be recorded"
             )
             return
-        _record_kept_runs()
+        _record_kept_runs(store_uri)
 
 
-def _record_kept_runs() -> None:
+def _record_kept_runs(store_uri: str) -> None:
     """Record each kept run (oldest first) as a fleet-compile flow run on the Prefect API
     at hand, with the artifacts and events of a run that compiled, then remove its file.
     The first that fails to record ends this, in one line: it and the rest stay kept."""
@@ -348,7 +346,7 @@ def _record_kept_runs() -> None:
     from epfleet.fleet.task_runners import task_runner
 
     recorded = 0
-    for path in kept_runs.pending():
+    for path in kept_runs.pending(store_uri):
         claimed = kept_runs.claim(path)
         if claimed is None:  # another command records it
             continue
@@ -356,7 +354,7 @@ def _record_kept_runs() -> None:
             run = kept_runs.load(claimed)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             kept_runs.release(claimed)
-            print(f"epfleet: kept run {path} cannot be read ({exc}); left there", file=sys.stderr)
+            say(f"epfleet: kept run {path} cannot be read ({exc}); left there")
             continue
         spec, store, models, targets, force = run.inputs
         try:
@@ -371,20 +369,16 @@ def _record_kept_runs() -> None:
             )
         except Exception as exc:  # it stays kept: the API may answer next time
             kept_runs.release(claimed)
-            left = len(kept_runs.pending())
-            print(
+            left = len(kept_runs.pending(store_uri))
+            say(
                 f"epfleet: Prefect's API did not record a kept run "
-                f"({' '.join(str(exc).split())[:300]}); {left} run(s) still kept",
-                file=sys.stderr,
+                f"({' '.join(str(exc).split())[:300]}); {left} run(s) still kept"
             )
             break
         claimed.unlink(missing_ok=True)
         recorded += 1
     if recorded:
-        print(
-            f"epfleet: recorded {recorded} kept run(s) as fleet-compile flow runs",
-            file=sys.stderr,
-        )
+        say(f"epfleet: recorded {recorded} kept run(s) as fleet-compile flow runs")
 
 
 def _compile_then_record(
@@ -402,30 +396,27 @@ def _compile_then_record(
     (its artifacts and events), as if it had compiled it, after the runs kept before."""
     report = _run_without_prefect(plan, store, workers)
     if not api.done():
-        print(
+        say(
             f"epfleet: published (manifest generation {report.generation}); waiting for "
-            "Prefect's temporary API to record this run",
-            file=sys.stderr,
+            "Prefect's temporary API to record this run"
         )
     problem = _wait_saying_so(api)
     if problem is not None:
-        print(
+        say(
             f"epfleet: Prefect's temporary API did not start ({problem}); compiled and "
-            "published without Prefect (no flow run, artifacts or events recorded)",
-            file=sys.stderr,
+            "published without Prefect (no flow run, artifacts or events recorded)"
         )
         return report
     from epfleet.fleet.task_runners import task_runner
 
-    _record_kept_runs()
+    _record_kept_runs(canonical(store))
     runner = task_runner("threads", None, workers)
     try:
         _run_fleet_flow(plan, runner, spec, store, workers, force, model, target, done=report)
     except Exception as exc:  # the run is published: its record alone is lost
-        print(
+        say(
             f"epfleet: Prefect's temporary API did not record this run "
-            f"({' '.join(str(exc).split())[:300]}); it is published all the same",
-            file=sys.stderr,
+            f"({' '.join(str(exc).split())[:300]}); it is published all the same"
         )
     return report
 
@@ -436,10 +427,9 @@ def _wait_saying_so(api: Future[str | None]) -> str | None:
     started = time.monotonic()
     problem = api.result()
     if problem is None and not api_url_named():
-        print(
+        say(
             f"epfleet: Prefect's temporary API answered ({_started_ago()} s after the "
-            f"command started, {time.monotonic() - started:.0f} s waited for)",
-            file=sys.stderr,
+            f"command started, {time.monotonic() - started:.0f} s waited for)"
         )
     return problem
 

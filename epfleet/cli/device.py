@@ -17,7 +17,7 @@ from typing import Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
-from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_root
+from epfleet.cli.options import Json, Store, TrustRoot, command_help, did_you_mean, pin_trust_root
 from epfleet.stores import DEFAULT_STORE
 
 device_app = App(
@@ -31,8 +31,11 @@ DeviceId = Annotated[str, Parameter(help="The device's id (its --device-id / EPF
 
 @device_app.default
 def _no_device_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
-    what = f"unknown command 'device {unknown[0]}'" if unknown else "device needs a command"
-    print(f"epfleet: error: {what}: enroll, revoke or list", file=sys.stderr)
+    what = "device needs a command"
+    if unknown:
+        near = did_you_mean(unknown[0], ("enroll", "revoke", "list"))
+        what = f"unknown command 'device {unknown[0]}'{near}"
+    print(f"epfleet: error: {what} (one of: enroll, revoke, list)", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 
@@ -52,8 +55,10 @@ def enroll(
     EPFLEET_DEVICE_KEY) or give the public key of one made on the device (--public-key).
 
     For example:
-      epfleet device enroll dev-042 --store s3://bucket/fleet --keys /media/offline/device-keys
-      epfleet device enroll dev-042 --store s3://bucket/fleet --public-key dev-042.pub.pem
+      epfleet device enroll dev-042 --store s3://bucket/fleet \\
+        --keys /media/offline/device-keys
+      epfleet device enroll dev-042 --store s3://bucket/fleet \\
+        --public-key dev-042.pub.pem
 
     Parameters
     ----------

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
-from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_root
+from epfleet.cli.options import Json, Store, TrustRoot, command_help, did_you_mean, pin_trust_root
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
@@ -21,8 +21,11 @@ manifest_app = App(name="manifest", help="Inspect the published manifest.", help
 
 @manifest_app.default
 def _no_manifest_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
-    what = f"unknown command 'manifest {unknown[0]}'" if unknown else "manifest needs a command"
-    print(f"epfleet: error: {what}: show or schema", file=sys.stderr)
+    what = "manifest needs a command"
+    if unknown:
+        near = did_you_mean(unknown[0], ("show", "schema"))
+        what = f"unknown command 'manifest {unknown[0]}'{near}"
+    print(f"epfleet: error: {what} (one of: show, schema)", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 
@@ -65,6 +68,7 @@ def show(
     from epfleet.lifecycle.costs import cost_table
     from epfleet.lifecycle.costs import costs as store_costs
     from epfleet.stores import MANIFEST_KEY, open_store
+    from epfleet.text import output_width, wrap
 
     pin_trust_root(store, trust_root)
     opened = open_store(store)
@@ -74,12 +78,12 @@ def show(
         raise BadInputError(f"no manifest at {store}/manifest.json: run epfleet compile first")
     copy = opened.read(MANIFEST_KEY) if in_force.key != MANIFEST_KEY else None
     if in_force.key != MANIFEST_KEY and (copy is None or copy.data != manifest.to_json()):
-        print(
+        mismatch = (
             f"epfleet: {store}/manifest.json is not the copy of the signed manifest shown "
             "here (a publish under way, or changed by someone without the keys: the next "
-            "publish or epfleet trust refresh puts it right)",
-            file=sys.stderr,
+            "publish or epfleet trust refresh puts it right)"
         )
+        print(wrap(mismatch, output_width(sys.stderr)), file=sys.stderr)
     if field:
         return _show_field(opened, as_json)
     if as_json and costs:
@@ -87,9 +91,10 @@ def show(
     elif as_json:
         sys.stdout.write(manifest.to_json().decode())
     else:
-        print(render_manifest(manifest, store))
+        width = output_width()
+        print(render_manifest(manifest, store, width))
         print()
-        print(cost_table(opened, manifest))
+        print(cost_table(opened, manifest, width))
     return EXIT_OK
 
 
@@ -109,6 +114,7 @@ def schema() -> int:
 def _show_field(opened: StoreType, as_json: bool) -> int:
     from epfleet.fleet.rollouts import read_evidence
     from epfleet.fleet.views import render_field
+    from epfleet.text import output_width
 
     reading = read_evidence(opened)  # the gate's pass: its attribution and its order
     if reading.unreadable:
@@ -122,7 +128,7 @@ def _show_field(opened: StoreType, as_json: bool) -> int:
     if as_json:
         print(json.dumps([row.model_dump() for row in reading.field], indent=2))
     else:
-        print(render_field(reading.field, reading.read))
+        print(render_field(reading.field, reading.read, output_width()))
     return EXIT_OK
 
 

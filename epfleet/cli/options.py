@@ -9,7 +9,7 @@ message; ``cli_error`` names the option in it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 
@@ -91,6 +91,28 @@ def cli_error(exc: CycloptsError) -> str:
     return str(exc).strip()
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``; did you mean 'sync'?`` when one of ``choices`` is close to ``word`` (a typo),
+    else ""."""
+    import difflib
+
+    names = [c for c in choices if not c.startswith("-")]
+    match = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def unknown_command(exc: CycloptsError) -> str | None:
+    """The message of a subcommand that does not exist, with the closest one and the list;
+    None for other errors."""
+    from cyclopts.exceptions import UnknownCommandError
+
+    if not isinstance(exc, UnknownCommandError) or not exc.unused_tokens or exc.app is None:
+        return None
+    word = exc.unused_tokens[0]
+    names = [c for c in exc.app if not c.startswith("-")]
+    return f"unknown command {word!r}{did_you_mean(word, names)} (one of: {', '.join(names)})"
+
+
 def option_name(field: str) -> str:
     return OPTION_NAMES.get(field, "--" + field.replace("_", "-"))
 
@@ -104,12 +126,16 @@ def default_text(value: Any) -> Any:
 
 
 def reflow_parameters(doc: str | None) -> str | None:
-    """``doc`` with each description of its numpydoc ``Parameters`` section on one line:
-    help in plain text keeps a docstring's line breaks, which a help column of another
-    width turns into ragged lines."""
-    if not doc or "Parameters\n" not in doc:
+    """``doc`` with each sentence-run of its text on one line, and each description of its
+    numpydoc ``Parameters`` section too: help in plain text keeps a docstring's line
+    breaks, which a terminal of another width turns into ragged lines broken mid-phrase.
+    Indented lines (examples) and the line after one ending in ``:`` are kept as written."""
+    if not doc:
         return doc
-    head, _, section = doc.partition("Parameters\n")
+    head, marker, section = doc.partition("Parameters\n")
+    head = _reflow_prose(head)
+    if not marker:
+        return head
     lines: list[str] = []
     for line in section.splitlines():
         continuing = lines and line.startswith(" " * 8) and lines[-1].startswith(" " * 8)
@@ -118,6 +144,25 @@ def reflow_parameters(doc: str | None) -> str | None:
         else:
             lines.append(line)
     return head + "Parameters\n" + "\n".join(lines) + "\n"
+
+
+def _reflow_prose(text: str) -> str:
+    lines = text.split("\n")
+    base = min((len(x) - len(x.lstrip()) for x in lines[1:] if x.strip()), default=0)
+
+    def prose(n: int) -> bool:  # the first line is the docstring's, never indented
+        line = lines[n]
+        return bool(line.strip()) and (n == 0 or len(line) - len(line.lstrip()) == base)
+
+    out: list[str] = []
+    for n, line in enumerate(lines):
+        previous = out[-1] if out else ""
+        joins = n > 0 and prose(n) and prose(n - 1) and not previous.endswith(":")
+        if joins:
+            out[-1] = previous + " " + line.strip()
+        else:
+            out.append(line)
+    return "\n".join(out)
 
 
 def command_help(*commands: Callable[..., Any]) -> None:

@@ -17,7 +17,15 @@ from typing import Annotated
 from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
-from epfleet.cli.options import Json, Repeatable, Store, TrustRoot, command_help, pin_trust_root
+from epfleet.cli.options import (
+    Json,
+    Repeatable,
+    Store,
+    TrustRoot,
+    command_help,
+    did_you_mean,
+    pin_trust_root,
+)
 from epfleet.stores import DEFAULT_STORE
 
 rollout_app = App(
@@ -32,8 +40,13 @@ Reason = Annotated[str, Parameter(help="Why (recorded in the signed rollout stat
 
 @rollout_app.default
 def _no_rollout_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
-    what = f"unknown command 'rollout {unknown[0]}'" if unknown else "rollout needs a command"
-    print(f"epfleet: error: {what}: status, advance, halt, resume or revert", file=sys.stderr)
+    what = "rollout needs a command"
+    if unknown:
+        near = did_you_mean(unknown[0], ("status", "advance", "halt", "resume", "revert"))
+        what = f"unknown command 'rollout {unknown[0]}'{near}"
+    print(
+        f"epfleet: error: {what} (one of: status, advance, halt, resume, revert)", file=sys.stderr
+    )
     return EXIT_BAD_INPUT
 
 
@@ -56,7 +69,7 @@ def status(
     from epfleet.fleet.rollouts import read_evidence
     from epfleet.fleet.views import ROLLOUT_HEADERS, rollout_row
     from epfleet.stores import open_store
-    from epfleet.text import table
+    from epfleet.text import output_width, plural, table, wrap
 
     pin_trust_root(store, trust_root)
     reading = read_evidence(open_store(store), model)
@@ -65,16 +78,18 @@ def status(
         print(json.dumps([s.model_dump(mode="json") for s in found], indent=2))
         return EXIT_OK
     if not found:
-        print(f"no rollout in {store}")
+        print(wrap(f"no rollout in {store}", width=output_width()))
         return EXIT_OK
     rows = [list(rollout_row(s).values()) for s in found]
-    print(table(ROLLOUT_HEADERS, rows))
-    print(
-        f"\nfrom {reading.read} device reports ({reading.unreadable} unreadable, "
+    width = output_width()
+    print(table(ROLLOUT_HEADERS, rows, width, wrapped=("new", "previous", "gate")))
+    counted = (
+        f"from {plural(reading.read, 'device report')} ({reading.unreadable} unreadable, "
         f"{reading.unattributed} under another device's key); new and previous count only "
         "reports whose key names their device, made on the current stage since it started, "
         "on the side the signed salt gives that device"
     )
+    print("\n" + wrap(counted, width))
     return EXIT_OK
 
 
@@ -122,7 +137,8 @@ def halt(
     """Freeze the model's rollout at its stage: no more devices take the new variants.
 
     For example:
-      epfleet rollout halt --store s3://bucket/fleet --model ocr-det --reason "crash reports"
+      epfleet rollout halt --store s3://bucket/fleet --model ocr-det \\
+        --reason "crash reports"
     """
     return _move(store, model, "halt", reason, trust_root)
 
@@ -149,7 +165,8 @@ def revert(
     """Send every device back to the variants the rollout replaced, at its next sync.
 
     For example:
-      epfleet rollout revert --store s3://bucket/fleet --model ocr-det --reason "accuracy"
+      epfleet rollout revert --store s3://bucket/fleet --model ocr-det \\
+        --reason "accuracy"
     """
     return _move(store, model, "revert", reason, trust_root)
 

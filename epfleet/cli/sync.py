@@ -37,6 +37,15 @@ else:
 
 
 INTERRUPTED = "epfleet: interrupted; the previous variants stay active"
+INTERRUPTED_FIRST = "epfleet: interrupted before the first sync finished; nothing is half-activated"
+
+
+def interrupted_message(cache: Path) -> str:
+    """What a Ctrl-C leaves: the variants active before, or, in a cache that has none yet
+    (no package manifest), no claim that there were any."""
+    from epfleet.device.cache.layout import PACKAGE_MANIFEST
+
+    return INTERRUPTED if (cache / PACKAGE_MANIFEST).is_file() else INTERRUPTED_FIRST
 
 
 def sync(
@@ -59,7 +68,8 @@ def sync(
     artifacts); --serve serves that flow as deployment device-sync/periodic.
 
     For example:
-      epfleet sync --store s3://bucket/fleet --cache /var/lib/epfleet --trust-root root.json
+      epfleet sync --store s3://bucket/fleet --cache /var/lib/epfleet \\
+        --trust-root root.json
       epfleet sync --store ./epfleet-store --cache ./epfleet-device --json
       epfleet sync --store s3://bucket/fleet --cache /var/lib/epfleet --serve 900
 
@@ -97,6 +107,7 @@ def sync(
     from epfleet.cli.interrupts import interrupts
     from epfleet.device.views import render_device_report
     from epfleet.stores.probe import store_named_first
+    from epfleet.text import output_width
 
     wanted = SyncPolicy.model_validate(policy.model_dump()) if policy else SyncPolicy()
     if flow or serve is not None:
@@ -122,7 +133,7 @@ def sync(
                 )
                 return 0
             api_for_a_flow_run(without="sync without --flow (it needs no Prefect)")
-            with interrupts(INTERRUPTED):
+            with interrupts(interrupted_message(cache)):
                 report = device_sync(**parameters)
     else:
         from epfleet.device.session import sync as sync_device
@@ -133,7 +144,8 @@ def sync(
 
         log_to_stderr()  # progress lines on stderr, the report alone on stdout
         with (
-            interrupts(INTERRUPTED, unwind=True),  # the cache lock released on the way out
+            # the cache lock released on the way out
+            interrupts(interrupted_message(cache), unwind=True),
             store_named_first(store),  # a missing store, before anything about trust
         ):
             report = sync_device(
@@ -145,7 +157,7 @@ def sync(
                 allow_unsigned=allow_unsigned or None,  # unset: EPFLEET_ALLOW_UNSIGNED
                 report_to=report_to,  # unset: EPFLEET_REPORT_TO
             )
-    print(report.model_dump_json() if as_json else render_device_report(report))
+    print(report.model_dump_json() if as_json else render_device_report(report, output_width()))
     return report.exit_code
 
 

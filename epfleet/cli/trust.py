@@ -68,8 +68,8 @@ def init(
 
     For example:
       epfleet trust init --store s3://bucket/fleet --keys /media/offline/fleet-keys
-      epfleet trust init --store ./epfleet-store --keys ./keys --online-signer awskms:... \\
-        --online-public-key online.pub.pem
+      epfleet trust init --store ./epfleet-store --keys ./keys \\
+        --online-signer awskms:... --online-public-key online.pub.pem
 
     Keep --keys out of any git work tree: a directory inside one that git does not ignore
     is refused (--force writes there anyway). Nothing is left in --keys when init fails:
@@ -140,9 +140,10 @@ def rotate(
     a new root version, signed by the old keys and the new ones, names the new keys.
 
     For example:
-      epfleet trust rotate --store s3://bucket/fleet --keys /media/offline/fleet-keys \\
-        --online-signer file2:/secure/online-2.pem
-      epfleet trust rotate --store s3://bucket/fleet --keys /media/offline/fleet-keys --root
+      epfleet trust rotate --store s3://bucket/fleet \\
+        --keys /media/offline/fleet-keys --online-signer file2:/secure/online-2.pem
+      epfleet trust rotate --store s3://bucket/fleet \\
+        --keys /media/offline/fleet-keys --root
 
     Exit codes: 0 rotated; 1 the store failed; 2 bad input.
 

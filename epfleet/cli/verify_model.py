@@ -38,7 +38,8 @@ def verify_model(
 
     For example:
       epfleet verify-model --store ./epfleet-store
-      epfleet verify-model --store s3://bucket/fleet --model tiny-cls --public-key fleet.pub
+      epfleet verify-model --store s3://bucket/fleet --model tiny-cls \\
+        --public-key fleet.pub
 
     Exit codes: 0 every variant verified; 1 one did not, or the store failed; 2 bad input.
 

@@ -19,8 +19,7 @@ from pathlib import Path
 from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.device.cache import DeviceCache
 from epfleet.device.download import Transfer
-from epfleet.disk import DiskFull
-from epfleet.errors import TransientStoreError
+from epfleet.errors import DiskFull, TransientStoreError
 from epfleet.formats.manifest import ModelEntry
 from epfleet.fsutil import NO_SPACE, free_bytes
 from epfleet.stores import Store

@@ -7,7 +7,8 @@ devices by EP. Judging needs only the string, never the model:
 - an EP module that generates its own strings (CPU) judges them itself;
 - otherwise ORT's validator, ``get_model_compatibility_for_ep_devices``, answers
   for this EP's devices. A validator that raises (QNN on a host without an NPU)
-  means unsupported here, with ORT's reason; EP_NOT_APPLICABLE means unknown,
+  means unsupported here, with ORT's reason (``NO_NPU`` in plain words where it wants
+  an NPU this device does not have); EP_NOT_APPLICABLE means unknown,
   which is never treated as compatible.
 
 QNN's validator segfaults in a process that has run a QNN compile (see
@@ -121,6 +122,8 @@ def ort_judgement(
     try:
         answer = get_model_compatibility_for_ep_devices(devices, compatibility_string)
     except RuntimeError as exc:
+        if _wants_an_npu(exc) and not any(d.device.type.name == "NPU" for d in devices):
+            return Judgement(Verdict.UNSUPPORTED, NO_NPU)
         return Judgement(Verdict.UNSUPPORTED, f"its validator refused this device: {exc}")
     verdicts = {
         OrtCompiledModelCompatibility.EP_SUPPORTED_OPTIMAL: Verdict.OPTIMAL,
@@ -133,6 +136,18 @@ def ort_judgement(
     if verdict is Verdict.UNKNOWN:
         return Judgement(verdict, f"{ep} has no opinion on this string ({answer.name})")
     return Judgement(verdict, f"ORT: {ep} answered {answer.name}")
+
+
+NO_NPU = "no NPU on this device"
+"""The reason of a variant whose EP's validator takes only NPU devices, on a device with
+none (QNN on a host without a Snapdragon NPU)."""
+
+
+def _wants_an_npu(exc: RuntimeError) -> bool:
+    """The validator refused the devices for not being NPUs: ORT's QNN plugin says
+    "... only supports OrtHardwareDeviceType_NPU, but no OrtHardwareDeviceType_NPU is found
+    in the `devices` argument"."""
+    return "no OrtHardwareDeviceType_NPU is found" in str(exc)
 
 
 def discover() -> LocalEps:

@@ -31,13 +31,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from epfleet.device.cache import LOCK_FILE, STATE_FILE, CacheState, DeviceCache
-from epfleet.errors import BadInputError, StoreError
+from epfleet.errors import BadInputError, DocumentTooLarge, StoreError
 from epfleet.formats.device_report import ManifestStatus
 from epfleet.formats.manifest import VALIDATION_RULES, Manifest, ModelEntry
 from epfleet.formats.schema_version import validate_python
 from epfleet.fsutil import read_nofollow
 from epfleet.hashing import sha256_bytes
-from epfleet.stores import MANIFEST_KEY, UNCHANGED, DocumentTooLarge, Store, document_limit
+from epfleet.stores import MANIFEST_KEY, UNCHANGED, Store, document_limit
 from epfleet.trust.client import trust_dir
 
 REJECTED_FOR = 24 * 3600.0

@@ -104,7 +104,7 @@ def upload_report(
     if since is not None:
         due = (since + heartbeat).isoformat(timespec="seconds")
         skipped = (
-            f"says what the store's copy of {since.isoformat(timespec='seconds')} says; "
+            f"the store has the same report, uploaded {since.isoformat(timespec='seconds')}; "
             f"the next upload by {due} (EPFLEET_REPORT_HEARTBEAT)"
         )
         return report.model_copy(update={"report_uploaded": False, "report_skipped": skipped})

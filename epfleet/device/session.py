@@ -53,13 +53,14 @@ from epfleet.device.signed_manifest import fetch_signed_manifest, untrusted
 from epfleet.device.steps import Steps
 from epfleet.device.unlisted import drop_models, unlisted
 from epfleet.device.views import manifest_facts
-from epfleet.disk import CacheNotWritable, DiskFull, cannot_write
-from epfleet.errors import BadInputError, EpfleetError
+from epfleet.disk import cannot_write
+from epfleet.errors import BadInputError, CacheNotWritable, DiskFull, EpfleetError
 from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
 from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.limits import Deadline, within
 from epfleet.settings import settings
 from epfleet.stores import open_store, reports_store
+from epfleet.stores.probe import store_absence
 from epfleet.text import format_bytes
 
 if TYPE_CHECKING:
@@ -155,6 +156,10 @@ class SyncSession:
     # -- the session's lifetime --
 
     def __enter__(self) -> SyncSession:
+        if not self.cache_dir.exists():  # a first sync: a store that is not there leaves
+            absent = store_absence(self.store)  # no cache behind (refused before any write)
+            if isinstance(absent, BadInputError):
+                raise absent
         with ExitStack() as stack:
             stack.enter_context(self.cache.locked())
             self.deadline = Deadline.after(self.deadline.seconds, self.clock)

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from epfleet.device.cache import STATE_DIR, CacheState, DeviceCache
 from epfleet.device.manifest_cache import VERIFIED_NOTE, cached_manifest, save_state
+from epfleet.errors import MetadataRefused, StoreUnreachable
 from epfleet.formats.device_report import ManifestStatus
 from epfleet.formats.manifest import VALIDATION_RULES, Manifest
 from epfleet.hashing import sha256_bytes
@@ -32,8 +33,6 @@ from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.client import (
     ROOT_HISTORY,
     TARGETS_DIR,
-    MetadataRefused,
-    StoreUnreachable,
     Verified,
     cached_expiry,
     cached_version,

@@ -27,11 +27,17 @@ from epfleet.device.local_build import local_request, local_targets
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.selection import Considered, Step
 from epfleet.device.variant_sets import fetch_set, is_file_set
-from epfleet.errors import CompileError, EpfleetError, HealthCheckError, IntegrityError
+from epfleet.errors import (
+    CompileError,
+    DeadlineExceeded,
+    EpfleetError,
+    HealthCheckError,
+    IntegrityError,
+)
 from epfleet.formats.device_report import Action
 from epfleet.formats.manifest import ModelEntry, VariantEntry
 from epfleet.formats.task_metric import TaskMetric
-from epfleet.limits import DeadlineExceeded, time_limit
+from epfleet.limits import time_limit
 from epfleet.settings import settings
 from epfleet.text import plural
 from eps.base import (
@@ -238,7 +244,7 @@ class Steps:
     def build_locally(
         self, model: str, entry: ModelEntry, source: Path, ep: str, local: LocalTarget
     ) -> Done:
-        from epfleet.runtime.compile_pool import TimeLimitExceeded
+        from epfleet.errors import TimeLimitExceeded
         from epfleet.runtime.compiler import CompileJob, discard
 
         request = local_request(model, entry, ep, local)
@@ -315,7 +321,7 @@ class Steps:
         with the source's outputs within the variant's tolerance, or on zero inputs when
         the manifest has no samples for the model. A variant that fails is deleted."""
         from epfleet.device.health import HealthJob
-        from epfleet.runtime.compile_pool import TimeLimitExceeded
+        from epfleet.errors import TimeLimitExceeded
 
         golden = self.fetcher.golden(entry)
         job = HealthJob(

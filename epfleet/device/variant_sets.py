@@ -25,8 +25,7 @@ from pathlib import Path
 
 from epfleet.device.cache import MODEL_FILE, STATE_DIR, DeviceCache, Installed
 from epfleet.device.fetching import Fetcher
-from epfleet.disk import DiskFull
-from epfleet.errors import IntegrityError
+from epfleet.errors import DiskFull, IntegrityError
 from epfleet.formats.manifest import ArtifactRef, PackageFile
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from epfleet.device.local_eps import NO_NPU
 from epfleet.formats.device_report import DeviceReport, ManifestStatus
-from epfleet.text import format_bytes, table
+from epfleet.text import format_bytes, printable_lines, table, wrap
 
 
 def device_rows(report: DeviceReport) -> list[dict[str, str]]:
@@ -51,7 +52,8 @@ def manifest_facts(status: ManifestStatus) -> str:
     return ", ".join(facts)
 
 
-def render_device_report(report: DeviceReport) -> str:
+def render_device_report(report: DeviceReport, width: int | None = None) -> str:
+    """The report of ``epfleet sync``, every line fitted to ``width`` columns."""
     devices = ", ".join(
         f"{d.ep.removesuffix('ExecutionProvider')}:{d.type}" for d in report.devices
     )
@@ -62,25 +64,43 @@ def render_device_report(report: DeviceReport) -> str:
         f"manifest: {manifest.status}{f' ({facts})' if facts else ''}"
         + (f": {manifest.reason}" if manifest.reason else "")
         + (f" [warning: {manifest.warning}]" if manifest.warning else ""),
+        *skipped_eps(report),
     ]
+    out = [wrap(printable_lines(line), width) for line in out]
     notes: dict[str, int] = {}
-    for rows in (verdict_rows(report), device_rows(report)):
+    for rows, droppable in (
+        (verdict_rows(report), ("device",)),
+        (device_rows(report), ("verdict", "precision", "downloaded")),
+    ):
         if rows:
             headers = list(rows[0])
-            out.append(table(headers, [[_noted(row[h], notes) for h in headers] for row in rows]))
-    out.extend(f"[{number}] {text}" for text, number in notes.items())
+            cells = [[_noted(row[h], notes) for h in headers] for row in rows]
+            out.append(table(headers, cells, width, wrapped=("reason",), droppable=droppable))
+    out.extend(wrap(printable_lines(f"[{number}] {text}"), width) for text, number in notes.items())
     served = sum(m.action in ("kept", "downloaded", "recompiled") for m in report.models)
-    out.append(f"{served} of {len(report.models)} models served in {report.seconds:.2f} s")
+    tail = [f"{served} of {len(report.models)} models served in {report.seconds:.2f} s"]
     if report.report_skipped:
-        out.append(f"report not uploaded: it {report.report_skipped}")
+        tail.append(f"report not uploaded: {report.report_skipped}")
     elif report.report_uploaded is False:
-        out.append(f"report not uploaded: {report.report_error}")
-    out.extend(f"warning: {warning}" for warning in report.warnings)
+        tail.append(f"report not uploaded: {report.report_error}")
+    tail.extend(f"warning: {warning}" for warning in report.warnings)
+    out.extend(wrap(printable_lines(line), width) for line in tail)
     return "\n".join(out)
 
 
+def skipped_eps(report: DeviceReport) -> list[str]:
+    """``QNN: no NPU on this device; its variants are skipped``, once per such EP."""
+    eps = dict.fromkeys(
+        v.ep.removesuffix("ExecutionProvider")
+        for m in report.models
+        for v in m.considered
+        if v.reason == NO_NPU
+    )
+    return [f"{ep}: {NO_NPU}; its variants are skipped" for ep in eps]
+
+
 NOTE_AT = 100
-"""A cell longer than this (an EP validator's reason runs to 200 characters) becomes a
+"""A cell longer than this (an EP validator's reason can run to 200 characters) becomes a
 numbered note below the tables, in full: one note for each distinct text."""
 
 

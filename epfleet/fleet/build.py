@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 import eps
-from epfleet.errors import CompileError, summarize
-from epfleet.fleet.outcomes import CompiledVariant, RejectedBuild, failed_entry, ok_entry
+from epfleet.errors import CompileError, RejectedBuild, summarize
+from epfleet.fleet.outcomes import CompiledVariant, failed_entry, ok_entry
 from epfleet.fleet.staging import (
     built_with,
     cache_dir,
@@ -36,6 +36,7 @@ from epfleet.fleet.verify_cache import (
     remember,
     remember_backing,
     reused,
+    verified_dir,
 )
 from epfleet.formats.keys import files_key, listing_key, source_key, variant_key
 from epfleet.formats.manifest import PrecisionTried, Quantization, Verification
@@ -296,11 +297,12 @@ def verify_output(
         )
     built = built_with(request.ep, request.runtime)
     key = key_for(request, output, built)
-    earlier = recalled(cache_dir(), key)
+    verified = verified_dir(cache_dir(), store.uri)
+    earlier = recalled(verified, key)
     if earlier is not None:
         return reused(earlier)
     numerics = numerics_key_for(request, built)
-    backing = recalled_backing(cache_dir(), numerics)
+    backing = recalled_backing(verified, numerics)
     samples = request.samples
     golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
     more = samples.metric_inputs if judged_on_sets(request) else None
@@ -326,8 +328,8 @@ def verify_output(
         decision_default=request.decision_default,
     )
     verification = verify_artifact(job, request.verify_timeout, runtime_site(request))
-    remember(cache_dir(), key, verification)
-    remember_backing(cache_dir(), numerics, request.target, verification)
+    remember(verified, key, verification)
+    remember_backing(verified, numerics, request.target, verification)
     return verification
 
 

@@ -4,9 +4,13 @@
 Prefect to do the work compiles and publishes without it, and does not start Prefect's
 temporary API (seconds of CPU, tens of seconds on a busy machine). What a fleet-compile
 flow run needs to record that run (its plan and report: the flow's artifacts and variant
-events are made from them) is kept here, one JSON file per run, in the worker cache
-(``EPFLEET_CACHE/work/kept-runs``); the next compile that has a Prefect API records each
-as a fleet-compile flow run, then removes its file. No Prefect import here.
+events are made from them) is kept here, one JSON file per run, in the worker cache, in
+a directory of the store's (``EPFLEET_CACHE/work/kept-runs/<store>``, ``kept_dir``); the
+next compile into that store that has a Prefect API records each as a fleet-compile flow
+run on that API, then removes its file: a compile records its own store's runs, never
+another's. The store is named by
+its canonical URI (``Store.uri``), the same from any working directory. No Prefect import
+here.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from epfleet.fleet.runs import RunPlan, RunReport
 from epfleet.fsutil import atomic_write_bytes, is_temp_name
+from epfleet.hashing import store_dir_name
 from epfleet.settings import settings
 
 if TYPE_CHECKING:
@@ -34,8 +39,9 @@ MAX_BYTES = 16 * 1024 * 1024
 """A run's record larger than this (a huge fleet's plan) is not kept (said in one line)."""
 
 
-def kept_dir() -> Path:
-    return settings().cache / "work" / "kept-runs"
+def kept_dir(store_uri: str) -> Path:
+    """Where the runs compiled into the store at ``store_uri`` (canonical) are kept."""
+    return settings().cache / "work" / "kept-runs" / store_dir_name(store_uri)
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,8 @@ class KeptRun:
 def keep(
     inputs: PlanInputs, workers: int, plan: RunPlan, report: RunReport
 ) -> tuple[Path, list[Path]]:
-    """Keep this run's record (atomically): its file, and the oldest records dropped to stay
+    """Keep this run's record (atomically) with its store's (``inputs`` name the store by
+    its canonical URI): its file, and the oldest records of that store dropped to stay
     within ``MAX_KEPT``. ValueError when it is larger than ``MAX_BYTES``; OSError as the
     disk says."""
     spec, store, models, targets, force = inputs
@@ -71,9 +78,9 @@ def keep(
     ).encode()
     if len(data) > MAX_BYTES:
         raise ValueError(f"its record is {len(data)} bytes, over {MAX_BYTES}")
-    directory = kept_dir()
+    directory = kept_dir(store)
     dropped = []
-    existing = pending()
+    existing = pending(store)
     for old in existing[: max(0, len(existing) - MAX_KEPT + 1)]:
         old.unlink(missing_ok=True)
         dropped.append(old)
@@ -93,10 +100,11 @@ two commands never record it twice; one a killed command left is pending again a
 STALE_CLAIM_SECONDS = 3600.0
 
 
-def pending() -> list[Path]:
-    """The kept runs' files, oldest first (none when the directory is missing)."""
+def pending(store_uri: str) -> list[Path]:
+    """The files of the runs kept for the store at ``store_uri`` (canonical), oldest first
+    (none when the directory is missing)."""
     try:
-        entries = list(kept_dir().iterdir())
+        entries = list(kept_dir(store_uri).iterdir())
     except OSError:
         return []
     now = time.time()

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 import eps
 from epfleet import ort_version
-from epfleet.errors import CompileError
+from epfleet.errors import CompileError, RejectedBuild
 from epfleet.fleet.runs import PairResult
 from epfleet.fleet.staging import built_with
 from epfleet.formats.keys import files_key
@@ -107,18 +107,6 @@ def variant_runtime(
             eps.load(ep).sdk_version(compatibility_string) if compatibility_string else None
         ),
     )
-
-
-class RejectedBuild(CompileError):
-    """A compiled variant refused by its checks (coverage floor, verification): its failed
-    entry, with what was measured, and the compile's seconds."""
-
-    def __init__(self, entry: VariantEntry, seconds: float) -> None:
-        super().__init__(entry.error)
-        self.entry, self.seconds = entry, seconds
-
-    def __reduce__(self) -> tuple[object, ...]:  # crosses processes (Dask) intact
-        return (RejectedBuild, (self.entry, self.seconds))
 
 
 def failed_entry(

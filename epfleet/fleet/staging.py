@@ -249,6 +249,25 @@ def stage_source(
     return entry, PreparedSource(loaded, files.root if data_files else None, data_files)
 
 
+def check_local_source(model: ModelSpec, uri: str) -> None:
+    """Refuse a local source that is missing, or a file that does not look like ONNX from
+    its first bytes, before any model of the spec is staged: a refused spec leaves nothing
+    in the store (not even a new store's directory). Remote sources and folders are
+    checked whole when staged."""
+    if not is_local(uri):
+        return
+    where = f"models[{model.name}].source"
+    path = local_path(uri)
+    if path.is_dir():
+        return
+    if not path.is_file():
+        raise BadInputError(f"{where} {uri} does not exist")
+    with open(path, "rb") as file:
+        problem = onnx_problem(file)
+    if problem is not None:
+        raise BadInputError(f"{where} {uri} is not an ONNX model: {problem}")
+
+
 def _load_graph(main: LocalSet, where: str, uri: str) -> onnx.ModelProto:
     """The main file's graph, without its external data, once its first bytes say it is
     ONNX (``onnx_problem``): a file that is not is refused before it is read whole."""

@@ -12,7 +12,9 @@
 
 ``VerifyKey`` and ``verification_key`` are the pure part (what decides a verification's
 result, hashed); ``recalled`` and ``remember`` read and write
-``<EPFLEET_CACHE>/work/verified/<key>.json``, one file per result, written atomically, as
+``<EPFLEET_CACHE>/work/verified/<store>/<key>.json`` (``verified_dir``: one directory per
+store, so a compile into one store never reuses what was verified for another), one file
+per result, written atomically, as
 the quantiser keeps its QDQ models (``epfleet.runtime.quantize``). Only passed results
 on every sample are kept: a failure may be a time limit or a crash, which a second run
 need not repeat, and a twin's check vouches for nothing until its representative passed.
@@ -30,7 +32,7 @@ from epfleet.fleet.twin_rules import numerics_basis
 from epfleet.formats.manifest import Verification
 from epfleet.formats.task_metric import MetricSpec
 from epfleet.fsutil import atomic_write_bytes
-from epfleet.hashing import sha256_bytes
+from epfleet.hashing import sha256_bytes, store_dir_name
 from epfleet.runtime.compiler import CompileOutput
 from epfleet.runtime.requests import CompileRequest
 
@@ -85,25 +87,32 @@ def reused(earlier: Verification) -> Verification:
     return earlier.model_copy(update={"seconds": 0.0, "reused": True})
 
 
-def _path(cache: Path, key: str) -> Path:
-    return cache / "work" / "verified" / f"{key}.json"
+def verified_dir(cache: Path, store_uri: str) -> Path:
+    """Where the verification results of variants published to the store at ``store_uri``
+    are kept, in the worker cache ``cache``."""
+    return cache / "work" / "verified" / store_dir_name(store_uri)
 
 
-def recalled(cache: Path, key: str) -> Verification | None:
-    """The passed verification cached under ``key``; None when there is none (or the file
-    is unreadable: the variant is then verified again)."""
+def _path(directory: Path, key: str) -> Path:
+    return directory / f"{key}.json"
+
+
+def recalled(directory: Path, key: str) -> Verification | None:
+    """The passed verification cached under ``key`` in ``directory`` (``verified_dir``);
+    None when there is none (or the file is unreadable: the variant is then verified
+    again)."""
     try:
-        earlier = Verification.model_validate_json(_path(cache, key).read_bytes())
+        earlier = Verification.model_validate_json(_path(directory, key).read_bytes())
     except (OSError, ValidationError):
         return None
     return earlier if earlier.status == "passed" else None
 
 
-def remember(cache: Path, key: str, verification: Verification) -> None:
-    """Keep a ``verification`` passed on every golden sample under ``key``; anything else
-    is not kept."""
+def remember(directory: Path, key: str, verification: Verification) -> None:
+    """Keep a ``verification`` passed on every golden sample under ``key`` in ``directory``;
+    anything else is not kept."""
     if _full_pass(verification):
-        atomic_write_bytes(_path(cache, key), verification.model_dump_json().encode())
+        atomic_write_bytes(_path(directory, key), verification.model_dump_json().encode())
 
 
 def _full_pass(verification: Verification) -> bool:
@@ -120,25 +129,25 @@ class Backing(BaseModel):
     verification: Verification
 
 
-def _backing_path(cache: Path, key: str) -> Path:
-    return cache / "work" / "verified" / f"numerics-{key}.json"
+def _backing_path(directory: Path, key: str) -> Path:
+    return directory / f"numerics-{key}.json"
 
 
-def recalled_backing(cache: Path, key: str) -> Backing | None:
+def recalled_backing(directory: Path, key: str) -> Backing | None:
     """The full verification cached under the numerics ``key``; None when there is none or
     its file is unreadable (the variant is then verified in full)."""
     try:
-        return Backing.model_validate_json(_backing_path(cache, key).read_bytes())
+        return Backing.model_validate_json(_backing_path(directory, key).read_bytes())
     except (OSError, ValidationError):
         return None
 
 
-def remember_backing(cache: Path, key: str, target: str, verification: Verification) -> None:
+def remember_backing(directory: Path, key: str, target: str, verification: Verification) -> None:
     """Keep ``target``'s ``verification`` under the numerics ``key`` when it passed on every
     golden sample."""
     if _full_pass(verification):
         backing = Backing(target=target, verification=verification)
-        atomic_write_bytes(_backing_path(cache, key), backing.model_dump_json().encode())
+        atomic_write_bytes(_backing_path(directory, key), backing.model_dump_json().encode())
 
 
 BuiltWith = tuple[str, dict[str, str]]

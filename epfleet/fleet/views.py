@@ -11,7 +11,7 @@ from epfleet.fleet.rollout_rules import SideEvidence
 from epfleet.fleet.rollouts import RolloutStatus
 from epfleet.fleet.runs import PairResult, RunReport
 from epfleet.formats.manifest import Manifest, PrecisionTried, VariantEntry
-from epfleet.text import format_bytes, plural, printable, share, table
+from epfleet.text import format_bytes, plural, printable, printable_lines, share, table, wrap
 
 GENERATED_MARK = "†"
 
@@ -99,18 +99,28 @@ def detail(result: PairResult) -> str:
     if result.size is not None:
         parts.append(format_bytes(result.size))
     if result.coverage is not None:
-        parts.append(f"{coverage_text(result.coverage, result.coverage_boundary_qdq)} on EP")
+        parts.append(graph_on_ep(result.coverage, result.coverage_boundary_qdq, result.ep))
     mark = GENERATED_MARK if generated_only(result.device, result.samples_origin) else ""
     metric = f", {result.metric}" if result.metric else ""
     if result.verification == "passed" and result.max_rel_error is not None:
         twin = twin_text(result.verification_twin_of, result.target)
-        parts.append(f"verified {result.max_rel_error:.2%}{metric}{mark}{twin}")
+        parts.append(f"verified within {result.max_rel_error:.2%} of range{metric}{mark}{twin}")
     elif result.verification == "failed":
-        error = "" if result.max_rel_error is None else f" {result.max_rel_error:.2%}"
+        error = "" if result.max_rel_error is None else f": {result.max_rel_error:.2%} of range"
         parts.append(f"verification failed{error}{metric}{mark}")
     elif result.verification is not None:
         parts.append(result.verification + mark)
     return " · ".join(parts)
+
+
+def graph_on_ep(fraction: float, boundary_qdq: int, ep: str) -> str:
+    """``whole graph on QNN``, ``75% of the graph on QNN``: how much of the model the
+    target's EP took (the rest runs on ORT's CPU EP)."""
+    name = ep.removesuffix("ExecutionProvider")
+    shown = f"{share(fraction)} of the graph on {name}"
+    if fraction >= 1:
+        shown = f"whole graph on {name}"
+    return shown + (f" ({boundary_qdq} I/O Q/DQ on CPU)" if boundary_qdq else "")
 
 
 def twin_text(twin_of: str | None, target: str, samples: int | None = None) -> str:
@@ -165,16 +175,19 @@ def detail_rows(report: RunReport) -> list[dict[str, str]]:
 
 
 CLI_COLUMNS = 100
-"""The width the compile matrix is fitted to: long model names are shortened in it (never
-in the details below it)."""
+"""The width the compile matrix is fitted to off a terminal: long model names are shortened
+in it (never in the details below it)."""
 SHORTEST_NAME = 16
 
 
-def _fitted(rows: list[dict[str, str]], headers: list[str]) -> list[dict[str, str]]:
-    """``rows`` with model names shortened (``…``) so that the matrix fits ``CLI_COLUMNS``,
-    as long as the shortened names stay distinct and at least ``SHORTEST_NAME`` long."""
+def _fitted(
+    rows: list[dict[str, str]], headers: list[str], width: int | None
+) -> list[dict[str, str]]:
+    """``rows`` with model names shortened (``…``) so that the matrix fits ``width`` (else
+    ``CLI_COLUMNS``), as long as the shortened names stay distinct and at least
+    ``SHORTEST_NAME`` long."""
     others = sum(max(len(h), *(len(r[h]) for r in rows)) + 2 for h in headers[1:])
-    room = max(CLI_COLUMNS - others, SHORTEST_NAME)
+    room = max((width or CLI_COLUMNS) - others, SHORTEST_NAME)
     names = [r["model"] for r in rows]
     short = [n if len(n) <= room else n[: room - 1] + "…" for n in names]
     if len(set(short)) < len(short):
@@ -182,25 +195,37 @@ def _fitted(rows: list[dict[str, str]], headers: list[str]) -> list[dict[str, st
     return [r | {"model": name} for r, name in zip(rows, short, strict=True)]
 
 
-def render_report(report: RunReport) -> str:
+MATRIX_LEGEND = (
+    "each cell: status, precision, and the largest difference from the source model's "
+    "outputs, as a share of their range"
+)
+
+
+def render_report(report: RunReport, width: int | None = None) -> str:
+    """What ``epfleet compile`` prints: the matrix, its legends, a line per pair and the
+    totals, fitted to ``width`` columns."""
     rows = matrix_rows(report)
     headers = list(rows[0]) if rows else ["model"]
-    out = [table(headers, [[row[h] for h in headers] for row in _fitted(rows, headers)])]
+    cells = [[row[h] for h in headers] for row in _fitted(rows, headers, width)]
+    out = [table(headers, cells, width)]
+    legends = [MATRIX_LEGEND] if rows else []
     if any(GENERATED_MARK in cell for row in rows for cell in row.values()):
-        out.append(GENERATED_LEGEND)
+        legends.append(GENERATED_LEGEND)
     if any("EP " in cell for row in rows for cell in row.values()):
-        out.append(PARTIAL_LEGEND)
+        legends.append(PARTIAL_LEGEND)
+    lines = legends
     if report.variants:
-        out.append("")
-        out += [f"{r.model} × {r.target}: {detail(r)}" for r in report.variants]
+        lines.append("")
+        lines += [f"{r.model} × {r.target}: {detail(r)}" for r in report.variants]
     for result in report.variants:
         if result.status == "failed":
-            out.append(f"FAILED {result.model} × {result.target}: {result.error}")
-    out.append(
+            lines.append(f"FAILED {result.model} × {result.target}: {result.error}")
+    lines.append(
         f"{report.compiled} compiled, {report.skipped} up to date, {report.failed} failed; "
         f"manifest generation {report.generation}"
         + (" (published)" if report.published else " (unchanged)")
     )
+    out += [wrap(printable_lines(line), width) for line in lines]
     return "\n".join(out)
 
 
@@ -210,7 +235,10 @@ PARTIAL_LEGEND = (
 )
 
 
-def render_manifest(manifest: Manifest, store: str) -> str:
+def render_manifest(manifest: Manifest, store: str, width: int | None = None) -> str:
+    """What ``epfleet manifest show`` prints: a row per variant, then what each target was
+    built for and each runtime serves, fitted to ``width`` columns (the columns a device
+    or the JSON also says, left out first)."""
     rows, failures = [], []
     for model_name, model in sorted(manifest.models.items()):
         for target, v in model.variants.items():
@@ -242,9 +270,25 @@ def render_manifest(manifest: Manifest, store: str) -> str:
     headers = ["model", "target", "ep", "device", "status", "precision", "size", "coverage"]
     headers += ["verified", "compiled", "compatibility"]
     verified = headers.index("verified")
-    legend = [GENERATED_LEGEND] if any(GENERATED_MARK in row[verified] for row in rows) else []
-    lines = [*built_for(manifest), *runtime_lines(manifest)]
-    return "\n".join([header, table(headers, rows), *legend, *lines, *failures])
+    legend = [MANIFEST_LEGEND] if rows else []
+    if any(GENERATED_MARK in row[verified] for row in rows):
+        legend.append(GENERATED_LEGEND)
+    lines = [header, *legend, *built_for(manifest), *runtime_lines(manifest), *failures]
+    shown = table(
+        headers,
+        rows,
+        width,
+        wrapped=("precision", "verified"),
+        droppable=("compatibility", "compiled", "device", "ep"),
+    )
+    lines = [wrap(printable_lines(line), width) for line in lines]
+    return "\n".join([lines[0], shown, *lines[1:]])
+
+
+MANIFEST_LEGEND = (
+    "coverage: the share of the graph the target's EP runs; verified: passed or failed, and "
+    "the largest difference from the source model's outputs, as a share of their range"
+)
 
 
 RUNTIME_WIDTH = 80
@@ -334,16 +378,17 @@ def field_table_rows(rows: list[FieldRow]) -> list[list[str]]:
 FIELD_HEADERS = ["model", "target", "running", "failed", "p50 ms", "p95 ms", "partly on other EPs"]
 
 
-def render_field(rows: list[FieldRow], reports: int) -> str:
-    """The fleet-evidence table of ``manifest show --field``."""
+def render_field(rows: list[FieldRow], reports: int, width: int | None = None) -> str:
+    """The fleet-evidence table of ``manifest show --field``, fitted to ``width``."""
     if not reports:
         return "no device reports yet: devices report after each sync"
     counted = f"from {reports} device report{'s' if reports != 1 else ''}"
     latency = "latency: each running device's median run when it activated the variant"
-    return f"{table(FIELD_HEADERS, field_table_rows(rows))}\n\n{counted}; {latency}"
+    shown = table(FIELD_HEADERS, field_table_rows(rows), width, wrapped=("target",))
+    return f"{shown}\n\n{wrap(f'{counted}; {latency}', width)}"
 
 
-ROLLOUT_HEADERS = ["model", "rollout", "stage", "state", "new", "previous", "p50", "gate"]
+ROLLOUT_HEADERS = ["model", "rollout", "stage", "state", "new", "previous", "p50 change", "gate"]
 
 
 def side_text(side: SideEvidence) -> str:

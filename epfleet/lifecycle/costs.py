@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from epfleet.formats.manifest import Manifest, delta_keys, referenced_keys
 from epfleet.lifecycle.gc import kind_of, needed_keys
 from epfleet.stores import Store
-from epfleet.text import format_bytes, table
+from epfleet.text import format_bytes, table, wrap
 
 
 class ModelCost(BaseModel):
@@ -140,11 +140,12 @@ def _store_line(data: Costs) -> str:
     return line
 
 
-def cost_table(store: Store, manifest: Manifest | None) -> str:
-    """The costs as a plain-text table and a line for the store's total."""
+def cost_table(store: Store, manifest: Manifest | None, width: int | None = None) -> str:
+    """The costs as a plain-text table and a line for the store's total, fitted to
+    ``width`` columns."""
     data = costs(store, manifest)
     headers, rows = _rows(data)
-    return table(headers, rows) + "\n" + _store_line(data)
+    return table(headers, rows, width) + "\n" + wrap(_store_line(data), width)
 
 
 def cost_markdown(data: Costs) -> str:

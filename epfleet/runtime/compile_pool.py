@@ -21,7 +21,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
-from epfleet.errors import CompileError, EpfleetError, WorkerCrashed
+from epfleet.errors import CompileError, TimeLimitExceeded, WorkerCrashed
 from epfleet.runtime.compiler import CompileJob, CompileOutput, compile_job, discard
 from epfleet.runtime.native_output import filter_native_banners
 from epfleet.runtime.workers import (
@@ -36,18 +36,6 @@ from epfleet.runtime.workers import (
 
 Arg = TypeVar("Arg")
 Result = TypeVar("Result")
-
-
-class TimeLimitExceeded(EpfleetError):
-    """A call into a worker ran past its time limit; the worker was killed (the next call
-    gets a new one)."""
-
-    def __init__(self, doing: str, seconds: float) -> None:
-        super().__init__(f"{doing} ran past its time limit of {seconds:g} s; its worker was killed")
-        self.doing, self.seconds = doing, seconds
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (TimeLimitExceeded, (self.doing, self.seconds))
 
 
 def _warm_up(parent: int, site: str | None = None) -> None:

@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
+from epfleet.errors import WorkerDied, WorkerTimeout
 from epfleet.runtime.native_output import filter_native_banners
 
 Arg = TypeVar("Arg")
@@ -190,14 +191,6 @@ def release_semaphores() -> None:
         for finalizer in list(registry.values()):
             if getattr(finalizer, "_callback", None) is SemLock._cleanup:  # type: ignore[attr-defined]
                 finalizer()
-
-
-class WorkerTimeout(Exception):
-    """The call ran past its time limit; its worker was killed."""
-
-
-class WorkerDied(Exception):
-    """The worker process died during the call (native crash, abort, OOM kill)."""
 
 
 def enter_runtime(site: str | None) -> None:

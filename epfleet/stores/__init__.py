@@ -10,7 +10,7 @@ import importlib
 from pathlib import Path
 from urllib.parse import urlparse
 
-from epfleet.errors import BadInputError
+from epfleet.errors import BadInputError, DocumentTooLarge
 from epfleet.stores.base import (
     DEFAULT_STORE,
     MANIFEST_KEY,
@@ -19,7 +19,7 @@ from epfleet.stores.base import (
     Versioned,
     check_key,
 )
-from epfleet.stores.documents import DocumentTooLarge, document_limit
+from epfleet.stores.documents import document_limit
 
 __all__ = [
     "DEFAULT_STORE",

@@ -6,26 +6,9 @@ import functools
 import os
 from collections.abc import Iterator
 
-from epfleet.errors import StoreError
+from epfleet.errors import DocumentTooLarge
 from epfleet.limits import format_size
 from epfleet.stores.base import MANIFEST_KEY
-
-
-class DocumentTooLarge(StoreError):
-    """A document in the store is larger than its limit; it was not read whole. ``etag``
-    is the version it was found at, when known, so that a caller can tell the same body
-    again without reading it (``read_if_changed``)."""
-
-    def __init__(self, message: str, *, key: str, limit: int, etag: str | None) -> None:
-        super().__init__(message)
-        self.key, self.limit, self.etag = key, limit, etag
-
-    def __reduce__(self) -> tuple[object, ...]:  # picklable with its fields
-        return (_document_too_large, (str(self), self.key, self.limit, self.etag))
-
-
-def _document_too_large(message: str, key: str, limit: int, etag: str | None) -> DocumentTooLarge:
-    return DocumentTooLarge(message, key=key, limit=limit, etag=etag)
 
 
 def document_limit(key: str) -> tuple[int, str]:

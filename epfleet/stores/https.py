@@ -31,9 +31,15 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from epfleet.errors import BadInputError, ObjectMissing, StoreError, TransientStoreError
+from epfleet.errors import (
+    BadInputError,
+    DeadlineExceeded,
+    ObjectMissing,
+    StoreError,
+    TransientStoreError,
+)
 from epfleet.fsutil import atomic_file
-from epfleet.limits import DeadlineExceeded, TransferGuard, TransferLimits, current_deadline
+from epfleet.limits import TransferGuard, TransferLimits, current_deadline
 from epfleet.stores.base import UNCHANGED, StoredObject, Versioned, check_key, within_range
 from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
 from epfleet.stores.watch import DEADLINE, Watch, Watched, attempt

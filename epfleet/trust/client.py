@@ -36,7 +36,11 @@ from tuf.api import exceptions as tuf_errors
 from tuf.ngclient import Updater
 
 from epfleet.disk import cannot_write
-from epfleet.errors import BadInputError, EpfleetError, TransientStoreError
+from epfleet.errors import (
+    BadInputError,
+    MetadataRefused,
+    StoreUnreachable,
+)
 from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.schema_version import check_declared, validate_json, validate_python
 from epfleet.fsutil import read_nofollow
@@ -84,14 +88,6 @@ __all__ = [
     "trust_parts",
     "verify",
 ]
-
-
-class MetadataRefused(EpfleetError):
-    """The store's signed metadata did not verify; nothing from it is in force."""
-
-
-class StoreUnreachable(TransientStoreError):
-    """The store could not be reached to refresh its signed metadata."""
 
 
 def model_target(model: str) -> str:

@@ -12,8 +12,8 @@ from collections.abc import Generator, Iterator
 from tuf.api import exceptions as tuf_errors
 from tuf.ngclient.fetcher import FetcherInterface
 
-from epfleet.errors import ObjectMissing, StoreError, TransientStoreError
-from epfleet.limits import TransferGuard, TransferTooSlow
+from epfleet.errors import ObjectMissing, StoreError, TransferTooSlow, TransientStoreError
+from epfleet.limits import TransferGuard
 from epfleet.stores import Store
 
 STORE_URL = "epfleet-store:///"

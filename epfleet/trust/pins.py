@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from epfleet.errors import BadInputError, StoreError
+from epfleet.errors import BadInputError, TrustLost
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.hashing import sha256_bytes
 from epfleet.settings import settings
@@ -43,11 +43,6 @@ from epfleet.trust.state import RepositoryState, has_trust, read_state, root_cha
 RECORDS_DIR = "signed-stores"
 
 logger = logging.getLogger(__name__)
-
-
-class TrustLost(StoreError):
-    """A store known to be signed has lost its signed metadata, or holds another or an
-    older one: nothing is read from it nor published to it."""
 
 
 @dataclass

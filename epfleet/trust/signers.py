@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 def signer_for(store: Store) -> Signer | None:
     """The online signer to sign ``store``'s metadata with; None for a store published
     unsigned (warned). BadInputError for a store with trust metadata and no signer, or
-    without trust metadata and a signer set; TrustLost (``epfleet.trust.pins``) for a store
+    without trust metadata and a signer set; TrustLost (``epfleet.errors``) for a store
     pinned as signed whose signed metadata is gone, replaced or rolled back."""
     uri = settings().trust_signer
     signed = signed_store(store)  # a store pinned as signed without its metadata is refused

@@ -40,7 +40,7 @@ from tuf.api.metadata import (
 )
 from tuf.api.serialization import DeserializationError
 
-from epfleet.errors import BadInputError, StoreError
+from epfleet.errors import BadInputError, StoreError, Unverified
 from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes
 from epfleet.stores import MANIFEST_KEY, Store
@@ -70,10 +70,6 @@ def clear_cache() -> None:
     with _immutable_lock:
         _immutable.clear()
         _documents.clear()
-
-
-class Unverified(StoreError):
-    """A file of the store's signed metadata does not verify: tampered or damaged."""
 
 
 def parse_metadata(store: Store, key: str, data: bytes) -> Metadata[Any]:

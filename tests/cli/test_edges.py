@@ -15,6 +15,7 @@ from epfleet.cli.app import main
 from epfleet.cli.serve import REPORT_MAX_AGE_DAYS
 from epfleet.formats.device_report import decode_report, report_key
 from tests.support.hand_made_fleet import DEVICE, make_fleet
+from tests.support.sample_report import REPORT
 
 pytestmark = pytest.mark.fast
 
@@ -102,32 +103,6 @@ def test_prefer_takes_several_values(capsys: pytest.CaptureFixture[str], tmp_pat
     assert (
         code == 2 and "--prefer: Input should be 'cpu', 'gpu' or 'npu'" in capsys.readouterr().err
     )
-
-
-REPORT = {
-    "device_id": "vm", "generated_at": "2026-12-01T17:29:57+00:00", "ort_version": "1.32.0",
-    "ep_packages": {"onnxruntime": "1.32.0"},
-    "devices": [{"ep": "CPUExecutionProvider", "type": "cpu", "vendor": "AMD",
-                 "vendor_id": 4130, "device_id": 0, "ep_vendor": "Microsoft"}],
-    "store": "st", "cache": "/tmp/c",
-    "manifest": {"status": "unchanged", "generation": 1, "body_bytes": 485, "signed": True},
-    "models": [{
-        "model": "tiny-cls", "action": "kept", "variant": "x86-cpu-a11928e6a250",
-        "target": "x86-cpu", "ep": "CPUExecutionProvider", "verdict": "optimal",
-        "bytes_downloaded": 0, "reason": "still the best choice here", "precision": "fp32",
-        "seconds": 0.002,
-        "considered": [{
-            "target": t, "ep": "QNNExecutionProvider", "device": "npu",
-            "verdict": "unsupported",
-            "reason": "its validator refused this device: Currently QnnEpFactory::"
-            "ValidateCompiledModelCompatibilityInfoImpl only supports "
-            "OrtHardwareDeviceType_NPU, but no OrtHardwareDeviceType_NPU is found in the "
-            "`devices` argument.",
-        } for t in ("sd8g3-htp", "sd8g2-htp")],
-    }],
-    "seconds": 0.1,
-}  # fmt: skip
-"""A device report as epfleet sync --json printed it here (one model, QNN refused)."""
 
 
 def test_a_long_reason_is_shown_whole_once_below_the_table() -> None:

@@ -79,7 +79,7 @@ def test_first_compile_publishes_before_the_api_is_up_and_records_after(
         next(k for k, line in enumerate(said) if line.startswith(prefix))
         for prefix in (
             "epfleet: planning ",
-            "epfleet: 2 of 2 pairs to compile",
+            "epfleet: 2 of 2 pairs (model × target) to compile",
             "epfleet: starting Prefect's temporary API",
             "epfleet: [2/2] ",
             "epfleet: published (manifest generation 1); waiting for Prefect's temporary API",

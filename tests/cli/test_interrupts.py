@@ -98,7 +98,7 @@ def start_compile(tmp_path: Path, model_dir: Path) -> tuple[subprocess.Popen[str
 
 def compiling(cli: subprocess.Popen[str], marker: str, stderr: Lines) -> bool:
     """The compiles started (the progress line is out) and a worker of the CLI runs."""
-    started = any("pairs to compile with" in line for line in stderr.lines)
+    started = any("pairs (model × target) to compile" in line for line in stderr.lines)
     return started and cli.poll() is None and any(p != cli.pid for p in processes_with(marker))
 
 
@@ -187,7 +187,7 @@ def interrupt_and_check(
         line
         for line in lines
         if line.startswith("epfleet")
-        and "pairs to compile" not in line
+        and "pairs (model × target) to compile" not in line
         and not line.startswith("epfleet: planning ")  # the first line, before the plan
         and " × " not in line  # a pair's progress line
         and "Prefect's temporary API" not in line  # its start, said before the compiles

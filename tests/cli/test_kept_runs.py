@@ -10,11 +10,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from epfleet.hashing import store_dir_name
+from epfleet.stores import open_store
 from tests.support.paths import REPO
 from tests.support.specs import CPU_TARGET, tiny_models, write_spec
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +47,18 @@ def run_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def kept(tmp_path: Path) -> list[Path]:
+def kept(tmp_path: Path, store: Path | None = None) -> list[Path]:
+    """The runs kept in the worker cache: ``store``'s, or every store's."""
     directory = tmp_path / "cache" / "work" / "kept-runs"
-    return sorted(directory.iterdir()) if directory.is_dir() else []
+    if store is not None:
+        directory /= store_dir_name(open_store(str(store)).uri)
+    return sorted(directory.glob("**/*.json"))
+
+
+def of_store(store: Path, runs: list[FlowRun]) -> list[FlowRun]:
+    """The flow runs of ``store``, named as given or by its canonical URI (a kept run)."""
+    uri = open_store(str(store)).uri
+    return [r for r in runs if r.parameters.get("store") in (str(store), uri)]
 
 
 def test_a_compile_with_no_api_keeps_its_run_and_a_later_one_records_it(
@@ -91,7 +106,7 @@ def test_a_compile_with_no_api_keeps_its_run_and_a_later_one_records_it(
     assert kept(tmp_path) == []
     assert not (tmp_path / "api-started").exists(), "a temporary API was started"
     with get_client(sync_client=True) as client:
-        [run] = [r for r in client.read_flow_runs() if r.parameters.get("store") == str(store)]
+        [run] = of_store(store, client.read_flow_runs())
         assert run.state is not None and run.state.is_completed(), run.state
         keys = {a.key for a in client.read_artifacts() if a.flow_run_id == run.id}
     assert {
@@ -125,8 +140,34 @@ def test_a_compile_run_as_the_flow_records_the_kept_runs_first(
     assert "epfleet: recorded 1 kept run(s) as fleet-compile flow runs" in again.stderr
     assert kept(tmp_path) == []
     with get_client(sync_client=True) as client:
-        runs = [r for r in client.read_flow_runs() if r.parameters.get("store") == str(store)]
+        runs = of_store(store, client.read_flow_runs())
     assert [r.parameters["force"] for r in sorted(runs, key=lambda r: r.created or 0)] == [
         False,  # the kept run, recorded first
         True,  # this run, compiled as the flow run
     ]
+
+
+def test_a_compile_records_only_its_own_stores_kept_runs(
+    tmp_path: Path, model_dir: Path, prefect_api: str
+) -> None:
+    """A run kept for one store waits for a compile into that store: a compile into another
+    store with a Prefect API records nothing of it."""
+    spec = write_spec(tmp_path, tiny_models(model_dir), [CPU_TARGET])
+    mine, other = tmp_path / "store", tmp_path / "other-store"
+    env = run_env(tmp_path)
+
+    def compile_into(store: Path, api: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "epfleet", "compile", str(spec), "--store", str(store)]
+        done = subprocess.run(
+            argv, cwd=tmp_path, env=env | api, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    compile_into(mine, {})
+    [record] = kept(tmp_path, mine)
+    recorded = compile_into(other, {"PREFECT_API_URL": prefect_api})
+    assert "recorded" not in recorded.stderr and "kept run" not in recorded.stderr
+    assert kept(tmp_path, mine) == [record] and kept(tmp_path, other) == []
+    compile_into(mine, {"PREFECT_API_URL": prefect_api})
+    assert kept(tmp_path) == []

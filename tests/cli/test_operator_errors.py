@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from epfleet.cli.app import main
+from epfleet.errors import MetadataRefused
 from epfleet.fleet.planning import plan_run
 from epfleet.stores import open_store
-from epfleet.trust.client import MetadataRefused, verify
+from epfleet.trust.client import verify
 from epfleet.trust.keys import file_uri
 from epfleet.trust.repository import init_with_key_files
 from tests.support.specs import CPU_TARGET, tiny_models, write_spec

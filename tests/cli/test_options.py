@@ -58,6 +58,9 @@ def test_top_level_help_lists_commands_exit_codes_and_where_the_environment_is(
     [
         ([], "a command is required"),
         (["nope"], "unknown command 'nope'"),
+        (["synk"], "unknown command 'synk'; did you mean 'sync'?"),
+        (["rollout", "stats"], "did you mean 'status'? (one of: status, advance, halt"),
+        (["trust", "refesh"], "unknown command 'refesh'; did you mean 'refresh'? (one of: init"),
         (["manifest"], "manifest needs a command"),
         (["compile"], "SPEC requires an argument"),
         (["compile", "x.yaml", "--workers", "0"], "--workers must be from 1 to 64, got 0"),

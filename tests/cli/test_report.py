@@ -13,6 +13,7 @@ from epfleet.device.views import render_device_report
 from epfleet.fleet.runs import PairResult, RunReport
 from epfleet.fleet.views import (
     GENERATED_LEGEND,
+    MANIFEST_LEGEND,
     cell,
     detail_rows,
     render_manifest,
@@ -68,7 +69,10 @@ def test_the_matrix_flags_an_npu_variant_verified_on_generated_inputs_only() -> 
     row = shown.splitlines()[2]
     assert "ok 0.04%†" in row
     assert row.count("†") == 1  # not the NPU variant checked on the spec's samples, not CPU
-    assert "mel × htp-generated: ok · 0.41 s · 2.0 KB · 100% on EP · verified 0.04%†" in shown
+    assert (
+        "mel × htp-generated: ok · 0.41 s · 2.0 KB · whole graph on QNN · verified within 0.04% of range†"
+        in shown
+    )
     assert GENERATED_LEGEND in shown.splitlines()
     assert GENERATED_LEGEND not in render_report(report(result("htp", "npu", "spec")))
 
@@ -86,7 +90,10 @@ def test_a_failed_pair_shows_what_was_measured() -> None:
     )
     shown = render_report(report(failed))
     assert shown.splitlines()[2].endswith("failed 37.20%†")
-    assert "mel × htp: failed · 0.41 s · 100% on EP · verification failed 37.20%†" in shown
+    assert (
+        "mel × htp: failed · 0.41 s · whole graph on QNN · verification failed: 37.20% of range†"
+        in shown
+    )
     assert "FAILED mel × htp: verification failed: output 0 differs" in shown
 
 
@@ -115,10 +122,10 @@ def test_manifest_show_flags_the_same_variants() -> None:
     rows = {line.split()[1]: line for line in lines[3:6]}
     assert "passed 0.04%†" in rows["htp"]
     assert "†" not in rows["htp-real"] and "†" not in rows["older"]
-    assert lines[6] == GENERATED_LEGEND
+    assert lines[6:8] == [MANIFEST_LEGEND, GENERATED_LEGEND]
     # What each target's variants were built for: here a string without a VTCM size, which
     # no Snapdragon judges optimal.
-    assert lines[7:] == [
+    assert lines[8:] == [
         f"{target}: built for HTP v75 SoC 57 with VTCM 0 (compiled without vtcm_mb) by QNN "
         "SDK 2.51.0"
         for target in ("htp", "htp-real", "older")
@@ -138,7 +145,10 @@ def test_the_matrix_shows_each_variants_precision_and_the_ladders_losers() -> No
     )
     row = shown.splitlines()[2]
     assert "ok w8a8 0.04%" in row and "ok w8a16 0.04%" in row
-    assert "mel × v68: ok · w8a8 · 0.41 s · 2.0 KB · 100% on EP · verified 0.04%" in shown
+    assert (
+        "mel × v68: ok · w8a8 · 0.41 s · 2.0 KB · whole graph on QNN · verified within 0.04% of range"
+        in shown
+    )
     assert "mel × v73: ok · w8a16 (fp16 failed) · 0.41 s" in shown
     assert "mel × older: ok · 0.41 s · 2.0 KB" in shown
 
@@ -310,7 +320,8 @@ def test_the_compile_matrix_fits_a_laptop_and_its_details_follow_it() -> None:
     assert any(line.startswith("paddleocr-ppocrv4-mobile-t") and "…" in line for line in matrix)
     assert (
         "paddleocr-ppocrv4-mobile-text-detection-640 × qcs6490-htp: ok · w8a16 (w8a8 failed) · "
-        "12.35 s · 117.7 MB · 99.8% (2 I/O Q/DQ on CPU) on EP · verified 0.04%†"
+        "12.35 s · 117.7 MB · 99.8% of the graph on QNN (2 I/O Q/DQ on CPU) · verified within "
+        "0.04% of range†"
     ) in shown
     assert "(twin of sd8g2-htp)" in shown[shown.index("") + 1]
     assert any(line.startswith("EP n%: the share of the graph") for line in shown)

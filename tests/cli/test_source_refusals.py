@@ -20,7 +20,7 @@ from epfleet.cli.app import main
 from epfleet.fleet.planning import plan_run
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.stores import open_store
-from tests.support.specs import CPU_TARGET, write_spec
+from tests.support.specs import CPU_TARGET, tiny_models, write_spec
 
 pytestmark = pytest.mark.fast
 
@@ -135,3 +135,27 @@ def test_a_source_with_its_external_data_in_its_folder_is_staged_whole(
     assert len(plan.to_compile) == 1
     data_sha256, _ = sha256_file(tmp_path / "good" / "w.bin")
     assert f"files/{data_sha256}" in open_store(store_uri).list_keys("files/")
+
+
+@pytest.mark.parametrize("bad", ["missing.onnx", "notes.onnx"])
+def test_a_refused_spec_leaves_no_store_behind(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model_dir: Path, bad: str
+) -> None:
+    """A good model beside a missing or non-ONNX one: the spec is refused before the good
+    one is staged, and the new store's directory is never made."""
+    (tmp_path / "notes.onnx").write_bytes(SECRET)
+    models = [*tiny_models(model_dir)[:1], {"name": "m", "source": bad}]
+    spec = write_spec(tmp_path, models, [CPU_TARGET])
+    store = tmp_path / "new-store"
+    assert main(["compile", str(spec), "--store", str(store)]) == 2
+    assert "models[m].source" in capsys.readouterr().err
+    assert not store.exists()
+
+
+def test_a_sync_from_a_store_that_is_not_there_makes_no_cache(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cache = tmp_path / "device"
+    code = main(["sync", "--store", str(tmp_path / "nowhere"), "--cache", str(cache)])
+    assert code == 2 and "does not exist" in capsys.readouterr().err
+    assert not cache.exists()

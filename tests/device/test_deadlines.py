@@ -22,10 +22,10 @@ import boto3
 import pytest
 
 from epfleet.device.cache import DeviceCache
-from epfleet.errors import WorkerCrashed
+from epfleet.errors import TimeLimitExceeded, WorkerCrashed
 from epfleet.fleet.watch_inputs import read_reports
 from epfleet.formats.device_report import DeviceReport, ModelReport
-from epfleet.runtime.compile_pool import CompilePool, TimeLimitExceeded
+from epfleet.runtime.compile_pool import CompilePool
 from epfleet.stores.local import LocalStore
 from tests.support.native_writers import kill_self, sleep
 from tests.support.s3proxy import FaultProxy

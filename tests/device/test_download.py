@@ -19,9 +19,15 @@ from pathlib import Path
 import pytest
 
 from epfleet.device.download import Transfer
-from epfleet.errors import IntegrityError, StoreError, TransientStoreError
+from epfleet.errors import (
+    DeadlineExceeded,
+    IntegrityError,
+    StoreError,
+    TransferTooSlow,
+    TransientStoreError,
+)
 from epfleet.hashing import sha256_bytes
-from epfleet.limits import Deadline, DeadlineExceeded, TransferTooSlow, within
+from epfleet.limits import Deadline, within
 from epfleet.stores.local import LocalStore
 from tests.support.fake_clock import FakeClock
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import onnx
 import pytest
 
-from epfleet.device.cache import DISK_MARGIN, CacheDamaged
+from epfleet.device.cache import DISK_MARGIN
 from epfleet.device.cache.repair import model_metadata
-from epfleet.errors import StoreError
+from epfleet.errors import CacheDamaged, StoreError
 from epfleet.formats.device_report import DeviceReport
 from epfleet.stores.local import LocalStore
 from epfleet.text import MB

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.cli.app import main
-from epfleet.device.cache import CacheBusy
+from epfleet.errors import CacheBusy
 from epfleet.formats.device_report import DeviceReport
 from tests.support.cache_faults import (
     MODEL,

@@ -77,7 +77,7 @@ def test_an_unchanged_signed_poll_is_two_gets_and_a_changed_one_uploads_a_gzippe
         ("GET", "timestamp.json", 200),
     ]
     assert again.report_uploaded is False and again.report_error is None
-    assert (again.report_skipped or "").startswith("says what the store's copy of ")
+    assert (again.report_skipped or "").startswith("the store has the same report, uploaded ")
 
     # the heartbeat comes due: the unchanged report goes up again
     sent_file = cache / ".epfleet" / "report-sent.json"

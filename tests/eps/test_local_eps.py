@@ -6,7 +6,7 @@ import pytest
 
 import eps.cpu as cpu
 from epfleet import ort_version
-from epfleet.device.local_eps import LocalEps, discover, ep_identities, ep_versions
+from epfleet.device.local_eps import NO_NPU, LocalEps, discover, ep_identities, ep_versions
 from eps.base import Verdict
 
 pytestmark = pytest.mark.fast
@@ -42,10 +42,12 @@ def test_the_releases_discovery_and_the_report_name_come_from_one_read(local: Lo
     assert "onnxruntime-ep-nv-tensorrt-rtx" not in ep_versions()  # not installed here
 
 
-def test_qnn_string_is_unsupported_with_orts_reason(local: LocalEps) -> None:
+def test_qnn_string_is_unsupported_for_want_of_an_npu(local: LocalEps) -> None:
+    """ORT's QNN plugin refuses to judge without an NPU device, in words naming its
+    internals; the reason says it plainly."""
     judged = local.judge("QNNExecutionProvider", "v2:6:2.51.0:5.51.0:75:57:0:0")
     assert judged.verdict is Verdict.UNSUPPORTED
-    assert "only supports OrtHardwareDeviceType_NPU" in judged.reason
+    assert judged.reason == NO_NPU
 
 
 def test_cpu_strings_are_judged_by_the_cpu_module(local: LocalEps) -> None:

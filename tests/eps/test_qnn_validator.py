@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import eps
-from epfleet.device.local_eps import discover, ort_judgement
+from epfleet.device.local_eps import NO_NPU, discover, ort_judgement
 from epfleet.errors import BadInputError
 from epfleet.formats.spec_file import parse_spec
 from eps.base import Verdict
@@ -162,7 +162,7 @@ def test_the_strings_this_hosts_compiles_write_carry_their_socs_vtcm(fleet_store
                 V.PREFER_RECOMPILATION
             )
             real = ort_judgement(local.devices[QNN], QNN, variant.compatibility_string)
-            assert real.verdict is V.UNSUPPORTED and "validator refused" in real.reason
+            assert real.verdict is V.UNSUPPORTED and real.reason == NO_NPU
 
 
 def test_the_double_explains_a_prefer_recompilation_verdict() -> None:

@@ -1,6 +1,6 @@
 """Runs kept to be recorded on a Prefect API later (``epfleet.fleet.kept_runs``): written
 atomically, at most ``MAX_KEPT`` of them (the oldest dropped), none over ``MAX_BYTES``,
-read back as written, and claimed by one command at a time."""
+read back as written, claimed by one command at a time, and each store's apart."""
 
 from __future__ import annotations
 
@@ -23,21 +23,26 @@ def test_kept_runs_are_bounded_and_claimed_once(
     monkeypatch.setattr(kept_runs, "MAX_KEPT", 3)
     plan = RunPlan(store="s", sources={}, pairs=[], generation=0, published_sources={})
     report = RunReport(generation=1, published=True, compiled=0, skipped=0, failed=0, variants=[])
-    inputs = (str(tmp_path / "spec.yaml"), "s", ("m",), (), False)
+    inputs = (str(tmp_path / "spec.yaml"), "file:///s", ("m",), (), False)
     paths = []
     for _ in range(4):
         path, dropped = kept_runs.keep(inputs, 2, plan, report)
         paths.append(path)
     assert dropped == [paths[0]]  # the oldest goes, so that at most MAX_KEPT stay
-    assert kept_runs.pending() == paths[1:]
+    assert kept_runs.pending("file:///s") == paths[1:]
     run = kept_runs.load(paths[1])
     assert (run.inputs, run.workers, run.report) == (inputs, 2, report)
 
     claimed = kept_runs.claim(paths[1])
     assert claimed is not None and kept_runs.claim(paths[1]) is None  # one command only
-    assert kept_runs.pending() == paths[2:]
+    assert kept_runs.pending("file:///s") == paths[2:]
     kept_runs.release(claimed)
-    assert kept_runs.pending() == paths[1:]
+    assert kept_runs.pending("file:///s") == paths[1:]
+
+    other = (str(tmp_path / "spec.yaml"), "file:///t", ("m",), (), False)
+    theirs, _ = kept_runs.keep(other, 2, plan, report)  # another store's: apart, not dropped
+    assert kept_runs.pending("file:///t") == [theirs]
+    assert kept_runs.pending("file:///s") == paths[1:]
 
     monkeypatch.setattr(kept_runs, "MAX_BYTES", 10)
     with pytest.raises(ValueError, match="over 10"):

@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from epfleet.errors import WorkerDied, WorkerTimeout
 from epfleet.fleet.build import verify_output
 from epfleet.fleet.planning import plan_run
 from epfleet.fleet.verify import (
@@ -35,7 +36,7 @@ from epfleet.runtime.samples import (
     read_golden,
     write_golden,
 )
-from epfleet.runtime.workers import IsolatedWorkers, WorkerDied, WorkerTimeout
+from epfleet.runtime.workers import IsolatedWorkers
 from epfleet.stores import open_store
 from epfleet.text import share
 from tests.support.native_writers import abort, double, sleep

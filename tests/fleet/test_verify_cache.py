@@ -1,7 +1,7 @@
-"""A variant this machine verified before (same artifact bytes, golden samples, EP and ORT
-builds, tolerances and time limit) is not run again: its record is the earlier one,
-marked reused, and its manifest entry is then the same build as before. Real CPU compiles
-and verifications, run as the CLI runs them without Prefect."""
+"""A variant this machine verified before for the same store (same artifact bytes, golden
+samples, EP and ORT builds, tolerances and time limit) is not run again: its record is the
+earlier one, marked reused, and its manifest entry is then the same build as before. Real CPU
+compiles and verifications, run as the CLI runs them without Prefect."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from epfleet.fleet.planning import plan_run
 from epfleet.fleet.publishing import read_manifest
 from epfleet.fleet.runs import RunReport
 from epfleet.fleet.staging import cache_dir
-from epfleet.fleet.verify_cache import VerifyKey, recalled, remember, verification_key
+from epfleet.fleet.verify_cache import (
+    VerifyKey,
+    recalled,
+    remember,
+    verification_key,
+    verified_dir,
+)
 from epfleet.formats.manifest import Manifest, Verification
 from epfleet.stores import open_store
 from tests.support.specs import tiny_models, write_spec
@@ -75,7 +81,7 @@ def test_only_passed_results_are_kept_and_a_damaged_file_is_a_miss(tmp_path: Pat
     remember(tmp_path, "k2", failed)
     assert recalled(tmp_path, "k1") == passed
     assert recalled(tmp_path, "k2") is None and recalled(tmp_path, "k3") is None
-    (tmp_path / "work" / "verified" / "k1.json").write_text("{not json")
+    (tmp_path / "k1.json").write_text("{not json")
     assert recalled(tmp_path, "k1") is None
 
 
@@ -91,7 +97,7 @@ def test_a_rebuild_of_the_same_artifact_reuses_its_verification(
     first = manifest.models["tiny-cls"].variants["x86-cpu"]
     assert first.verification is not None and first.verification.status == "passed"
     assert not first.verification.reused and first.verification.seconds
-    assert list((cache_dir() / "work" / "verified").glob("*.json"))
+    assert list(verified_dir(cache_dir(), open_store(store).uri).glob("*.json"))
 
     # Compiled again (--force), same bytes: not run again (no seconds spent), and the
     # entry is the same build, so the published one stays as it was.
@@ -101,13 +107,13 @@ def test_a_rebuild_of_the_same_artifact_reuses_its_verification(
     assert again.models["tiny-cls"].variants["x86-cpu"] == first
     assert again.generation == manifest.generation
 
-    # The same build published to another store on this machine: its entry says so.
+    # The same build published to another store on this machine is verified for that
+    # store: what was verified for one store is never another's record.
     _, other = compile_once(spec, str(tmp_path / "other-store"))
-    reused = other.models["tiny-cls"].variants["x86-cpu"]
-    assert reused.digest == first.digest and reused.verification is not None
-    assert reused.verification.reused and reused.verification.seconds == 0.0
-    assert reused.verification.max_rel_error == first.verification.max_rel_error
-    assert reused.same_build(first)
+    theirs = other.models["tiny-cls"].variants["x86-cpu"]
+    assert theirs.digest == first.digest and theirs.verification is not None
+    assert not theirs.verification.reused and theirs.verification.seconds
+    assert theirs.verification.max_rel_error == first.verification.max_rel_error
 
     # A tolerance is part of the key: a looser one verifies again.
     spec = write_spec(tmp_path, models, [target | {"tolerance": 0.05}])

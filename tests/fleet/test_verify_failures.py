@@ -16,10 +16,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from epfleet.cli.compile import _run_without_prefect
-from epfleet.errors import BadInputError, CompileError, StoreError
+from epfleet.errors import BadInputError, CompileError, RejectedBuild, StoreError
 from epfleet.fleet.build import failure_text
 from epfleet.fleet.input_memory import check_input_memory
-from epfleet.fleet.outcomes import RejectedBuild, failed_entry, outcome_of_failure
+from epfleet.fleet.outcomes import failed_entry, outcome_of_failure
 from epfleet.fleet.planning import plan_run
 from epfleet.fleet.publishing import read_manifest
 from epfleet.fleet.runs import SETTLED, RunReport

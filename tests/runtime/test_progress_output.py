@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from epfleet.errors import WorkerDied
 from epfleet.logs import CompileProgress, pair_progress
-from epfleet.runtime.workers import IsolatedWorkers, WorkerDied
+from epfleet.runtime.workers import IsolatedWorkers
 from tests.support.native_writers import write_like_qnn, write_then_die
 
 pytestmark = pytest.mark.fast

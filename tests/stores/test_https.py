@@ -10,10 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.errors import StoreError, TransientStoreError
-from epfleet.limits import Deadline, DeadlineExceeded, TransferTooSlow, within
+from epfleet.errors import (
+    DeadlineExceeded,
+    DocumentTooLarge,
+    StoreError,
+    TransferTooSlow,
+    TransientStoreError,
+)
+from epfleet.limits import Deadline, within
 from epfleet.settings import settings
-from epfleet.stores import UNCHANGED, DocumentTooLarge, open_store
+from epfleet.stores import UNCHANGED, open_store
 from epfleet.stores.https import HttpsStore
 from tests.support.http_mirror import Mirror
 

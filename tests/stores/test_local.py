@@ -10,9 +10,15 @@ from typing import Any
 
 import pytest
 
-from epfleet.errors import BadInputError, IntegrityError, PreconditionFailed, StoreError
+from epfleet.errors import (
+    BadInputError,
+    DocumentTooLarge,
+    IntegrityError,
+    PreconditionFailed,
+    StoreError,
+)
 from epfleet.hashing import sha256_bytes, sha256_file
-from epfleet.stores import DocumentTooLarge, open_store
+from epfleet.stores import open_store
 from epfleet.stores.local import LOCK_NAME, LocalStore
 
 pytestmark = pytest.mark.fast

@@ -16,10 +16,16 @@ from pathlib import Path
 import boto3
 import pytest
 
-from epfleet.errors import BadInputError, PreconditionFailed, StoreError, TransientStoreError
+from epfleet.errors import (
+    BadInputError,
+    DocumentTooLarge,
+    PreconditionFailed,
+    StoreError,
+    TransferTooSlow,
+    TransientStoreError,
+)
 from epfleet.hashing import sha256_bytes, sha256_file
-from epfleet.limits import TransferTooSlow
-from epfleet.stores import DocumentTooLarge, open_store
+from epfleet.stores import open_store
 from epfleet.stores.s3 import S3Store
 from epfleet.stores.s3.store import MiB
 from tests.support.s3proxy import FaultProxy

@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 import pytest
 
-from epfleet.errors import StoreError
+from epfleet.errors import DeadlineExceeded, StoreError, TransferTooSlow
 from epfleet.fleet.publishing import read_manifest, update_manifest
 from epfleet.formats.manifest import Manifest
-from epfleet.limits import Deadline, DeadlineExceeded, TransferTooSlow, within
+from epfleet.limits import Deadline, within
 from epfleet.stores import MANIFEST_KEY, open_store
 from epfleet.stores.s3 import S3Store
 from tests.support.s3proxy import FaultProxy

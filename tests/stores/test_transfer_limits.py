@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from epfleet.limits import (
-    Deadline,
-    DeadlineExceeded,
-    TransferGuard,
-    TransferLimits,
-    TransferTooSlow,
-)
+from epfleet.errors import DeadlineExceeded, TransferTooSlow
+from epfleet.limits import Deadline, TransferGuard, TransferLimits
 from tests.support.fake_clock import FakeClock
 
 pytestmark = pytest.mark.fast

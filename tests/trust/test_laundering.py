@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.errors import StoreError
+from epfleet.errors import StoreError, Unverified
 from epfleet.fleet.publishing import put_copy_right, read_in_force, read_manifest, update_manifest
 from epfleet.formats.manifest import ArtifactRef, Manifest, Verification
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.stores.memory import forget
 from epfleet.trust.layout import TIMESTAMP_KEY, metadata_key, target_key
 from epfleet.trust.repository import publish_trust, read_state, refresh
-from epfleet.trust.state import Unverified, clear_cache
+from epfleet.trust.state import clear_cache
 from tests.support.publish_helpers import publish_new
 from tests.support.signed_records import (
     Records,

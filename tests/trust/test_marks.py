@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.disk import CacheNotWritable, DiskFull
-from epfleet.errors import BadInputError
+from epfleet.errors import BadInputError, CacheNotWritable, DiskFull, MetadataRefused
 from epfleet.stores import open_store
-from epfleet.trust.client import MetadataRefused, verify
+from epfleet.trust.client import verify
 from epfleet.trust.highwater import (
     TrustMark,
     advanced,

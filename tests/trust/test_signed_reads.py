@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.cli.app import main
+from epfleet.errors import TrustLost
 from epfleet.fleet.enrolment import key_entry
 from epfleet.fleet.publishing import read_in_force, update_manifest
 from epfleet.fleet.rollouts import run_gate
@@ -19,7 +20,7 @@ from epfleet.formats.manifest import Manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust.keys import new_key
 from epfleet.trust.layout import FIRST_ROOT_KEY, TIMESTAMP_KEY
-from epfleet.trust.pins import TrustLost, pin_problem, record_path
+from epfleet.trust.pins import pin_problem, record_path
 from epfleet.trust.repository import development_keys_dir, init_with_key_files
 from epfleet.trust.state import clear_cache
 from tests.support.signed_fleet import synthetic_store

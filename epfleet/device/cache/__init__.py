@@ -9,7 +9,6 @@ from here.
 """
 
 from epfleet.device.cache.device_cache import DeviceCache
-from epfleet.device.cache.errors import CacheBusy, CacheDamaged
 from epfleet.device.cache.layout import (
     DISK_MARGIN,
     LOCK_FILE,
@@ -19,6 +18,7 @@ from epfleet.device.cache.layout import (
     local_target_name,
 )
 from epfleet.device.cache.state import CacheState, Installed, InstalledFile, ModelState, Origin
+from epfleet.errors import CacheBusy, CacheDamaged
 
 __all__ = [
     "DISK_MARGIN",

@@ -7,7 +7,7 @@ missing, damaged or unreadable is rebuilt from the variant directories (``repair
 keeping what the package's manifest selects.
 
 Every path is reached without following a link (``nofollow``); disk space and partial
-downloads are ``space``'s, the lock ``lock``'s, its own errors ``errors``'. Only what
+downloads are ``space``'s, the lock ``lock``'s (its errors: ``epfleet.errors``). Only what
 epfleet names is removed: variant directories, partial downloads, the compile scratch and temporary
 files of its atomic writes.
 """

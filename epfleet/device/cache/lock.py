@@ -20,11 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime
 
-from epfleet.device.cache.errors import CacheBusy, CacheDamaged
 from epfleet.device.cache.layout import LOCK_FILE, STATE_DIR
 from epfleet.device.cache.nofollow import CacheFiles, lstat_at
 from epfleet.disk import WRITE_DENIED, cannot_write
-from epfleet.errors import EpfleetError
+from epfleet.errors import CacheBusy, CacheDamaged, EpfleetError
 from epfleet.fsutil import NO_SPACE
 
 

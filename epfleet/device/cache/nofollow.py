@@ -20,9 +20,8 @@ from collections.abc import Collection
 from contextlib import suppress
 from pathlib import Path
 
-from epfleet.device.cache.errors import CacheDamaged
 from epfleet.disk import cannot_write
-from epfleet.errors import BadInputError
+from epfleet.errors import BadInputError, CacheDamaged
 from epfleet.fsutil import is_temp_name, read_nofollow
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -23,7 +23,8 @@ from epfleet.device.cache.layout import (
     STATE_DIR,
 )
 from epfleet.device.cache.nofollow import CacheFiles, lstat_at, remove_temp_files
-from epfleet.disk import WRITE_DENIED, DiskFull, not_writable
+from epfleet.disk import WRITE_DENIED, not_writable
+from epfleet.errors import DiskFull
 from epfleet.fsutil import NO_SPACE, atomic_write_bytes, free_bytes, is_temp_name
 from epfleet.text import mb
 

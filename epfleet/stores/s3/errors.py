@@ -15,8 +15,13 @@ from typing import NoReturn
 import botocore.exceptions as bce
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 
-from epfleet.errors import ObjectMissing, StoreError, StoreMissing, TransientStoreError
-from epfleet.limits import TransferTooSlow
+from epfleet.errors import (
+    ObjectMissing,
+    StoreError,
+    StoreMissing,
+    TransferTooSlow,
+    TransientStoreError,
+)
 from epfleet.stores.s3.bounds import DeadlineReached
 
 THROTTLING_CODES = frozenset(

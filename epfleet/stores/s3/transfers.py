@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import botocore.exceptions as bce
 from boto3.exceptions import S3UploadFailedError
 
-from epfleet.errors import ObjectMissing, TransientStoreError
-from epfleet.limits import TransferGuard, TransferTooSlow
+from epfleet.errors import ObjectMissing, TransferTooSlow, TransientStoreError
+from epfleet.limits import TransferGuard
 from epfleet.stores.caching import cache_control
 from epfleet.stores.s3.errors import is_missing
 
