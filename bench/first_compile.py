@@ -23,14 +23,15 @@ ratios to the plain loop's median. Timings on a shared machine are noisy: the lo
 average (`uptime`) is printed before and after; compare ratios within one run. No target
 is asserted.
 
-Measured here (2 cores, load 11.5 then 9, `--code` main before issue 30 point 3 and after,
-`--repeat 2`): plain 6.9 / 3.0 s wall, 1.1 s CPU; before 62.8 / 41.7 s wall, 18.5 / 17.9 s
+Measured here (2 cores, load 11.5 then 9, `--code` main before the compile stopped
+waiting for a Prefect API and after, `--repeat 2`): plain 6.9 / 3.0 s wall, 1.1 s CPU;
+before 62.8 / 41.7 s wall, 18.5 / 17.9 s
 CPU, first line at 11.9 / 6.3 s, [6/6] at 58.2 / 34.9 s; after 30.9 / 37.5 s wall, 17.8 /
 17.4 s CPU, first line at 1.6 / 1.8 s, [6/6] (all published) at 9.0 / 13.3 s. The rest of
 the wait is Prefect's temporary API coming up to record the run.
 
-After issue 30 point 3's "not at all" (the first command starts no Prefect API and keeps
-its run to be recorded later; `--code` main before it and after, `--repeat 2`, 2 cores,
+After the first command stopped starting a Prefect API at all (it keeps its run to be
+recorded later; `--code` main before it and after, `--repeat 2`, 2 cores,
 load 1.9 then 2.0): plain 1.2 / 1.0 s wall, 1.4 / 1.2 s CPU; before 19.2 / 17.7 s wall,
 21.2 / 19.6 s CPU, compile exit at 18.1 / 16.4 s; after 5.2 / 6.9 s wall, 7.3 / 8.0 s CPU,
 first line at 0.8 / 1.0 s, [6/6] at 3.6 / 4.6 s, compile exit at 4.1 / 5.5 s. Again at

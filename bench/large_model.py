@@ -207,7 +207,7 @@ def print_table(rows: list[Measured], budget: bool) -> None:
         "\npeak RssAnon counts only anonymous memory (heap copies), the figure a budget binds."
     )
     if budget:
-        print("target (issue 13): peak RSS of the compile and of the sync under 1 GB")
+        print("target: peak RSS of the compile and of the sync under 1 GB")
     head = f"{'step':<60} {'wall':>8} {'peak RSS':>10} {'RssAnon':>10} {'max VmHWM':>10}"
     print(head + ("   under 1 GB?" if budget else ""))
     for m in rows:

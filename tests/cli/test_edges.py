@@ -1,4 +1,4 @@
-"""The command line's edges an operator meets (issue 20): a watch report with no Prefect
+"""The command line's edges an operator meets: a watch report with no Prefect
 API, help that starts with the commands, options as help spells them, a misspelt spec key
 with its nearest known one. Through ``epfleet.cli.app.main`` in this process."""
 

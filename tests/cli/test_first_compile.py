@@ -1,4 +1,4 @@
-"""The first compile with ``--prefect temporary`` (issue 30 point 3; without it, a compile
+"""The first compile with ``--prefect temporary`` (without it, a compile
 with no Prefect API starts none: tests/cli/test_kept_runs.py): it publishes while Prefect's
 temporary API starts, says how far it got before the API is up, records the finished run on
 the API once it answers (the same artifacts as a flow run that compiled), and a second run

@@ -1,4 +1,4 @@
-"""A compile with no Prefect API (issue 30 point 3, "not at all"): it publishes without
+"""A compile with no Prefect API at all: it publishes without
 starting Prefect's temporary API and keeps the finished run in the worker cache; the next
 compile that has a Prefect API records it as a fleet-compile flow run with the artifacts of
 a run that compiled, then removes it. No timing asserts. (The record's bounds:

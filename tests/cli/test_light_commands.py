@@ -1,4 +1,4 @@
-"""What the commands a device runs load, each in a fresh interpreter (issue 21.3).
+"""What the commands a device runs load, each in a fresh interpreter.
 
 - ``epfleet --version`` loads no command's module, no pydantic, no device engine, neither
   onnx, ORT, Prefect nor boto3; ``epfleet --help`` in the same interpreter still lists

@@ -1,8 +1,8 @@
-"""Commands that need no flow run start no Prefect API, and do not even import Prefect
-(issue 20): each runs in a fresh interpreter, which then reports whether ``prefect`` was
+"""Commands that need no flow run start no Prefect API, and do not even import Prefect:
+each runs in a fresh interpreter, which then reports whether ``prefect`` was
 imported. ``watch --dry-run`` took 15-40 s when it ran the flow; an up-to-date compile
 answers from the plan; a compile with no Prefect API and nothing that needs Prefect
-publishes without it and keeps its run to be recorded later (issue 30 point 3)."""
+publishes without it and keeps its run to be recorded later."""
 
 from __future__ import annotations
 

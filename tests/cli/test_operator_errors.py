@@ -1,4 +1,4 @@
-"""What an operator sees when a run is refused (issue 20): every check that can refuse a
+"""What an operator sees when a run is refused: every check that can refuse a
 compile (spec, EP packages, store, signer) runs before anything is staged or compiled,
 with one line naming the fix; a sync against a store that is not there says so before
 anything about trust roots; no command prints a traceback for bad input or a store that

@@ -1,4 +1,4 @@
-"""A hostile mirror holds a sync no longer than its deadline (issue 27, 'also found'): every
+"""A hostile mirror holds a sync no longer than its deadline: every
 signed sync probes for the next root, a 404, and its client used to read the rest of a
 short answer (up to 64 KiB) after the deadline's timer had stopped, at whatever pace the
 mirror sent it. One sync with a 20 s deadline ran 153 s; a byte a second holds it for

@@ -1,4 +1,4 @@
-"""Multi-file variants and sources on the device (issue 13 part 3), and dropping models the
+"""Multi-file variants and sources on the device, and dropping models the
 manifest no longer lists.
 
 A small model with external data (``model.onnx`` + ``model.onnx.data``) in a GenAI-like

@@ -1,4 +1,4 @@
-"""Multi-file models end to end (issue 13, "Done when"): the real ``epfleet compile`` (a
+"""Multi-file models end to end: the real ``epfleet compile`` (a
 subprocess, with its Prefect API) publishes into S3 (moto over HTTP), then the real device
 sync downloads each file, verifies it, health-checks the variant and activates its
 directory as the ORT model package's variant directory.

@@ -1,4 +1,4 @@
-"""Precisions on the device, for real (issue 18 part 5): of published variants it can run
+"""Precisions on the device, for real: of published variants it can run
 equally well, a device takes the one the fleet's declared preference lists first, and
 its report names the precision each model runs.
 

@@ -1,4 +1,4 @@
-"""Writers over a manifest of a newer schema (issue: manifest forward compatibility): a
+"""Writers over a manifest of a newer schema: a
 compile, a publish, ``trust refresh`` and gc by an older epfleet are refused with one line
 naming both versions and the fix, and leave every byte of the store as it was; readers
 (``manifest show``) still read it. Local directory stores; the signed one made by

@@ -1,7 +1,7 @@
 """The tolerance a variant is verified with has one owner, ``eps.base.effective_tolerance``
 (a target's value, else the EP module's default for the precision, else the global
 default), and what the plan, the verification, the manifest entry, the compile's
-verification line and a device's health check use is that one value (issue 29)."""
+verification line and a device's health check use is that one value."""
 
 from __future__ import annotations
 

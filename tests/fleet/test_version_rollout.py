@@ -1,4 +1,4 @@
-"""A new model version under a staged rollout, end to end (issue 27): ``epfleet compile``
+"""A new model version under a staged rollout, end to end: ``epfleet compile``
 (in this process, on the test Prefect API, real ORT compiles) publishes tiny-cls, then a
 retrained tiny-cls (other weights: a new source, new golden samples) with ``rollout:
 {stages: [10, 100], canary: [dev-000]}``; twenty real device caches with distinct ids

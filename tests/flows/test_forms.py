@@ -1,10 +1,10 @@
-"""The Prefect UI's forms of every flow (issue 20): built from each flow's parameter JSON
+"""The Prefect UI's forms of every flow: built from each flow's parameter JSON
 schema, which Prefect derives from the signature and docstring. A parameter whose empty
 value means "all" or "as configured" must render as a usable input: no ``anyOf`` with
 null (the UI shows a ``list | None`` toggle set to None, 'Property is type "None"');
 the form does not show numeric bounds, so each bounded parameter's description states
 them; every parameter is described. The forms as rendered were checked in Chromium
-against a real ``prefect server`` (issue 20's closing note)."""
+against a real ``prefect server``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 `epfleet compile examples/fleet.yaml` and `epfleet sync` run in fresh processes with a fresh
 worker cache. It used to die with "Timed out while attempting to connect to ephemeral
 Prefect API server", then to fall back to compiling without Prefect (no flow run), then to
-wait for the temporary API to record its run; now (issue 30 point 3) it must succeed
+wait for the temporary API to record its run; now it must succeed
 without starting Prefect's temporary API at all (no PREFECT_API_URL: its run is kept in
 the worker cache to be recorded later, no Prefect database is made) and activate the CPU
 variants."""

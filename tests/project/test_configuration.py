@@ -1,5 +1,5 @@
 """Configuration flows as values: no module of the package writes the process's
-environment, and the pure rule modules (``*_rules.py``) read no setting at all (issue 29)."""
+environment, and the pure rule modules (``*_rules.py``) read no setting at all."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The documentation (issue 20): the generated reference pages match the code they come
+"""The documentation: the generated reference pages match the code they come
 from (the same check ``mkdocs build`` runs through tools/docs_hooks.py), the README is a
 short front page whose set-up commands are the docs' own, and the pages the site's
 navigation names exist."""

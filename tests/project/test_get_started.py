@@ -1,4 +1,4 @@
-"""The get-started pages run as written (issue 30): every ``sh`` block of
+"""The get-started pages run as written: every ``sh`` block of
 docs/get-started/index.md, s3.md and prefect-server.md, in that order, as a newcomer runs
 them, in one shell, in a fresh copy of this clone (a git work tree of its own) with a new
 home directory and none of the tests' ``EPFLEET_*``, ``AWS_*`` or ``PREFECT_*`` settings.

@@ -1,5 +1,5 @@
 """The package's shape: each module opens with a line that says its one concern. (Size is
-left to review, not to a line cap: issue 29 found a 400-line cap had split one S3 store
+left to review, not to a line cap: a 400-line cap once split one S3 store
 over four files that reach into each other's private members.)"""
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_the_sync_deadline_stops_a_request_in_flight(mirror: Mirror) -> None:
 def test_a_missing_objects_trickled_body_holds_no_read(mirror: Mirror) -> None:
     """A 404 whose 60,000-byte body comes a byte every 0.05 s (50 minutes): the read says
     the object is missing and the drain meant to keep the connection ends within its
-    second, with or without a sync deadline (issue 27: a sync ran 153 s past a 20 s one)."""
+    second, with or without a sync deadline (a sync ran 153 s past a 20 s one)."""
     mirror.faults.slow_missing = True
     mirror.faults.trickle_every = 0.05
     started = time.monotonic()

@@ -160,7 +160,7 @@ def test_the_sync_deadline_stops_a_missing_objects_trickled_404(
     store: S3Store, s3_bucket: str, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The next-root probe every signed sync makes is a GET answered 404: botocore read the
-    error's body itself, after the attempt's timers had stopped (issue 27: 17 s past a 1 s
+    error's body itself, after the attempt's timers had stopped (17 s past a 1 s
     deadline for these ~340 bytes at a byte every 50 ms; a byte a minute, hours)."""
     monkeypatch.setenv("EPFLEET_STALL_TIMEOUT", "60")
     slow = open_store(f"s3://{s3_bucket}/p")

@@ -1,4 +1,4 @@
-"""What a device report carries is shown escaped (issue 27, item 4): whoever can write the
+"""What a device report carries is shown escaped: whoever can write the
 reports prefix chooses every string in a report, and the key it sits under. Escape
 sequences, line breaks, bidi overrides, Markdown table pipes and ``../`` reach a terminal,
 a log line, a table artifact or a Markdown artifact only as visible text.

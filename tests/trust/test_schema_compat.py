@@ -1,5 +1,5 @@
-"""A device of this epfleet and a manifest written by a newer one (issue: manifest forward
-compatibility), end to end on a real signed local store of the compiled fleet.
+"""A device of this epfleet and a manifest written by a newer one, end to end on a real
+signed local store of the compiled fleet.
 
 A newer publisher (the test's TUF writer, ``Repo``, signing as it would: the document's
 schema version beside each signed entry) adds fields at the top, in a model entry, in a
