@@ -38,8 +38,17 @@ from typing import Any
 
 from securesystemslib.exceptions import VerificationError
 
-from epfleet.formats.device_report import DeviceReport
+from epfleet.formats.device_report import (
+    DeviceInfo,
+    DeviceReport,
+    ManifestStatus,
+    ModelReport,
+    Profile,
+    RolloutSeen,
+    VariantVerdict,
+)
 from epfleet.formats.manifest import DeviceKey
+from eps.base import Verdict
 
 SHARDS = 256
 SETTLE_SECONDS = 5.0
@@ -130,31 +139,63 @@ def project(report: DeviceReport) -> dict[str, Any]:
     return report.model_dump(mode="json", include=_REPORT_FIELDS, exclude_none=True)
 
 
+_MANIFEST = ManifestStatus(status="unchanged", generation=None, body_bytes=0)
+_PROFILE_NONE = {"ep_nodes": None, "other_nodes": None}
+# every field given: model_construct fills a missing one from its default, slowly (it
+# inspects a default factory's signature on every call)
+
+
 def restore(kept: dict[str, Any], signature: CheckedSignature | None = None) -> DeviceReport:
-    """The report ``project`` kept, the words it left out empty."""
+    """The report ``project`` kept, the words it left out empty. Built without validating
+    again (``model_construct``): what a sealed shard holds was validated when it was
+    folded, and a pass restores every report of the fleet."""
     models = [
-        {
-            "variant": None,
-            "target": None,
-            "ep": None,
-            "verdict": None,
-            "bytes_downloaded": 0,
-            "seconds": 0.0,
-            "reason": "",
-            **model,
-            "considered": [{**v, "reason": ""} for v in model.get("considered", [])],
-        }
-        for model in kept.get("models", [])
+        ModelReport.model_construct(
+            model=m["model"],
+            action=m["action"],
+            variant=m.get("variant"),
+            target=m.get("target"),
+            ep=m.get("ep"),
+            verdict=Verdict(m["verdict"]) if m.get("verdict") is not None else None,
+            artifact_sha256=None,
+            source_sha256=None,
+            precision=None,
+            bytes_downloaded=0,
+            reason="",
+            seconds=0.0,
+            considered=[
+                VariantVerdict.model_construct(
+                    target=v["target"],
+                    ep=v["ep"],
+                    device=v["device"],
+                    verdict=Verdict(v["verdict"]),
+                    reason="",
+                )
+                for v in m.get("considered", ())
+            ],
+            profile=Profile.model_construct(**(_PROFILE_NONE | m["profile"]))
+            if "profile" in m
+            else None,
+            rollout=RolloutSeen.model_construct(**m["rollout"]) if "rollout" in m else None,
+        )
+        for m in kept.get("models", ())
     ]
-    report = DeviceReport.model_validate(
-        {
-            "store": "",
-            "cache": "",
-            "manifest": {"status": "unchanged", "generation": None, "body_bytes": 0},
-            "seconds": 0.0,
-            **kept,
-            "models": models,
-        }
+    report = DeviceReport.model_construct(
+        device_id=kept["device_id"],
+        generated_at=kept["generated_at"],
+        sequence=kept.get("sequence"),
+        ort_version=kept["ort_version"],
+        ep_packages=kept["ep_packages"],
+        devices=[DeviceInfo.model_construct(**d) for d in kept["devices"]],
+        store="",
+        cache="",
+        manifest=_MANIFEST,
+        models=models,
+        seconds=0.0,
+        report_uploaded=None,
+        report_error=None,
+        report_skipped=None,
+        warnings=[],
     )
     report._envelope = signature
     return report

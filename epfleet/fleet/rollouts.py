@@ -42,6 +42,7 @@ from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.rollout import Rollout
 from epfleet.stores import Store
+from epfleet.text import printable
 
 Move = Literal["advance", "halt", "resume", "revert"]
 
@@ -158,6 +159,47 @@ def read_evidence(
         unreadable=tally["unreadable"],
         unattributed=tally["key"],
         index=counts,
+    )
+
+
+def check_index(store: Store, clock: Clock = SYSTEM_CLOCK) -> tuple[GateReading, list[str]]:
+    """The gate's reading through the evidence index (brought up to date as a gate run
+    would), and where it differs from a full recount of every report: none, when the index
+    holds what the reports say."""
+    indexed = read_evidence(store, clock=clock)
+    recount = read_evidence(store, clock=clock, full=True)
+    differences = []
+    mine, theirs = indexed.model_dump(exclude={"index"}), recount.model_dump(exclude={"index"})
+    for name in ("read", "unreadable", "unattributed"):
+        if mine[name] != theirs[name]:
+            differences.append(f"reports {name}: index {mine[name]}, recount {theirs[name]}")
+    for status, other, mine_status, their_status in zip(
+        indexed.statuses, recount.statuses, mine["statuses"], theirs["statuses"], strict=True
+    ):
+        if mine_status != their_status:  # as dumped: medians, not the order devices came in
+            differences.append(
+                f"{status.model}: rollout evidence differs (index: {status.verdict.reason}; "
+                f"recount: {other.verdict.reason})"
+            )
+    if mine["field"] != theirs["field"]:
+        rows = {(r.model, r.target): r for r in recount.field}
+        for row in indexed.field:
+            if rows.get((row.model, row.target)) != row:
+                differences.append(f"field view of {row.model} x {row.target} differs")
+    return indexed, [printable(d) for d in differences]
+
+
+def rebuild_index(store: Store) -> IndexCounts:
+    """The evidence index rebuilt from every report (each read again, the shards' records
+    set aside), as the gate hears them now."""
+    manifest = read_in_force(store).manifest
+    indexed = index_pass(store, manifest.device_keys if manifest else {}, rebuild=True)
+    return IndexCounts(
+        listed=indexed.listed,
+        reports_read=indexed.reports_read,
+        shards_written=indexed.shards_written,
+        rebuilt=indexed.rebuilt,
+        not_written=indexed.not_written,
     )
 
 

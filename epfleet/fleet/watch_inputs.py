@@ -111,11 +111,16 @@ def stream_attributed_device_reports(
 
 
 def index_pass(
-    store: Store, enrolled: Mapping[str, DeviceKey], threads: int = READ_THREADS
+    store: Store,
+    enrolled: Mapping[str, DeviceKey],
+    threads: int = READ_THREADS,
+    *,
+    rebuild: bool = False,
 ) -> IndexPass:
-    """The evidence index of the fleet's reports brought up to date (``evidence_index``),
-    a warning logged for each shard that did not verify and was rebuilt from the reports."""
-    found = update(reports_from(store), enrolled, threads=threads)
+    """The evidence index of the fleet's reports brought up to date (``evidence_index``;
+    with ``rebuild``, every report read again), a warning logged for each shard that did
+    not verify and was rebuilt from the reports."""
+    found = update(reports_from(store), enrolled, threads=threads, rebuild=rebuild)
     for problem in found.rebuilt:
         logger.warning("evidence index shard rebuilt from the reports: %s", problem)
     return found

@@ -8,7 +8,6 @@ directory and S3 over HTTP (moto) end to end."""
 from __future__ import annotations
 
 import gzip
-import time
 from typing import Any
 
 import pytest
@@ -32,21 +31,17 @@ from epfleet.stores import Store
 from tests.trust.test_report_attacks import (
     MEMBERS,
     OUTSIDE,
+    ROLLOUT_ID,
     put,
     real_fleet,
     report,
+    settled,
     settled_at_once,
     store,
 )
 
 pytestmark = pytest.mark.fast
 __all__ = ["settled_at_once", "store"]  # fixtures
-
-
-def settled(store: Store) -> None:
-    """S3 lists whole seconds: a pass one second after the last write finds it settled."""
-    if store.uri.startswith("s3://"):
-        time.sleep(1.05)
 
 
 def same_as_recount(store: Store) -> GateReading:
@@ -319,3 +314,35 @@ def test_shards_spread_device_keys_and_seals_verify_only_under_their_key() -> No
         unseal(7, sealed, b"j" * 64)
     with pytest.raises(ValueError, match="sealed as shard 7"):
         unseal(8, sealed, b"k" * 64)
+
+
+def test_reindex_checks_and_rebuilds_the_index_from_the_command_line(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from epfleet.cli.app import main
+
+    fleet(store)
+    put(
+        store,
+        report(MEMBERS[1], True, "kept", 12.0).model_copy(
+            update={"ep_packages": {"onnxruntime-qnn": "2.7.0"}}
+        ),
+    )
+    capsys.readouterr()
+    assert main(["rollout", "reindex", "--store", store.uri, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "the evidence index answers as a full recount does: 47 reports, 1 rollout" in out
+    for where in shard_objects(store)[:2]:
+        store.write(where, b"forged")
+    assert main(["rollout", "reindex", "--store", store.uri, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("shard rebuilt from the reports (it did not verify)") == 2
+    assert main(["rollout", "reindex", "--store", store.uri]) == 0
+    assert "evidence index rebuilt: 47 of 47 reports read" in capsys.readouterr().out
+    assert main(["rollout", "status", "--store", store.uri]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index(f"model-0 {ROLLOUT_ID} by runtime:")
+    by_runtime = lines[start : lines.index("", start)]
+    assert by_runtime[1:3] == ["  ORT 1.32.0", "    new      6 devices, 0 failed (0%), p50 12.0 ms"]
+    assert "  ORT 1.32.0, onnxruntime-qnn 2.7.0" in by_runtime
+    assert all(len(line) <= 80 for line in by_runtime)
