@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import logging
 import secrets
+import zlib
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -92,8 +94,8 @@ def shard_key(key: bytes, shard: int) -> str:
 class IndexPass:
     """What one pass read and wrote, and the fleet's reports as the index holds them."""
 
-    records: dict[str, Record] = field(default_factory=dict)
-    """Report key -> its record, for every listed report."""
+    compact: list[bytes] = field(default_factory=list)
+    """Each shard's records of listed reports, compressed JSON."""
     listed: int = 0
     reports_read: int = 0
     shards_read: int = 0
@@ -103,15 +105,24 @@ class IndexPass:
     not_written: list[str] = field(default_factory=list)
     """Shards this reader could not write back (a read-only store), and why."""
 
+    @property
+    def records(self) -> dict[str, Record]:
+        """Report key -> its record, for every listed report (all held: for tests)."""
+        return {k: r for k, r in self._records()}
+
+    def _records(self) -> Iterator[tuple[str, Record]]:
+        for compact in self.compact:
+            shard: dict[str, Record] = json.loads(zlib.decompress(compact))
+            yield from sorted(shard.items())
+
     def heard(self) -> Iterator[DeviceReport | Unattributed]:
-        """Every listed report as the rollout gate hears it."""
-        for key in sorted(self.records):
-            yield heard_from(key, self.records[key])
+        """Every listed report as the rollout gate hears it, a shard at a time."""
+        for key, record in self._records():
+            yield heard_from(key, record)
 
     def readings(self) -> Iterator[DeviceReport | str]:
         """Every listed report as runtime-watch reads it, or why it cannot (``key: why``)."""
-        for key in sorted(self.records):
-            record = self.records[key]
+        for key, record in self._records():
             if "report" in record:
                 yield restore(record["report"])
             else:
@@ -195,44 +206,39 @@ def update(
         device = key_device(report_key)
         return fingerprints.get(device) if device is not None else None
 
+    def one_shard(shard: int) -> tuple[bytes, int, bool, bool]:
+        """The shard brought up to date and written back: its records of listed reports
+        (compressed JSON: a pass holds a few shards' records at a time, not the fleet's),
+        how many reports it read, whether it wrote it, and whether it was there."""
+        base, etag = _read_shard(reports, shard, key, found)
+        keys = listed.get(shard, {})
+        records = {k: r for k, r in base.items() if k in keys}
+        read = 0
+        for report_key, stamp in keys.items():
+            kept = base.get(report_key)
+            fingerprint = enrolled_fingerprint(report_key)
+            if not (rebuild or must_read(kept, stamp, fingerprint, settle)):
+                continue
+            read += 1
+            got = _read_report(reports, report_key, order)
+            if got is None:  # removed since it was listed
+                records.pop(report_key, None)
+                continue
+            device = key_device(report_key)
+            enrolled_key = enrolled.get(device) if device else None
+            records[report_key] = fold(*got, stamp, read_after, enrolled_key)
+        written = False
+        if records != base and write:
+            records, written = _write_shard(reports, shard, key, records, base, etag, found)
+        kept_records = {k: r for k, r in records.items() if k in keys}
+        return zlib.compress(json.dumps(kept_records).encode(), 1), read, written, etag is not None
+
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        shards = dict(pool.map(lambda s: (s, _read_shard(reports, s, key, found)), range(SHARDS)))
-        to_read = [
-            (report_key, stamp)
-            for s, keys in listed.items()
-            for report_key, stamp in keys.items()
-            if rebuild
-            or must_read(
-                shards[s][0].get(report_key), stamp, enrolled_fingerprint(report_key), settle
-            )
-        ]
-        folded: dict[int, dict[str, Record | None]] = {}
-        for (report_key, stamp), got in zip(
-            to_read,
-            pool.map(lambda item: _read_report(reports, item[0], order), to_read),
-            strict=True,
-        ):
-            found.reports_read += 1
-            record = None
-            if got is not None:
-                heard, raw = got
-                device = key_device(report_key)
-                record = fold(
-                    heard, raw, stamp, read_after, enrolled.get(device) if device else None
-                )
-            folded.setdefault(shard_of(report_key), {})[report_key] = record
-        for s in range(SHARDS):
-            base, etag = shards[s]
-            keys = listed.get(s, {})
-            records = {k: r for k, r in base.items() if k in keys}
-            for report_key, record in folded.get(s, {}).items():
-                if record is None:
-                    records.pop(report_key, None)
-                else:
-                    records[report_key] = record
-            if records != base and write:
-                records = _write_shard(reports, s, key, records, base, etag, found)
-            found.records.update({k: r for k, r in records.items() if k in keys})
+        for compact, read, written, existed in pool.map(one_shard, range(SHARDS)):
+            found.compact.append(compact)
+            found.reports_read += read
+            found.shards_written += written
+            found.shards_read += existed
     return found
 
 
@@ -278,7 +284,6 @@ def _read_shard(
         return {}, None
     if stored is None:
         return {}, None
-    found.shards_read += 1
     try:
         body = unseal(shard, gzip.decompress(stored.data), key)
         records: dict[str, Record] = body["records"]
@@ -296,10 +301,11 @@ def _write_shard(
     base: dict[str, Record],
     etag: str | None,
     found: IndexPass,
-) -> dict[str, Record]:
+) -> tuple[dict[str, Record], bool]:
     """Write ``records`` as the shard by compare-and-swap against ``etag`` (the version
     ``base`` was read at); on a lost race, apply this pass's changes to the shard written
-    meanwhile and try again. The records written (or, when it cannot write, its own)."""
+    meanwhile and try again. The records written (or, when it cannot write, its own), and
+    whether they were."""
     where = shard_key(key, shard)
     changed = {k for k, r in records.items() if base.get(k) != r}
     ours = records
@@ -317,8 +323,7 @@ def _write_shard(
         except StoreError as exc:
             found.not_written.append(printable(f"{where}: {exc}"))
             logger.warning("the evidence index's shard %s was not written: %s", where, exc)
-            return ours
-        found.shards_written += 1
-        return records
+            return ours, False
+        return records, True
     found.not_written.append(f"{where}: lost the race {WRITE_ATTEMPTS} times")
-    return ours
+    return ours, False
