@@ -6,13 +6,14 @@ read of every report (what they did before it), on a local store and on S3.
 N reports in the format devices upload (gzip JSON, 3 models each, a staged rollout of one
 of them: members and non-members, a few failures) in a store whose manifest stages that
 rollout. Each reader runs in a child process of its own (fork), so that its CPU (user +
-system) and its peak memory (the child's peak RSS above this process's at the fork) are its
-own: the rollout gate (``read_evidence``, what ``epfleet rollout status`` and the gate flow
-read), the field view (``epfleet manifest show --field`` reads the same pass), and
-runtime-watch's reading (``stream_device_reports`` through ``find_unserved``). Requests are
-counted where they happen: on S3 by tests/support/s3proxy.py between the client and moto
-(in a process of its own, on loopback), on a local store by a counting wrapper (a LIST is
-one listing of a folder, a GET one read, a PUT one write).
+system) and its peak memory (the child's peak resident set, VmHWM, above its resident set
+when the pass started) are its own: the rollout gate (``read_evidence``, what ``epfleet
+rollout status`` and the gate flow read), the field view (``epfleet manifest show
+--field`` reads the same pass), and runtime-watch's reading (``stream_device_reports``
+through ``find_unserved``). Requests are counted where they happen: on S3 by
+tests/support/s3proxy.py between the client and moto (in a process of its own, on
+loopback), on a local store by a counting wrapper (a LIST is one listing of a folder, a
+GET one read, a PUT one write).
 
 Rows: a full read (the readers before the index), each reader's first pass (the index
 built, or found up to date by the reader before it), and each reader's pass after
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -239,14 +239,14 @@ def in_child(call: Callable[[Any], int], open_: Callable[[], Any]) -> dict[str, 
     parent's, wall, and (local) the requests counted."""
     context = get_context("fork")
     receive, send = context.Pipe(duplex=False)
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     def child() -> None:
         store = open_()
+        base_rss = memory_kib("VmRSS")
         start_cpu, start = time.process_time(), time.perf_counter()
         call(store)
         cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = memory_kib("VmHWM")  # the child's peak resident set since the fork
         counts = store.counts if isinstance(store, CountingStore) else {}
         send.send({"cpu": cpu, "wall": wall, "peak_mib": (peak - base_rss) / 1024, **counts})
 
@@ -255,6 +255,14 @@ def in_child(call: Callable[[Any], int], open_: Callable[[], Any]) -> dict[str, 
     result: dict[str, Any] = receive.recv()
     process.join()
     return result
+
+
+def memory_kib(field: str) -> int:
+    """A line of /proc/self/status, in KiB (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def write_reports(store: Any, ids: list[int], now: datetime, round_: int) -> None:

@@ -8,6 +8,7 @@ directory and S3 over HTTP (moto) end to end."""
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,20 +29,32 @@ from epfleet.fleet.rollouts import GateReading, read_evidence
 from epfleet.fleet.watch_inputs import full_device_reports, index_pass
 from epfleet.formats.device_report import DeviceReport, report_key
 from epfleet.stores import Store
-from tests.trust.test_report_attacks import (
+from tests.support.staged_rollout import (
     MEMBERS,
     OUTSIDE,
+    ROLLOUT,
     ROLLOUT_ID,
     put,
     real_fleet,
     report,
     settled,
-    settled_at_once,
-    store,
+    staged_store,
 )
+from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast
-__all__ = ["settled_at_once", "store"]  # fixtures
+
+
+@pytest.fixture(autouse=True)
+def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report written before a pass started is settled at once (the stores here give
+    modification times finer than S3's seconds): a second pass reads only what changed."""
+    monkeypatch.setattr("epfleet.fleet.index_rules.SETTLE_SECONDS", 0.0)
+
+
+@pytest.fixture(params=on_stores("memory", "local", "s3", in_tier=("memory",)))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return staged_store(request, tmp_path)
 
 
 def same_as_recount(store: Store) -> GateReading:
@@ -297,7 +310,6 @@ def test_a_checked_signature_answers_only_for_the_key_it_was_checked_with() -> N
 
 def test_what_the_index_keeps_reads_as_the_report_for_the_gate() -> None:
     from epfleet.fleet.rollout_rules import gather
-    from tests.trust.test_report_attacks import ROLLOUT
 
     reports = [report(d, True, "kept", 11.0) for d in MEMBERS[:3]]
     reports += [report(d, False, "failed") for d in OUTSIDE[:3]]
