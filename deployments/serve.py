@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import Flow, serve
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Interval, Schedule
 
@@ -45,7 +46,15 @@ def serve_all(
         _deployment(fleet_compile, "nightly", cron=nightly, parameters=fleet, concurrency_limit=1),
         _deployment(fleet_compile, "on-demand", parameters=fleet),
         _deployment(runtime_watch, "hourly", interval=watch_every, parameters=fleet),
-        _deployment(rollout_gate, "gate", interval=watch_every, parameters={"store": store}),
+        _deployment(
+            rollout_gate,
+            "gate",
+            interval=watch_every,
+            parameters={"store": store},
+            concurrency_limit=ConcurrencyLimitConfig(
+                limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
+            ),
+        ),
         _deployment(
             device_sync,
             "periodic",

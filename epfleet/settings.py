@@ -23,7 +23,7 @@ import functools
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, SecretStr, ValidationError
 
 from epfleet import MAX_WORKERS
 from epfleet.errors import BadInputError
@@ -179,6 +179,15 @@ class Settings(BaseModel):
         "passed since its last upload, so that an unchanged poll writes nothing; default "
         "86400 (a day). Set the same value where epfleet gc and runtime-watch run: their "
         "windows (EPFLEET_GC_RETENTION_DAYS, report_max_age_days) must be at least this long",
+    )
+    evidence_key: SecretStr | None = Field(
+        default=None,
+        min_length=32,
+        description="The key sealing the evidence index that the rollout gate, the field view "
+        "and runtime-watch keep of the device reports (reports/evidence-index/), at least 32 "
+        "characters: give the same secret to every machine that runs them so that they share "
+        "one index; never to a device. Unset: a key kept in the worker cache "
+        "(EPFLEET_CACHE/work/evidence-index.key), so each such machine keeps its own index",
     )
     multipart_grace: float = Field(
         default=86400.0,

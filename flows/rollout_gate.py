@@ -4,7 +4,8 @@ reports, advance the ones whose stage held and halt the ones that fail their gat
 event (``epfleet.rollout.advanced``, ``...halted``, ``...completed``); the run leaves a
 table artifact of every rollout (stage, devices on the new and the previous variants,
 failures, p50 new against previous, the gate's decision and why), and one of the fleet's
-evidence per model × target (``fleet-field``: devices running it, failing it, latency).
+evidence per model × target (``fleet-field``: devices running it, failing it, latency), and
+one of each rollout's evidence by the runtime its devices run (``rollout-runtimes``).
 
 A rollout whose policy asks for approval (``approval: true``) waits, at each stage past
 the first, for a person to approve it in the Prefect UI (the run pauses for input).
@@ -23,7 +24,7 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
 from epfleet.fleet.rollouts import RolloutStatus, run_gate
-from epfleet.fleet.views import FIELD_HEADERS, field_table_rows, rollout_row
+from epfleet.fleet.views import FIELD_HEADERS, field_table_rows, rollout_row, short_side_text
 from epfleet.stores import DEFAULT_STORE, open_store
 from epfleet.text import markdown_cells
 
@@ -80,6 +81,32 @@ def rollout_gate(store: str = DEFAULT_STORE) -> list[dict[str, object]]:
         ],
         description=f"What {reading.read} device reports say of each model and target in {store}",
     )
+    create_table_artifact(
+        key="rollout-runtimes",
+        table=[
+            markdown_cells(
+                {
+                    "model": status.model,
+                    "rollout": status.rollout.id,
+                    "runtime": runtime,
+                    "new": short_side_text(sides.new),
+                    "previous": short_side_text(sides.previous),
+                }
+            )
+            for status in reading.statuses
+            for runtime, sides in sorted(status.evidence.runtimes.items())
+        ],
+        description="Each rollout's counted device reports by the runtime their devices run "
+        "(ORT and EP package versions), side by side",
+    )
+    if reading.index is not None:
+        for problem in reading.index.rebuilt:
+            logger.warning("evidence index shard rebuilt from the reports: %s", problem)
+        logger.info(
+            "evidence index: %d reports listed, %d read (new or changed since the last pass)",
+            reading.index.listed,
+            reading.index.reports_read,
+        )
     return [m.model_dump(mode="json") for m in moved]
 
 

@@ -1,5 +1,5 @@
-"""``epfleet rollout status|advance|halt|resume|revert``: staged rollouts from the command
-line.
+"""``epfleet rollout status|advance|halt|resume|revert|reindex``: staged rollouts from the
+command line, and the evidence index their gate reads.
 
 Each move is a signed publish (it needs the store's signer, as a compile does); a move that
 changes nothing (halting a halted rollout) publishes nothing and says so. Exit codes as
@@ -16,7 +16,7 @@ from typing import Annotated
 
 from cyclopts import App, Parameter
 
-from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
+from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from epfleet.cli.options import (
     Json,
     Repeatable,
@@ -41,11 +41,12 @@ Reason = Annotated[str, Parameter(help="Why (recorded in the signed rollout stat
 @rollout_app.default
 def _no_rollout_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
     what = "rollout needs a command"
+    commands = ("status", "advance", "halt", "resume", "revert", "reindex")
     if unknown:
-        near = did_you_mean(unknown[0], ("status", "advance", "halt", "resume", "revert"))
-        what = f"unknown command 'rollout {unknown[0]}'{near}"
+        what = f"unknown command 'rollout {unknown[0]}'{did_you_mean(unknown[0], commands)}"
     print(
-        f"epfleet: error: {what} (one of: status, advance, halt, resume, revert)", file=sys.stderr
+        f"epfleet: error: {what} (one of: {', '.join(commands)})",
+        file=sys.stderr,
     )
     return EXIT_BAD_INPUT
 
@@ -67,7 +68,7 @@ def status(
       epfleet rollout status --store ./epfleet-store --model ocr-det --json
     """
     from epfleet.fleet.rollouts import read_evidence
-    from epfleet.fleet.views import ROLLOUT_HEADERS, rollout_row
+    from epfleet.fleet.views import ROLLOUT_HEADERS, rollout_row, rollout_runtime_lines
     from epfleet.stores import open_store
     from epfleet.text import output_width, plural, table, wrap
 
@@ -83,6 +84,10 @@ def status(
     rows = [list(rollout_row(s).values()) for s in found]
     width = output_width()
     print(table(ROLLOUT_HEADERS, rows, width, wrapped=("new", "previous", "gate")))
+    for shown in found:
+        if shown.evidence.runtimes:
+            print()
+            print(wrap("\n".join(rollout_runtime_lines(shown)), width, indent="      "))
     counted = (
         f"from {plural(reading.read, 'device report')} ({reading.unreadable} unreadable, "
         f"{reading.unattributed} under another device's key); new and previous count only "
@@ -171,4 +176,61 @@ def revert(
     return _move(store, model, "revert", reason, trust_root)
 
 
-command_help(status, advance, halt, resume, revert)
+@rollout_app.command
+def reindex(
+    *,
+    store: Store = DEFAULT_STORE,
+    check: Annotated[
+        bool,
+        Parameter(
+            help="Bring the index up to date as a gate run does and compare what it "
+            "answers with a full recount of every report, rebuilding nothing; exit 1 when "
+            "they differ."
+        ),
+    ] = False,
+    trust_root: TrustRoot = None,
+) -> int:
+    """Rebuild the evidence index that the gate, the field view and runtime-watch keep of
+    the device reports (reports/evidence-index/) from every report; or, with --check, say
+    whether it answers as a full recount does. A pass rebuilds a shard that does not
+    verify by itself (and warns): rebuild by hand after changing EPFLEET_EVIDENCE_KEY, or
+    when a check finds a difference.
+
+    For example:
+      epfleet rollout reindex --store s3://bucket/fleet --check
+      epfleet rollout reindex --store ./epfleet-store
+    """
+    from epfleet.fleet.rollouts import check_index, rebuild_index
+    from epfleet.stores import open_store
+    from epfleet.text import plural
+
+    pin_trust_root(store, trust_root)
+    opened = open_store(store)
+    if not check:
+        counts = rebuild_index(opened)
+        print(
+            f"evidence index rebuilt: {counts.reports_read} of {counts.listed} reports read, "
+            f"{counts.shards_written} shards written"
+        )
+        for problem in counts.not_written:
+            print(f"not written: {problem}")
+        return EXIT_FAILED if counts.not_written else EXIT_OK
+    reading, differences = check_index(opened)
+    assert reading.index is not None
+    for problem in reading.index.rebuilt:
+        print(f"shard rebuilt from the reports (it did not verify): {problem}")
+    if differences:
+        print("the evidence index and a full recount of the reports differ:")
+        print("\n".join(f"  {d}" for d in differences))
+        print(f"rebuild it: epfleet rollout reindex --store {store}")
+        return EXIT_FAILED
+    print(
+        "the evidence index answers as a full recount does: "
+        f"{plural(reading.index.listed, 'report')}, {plural(len(reading.statuses), 'rollout')}, "
+        f"{plural(len(reading.field), 'field row')} "
+        f"({reading.index.reports_read} reports read to bring it up to date)"
+    )
+    return EXIT_OK
+
+
+command_help(status, advance, halt, resume, revert, reindex)

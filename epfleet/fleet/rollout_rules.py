@@ -307,11 +307,23 @@ class SideEvidence(BaseModel):
         return self.partly_on_other_eps / self.serving if self.serving > 0 else 0.0
 
 
+class RuntimeEvidence(BaseModel):
+    """The counted reports of devices on one runtime, side by side."""
+
+    new: SideEvidence = Field(default_factory=SideEvidence)
+    previous: SideEvidence = Field(default_factory=SideEvidence)
+
+
 class Evidence(BaseModel):
     """What the device reports say about one rollout of one model, side by side."""
 
     new: SideEvidence = Field(default_factory=SideEvidence)
     previous: SideEvidence = Field(default_factory=SideEvidence)
+    runtimes: dict[str, RuntimeEvidence] = Field(
+        default_factory=dict,
+        description="The same counted reports by the runtime their device runs "
+        "(``runtime_of``: ORT and EP package versions)",
+    )
     not_attributed: dict[str, int] = Field(
         default_factory=dict, description="Reports naming the rollout not counted, by reason"
     )
@@ -416,13 +428,21 @@ def count(
             evidence.unheard_members += is_member(rollout, heard.device_id)
         return
     side_name, found = attributed
-    side = evidence.new if side_name == "new" else evidence.previous
-    side.devices += 1
-    if not found.served:
-        side.failed += 1
-    elif found.profile is not None:
-        side.p50_ms.append(found.profile.p50_ms)
-        side.partly_on_other_eps += bool(found.profile.other_nodes)
+    runtime = evidence.runtimes.setdefault(runtime_of(heard), RuntimeEvidence())
+    for sides in (evidence, runtime):
+        side = sides.new if side_name == "new" else sides.previous
+        side.devices += 1
+        if not found.served:
+            side.failed += 1
+        elif found.profile is not None:
+            side.p50_ms.append(found.profile.p50_ms)
+            side.partly_on_other_eps += bool(found.profile.other_nodes)
+
+
+def runtime_of(report: DeviceReport) -> str:
+    """The runtime a device reports: its ORT version and its EP packages' versions."""
+    packages = sorted((p, v) for p, v in report.ep_packages.items() if p != "onnxruntime")
+    return ", ".join([f"ORT {report.ort_version}", *(f"{p} {v}" for p, v in packages)])
 
 
 def _refused(evidence: Evidence, reason: str) -> None:

@@ -2,8 +2,9 @@
 reports), the gate that advances or halts them, and an operator's advance, halt, resume
 and revert.
 
-The device reports are read once per gate run (``read_evidence``): the same stream feeds
-every rollout's evidence and the fleet's field view (``epfleet manifest show --field``).
+The device reports are read once per gate run (``read_evidence``), through the evidence
+index (only what changed since the last pass is read): the same reports feed every
+rollout's evidence and the fleet's field view (``epfleet manifest show --field``).
 
 Every move is a publish (``epfleet.fleet.publishing.update_manifest``): the rollout state
 is in the model's signed entry, so only a holder of the online key moves a rollout, and
@@ -36,11 +37,12 @@ from epfleet.fleet.rollout_rules import (
     resume,
     revert,
 )
-from epfleet.fleet.watch_inputs import stream_attributed_device_reports
+from epfleet.fleet.watch_inputs import full_attributed_device_reports, index_pass
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.rollout import Rollout
 from epfleet.stores import Store
+from epfleet.text import printable
 
 Move = Literal["advance", "halt", "resume", "revert"]
 
@@ -66,6 +68,16 @@ class Moved(BaseModel):
     """Why nothing was published, when the move changed nothing."""
 
 
+class IndexCounts(BaseModel):
+    """What one pass of the evidence index read and wrote (``epfleet.fleet.evidence_index``)."""
+
+    listed: int = Field(description="Reports listed")
+    reports_read: int = Field(description="Reports read: new or changed since the last pass")
+    shards_written: int
+    rebuilt: list[str] = Field(description="Shards that did not verify, rebuilt from reports")
+    not_written: list[str] = Field(description="Shards this reader could not write back")
+
+
 class GateReading(BaseModel):
     """One pass over the device reports: every rollout's status and the field view."""
 
@@ -76,14 +88,22 @@ class GateReading(BaseModel):
     unattributed: int = Field(
         default=0, description="Reports read under the key of another device (not counted)"
     )
+    index: IndexCounts | None = Field(
+        default=None, description="What the evidence index's pass read (None: a full recount)"
+    )
 
 
 def read_evidence(
-    store: Store, models: list[str] | None = None, clock: Clock = SYSTEM_CLOCK
+    store: Store,
+    models: list[str] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    *,
+    full: bool = False,
 ) -> GateReading:
     """Every rollout in the manifest in force (or of ``models``), with its evidence and
     the gate's verdict at ``clock.now()`` (a stage's ``min_hours``), and the field view,
-    from one streamed pass over the reports."""
+    from the evidence index brought up to date (``epfleet.fleet.evidence_index``), or with
+    ``full`` from one streamed pass over every report (a recount, the index untouched)."""
     manifest = read_in_force(store).manifest
     entries = manifest.models if manifest is not None else {}
     unknown = sorted(set(models or ()) - set(entries))
@@ -94,9 +114,24 @@ def read_evidence(
     enrolled = manifest.device_keys if manifest is not None else {}
     tally = {"read": 0, "unreadable": 0, "key": 0}
 
+    counts = None
+    if full:
+        stream: Iterator[DeviceReport | Unattributed] = full_attributed_device_reports(
+            store, enrolled
+        )
+    else:
+        indexed = index_pass(store, enrolled)
+        counts = IndexCounts(
+            listed=indexed.listed,
+            reports_read=indexed.reports_read,
+            shards_written=indexed.shards_written,
+            rebuilt=indexed.rebuilt,
+            not_written=indexed.not_written,
+        )
+        stream = indexed.heard()
+
     def readable() -> Iterator[DeviceReport]:
-        # streamed: a large fleet's reports are never all held
-        for heard in stream_attributed_device_reports(store, enrolled):
+        for heard in stream:
             for name, rollout in staged.items():
                 count(evidence[name], rollout, name, heard, enrolled)
             if isinstance(heard, Unattributed):
@@ -123,6 +158,48 @@ def read_evidence(
         read=tally["read"],
         unreadable=tally["unreadable"],
         unattributed=tally["key"],
+        index=counts,
+    )
+
+
+def check_index(store: Store, clock: Clock = SYSTEM_CLOCK) -> tuple[GateReading, list[str]]:
+    """The gate's reading through the evidence index (brought up to date as a gate run
+    would), and where it differs from a full recount of every report: none, when the index
+    holds what the reports say."""
+    indexed = read_evidence(store, clock=clock)
+    recount = read_evidence(store, clock=clock, full=True)
+    differences = []
+    mine, theirs = indexed.model_dump(exclude={"index"}), recount.model_dump(exclude={"index"})
+    for name in ("read", "unreadable", "unattributed"):
+        if mine[name] != theirs[name]:
+            differences.append(f"reports {name}: index {mine[name]}, recount {theirs[name]}")
+    for status, other, mine_status, their_status in zip(
+        indexed.statuses, recount.statuses, mine["statuses"], theirs["statuses"], strict=True
+    ):
+        if mine_status != their_status:  # as dumped: medians, not the order devices came in
+            differences.append(
+                f"{status.model}: rollout evidence differs (index: {status.verdict.reason}; "
+                f"recount: {other.verdict.reason})"
+            )
+    if mine["field"] != theirs["field"]:
+        rows = {(r.model, r.target): r for r in recount.field}
+        for row in indexed.field:
+            if rows.get((row.model, row.target)) != row:
+                differences.append(f"field view of {row.model} x {row.target} differs")
+    return indexed, [printable(d) for d in differences]
+
+
+def rebuild_index(store: Store) -> IndexCounts:
+    """The evidence index rebuilt from every report (each read again, the shards' records
+    set aside), as the gate hears them now."""
+    manifest = read_in_force(store).manifest
+    indexed = index_pass(store, manifest.device_keys if manifest else {}, rebuild=True)
+    return IndexCounts(
+        listed=indexed.listed,
+        reports_read=indexed.reports_read,
+        shards_written=indexed.shards_written,
+        rebuilt=indexed.rebuilt,
+        not_written=indexed.not_written,
     )
 
 

@@ -418,3 +418,24 @@ def rollout_row(status: RolloutStatus) -> dict[str, str]:
         f"{status.verdict.decision}: {status.verdict.reason}",
     ]
     return dict(zip(ROLLOUT_HEADERS, (printable(c) for c in cells), strict=True))
+
+
+def rollout_runtime_lines(status: RolloutStatus) -> list[str]:
+    """A rollout's counted evidence by the runtime its devices run, each side on a line of
+    its own: what ``epfleet rollout status`` prints under its table (wrapped to the
+    terminal), and the rollout-gate flow's artifact."""
+    lines = [printable(f"{status.model} {status.rollout.id} by runtime:")]
+    for runtime, sides in sorted(status.evidence.runtimes.items()):
+        lines.append(printable(f"  {runtime}"))
+        for name, side in (("new", sides.new), ("previous", sides.previous)):
+            if side.devices:
+                lines.append(f"    {name:9}{short_side_text(side)}")
+    return lines
+
+
+def short_side_text(side: SideEvidence) -> str:
+    """``12 devices, 1 failed (8%), p50 10.2 ms``."""
+    p50 = side.median_p50_ms
+    return f"{side.devices} devices, {side.failed} failed ({side.failure_rate:.0%}), p50 " + (
+        "-" if p50 is None else f"{p50:.1f} ms"
+    )

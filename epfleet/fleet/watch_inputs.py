@@ -1,16 +1,19 @@
 """What runtime-watch reads where it runs: the compile workers' runtime and the device reports.
 
 The runtime is the ORT and EP packages installed here (deploy the watch on the compile
-workers' pool); the reports are streamed (``epfleet.fleet.report_reading``), never all
-held; the decisions on what is read are ``epfleet.fleet.watch_rules``'s (pure).
+workers' pool); the reports are read through the evidence index
+(``epfleet.fleet.evidence_index``: a pass reads only the reports that changed since the
+last); the decisions on what is read are ``epfleet.fleet.watch_rules``'s (pure).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 
 import eps
 from epfleet import ort_version
+from epfleet.fleet.evidence_index import IndexPass, update
 from epfleet.fleet.evidence_rules import Unattributed
 from epfleet.fleet.heard_reports import HeardReports
 from epfleet.fleet.report_reading import (
@@ -27,9 +30,14 @@ from epfleet.formats.spec import FleetSpec
 from epfleet.stores import Store
 from eps.base import MissingExtraError
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "READ_THREADS",
     "compile_worker_runtime",
+    "full_attributed_device_reports",
+    "full_device_reports",
+    "index_pass",
     "read_reports",
     "report_keys",
     "stream_attributed_device_reports",
@@ -79,13 +87,14 @@ def report_keys(store: Store) -> Iterator[str]:
 
 
 def stream_device_reports(
-    store: Store, threads: int = READ_THREADS
+    store: Store, threads: int = READ_THREADS, enrolled: Mapping[str, DeviceKey] | None = None
 ) -> Iterator[DeviceReport | str]:
     """Every device report of the fleet (in the store, or where EPFLEET_REPORT_TO says), or
     why one cannot be used (``key: why``, a ``generated_at`` without its UTC offset
-    included), streamed in bounded memory (``epfleet.fleet.report_reading``)."""
-    reports = reports_from(store)
-    return stream_reports(reports, report_keys(reports), threads=threads, check=report_time)
+    included), as the evidence index holds them after a pass that read only what changed
+    (``epfleet.fleet.evidence_index``). ``enrolled``: the devices' keys (the signed
+    manifest's), that the index checks signed reports against."""
+    return index_pass(store, enrolled or {}, threads).readings()
 
 
 def stream_attributed_device_reports(
@@ -94,7 +103,37 @@ def stream_attributed_device_reports(
     """Every device report of the fleet as the rollout gate hears it: the report of the
     device its key names, or why not (``epfleet.fleet.evidence_rules.attribute``); for a
     device ``enrolled`` (the signed manifest's keys), its newest signed report, this
-    machine's memory of them kept (``epfleet.fleet.heard_reports``)."""
+    machine's memory of them kept (``epfleet.fleet.heard_reports``); as the evidence index
+    holds them after a pass that read only what changed."""
+    return index_pass(store, enrolled, threads).heard()
+
+
+def index_pass(
+    store: Store,
+    enrolled: Mapping[str, DeviceKey],
+    threads: int = READ_THREADS,
+    *,
+    rebuild: bool = False,
+) -> IndexPass:
+    """The evidence index of the fleet's reports brought up to date (``evidence_index``;
+    with ``rebuild``, every report read again), a warning logged for each shard that did
+    not verify and was rebuilt from the reports."""
+    found = update(reports_from(store), enrolled, threads=threads, rebuild=rebuild)
+    for problem in found.rebuilt:
+        logger.warning("evidence index shard rebuilt from the reports: %s", problem)
+    return found
+
+
+def full_device_reports(store: Store, threads: int = READ_THREADS) -> Iterator[DeviceReport | str]:
+    """``stream_device_reports`` without the index: every report read (a full recount)."""
+    reports = reports_from(store)
+    return stream_reports(reports, report_keys(reports), threads=threads, check=report_time)
+
+
+def full_attributed_device_reports(
+    store: Store, enrolled: Mapping[str, DeviceKey], threads: int = READ_THREADS
+) -> Iterator[DeviceReport | Unattributed]:
+    """``stream_attributed_device_reports`` without the index: every report read."""
     reports = reports_from(store)
     order = ReportOrder(enrolled, HeardReports.of(reports.uri))
     return stream_attributed_reports(reports, report_keys(reports), threads=threads, order=order)

@@ -42,7 +42,8 @@ def watch_once(spec: str, store: str, report_max_age_days: int) -> WatchFindings
     problems, read = Problems(), [0]
 
     def reports() -> Iterator[DeviceReport]:
-        for found in stream_device_reports(target_store):
+        enrolled = manifest.device_keys if manifest is not None else {}
+        for found in stream_device_reports(target_store, enrolled=enrolled):
             if isinstance(found, str):
                 problems.add(found)
             else:

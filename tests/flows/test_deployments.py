@@ -308,6 +308,9 @@ def test_deployments_have_the_schedules_and_forms_of_prefect_yaml(
     periodic = deployed.deployment("device-sync/periodic")
     assert [s["schedule"]["interval"] for s in periodic["schedules"]] == [900.0]
     assert all(s["active"] for s in periodic["schedules"] + nightly["schedules"])
+    gate = deployed.deployment("rollout-gate/gate")
+    assert gate["global_concurrency_limit"]["limit"] == 1  # one gate run at a time
+    assert gate["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
     hourly = deployed.deployment("runtime-watch/hourly")
     assert [s["schedule"]["interval"] for s in hourly["schedules"]] == [3600.0]
     on_demand = deployed.deployment("fleet-compile/on-demand")

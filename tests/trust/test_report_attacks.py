@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -33,117 +33,46 @@ import pytest
 from epfleet.cli.app import main
 from epfleet.device.reporting import upload_report
 from epfleet.fleet.publishing import update_manifest
-from epfleet.fleet.rollouts import read_evidence
+from epfleet.fleet.rollouts import GateReading, read_evidence
 from epfleet.formats.device_report import (
-    DeviceReport,
-    ManifestStatus,
-    ModelReport,
-    Profile,
-    RolloutSeen,
     encode_report,
     report_key,
 )
 from epfleet.formats.manifest import Manifest
-from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 from epfleet.stores import Store, open_store
-from epfleet.stores.memory import forget
 from epfleet.trust.keys import new_key, read_private_key
 from epfleet.trust.repository import init_with_key_files
 from epfleet.trust.state import has_trust
 from tests.support.publish_helpers import publish_new
+from tests.support.staged_rollout import (
+    MEMBERS,
+    MODEL,
+    OUTSIDE,
+    POLICY,
+    STARTED,
+    put,
+    real_fleet,
+    report,
+    settled,
+    staged_store,
+)
 from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast
 
-MODEL = "model-0"
-ROLLOUT_ID = "0" * 16
-STARTED = datetime.now(timezone.utc) - timedelta(hours=2)
-POLICY = RolloutPolicy(stages=[10, 100], canary=["dev-000"], min_reports=2, min_hours=1)
-ROLLOUT = Rollout(
-    id=ROLLOUT_ID,
-    salt="5a17" * 8,
-    policy=POLICY,
-    stage=0,
-    started_at=STARTED,
-    stage_started_at=STARTED,
-)
-IDS = [f"dev-{i:03d}" for i in range(1, 300)]
-MEMBERS = [d for d in IDS if is_member(ROLLOUT, d)]
-OUTSIDE = [d for d in IDS if not is_member(ROLLOUT, d)]
+
+@pytest.fixture(autouse=True)
+def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report written before a pass started is settled at once (the stores here give
+    modification times finer than S3's seconds): a second pass reads only what changed."""
+    monkeypatch.setattr("epfleet.fleet.index_rules.SETTLE_SECONDS", 0.0)
 
 
 @pytest.fixture(params=on_stores("memory", "local", "s3", in_tier=("memory",)))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     """The staged store: in memory (the fast tier), and end to end a local directory
     (signed on its first publish with development keys, 256 bins: 3-4 s) and S3."""
-    if request.param == "memory":
-        uri = f"memory://{tmp_path.name}"
-        request.addfinalizer(lambda: forget(tmp_path.name))
-    elif request.param == "local":
-        uri = str(tmp_path / "store")
-    else:
-        uri = request.getfixturevalue("s3_store_uri")
-    opened = open_store(uri)
-    publish_new(opened, 0)
-
-    def stage(current: Manifest | None) -> Manifest | None:
-        assert current is not None
-        entry = current.models[MODEL]
-        staged = entry.model_copy(
-            update={"rollout": ROLLOUT, "previous": {"cpu": entry.variants["cpu"]}}
-        )
-        models = current.models | {MODEL: staged}
-        return Manifest(generation=current.generation + 1, published_at=STARTED, models=models)
-
-    update_manifest(opened, stage)
-    return opened
-
-
-def report(
-    device: str,
-    member: bool,
-    action: str = "kept",
-    p50: float = 10.0,
-    *,
-    made: datetime | None = None,
-    rollout_id: str = ROLLOUT_ID,
-    model: str = MODEL,
-    stage: int = 0,
-) -> DeviceReport:
-    served = action != "failed"
-    return DeviceReport(
-        device_id=device,
-        generated_at=(made or datetime.now(timezone.utc)).isoformat(),
-        ort_version="1.32.0",
-        ep_packages={},
-        devices=[],
-        store="s",
-        cache="c",
-        manifest=ManifestStatus(status="unchanged", generation=2, body_bytes=0),
-        models=[
-            ModelReport(
-                model=model,
-                action=action,  # type: ignore[arg-type]
-                variant="cpu-x",
-                target="cpu",
-                ep="CPUExecutionProvider",
-                verdict=None,
-                bytes_downloaded=0,
-                reason="",
-                considered=[],
-                seconds=0.1,
-                profile=Profile(session_ms=1, first_run_ms=2, p50_ms=p50, p95_ms=p50, runs=5)
-                if served
-                else None,
-                rollout=RolloutSeen(id=rollout_id, member=member, stage=stage, state="active"),
-            )
-        ],
-        seconds=1.0,
-    )
-
-
-def put(store: Store, found: DeviceReport, key: str | None = None) -> None:
-    store.write(key or report_key(found.device_id), encode_report(found))
+    return staged_store(request, tmp_path)
 
 
 def decision(store: Store) -> tuple[str, str]:
@@ -151,18 +80,19 @@ def decision(store: Store) -> tuple[str, str]:
     return status.verdict.decision, status.verdict.reason
 
 
+def indexed(store: Store) -> GateReading:
+    """The gate's reading through the evidence index, checked against a full recount of
+    the reports: the forgeries are replayed on the index path, folded into a warm index."""
+    reading = read_evidence(store)
+    assert reading.index is not None and not reading.index.rebuilt
+    assert reading.model_dump(exclude={"index"}) == read_evidence(store, full=True).model_dump(
+        exclude={"index"}
+    )
+    return reading
+
+
 Baseline = str
 """The gate's decision on the real reports: "advance", "halt" or "wait"."""
-
-
-def real_fleet(store: Store, baseline: Baseline) -> None:
-    """The canary and (unless the gate is to wait for it) a member on the new variants,
-    failing when the gate is to halt, and outside devices on the previous ones."""
-    put(store, report("dev-000", True, "downloaded"))
-    if baseline != "wait":
-        put(store, report(MEMBERS[0], True, "failed" if baseline == "halt" else "kept", 11.0))
-    for device in OUTSIDE[:5]:
-        put(store, report(device, False, "kept", 10.0))
 
 
 def bad_number(device: str, number: bytes, action: str) -> bytes:
@@ -220,13 +150,15 @@ ATTACKS = [
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_a_forged_report_moves_no_gate_decision(store: Store, attack: str, baseline: str) -> None:
     real_fleet(store, baseline)
+    settled(store)
     before = read_evidence(store).statuses[0]
     assert before.verdict.decision == baseline, before.verdict
     action = "failed" if baseline == "advance" else "downloaded"
     expected = {"not_attributed": {}, "other_rollouts": 0, "unreadable": 0} | forge(
         store, attack, action
     )
-    reading = read_evidence(store)
+    reading = indexed(store)
+    assert reading.index is not None and reading.index.reports_read < reading.index.listed
     [after] = reading.statuses
     assert after.verdict.decision == baseline, after.verdict
     assert after.evidence.new == before.evidence.new
@@ -394,7 +326,7 @@ def test_with_authenticated_reports_only_reports_signed_by_enrolled_devices_coun
     assert (status.evidence.new.devices, status.evidence.new.failed) == (2, 1)
     assert status.verdict.decision == "halt"
     assert main(["device", "revoke", MEMBERS[0], "--store", store.uri]) == 0
-    [status] = read_evidence(store).statuses
+    [status] = indexed(store).statuses
     assert (status.evidence.new.devices, status.evidence.new.failed) == (1, 0)
     assert status.evidence.not_attributed.get("not enrolled") == 3
 
