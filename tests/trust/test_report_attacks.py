@@ -1,4 +1,4 @@
-"""Forged device reports against the rollout gate (issue 27), through a real store: a local
+"""Forged device reports against the rollout gate, through a real store: a local
 directory and S3 over HTTP (moto). Whoever can write the reports prefix writes reports
 under any key, in any device's name, with any numbers. What they must not be able to do
 is move the gate: each kind of forgery (one id under forty keys, reports under another
