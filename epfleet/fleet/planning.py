@@ -185,9 +185,9 @@ def plan_run(
     check_metric_functions([model for model, _ in pairs])
     if not pairs:
         raise BadInputError("the selected models and targets form no pair to compile")
+    store = open_store(store_uri)  # an unknown scheme is refused first; nothing is made yet
     for name in dict.fromkeys(model.name for model, _ in pairs):
         check_local_source(spec.model(name), resolve_source(spec_path, spec.model(name).source))
-    store = open_store(store_uri)
     store.clean_up_incomplete()  # uploads killed runs left, after EPFLEET_MULTIPART_GRACE
     requirements = spec.runtime_requirements()
     check_runtime_packages(requirements)

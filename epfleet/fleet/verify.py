@@ -333,9 +333,6 @@ def class_score_outputs(source_path: str) -> list[tuple[str, bool]]:
     constants |= {o for node in model.graph.node if node.op_type == "Constant" for o in node.output}
     for output in model.graph.output:
         node = producers.get(output.name)
-        if linear_head(output.name, producers, constants):
-            found.append((output.name, True))
-            continue
         axis, rank = None, None
         if output.type.tensor_type.HasField("shape"):
             rank = len(output.type.tensor_type.shape.dim)
@@ -346,6 +343,8 @@ def class_score_outputs(source_path: str) -> list[tuple[str, bool]]:
                     axis = attribute.i
         if class_scores(output.name, node.op_type if node else None, axis, rank):
             found.append((output.name, False))
+        elif linear_head(output.name, producers, constants):  # scores by what makes them
+            found.append((output.name, True))
     return found
 
 

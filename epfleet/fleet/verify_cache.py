@@ -36,7 +36,7 @@ from epfleet.hashing import sha256_bytes, store_dir_name
 from epfleet.runtime.compiler import CompileOutput
 from epfleet.runtime.requests import CompileRequest
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Bumped when what decides a verification's result changes (a new comparison, say)."""
 
 

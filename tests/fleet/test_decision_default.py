@@ -61,9 +61,9 @@ def test_only_integer_rungs_of_models_without_a_metric() -> None:
 
 
 def linear_heads(path: Path) -> Path:
-    """Three outputs: a CTC head that leaves its Softmax to the caller (MatMul, bias Add,
+    """Four outputs: a CTC head that leaves its Softmax to the caller (MatMul, bias Add,
     Reshape to a time-major [T, 1, C], named by a number as exporters do), a Gemm's
-    [1, 8] that may be an embedding, and a Sigmoid's."""
+    [1, 8] that may be an embedding, a Sigmoid's, and a Gemm's [1, 8] named logits."""
     steps, features, classes = 20, 6, 37
     graph = helper.make_graph(
         [
@@ -72,6 +72,7 @@ def linear_heads(path: Path) -> Path:
             helper.make_node("Reshape", ["biased", "shape"], ["387"]),
             helper.make_node("Gemm", ["pooled", "w2"], ["embedding"]),
             helper.make_node("Sigmoid", ["embedding"], ["gate"]),
+            helper.make_node("Gemm", ["pooled", "w2"], ["logits"]),
         ],
         "heads",
         [
@@ -82,6 +83,7 @@ def linear_heads(path: Path) -> Path:
             helper.make_tensor_value_info("387", TensorProto.FLOAT, [1, "seqlen"]),  # as shipped
             helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, 8]),
             helper.make_tensor_value_info("gate", TensorProto.FLOAT, [1, 8]),
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8]),
         ],
         [
             numpy_helper.from_array(np.ones((features, classes), np.float32), "w"),
@@ -100,7 +102,8 @@ def test_a_linear_head_of_three_axes_is_judged_by_its_paths(tmp_path: Path) -> N
     """ddddocr's reader ends in Gemm and Reshape to [T, 1, 8210], output '387', and its
     graph declares [1, seqlen]: the rule follows the graph, the shape is the one it gives."""
     found = class_score_outputs(str(linear_heads(tmp_path / "heads.onnx")))
-    assert found == [("387", True), ("embedding", True)]
+    # a linear head named like logits holds class scores by its name, whatever its axes
+    assert found == [("387", True), ("embedding", True), ("logits", False)]
     ctc = decision_metric("387", (20, 1, 37), linear_head=True)
     assert ctc is not None and ctc.kind == "sequence_match" and ctc.time_axis == 0
     assert decision_metric("embedding", (1, 8), linear_head=True) is None  # may embed
