@@ -182,17 +182,29 @@ class LocalStore:
         with self._os_errors("listing", prefix):
             if not folder.is_dir():
                 return
-            for path in folder.rglob("*"):
-                key = path.relative_to(self.root).as_posix()
-                if key == LOCK_NAME or (is_hidden(key) and not hidden):
-                    continue
+            start = len(os.fspath(self.root)) + 1
+            pending = [os.fspath(folder)]
+            while pending:  # os.scandir: one stat a file, none for a directory's entries
                 try:
-                    info = path.lstat()
-                except FileNotFoundError:  # removed while listed
+                    with os.scandir(pending.pop()) as entries:
+                        for entry in entries:
+                            if not hidden and entry.name.startswith("."):
+                                continue  # a temporary or lock file, or under one
+                            if entry.is_dir(follow_symlinks=False):
+                                pending.append(entry.path)
+                                continue
+                            key = entry.path[start:]
+                            if key == LOCK_NAME:
+                                continue
+                            try:
+                                info = entry.stat(follow_symlinks=False)
+                            except FileNotFoundError:  # removed while listed
+                                continue
+                            if stat.S_ISREG(info.st_mode):
+                                modified = datetime.fromtimestamp(info.st_mtime, timezone.utc)
+                                yield StoredObject(key, info.st_size, modified)
+                except FileNotFoundError:  # a directory removed while listed
                     continue
-                if stat.S_ISREG(info.st_mode):
-                    modified = datetime.fromtimestamp(info.st_mtime, timezone.utc)
-                    yield StoredObject(key, info.st_size, modified)
 
     def incomplete_uploads(self) -> list[StoredObject]:
         """None: a local store's writes are a temporary file renamed into place (its

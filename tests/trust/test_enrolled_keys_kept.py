@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from epfleet.cli.app import main
-from epfleet.fleet.publishing import read_in_force, update_manifest
+from epfleet.fleet.publishing import read_in_force
 from epfleet.fleet.rollouts import Move, move
-from epfleet.formats.manifest import Manifest
 from epfleet.formats.rollout import Rollout, RolloutPolicy
-from epfleet.stores import Store, open_store
-from epfleet.trust.repository import has_trust, init_with_key_files
+from epfleet.stores import Store
 from tests.support.publish_helpers import publish_new
+from tests.support.signed_store import signed_store, stage
 from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast
@@ -38,26 +37,8 @@ ROLLOUT = Rollout(
 @pytest.fixture(params=on_stores("local", "s3"))
 def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     """A signed store whose model-0 is under a rollout that requires signed reports."""
-    uri = (
-        str(tmp_path / "store")
-        if request.param == "local"
-        else request.getfixturevalue("s3_store_uri")
-    )
-    opened = open_store(uri)
-    publish_new(opened, 0)
-    if not has_trust(opened):  # a local store is signed already, with development keys
-        _, signer = init_with_key_files(opened, tmp_path / "fleet-keys", bins=16, adopt=True)
-        monkeypatch.setenv("EPFLEET_TRUST_SIGNER", signer)
-
-    def stage(current: Manifest | None) -> Manifest | None:
-        assert current is not None
-        entry = current.models[MODEL]
-        staged = entry.model_copy(
-            update={"rollout": ROLLOUT, "previous": {"cpu": entry.variants["cpu"]}}
-        )
-        return current.succeeded_by(current.models | {MODEL: staged})
-
-    update_manifest(opened, stage)
+    opened = signed_store(request, tmp_path, monkeypatch)
+    stage(opened, ROLLOUT)
     return opened
 
 

@@ -13,10 +13,9 @@ import pytest
 from epfleet.cli.app import main
 from epfleet.fleet.publishing import read_in_force
 from epfleet.formats.manifest import Manifest
-from epfleet.stores import Store, open_store
+from epfleet.stores import Store
 from epfleet.trust.keys import read_private_key
-from epfleet.trust.repository import has_trust, init_with_key_files
-from tests.support.publish_helpers import publish_new
+from tests.support.signed_store import signed_store
 from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast
@@ -25,16 +24,7 @@ pytestmark = pytest.mark.fast
 @pytest.fixture(params=on_stores("local", "s3"))
 def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     """A signed store with one model."""
-    uri = (
-        str(tmp_path / "store")
-        if request.param == "local"
-        else request.getfixturevalue("s3_store_uri")
-    )
-    opened = open_store(uri)
-    publish_new(opened, 0)
-    if not has_trust(opened):  # a local store is signed already, with development keys
-        _, signer = init_with_key_files(opened, tmp_path / "fleet-keys", bins=16, adopt=True)
-        monkeypatch.setenv("EPFLEET_TRUST_SIGNER", signer)
+    opened = signed_store(request, tmp_path, monkeypatch)
     return opened
 
 

@@ -17,7 +17,6 @@ import pytest
 from epfleet.cli.app import main
 from epfleet.device.cache import DeviceCache
 from epfleet.device.reporting import upload_report
-from epfleet.fleet.publishing import update_manifest
 from epfleet.formats.device_report import (
     DeviceReport,
     ManifestStatus,
@@ -29,12 +28,10 @@ from epfleet.formats.device_report import (
     encode_report,
     report_key,
 )
-from epfleet.formats.manifest import Manifest
 from epfleet.formats.rollout import Rollout, RolloutPolicy
-from epfleet.stores import Store, open_store
-from epfleet.trust.repository import has_trust, init_with_key_files
+from epfleet.stores import Store
 from eps.base import Verdict
-from tests.support.publish_helpers import publish_new
+from tests.support.signed_store import signed_store, stage
 from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast
@@ -58,28 +55,10 @@ ROLLOUT = Rollout(
 def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     """A signed store whose model-0 is under a rollout counting signed reports only, with
     its canary enrolled and signing its reports (EPFLEET_DEVICE_KEY)."""
-    uri = (
-        str(tmp_path / "store")
-        if request.param == "local"
-        else request.getfixturevalue("s3_store_uri")
-    )
-    opened = open_store(uri)
-    publish_new(opened, 0)
-    if not has_trust(opened):  # a local store is signed already, with development keys
-        _, signer = init_with_key_files(opened, tmp_path / "fleet-keys", bins=16, adopt=True)
-        monkeypatch.setenv("EPFLEET_TRUST_SIGNER", signer)
-
-    def stage(current: Manifest | None) -> Manifest | None:
-        assert current is not None
-        entry = current.models[MODEL]
-        staged = entry.model_copy(
-            update={"rollout": ROLLOUT, "previous": {"cpu": entry.variants["cpu"]}}
-        )
-        return current.succeeded_by(current.models | {MODEL: staged})
-
-    update_manifest(opened, stage)
+    opened = signed_store(request, tmp_path, monkeypatch)
+    stage(opened, ROLLOUT)
     keys = tmp_path / "device-keys"
-    assert main(["device", "enroll", CANARY, "--store", uri, "--keys", str(keys)]) == 0
+    assert main(["device", "enroll", CANARY, "--store", opened.uri, "--keys", str(keys)]) == 0
     monkeypatch.setenv("EPFLEET_DEVICE_KEY", str(keys / f"{CANARY}.pem"))
     return opened
 
