@@ -189,21 +189,27 @@ def test_two_readers_folding_at_once_lose_nothing(store: Store) -> None:
     fleet(store)
     same_as_recount(store)
     late = MEMBERS[1:4]
+    other_read: list[int] = []
 
     def other_reader(writes: int) -> None:
         if writes == 1:  # between this reader's listing and its first write
             for device in late:
                 put(store, report(device, True, "failed"))
             settled(store)
-            # the late ones, and those of the ten below this reader has not written back yet
-            assert len(late) <= update(store, {}).reports_read <= len(late) + 10
+            other_read.append(update(store, {}).reports_read)
 
     for device in OUTSIDE[10:20]:
         put(store, report(device, False, "failed"))
     settled(store)
     racing = Interposed(store, other_reader)
     found = update(racing, {})  # type: ignore[arg-type]
-    assert found.reports_read == 10 and racing.writes >= 1
+    assert racing.writes >= 1 and len(other_read) == 1
+    # The other reader reads the late ones, and those of the ten in shards this reader had
+    # not read yet (how many depends on how far its shard tasks got: threads); this reader
+    # reads the rest of the ten, and each new report is read by one of them at least.
+    assert len(late) <= other_read[0] <= len(late) + 10
+    assert found.reports_read <= 10
+    assert found.reports_read + other_read[0] >= 10 + len(late)
     after = same_as_recount(store)  # both readers' reports are in the index
     assert after.index is not None and after.index.reports_read == 0
     assert after.statuses[0].evidence.new.failed == 3
