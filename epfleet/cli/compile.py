@@ -309,7 +309,7 @@ def canonical(store: str) -> str:
 
 
 def _note_runs_kept_before_stores() -> None:
-    from epfleet.fleet import kept_runs
+    from epfleet.fleet.runs import kept_runs
 
     old = kept_runs.from_before_stores()
     if old:

@@ -53,8 +53,8 @@ def test_kept_runs_are_bounded_and_claimed_once(
 def test_runs_kept_before_runs_were_kept_per_store_are_listed_apart_and_never_pending(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from epfleet.fleet import kept_runs
-    from epfleet.fleet.runs import RunPlan, RunReport
+    from epfleet.fleet.runs import kept_runs
+    from epfleet.fleet.runs.models import RunPlan, RunReport
     from epfleet.settings import reset_settings
 
     monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "cache"))
