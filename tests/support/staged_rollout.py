@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.publishing import update_manifest
+from epfleet.fleet.publishing.publish import update_manifest
 from epfleet.formats.device_report import (
     DeviceReport,
     encode_report,
@@ -45,7 +45,7 @@ def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A report written before a pass started is settled at once (the stores here give
     modification times finer than S3's seconds): a second pass reads only what changed.
     Autouse in the modules that import it."""
-    monkeypatch.setattr("epfleet.fleet.index_rules.SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
 
 
 @pytest.fixture(name="store", params=on_stores("memory", "local", "s3", in_tier=("memory",)))

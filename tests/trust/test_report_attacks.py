@@ -32,8 +32,8 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.device.reporting import upload_report
-from epfleet.fleet.publishing import update_manifest
-from epfleet.fleet.rollouts import GateReading, read_evidence
+from epfleet.fleet.publishing.publish import update_manifest
+from epfleet.fleet.rollout.rollouts import GateReading, read_evidence
 from epfleet.formats.device_report import (
     encode_report,
     report_key,
