@@ -23,9 +23,9 @@ of decisions on every model measured (the text reader's 98.1 %): under the point
 miss in fewer than 34 samples would refuse them by chance. The default judges the golden
 samples and, where the spec gives them, the calibration and verification inputs, taking
 no more once the bounds settle the verdict (``verify.judge``; every variant runs the rest
-for the tails); a model without such inputs costs no run more. Whole paths are stricter than decoded strings: ddddocr's w8a16 reader kept
-0.988 of 160 held-out strings and 0.931 of their paths. ``metric: {kind: none}`` turns the
-default off.
+for the tails); a model without such inputs costs no run more. Whole paths are stricter
+than decoded strings: ddddocr's w8a16 reader kept 0.988 of 160 held-out strings and 0.931
+of their paths. ``metric: {kind: none}`` turns the default off.
 """
 
 from __future__ import annotations
