@@ -41,24 +41,19 @@ sys.path[:0] = [str(ROOT)]
 from loopback import moto_in_own_process  # noqa: E402  (bench/, beside this script)
 
 from tests.support.s3proxy import FaultProxy  # noqa: E402
+from tests.support.staged_rollout import ROLLOUT  # noqa: E402
 
 BUCKET = "bench"
 MODELS = ["ocr-det", "ocr-rec", "cls"]
-ROLLOUT_ID = "0123456789abcdef"
 
 
 def rollout(now: datetime) -> Any:
-    from epfleet.formats.rollout import Rollout, RolloutPolicy
-
+    """The tests' staged rollout (``tests.support.staged_rollout.ROLLOUT``: its id, salt
+    and stages), started two hours before ``now``, with no canary and 5 reports a side."""
     started = now - timedelta(hours=2)
-    policy = RolloutPolicy(stages=[10, 100], min_reports=5, min_hours=1)
-    return Rollout(
-        id=ROLLOUT_ID,
-        salt="5a17" * 8,
-        policy=policy,
-        stage=0,
-        started_at=started,
-        stage_started_at=started,
+    policy = ROLLOUT.policy.model_copy(update={"canary": [], "min_reports": 5})
+    return ROLLOUT.model_copy(
+        update={"policy": policy, "started_at": started, "stage_started_at": started}
     )
 
 
@@ -136,7 +131,7 @@ def device_report(i: int, now: datetime, round_: int) -> bytes:
                     other_nodes=0,
                 ),
                 rollout=RolloutSeen(
-                    id=ROLLOUT_ID, member=is_member(staged, device), stage=0, state="active"
+                    id=ROLLOUT.id, member=is_member(staged, device), stage=0, state="active"
                 )
                 if k == 0
                 else None,

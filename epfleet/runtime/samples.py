@@ -339,22 +339,29 @@ def resolution_floor(dtype: np.dtype, scale: float) -> float:
     return 1.0
 
 
-def compare(got: list[list[np.ndarray]], reference: list[list[np.ndarray]]) -> Comparison:
+def compare(
+    got: list[list[np.ndarray]],
+    reference: list[list[np.ndarray]],
+    labels: list[str] | None = None,
+) -> Comparison:
     """Compare a variant's outputs with the source's over every element of every sample.
-    ValueError when they do not even line up (count, shape), or when the variant gives
-    NaN/inf where the source gives a number."""
+    ValueError naming the sample (``labels``, else ``sample <k>``) when they do not even
+    line up (count, shape), or when the variant gives NaN/inf where the source gives a
+    number."""
     diffs: dict[int, list[np.ndarray]] = {}
     bounds: dict[int, list[float]] = {}  # ref min, ref max, got min, got max, max |ref|
     dtypes: dict[int, np.dtype] = {}
     agree, rows = 0, 0
     for k, (outs, refs) in enumerate(zip(got, reference, strict=True)):
+        sample = labels[k] if labels else f"sample {k}"
         if len(outs) != len(refs):
-            raise ValueError(f"sample {k}: {len(outs)} outputs, the source gives {len(refs)}")
+            raise ValueError(f"{sample}: {len(outs)} outputs, the source gives {len(refs)}")
         for index, (out, ref) in enumerate(zip(outs, refs, strict=True)):
             out, ref = np.asarray(out), np.asarray(ref)
             if out.size != ref.size:
                 raise ValueError(
-                    f"output {index} has shape {list(out.shape)}, the source's {list(ref.shape)}"
+                    f"output {index} has shape {list(out.shape)} on {sample}, the source's "
+                    f"{list(ref.shape)}"
                 )
             out = out.reshape(ref.shape)
             if ref.dtype.kind not in "fiub":
@@ -365,7 +372,7 @@ def compare(got: list[list[np.ndarray]], reference: list[list[np.ndarray]]) -> C
             if bad.any():
                 where = tuple(int(i) for i in np.argwhere(bad)[0])
                 raise ValueError(
-                    f"output {index} has NaN or inf ({out64[where]}) at sample {k}, element "
+                    f"output {index} has NaN or inf ({out64[where]}) at {sample}, element "
                     f"{list(where)}, "
                     f"where the source gives {ref64[where]:.6g}"
                 )

@@ -111,8 +111,8 @@ def test_twelve_clean_samples_cannot_show_the_minimum_and_say_so(tmp_path: Path)
 
 def test_the_calibration_inputs_run_until_the_minimum_is_shown(tmp_path: Path) -> None:
     """12 samples and 400 calibration inputs, all kept: the lower bound reaches 0.99 at 299
-    agreeing inputs, so verification stops at the first batch boundary past it (12 + 18 x
-    16 = 300) and leaves the other 112 unrun."""
+    agreeing inputs, so the metric stops at the first batch boundary past it (12 + 18 x
+    16 = 300); the other 112 run for the tails alone."""
     path = golden(tmp_path, inputs(12, 0, 0), calibration=inputs(400, 0, 1))
     check = run_verification(job(tmp_path, path))
     assert check.status == "passed", check.reason
@@ -161,10 +161,56 @@ def test_a_variant_the_tolerance_refuses_runs_no_further_set(tmp_path: Path) -> 
     assert check.reason is not None and check.reason.startswith("output 0 differs")
 
 
-def test_without_a_metric_a_float_variant_runs_only_the_samples(tmp_path: Path) -> None:
+def test_without_a_metric_a_float_variant_is_judged_by_the_numeric_gate(tmp_path: Path) -> None:
+    """Its decisions are not judged (one flip in 12 samples passes); the calibration
+    inputs run for the tails only."""
     path = golden(tmp_path, inputs(11, 1, 0), calibration=inputs(64, 0, 1))
     check = run_verification(job(tmp_path, path, metric=None))
     assert check.status == "passed" and check.metric is None and check.samples == 12
+
+
+def nan_where_x2_is_below(path: Path, floor: float) -> Path:
+    """The shifted classifier's variant (+0.02 on class 1), plus 0 * sqrt(x[2] - floor):
+    NaN on every class of an input whose third value is below ``floor``, and the same
+    logits otherwise."""
+    shifted_classifier(path, 0.02)
+    model = onnx.load(str(path))
+    graph = model.graph
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(-floor, np.float32), "minus_floor"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        ]
+    )
+    graph.node[0].output[0] = "scores"
+    graph.node.extend(
+        [
+            helper.make_node("Add", ["x", "minus_floor"], ["lifted"]),
+            helper.make_node("Sqrt", ["lifted"], ["root"]),
+            helper.make_node("ReduceSum", ["root"], ["least"], keepdims=1),
+            helper.make_node("Mul", ["least", "zero"], ["nothing"]),
+            helper.make_node("Add", ["scores", "nothing"], ["logits"]),
+        ]
+    )
+    onnx.save(model, str(path))
+    return path
+
+
+def test_every_input_is_checked_for_tails_after_the_metric_is_settled(tmp_path: Path) -> None:
+    """The metric is shown reached at 300 inputs and takes no more, but the other 112
+    calibration inputs still run: NaN on input 350 alone refuses the rung, naming it."""
+    calibration = inputs(400, 0, 1)
+    calibration[350]["x"][0, 2] = -2.0
+    path = golden(tmp_path, inputs(12, 0, 0), calibration=calibration)
+    variant = nan_where_x2_is_below(tmp_path / "nan.onnx", -1.5)
+    check = run_verification(job(tmp_path, path, artifact_path=str(variant)))
+    assert check.status == "failed" and check.metric is not None
+    assert check.metric.evidence == "reaches"
+    assert check.metric.inputs == {"samples": 12, "calibration": 288}
+    assert check.reason is not None and check.reason.startswith(
+        "output 0 has NaN or inf (nan) at calibration input 350, element [0, 0], where the "
+        "source gives 1"
+    ), check.reason
 
 
 def test_the_default_for_class_scores_is_judged_on_the_calibration_inputs(

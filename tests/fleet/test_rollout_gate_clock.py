@@ -15,10 +15,6 @@ from epfleet.fleet.publishing.publish import read_in_force, update_manifest
 from epfleet.fleet.rollout.rollouts import read_evidence, run_gate
 from epfleet.formats.device_report import (
     DeviceReport,
-    ManifestStatus,
-    ModelReport,
-    Profile,
-    RolloutSeen,
     encode_report,
     report_key,
 )
@@ -27,6 +23,7 @@ from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 from epfleet.stores import Store, open_store
 from tests.support.fake_clock import FakeClock
 from tests.support.publish_helpers import publish_new
+from tests.support.rollout_reports import rollout_report
 
 pytestmark = pytest.mark.fast
 
@@ -59,33 +56,7 @@ def staged(store: Store, clock: FakeClock) -> Rollout:
 
 def kept(device: str, rollout: Rollout, clock: FakeClock) -> DeviceReport:
     """A device that runs the stage's new variants without a failure, reporting now."""
-    return DeviceReport(
-        device_id=device,
-        generated_at=clock.now().isoformat(),
-        ort_version="1.32.0",
-        ep_packages={},
-        devices=[],
-        store="s",
-        cache="c",
-        manifest=ManifestStatus(status="unchanged", generation=2, body_bytes=0),
-        models=[
-            ModelReport(
-                model=MODEL,
-                action="kept",
-                variant="cpu-x",
-                target="cpu",
-                ep="CPUExecutionProvider",
-                verdict=None,
-                bytes_downloaded=0,
-                reason="",
-                considered=[],
-                seconds=0.1,
-                profile=Profile(session_ms=1, first_run_ms=2, p50_ms=10, p95_ms=10, runs=5),
-                rollout=RolloutSeen(id=rollout.id, member=True, stage=0, state="active"),
-            )
-        ],
-        seconds=1.0,
-    )
+    return rollout_report(device, made=clock.now(), rollout_id=rollout.id, model=MODEL)
 
 
 def test_a_stage_advances_once_it_has_lasted_min_hours_on_the_gates_clock(

@@ -28,10 +28,6 @@ from epfleet.fleet.rollout.rules import (
 )
 from epfleet.formats.device_report import (
     DeviceReport,
-    ManifestStatus,
-    ModelReport,
-    Profile,
-    RolloutSeen,
     encode_report,
     key_device,
     report_key,
@@ -47,6 +43,7 @@ from epfleet.formats.manifest import (
 )
 from epfleet.formats.rollout import Rollout, RolloutPolicy, bucket, is_member
 from epfleet.text import markdown_text, printable, printable_lines
+from tests.support.rollout_reports import rollout_report
 
 pytestmark = pytest.mark.fast
 
@@ -297,36 +294,8 @@ def report(
     rollout_id: str = "0" * 16,
     stage: int = 0,
 ) -> DeviceReport:
-    profile = (
-        Profile(session_ms=1, first_run_ms=2, p50_ms=p50, p95_ms=p50, runs=5)
-        if p50 is not None
-        else None
-    )
-    model = ModelReport(
-        model="m",
-        action=action,  # type: ignore[arg-type]
-        variant="cpu-x",
-        target="cpu",
-        ep="CPUExecutionProvider",
-        verdict=None,
-        bytes_downloaded=0,
-        reason="",
-        considered=[],
-        seconds=0.1,
-        profile=profile,
-        rollout=RolloutSeen(id=rollout_id, member=member, stage=stage, state="active"),
-    )
-    return DeviceReport(
-        device_id=device,
-        generated_at=made.isoformat(),
-        ort_version="1.32.0",
-        ep_packages={},
-        devices=[],
-        store="s",
-        cache="c",
-        manifest=ManifestStatus(status="unchanged", generation=2, body_bytes=0),
-        models=[model],
-        seconds=1.0,
+    return rollout_report(
+        device, member, action, p50, made=made, rollout_id=rollout_id, model="m", stage=stage
     )
 
 

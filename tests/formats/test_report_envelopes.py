@@ -18,10 +18,6 @@ from epfleet.fleet.evidence.enrolment import key_entry
 from epfleet.fleet.rollout.rules import counts_for
 from epfleet.formats.device_report import (
     DeviceReport,
-    ManifestStatus,
-    ModelReport,
-    Profile,
-    RolloutSeen,
     decode_report,
     encode_report,
     signed_by,
@@ -29,6 +25,7 @@ from epfleet.formats.device_report import (
 )
 from epfleet.formats.manifest import DeviceKey
 from epfleet.formats.rollout import Rollout, RolloutPolicy
+from tests.support.rollout_reports import rollout_report
 
 pytestmark = pytest.mark.fast
 
@@ -47,32 +44,8 @@ ROLLOUT = Rollout(
 
 
 def report(device: str, action: str = "kept") -> DeviceReport:
-    return DeviceReport(
-        device_id=device,
-        generated_at=datetime.now(timezone.utc).isoformat(),
-        ort_version="1.32.0",
-        ep_packages={},
-        devices=[],
-        store="s",
-        cache="c",
-        manifest=ManifestStatus(status="unchanged", generation=2, body_bytes=0),
-        models=[
-            ModelReport(
-                model="m",
-                action=action,  # type: ignore[arg-type]
-                variant="cpu-x",
-                target="cpu",
-                ep="CPUExecutionProvider",
-                verdict=None,
-                bytes_downloaded=0,
-                reason="",
-                considered=[],
-                seconds=0.1,
-                profile=Profile(session_ms=1, first_run_ms=2, p50_ms=10, p95_ms=10, runs=5),
-                rollout=RolloutSeen(id=ROLLOUT.id, member=True, stage=0, state="active"),
-            )
-        ],
-        seconds=1.0,
+    return rollout_report(
+        device, action=action, made=datetime.now(timezone.utc), rollout_id=ROLLOUT.id
     )
 
 

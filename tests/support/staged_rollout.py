@@ -12,10 +12,6 @@ import pytest
 from epfleet.fleet.publishing.publish import update_manifest
 from epfleet.formats.device_report import (
     DeviceReport,
-    ManifestStatus,
-    ModelReport,
-    Profile,
-    RolloutSeen,
     encode_report,
     report_key,
 )
@@ -24,6 +20,8 @@ from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 from epfleet.stores import Store, open_store
 from epfleet.stores.memory import forget
 from tests.support.publish_helpers import publish_new
+from tests.support.rollout_reports import rollout_report
+from tests.support.tiers import on_stores
 
 MODEL = "model-0"
 ROLLOUT_ID = "0" * 16
@@ -42,9 +40,20 @@ MEMBERS = [d for d in IDS if is_member(ROLLOUT, d)]
 OUTSIDE = [d for d in IDS if not is_member(ROLLOUT, d)]
 
 
+@pytest.fixture(autouse=True)
+def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report written before a pass started is settled at once (the stores here give
+    modification times finer than S3's seconds): a second pass reads only what changed.
+    Autouse in the modules that import it."""
+    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
+
+
+@pytest.fixture(name="store", params=on_stores("memory", "local", "s3", in_tier=("memory",)))
 def staged_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    """The store of ``request.param`` ("memory", "local" or "s3": the ``s3_store_uri``
-    fixture's) with model-0 published and staged in ``ROLLOUT``."""
+    """The fixture ``store`` of the modules that import it: in memory (the fast tier), and
+    end to end a local directory (signed on its first publish with development keys, 256
+    bins: 3-4 s) and S3 (the ``s3_store_uri`` fixture's), with model-0 published and
+    staged in ``ROLLOUT``."""
     if request.param == "memory":
         uri = f"memory://{tmp_path.name}"
         request.addfinalizer(lambda: forget(tmp_path.name))
@@ -79,35 +88,15 @@ def report(
     model: str = MODEL,
     stage: int = 0,
 ) -> DeviceReport:
-    served = action != "failed"
-    return DeviceReport(
-        device_id=device,
-        generated_at=(made or datetime.now(timezone.utc)).isoformat(),
-        ort_version="1.32.0",
-        ep_packages={},
-        devices=[],
-        store="s",
-        cache="c",
-        manifest=ManifestStatus(status="unchanged", generation=2, body_bytes=0),
-        models=[
-            ModelReport(
-                model=model,
-                action=action,  # type: ignore[arg-type]
-                variant="cpu-x",
-                target="cpu",
-                ep="CPUExecutionProvider",
-                verdict=None,
-                bytes_downloaded=0,
-                reason="",
-                considered=[],
-                seconds=0.1,
-                profile=Profile(session_ms=1, first_run_ms=2, p50_ms=p50, p95_ms=p50, runs=5)
-                if served
-                else None,
-                rollout=RolloutSeen(id=rollout_id, member=member, stage=stage, state="active"),
-            )
-        ],
-        seconds=1.0,
+    return rollout_report(
+        device,
+        member,
+        action,
+        p50,
+        made=made or datetime.now(timezone.utc),
+        rollout_id=rollout_id,
+        model=model,
+        stage=stage,
     )
 
 

@@ -8,7 +8,6 @@ directory and S3 over HTTP (moto) end to end."""
 from __future__ import annotations
 
 import gzip
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,23 +38,11 @@ from tests.support.staged_rollout import (
     real_fleet,
     report,
     settled,
-    staged_store,
+    settled_at_once,  # noqa: F401 (autouse)
+    staged_store,  # noqa: F401 (the fixture store)
 )
-from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast
-
-
-@pytest.fixture(autouse=True)
-def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A report written before a pass started is settled at once (the stores here give
-    modification times finer than S3's seconds): a second pass reads only what changed."""
-    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
-
-
-@pytest.fixture(params=on_stores("memory", "local", "s3", in_tier=("memory",)))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    return staged_store(request, tmp_path)
 
 
 def same_as_recount(store: Store) -> GateReading:
@@ -207,12 +194,18 @@ def test_two_readers_folding_at_once_lose_nothing(store: Store) -> None:
     assert racing.writes >= 1 and len(other_read) == 1
     # The other reader reads the late ones, and those of the ten in shards this reader had
     # not read yet (how many depends on how far its shard tasks got: threads); this reader
-    # reads the rest of the ten, and each new report is read by one of them at least.
+    # reads the rest of the ten, and each new report is read by one of them at least. The
+    # late reports rewrite reports this reader listed: in a shard it reads after the other
+    # reader wrote it, their stamps differ from its listing, so it reads them again and
+    # records them under the stamps it listed (it read 11 once under load).
     assert len(late) <= other_read[0] <= len(late) + 10
-    assert found.reports_read <= 10
+    assert found.reports_read <= 10 + len(late)
     assert found.reports_read + other_read[0] >= 10 + len(late)
     after = same_as_recount(store)  # both readers' reports are in the index
-    assert after.index is not None and after.index.reports_read == 0
+    # ... so the next pass reads those again, at most the late ones, and then none
+    assert after.index is not None and after.index.reports_read <= len(late)
+    again = same_as_recount(store)
+    assert again.index is not None and again.index.reports_read == 0
     assert after.statuses[0].evidence.new.failed == 3
     assert after.statuses[0].evidence.previous.failed == 10
 

@@ -54,25 +54,11 @@ from tests.support.staged_rollout import (
     real_fleet,
     report,
     settled,
-    staged_store,
+    settled_at_once,  # noqa: F401 (autouse)
+    staged_store,  # noqa: F401 (the fixture store)
 )
-from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast
-
-
-@pytest.fixture(autouse=True)
-def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A report written before a pass started is settled at once (the stores here give
-    modification times finer than S3's seconds): a second pass reads only what changed."""
-    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
-
-
-@pytest.fixture(params=on_stores("memory", "local", "s3", in_tier=("memory",)))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    """The staged store: in memory (the fast tier), and end to end a local directory
-    (signed on its first publish with development keys, 256 bins: 3-4 s) and S3."""
-    return staged_store(request, tmp_path)
 
 
 def decision(store: Store) -> tuple[str, str]:

@@ -19,10 +19,6 @@ from epfleet.device.cache import DeviceCache
 from epfleet.device.reporting import upload_report
 from epfleet.formats.device_report import (
     DeviceReport,
-    ManifestStatus,
-    ModelReport,
-    Profile,
-    RolloutSeen,
     VariantVerdict,
     decode_report,
     encode_report,
@@ -31,6 +27,7 @@ from epfleet.formats.device_report import (
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import Store
 from eps.base import Verdict
+from tests.support.rollout_reports import rollout_report
 from tests.support.signed_store import signed_store, stage
 from tests.support.tiers import on_stores
 
@@ -64,43 +61,24 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def report(action: str, device: str = CANARY) -> DeviceReport:
-    served = action != "failed"
-    return DeviceReport(
-        device_id=device,
-        generated_at=datetime.now(timezone.utc).isoformat(),
-        ort_version="1.32.0",
-        ep_packages={},
-        devices=[],
-        store="s",
-        cache="c",
-        manifest=ManifestStatus(status="unchanged", generation=2, body_bytes=0),
-        models=[
-            ModelReport(
-                model=MODEL,
-                action=action,  # type: ignore[arg-type]
-                variant="cpu-x",
-                target="cpu",
-                ep="CPUExecutionProvider",
-                verdict=None,
-                bytes_downloaded=0,
-                reason="crashed" if not served else "",
-                considered=[
-                    VariantVerdict(
-                        target="cpu",
-                        ep="CPUExecutionProvider",
-                        device="cpu",
-                        verdict=Verdict.OPTIMAL,
-                        reason="",
-                    )
-                ],
-                seconds=0.1,
-                profile=Profile(session_ms=1, first_run_ms=2, p50_ms=10, p95_ms=10, runs=5)
-                if served
-                else None,
-                rollout=RolloutSeen(id=ROLLOUT.id, member=True, stage=0, state="active"),
-            )
-        ],
-        seconds=1.0,
+    verdicts = [
+        VariantVerdict(
+            target="cpu",
+            ep="CPUExecutionProvider",
+            device="cpu",
+            verdict=Verdict.OPTIMAL,
+            reason="",
+        )
+    ]
+    return rollout_report(
+        device,
+        True,
+        action,
+        made=datetime.now(timezone.utc),
+        rollout_id=ROLLOUT.id,
+        model=MODEL,
+        reason="crashed" if action == "failed" else "",
+        considered=verdicts,
     )
 
 

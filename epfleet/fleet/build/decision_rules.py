@@ -21,11 +21,11 @@ its w8a8 at 11.7 % misread 3 of 64. So an output is judged by its decisions when
 Only integer rungs are judged so (``judged_by_default``). fp16 variants kept 98.1-100 %
 of decisions on every model measured (the text reader's 98.1 %): under the point rule one
 miss in fewer than 34 samples would refuse them by chance. The default judges the golden
-samples and, where the spec gives them, the calibration and verification inputs, stopping
-once the bounds settle the verdict (``verify.judge``); a model without such inputs costs
-no run more. Whole paths are stricter than decoded strings: ddddocr's w8a16 reader kept
-0.988 of 160 held-out strings and 0.931 of their paths. ``metric: {kind: none}`` turns the
-default off.
+samples and, where the spec gives them, the calibration and verification inputs, taking
+no more once the bounds settle the verdict (``verify.judge``; every variant runs the rest
+for the tails); a model without such inputs costs no run more. Whole paths are stricter
+than decoded strings: ddddocr's w8a16 reader kept 0.988 of 160 held-out strings and 0.931
+of their paths. ``metric: {kind: none}`` turns the default off.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from epfleet.fleet.build.staging import (
 )
 from epfleet.fleet.build.verify import VerifyJob, skipped, verify_artifact
 from epfleet.fleet.build.verify_cache import (
-    judged_on_sets,
     key_for,
     numerics_key_for,
     recalled,
@@ -305,7 +304,7 @@ def verify_output(
     backing = recalled_backing(verified, numerics)
     samples = request.samples
     golden = fetch_verified(store, samples.uri, samples.sha256, samples.size)
-    more = samples.metric_inputs if judged_on_sets(request) else None
+    more = samples.metric_inputs
     sets = fetch_verified(store, more.uri, more.sha256, more.size) if more else None
     job = VerifyJob(
         label=f"{request.model} × {request.target}",

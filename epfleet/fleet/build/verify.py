@@ -176,11 +176,11 @@ def run_verification(job: VerifyJob) -> Verification:
     started = time.perf_counter()
     every, reference = read_golden(Path(job.golden_path))
     by_default = judged_by_default(job.precision, job.metric is not None, job.decision_default)
-    judged_on_sets = job.sets_path is not None and (job.metric is not None or by_default)
-    sets = read_input_sets(Path(job.sets_path)) if judged_on_sets and job.sets_path else []
     samples, twin_of = every, None
     if job.twin_of is not None and len(every) > TWIN_SAMPLES:
         samples, twin_of = every[:TWIN_SAMPLES], job.twin_of
+    # A twin's representative runs the sets: the twin computes the same outputs.
+    sets = read_input_sets(Path(job.sets_path)) if job.sets_path and twin_of is None else []
     folded = job.folded_io
     try:
         session = open_session(
@@ -225,7 +225,7 @@ def run_verification(job: VerifyJob) -> Verification:
         )
     failure = comparison.failure(job.tolerance, job.abs_tolerance)
     names = [output.name for output in session.get_outputs()]
-    metric, missed = None, None
+    metric, missed, tails_checked = None, None, False
     if job.metric is not None and twin_of is None:
         # A twin's metric is its representative's: a share over one sample is no measure.
         judged = judge_metric(
@@ -236,7 +236,7 @@ def run_verification(job: VerifyJob) -> Verification:
             run,
             job,
         )
-        metric, missed = judged.record, judged.missed
+        metric, missed, tails_checked = judged.record, judged.missed, True
         if judged.failure:
             failure = judged.failure
     elif twin_of is None and by_default:
@@ -248,8 +248,10 @@ def run_verification(job: VerifyJob) -> Verification:
             run,
         )
         if decided is not None:
-            metric, missed = decided.record, decided.missed
+            metric, missed, tails_checked = decided.record, decided.missed, True
             failure = decided.failure or failure
+    if not tails_checked and failure is None and sets:  # judged by the numeric gate alone
+        failure = judge([], names, Evidence(outputs, []), sets, run, job).failure
     if failure and job.source_path and computes_in_fp16(job):
         failure += fp16_overflow(job.source_path, samples)
     elif failure and job.source_path and job.qdq_path:
@@ -431,10 +433,11 @@ def judge(
     job: VerifyJob,
 ) -> JudgedAll:
     """Each metric over the golden samples, then over each further set ``run`` in batches
-    of ``SET_BATCH`` until the verdict is settled (one metric shown missed, or every one
-    ``settled``) or every input has run. Each batch is also checked for NaN or inf where
-    the source gives a number and for a probability leaving [0, 1]: such a failure ends
-    the verdict."""
+    of ``SET_BATCH``: the metrics take each batch until their verdict is settled (every
+    one ``settled``), and every input of every set runs for the tails, each checked for
+    NaN or inf where the source gives a number and for a probability leaving [0, 1]
+    (``tail_failure``). A tail failure ends the verdict, as does a metric shown missed
+    (the rung is refused either way). With no ``specs``, only the tails are checked."""
 
     def scores() -> list[tuple[TaskMetric, str | None]]:
         return [scored(spec, names, evidence, job.metric_modules) for spec in specs]
@@ -442,23 +445,42 @@ def judge(
     records = scores()
     for extra in sets:
         for start in range(0, len(extra.inputs), SET_BATCH):
-            if all(settled(r) for r, _ in records) or any(
-                m and r.evidence == "misses" for r, m in records
-            ):
+            if any(m and r.evidence == "misses" for r, m in records):
                 return JudgedAll(records)
+            judging = not all(settled(r) for r, _ in records)
             inputs = extra.inputs[start : start + SET_BATCH]
             want = extra.outputs[start : start + SET_BATCH]
-            where = f"{extra.name} input(s) {start}-{start + len(inputs) - 1}"
             try:
                 got = run(inputs)
-                wrong = compare(got, want).domain_failure(job.abs_tolerance)
             except (HealthCheckError, ValueError) as exc:
+                where = f"{extra.name} input(s) {start}-{start + len(inputs) - 1}"
                 return JudgedAll(records, f"on {where}: {exc}")
+            wrong = tail_failure(got, want, extra.name, start, job.abs_tolerance)
             if wrong:
-                return JudgedAll(records, f"on {where}: {wrong}")
-            evidence.add(extra.name, got, want)
-            records = scores()
+                return JudgedAll(records, wrong)
+            if judging:
+                evidence.add(extra.name, got, want)
+                records = scores()
     return JudgedAll(records)
+
+
+def tail_failure(
+    got: list[list[Any]], want: list[list[Any]], set_name: str, first: int, allowance: float
+) -> str | None:
+    """Why the variant's outputs for inputs ``first``, ``first + 1``, ... of ``set_name``
+    leave the source's domain (NaN or inf where the source gives a number, a probability
+    outside [0, 1] by more than ``allowance``), naming the first such input; None when
+    none does. The tolerance does not judge these inputs: a set's range is not the
+    samples' one the tolerance was set on."""
+    for k, (outputs, reference) in enumerate(zip(got, want, strict=True)):
+        where = f"{set_name} input {first + k}"
+        try:
+            wrong = compare([outputs], [reference], [where]).domain_failure(allowance)
+        except ValueError as exc:  # NaN or inf, or an output of another shape
+            return str(exc)
+        if wrong:
+            return f"on {where}: {wrong}"
+    return None
 
 
 def settled(record: TaskMetric) -> bool:

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from epfleet.fleet.build.decision_rules import judged_by_default
 from epfleet.fleet.planning.twin_rules import numerics_basis
 from epfleet.formats.manifest import Verification
 from epfleet.formats.task_metric import MetricSpec
@@ -36,8 +35,9 @@ from epfleet.hashing import sha256_bytes, store_dir_name
 from epfleet.runtime.compiler import CompileOutput
 from epfleet.runtime.requests import CompileRequest
 
-CACHE_VERSION = 3
-"""Bumped when what decides a verification's result changes (a new comparison, say)."""
+CACHE_VERSION = 4
+"""Bumped when what decides a verification's result changes (a new comparison, say; 4:
+every input of the input sets checked for tails, whatever judges the metric)."""
 
 
 class VerifyKey(BaseModel):
@@ -47,7 +47,7 @@ class VerifyKey(BaseModel):
     """(path, sha256, size) of the main file and each file beside it, sorted."""
     samples_sha256: str
     metric_inputs_sha256: str | None = None
-    """The input sets a named metric is also judged on (None: none; left out of the key)."""
+    """The input sets the variant also runs (None: none; left out of the key)."""
     ep: str
     ep_build: dict[str, str]
     """The EP's ``build_identity()``: its package and version (and, for the CPU EP, the
@@ -64,14 +64,6 @@ class VerifyKey(BaseModel):
     decision_default: bool | None = None
     """False when ``metric: {kind: none}`` turned the default for class scores off (None:
     left out of the key)."""
-
-
-def judged_on_sets(request: CompileRequest) -> bool:
-    """Whether a variant's verification runs the model's calibration and verification
-    inputs: for a named metric, or for the default for class scores (an integer rung)."""
-    return request.metric is not None or judged_by_default(
-        request.precision, False, request.decision_default
-    )
 
 
 def verification_key(key: VerifyKey) -> str:
@@ -191,7 +183,7 @@ def key_for(
             samples_sha256=request.samples.sha256,
             metric_inputs_sha256=(
                 request.samples.metric_inputs.sha256
-                if request.samples.metric_inputs is not None and judged_on_sets(request)
+                if request.samples.metric_inputs is not None
                 else None
             ),
             decision_default=None if request.decision_default else False,
