@@ -259,7 +259,7 @@ def test_a_document_that_trickles_is_aborted_below_the_minimum_rate(
         r"\(EPFLEET_MIN_RATE over EPFLEET_RATE_WINDOW\): read of runs/r1/results.json aborted",
         str(error),
     ), error
-    assert 1.0 <= seconds < 5.0  # the window, not the 40 s the body would take
+    assert 1.0 <= seconds < 20.0  # the window, not the 40 s the body would take
 
 
 @pytest.mark.usefixtures("fast_limits")
@@ -272,7 +272,7 @@ def test_a_document_that_stalls_is_aborted_after_the_stall_timeout(
     error, seconds = timed(lambda: store.read("reports/devices/d1.json"))
     assert isinstance(error, TransferTooSlow)
     assert "moved nothing for 1 s (EPFLEET_STALL_TIMEOUT): read of reports/devices" in str(error)
-    assert 1.0 <= seconds < 5.0  # not the proxy's 120 s
+    assert 1.0 <= seconds < HOLD_MAX / 4  # aborted by the stall timeout, not the proxy's hold
     assert store.read("reports/devices/d1.json") is not None  # the next read is not stalled
 
 
@@ -321,7 +321,7 @@ def test_an_upload_the_store_barely_reads_is_aborted(
     assert isinstance(error, TransferTooSlow)
     assert "below the minimum rate of 1 MiB/s" in str(error)
     assert "upload of variants/big.onnx aborted" in str(error)
-    assert seconds < 5.0  # 200 s at the proxy's pace
+    assert seconds < 30.0  # 200 s at the proxy's pace
     assert store.size("variants/big.onnx") is None
 
 
@@ -337,7 +337,7 @@ def test_an_upload_the_store_stops_reading_is_aborted_after_the_stall_timeout(
     error, seconds = timed(lambda: store.upload("sources/big.onnx", src, "0" * 64))
     assert isinstance(error, TransferTooSlow)
     assert "moved nothing for 1 s (EPFLEET_STALL_TIMEOUT): upload of sources/big.onnx" in str(error)
-    assert seconds < 6.0  # not the proxy's 120 s
+    assert seconds < 30.0  # not the proxy's 120 s
 
 
 @pytest.mark.usefixtures("fast_limits")
@@ -349,7 +349,7 @@ def test_a_download_that_trickles_is_aborted_and_leaves_nothing(
     s3_proxy.trickle_next_get_responses(f"/{s3_bucket}/p/sources/s.onnx", interval=0.1)
     error, seconds = timed(lambda: store.download("sources/s.onnx", tmp_path / "s.onnx"))
     assert isinstance(error, TransferTooSlow) and "download of sources/s.onnx" in str(error)
-    assert seconds < 5.0  # not the 500 s the body would take
+    assert seconds < 30.0  # not the 500 s the body would take
     assert list(tmp_path.iterdir()) == []
     store.download("sources/s.onnx", tmp_path / "s.onnx")  # and without the fault, whole
     assert (tmp_path / "s.onnx").stat().st_size == 5000
