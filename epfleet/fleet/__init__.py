@@ -15,7 +15,9 @@ or I/O) beside the I/O that feeds them.
   ``retries``), outcomes as entries (``outcomes``), runs kept for Prefect (``kept_runs``).
 - ``evidence``: device reports read from the store (``reading``), attributed
   (``rules``), indexed (``index``, ``index_rules``), remembered (``heard_reports``),
-  counted per variant (``field_rules``); enrolled device keys (``enrolment``).
+  the fleet's reports as the gate, the field view and watch read them
+  (``fleet_reports``), counted per variant (``field_rules``); enrolled device keys
+  (``enrolment``).
 - ``rollout``: staged rollouts (``rules``: start, advance, halt, revert, the gate's
   judgement; ``rollouts``: status, the gate's run, an operator's moves).
 - ``watch``: runtime-watch (``rules`` decides, ``inputs`` reads, ``watching`` one pass).

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import BadInputError
 from epfleet.fleet.evidence.field_rules import FieldRow, field_view
+from epfleet.fleet.evidence.fleet_reports import full_attributed_device_reports, index_pass
 from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.fleet.publishing.publish import read_in_force, update_manifest
 from epfleet.fleet.rollout.rules import (
@@ -37,7 +38,6 @@ from epfleet.fleet.rollout.rules import (
     resume,
     revert,
 )
-from epfleet.fleet.watch.inputs import full_attributed_device_reports, index_pass
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.rollout import Rollout
