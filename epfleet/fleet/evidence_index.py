@@ -62,6 +62,7 @@ from epfleet.text import printable
 
 INDEX_PREFIX = "reports/evidence-index"
 WRITE_ATTEMPTS = 10
+CLOCK_LEFTOVER_SECONDS = 3600.0
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +86,13 @@ def index_key() -> bytes:
     return path.read_bytes().strip()  # another process may have made it first
 
 
-def shard_key(key: bytes, shard: int) -> str:
+def _index_folder(key: bytes) -> str:
     key_id = hashlib.sha256(b"epfleet evidence index key id\n" + key).hexdigest()[:16]
-    return f"{INDEX_PREFIX}/{key_id}/{shard:03d}.json.gz"
+    return f"{INDEX_PREFIX}/{key_id}"
+
+
+def shard_key(key: bytes, shard: int) -> str:
+    return f"{_index_folder(key)}/{shard:03d}.json.gz"
 
 
 @dataclass
@@ -259,16 +264,27 @@ def _read_report(
 
 
 def _store_clock(reports: Store, key: bytes) -> float | None:
-    """The store's time now, as the modification time of a small object written for it;
-    None when this reader cannot write the store."""
-    where = shard_key(key, 0).rsplit("/", 1)[0] + "/clock"
+    """The store's time now, as the modification time of an object written for this pass
+    under a name of its own (a random nonce, so that neither another pass nor a writer of
+    reports can put its time in this one's place), then removed; None when this reader
+    cannot write the store. Clocks left by killed passes are removed after an hour."""
+    folder = f"{_index_folder(key)}/clocks/"
+    mine = folder + secrets.token_hex(16)
     try:
-        reports.write(where, b"the time a pass of the evidence index started\n")
-        listed = reports.list_objects(where.rsplit("/", 1)[0] + "/")
+        reports.write(mine, b"the time a pass of the evidence index started\n")
+        listed = reports.list_objects(folder)
     except StoreError as exc:
         logger.info("the evidence index cannot write the store (%s): read only", exc)
         return None
-    return next((stamp_of(o.size, o.modified)[1] for o in listed if o.key == where), None)
+    started = next((stamp_of(o.size, o.modified)[1] for o in listed if o.key == mine), None)
+    for leftover in listed:
+        age = started - stamp_of(leftover.size, leftover.modified)[1] if started else 0.0
+        if leftover.key == mine or age > CLOCK_LEFTOVER_SECONDS:
+            try:
+                reports.delete(leftover.key)
+            except StoreError as exc:  # harmless: a clock object is never read
+                logger.info("the evidence index's clock %s stays: %s", leftover.key, exc)
+    return started
 
 
 def _read_shard(

@@ -8,13 +8,15 @@ directory and S3 over HTTP (moto) end to end."""
 from __future__ import annotations
 
 import gzip
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from epfleet.errors import StoreError
-from epfleet.fleet.evidence_index import INDEX_PREFIX, index_key, update
+from epfleet.fleet.evidence_index import INDEX_PREFIX, index_key, shard_key, update
 from epfleet.fleet.index_rules import (
     SHARDS,
     CheckedSignature,
@@ -28,7 +30,7 @@ from epfleet.fleet.index_rules import (
 from epfleet.fleet.rollouts import GateReading, read_evidence
 from epfleet.fleet.watch_inputs import full_device_reports, index_pass
 from epfleet.formats.device_report import DeviceReport, report_key
-from epfleet.stores import Store
+from epfleet.stores import Store, open_store
 from tests.support.staged_rollout import (
     MEMBERS,
     OUTSIDE,
@@ -280,6 +282,37 @@ def test_a_reader_that_cannot_write_answers_and_leaves_the_index(store: Store) -
     heard = [h for h in found.heard() if isinstance(h, DeviceReport)]
     assert any(h.device_id == MEMBERS[1] and h.models[0].action == "failed" for h in heard)
     assert same_as_recount(store).index is not None
+
+
+class ClockRacer(Interposed):
+    """A local store on which, as soon as a pass writes its clock object, another writer
+    writes clock objects of its own, dated a day ahead, where the pass's could be."""
+
+    def write(self, key: str, data: bytes, **options: Any) -> str:
+        written = self.inner.write(key, data, **options)
+        index = shard_key(index_key(), 0).rsplit("/", 1)[0]
+        if key.startswith(f"{index}/clock") and not self.writes:
+            self.writes += 1
+            ahead = time.time() + 86400
+            for where in (f"{index}/clock", f"{index}/clocks/late"):
+                self.inner.write(where, b"a day late\n")
+                os.utime(self.inner.root / where, (ahead, ahead))
+        return written
+
+
+def test_a_writer_racing_the_pass_clock_does_not_move_its_start(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "store"))
+    fleet(store)
+    folder = f"{shard_key(index_key(), 0).rsplit('/', 1)[0]}/clocks"
+    store.write(f"{folder}/left-by-a-killed-pass", b"")
+    two_hours_ago = time.time() - 7200
+    os.utime(tmp_path / "store" / folder / "left-by-a-killed-pass", (two_hours_ago,) * 2)
+    before = time.time()
+    found = update(ClockRacer(store, None), {})  # type: ignore[arg-type]
+    starts = {r["read_after"] for r in found.records.values()}
+    assert len(starts) == 1 and before - 5 <= starts.pop() <= time.time()
+    # the pass removed its own clock and the one left two hours ago, not the racer's
+    assert store.list_keys(f"{folder}/") == [f"{folder}/late"]
 
 
 # --- the rules (pure) --------------------------------------------------------------------------
