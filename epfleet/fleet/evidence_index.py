@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import secrets
-import zlib
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -100,7 +99,8 @@ class IndexPass:
     """What one pass read and wrote, and the fleet's reports as the index holds them."""
 
     compact: list[bytes] = field(default_factory=list)
-    """Each shard's records of listed reports, compressed JSON."""
+    """Each shard's records of listed reports, as a shard is stored (gzip: its seal, a
+    line break, its JSON), unverified: read only from what this pass read or wrote."""
     listed: int = 0
     reports_read: int = 0
     shards_read: int = 0
@@ -117,7 +117,8 @@ class IndexPass:
 
     def _records(self) -> Iterator[tuple[str, Record]]:
         for compact in self.compact:
-            shard: dict[str, Record] = json.loads(zlib.decompress(compact))
+            body = gzip.decompress(compact).partition(b"\n")[2]
+            shard: dict[str, Record] = json.loads(body)["records"]
             yield from sorted(shard.items())
 
     def heard(self) -> Iterator[DeviceReport | Unattributed]:
@@ -213,9 +214,9 @@ def update(
 
     def one_shard(shard: int) -> tuple[bytes, int, bool, bool]:
         """The shard brought up to date and written back: its records of listed reports
-        (compressed JSON: a pass holds a few shards' records at a time, not the fleet's),
+        (as stored, gzip: a pass holds a few shards' records at a time, not the fleet's),
         how many reports it read, whether it wrote it, and whether it was there."""
-        base, etag = _read_shard(reports, shard, key, found)
+        base, etag, stored = _read_shard(reports, shard, key, found)
         keys = listed.get(shard, {})
         records = {k: r for k, r in base.items() if k in keys}
         read = 0
@@ -234,9 +235,13 @@ def update(
             records[report_key] = fold(*got, stamp, read_after, enrolled_key)
         written = False
         if records != base and write:
-            records, written = _write_shard(reports, shard, key, records, base, etag, found)
-        kept_records = {k: r for k, r in records.items() if k in keys}
-        return zlib.compress(json.dumps(kept_records).encode(), 1), read, written, etag is not None
+            records, written, stored = _write_shard(reports, shard, key, records, base, etag, found)
+        elif records != base:
+            stored = None
+        if stored is None or any(k not in keys for k in records):
+            kept_records = {k: r for k, r in records.items() if k in keys}
+            stored = gzip.compress(b"\n" + json.dumps({"records": kept_records}).encode(), 1)
+        return stored, read, written, etag is not None
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for compact, read, written, existed in pool.map(one_shard, range(SHARDS)):
@@ -289,24 +294,24 @@ def _store_clock(reports: Store, key: bytes) -> float | None:
 
 def _read_shard(
     reports: Store, shard: int, key: bytes, found: IndexPass
-) -> tuple[dict[str, Record], str | None]:
-    """A shard's records and version (empty and None when there is none, or when it does
-    not verify: then it is named in ``found.rebuilt``)."""
+) -> tuple[dict[str, Record], str | None, bytes | None]:
+    """A shard's records, version and bytes as stored (empty, None and None when there is
+    none, or when it does not verify: then it is named in ``found.rebuilt``)."""
     where = shard_key(key, shard)
     try:
         stored = reports.read(where)
     except DocumentTooLarge as exc:
         found.rebuilt.append(f"{where}: {exc}")
-        return {}, None
+        return {}, None, None
     if stored is None:
-        return {}, None
+        return {}, None, None
     try:
         body = unseal(shard, gzip.decompress(stored.data), key)
         records: dict[str, Record] = body["records"]
     except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:
         found.rebuilt.append(printable(f"{where}: {exc}"))
-        return {}, stored.etag
-    return records, stored.etag
+        return {}, stored.etag, None
+    return records, stored.etag, stored.data
 
 
 def _write_shard(
@@ -317,11 +322,11 @@ def _write_shard(
     base: dict[str, Record],
     etag: str | None,
     found: IndexPass,
-) -> tuple[dict[str, Record], bool]:
+) -> tuple[dict[str, Record], bool, bytes | None]:
     """Write ``records`` as the shard by compare-and-swap against ``etag`` (the version
     ``base`` was read at); on a lost race, apply this pass's changes to the shard written
-    meanwhile and try again. The records written (or, when it cannot write, its own), and
-    whether they were."""
+    meanwhile and try again. The records written (or, when it cannot write, its own),
+    whether they were, and the bytes written."""
     where = shard_key(key, shard)
     changed = {k for k, r in records.items() if base.get(k) != r}
     ours = records
@@ -333,13 +338,13 @@ def _write_shard(
             else:
                 reports.write(where, data, if_match=etag)
         except PreconditionFailed:
-            theirs, etag = _read_shard(reports, shard, key, IndexPass())
+            theirs, etag, _ = _read_shard(reports, shard, key, IndexPass())
             records = merge(theirs, ours, base, changed)
             continue
         except StoreError as exc:
             found.not_written.append(printable(f"{where}: {exc}"))
             logger.warning("the evidence index's shard %s was not written: %s", where, exc)
-            return ours, False
-        return records, True
+            return ours, False, None
+        return records, True, data
     found.not_written.append(f"{where}: lost the race {WRITE_ATTEMPTS} times")
-    return ours, False
+    return ours, False, None

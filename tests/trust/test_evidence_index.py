@@ -288,6 +288,10 @@ class ClockRacer(Interposed):
     """A local store on which, as soon as a pass writes its clock object, another writer
     writes clock objects of its own, dated a day ahead, where the pass's could be."""
 
+    def __init__(self, inner: Store, root: Path) -> None:
+        super().__init__(inner, None)
+        self.root = root
+
     def write(self, key: str, data: bytes, **options: Any) -> str:
         written = self.inner.write(key, data, **options)
         index = shard_key(index_key(), 0).rsplit("/", 1)[0]
@@ -296,7 +300,7 @@ class ClockRacer(Interposed):
             ahead = time.time() + 86400
             for where in (f"{index}/clock", f"{index}/clocks/late"):
                 self.inner.write(where, b"a day late\n")
-                os.utime(self.inner.root / where, (ahead, ahead))
+                os.utime(self.root / where, (ahead, ahead))
         return written
 
 
@@ -308,7 +312,7 @@ def test_a_writer_racing_the_pass_clock_does_not_move_its_start(tmp_path: Path) 
     two_hours_ago = time.time() - 7200
     os.utime(tmp_path / "store" / folder / "left-by-a-killed-pass", (two_hours_ago,) * 2)
     before = time.time()
-    found = update(ClockRacer(store, None), {})  # type: ignore[arg-type]
+    found = update(ClockRacer(store, tmp_path / "store"), {})  # type: ignore[arg-type]
     starts = {r["read_after"] for r in found.records.values()}
     assert len(starts) == 1 and before - 5 <= starts.pop() <= time.time()
     # the pass removed its own clock and the one left two hours ago, not the racer's
@@ -355,6 +359,10 @@ def test_what_the_index_keeps_reads_as_the_report_for_the_gate() -> None:
     restored = [restore(project(r)) for r in reports]
     assert gather(ROLLOUT, "model-0", restored) == gather(ROLLOUT, "model-0", reports)
     assert [project(r) for r in restored] == [project(r) for r in reports]
+    for made in restored:  # every field given, as validation gives them (and fast)
+        parts = [made, *made.models, *(v for m in made.models for v in m.considered)]
+        assert all(set(vars(p)) == set(type(p).model_fields) for p in parts)
+        assert made.model_dump().keys() == reports[0].model_dump().keys()
 
 
 def test_shards_spread_device_keys_and_seals_verify_only_under_their_key() -> None:
