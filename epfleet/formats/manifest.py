@@ -184,6 +184,10 @@ class DeltaRef(ArtifactRef):
     base_sha256: str = Field(pattern=SHA256_PATTERN, description="The file it applies to")
 
 
+MAX_DELTA_SIZE = 256 << 20
+"""The largest file a delta is made for or applied to: making one holds the base, the file
+and zstd's window over both in memory, and a device applying one holds the base and the
+result (larger variants are downloaded whole)."""
 MAX_DELTAS = 16
 """The most deltas one variant lists (the bases a publisher makes them from are a few)."""
 
@@ -460,14 +464,15 @@ class Manifest(_Strict):
         "unless --force (added in schema 1.6; devices ignore it)",
     )
 
-    def succeeded_by(self, models: dict[str, ModelEntry]) -> Manifest:
-        """The next generation of this manifest with ``models``, everything else kept (the
-        enrolled and revoked device keys), stamped with the schema version this epfleet writes."""
+    def succeeded_by(self, models: dict[str, ModelEntry], now: datetime) -> Manifest:
+        """The next generation of this manifest with ``models``, published at ``now``,
+        everything else kept (the enrolled and revoked device keys), stamped with the schema
+        version this epfleet writes."""
         return self.model_copy(
             update={
                 "schema_version": compat.SCHEMA_VERSION,
                 "generation": self.generation + 1,
-                "published_at": utcnow(),
+                "published_at": now.replace(microsecond=0),
                 "models": models,
             }
         )

@@ -19,13 +19,13 @@ from epfleet import RECIPE_VERSION
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.errors import BadInputError, IntegrityError
-from epfleet.fleet.build import build_variant
-from epfleet.fleet.merge_rules import merge
-from epfleet.fleet.outcomes import PairOutcome, ok_outcome, outcome_of_failure
-from epfleet.fleet.planning import plan_run
-from epfleet.fleet.publish_rules import to_publish
-from epfleet.fleet.publishing import publish, read_manifest, update_manifest
-from epfleet.fleet.staging import cache_dir, fetch_source, tidy_cache
+from epfleet.fleet.build.staging import cache_dir, fetch_source, tidy_cache
+from epfleet.fleet.build.variant import build_variant
+from epfleet.fleet.planning.plan import plan_run
+from epfleet.fleet.publishing.merge_rules import merge
+from epfleet.fleet.publishing.publish import publish, read_manifest, update_manifest
+from epfleet.fleet.publishing.rules import to_publish
+from epfleet.fleet.runs.outcomes import PairOutcome, ok_outcome, outcome_of_failure
 from epfleet.formats.keys import files_key, listing_key, signature_key
 from epfleet.formats.manifest import (
     ArtifactRef,
@@ -45,6 +45,9 @@ from eps.base import Layout
 from tests.support.specs import write_spec
 
 pytestmark = pytest.mark.slow
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+SEED = "5eed" * 8
 
 HTP = {
     "backend_type": "htp",
@@ -468,7 +471,15 @@ def test_a_rebuild_alike_keeps_the_published_files_only_while_all_are_stored() -
 
     published, rebuilt = build("2"), build("3")
     current = Manifest(models={"m": ModelEntry(source=source, variants={"t": published})})
-    kept = merge(current, {"m": source}, {"m": source}, {("m", "t"): rebuilt}, present=bool)
+    kept = merge(
+        current,
+        {"m": source},
+        {"m": source},
+        {("m", "t"): rebuilt},
+        present=bool,
+        now=NOW,
+        seed=SEED,
+    )
     assert kept.manifest is None  # the published build stays, its files with it
     gone = published.files[0].uri
     replaced = merge(
@@ -477,6 +488,8 @@ def test_a_rebuild_alike_keeps_the_published_files_only_while_all_are_stored() -
         {"m": source},
         {("m", "t"): rebuilt},
         present=lambda ref: ref.uri != gone,
+        now=NOW,
+        seed=SEED,
     )
     assert replaced.manifest is not None
     assert replaced.manifest.models["m"].variants["t"].files == rebuilt.files

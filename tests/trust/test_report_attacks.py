@@ -32,13 +32,13 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.device.reporting import upload_report
-from epfleet.fleet.publishing import update_manifest
-from epfleet.fleet.rollouts import GateReading, read_evidence
+from epfleet.fleet.publishing.publish import update_manifest
+from epfleet.fleet.rollout.rollouts import GateReading, read_evidence
 from epfleet.formats.device_report import (
     encode_report,
     report_key,
 )
-from epfleet.formats.manifest import Manifest
+from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.stores import Store, open_store
 from epfleet.trust.keys import new_key, read_private_key
 from epfleet.trust.repository import init_with_key_files
@@ -65,7 +65,7 @@ pytestmark = pytest.mark.fast
 def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A report written before a pass started is settled at once (the stores here give
     modification times finer than S3's seconds): a second pass reads only what changed."""
-    monkeypatch.setattr("epfleet.fleet.index_rules.SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
 
 
 @pytest.fixture(params=on_stores("memory", "local", "s3", in_tier=("memory",)))
@@ -272,7 +272,7 @@ def signed_store(
         assert entry.rollout is not None
         rollout = entry.rollout.model_copy(update={"policy": SIGNED_POLICY})
         models = current.models | {MODEL: entry.model_copy(update={"rollout": rollout})}
-        return current.succeeded_by(models)
+        return current.succeeded_by(models, utcnow())
 
     update_manifest(store, ask)
     return store, tmp_path / "device-keys"
