@@ -410,13 +410,18 @@ class ModelEntry(_Strict):
                     "variants": variants,
                 }
             )
+        return self.model_copy(update={"variants": self.variants_before()})
+
+    def variants_before(self) -> dict[str, VariantEntry]:
+        """The variants as they were before the rollout's new ones: each target's variant
+        put back from ``previous``, a target the rollout added (None there) left out."""
         variants = dict(self.variants)
         for target, before in self.previous.items():
             if before is None:
                 variants.pop(target, None)
             else:
                 variants[target] = before
-        return self.model_copy(update={"variants": variants})
+        return variants
 
 
 class DeviceKey(_Strict):

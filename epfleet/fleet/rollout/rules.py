@@ -70,7 +70,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
-from epfleet.fleet.evidence.rules import READING_REASONS, Unattributed
+from epfleet.fleet.evidence.rules import READING_REASONS, Unattributed, made_at
 from epfleet.formats.device_report import (
     DeviceReport,
     ModelReport,
@@ -130,13 +130,9 @@ def start_version(
     if unfinished and old.previous_version is not None:
         proven, variants = old.previous_version, dict(old.previous)
     else:
-        variants = {t: v for t, v in old.variants.items() if v.status == "ok"}
-        if unfinished:  # a rebuild's rollout: the builds it replaced are the proven ones
-            for target, before in old.previous.items():
-                if before is None:
-                    variants.pop(target, None)
-                else:
-                    variants[target] = before
+        # a rebuild's rollout unfinished: the builds it replaced are the proven ones
+        ran = old.variants_before() if unfinished else old.variants
+        variants = {t: v for t, v in ran.items() if v.status == "ok"}
         proven = PreviousVersion(
             source=old.source,
             samples=old.samples,
@@ -408,10 +404,8 @@ def counts_for(
         if not signed_by(report, enrolled_key):
             return "bad signature"
     try:
-        made = datetime.fromisoformat(report.generated_at)
+        made = made_at(report.generated_at)
     except ValueError:
-        return "time"
-    if made.tzinfo is None:
         return "time"
     if made < rollout.stage_started_at or found.rollout.stage != rollout.stage:
         return "stale"
