@@ -15,6 +15,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+from botocore.utils import parse_timestamp
 
 from epfleet.errors import (
     BadInputError,
@@ -27,6 +28,7 @@ from epfleet.errors import (
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.stores import open_store
 from epfleet.stores.s3 import S3Store
+from epfleet.stores.s3.client import parse_s3_timestamp
 from epfleet.stores.s3.store import MiB
 from tests.support.s3proxy import HOLD_MAX, FaultProxy
 
@@ -94,6 +96,32 @@ def _increment(store: S3Store, key: str, times: int) -> int:
             except PreconditionFailed:
                 conflicts += 1
     return conflicts
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2026-12-07T18:00:00.000Z",
+        "2026-12-07T18:00:00Z",
+        "2026-12-07T18:00:00.123456Z",
+        "2026-12-07T18:00:00+01:00",
+        "Mon, 07 Dec 2026 18:00:00 GMT",
+        "Mon, 7 Dec 2026 08:05:09 GMT",
+        "Mon, 07 Dec 2026 18:00:00 +0100",
+        "1796666981",
+    ],
+)
+def test_timestamps_parse_as_botocore_parses_them(value: str) -> None:
+    ours = parse_s3_timestamp(value)
+    assert ours == parse_timestamp(value) and ours.utcoffset() is not None
+
+
+def test_a_listing_and_a_head_give_an_object_the_same_time(store: S3Store, s3_bucket: str) -> None:
+    store.write("a/b.json", b"{}")
+    [listed] = store.list_objects("a/")
+    head = boto3.client("s3").head_object(Bucket=s3_bucket, Key="some/prefix/a/b.json")
+    assert listed.modified.replace(microsecond=0) == head["LastModified"]
+    assert abs(listed.modified - datetime.now(timezone.utc)) < timedelta(minutes=5)
 
 
 def test_concurrent_compare_and_swap_loses_no_update(store: S3Store) -> None:

@@ -8,12 +8,15 @@ directory and S3 over HTTP (moto) end to end."""
 from __future__ import annotations
 
 import gzip
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from epfleet.errors import StoreError
-from epfleet.fleet.evidence.index import INDEX_PREFIX, index_key, update
+from epfleet.fleet.evidence.index import INDEX_PREFIX, index_key, shard_key, update
 from epfleet.fleet.evidence.index_rules import (
     SHARDS,
     CheckedSignature,
@@ -28,7 +31,7 @@ from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.fleet.rollout.rollouts import GateReading, read_evidence
 from epfleet.fleet.watch.inputs import full_device_reports, index_pass
 from epfleet.formats.device_report import DeviceReport, report_key
-from epfleet.stores import Store
+from epfleet.stores import Store, open_store
 from tests.support.staged_rollout import (
     MEMBERS,
     OUTSIDE,
@@ -276,6 +279,41 @@ def test_a_reader_that_cannot_write_answers_and_leaves_the_index(store: Store) -
     assert same_as_recount(store).index is not None
 
 
+class ClockRacer(Interposed):
+    """A local store on which, as soon as a pass writes its clock object, another writer
+    writes clock objects of its own, dated a day ahead, where the pass's could be."""
+
+    def __init__(self, inner: Store, root: Path) -> None:
+        super().__init__(inner, None)
+        self.root = root
+
+    def write(self, key: str, data: bytes, **options: Any) -> str:
+        written = self.inner.write(key, data, **options)
+        index = shard_key(index_key(), 0).rsplit("/", 1)[0]
+        if key.startswith(f"{index}/clock") and not self.writes:
+            self.writes += 1
+            ahead = time.time() + 86400
+            for where in (f"{index}/clock", f"{index}/clocks/late"):
+                self.inner.write(where, b"a day late\n")
+                os.utime(self.root / where, (ahead, ahead))
+        return written
+
+
+def test_a_writer_racing_the_pass_clock_does_not_move_its_start(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "store"))
+    fleet(store)
+    folder = f"{shard_key(index_key(), 0).rsplit('/', 1)[0]}/clocks"
+    store.write(f"{folder}/left-by-a-killed-pass", b"")
+    two_hours_ago = time.time() - 7200
+    os.utime(tmp_path / "store" / folder / "left-by-a-killed-pass", (two_hours_ago,) * 2)
+    before = time.time()
+    found = update(ClockRacer(store, tmp_path / "store"), {})  # type: ignore[arg-type]
+    starts = {r["read_after"] for r in found.records.values()}
+    assert len(starts) == 1 and before - 5 <= starts.pop() <= time.time()
+    # the pass removed its own clock and the one left two hours ago, not the racer's
+    assert store.list_keys(f"{folder}/") == [f"{folder}/late"]
+
+
 # --- the rules (pure) --------------------------------------------------------------------------
 
 
@@ -316,6 +354,10 @@ def test_what_the_index_keeps_reads_as_the_report_for_the_gate() -> None:
     restored = [restore(project(r)) for r in reports]
     assert gather(ROLLOUT, "model-0", restored) == gather(ROLLOUT, "model-0", reports)
     assert [project(r) for r in restored] == [project(r) for r in reports]
+    for made in restored:  # every field given, as validation gives them (and fast)
+        parts = [made, *made.models, *(v for m in made.models for v in m.considered)]
+        assert all(set(vars(p)) == set(type(p).model_fields) for p in parts)
+        assert made.model_dump().keys() == reports[0].model_dump().keys()
 
 
 def test_shards_spread_device_keys_and_seals_verify_only_under_their_key() -> None:

@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import secrets
-import zlib
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -62,6 +61,7 @@ from epfleet.text import printable
 
 INDEX_PREFIX = "reports/evidence-index"
 WRITE_ATTEMPTS = 10
+CLOCK_LEFTOVER_SECONDS = 3600.0
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +85,13 @@ def index_key() -> bytes:
     return path.read_bytes().strip()  # another process may have made it first
 
 
-def shard_key(key: bytes, shard: int) -> str:
+def _index_folder(key: bytes) -> str:
     key_id = hashlib.sha256(b"epfleet evidence index key id\n" + key).hexdigest()[:16]
-    return f"{INDEX_PREFIX}/{key_id}/{shard:03d}.json.gz"
+    return f"{INDEX_PREFIX}/{key_id}"
+
+
+def shard_key(key: bytes, shard: int) -> str:
+    return f"{_index_folder(key)}/{shard:03d}.json.gz"
 
 
 @dataclass
@@ -95,7 +99,8 @@ class IndexPass:
     """What one pass read and wrote, and the fleet's reports as the index holds them."""
 
     compact: list[bytes] = field(default_factory=list)
-    """Each shard's records of listed reports, compressed JSON."""
+    """Each shard's records of listed reports, as a shard is stored (gzip: its seal, a
+    line break, its JSON), unverified: read only from what this pass read or wrote."""
     listed: int = 0
     reports_read: int = 0
     shards_read: int = 0
@@ -112,7 +117,8 @@ class IndexPass:
 
     def _records(self) -> Iterator[tuple[str, Record]]:
         for compact in self.compact:
-            shard: dict[str, Record] = json.loads(zlib.decompress(compact))
+            body = gzip.decompress(compact).partition(b"\n")[2]
+            shard: dict[str, Record] = json.loads(body)["records"]
             yield from sorted(shard.items())
 
     def heard(self) -> Iterator[DeviceReport | Unattributed]:
@@ -208,9 +214,9 @@ def update(
 
     def one_shard(shard: int) -> tuple[bytes, int, bool, bool]:
         """The shard brought up to date and written back: its records of listed reports
-        (compressed JSON: a pass holds a few shards' records at a time, not the fleet's),
+        (as stored, gzip: a pass holds a few shards' records at a time, not the fleet's),
         how many reports it read, whether it wrote it, and whether it was there."""
-        base, etag = _read_shard(reports, shard, key, found)
+        base, etag, stored = _read_shard(reports, shard, key, found)
         keys = listed.get(shard, {})
         records = {k: r for k, r in base.items() if k in keys}
         read = 0
@@ -229,9 +235,13 @@ def update(
             records[report_key] = fold(*got, stamp, read_after, enrolled_key)
         written = False
         if records != base and write:
-            records, written = _write_shard(reports, shard, key, records, base, etag, found)
-        kept_records = {k: r for k, r in records.items() if k in keys}
-        return zlib.compress(json.dumps(kept_records).encode(), 1), read, written, etag is not None
+            records, written, stored = _write_shard(reports, shard, key, records, base, etag, found)
+        elif records != base:
+            stored = None
+        if stored is None or any(k not in keys for k in records):
+            kept_records = {k: r for k, r in records.items() if k in keys}
+            stored = gzip.compress(b"\n" + json.dumps({"records": kept_records}).encode(), 1)
+        return stored, read, written, etag is not None
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for compact, read, written, existed in pool.map(one_shard, range(SHARDS)):
@@ -259,38 +269,49 @@ def _read_report(
 
 
 def _store_clock(reports: Store, key: bytes) -> float | None:
-    """The store's time now, as the modification time of a small object written for it;
-    None when this reader cannot write the store."""
-    where = shard_key(key, 0).rsplit("/", 1)[0] + "/clock"
+    """The store's time now, as the modification time of an object written for this pass
+    under a name of its own (a random nonce, so that neither another pass nor a writer of
+    reports can put its time in this one's place), then removed; None when this reader
+    cannot write the store. Clocks left by killed passes are removed after an hour."""
+    folder = f"{_index_folder(key)}/clocks/"
+    mine = folder + secrets.token_hex(16)
     try:
-        reports.write(where, b"the time a pass of the evidence index started\n")
-        listed = reports.list_objects(where.rsplit("/", 1)[0] + "/")
+        reports.write(mine, b"the time a pass of the evidence index started\n")
+        listed = reports.list_objects(folder)
     except StoreError as exc:
         logger.info("the evidence index cannot write the store (%s): read only", exc)
         return None
-    return next((stamp_of(o.size, o.modified)[1] for o in listed if o.key == where), None)
+    started = next((stamp_of(o.size, o.modified)[1] for o in listed if o.key == mine), None)
+    for leftover in listed:
+        age = started - stamp_of(leftover.size, leftover.modified)[1] if started else 0.0
+        if leftover.key == mine or age > CLOCK_LEFTOVER_SECONDS:
+            try:
+                reports.delete(leftover.key)
+            except StoreError as exc:  # harmless: a clock object is never read
+                logger.info("the evidence index's clock %s stays: %s", leftover.key, exc)
+    return started
 
 
 def _read_shard(
     reports: Store, shard: int, key: bytes, found: IndexPass
-) -> tuple[dict[str, Record], str | None]:
-    """A shard's records and version (empty and None when there is none, or when it does
-    not verify: then it is named in ``found.rebuilt``)."""
+) -> tuple[dict[str, Record], str | None, bytes | None]:
+    """A shard's records, version and bytes as stored (empty, None and None when there is
+    none, or when it does not verify: then it is named in ``found.rebuilt``)."""
     where = shard_key(key, shard)
     try:
         stored = reports.read(where)
     except DocumentTooLarge as exc:
         found.rebuilt.append(f"{where}: {exc}")
-        return {}, None
+        return {}, None, None
     if stored is None:
-        return {}, None
+        return {}, None, None
     try:
         body = unseal(shard, gzip.decompress(stored.data), key)
         records: dict[str, Record] = body["records"]
     except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:
         found.rebuilt.append(printable(f"{where}: {exc}"))
-        return {}, stored.etag
-    return records, stored.etag
+        return {}, stored.etag, None
+    return records, stored.etag, stored.data
 
 
 def _write_shard(
@@ -301,11 +322,11 @@ def _write_shard(
     base: dict[str, Record],
     etag: str | None,
     found: IndexPass,
-) -> tuple[dict[str, Record], bool]:
+) -> tuple[dict[str, Record], bool, bytes | None]:
     """Write ``records`` as the shard by compare-and-swap against ``etag`` (the version
     ``base`` was read at); on a lost race, apply this pass's changes to the shard written
-    meanwhile and try again. The records written (or, when it cannot write, its own), and
-    whether they were."""
+    meanwhile and try again. The records written (or, when it cannot write, its own),
+    whether they were, and the bytes written."""
     where = shard_key(key, shard)
     changed = {k for k, r in records.items() if base.get(k) != r}
     ours = records
@@ -317,13 +338,13 @@ def _write_shard(
             else:
                 reports.write(where, data, if_match=etag)
         except PreconditionFailed:
-            theirs, etag = _read_shard(reports, shard, key, IndexPass())
+            theirs, etag, _ = _read_shard(reports, shard, key, IndexPass())
             records = merge(theirs, ours, base, changed)
             continue
         except StoreError as exc:
             found.not_written.append(printable(f"{where}: {exc}"))
             logger.warning("the evidence index's shard %s was not written: %s", where, exc)
-            return ours, False
-        return records, True
+            return ours, False, None
+        return records, True, data
     found.not_written.append(f"{where}: lost the race {WRITE_ATTEMPTS} times")
-    return ours, False
+    return ours, False, None

@@ -34,8 +34,9 @@ import hashlib
 import hmac
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from securesystemslib.exceptions import VerificationError
 
 from epfleet.formats.device_report import (
@@ -144,13 +145,32 @@ _PROFILE_NONE = {"ep_nodes": None, "other_nodes": None}
 # every field given: model_construct fills a missing one from its default, slowly (it
 # inspects a default factory's signature on every call)
 
+Built = TypeVar("Built", bound=BaseModel)
+
+
+def _built(built: type[Built], /, **fields: Any) -> Built:
+    """``built.model_construct(**fields)``, in half its time when ``fields`` names every
+    field of ``built`` (no alias or default looked up per field): a pass restores every
+    report of the fleet, a dozen models each."""
+    if fields.keys() != built.model_fields.keys():
+        return built.model_construct(**fields)  # a field left to its default
+    made = built.__new__(built)
+    object.__setattr__(made, "__dict__", fields)
+    object.__setattr__(made, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(made, "__pydantic_extra__", None)
+    object.__setattr__(made, "__pydantic_private__", None)
+    if built.__pydantic_post_init__:
+        made.model_post_init(None)  # private attributes: their defaults
+    return made
+
 
 def restore(kept: dict[str, Any], signature: CheckedSignature | None = None) -> DeviceReport:
     """The report ``project`` kept, the words it left out empty. Built without validating
     again (``model_construct``): what a sealed shard holds was validated when it was
     folded, and a pass restores every report of the fleet."""
     models = [
-        ModelReport.model_construct(
+        _built(
+            ModelReport,
             model=m["model"],
             action=m["action"],
             variant=m.get("variant"),
@@ -161,10 +181,12 @@ def restore(kept: dict[str, Any], signature: CheckedSignature | None = None) -> 
             source_sha256=None,
             precision=None,
             bytes_downloaded=0,
+            delta_from=None,
             reason="",
             seconds=0.0,
             considered=[
-                VariantVerdict.model_construct(
+                _built(
+                    VariantVerdict,
                     target=v["target"],
                     ep=v["ep"],
                     device=v["device"],
@@ -180,7 +202,8 @@ def restore(kept: dict[str, Any], signature: CheckedSignature | None = None) -> 
         )
         for m in kept.get("models", ())
     ]
-    report = DeviceReport.model_construct(
+    report = _built(
+        DeviceReport,
         device_id=kept["device_id"],
         generated_at=kept["generated_at"],
         sequence=kept.get("sequence"),

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import boto3
+import botocore.session
 from botocore import UNSIGNED
 from botocore.config import Config
+from botocore.utils import parse_timestamp
 
 from epfleet.stores.s3.bounds import bound_waits
 
@@ -71,11 +74,51 @@ def shared_client(settings: tuple[int, float, float]) -> S3Client:
                 max_pool_connections=32,
                 **({"signature_version": UNSIGNED} if unsigned else {}),
             )
-            session = boto3.session.Session()
+            core = botocore.session.get_session()
+            core.get_component("response_parser_factory").set_parser_defaults(
+                timestamp_parser=parse_s3_timestamp
+            )
+            session = boto3.session.Session(botocore_session=core)
             region = session.region_name or DEFAULT_REGION
             client = session.client("s3", region_name=region, config=config)
             client = _clients[key] = bound_waits(client)
         return client
+
+
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"], 1
+    )
+}
+
+
+def parse_s3_timestamp(value: str) -> datetime:
+    """A timestamp of an S3 answer, parsed by botocore's own parser (dateutil: ~40 us, most
+    of the client's CPU a listed key, and some of every GET's) unless it is one of the two
+    forms S3 sends, parsed here in about 1 us: ISO 8601 in UTC (a listing's
+    ``LastModified``, ``2026-12-07T18:00:00.000Z``) and an HTTP date (a header's,
+    ``Mon, 07 Dec 2026 18:00:00 GMT``)."""
+    if isinstance(value, str):
+        try:
+            if value.endswith("Z") and "T" in value:
+                return datetime.fromisoformat(value[:-1] + "+00:00")
+            _, day, month, year, clock, zone = value.split()
+            if zone == "GMT" and month in _MONTHS:
+                hour, minute, second = clock.split(":")
+                return datetime(
+                    int(year),
+                    _MONTHS[month],
+                    int(day),
+                    int(hour),
+                    int(minute),
+                    int(second),
+                    tzinfo=timezone.utc,
+                )
+        except ValueError:
+            pass
+    parsed: datetime = parse_timestamp(value)
+    return parsed
 
 
 def env_attempts() -> int:
