@@ -20,7 +20,7 @@ from epfleet.device.local_build import build_key
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.selection import USABLE, ActiveVariant, Considered, Step, decide
-from epfleet.device.shadow import ShadowAsk, outside_reason, rejected, within_reason
+from epfleet.device.shadow import ShadowAsk, earlier, outside_reason, rejected, within_reason
 from epfleet.device.shadow import record as shadow_record
 from epfleet.device.steps import Done, Steps
 from epfleet.device.variant_sets import is_file_set
@@ -131,8 +131,11 @@ def sync_model(
             if step.kind == "recompile" and not isinstance(exc, (StoreError, DiskFull)):
                 mstate.recompile_failed[key] = str(exc)  # a build that cannot work
     unsettled = bool(notes)  # rolled back from a changed variant: its directory must go
-    if shadow is not None and mstate.shadow is not None and rejected(entry, mstate):
-        notes.append(outside_reason(mstate.shadow.run, "found by an earlier sync"))
+    record = mstate.shadow
+    keeps = done is not None and done.installed is mstate.active
+    if shadow is not None and record is not None and keeps and rejected(entry, mstate):
+        assert done is not None
+        done = replace(done, reason=outside_reason(record.run, earlier(record.run)))  # why kept
     if done is not None and shadow is not None:
         try:
             candidate = done.installed

@@ -107,6 +107,18 @@ def outside_reason(run: ShadowRun, why: str) -> str:
     )
 
 
+def earlier(run: ShadowRun) -> str:
+    """What an earlier sync's shadow run found, for the reason of a sync that keeps."""
+    figures = []
+    if run.max_rel_error is not None:
+        figures.append(f"{run.max_rel_error:.2%} of range")
+    if run.tolerance is not None:
+        figures.append(f"tolerance {run.tolerance:.2%}")
+    if run.metric is not None and run.metric_value is not None:
+        figures.append(f"{run.metric} {run.metric_value:.4g}")
+    return ", ".join([*figures, "found by an earlier sync"])
+
+
 def within_reason(run: ShadowRun) -> str:
     error = f"{run.max_rel_error:.2%}" if run.max_rel_error is not None else "-"
     tolerance = f"{run.tolerance:.2%}" if run.tolerance is not None else "-"

@@ -333,7 +333,12 @@ class Steps:
         from epfleet.errors import TimeLimitExceeded
         from epfleet.runtime.samples import write_samples
 
-        given = ask.inputs(model, ask.samples) if ask.inputs is not None else None
+        try:
+            given = ask.inputs(model, ask.samples) if ask.inputs is not None else None
+        except Exception as exc:  # the app's code: its failure is this model's, named
+            raise HealthCheckError(
+                f"the app's shadow inputs hook failed for {model}: {type(exc).__name__}: {exc}"
+            ) from None
         written: Path | None = None
         kind: Literal["app", "golden"]
         if isinstance(given, Path):
