@@ -1,6 +1,6 @@
 """The ``rollout-gate`` flow: judge every staged rollout on the field evidence in the device
 reports, advance the ones whose stage held and halt the ones that fail their gates
-(``epfleet.fleet.rollout_rules``), without a person. Each move is a signed publish and an
+(``epfleet.fleet.rollout.rules``), without a person. Each move is a signed publish and an
 event (``epfleet.rollout.advanced``, ``...halted``, ``...completed``); the run leaves a
 table artifact of every rollout (stage, devices on the new and the previous variants,
 failures, p50 new against previous, the gate's decision and why), and one of the fleet's
@@ -23,7 +23,7 @@ from prefect.events import emit_event
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
-from epfleet.fleet.rollouts import RolloutStatus, run_gate
+from epfleet.fleet.rollout.rollouts import RolloutStatus, run_gate
 from epfleet.fleet.views import FIELD_HEADERS, field_table_rows, rollout_row, short_side_text
 from epfleet.stores import DEFAULT_STORE, open_store
 from epfleet.text import markdown_cells

@@ -6,10 +6,10 @@ import textwrap
 from collections.abc import Sequence
 
 import eps
-from epfleet.fleet.field_rules import FieldRow
-from epfleet.fleet.rollout_rules import SideEvidence, shadow_figures
-from epfleet.fleet.rollouts import RolloutStatus
-from epfleet.fleet.runs import PairResult, RunReport
+from epfleet.fleet.evidence.field_rules import FieldRow
+from epfleet.fleet.rollout.rollouts import RolloutStatus
+from epfleet.fleet.rollout.rules import SideEvidence, shadow_figures
+from epfleet.fleet.runs.models import PairResult, RunReport
 from epfleet.formats.manifest import Manifest, PrecisionTried, VariantEntry
 from epfleet.text import format_bytes, plural, printable, printable_lines, share, table, wrap
 

@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from epfleet.fleet.evidence_rules import Unattributed, attribute
-from epfleet.fleet.index_rules import project, restore
-from epfleet.fleet.rollout_rules import gather, judge
+from epfleet.fleet.evidence.index_rules import project, restore
+from epfleet.fleet.evidence.rules import Unattributed, attribute
+from epfleet.fleet.rollout.rules import gather, judge
 from epfleet.fleet.views import rollout_row
 from epfleet.formats.device_report import (
     DeviceReport,
@@ -83,7 +83,7 @@ def test_the_gate_halts_a_stage_on_its_shadow_runs_with_the_figures() -> None:
 
 
 def rollout_row_of(rollout: object, evidence: object, verdict: object) -> dict[str, str]:
-    from epfleet.fleet.rollouts import RolloutStatus
+    from epfleet.fleet.rollout.rollouts import RolloutStatus
 
     status = RolloutStatus(model="m", rollout=rollout, evidence=evidence, verdict=verdict)
     return rollout_row(status)

@@ -26,9 +26,9 @@ from epfleet.cli.app import main
 from epfleet.device.cache import DeviceCache
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.fleet.publishing import read_in_force
-from epfleet.fleet.rollout_rules import judge
-from epfleet.fleet.rollouts import check_index, read_evidence, run_gate
+from epfleet.fleet.publishing.publish import read_in_force
+from epfleet.fleet.rollout.rollouts import check_index, read_evidence, run_gate
+from epfleet.fleet.rollout.rules import judge
 from epfleet.formats.device_report import ModelReport
 from epfleet.formats.manifest import ModelEntry
 from epfleet.formats.rollout import is_member
