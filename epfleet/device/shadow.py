@@ -75,12 +75,12 @@ def inputs_directory(root: Path) -> ShadowInputs:
 
 
 def rejected(entry: ModelEntry, mstate: ModelState) -> str | None:
-    """The digest of the candidate a shadow run of this rollout found outside the bounds
-    beside the variant still active, or None."""
-    record, active = mstate.shadow, mstate.active
-    if record is None or entry.rollout is None or active is None:
-        return None
-    if record.rollout != entry.rollout.id or record.run.within or record.active != active.digest:
+    """The digest of the candidate a shadow run of this rollout (active or halted) found
+    outside the bounds beside the variant still active, or None."""
+    record, active, rollout = mstate.shadow, mstate.active, entry.rollout
+    if record is None or rollout is None or rollout.state not in RUNNING or active is None:
+        return None  # (a completed rollout: every device takes the new variants)
+    if record.rollout != rollout.id or record.run.within or record.active != active.digest:
         return None
     return record.candidate
 

@@ -6,7 +6,7 @@ policy formats stay readable as before; the evidence index keeps the shadow fact
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from pydantic import ValidationError
@@ -20,13 +20,24 @@ from epfleet.formats.device_report import (
     ShadowRun,
     content_digest,
     decode_report,
+    encode_report,
     report_key,
 )
 from epfleet.formats.rollout import RolloutPolicy, ShadowPolicy
 from epfleet.formats.spec import FleetSpec
-from tests.fleet.test_rollout_rules import ACTIVE, LATER, MEMBERS, NOW, OUTSIDE, heard, report
+from tests.support.staged_rollout import MEMBERS, MODEL, OUTSIDE, STARTED, report
+from tests.support.staged_rollout import ROLLOUT as ACTIVE
 
 pytestmark = pytest.mark.fast
+
+NOW = STARTED
+LATER = datetime.now(timezone.utc) + timedelta(minutes=1)
+
+
+def heard(found: DeviceReport, key: str | None = None) -> DeviceReport | Unattributed:
+    """The report as the gate hears it, read from ``key`` (its device's own by default)."""
+    return attribute(key or report_key(found.device_id), encode_report(found), 1 << 20)
+
 
 SHADOW = ACTIVE.model_copy(
     update={"policy": ACTIVE.policy.model_copy(update={"shadow": ShadowPolicy(samples=8)})}
@@ -61,7 +72,7 @@ def test_the_gate_halts_a_stage_on_its_shadow_runs_with_the_figures() -> None:
     outside = heard(shadowed("dev-000", True, shadow(False)))
     agreed = heard(shadowed(MEMBERS[0], True, shadow(True)))
     before = heard(shadowed(OUTSIDE[0], False, None))
-    evidence = gather(SHADOW, "m", [outside, agreed, before])
+    evidence = gather(SHADOW, MODEL, [outside, agreed, before])
     new = evidence.new
     assert (new.devices, new.failed, new.shadow_runs, new.shadow_outside) == (2, 0, 2, 1)
     assert new.shadow_max_rel_error == 0.042 and new.shadow_outside_rate == 0.5
@@ -85,7 +96,7 @@ def test_the_gate_halts_a_stage_on_its_shadow_runs_with_the_figures() -> None:
 def rollout_row_of(rollout: object, evidence: object, verdict: object) -> dict[str, str]:
     from epfleet.fleet.rollout.rollouts import RolloutStatus
 
-    status = RolloutStatus(model="m", rollout=rollout, evidence=evidence, verdict=verdict)
+    status = RolloutStatus(model=MODEL, rollout=rollout, evidence=evidence, verdict=verdict)
     return rollout_row(status)
 
 
@@ -101,13 +112,13 @@ def test_forged_shadow_reports_halt_or_pass_nothing_a_forged_failure_could_not()
     stale = NOW - timedelta(minutes=1)
     forged += [heard(shadowed(d, True, shadow(False), made=stale)) for d in MEMBERS[2:5]]
     forged += [heard(shadowed(d, True, shadow(False), rollout_id="f" * 16)) for d in MEMBERS[5:8]]
-    evidence = gather(SHADOW, "m", [*real, *forged])
+    evidence = gather(SHADOW, MODEL, [*real, *forged])
     assert (evidence.new.shadow_runs, evidence.new.shadow_outside) == (2, 1)
     assert evidence.not_attributed == {"membership": 30, "key": 20, "stale": 3}
     assert judge(SHADOW, evidence, LATER).decision == "halt"
     # only forged outside reports, all refused: the good stage advances
     good = [heard(shadowed("dev-000", True, shadow(True))), real[1]]
-    verdict = judge(SHADOW, gather(SHADOW, "m", [*good, *forged]), LATER)
+    verdict = judge(SHADOW, gather(SHADOW, MODEL, [*good, *forged]), LATER)
     assert verdict.decision == "advance", verdict.reason
 
 
@@ -115,7 +126,7 @@ def test_with_authenticated_reports_an_unsigned_shadow_report_holds_and_never_ha
     signed_only = SHADOW.policy.model_copy(update={"authenticated_reports": True})
     rollout = SHADOW.model_copy(update={"policy": signed_only})
     unsigned = [heard(shadowed(d, True, shadow(False))) for d in ["dev-000", *MEMBERS[:3]]]
-    evidence = gather(rollout, "m", unsigned, enrolled={})
+    evidence = gather(rollout, MODEL, unsigned, enrolled={})
     assert evidence.new.shadow_runs == 0 and evidence.not_attributed == {"unsigned": 4}
     assert judge(rollout, evidence, LATER).decision == "wait"
 
@@ -140,12 +151,12 @@ def test_a_shadow_run_with_a_number_out_of_range_makes_the_report_unreadable(
     found = attribute(report_key("dev-000"), raw.encode(), 1 << 20)
     assert isinstance(found, Unattributed) and found.reason == "unreadable"
     assert field in found.detail
-    assert judge(SHADOW, gather(SHADOW, "m", [found]), LATER).decision == "wait"
+    assert judge(SHADOW, gather(SHADOW, MODEL, [found]), LATER).decision == "wait"
 
 
 def test_reports_and_policies_without_shadow_runs_keep_their_bytes_and_digests() -> None:
-    plain = report("dev-000", True, "kept", 10.0)
-    with_none = shadowed("dev-000", True, None)
+    plain = report("dev-000", True, "kept", 10.0, made=LATER)
+    with_none = shadowed("dev-000", True, None, made=LATER)
     assert with_none.model_dump_json() == plain.model_dump_json()
     assert content_digest(with_none) == content_digest(plain)
     outside, agreed = (
@@ -189,6 +200,6 @@ def test_the_index_keeps_the_shadow_facts_the_gate_reads() -> None:
     reports = [shadowed("dev-000", True, shadow(False)), shadowed(MEMBERS[0], True, shadow(True))]
     reports += [shadowed(d, False, None) for d in OUTSIDE[:2]]
     restored = [restore(project(r)) for r in reports]
-    assert gather(SHADOW, "m", restored) == gather(SHADOW, "m", reports)
+    assert gather(SHADOW, MODEL, restored) == gather(SHADOW, MODEL, reports)
     assert [project(r) for r in restored] == [project(r) for r in reports]
     assert project(reports[0])["models"][0]["rollout"]["shadow"]["within"] is False

@@ -198,6 +198,15 @@ def test_a_candidate_that_disagrees_is_halted_by_its_shadow_runs(
         assert main(["rollout", "status", "--store", str(tmp_path / "store")]) == 0
     assert f"shadow runs: 0 of {len(members) + 1} within" in capsys_out.read_text()  # dev-odd
 
+    # completing the rollout by hand sends every device to the candidate, those that kept
+    # their variant included
+    uri = str(tmp_path / "store")
+    assert main(["rollout", "resume", "--store", uri, "--model", MODEL]) == 0
+    for _ in range(2):
+        assert main(["rollout", "advance", "--store", uri, "--model", MODEL]) == 0
+    done = sync_all(tmp_path, ["dev-000"])["dev-000"]
+    assert done.action == "downloaded" and done.artifact_sha256 == v2, done.reason
+
 
 @pytest.mark.usefixtures("prefect_api")
 def test_an_equivalent_candidate_passes_its_shadow_runs(
