@@ -47,6 +47,7 @@ def device_sync(
     trust_root: str = "",
     allow_unsigned: bool = False,
     report_to: str = "",
+    shadow_inputs: str = "",
 ) -> DeviceReport:
     """Sync this device's cache with the fleet manifest.
 
@@ -62,6 +63,8 @@ def device_sync(
             as $EPFLEET_ALLOW_UNSIGNED says, else refused).
         report_to: Where the device report goes, when not the store (empty:
             $EPFLEET_REPORT_TO, else the store).
+        shadow_inputs: A directory of the app's inputs for shadow runs, <model>.npz each
+            (empty: the golden samples' inputs).
     """
     # The lock, state, discovery and worker: once per run. Empty means "as configured".
     with open_sync(
@@ -72,6 +75,7 @@ def device_sync(
         trust_root or None,
         allow_unsigned or None,
         report_to or None,
+        shadow_inputs or None,
     ):
         fetch_manifest_task(cache)
         drop_unlisted_task(cache)

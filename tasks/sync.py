@@ -28,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import SyncSession
+from epfleet.device.shadow import inputs_directory
 from epfleet.errors import EpfleetError
 from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
 from epfleet.logs import PACKAGE_LOGGER
@@ -46,10 +47,13 @@ def open_sync(
     trust_root: str | None = None,
     allow_unsigned: bool | None = None,
     report_to: str | None = None,
+    shadow_inputs: str | None = None,
 ) -> Iterator[None]:
     """Open the flow run's sync session, for the tasks below to find by ``cache``; and
-    send epfleet's log records to the run's logs meanwhile."""
+    send epfleet's log records to the run's logs meanwhile. ``shadow_inputs``: a directory
+    of the app's inputs for shadow runs (``epfleet.device.shadow.inputs_directory``)."""
     root = Path(trust_root) if trust_root else None
+    hook = inputs_directory(Path(shadow_inputs)) if shadow_inputs else None
     with (
         logs_to_run(),
         store_named_first(store),  # a missing store, before anything about trust
@@ -61,6 +65,7 @@ def open_sync(
             trust_root=root,
             allow_unsigned=allow_unsigned,
             report_to=report_to,
+            shadow_inputs=hook,
         ) as session,
     ):
         key = session.cache.root

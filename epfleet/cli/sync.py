@@ -57,6 +57,7 @@ def sync(
     trust_root: Path | None = None,
     allow_unsigned: bool = False,
     report_to: str | None = None,
+    shadow_inputs: Path | None = None,
     as_json: Json = False,
     flow: bool = False,
     serve: float | None = None,
@@ -92,6 +93,10 @@ def sync(
         The store this device's reports go to, when not --store: a directory or
         s3://bucket/prefix it may write to (a device behind a read-only https://
         mirror); default $EPFLEET_REPORT_TO.
+    shadow_inputs
+        A directory of the app's inputs for shadow runs, <model>.npz each (arrays by
+        input name, a leading axis for several); they never leave the device. Default:
+        the model's golden samples' inputs.
     as_json
         Print the device report as JSON.
     flow
@@ -122,6 +127,8 @@ def sync(
             parameters["allow_unsigned"] = True
         if report_to:  # each run of the flow (every scheduled one with --serve) gets it
             parameters["report_to"] = report_to
+        if shadow_inputs is not None:
+            parameters["shadow_inputs"] = str(shadow_inputs.resolve())
         with prefect_defaults():
             if serve is not None:
                 device_sync.serve(
@@ -137,6 +144,7 @@ def sync(
                 report = device_sync(**parameters)
     else:
         from epfleet.device.session import sync as sync_device
+        from epfleet.device.shadow import inputs_directory
         from epfleet.logs import log_to_stderr
 
         if alone:
@@ -156,6 +164,7 @@ def sync(
                 trust_root=trust_root,
                 allow_unsigned=allow_unsigned or None,  # unset: EPFLEET_ALLOW_UNSIGNED
                 report_to=report_to,  # unset: EPFLEET_REPORT_TO
+                shadow_inputs=inputs_directory(shadow_inputs) if shadow_inputs else None,
             )
     print(report.model_dump_json() if as_json else render_device_report(report, output_width()))
     return report.exit_code

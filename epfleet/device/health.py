@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
 from epfleet.errors import EpfleetError, HealthCheckError, summarize
-from epfleet.formats.device_report import Profile
+from epfleet.formats.device_report import MAX_ERROR, Profile, ShadowRun
 from epfleet.formats.manifest import FoldedIo
 from epfleet.formats.task_metric import TaskMetric
 from epfleet.runtime.folded_io import dequantized_outputs, mismatch, quantized_inputs
 from epfleet.runtime.op_types import graph_op_types
-from epfleet.runtime.samples import compare, read_golden
+from epfleet.runtime.samples import Comparison, compare, load_samples, read_golden
 from epfleet.runtime.sessions import input_infos, io_types, open_session, run_samples
 from eps.base import DeviceType, Tolerance, bounded
 
@@ -117,22 +117,52 @@ def timed_runs(session: Any, samples: list[Any], what: str) -> tuple[list[Any], 
     return outputs, times
 
 
+def opened(job: HealthJob) -> tuple[Any, float]:
+    """The variant's session (a folded one with CPU fallback disabled) and the milliseconds
+    it took to create; HealthCheckError when its EP cannot load it."""
+    started = time.perf_counter()
+    try:
+        session = open_session(
+            job.path,
+            job.ep,
+            job.provider_options,
+            job.device,
+            job.label,
+            cpu_fallback=job.folded_io is None,
+        )
+    except EpfleetError:
+        raise
+    except Exception as exc:
+        raise HealthCheckError(f"{job.ep} cannot load {job.label}: {summarize(exc, 400)}") from None
+    return session, (time.perf_counter() - started) * 1000
+
+
+def float_runs(
+    session: Any, job: HealthJob, samples: list[Any], what: str
+) -> tuple[list[Any], list[Any], list[float]]:
+    """The variant's outputs on float ``samples``, each run timed: what it was fed (a
+    folded variant its inputs quantised), its outputs (a folded one's dequantised) and the
+    milliseconds of each run."""
+    folded = job.folded_io
+    if folded is None:
+        outputs, times = timed_runs(session, samples, what)
+        return samples, outputs, times
+    problem = mismatch(folded, *io_types(session))
+    if problem is not None:
+        raise HealthCheckError(f"{job.label}: {problem}; not activated")
+    fed = [quantized_inputs(sample, folded) for sample in samples]
+    integers, times = timed_runs(session, fed, what)
+    names = [output.name for output in session.get_outputs()]
+    return fed, [dequantized_outputs(o, names, folded) for o in integers], times
+
+
 def check_health(job: HealthJob) -> Health:
     import numpy as np
 
     started = time.perf_counter()
     name = job.label
-    folded = job.folded_io
-    try:
-        session = open_session(
-            job.path, job.ep, job.provider_options, job.device, name, cpu_fallback=folded is None
-        )
-    except EpfleetError:
-        raise
-    except Exception as exc:
-        raise HealthCheckError(f"{job.ep} cannot load {name}: {summarize(exc, 400)}") from None
-    session_ms = (time.perf_counter() - started) * 1000
-    if folded is not None and job.golden_path is None:
+    session, session_ms = opened(job)
+    if job.folded_io is not None and job.golden_path is None:
         raise HealthCheckError(
             f"{name} is a folded variant and the manifest has no golden samples to check "
             "its integer inputs and outputs against; not activated"
@@ -152,45 +182,48 @@ def check_health(job: HealthJob) -> Health:
     except ValueError as exc:
         raise HealthCheckError(f"{name}: {exc}") from None
     what = f"{job.ep} loaded {name} but on its golden samples"
-    if folded is None:
-        fed = samples
-        outputs, times = timed_runs(session, fed, what)
-    else:  # fed its golden inputs quantised, its outputs dequantised
-        problem = mismatch(folded, *io_types(session))
-        if problem is not None:
-            raise HealthCheckError(f"{name}: {problem}; not activated")
-        fed = [quantized_inputs(sample, folded) for sample in samples]
-        integers, times = timed_runs(session, fed, what)
-        names = [output.name for output in session.get_outputs()]
-        outputs = [dequantized_outputs(o, names, folded) for o in integers]
-    try:
-        comparison = compare(outputs, reference)
-    except ValueError as exc:
-        raise HealthCheckError(f"{name} disagrees with its golden samples: {exc}") from None
-    # Never looser than LOOSEST_TOLERANCE, whatever the entry says (an entry validated
-    # under older rules, or signed with a stolen online key).
-    allowed = bounded(job.tolerance or Tolerance(relative=0.0, absolute=0.0))
-    failure = comparison.failure(allowed.relative, allowed.absolute)
+    fed, outputs, times = float_runs(session, job, samples, what)
+    failure = out_of_bounds(job, session, outputs, reference)
     if failure:
-        raise HealthCheckError(f"{name} on its golden samples: {failure}; not activated")
-    if job.metric is not None and job.metric.kind != "custom":
-        missed = missed_metric(job.metric, session, outputs, reference)
-        if missed:
-            raise HealthCheckError(f"{name} on its golden samples: {missed}; not activated")
+        raise HealthCheckError(f"{name} on its golden samples: {failure[0]}; not activated")
     return Health(
         seconds=round(time.perf_counter() - started, 3),
         providers=list(session.get_providers()),
         outputs=len(outputs[0]),
         samples=len(samples),
-        max_rel_error=comparison.max_rel_error,
+        max_rel_error=compare(outputs, reference).max_rel_error,
         profile=profiled(session, fed, session_ms, times, job.path),
     )
 
 
+def out_of_bounds(
+    job: HealthJob, session: Any, outputs: list[Any], reference: list[Any]
+) -> tuple[str, Comparison | None, float | None] | None:
+    """Why ``outputs`` fall outside ``job``'s bounds of ``reference`` (its tolerance, and its
+    task metric where it has one), with the comparison and the metric's value where they
+    were measured; None when they are within."""
+    try:
+        comparison = compare(outputs, reference)
+    except ValueError as exc:
+        return f"its outputs do not line up with the reference: {exc}", None, None
+    # Never looser than LOOSEST_TOLERANCE, whatever the entry says (an entry validated
+    # under older rules, or signed with a stolen online key).
+    allowed = bounded(job.tolerance or Tolerance(relative=0.0, absolute=0.0))
+    failure = comparison.failure(allowed.relative, allowed.absolute)
+    if failure:
+        return failure, comparison, None
+    if job.metric is not None and job.metric.kind != "custom":
+        missed, value = missed_metric(job.metric, session, outputs, reference)
+        if missed:
+            return missed, comparison, value
+    return None
+
+
 def missed_metric(
     metric: TaskMetric, session: Any, outputs: list[Any], reference: list[Any]
-) -> str | None:
-    """Why the variant misses the task metric on this device, or None."""
+) -> tuple[str | None, float | None]:
+    """Why the variant misses the task metric on this device (None: it does not), and the
+    metric's value (None: not measured)."""
     from epfleet.runtime.metrics import MetricError, measure, output_index
 
     names = [output.name for output in session.get_outputs()]
@@ -199,10 +232,108 @@ def missed_metric(
         index = output_index(spec, names)
         value = measure(spec, [o[index] for o in outputs], [r[index] for r in reference])
     except MetricError as exc:
-        return f"task metric {spec.describe()} not measured: {exc}"
+        return f"task metric {spec.describe()} not measured: {exc}", None
     if value >= metric.min:
-        return None
+        return None, value
     measured_here = {"value": value, "hits": None, "trials": None, "low": None, "high": None}
     scored = metric.model_copy(update=measured_here).describe()
     host = "nothing" if metric.value is None else f"{metric.value:.4g}"
-    return f"task metric {scored} on output {metric.output!r} (the compile host measured {host})"
+    return (
+        f"task metric {scored} on output {metric.output!r} (the compile host measured {host})",
+        value,
+    )
+
+
+class ShadowJob(BaseModel):
+    """A shadow run: the candidate beside the active variant on the same inputs."""
+
+    candidate: HealthJob
+    """The candidate, with the model's bounds to judge it by (its tolerance, task metric)."""
+    active: HealthJob
+    inputs_path: str
+    """The app's inputs (arrays by input name, a leading axis of samples), or the golden
+    samples file whose inputs are used."""
+    inputs: Literal["app", "golden"]
+    samples: int
+    """Run at most this many of them."""
+
+
+class ShadowOutcome(BaseModel):
+    run: ShadowRun
+    outside: str | None = None
+    """Why the candidate is outside the bounds (None: within)."""
+
+
+def run_shadow(job: ShadowJob) -> ShadowOutcome:
+    """Run the active variant and then the candidate on the inputs (each once more on
+    the first, before, untimed: their p50s are of warm sessions) and judge the
+    candidate's outputs against the active one's by the candidate's bounds
+    (``out_of_bounds``: the health check's rules, the active variant's outputs in place of
+    the source's). HealthCheckError when either cannot load or run, or the inputs do not
+    fit the model."""
+    import numpy as np
+
+    started = time.perf_counter()
+    active, _ = opened(job.active)
+    inputs = shadow_inputs(job, active)
+    runs = "the shadow run of {} on the {} inputs".format
+    doing = runs(job.active.label, job.inputs)
+    float_runs(active, job.active, inputs[:1], doing)  # warm-up: not timed
+    _, reference, active_ms = float_runs(active, job.active, inputs, doing)
+    del active
+    candidate, _ = opened(job.candidate)
+    doing = runs(job.candidate.label, job.inputs)
+    float_runs(candidate, job.candidate, inputs[:1], doing)
+    _, outputs, candidate_ms = float_runs(candidate, job.candidate, inputs, doing)
+    outside = out_of_bounds(job.candidate, candidate, outputs, reference)
+    metric = job.candidate.metric
+    if metric is not None and metric.kind == "custom":
+        metric = None  # as the health check: a custom metric's package need not be here
+    if outside is None:
+        comparison: Comparison | None = compare(outputs, reference)
+        value = missed_metric(metric, candidate, outputs, reference)[1] if metric else None
+    else:
+        _, comparison, value = outside
+    error = comparison.max_rel_error if comparison is not None else None
+    allowed = bounded(job.candidate.tolerance or Tolerance(relative=0.0, absolute=0.0))
+    run = ShadowRun(
+        candidate=job.candidate.label,
+        active=job.active.label,
+        samples=len(inputs),
+        inputs=job.inputs,
+        within=outside is None,
+        max_rel_error=_figure(error),
+        tolerance=allowed.relative,
+        metric=metric.kind if metric else None,
+        metric_value=_figure(value),
+        metric_min=metric.min if metric else None,
+        candidate_p50_ms=round(float(np.percentile(candidate_ms, 50)), 3),
+        active_p50_ms=round(float(np.percentile(active_ms, 50)), 3),
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    # the health check's words name the source: here the reference is the active variant
+    why = None if outside is None else outside[0].replace("the source", "the active variant")
+    return ShadowOutcome(run=run, outside=why)
+
+
+def shadow_inputs(job: ShadowJob, active: Any) -> list[Any]:
+    """The first ``job.samples`` of the shadow run's inputs."""
+    if job.inputs == "golden":
+        try:
+            inputs = read_golden(Path(job.inputs_path))[0]
+        except ValueError as exc:
+            raise HealthCheckError(f"the shadow run's golden samples: {exc}") from None
+    else:
+        infos = input_infos(active, job.active.input_shapes)
+        try:
+            inputs = load_samples(Path(job.inputs_path), infos)
+        except ValueError as exc:
+            raise HealthCheckError(f"the app's shadow inputs do not fit the model: {exc}") from None
+    return inputs[: job.samples]
+
+
+def _figure(value: float | None) -> float | None:
+    """A figure for the report: finite, within its bounds (an error of inf: the largest)."""
+    if value is None or value != value:
+        return None
+    return round(max(-MAX_ERROR, min(float(value), MAX_ERROR)), 6)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import replace
 
 import eps
 from epfleet.device.activation import drop_changed_active, promote, published_variant
@@ -19,6 +20,8 @@ from epfleet.device.local_build import build_key
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.selection import USABLE, ActiveVariant, Considered, Step, decide
+from epfleet.device.shadow import ShadowAsk, earlier, outside_reason, rejected, within_reason
+from epfleet.device.shadow import record as shadow_record
 from epfleet.device.steps import Done, Steps
 from epfleet.device.variant_sets import is_file_set
 from epfleet.disk import WRITE_DENIED, DiskFull
@@ -96,9 +99,15 @@ def release_parts(version: str) -> tuple[int, ...]:
 
 
 def sync_model(
-    steps: Steps, model: str, entry: ModelEntry, state: CacheState, policy: SyncPolicy
+    steps: Steps,
+    model: str,
+    entry: ModelEntry,
+    state: CacheState,
+    policy: SyncPolicy,
+    shadow: ShadowAsk | None = None,
 ) -> ModelReport:
-    """Sync ``model``; ``state`` is updated (and saved when a variant is activated)."""
+    """Sync ``model``; ``state`` is updated (and saved when a variant is activated).
+    ``shadow``: the shadow run its rollout asks before a switch (``epfleet.device.shadow``)."""
     started, moved_before = time.perf_counter(), steps.fetcher.moved
     cache = steps.cache
     mstate = state.models.setdefault(model, ModelState())
@@ -121,6 +130,21 @@ def sync_model(
             logger.warning("%s: %s failed: %s", model, describe(step), exc)
             if step.kind == "recompile" and not isinstance(exc, (StoreError, DiskFull)):
                 mstate.recompile_failed[key] = str(exc)  # a build that cannot work
+    unsettled = bool(notes)  # rolled back from a changed variant: its directory must go
+    record = mstate.shadow
+    keeps = done is not None and done.installed is mstate.active
+    if shadow is not None and record is not None and keeps and rejected(entry, mstate):
+        assert done is not None
+        done = replace(done, reason=outside_reason(record.run, earlier(record.run)))  # why kept
+    if done is not None and shadow is not None:
+        try:
+            candidate = done.installed
+            done = shadow_judged(steps, model, entry, mstate, done, shadow)
+            unsettled = unsettled or done.installed is not candidate
+        except EpfleetError as exc:
+            failures.append(str(exc))
+            logger.warning("%s: %s", model, exc)
+            done, unsettled = None, True  # the candidate's directory goes too
     verdicts = [
         VariantVerdict(
             target=c.target, ep=c.ep, device=c.device, verdict=c.verdict, reason=c.reason
@@ -130,7 +154,7 @@ def sync_model(
     seconds = round(time.perf_counter() - started, 3)
     moved = steps.fetcher.moved - moved_before
     if done is None:
-        if notes:  # rolled back from a changed variant: its directory must go too
+        if unsettled:
             settle(cache, model, state)
         kept = mstate.active
         reason = "; ".join(notes + failures) or "nothing published can run here"
@@ -139,7 +163,7 @@ def sync_model(
         return failed(model, kept, reason, verdicts, moved, seconds, entry)
     if done.installed is not mstate.active:
         activate(cache, model, state, done.installed)
-    elif notes:
+    elif unsettled:
         settle(cache, model, state)
     precision = precision_of(done.installed, entry)
     recompiled = done.action == "recompiled"
@@ -160,6 +184,32 @@ def sync_model(
         seconds=seconds,
         precision=precision,
         profile=done.installed.profile,
+    )
+
+
+def shadow_judged(
+    steps: Steps, model: str, entry: ModelEntry, mstate: ModelState, done: Done, ask: ShadowAsk
+) -> Done:
+    """``done`` when its variant may be activated: it is what runs already, or nothing
+    intact runs to compare it with, or its shadow run beside the active variant finds it
+    within the model's bounds; else the active variant kept (the candidate's directory goes
+    when the state is settled). The run is recorded in ``mstate``."""
+    active = mstate.active
+    if done.installed is active or active is None or not steps.cache.intact(model, active):
+        return done
+    outcome = steps.shadow(model, done.installed, active, entry, ask)
+    if outcome is None:
+        return replace(done, reason=f"{done.reason}; no inputs for its shadow run")
+    run = outcome.run
+    mstate.shadow = shadow_record(ask, done.installed.digest, active.digest, run)
+    if outcome.outside is None:
+        return replace(done, reason=f"{done.reason}; {within_reason(run)}")
+    logger.warning("%s: %s", model, outside_reason(run, outcome.outside))
+    return Done(
+        installed=active,
+        action="kept",
+        verdict=steps.judge_installed(active).verdict,
+        reason=outside_reason(run, outcome.outside),
     )
 
 
@@ -204,7 +254,7 @@ def plan_steps(
         if active is not None
         else None
     )
-    return decide(
+    plan = decide(
         judged,
         active_view,
         entry.source.digest,
@@ -213,6 +263,20 @@ def plan_steps(
         recompile_suboptimal=policy.recompile_suboptimal,
         preference=policy.prefer,
     )
+    if refused_again(entry, mstate, plan, judged):
+        return [Step(kind="keep")]
+    return plan
+
+
+def refused_again(
+    entry: ModelEntry, mstate: ModelState, plan: list[Step], judged: list[Considered]
+) -> bool:
+    """Whether the plan starts with the download of the candidate a shadow run of this
+    rollout found outside the bounds beside the variant still active: it is kept instead."""
+    refused = rejected(entry, mstate)
+    if refused is None or not plan or plan[0].kind != "download":
+        return False
+    return any(c.target == plan[0].target and c.sha256 == refused for c in judged)
 
 
 def first_download(

@@ -27,6 +27,7 @@ from epfleet.errors import BadInputError, EpfleetError, StoreError
 from epfleet.formats.device_report import (
     DeviceReport,
     RolloutSeen,
+    ShadowRun,
     content_digest,
     encode_report,
     report_key,
@@ -129,14 +130,18 @@ def _last_sent(cache: DeviceCache) -> SentReport | None:
         return None  # unreadable or damaged: upload, and record again
 
 
-def rollout_seen(entry: ModelEntry, mine: ModelEntry) -> RolloutSeen:
-    """What the report says of the model's rollout: whether this device is in it."""
+def rollout_seen(
+    entry: ModelEntry, mine: ModelEntry, shadow: ShadowRun | None = None
+) -> RolloutSeen:
+    """What the report says of the model's rollout: whether this device is in it, and its
+    shadow run of the rollout's candidate, if it ran one."""
     assert entry.rollout is not None
     return RolloutSeen(
         id=entry.rollout.id,
         member=mine is entry,
         stage=entry.rollout.stage,
         state=entry.rollout.state,
+        shadow=shadow,
     )
 
 

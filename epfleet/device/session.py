@@ -49,6 +49,7 @@ from epfleet.device.policy import SyncPolicy
 from epfleet.device.prefetch import DEPTH, Prefetch
 from epfleet.device.provisioning import trusted_root
 from epfleet.device.reporting import device_id, rollout_seen, upload_report
+from epfleet.device.shadow import ShadowInputs, asked, reported
 from epfleet.device.signed_manifest import fetch_signed_manifest, untrusted
 from epfleet.device.steps import Steps
 from epfleet.device.unlisted import drop_models, unlisted
@@ -99,7 +100,12 @@ class SyncSession:
 
     ``health`` runs the health checks of the variants the sync installs (default
     ``default_health``: None, the session's worker process, killed past the check's time
-    limit; ``epfleet.device.health.in_thread`` runs them in this thread)."""
+    limit; ``epfleet.device.health.in_thread`` runs them in this thread).
+
+    ``shadow_inputs`` is the app's hook for shadow runs: a rollout whose policy asks for
+    ``shadow`` has a device in its stage run the candidate beside its active variant on
+    the inputs it returns (else the golden samples' inputs) before switching
+    (``epfleet.device.shadow``)."""
 
     default_health: ClassVar[HealthRunner | None] = None
     """The ``health`` of a session not given one. The worker process in production; the
@@ -119,6 +125,7 @@ class SyncSession:
         report_to: str | None = None,
         health: HealthRunner | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        shadow_inputs: ShadowInputs | None = None,
     ) -> None:
         self.device = device_id(device)  # a bad id fails before anything is touched
         self.clock = clock
@@ -147,6 +154,9 @@ class SyncSession:
         self.reports: list[ModelReport] = []
         self._given_local = local
         self.health = health or self.default_health
+        self.shadow_inputs = shadow_inputs
+        """The app's inputs for shadow runs (``epfleet.device.shadow``); None: the golden
+        samples' inputs."""
         self._state: CacheState | None = None
         self._stack = ExitStack()
         self._closed = False
@@ -320,9 +330,14 @@ class SyncSession:
                     self._fetch_ahead(model)
                     # a staged rollout decides, from the signed entry, what this device runs
                     mine = entry.for_device(self.device)
-                    report = model_sync.sync_model(self.steps, model, mine, self.state, self.policy)
+                    ask = asked(entry, mine, self.shadow_inputs)
+                    report = model_sync.sync_model(
+                        self.steps, model, mine, self.state, self.policy, ask
+                    )
                 if entry.rollout is not None:
-                    report = report.model_copy(update={"rollout": rollout_seen(entry, mine)})
+                    shadow = reported(entry, self.state.models.get(model))
+                    seen = rollout_seen(entry, mine, shadow)
+                    report = report.model_copy(update={"rollout": seen})
         except Exception as exc:
             report = model_sync.unexpected(model, self.state, exc)
         if ahead:
@@ -415,6 +430,7 @@ def sync(
     report_to: str | None = None,
     health: HealthRunner | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    shadow_inputs: ShadowInputs | None = None,
 ) -> DeviceReport:
     """One whole device sync, without Prefect."""
     with SyncSession(
@@ -427,6 +443,7 @@ def sync(
         report_to=report_to,
         health=health,
         clock=clock,
+        shadow_inputs=shadow_inputs,
     ) as session:
         session.fetch_manifest()
         session.drop_unlisted()

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import eps
 from epfleet.device.activation import fallback_variant, local_variant, published_variant
@@ -50,7 +50,8 @@ from eps.base import (
 )
 
 if TYPE_CHECKING:
-    from epfleet.device.health import Health, HealthJob, HealthRunner
+    from epfleet.device.health import Health, HealthJob, HealthRunner, ShadowOutcome
+    from epfleet.device.shadow import ShadowAsk
     from epfleet.runtime.compile_pool import CompilePool
 
 logger = logging.getLogger(__name__)
@@ -315,17 +316,79 @@ class Steps:
             got.close()
         return Done(installed=installed, action="fallback", verdict=None, reason=reason)
 
-    # -- the health check --
+    # -- the shadow run --
 
-    def health(self, path: Path, installed: Installed, entry: ModelEntry) -> Health:
-        """Run the variant before activating it: on the model's golden samples, compared
-        with the source's outputs within the variant's tolerance, or on zero inputs when
-        the manifest has no samples for the model. A variant that fails is deleted."""
-        from epfleet.device.health import HealthJob
+    def shadow(
+        self,
+        model: str,
+        candidate: Installed,
+        active: Installed,
+        entry: ModelEntry,
+        ask: ShadowAsk,
+    ) -> ShadowOutcome | None:
+        """Run ``candidate`` beside ``active`` (both in the cache) on the app's inputs, else
+        the golden samples' (``epfleet.device.shadow``), in the worker process within
+        ``EPFLEET_HEALTH_TIMEOUT``; None when there are no inputs to run. HealthCheckError
+        when either cannot run them, or past the time limit."""
+        from epfleet.device.health import ShadowJob, run_shadow
         from epfleet.errors import TimeLimitExceeded
+        from epfleet.runtime.samples import write_samples
+
+        try:
+            given = ask.inputs(model, ask.samples) if ask.inputs is not None else None
+        except Exception as exc:  # the app's code: its failure is this model's, named
+            raise HealthCheckError(
+                f"the app's shadow inputs hook failed for {model}: {type(exc).__name__}: {exc}"
+            ) from None
+        written: Path | None = None
+        kind: Literal["app", "golden"]
+        if isinstance(given, Path):
+            inputs_path, kind = given, "app"
+        elif given:
+            written = self.cache.scratch() / f"shadow-{model}.npz"
+            try:
+                write_samples(written, [dict(sample) for sample in given][: ask.samples])
+            except (ValueError, TypeError) as exc:
+                written.unlink(missing_ok=True)
+                raise HealthCheckError(f"the app's shadow inputs for {model}: {exc}") from None
+            inputs_path, kind = written, "app"
+        else:
+            golden = self.fetcher.golden(entry)
+            if golden is None:
+                return None
+            inputs_path, kind = golden, "golden"
+        job = ShadowJob(
+            candidate=self.health_job(self.cache.model_file(model, candidate), candidate, entry),
+            active=self.health_job(self.cache.model_file(model, active), active, entry),
+            inputs_path=str(inputs_path),
+            inputs=kind,
+            samples=ask.samples,
+        )
+        doing = f"the shadow run of {candidate.name} beside {active.name}"
+        limit, deadline = time_limit(settings().health_timeout, doing)
+        try:
+            return self.worker.call(run_shadow, job, doing, timeout=limit)
+        except TimeLimitExceeded:
+            if deadline is not None:
+                raise deadline.exceeded(f"{doing} was stopped") from None
+            raise HealthCheckError(
+                f"{doing} ran past its time limit of {limit:g} s (EPFLEET_HEALTH_TIMEOUT); "
+                "its worker was killed; not activated"
+            ) from None
+        except EpfleetError as exc:
+            if isinstance(exc, HealthCheckError):
+                raise
+            raise HealthCheckError(f"{doing}: {exc}") from None
+        finally:
+            if written is not None:
+                written.unlink(missing_ok=True)
+
+    def health_job(self, path: Path, installed: Installed, entry: ModelEntry) -> HealthJob:
+        """The health check of ``installed`` at ``path``, with its bounds from ``entry``."""
+        from epfleet.device.health import HealthJob
 
         golden = self.fetcher.golden(entry)
-        job = HealthJob(
+        return HealthJob(
             label=installed.name,
             path=str(path),
             ep=installed.ep,
@@ -337,6 +400,16 @@ class Steps:
             metric=published_metric(installed, entry),
             folded_io=installed.folded_io,
         )
+
+    # -- the health check --
+
+    def health(self, path: Path, installed: Installed, entry: ModelEntry) -> Health:
+        """Run the variant before activating it: on the model's golden samples, compared
+        with the source's outputs within the variant's tolerance, or on zero inputs when
+        the manifest has no samples for the model. A variant that fails is deleted."""
+        from epfleet.errors import TimeLimitExceeded
+
+        job = self.health_job(path, installed, entry)
         limit, deadline = time_limit(
             settings().health_timeout, f"the health check of {installed.name}"
         )

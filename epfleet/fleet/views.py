@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import eps
 from epfleet.fleet.evidence.field_rules import FieldRow
 from epfleet.fleet.rollout.rollouts import RolloutStatus
-from epfleet.fleet.rollout.rules import SideEvidence
+from epfleet.fleet.rollout.rules import SideEvidence, shadow_figures
 from epfleet.fleet.runs.models import PairResult, RunReport
 from epfleet.formats.manifest import Manifest, PrecisionTried, VariantEntry
 from epfleet.text import format_bytes, plural, printable, printable_lines, share, table, wrap
@@ -392,13 +392,22 @@ ROLLOUT_HEADERS = ["model", "rollout", "stage", "state", "new", "previous", "p50
 
 
 def side_text(side: SideEvidence) -> str:
-    """``12 devices, 1 failed (8%), p50 10.2 ms, 2 (18%) partly on other EPs``."""
+    """``12 devices, 1 failed (8%), p50 10.2 ms, 2 (18%) partly on other EPs``, and the
+    side's shadow runs when it has any (``shadow_text``)."""
     p50 = side.median_p50_ms
     return (
         f"{side.devices} devices, {side.failed} failed ({side.failure_rate:.0%}), p50 "
         + ("-" if p50 is None else f"{p50:.1f} ms")
         + f", {side.partly_on_other_eps} ({side.other_eps_share:.0%}) partly on other EPs"
+        + (f"; {shadow_text(side)}" if side.shadow_runs else "")
     )
+
+
+def shadow_text(side: SideEvidence) -> str:
+    """``shadow runs: 3 of 4 within the bounds (largest error ...)``: the agreement of the
+    side's candidate with the variants it ran beside, on this stage."""
+    within = side.shadow_runs - side.shadow_outside
+    return f"shadow runs: {within} of {side.shadow_runs} within the bounds ({shadow_figures(side)})"
 
 
 def rollout_row(status: RolloutStatus) -> dict[str, str]:
@@ -434,8 +443,14 @@ def rollout_runtime_lines(status: RolloutStatus) -> list[str]:
 
 
 def short_side_text(side: SideEvidence) -> str:
-    """``12 devices, 1 failed (8%), p50 10.2 ms``."""
+    """``12 devices, 1 failed (8%), p50 10.2 ms``, and ``, shadow runs 3 of 4 within``."""
     p50 = side.median_p50_ms
-    return f"{side.devices} devices, {side.failed} failed ({side.failure_rate:.0%}), p50 " + (
-        "-" if p50 is None else f"{p50:.1f} ms"
+    shadow = ""
+    if side.shadow_runs:
+        within = side.shadow_runs - side.shadow_outside
+        shadow = f", shadow runs {within} of {side.shadow_runs} within"
+    return (
+        f"{side.devices} devices, {side.failed} failed ({side.failure_rate:.0%}), p50 "
+        + ("-" if p50 is None else f"{p50:.1f} ms")
+        + shadow
     )

@@ -139,6 +139,45 @@ class Profile(_Bounded):
     )
 
 
+MAX_ERROR = 1e12
+"""The largest relative error a shadow run may give (a larger one, or one that is not finite,
+makes the report unreadable): past it a candidate is outside any bound anyway."""
+
+
+class ShadowRun(_Bounded):
+    """The shadow run of a rollout's candidate on this device, before it switched: the
+    candidate beside the variant it was running, on the device's own inputs (they never
+    leave it: only these figures do), judged by the model's verification bounds."""
+
+    candidate: str = Field(description="The candidate variant's name in the device cache")
+    active: str = Field(description="The variant it ran beside (the one running then)")
+    samples: int = Field(ge=0, le=MAX_COUNT, description="Inputs both ran on")
+    inputs: Literal["app", "golden"] = Field(
+        description="Whose inputs: the app's (the sync's shadow inputs hook), else the "
+        "model's golden samples' inputs"
+    )
+    within: bool = Field(
+        description="The candidate's outputs are within the model's bounds of the active "
+        "variant's: it was activated; false: the active variant was kept"
+    )
+    max_rel_error: float | None = Field(
+        default=None, ge=0, le=MAX_ERROR, description="Of the candidate against the active one"
+    )
+    tolerance: float | None = Field(
+        default=None, ge=0, le=MAX_ERROR, description="The relative tolerance it was judged by"
+    )
+    metric: str | None = Field(
+        default=None, description="The task metric it was judged by (kind), if the spec names one"
+    )
+    metric_value: float | None = Field(
+        default=None, ge=-MAX_ERROR, le=MAX_ERROR, description="Its value, candidate against active"
+    )
+    metric_min: float | None = Field(default=None, ge=-MAX_ERROR, le=MAX_ERROR)
+    candidate_p50_ms: float = Field(ge=0, le=MAX_MS)
+    active_p50_ms: float = Field(ge=0, le=MAX_MS)
+    seconds: float = Field(ge=0, le=MAX_SECONDS, description="The whole shadow run, on the device")
+
+
 class RolloutSeen(_Bounded):
     """The staged rollout a device acted on for a model, as its report says."""
 
@@ -146,6 +185,12 @@ class RolloutSeen(_Bounded):
     member: bool = Field(description="The rollout reached this device: it runs the new variants")
     stage: int = Field(ge=0, le=MAX_COUNT)
     state: str
+    shadow: ShadowRun | None = Field(
+        default=None,
+        exclude_if=lambda shadow: shadow is None,
+        description="The device's shadow run of this rollout's candidate (the policy's "
+        "shadow); left out when it ran none and in reports of older devices",
+    )
 
 
 class ModelReport(_Bounded):
@@ -345,8 +390,15 @@ def _model_content(model: ModelReport) -> list[Any]:
         model.precision,
         sorted((v.target, v.ep, v.verdict) for v in model.considered),
         # a stage move is news: the gate counts only reports made since its stage started
-        None if model.rollout is None else [model.rollout.id, model.rollout.stage],
+        None if model.rollout is None else _rollout_content(model.rollout),
     ]
+
+
+def _rollout_content(rollout: RolloutSeen) -> list[Any]:
+    said: list[Any] = [rollout.id, rollout.stage]
+    if rollout.shadow is not None:  # (no shadow run: the digest of reports before them)
+        said.append([rollout.shadow.candidate, rollout.shadow.within])
+    return said
 
 
 def signed_by(report: DeviceReport, key: DeviceKey) -> bool:

@@ -51,6 +51,30 @@ DeviceId = Annotated[
 ]
 
 
+MAX_SHADOW_SAMPLES = 1_000
+
+
+class ShadowPolicy(BaseModel):
+    """A shadow run before a device in a stage switches: the candidate beside the active
+    variant on the device's own inputs, judged by the model's verification bounds."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    samples: int = Field(
+        ge=1,
+        le=MAX_SHADOW_SAMPLES,
+        description="Inputs to run both variants on (the app's, else the golden samples' "
+        "inputs), at most 1,000",
+    )
+    max_outside_rate: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of the member devices that ran a shadow run whose candidate fell "
+        "outside the model's bounds, past which the gate halts the rollout (0 to 1; 0: any)",
+    )
+
+
 class RolloutPolicy(BaseModel):
     """How a model's new variants reach the fleet (the spec's ``rollout:``, at the top level
     or on a model), as the spec gives it and as a signed entry carries it: every number
@@ -108,6 +132,14 @@ class RolloutPolicy(BaseModel):
         exclude_if=lambda required: not required,  # off: a signed entry keeps its bytes
         description="The gate counts only reports signed by the device's enrolled key "
         "(epfleet device enroll; the device signs with EPFLEET_DEVICE_KEY)",
+    )
+
+    shadow: ShadowPolicy | None = Field(
+        default=None,
+        exclude_if=lambda shadow: shadow is None,  # none: a signed entry keeps its bytes
+        description="Devices in a stage run the new variant beside the active one on their "
+        "own inputs before they switch, and keep the active one when it answers outside the "
+        "model's bounds",
     )
 
     @field_validator("stages")

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from epfleet.device.cache.layout import MODEL_FILE
-from epfleet.formats.device_report import Profile
+from epfleet.formats.device_report import Profile, ShadowRun
 from epfleet.formats.manifest import FoldedIo, Name
 from epfleet.hashing import sha256_bytes
 from epfleet.trust.highwater import TrustMark
@@ -78,11 +78,26 @@ def set_digest(sha256: str, size: int, model_file: str, files: list[InstalledFil
     return sha256_bytes(json.dumps(listing, separators=(",", ":")).encode())
 
 
+class ShadowRecord(BaseModel):
+    """The last shadow run of a rollout's candidate here (``epfleet.device.shadow``)."""
+
+    rollout: str = Field(description="The rollout's id")
+    candidate: str = Field(description="The candidate's digest")
+    active: str = Field(description="The digest of the variant it ran beside")
+    run: ShadowRun
+
+
 class ModelState(BaseModel):
     active: Installed | None = None
     previous: Installed | None = Field(default=None, description="Kept for rollback")
     recompile_failed: dict[str, str] = Field(
         default_factory=dict, description="Local build key -> why it failed; not retried"
+    )
+    shadow: ShadowRecord | None = Field(
+        default=None,
+        exclude_if=lambda shadow: shadow is None,
+        description="The last shadow run: reported while its rollout lasts; a candidate "
+        "it found outside the bounds is not downloaded again beside the same active variant",
     )
 
 

@@ -17,7 +17,10 @@ reports cannot forge one.
   too: its signature is checked against the key in force.
 - What a record keeps of a report (``project``): what the gate, the field view and
   runtime-watch read of it (device, time, number, EPs and runtime, each model's action,
-  target, variant, verdicts, profile and rollout), not the words (reasons, paths, warnings).
+  target, variant, verdicts, profile and rollout, with its shadow run's figures), not the
+  words (reasons, paths, warnings). ``INDEX_FORMAT`` changes when what it keeps does: a
+  shard of another format is rebuilt from the reports (an older reader's records lack
+  what this one keeps).
   ``restore`` gives back a report those readers read as they read the report itself.
 - A signed report's signature is checked when it is folded, against its device's enrolled
   key, and the record keeps which key it was checked against and the result
@@ -46,6 +49,7 @@ from epfleet.formats.device_report import (
     ModelReport,
     Profile,
     RolloutSeen,
+    ShadowRun,
     VariantVerdict,
 )
 from epfleet.formats.manifest import DeviceKey
@@ -53,7 +57,7 @@ from eps.base import Verdict
 
 SHARDS = 256
 SETTLE_SECONDS = 5.0
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2
 _SEAL_CONTEXT = b"epfleet evidence index shard v1\n"
 
 Stamp = tuple[int, float]
@@ -198,7 +202,7 @@ def restore(kept: dict[str, Any], signature: CheckedSignature | None = None) -> 
             profile=Profile.model_construct(**(_PROFILE_NONE | m["profile"]))
             if "profile" in m
             else None,
-            rollout=RolloutSeen.model_construct(**m["rollout"]) if "rollout" in m else None,
+            rollout=_rollout(m["rollout"]) if "rollout" in m else None,
         )
         for m in kept.get("models", ())
     ]
@@ -222,6 +226,24 @@ def restore(kept: dict[str, Any], signature: CheckedSignature | None = None) -> 
     )
     report._envelope = signature
     return report
+
+
+_SHADOW_NONE = {
+    "max_rel_error": None,
+    "tolerance": None,
+    "metric": None,
+    "metric_value": None,
+    "metric_min": None,
+}
+
+
+def _rollout(kept: dict[str, Any]) -> RolloutSeen:
+    shadow = kept.get("shadow")
+    return RolloutSeen.model_construct(
+        **(kept | {"shadow": ShadowRun.model_construct(**(_SHADOW_NONE | shadow))})
+        if shadow is not None
+        else kept | {"shadow": None}
+    )
 
 
 def seal(shard: int, body: dict[str, Any], key: bytes) -> bytes:

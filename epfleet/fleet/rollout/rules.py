@@ -74,6 +74,7 @@ from epfleet.fleet.evidence.rules import READING_REASONS, Unattributed, made_at
 from epfleet.formats.device_report import (
     DeviceReport,
     ModelReport,
+    ShadowRun,
     key_device,
     signed_by,
     signed_envelope,
@@ -303,6 +304,27 @@ class SideEvidence(BaseModel):
     partly_on_other_eps: int = Field(
         default=0, description="Serving devices where part of the model ran on another EP"
     )
+    shadow_runs: int = Field(
+        default=0, description="Devices whose report gives a shadow run of the rollout's candidate"
+    )
+    shadow_outside: int = Field(
+        default=0,
+        description="Of them, those whose shadow run found the candidate outside the model's "
+        "bounds (they kept their active variant)",
+    )
+    shadow_errors: list[float] = Field(
+        default_factory=list,
+        exclude=True,
+        description="Each shadow run's max relative error, candidate against active",
+    )
+    shadow_tolerances: list[float] = Field(default_factory=list, exclude=True)
+    shadow_metrics: list[str] = Field(
+        default_factory=list,
+        exclude=True,
+        description="Each outside run's task metric: 'kind value (min min)'",
+    )
+    shadow_candidate_ms: list[float] = Field(default_factory=list, exclude=True)
+    shadow_active_ms: list[float] = Field(default_factory=list, exclude=True)
 
     @property
     def serving(self) -> int:
@@ -318,6 +340,29 @@ class SideEvidence(BaseModel):
     def median_p50_ms(self) -> float | None:
         """The median of the serving devices' p50s."""
         return statistics.median(self.p50_ms) if self.p50_ms else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def shadow_outside_rate(self) -> float:
+        """The share of the devices with a shadow run whose candidate fell outside."""
+        return self.shadow_outside / self.shadow_runs if self.shadow_runs else 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def shadow_max_rel_error(self) -> float | None:
+        """The largest error a shadow run gave, candidate against active."""
+        return max(self.shadow_errors) if self.shadow_errors else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def shadow_p50_ms(self) -> dict[str, float] | None:
+        """The median of the shadow runs' p50s: the candidate's and the active variant's."""
+        if not self.shadow_candidate_ms:
+            return None
+        return {
+            "candidate": statistics.median(self.shadow_candidate_ms),
+            "active": statistics.median(self.shadow_active_ms),
+        }
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -454,6 +499,28 @@ def count(
         elif found.profile is not None:
             side.p50_ms.append(found.profile.p50_ms)
             side.partly_on_other_eps += bool(found.profile.other_nodes)
+        shadow = found.rollout.shadow if found.rollout is not None else None
+        if shadow is not None:
+            add_shadow(side, shadow)
+
+
+def add_shadow(side: SideEvidence, shadow: ShadowRun) -> None:
+    """Count one device's shadow run (its figures finite: a report with others never
+    parses) on ``side``."""
+    side.shadow_runs += 1
+    side.shadow_outside += not shadow.within
+    if shadow.max_rel_error is not None:
+        side.shadow_errors.append(shadow.max_rel_error)
+    if shadow.tolerance is not None:
+        side.shadow_tolerances.append(shadow.tolerance)
+    if not shadow.within and shadow.metric is not None and shadow.metric_value is not None:
+        side.shadow_metrics.append(
+            f"{shadow.metric} {shadow.metric_value:.4g} (min {shadow.metric_min:.4g})"
+            if shadow.metric_min is not None
+            else f"{shadow.metric} {shadow.metric_value:.4g}"
+        )
+    side.shadow_candidate_ms.append(shadow.candidate_p50_ms)
+    side.shadow_active_ms.append(shadow.active_p50_ms)
 
 
 def runtime_of(report: DeviceReport) -> str:
@@ -507,6 +574,15 @@ def judge(rollout: Rollout, evidence: Evidence, now: datetime) -> Verdict:
             f"{policy.max_failure_rate:.0%}; {evidence.previous.failed} of "
             f"{evidence.previous.devices} on the previous ones){unattributed}",
         )
+    shadow = policy.shadow
+    if shadow is not None and new.shadow_outside_rate > shadow.max_outside_rate:
+        return Verdict(
+            decision="halt",
+            reason=f"{new.shadow_outside} of {new.shadow_runs} member devices' shadow runs "
+            f"found the candidate outside the model's bounds ({shadow_figures(new)}; "
+            f"{new.shadow_outside_rate:.0%}, more than max_outside_rate "
+            f"{shadow.max_outside_rate:.0%}); they kept their active variant{unattributed}",
+        )
     regression = evidence.latency_regression
     if regression is not None and regression > policy.max_latency_regression:
         return Verdict(
@@ -534,8 +610,34 @@ def judge(rollout: Rollout, evidence: Evidence, now: datetime) -> Verdict:
         reason=f"{new.devices} member devices on the new variants, {new.failure_rate:.0%} "
         "failed"
         + (f", latency {regression:+.0%}" if regression is not None else "")
+        + (
+            f", {new.shadow_runs - new.shadow_outside} of {new.shadow_runs} shadow runs within "
+            f"the bounds ({shadow_figures(new)})"
+            if new.shadow_runs
+            else ""
+        )
         + unattributed,
     )
+
+
+def shadow_figures(side: SideEvidence) -> str:
+    """``largest error 35.20% of range (tolerance 1.00%), p50 candidate 1.2 ms, active
+    1.1 ms``: what a side's shadow runs measured."""
+    parts = []
+    error = side.shadow_max_rel_error
+    if error is not None:
+        tolerance = min(side.shadow_tolerances) if side.shadow_tolerances else None
+        parts.append(
+            f"largest error {error:.2%} of range"
+            + (f" (tolerance {tolerance:.2%})" if tolerance is not None else "")
+        )
+    if side.shadow_metrics:
+        parts.append(f"task metric {min(side.shadow_metrics)}")  # min: in any report order
+    p50 = side.shadow_p50_ms
+    if p50 is not None:
+        candidate, active = p50["candidate"], p50["active"]
+        parts.append(f"median p50 candidate {candidate:.3g} ms, active {active:.3g} ms")
+    return ", ".join(parts)
 
 
 def _unattributed_text(evidence: Evidence) -> str:
