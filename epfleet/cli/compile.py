@@ -1,10 +1,9 @@
-"""``epfleet compile``: plan, compile every pair (through Prefect, or without it), publish.
+"""``epfleet compile``: parse the options, run the compile (``epfleet.fleet.runs.execute``
+decides how: through Prefect, or without it), render the report.
 
-The compiles start in this machine's workers before the flow run (importing Prefect and
-starting its temporary API take seconds); the fleet-compile flow then collects them.
-With no Prefect API and nothing that needs one, the pairs compile and publish without
-Prefect and the run is kept to be recorded later (``epfleet.fleet.runs.kept_runs``); when the
-temporary API does not start, they compile and publish without Prefect too.
+The command gives the run its Prefect side (``_Prefect``: the temporary API of
+``epfleet.cli.prefect_api`` and the fleet-compile flow), which the fleet package does
+not import.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import logging
 import os
 import time
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -47,10 +47,7 @@ _PROCESS_STARTED = time.time()  # (close enough: this module is imported at star
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
 
-    from epfleet.fleet.planning.plan import PlanInputs
     from epfleet.fleet.runs.models import RunPlan, RunReport
-    from epfleet.logs import CompileProgress
-    from epfleet.runtime.compile_pool import CompilePool
 
 
 def compile_(
@@ -119,6 +116,7 @@ def compile_(
     as_json
         Print one JSON object on stdout.
     """
+    from epfleet.fleet.runs.execute import execute_compile
     from epfleet.fleet.views import render_report
     from epfleet.logs import log_to_stderr
     from epfleet.text import output_width
@@ -131,9 +129,18 @@ def compile_(
     pin_trust_root(store, trust_root)
     try:
         with interrupts("epfleet: interrupted; compiles stopped, nothing half-published"):
-            report = _compile(
-                *(spec, store, workers, force, model, target, task_runner, dask_address),
+            report = execute_compile(
+                spec,
+                store=store,
+                workers=workers,
+                force=force,
+                models=model,
+                targets=target,
+                task_runner=task_runner,
+                dask_address=dask_address,
                 temporary=prefect == "temporary",
+                prefect=_Prefect(),
+                started_at=_PROCESS_STARTED,
             )
             pruned = _prune(spec, store) if prune else None
     except OSError as exc:  # a full disk: the worker cache or a local store
@@ -191,302 +198,54 @@ def _prune(spec: Path, store: str) -> dict[str, object]:
     return done.model_dump(mode="json")
 
 
-def _compile(
-    spec: Path,
-    store: str,
-    workers: int,
-    force: bool,
-    model: list[str] | None,
-    target: list[str] | None,
-    task_runner: str,
-    dask_address: str | None,
-    temporary: bool,
-) -> RunReport:
-    """Plan, then run the plan the way ``epfleet.fleet.runs.run_way`` chooses: answered from the
-    plan, as the fleet-compile flow run, or compiled and published at once without Prefect
-    and either kept to be recorded later (no Prefect API) or recorded on the temporary API
-    once it answers (``--prefect temporary``)."""
-    from epfleet.fleet.build.staging import tidy_cache
-    from epfleet.fleet.planning.plan import plan_inputs, plan_run
-    from epfleet.fleet.runs.run_way import RunWay, run_way
+class _Prefect:
+    """The Prefect side of a compile run (``epfleet.fleet.runs.execute.PrefectSide``):
+    its API (``epfleet.cli.prefect_api``) and the fleet-compile flow."""
 
-    say(f"epfleet: planning {spec} against {store}")
-    tidy_cache()  # temp files of killed runs, and the cache's size bound
-    plan = plan_run(spec, store, model, target, force)
-    store_uri = canonical(store)  # what the runs kept for this store are kept under
-    _note_runs_kept_before_stores()
-    if plan.is_noop:
-        for name, note in plan.policy_kept.items():
-            say(f"epfleet: model {name}: {note}")
-        # Up to date: answer without starting a Prefect flow run (that costs seconds).
-        _record_kept_if_an_api(temporary, store_uri)
-        return plan.report({}, plan.generation, published=False)
-    say(
-        f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs (model × target) to "
-        f"compile, {workers} at a time"
-    )
-    api_named = api_url_named()
-    way = run_way(
-        up_to_date=False,
-        task_runner=task_runner,
-        work_pools=any(pair.work_pool for pair in plan.to_compile),
-        api_url=api_named,
-        temporary=temporary,
-    )
-    # Prefect's temporary API when this run needs one (unless Dask's run starts it) and
-    # the compiles start at once, the API first: it is the slower to come up.
-    pool, progress, api = None, None, None
-    if task_runner == "threads":
-        if way is not RunWay.PLAIN_THEN_KEEP and not api_named:
-            say(
-                "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
-                "names a server instead); the compiles run meanwhile"
-            )
-            api = start_temporary_api_beside()
-        pool, progress = _prestart(plan, store, workers)
-    try:
-        args = (spec, store, workers, force, model, target)
-        if way is RunWay.PLAIN_THEN_KEEP:
-            report = _run_without_prefect(plan, store, workers)
-            _keep(plan, report, plan_inputs(spec, store_uri, model, target, force), workers)
-            return report
-        with prefect_defaults():  # the run's Prefect settings (its flow run's, its API's)
-            if way is RunWay.PLAIN_THEN_RECORD:
-                assert api is not None
-                return _compile_then_record(plan, api, *args)
-            problem = _wait_saying_so(api) if api is not None else None
-            if problem is not None:
-                say(
-                    f"epfleet: Prefect's temporary API did not start ({problem}); "
-                    "compiling and publishing without Prefect (no flow run, artifacts or "
-                    "events recorded)"
-                )
-                return _run_without_prefect(plan, store, workers)
-            if api_named or api is not None:  # (the compiles started run meanwhile)
-                _record_kept_runs(store_uri)
-            from epfleet.fleet.runs.task_runners import task_runner as make_runner
+    def api_url_named(self) -> bool:
+        return api_url_named()
 
-            return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
-    finally:
-        if progress is not None:
-            progress.close()
-        if pool is not None:
-            pool.drop_unclaimed()
+    def defaults(self) -> AbstractContextManager[None]:
+        return prefect_defaults()
 
+    def start_temporary_api(self) -> str | None:
+        return start_temporary_api()
 
-def _keep(plan: RunPlan, report: RunReport, inputs: PlanInputs, workers: int) -> None:
-    """Keep a run published without Prefect to be recorded by a later compile with a
-    Prefect API, saying so in one line; a record that cannot be kept costs the run nothing
-    but its record."""
-    from epfleet.fleet.runs import kept_runs
+    def start_temporary_api_beside(self) -> Future[str | None]:
+        return start_temporary_api_beside()
 
-    try:
-        path, dropped = kept_runs.keep(inputs, workers, plan, report)
-    except (OSError, ValueError) as exc:
-        say(
-            f"epfleet: published without Prefect; this run's record was not kept ({exc}), "
-            "so no flow run will show it"
+    def run_fleet_flow(
+        self,
+        plan: RunPlan,
+        runner: TaskRunner[Any],
+        *,
+        spec: Path,
+        store: str,
+        workers: int,
+        force: bool,
+        models: list[str] | None,
+        targets: list[str] | None,
+        done: RunReport | None = None,
+        origin: str | None = None,
+    ) -> RunReport:
+        return _run_fleet_flow(
+            plan,
+            runner,
+            spec=spec,
+            store=store,
+            workers=workers,
+            force=force,
+            models=models,
+            targets=targets,
+            done=done,
+            origin=origin,
         )
-        return
-    for old in dropped:
-        say(
-            f"epfleet: dropped the oldest kept run {old.name}, never recorded (at most "
-            f"{kept_runs.MAX_KEPT} are kept)"
-        )
-    say(
-        f"epfleet: published without Prefect (no PREFECT_API_URL); this run is kept in "
-        f"{path.parent} to be recorded as a fleet-compile flow run by the next compile with "
-        "a Prefect API (PREFECT_API_URL set, or --prefect temporary)"
-    )
-
-
-def canonical(store: str) -> str:
-    """The store's canonical URI (``file:///abs/dir``, ``s3://bucket/prefix``): the same
-    store from any working directory."""
-    from epfleet.stores import open_store
-
-    return open_store(store).uri
-
-
-def _note_runs_kept_before_stores() -> None:
-    from epfleet.fleet.runs import kept_runs
-
-    old = kept_runs.from_before_stores()
-    if old:
-        say(
-            f"epfleet: {len(old)} run(s) kept by an earlier epfleet in {old[0].parent} will not "
-            "be recorded (their records do not say for sure which store they were compiled "
-            f"into); remove them: rm {old[0].parent}/*.json*"
-        )
-
-
-def _record_kept_if_an_api(temporary: bool, store_uri: str) -> None:
-    """An up-to-date run: record the kept runs if a Prefect API is at hand (named by
-    PREFECT_API_URL, or the temporary one asked for); else say they wait. Nothing at all
-    (no Prefect import) when none is kept."""
-    from epfleet.fleet.runs import kept_runs
-
-    count = len(kept_runs.pending(store_uri))
-    if not count:
-        return
-    if api_url_named():
-        with prefect_defaults():
-            _record_kept_runs(store_uri)
-        return
-    if not temporary:
-        say(
-            f"epfleet: {count} run(s) kept to be recorded on Prefect (set PREFECT_API_URL, "
-            "or add --prefect temporary)"
-        )
-        return
-    say(f"epfleet: starting Prefect's temporary API to record {count} kept run(s)")
-    with prefect_defaults():
-        problem = start_temporary_api()
-        if problem is not None:
-            say(
-                f"epfleet: Prefect's temporary API did not start ({problem}); {count} run(s) "
-                "still kept to be recorded"
-            )
-            return
-        _record_kept_runs(store_uri)
-
-
-def _record_kept_runs(store_uri: str) -> None:
-    """Record each kept run (oldest first) as a fleet-compile flow run on the Prefect API
-    at hand, with the artifacts and events of a run that compiled, then remove its file.
-    The first that fails to record ends this, in one line: it and the rest stay kept."""
-    from epfleet.fleet.runs import kept_runs
-    from epfleet.fleet.runs.task_runners import task_runner
-
-    recorded = 0
-    for path in kept_runs.pending(store_uri):
-        claimed = kept_runs.claim(path)
-        if claimed is None:  # another command records it
-            continue
-        try:
-            run = kept_runs.load(claimed)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            kept_runs.release(claimed)
-            say(f"epfleet: kept run {path} cannot be read ({exc}); left there")
-            continue
-        spec, store, models, targets, force = run.inputs
-        try:
-            _run_fleet_flow(
-                *(run.plan, task_runner("threads", None, run.workers), Path(spec), store),
-                *(run.workers, force, list(models), list(targets)),
-                done=run.report,
-                origin=(
-                    f"compiled and published by epfleet compile at {run.kept_at} without "
-                    "Prefect, kept until a Prefect API was available"
-                ),
-            )
-        except Exception as exc:  # it stays kept: the API may answer next time
-            kept_runs.release(claimed)
-            left = len(kept_runs.pending(store_uri))
-            say(
-                f"epfleet: Prefect's API did not record a kept run "
-                f"({' '.join(str(exc).split())[:300]}); {left} run(s) still kept"
-            )
-            break
-        claimed.unlink(missing_ok=True)
-        recorded += 1
-    if recorded:
-        say(f"epfleet: recorded {recorded} kept run(s) as fleet-compile flow runs")
-
-
-def _compile_then_record(
-    plan: RunPlan,
-    api: Future[str | None],
-    spec: Path,
-    store: str,
-    workers: int,
-    force: bool,
-    model: list[str] | None,
-    target: list[str] | None,
-) -> RunReport:
-    """Compile and publish now without Prefect while its temporary API (``api``) starts;
-    once the run is published and the API answers, a fleet-compile flow run records it
-    (its artifacts and events), as if it had compiled it, after the runs kept before."""
-    report = _run_without_prefect(plan, store, workers)
-    if not api.done():
-        say(
-            f"epfleet: published (manifest generation {report.generation}); waiting for "
-            "Prefect's temporary API to record this run"
-        )
-    problem = _wait_saying_so(api)
-    if problem is not None:
-        say(
-            f"epfleet: Prefect's temporary API did not start ({problem}); compiled and "
-            "published without Prefect (no flow run, artifacts or events recorded)"
-        )
-        return report
-    from epfleet.fleet.runs.task_runners import task_runner
-
-    _record_kept_runs(canonical(store))
-    runner = task_runner("threads", None, workers)
-    try:
-        _run_fleet_flow(plan, runner, spec, store, workers, force, model, target, done=report)
-    except Exception as exc:  # the run is published: its record alone is lost
-        say(
-            f"epfleet: Prefect's temporary API did not record this run "
-            f"({' '.join(str(exc).split())[:300]}); it is published all the same"
-        )
-    return report
-
-
-def _wait_saying_so(api: Future[str | None]) -> str | None:
-    """Wait for the temporary API started beside the compiles (on a busy machine it takes
-    tens of seconds): why it did not come up, or None, saying when it answered."""
-    started = time.monotonic()
-    problem = api.result()
-    if problem is None and not api_url_named():
-        say(
-            f"epfleet: Prefect's temporary API answered ({_started_ago()} s after the "
-            f"command started, {time.monotonic() - started:.0f} s waited for)"
-        )
-    return problem
-
-
-def _started_ago() -> str:
-    """Seconds since this process started."""
-    return f"{time.time() - _PROCESS_STARTED:.0f}"
-
-
-def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool, CompileProgress]:
-    """Start the compiles before the flow run: importing Prefect and starting its API
-    take seconds, and the flow's compile tasks collect these same jobs from the pool.
-    Their progress goes to stderr as they run."""
-    from epfleet.fleet.build.staging import compile_job_for
-    from epfleet.logs import CompileProgress
-    from epfleet.runtime.compile_pool import shared_pool
-    from epfleet.stores import open_store
-
-    store = open_store(store_uri)
-    pool = shared_pool(workers)
-    compiles = []
-    for pair in plan.to_compile:
-        # Pairs of a work pool compile there; those of a runtime, in its environment's pool.
-        if pair.work_pool is None and pair.request.runtime is None:
-            job = compile_job_for(pair.request, store)
-            label = f"{pair.request.model} × {pair.request.target}"
-            compiles.append((label, pool.prestart(job)))
-    return pool, CompileProgress(compiles)
-
-
-def _run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunReport:
-    """The fleet-compile flow's run (``epfleet.fleet.runs.compile_run``) without Prefect: the
-    pairs compile in threads (collecting the compiles started early), then publish as the
-    flow does. Pairs of a work pool need Prefect to reach it: they fail, naming the pool."""
-    from epfleet.fleet.runs.compile_run import run_compiles
-    from epfleet.fleet.runs.plain_runner import PlainRunner
-    from epfleet.stores import open_store
-
-    return run_compiles(plan, PlainRunner(open_store(store_uri), workers))
 
 
 def _run_fleet_flow(
     plan: RunPlan,
     runner: TaskRunner[Any],
+    *,
     spec: Path,
     store: str,
     workers: int,
@@ -508,7 +267,9 @@ def _run_fleet_flow(
         if not any(isinstance(f, _NoTracebackOfOurErrors) for f in logger.filters):
             logger.addFilter(_NoTracebackOfOurErrors())
     flow = fleet_compile.with_options(task_runner=runner)
-    inputs = plan_inputs(spec, store, models, targets, force)
+    inputs = plan_inputs(
+        spec_path=spec, store_uri=store, models=models, targets=targets, force=force
+    )
     with handing_over(plan, inputs, done, origin or HANDED_BY_THIS_COMMAND):
         return flow(
             spec=str(spec.resolve()),

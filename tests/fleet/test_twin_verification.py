@@ -18,10 +18,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from epfleet.cli.compile import _run_without_prefect
 from epfleet.fleet.planning.plan import plan_run
 from epfleet.fleet.planning.twin_rules import HELD_BACK
 from epfleet.fleet.publishing.publish import read_manifest
+from epfleet.fleet.runs.execute import run_without_prefect
 from epfleet.fleet.runs.models import RunReport
 from epfleet.fleet.views import detail, render_manifest
 from epfleet.formats.manifest import Manifest, VariantEntry, Verification
@@ -79,7 +79,7 @@ def compile_fleet(
     if plan.is_noop:
         report = plan.report({}, plan.generation, published=False)
     else:
-        report = _run_without_prefect(plan, store, 1)
+        report = run_without_prefect(plan, store, 1)
     manifest, _ = read_manifest(open_store(store))
     assert manifest is not None
     return report, manifest, len(plan.to_compile)
