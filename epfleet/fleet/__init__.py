@@ -11,8 +11,9 @@ or I/O) beside the I/O that feeds them.
   (``publish``), what a run publishes (``rules``), how results merge (``merge_rules``),
   binary deltas (``delta_rules``, ``deltas``).
 - ``runs``: one compile run's models (``models``), order of work (``compile_run``), how
-  it runs (``run_way``, ``plain_runner``, ``task_runners``, ``handover`` to work pools,
-  ``retries``), outcomes as entries (``outcomes``), runs kept for Prefect (``kept_runs``).
+  it runs (``execute``: what ``epfleet compile`` calls; ``run_way`` its choice,
+  ``plain_runner``, ``task_runners``, ``handover`` to work pools, ``retries``), outcomes
+  as entries (``outcomes``), runs kept for Prefect (``kept_runs``).
 - ``evidence``: device reports read from the store (``reading``), attributed
   (``rules``), indexed (``index``, ``index_rules``), remembered (``heard_reports``),
   the fleet's reports as the gate, the field view and watch read them

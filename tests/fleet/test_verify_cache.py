@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.cli.compile import _run_without_prefect
 from epfleet.fleet.build.staging import cache_dir
 from epfleet.fleet.build.verify_cache import (
     VerifyKey,
@@ -20,6 +19,7 @@ from epfleet.fleet.build.verify_cache import (
 )
 from epfleet.fleet.planning.plan import plan_run
 from epfleet.fleet.publishing.publish import read_manifest
+from epfleet.fleet.runs.execute import run_without_prefect
 from epfleet.fleet.runs.models import RunReport
 from epfleet.formats.manifest import Manifest, Verification
 from epfleet.stores import open_store
@@ -44,7 +44,7 @@ KEY = VerifyKey(
 
 def compile_once(spec: Path, store: str, force: bool = False) -> tuple[RunReport, Manifest]:
     plan = plan_run(spec, store, force=force)
-    report = _run_without_prefect(plan, store, 1)
+    report = run_without_prefect(plan, store, 1)
     manifest, _ = read_manifest(open_store(store))
     assert manifest is not None
     return report, manifest

@@ -3,7 +3,7 @@ past its time limit, or with no golden to compare against, fails the pair with i
 reason; the failure keeps what was measured (coverage, seconds, verification) in the
 report and the manifest, and the pair is not compiled again until its inputs change (the
 verification settings are inputs) or --force. Real CPU compiles and verifications, run
-as the CLI runs them without Prefect (``epfleet.cli.compile._run_without_prefect``)."""
+as the CLI runs them without Prefect (``epfleet.fleet.runs.execute.run_without_prefect``)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from epfleet.cli.compile import _run_without_prefect
 from epfleet.errors import BadInputError, CompileError, RejectedBuild, StoreError
 from epfleet.fleet.build.input_memory import check_input_memory
 from epfleet.fleet.build.variant import failure_text
 from epfleet.fleet.planning.plan import plan_run
 from epfleet.fleet.publishing.publish import read_manifest
+from epfleet.fleet.runs.execute import run_without_prefect
 from epfleet.fleet.runs.models import SETTLED, RunReport
 from epfleet.fleet.runs.outcomes import failed_entry, outcome_of_failure
 from epfleet.formats.manifest import Coverage, Manifest, SamplesRef, Verification
@@ -39,7 +39,7 @@ def run(spec: Path, store: str, force: bool = False) -> tuple[RunReport, Manifes
     if plan.is_noop:
         report = plan.report({}, plan.generation, published=False)
     else:
-        report = _run_without_prefect(plan, store, 1)
+        report = run_without_prefect(plan, store, 1)
     manifest, _ = read_manifest(open_store(store))
     assert manifest is not None
     return report, manifest, len(plan.to_compile)

@@ -1,4 +1,4 @@
-"""How ``epfleet compile`` runs a plan: the choice alone, pure (the command does the I/O).
+"""How ``epfleet compile`` runs a plan: the choice alone, pure (``execute`` does the I/O).
 
 Prefect's temporary API takes seconds to start (tens on a busy machine, ~10 s of CPU),
 while the example fleet compiles, verifies and publishes in a few. So a run that needs
