@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -41,6 +41,7 @@ from epfleet.errors import (
     MetadataRefused,
     StoreUnreachable,
 )
+from epfleet.formats.field_ranking import ModelRanking, ranking_target
 from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.schema_version import check_declared, validate_json, validate_python
 from epfleet.fsutil import read_nofollow
@@ -115,6 +116,9 @@ class Verified:
     lineage: Lineage
     """How this refresh's root chain relates to the mark it was held to: ``new`` when
     the device was provisioned for another repository (the mark started again)."""
+    rankings: dict[str, ModelRanking | str] = field(default_factory=dict)
+    """Model -> its signed field ranking (``signed_ranking``), or why the one signed for
+    it was refused; models with none are left out."""
 
 
 def verify(
@@ -149,6 +153,11 @@ def verify(
                     document = Manifest.model_construct(models=entries).to_json()
                 else:
                     document = _signed_manifest(updater, store, stage)
+                rankings = {}
+                for model in models or _model_names(document):
+                    found = signed_ranking(updater, store, model)
+                    if found is not None:
+                        rankings[model] = found
             except tuf_errors.RepositoryError:
                 judge(stage, started_from, mark, state_file, roots_only=True)  # a fork first
                 raise
@@ -182,6 +191,7 @@ def verify(
         fetched=list(fetcher.fetched),
         mark=accepted,
         lineage=judged.lineage,
+        rankings=rankings,
     )
 
 
@@ -257,6 +267,42 @@ def _with_folded(model: str, store: Store, value: object, folded: object) -> obj
             f"the signed entry of {model!r} at {store.uri} has folded variants "
             f"(custom.{FOLDED_FIELD}) that cannot be read: {exc}"
         ) from None
+
+
+def signed_ranking(updater: Updater, store: Store, model: str) -> ModelRanking | str | None:
+    """The model's field ranking from its signed target ``field/rankings/<model>`` (its bin
+    loaded, verified like every bin), validated; why it is refused when its bin or its
+    content does not verify; None when none is signed. A refusal refuses the ranking only:
+    the model's entry verified on its own, and the device orders its variants as it does
+    with no evidence."""
+    where = f"{store.uri}: the signed field ranking of {model!r}"
+    try:
+        info = updater.get_targetinfo(ranking_target(model))
+    except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
+        return f"{where}: {describe(exc)}"
+    if info is None:
+        return None
+    custom = info.custom if isinstance(info.custom, dict) else {}
+    value = custom.get(CUSTOM_FIELD)
+    try:
+        if not isinstance(value, str):
+            raise ValueError("it carries no ranking")
+        ranking = ModelRanking.model_validate_json(value)
+        if ranking.model != model:
+            raise ValueError(f"it ranks model {ranking.model!r}")
+    except (ValidationError, ValueError) as exc:
+        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        return f"{where} cannot be read: {detail}; refused"
+    return ranking
+
+
+def _model_names(document: bytes) -> list[str]:
+    """The models of the signed manifest.json (validated later, by the caller)."""
+    try:
+        models = json.loads(document).get("models")
+    except (ValueError, AttributeError):
+        return []
+    return list(models) if isinstance(models, dict) else []
 
 
 def _signed_manifest(updater: Updater, store: Store, directory: Path) -> bytes:
