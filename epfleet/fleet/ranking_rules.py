@@ -17,7 +17,8 @@ model's vote only when the gate could count it too:
 - during the model's rollout, the device's claim to be in it or not is its bucket's
   (``membership``), as the gate requires;
 - a device's first mention of a model is its vote (a report listing a model twice does
-  not vote twice); the report format already refuses numbers that are not finite.
+  not vote twice); the report format already refuses numbers that are not finite, and a
+  hardware list or runtime longer than a ranking carries (``MAX_LABEL``) votes for nothing.
 
 ``rank`` turns the tally into a ranking per (hardware profile, runtime): a variant is
 ranked once at least ``min_devices`` distinct devices of that kind reported it, a
@@ -38,6 +39,7 @@ from pydantic import BaseModel
 from epfleet.fleet.evidence_rules import Unattributed
 from epfleet.formats.device_report import DeviceReport, ModelReport, signed_by, signed_envelope
 from epfleet.formats.field_ranking import (
+    MAX_LABEL,
     Measured,
     ModelRanking,
     ProfileRanking,
@@ -86,6 +88,9 @@ class LatencyTally:
             return
         profile, label = hardware_profile(heard.devices)
         runtime = runtime_label(heard.ort_version, heard.ep_packages)
+        if len(label) > MAX_LABEL or len(runtime) > MAX_LABEL:
+            self._refuse("too long")
+            return
         voted: set[str] = set()
         for found in heard.models:
             if found.model in voted:

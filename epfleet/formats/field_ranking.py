@@ -26,6 +26,9 @@ from epfleet.formats.device_report import MAX_COUNT, MAX_MS, DeviceInfo
 RANKING_TARGETS = "field/rankings/"
 """The TUF target path prefix of the rankings (``field/rankings/<model>``)."""
 RANKING_FORMAT = 1
+MAX_LABEL = 4000
+"""The longest hardware label or runtime a ranking carries (a report's longer ones vote
+for nothing)."""
 
 
 def ranking_target(model: str) -> str:
@@ -52,15 +55,15 @@ class _Strict(BaseModel):
 class Measured(_Strict):
     """One variant's field latency on a profile."""
 
-    target: str = Field(max_length=200)
+    target: str = Field(description="A target of the model's signed entry")
     devices: int = Field(ge=1, le=MAX_COUNT, description="Distinct devices that reported it")
     p50_ms: float = Field(ge=0, le=MAX_MS, description="The median of their median runs")
 
 
 class ProfileRanking(_Strict):
     profile: str = Field(max_length=64, description="The hardware profile's id")
-    hardware: str = Field(max_length=4000, description="Its EP devices, as reports list them")
-    runtime: str = Field(max_length=4000)
+    hardware: str = Field(max_length=MAX_LABEL, description="Its EP devices, as reports list them")
+    runtime: str = Field(max_length=MAX_LABEL)
     order: list[Measured] = Field(
         min_length=2, max_length=1000, description="The measured variants, fastest first"
     )
@@ -78,9 +81,9 @@ class ProfileRanking(_Strict):
 
 class ModelRanking(_Strict):
     format: int = Field(default=RANKING_FORMAT, ge=1, le=RANKING_FORMAT)
-    model: str = Field(max_length=200)
+    model: str
     min_devices: int = Field(ge=1, le=MAX_COUNT, description="Devices a variant needed")
-    profiles: list[ProfileRanking] = Field(max_length=100_000)
+    profiles: list[ProfileRanking]
 
     def for_device(self, profile: str, runtime: str) -> ProfileRanking | None:
         """The ranking of a device of ``profile`` running ``runtime``; None: none measured."""

@@ -17,6 +17,7 @@ from securesystemslib.dsse import Envelope
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
+from epfleet.fleet.enrolment import enroll
 from epfleet.fleet.rollouts import run_gate
 from epfleet.formats.device_report import REPORT_PAYLOAD_TYPE, DeviceReport, report_key
 from epfleet.formats.field_ranking import ranking_target
@@ -90,6 +91,14 @@ def test_each_profile_activates_its_fastest_variant_at_the_next_sync(
     [ranking] = reading.rankings.values()
     orders = {p.hardware: p.targets for p in ranking.profiles}
     assert sorted(orders.values()) == [["cpu-a", "cpu-b"], ["cpu-b", "cpu-a"]]
+    # a side document: the manifest did not change, and a pass with the same evidence
+    # signs nothing
+    assert read_state(store).document.generation == generation  # type: ignore[union-attr]
+    again, _ = run_gate(store)
+    assert again.rankings_published is not None and not again.rankings_published.signed
+    # a publish of the manifest (an enrolment) carries the signed ranking as it is
+    enroll(store, "late", keys_dir=tmp_path / "device-keys")
+    assert read_state(store).document.generation == generation + 1  # type: ignore[union-attr]
 
     target, report = active(store, root, tmp_path / "dev-a", "dev-a")
     assert target == "cpu-b"
@@ -100,12 +109,6 @@ def test_each_profile_activates_its_fastest_variant_at_the_next_sync(
     assert active(store, root, tmp_path / "dev-b", "dev-b", other)[0] == "cpu-a"
     assert active(store, root, tmp_path / "new-a", "new-a")[0] == "cpu-b"
     assert active(store, root, tmp_path / "new-b", "new-b", other)[0] == "cpu-a"
-
-    # a side document: the manifest did not change, and a pass with the same evidence
-    # signs nothing
-    assert read_state(store).document.generation == generation  # type: ignore[union-attr]
-    again, _ = run_gate(store)
-    assert again.rankings_published is not None and not again.rankings_published.signed
 
 
 def forge(store: Store, keys: dict) -> None:

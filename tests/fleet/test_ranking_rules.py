@@ -143,3 +143,10 @@ def test_a_device_claiming_the_wrong_side_of_a_rollout_does_not_vote() -> None:
                   authenticated=False)  # fmt: skip
     assert list(next(iter(tally.latencies.values()))) == [member]
     assert tally.refused == {"membership": 1}
+
+
+def test_a_hardware_list_longer_than_a_ranking_carries_votes_for_nothing() -> None:
+    many = [CPU.model_copy(update={"device_id": i}) for i in range(400)]
+    tally = tallied(report("d1", "cpu", 1.0, many), report("d2", "npu", 1.0, many))
+    assert tally.latencies == {} and tally.refused == {"too long": 2}
+    assert rank(tally, manifest(), 1) == {}
