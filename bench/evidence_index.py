@@ -196,27 +196,27 @@ class CountingStore:
 
 
 def gate(store: Any) -> int:
-    from epfleet.fleet.rollouts import read_evidence
+    from epfleet.fleet.rollout.rollouts import read_evidence
 
     return read_evidence(store).read
 
 
 def full(store: Any) -> int:
-    from epfleet.fleet.rollouts import read_evidence
+    from epfleet.fleet.rollout.rollouts import read_evidence
 
     return read_evidence(store, full=True).read
 
 
 def field_view(store: Any) -> int:
-    from epfleet.fleet.rollouts import read_evidence
+    from epfleet.fleet.rollout.rollouts import read_evidence
 
     return len(read_evidence(store).field)
 
 
 def runtime_watch(store: Any) -> int:
-    from epfleet.fleet.publishing import read_in_force
-    from epfleet.fleet.watch_inputs import compile_worker_runtime, stream_device_reports
-    from epfleet.fleet.watch_rules import check_pairs, find_unserved
+    from epfleet.fleet.publishing.publish import read_in_force
+    from epfleet.fleet.watch.inputs import compile_worker_runtime, stream_device_reports
+    from epfleet.fleet.watch.rules import check_pairs, find_unserved
     from epfleet.formats.device_report import DeviceReport
     from epfleet.formats.spec_file import load_spec
 
@@ -347,7 +347,8 @@ def preload() -> None:
     """Import here what the readers import, before the children fork: a child's CPU is
     its pass, not the imports every long-running reader has done once."""
     import eps
-    from epfleet.fleet import rollouts, watch_inputs, watch_rules  # noqa: F401
+    from epfleet.fleet.rollout import rollouts  # noqa: F401
+    from epfleet.fleet.watch import inputs, rules  # noqa: F401
     from epfleet.formats import spec_file  # noqa: F401
     from epfleet.stores import s3  # noqa: F401
 

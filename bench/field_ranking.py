@@ -36,7 +36,7 @@ from epfleet.device.health import in_thread
 from epfleet.device.local_eps import discover, ep_versions
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import SyncSession, sync
-from epfleet.fleet.rankings import publish_rankings
+from epfleet.fleet.evidence.rankings import publish_rankings
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.field_ranking import (
     Measured,

@@ -17,7 +17,7 @@ It prints the wall time of
 and the ratios cold/plain (target <= 0.75) and warm/cold (target <= 0.10), and the
 seconds the cold run spent compiling and verifying (running each variant on this host):
 in all, and per model for the variants verified on every golden sample and for the
-numerics twins checked on the first only (``epfleet.fleet.twin_rules``; the three HTP
+numerics twins checked on the first only (``epfleet.fleet.planning.twin_rules``; the three HTP
 targets are one numerics family). Golden samples: one seeded generated input per model,
 as `epfleet compile` makes by default (a twin's check is then the whole verification),
 or with --samples N a samples file of N seeded generated inputs per model.
@@ -328,7 +328,7 @@ def signing_cost(manifest_json: bytes, work: Path) -> dict[str, float]:
     takes: ``trust init`` signing it all, then ``update_manifest`` (what every compile's
     publish does: read and verify the signed state, change it, sign, write the copy) with
     one model changed, and with nothing to change."""
-    from epfleet.fleet.publishing import update_manifest
+    from epfleet.fleet.publishing.publish import update_manifest
     from epfleet.formats.manifest import Manifest
     from epfleet.stores import MANIFEST_KEY, open_store
     from epfleet.trust.repository import init_with_key_files

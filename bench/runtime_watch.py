@@ -19,8 +19,8 @@ from datetime import timedelta
 
 from loopback import Relay, moto_in_own_process  # bench/, beside this script
 
-from epfleet.fleet.watch_inputs import READ_THREADS, read_reports
-from epfleet.fleet.watch_rules import Runtime, check_pairs, find_unserved
+from epfleet.fleet.watch.inputs import READ_THREADS, read_reports
+from epfleet.fleet.watch.rules import Runtime, check_pairs, find_unserved
 from epfleet.formats.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
 from epfleet.formats.manifest import (
     ArtifactRef,

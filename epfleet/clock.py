@@ -2,7 +2,7 @@
 
 ``Deadline``, ``TransferGuard`` and a download (``epfleet.limits``,
 ``epfleet.device.download``), the sync session, the rollout gate's ``min_hours``
-(``epfleet.fleet.rollouts``) and gc's recheck interval (``epfleet.lifecycle.gc``) take a
+(``epfleet.fleet.rollout.rollouts``) and gc's recheck interval (``epfleet.lifecycle.gc``) take a
 ``clock`` that defaults to ``SYSTEM_CLOCK``; tests pass a fake one to test a rule without
 waiting (``tests/support/fake_clock.py``), and keep one end-to-end test per mechanism on
 this real one.

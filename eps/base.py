@@ -257,7 +257,7 @@ class ExecutionProvider(Protocol):
         """The part of a target's provider options (those a precision builds with) that
         decides a variant's outputs, in a form equal for targets whose variants of one model
         compute the same outputs: such targets are verified once on every golden sample and
-        otherwise checked on their first (``epfleet.fleet.twin_rules``). Without a
+        otherwise checked on their first (``epfleet.fleet.planning.twin_rules``). Without a
         measurement that says otherwise, every option counts: ``every_option_counts``."""
         ...
 

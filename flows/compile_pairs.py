@@ -13,9 +13,9 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from epfleet import MAX_WORKERS
-from epfleet.fleet.handover import PoolPair, write_results
-from epfleet.fleet.planning import plan_on_pool
-from epfleet.fleet.task_runners import from_environment
+from epfleet.fleet.planning.plan import plan_on_pool
+from epfleet.fleet.runs.handover import PoolPair, write_results
+from epfleet.fleet.runs.task_runners import from_environment
 from tasks.compile import compile_all
 
 

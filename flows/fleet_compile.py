@@ -17,14 +17,14 @@ from pydantic import Field
 
 from epfleet import MAX_WORKERS
 from epfleet.errors import StoreError
-from epfleet.fleet.compile_run import run_compiles
-from epfleet.fleet.outcomes import PairOutcome
-from epfleet.fleet.plan_rules import PlannedPair
-from epfleet.fleet.planning import handed_origin, handed_report, plan_inputs
-from epfleet.fleet.publish_rules import news
-from epfleet.fleet.publishing import Published, read_in_force
-from epfleet.fleet.runs import RunPlan, RunReport
-from epfleet.fleet.task_runners import from_environment
+from epfleet.fleet.planning.plan import handed_origin, handed_report, plan_inputs
+from epfleet.fleet.planning.rules import PlannedPair
+from epfleet.fleet.publishing.publish import Published, read_in_force
+from epfleet.fleet.publishing.rules import news
+from epfleet.fleet.runs.compile_run import run_compiles
+from epfleet.fleet.runs.models import RunPlan, RunReport
+from epfleet.fleet.runs.outcomes import PairOutcome
+from epfleet.fleet.runs.task_runners import from_environment
 from epfleet.fleet.views import detail_rows, matrix_rows, runtime_lines
 from epfleet.formats.manifest import VariantEntry
 from epfleet.lifecycle.costs import cost_markdown, costs

@@ -1,13 +1,13 @@
 """The ``rollout-gate`` flow: judge every staged rollout on the field evidence in the device
 reports, advance the ones whose stage held and halt the ones that fail their gates
-(``epfleet.fleet.rollout_rules``), without a person. Each move is a signed publish and an
+(``epfleet.fleet.rollout.rules``), without a person. Each move is a signed publish and an
 event (``epfleet.rollout.advanced``, ``...halted``, ``...completed``); the run leaves a
 table artifact of every rollout (stage, devices on the new and the previous variants,
 failures, p50 new against previous, the gate's decision and why), and one of the fleet's
 evidence per model × target (``fleet-field``: devices running it, failing it, latency),
 one of each rollout's evidence by the runtime its devices run (``rollout-runtimes``), and
 one of what each hardware profile takes (``field-rankings``): the same pass signs the field
-rankings devices order their variants by (``epfleet.fleet.rankings``).
+rankings devices order their variants by (``epfleet.fleet.evidence.rankings``).
 
 A rollout whose policy asks for approval (``approval: true``) waits, at each stage past
 the first, for a person to approve it in the Prefect UI (the run pauses for input).
@@ -25,7 +25,7 @@ from prefect.events import emit_event
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
-from epfleet.fleet.rollouts import RolloutStatus, run_gate
+from epfleet.fleet.rollout.rollouts import RolloutStatus, run_gate
 from epfleet.fleet.views import FIELD_HEADERS, field_table_rows, rollout_row, short_side_text
 from epfleet.stores import DEFAULT_STORE, open_store
 from epfleet.text import markdown_cells

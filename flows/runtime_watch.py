@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from epfleet.fleet.watch_rules import WatchPlan
+from epfleet.fleet.watch.rules import WatchPlan
 from epfleet.stores import DEFAULT_STORE
 from epfleet.text import markdown_cells, markdown_text, printable
 from tasks.dispatch import sweep_results

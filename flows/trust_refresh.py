@@ -18,7 +18,7 @@ import sys
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from epfleet.fleet.publishing import put_copy_right
+from epfleet.fleet.publishing.publish import put_copy_right
 from epfleet.stores import DEFAULT_STORE, open_store
 from epfleet.trust.pins import signed_store
 from epfleet.trust.repository import refresh, status

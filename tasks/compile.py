@@ -1,11 +1,12 @@
 """Prefect tasks of the fleet compile: plan, compile one pair, publish.
 
-Thin glue: each task calls a plain function (``epfleet.fleet.planning``, ``epfleet.fleet.build``,
-``epfleet.fleet.publishing``) and logs what it did. Retries (see ``epfleet.fleet.retries``): each
-task is retried only for ``TransientStoreError`` and ``IntegrityError``; lost publish
-races are retried inside ``publish``, transient HTTP faults inside the store's client.
-Incremental builds are decided by epfleet's own fingerprints against the manifest (the
-cache keys we control), so Prefect's result cache stays off for these tasks.
+Thin glue: each task calls a plain function (``epfleet.fleet.planning.plan``,
+``epfleet.fleet.build.variant``, ``epfleet.fleet.publishing.publish``) and logs what it
+did. Retries (see ``epfleet.fleet.runs.retries``): each task is retried only for
+``TransientStoreError`` and ``IntegrityError``; lost publish races are retried inside
+``publish``, transient HTTP faults inside the store's client. Incremental builds are
+decided by epfleet's own fingerprints against the manifest (the cache keys we control),
+so Prefect's result cache stays off for these tasks.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 
 from epfleet.errors import EpfleetError
-from epfleet.fleet.build import build_variant, describe_verification
-from epfleet.fleet.merge_rules import ModelFacts
-from epfleet.fleet.outcomes import CompiledVariant, PairOutcome, ok_outcome, outcome_of_failure
-from epfleet.fleet.planning import handed_plan, plan_inputs, plan_run
-from epfleet.fleet.publishing import Published, publish
-from epfleet.fleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
-from epfleet.fleet.runs import RunPlan
-from epfleet.fleet.task_runners import DaskWorkers, dask_resources, unserved_resource
+from epfleet.fleet.build.variant import build_variant, describe_verification
+from epfleet.fleet.planning.plan import handed_plan, plan_inputs, plan_run
+from epfleet.fleet.publishing.merge_rules import ModelFacts
+from epfleet.fleet.publishing.publish import Published, publish
+from epfleet.fleet.runs.models import RunPlan
+from epfleet.fleet.runs.outcomes import CompiledVariant, PairOutcome, ok_outcome, outcome_of_failure
+from epfleet.fleet.runs.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
+from epfleet.fleet.runs.task_runners import DaskWorkers, dask_resources, unserved_resource
 from epfleet.fleet.views import coverage_text
 from epfleet.formats.manifest import SourceEntry, VariantEntry
 from epfleet.runtime.requests import CompileRequest

@@ -7,7 +7,7 @@ decides which pairs are up to date by its own ORT and EP packages, uploads its a
 to the store like any compile and leaves its outcomes at a store key the parent reads (and
 deletes once published): every compile worker can already reach the store, so this needs
 no shared Prefect result storage. The hand-over itself (what is sent, what comes back,
-the keys) is ``epfleet.fleet.handover``.
+the keys) is ``epfleet.fleet.runs.handover``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Cancelling
 
 from epfleet.errors import StoreError, summarize
-from epfleet.fleet.handover import (
+from epfleet.fleet.planning.rules import PlannedPair
+from epfleet.fleet.runs.handover import (
     RUNS_PREFIX,
     Dispatched,
     PoolPair,
@@ -38,8 +39,7 @@ from epfleet.fleet.handover import (
     read_results,
     results_key,
 )
-from epfleet.fleet.outcomes import PairOutcome
-from epfleet.fleet.plan_rules import PlannedPair
+from epfleet.fleet.runs.outcomes import PairOutcome
 from epfleet.stores import Store, open_store
 
 COMPILE_PAIRS_FLOW = "compile-pairs"

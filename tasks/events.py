@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from prefect.events import emit_event
 
-from epfleet.fleet.runs import PairResult
-from epfleet.fleet.watch_rules import UnservedProfile
+from epfleet.fleet.runs.models import PairResult
+from epfleet.fleet.watch.rules import UnservedProfile
 
 
 def variant_resource(result: PairResult, store: str) -> dict[str, str]:

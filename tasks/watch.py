@@ -1,7 +1,7 @@
 """Prefect tasks of runtime-watch: read what the watch compares, start the compile.
 
-Thin glue over ``epfleet.fleet.watching`` (one pass: what is read, what is decided); the
-watch task is retried only for store faults (``epfleet.fleet.retries``).
+Thin glue over ``epfleet.fleet.watch.watching`` (one pass: what is read, what is decided); the
+watch task is retried only for store faults (``epfleet.fleet.runs.retries``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from prefect.exceptions import ObjectNotFound
 
 from epfleet import ort_version
 from epfleet.errors import BadInputError
-from epfleet.fleet.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
-from epfleet.fleet.watch_rules import WatchPlan
-from epfleet.fleet.watching import watch_once
+from epfleet.fleet.runs.retries import TASK_RETRIES, TASK_RETRY_DELAY, retry_transient_only
+from epfleet.fleet.watch.rules import WatchPlan
+from epfleet.fleet.watch.watching import watch_once
 from epfleet.stores import open_store
 
 

@@ -3,7 +3,7 @@
 The compiles start in this machine's workers before the flow run (importing Prefect and
 starting its temporary API take seconds); the fleet-compile flow then collects them.
 With no Prefect API and nothing that needs one, the pairs compile and publish without
-Prefect and the run is kept to be recorded later (``epfleet.fleet.kept_runs``); when the
+Prefect and the run is kept to be recorded later (``epfleet.fleet.runs.kept_runs``); when the
 temporary API does not start, they compile and publish without Prefect too.
 """
 
@@ -47,8 +47,8 @@ _PROCESS_STARTED = time.time()  # (close enough: this module is imported at star
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
 
-    from epfleet.fleet.planning import PlanInputs
-    from epfleet.fleet.runs import RunPlan, RunReport
+    from epfleet.fleet.planning.plan import PlanInputs
+    from epfleet.fleet.runs.models import RunPlan, RunReport
     from epfleet.logs import CompileProgress
     from epfleet.runtime.compile_pool import CompilePool
 
@@ -202,13 +202,13 @@ def _compile(
     dask_address: str | None,
     temporary: bool,
 ) -> RunReport:
-    """Plan, then run the plan the way ``epfleet.fleet.run_way`` chooses: answered from the
+    """Plan, then run the plan the way ``epfleet.fleet.runs.run_way`` chooses: answered from the
     plan, as the fleet-compile flow run, or compiled and published at once without Prefect
     and either kept to be recorded later (no Prefect API) or recorded on the temporary API
     once it answers (``--prefect temporary``)."""
-    from epfleet.fleet.planning import plan_inputs, plan_run
-    from epfleet.fleet.run_way import RunWay, run_way
-    from epfleet.fleet.staging import tidy_cache
+    from epfleet.fleet.build.staging import tidy_cache
+    from epfleet.fleet.planning.plan import plan_inputs, plan_run
+    from epfleet.fleet.runs.run_way import RunWay, run_way
 
     say(f"epfleet: planning {spec} against {store}")
     tidy_cache()  # temp files of killed runs, and the cache's size bound
@@ -263,7 +263,7 @@ def _compile(
                 return _run_without_prefect(plan, store, workers)
             if api_named or api is not None:  # (the compiles started run meanwhile)
                 _record_kept_runs(store_uri)
-            from epfleet.fleet.task_runners import task_runner as make_runner
+            from epfleet.fleet.runs.task_runners import task_runner as make_runner
 
             return _run_fleet_flow(plan, make_runner(task_runner, dask_address, workers), *args)
     finally:
@@ -277,7 +277,7 @@ def _keep(plan: RunPlan, report: RunReport, inputs: PlanInputs, workers: int) ->
     """Keep a run published without Prefect to be recorded by a later compile with a
     Prefect API, saying so in one line; a record that cannot be kept costs the run nothing
     but its record."""
-    from epfleet.fleet import kept_runs
+    from epfleet.fleet.runs import kept_runs
 
     try:
         path, dropped = kept_runs.keep(inputs, workers, plan, report)
@@ -311,7 +311,7 @@ def _record_kept_if_an_api(temporary: bool, store_uri: str) -> None:
     """An up-to-date run: record the kept runs if a Prefect API is at hand (named by
     PREFECT_API_URL, or the temporary one asked for); else say they wait. Nothing at all
     (no Prefect import) when none is kept."""
-    from epfleet.fleet import kept_runs
+    from epfleet.fleet.runs import kept_runs
 
     count = len(kept_runs.pending(store_uri))
     if not count:
@@ -342,8 +342,8 @@ def _record_kept_runs(store_uri: str) -> None:
     """Record each kept run (oldest first) as a fleet-compile flow run on the Prefect API
     at hand, with the artifacts and events of a run that compiled, then remove its file.
     The first that fails to record ends this, in one line: it and the rest stay kept."""
-    from epfleet.fleet import kept_runs
-    from epfleet.fleet.task_runners import task_runner
+    from epfleet.fleet.runs import kept_runs
+    from epfleet.fleet.runs.task_runners import task_runner
 
     recorded = 0
     for path in kept_runs.pending(store_uri):
@@ -407,7 +407,7 @@ def _compile_then_record(
             "published without Prefect (no flow run, artifacts or events recorded)"
         )
         return report
-    from epfleet.fleet.task_runners import task_runner
+    from epfleet.fleet.runs.task_runners import task_runner
 
     _record_kept_runs(canonical(store))
     runner = task_runner("threads", None, workers)
@@ -443,7 +443,7 @@ def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool,
     """Start the compiles before the flow run: importing Prefect and starting its API
     take seconds, and the flow's compile tasks collect these same jobs from the pool.
     Their progress goes to stderr as they run."""
-    from epfleet.fleet.staging import compile_job_for
+    from epfleet.fleet.build.staging import compile_job_for
     from epfleet.logs import CompileProgress
     from epfleet.runtime.compile_pool import shared_pool
     from epfleet.stores import open_store
@@ -461,11 +461,11 @@ def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool,
 
 
 def _run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunReport:
-    """The fleet-compile flow's run (``epfleet.fleet.compile_run``) without Prefect: the
+    """The fleet-compile flow's run (``epfleet.fleet.runs.compile_run``) without Prefect: the
     pairs compile in threads (collecting the compiles started early), then publish as the
     flow does. Pairs of a work pool need Prefect to reach it: they fail, naming the pool."""
-    from epfleet.fleet.compile_run import run_compiles
-    from epfleet.fleet.plain_runner import PlainRunner
+    from epfleet.fleet.runs.compile_run import run_compiles
+    from epfleet.fleet.runs.plain_runner import PlainRunner
     from epfleet.stores import open_store
 
     return run_compiles(plan, PlainRunner(open_store(store_uri), workers))
@@ -486,7 +486,7 @@ def _run_fleet_flow(
     """The fleet-compile flow run, on ``plan`` (and recording ``done``, a run compiled and
     published already, by this command or by an earlier one, ``origin``, instead of
     compiling)."""
-    from epfleet.fleet.planning import HANDED_BY_THIS_COMMAND, handing_over, plan_inputs
+    from epfleet.fleet.planning.plan import HANDED_BY_THIS_COMMAND, handing_over, plan_inputs
     from flows.fleet_compile import fleet_compile
 
     temporary_api_dies_with_us()

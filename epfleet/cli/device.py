@@ -72,7 +72,7 @@ def enroll(
         key that was revoked from this device (the reports it signed before its revocation
         count again). A key enrolled for another device is refused even so.
     """
-    from epfleet.fleet.enrolment import enroll as enroll_device
+    from epfleet.fleet.evidence.enrolment import enroll as enroll_device
     from epfleet.stores import open_store
 
     pin_trust_root(store, trust_root)
@@ -100,7 +100,7 @@ def revoke(device: DeviceId, *, store: Store = DEFAULT_STORE, trust_root: TrustR
     For example:
       epfleet device revoke dev-042 --store s3://bucket/fleet
     """
-    from epfleet.fleet.enrolment import revoke as revoke_device
+    from epfleet.fleet.evidence.enrolment import revoke as revoke_device
     from epfleet.stores import open_store
 
     pin_trust_root(store, trust_root)
@@ -118,7 +118,7 @@ def list_(
     For example:
       epfleet device list --store s3://bucket/fleet
     """
-    from epfleet.fleet.publishing import read_in_force
+    from epfleet.fleet.publishing.publish import read_in_force
     from epfleet.stores import open_store
     from epfleet.text import table
 

@@ -63,7 +63,7 @@ def show(
         counted as the rollout gate counts them: a report only under its own device's
         key, an enrolled device's newest signed report only.
     """
-    from epfleet.fleet.publishing import read_in_force
+    from epfleet.fleet.publishing.publish import read_in_force
     from epfleet.fleet.views import render_manifest
     from epfleet.lifecycle.costs import cost_table
     from epfleet.lifecycle.costs import costs as store_costs
@@ -112,7 +112,7 @@ def schema() -> int:
 
 
 def _show_field(opened: StoreType, as_json: bool) -> int:
-    from epfleet.fleet.rollouts import read_evidence
+    from epfleet.fleet.rollout.rollouts import read_evidence
     from epfleet.fleet.views import render_choices, render_field
     from epfleet.text import output_width
 

@@ -35,8 +35,8 @@ TrustRoot = Annotated[
 Repeatable = Annotated[list[str] | None, Parameter(negative_iterable=())]
 """A repeatable option (``--model a --model b``), all when not given."""
 RunnerName = Literal["threads", "dask"]
-"""The names of ``epfleet.fleet.task_runners.TASK_RUNNERS`` (tests/cli/test_options.py keeps them
-equal)."""
+"""The names of ``epfleet.fleet.runs.task_runners.TASK_RUNNERS``
+(tests/cli/test_options.py keeps them equal)."""
 
 OPTION_NAMES: dict[str, str] = {}
 """Model fields whose option is not ``--<field-name>`` (``options_from`` records them)."""

@@ -67,7 +67,7 @@ def status(
       epfleet rollout status --store s3://bucket/fleet
       epfleet rollout status --store ./epfleet-store --model ocr-det --json
     """
-    from epfleet.fleet.rollouts import read_evidence
+    from epfleet.fleet.rollout.rollouts import read_evidence
     from epfleet.fleet.views import ROLLOUT_HEADERS, rollout_row, rollout_runtime_lines
     from epfleet.stores import open_store
     from epfleet.text import output_width, plural, table, wrap
@@ -99,7 +99,7 @@ def status(
 
 
 def _move(store: str, model: str, how: str, reason: str, trust_root: Path | None) -> int:
-    from epfleet.fleet.rollouts import move
+    from epfleet.fleet.rollout.rollouts import move
     from epfleet.stores import open_store
 
     pin_trust_root(store, trust_root)
@@ -200,7 +200,7 @@ def reindex(
       epfleet rollout reindex --store s3://bucket/fleet --check
       epfleet rollout reindex --store ./epfleet-store
     """
-    from epfleet.fleet.rollouts import check_index, rebuild_index
+    from epfleet.fleet.rollout.rollouts import check_index, rebuild_index
     from epfleet.stores import open_store
     from epfleet.text import plural
 

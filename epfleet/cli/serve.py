@@ -19,7 +19,7 @@ from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
 
 if TYPE_CHECKING:
-    from epfleet.fleet.watch_rules import WatchPlan
+    from epfleet.fleet.watch.rules import WatchPlan
 
 REPORT_MAX_AGE_DAYS = 30
 """The runtime-watch flow's default for report_max_age_days (tests/fleet/test_watch.py keeps
@@ -97,7 +97,7 @@ def watch(
 def _dry_run(spec: str, store: str, report_max_age_days: int) -> WatchPlan:
     """The watch's findings alone: a report starts nothing, so no flow run (and no
     Prefect API) is needed; what it leaves out goes to stderr."""
-    from epfleet.fleet.watching import watch_once
+    from epfleet.fleet.watch.watching import watch_once
 
     found = watch_once(spec, store, report_max_age_days)
     for note in found.notes:

@@ -212,7 +212,7 @@ def refresh(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) -> in
 
     Exit codes: 0 refreshed; 1 the store failed; 2 no trust metadata or no signer.
     """
-    from epfleet.fleet.publishing import put_copy_right
+    from epfleet.fleet.publishing.publish import put_copy_right
     from epfleet.stores import open_store
     from epfleet.trust.pins import signed_store
     from epfleet.trust.repository import refresh as refresh_trust
@@ -256,7 +256,7 @@ def sign_models(
 
     Exit codes: 0 signed; 1 the store failed; 2 no signer or bad input.
     """
-    from epfleet.fleet.publishing import read_in_force
+    from epfleet.fleet.publishing.publish import read_in_force
     from epfleet.stores import open_store
     from epfleet.trust.model_signatures import load_model_signer, model_signer_uri, sign_all
 

@@ -51,7 +51,7 @@ def verify_model(
         Print one object per variant: model, target, signature key, problem (null when
         it verified).
     """
-    from epfleet.fleet.publishing import read_in_force
+    from epfleet.fleet.publishing.publish import read_in_force
     from epfleet.formats.keys import MODEL_SIGNING_PUBLIC_KEY
     from epfleet.stores import open_store
     from epfleet.trust.model_signatures import published_public_key, verify_published

@@ -6,11 +6,11 @@ import textwrap
 from collections.abc import Sequence
 
 import eps
-from epfleet.fleet.field_rules import FieldRow
-from epfleet.fleet.ranking_rules import ProfileChoice
-from epfleet.fleet.rollout_rules import SideEvidence
-from epfleet.fleet.rollouts import RolloutStatus
-from epfleet.fleet.runs import PairResult, RunReport
+from epfleet.fleet.evidence.field_rules import FieldRow
+from epfleet.fleet.evidence.ranking_rules import ProfileChoice
+from epfleet.fleet.rollout.rollouts import RolloutStatus
+from epfleet.fleet.rollout.rules import SideEvidence
+from epfleet.fleet.runs.models import PairResult, RunReport
 from epfleet.formats.manifest import Manifest, PrecisionTried, VariantEntry
 from epfleet.text import format_bytes, plural, printable, printable_lines, share, table, wrap
 

@@ -1,7 +1,7 @@
 """The device report: what a device's sync did, as it is stored under ``reports/devices/``.
 
 A shared format: the device writes it (``epfleet.device``), the fleet side reads it
-(``epfleet.fleet.watch_rules``), so this module imports only pydantic and epfleet's pure modules,
+(``epfleet.fleet.watch.rules``), so this module imports only pydantic and epfleet's pure modules,
 never ONNX Runtime.
 
 Stored form: compact JSON, gzip-compressed (``encode_report``), under the same key as
@@ -19,7 +19,7 @@ differs from the last one it uploaded, and otherwise only once per heartbeat
 
 A device numbers the reports it uploads (``sequence``, increasing; inside the signed
 payload when it signs), so that the fleet side can tell its newest report from an older
-one put back in its place (``epfleet.fleet.evidence_rules.newest``). Reports of older
+one put back in its place (``epfleet.fleet.evidence.rules.newest``). Reports of older
 devices have no number; a reader of an older epfleet ignores it (a report's unknown keys
 are ignored), so adding it needed no version.
 """

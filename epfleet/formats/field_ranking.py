@@ -1,9 +1,9 @@
 """A model's field ranking: per hardware profile and runtime, its published variants in
 the order devices of that kind measured them, fastest first.
 
-A shared format: the rollout gate writes it (``epfleet.fleet.ranking_rules``) into the
+A shared format: the rollout gate writes it (``epfleet.fleet.evidence.ranking_rules``) into the
 store's signed metadata, a TUF target ``field/rankings/<model>`` beside the model's own
-``models/<model>`` (``epfleet.fleet.rankings``), and the device reads it from there
+``models/<model>`` (``epfleet.fleet.evidence.rankings``), and the device reads it from there
 (``epfleet.trust.client``) to order the variants it judged usable
 (``epfleet.device.selection``). So this module imports only pydantic and epfleet's pure
 modules.

@@ -12,8 +12,9 @@ What it collects (each a *kind*):
   and variants) no source or variant lists, and no variant a device reported active
   lists (``variants/.../<sha256>.files.json``, beside its main file, says which);
 - ``delta``: ``deltas/<model>/<target>/<sha256>.from-<base sha256>.zst``, a binary delta
-  to a variant's file from a file devices may hold (``epfleet.fleet.delta_rules``), unless
-  both that variant file and its base are kept;
+  to a variant's file from a file devices may hold
+  (``epfleet.fleet.publishing.delta_rules``), unless both that variant file and its base
+  are kept;
 - ``temp``: temporary files interrupted local writes left (``.<name>.<8 chars>.tmp``);
 - ``multipart``: incomplete S3 multipart uploads.
 
@@ -38,8 +39,8 @@ from pydantic import BaseModel, Field
 
 from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import StoreError
-from epfleet.fleet.publishing import InForce, read_in_force
-from epfleet.fleet.report_reading import Problems, check_report_window
+from epfleet.fleet.evidence.reading import Problems, check_report_window
+from epfleet.fleet.publishing.publish import InForce, read_in_force
 from epfleet.formats.device_report import REPORTS_PREFIX
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.schema_version import check_writable

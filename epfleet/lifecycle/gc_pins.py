@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 
 from epfleet.errors import StoreError
-from epfleet.fleet.report_reading import READ_THREADS, Problems, reports_from, stream_reports
+from epfleet.fleet.evidence.reading import READ_THREADS, Problems, reports_from, stream_reports
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.formats.keys import files_key, variant_key
 from epfleet.lifecycle.gc_rules import pinning_device
@@ -75,7 +75,7 @@ def pinned_files(
 
 def recent_reports(store: Store, since: datetime, problems: Problems) -> Iterator[DeviceReport]:
     """The device reports the store received since ``since`` (by the store's clock, not
-    the devices'), streamed (``epfleet.fleet.report_reading``: a large fleet's reports are
+    the devices'), streamed (``epfleet.fleet.evidence.reading``: a large fleet's reports are
     never all held); those that cannot be read go to ``problems``, with why. Where
     EPFLEET_REPORT_TO says the devices report elsewhere, from there."""
     reports = reports_from(store)

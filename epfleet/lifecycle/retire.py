@@ -4,7 +4,7 @@
 Never by accident: only models and targets named explicitly, or, asked for explicitly
 (``unlisted``), what the spec no longer lists. A compile run with a ``--model`` subset
 retires nothing. ``retire`` is the pure change; ``apply_retirement`` writes it through
-``epfleet.fleet.publishing.update_manifest`` (compare-and-swap, and the signed metadata).
+``epfleet.fleet.publishing.publish.update_manifest`` (compare-and-swap, and the signed metadata).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def apply_retirement(
     runtime's variants while devices run its release, ``releases``), or the ``models`` and
     ``targets`` named, with compare-and-swap; with ``dry_run`` only say what would go.
     BadInputError for no manifest, nothing chosen, or a name it lacks."""
-    from epfleet.fleet.publishing import read_in_force
+    from epfleet.fleet.publishing.publish import read_in_force
 
     models, targets = list(models), list(targets)
     if spec is None and not (models or targets):
@@ -228,7 +228,7 @@ def _write(
     targets: list[str],
     releases: set[Release] | None = None,
 ) -> Retirement:
-    from epfleet.fleet.publishing import update_manifest
+    from epfleet.fleet.publishing.publish import update_manifest
 
     outcome: list[Retirement] = []
 
@@ -256,7 +256,7 @@ def _write(
 def releases_in_use(store: Store, since: datetime) -> set[Release]:
     """The EP releases (package, version) of the devices that reported since ``since``
     (the store's clock), streamed; unreadable reports are left out."""
-    from epfleet.fleet.report_reading import Problems
+    from epfleet.fleet.evidence.reading import Problems
     from epfleet.lifecycle.gc_pins import recent_reports
 
     return {

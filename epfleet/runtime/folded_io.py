@@ -3,7 +3,7 @@ dequantise the integers it gives, with the scales and zero points its manifest e
 records (``FoldedIo``), exactly as ONNX's QuantizeLinear and DequantizeLinear compute them;
 and the check that such a record fits the model it describes.
 
-Used by the compile host's verification (``epfleet.fleet.verify``) and the device's health
+Used by the compile host's verification (``epfleet.fleet.build.verify``) and the device's health
 check (``epfleet.device.health``), and the arithmetic an app repeats to run the variant.
 """
 

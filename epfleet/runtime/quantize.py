@@ -10,7 +10,7 @@ fails on a model with any ``metadata_props`` (so they are dropped first), and gi
 ``ModelProto`` it changes it (so it is always given a path).
 
 Everything here runs inside compile and verification workers (``epfleet.runtime.compiler``,
-``epfleet.fleet.verify``): quantising a ViT-S takes 15-30 s and a few GB.
+``epfleet.fleet.build.verify``): quantising a ViT-S takes 15-30 s and a few GB.
 """
 
 from __future__ import annotations

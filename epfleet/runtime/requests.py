@@ -132,7 +132,7 @@ class CompileRequest(BaseModel):
     twin_of: str | None = Field(
         default=None,
         description="The target of this model whose variant computes the same outputs "
-        "and is verified on every golden sample in this run (epfleet.fleet.twin_rules): "
+        "and is verified on every golden sample in this run (epfleet.fleet.planning.twin_rules): "
         "this one is checked on its first only. Not part of the fingerprint",
     )
     fingerprint: str

@@ -1,7 +1,7 @@
 """Running a model with ONNX Runtime: open a session for an EP and feed it inputs.
 
 Shared by the compile host's verification before it publishes a variant
-(``epfleet.fleet.verify``) and the device's health check before it activates one
+(``epfleet.fleet.build.verify``) and the device's health check before it activates one
 (``epfleet.device.health``). Both call these in worker processes: an EP whose native
 code crashes on a bad artifact takes down the worker, not the caller.
 """

@@ -2,8 +2,9 @@
 
 The signer's input is the last signed state, verified (``epfleet.trust.state``), and the
 publisher's own change to it, never a document read back from the store unsigned:
-``manifest.json`` is a convenience copy written after signing (``epfleet.fleet.publishing``),
-so whoever can write to the store but holds no key cannot get anything signed.
+``manifest.json`` is a convenience copy written after signing
+(``epfleet.fleet.publishing.publish``), so whoever can write to the store but holds no key
+cannot get anything signed.
 
 Versioned files are written once (``if_none_match``; a version taken by another publisher
 or left by a crashed one is skipped), then ``timestamp.json`` is replaced with

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.staging import TEMP_GRACE_SECONDS, tidy_cache
+from epfleet.fleet.build.staging import TEMP_GRACE_SECONDS, tidy_cache
 from epfleet.formats.manifest import Manifest
 from epfleet.fsutil import is_temp_name
 from tests.support.paths import REPO

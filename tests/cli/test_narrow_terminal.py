@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.publishing import update_manifest
+from epfleet.fleet.publishing.publish import update_manifest
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import open_store

@@ -14,7 +14,7 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.errors import MetadataRefused
-from epfleet.fleet.planning import plan_run
+from epfleet.fleet.planning.plan import plan_run
 from epfleet.stores import open_store
 from epfleet.trust.client import verify
 from epfleet.trust.keys import file_uri

@@ -12,7 +12,7 @@ from epfleet.cli.app import app, main
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from epfleet.cli.options import RunnerName
 from epfleet.device.policy import SyncPolicy
-from epfleet.fleet.task_runners import TASK_RUNNERS
+from epfleet.fleet.runs.task_runners import TASK_RUNNERS
 
 pytestmark = pytest.mark.fast
 

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 
 from epfleet.device.views import render_device_report
-from epfleet.fleet.runs import PairResult, RunReport
+from epfleet.fleet.runs.models import PairResult, RunReport
 from epfleet.fleet.views import (
     GENERATED_LEGEND,
     MANIFEST_LEGEND,

@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from epfleet.cli.app import main
-from epfleet.fleet.planning import plan_run
+from epfleet.fleet.planning.plan import plan_run
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.stores import open_store
 from tests.support.specs import CPU_TARGET, tiny_models, write_spec

@@ -23,7 +23,7 @@ import pytest
 
 from epfleet.device.cache import DeviceCache
 from epfleet.errors import TimeLimitExceeded, WorkerCrashed
-from epfleet.fleet.watch_inputs import read_reports
+from epfleet.fleet.watch.inputs import read_reports
 from epfleet.formats.device_report import DeviceReport, ModelReport
 from epfleet.runtime.compile_pool import CompilePool
 from epfleet.stores.local import LocalStore

@@ -14,7 +14,7 @@ import zstandard
 
 from epfleet.deltas import apply_delta, apply_delta_to_file, make_delta
 from epfleet.errors import IntegrityError
-from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.publishing.publish import read_in_force
 from epfleet.stores import open_store
 
 pytestmark = pytest.mark.fast

@@ -246,7 +246,7 @@ def test_a_read_only_cache_verifies_a_signed_store_without_writing(
         [
             sys.executable,
             "-c",
-            "import sys; from epfleet.fleet.publishing import update_manifest; "
+            "import sys; from epfleet.fleet.publishing.publish import update_manifest; "
             "from epfleet.stores import open_store; update_manifest(open_store(sys.argv[1]), lambda m: None)",
             str(store),
         ],

@@ -17,8 +17,8 @@ from securesystemslib.dsse import Envelope
 from epfleet.device.local_eps import LocalEps
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.fleet.enrolment import enroll
-from epfleet.fleet.rollouts import run_gate
+from epfleet.fleet.evidence.enrolment import enroll
+from epfleet.fleet.rollout.rollouts import run_gate
 from epfleet.formats.device_report import REPORT_PAYLOAD_TYPE, DeviceReport, report_key
 from epfleet.formats.field_ranking import ranking_target
 from epfleet.stores import MANIFEST_KEY, Store
@@ -54,7 +54,7 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Store, Path,
     monkeypatch.setenv("EPFLEET_TRUST_SIGNER", signer)
     monkeypatch.setenv("EPFLEET_RANKING_MIN_DEVICES", "2")
     monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "worker"))
-    monkeypatch.setattr("epfleet.fleet.index_rules.SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
     return store, root, keys
 
 

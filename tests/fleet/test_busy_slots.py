@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet import build
-from epfleet.fleet.planning import plan_run
+from epfleet.fleet.build import variant as build
+from epfleet.fleet.planning.plan import plan_run
 from tests.support.specs import CPU_TARGET, tiny_models, write_spec
 
 pytestmark = pytest.mark.slow

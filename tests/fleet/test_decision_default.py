@@ -13,13 +13,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from epfleet.fleet.decision_rules import (
+from epfleet.fleet.build.decision_rules import (
     DEFAULT_DECISION_MIN,
     class_scores,
     decision_metric,
     judged_by_default,
 )
-from epfleet.fleet.verify import VerifyJob, class_score_outputs, run_verification
+from epfleet.fleet.build.verify import VerifyJob, class_score_outputs, run_verification
 from epfleet.runtime.samples import write_golden
 
 pytestmark = pytest.mark.fast

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.deltas import apply_delta
-from epfleet.fleet.publishing import publish, read_in_force
+from epfleet.fleet.publishing.publish import publish, read_in_force
 from epfleet.formats.manifest import ArtifactRef, SourceEntry, VariantEntry
 from epfleet.stores import Store, open_store
 from tests.support.publish_helpers import one_model

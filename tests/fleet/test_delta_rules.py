@@ -1,4 +1,4 @@
-"""Which deltas a publish makes (``epfleet.fleet.delta_rules``, pure): from every file a
+"""Which deltas a publish makes (``epfleet.fleet.publishing.delta_rules``, pure): from every file a
 new variant replaces that a device may hold (the previous build, a rollout's way back, the
 same target under another runtime), never for a file set or an unchanged file; listed on
 the published variant without changing the manifest given; an older device's view of an
@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 
 from epfleet.deltas import MAX_DELTA_SIZE
-from epfleet.fleet.delta_rules import delta_jobs, with_deltas
+from epfleet.fleet.publishing.delta_rules import delta_jobs, with_deltas
 from epfleet.formats.manifest import (
     ArtifactRef,
     DeltaRef,

@@ -16,13 +16,13 @@ import pytest
 
 from epfleet.device.reporting import SentReport, unchanged_since
 from epfleet.errors import BadInputError
-from epfleet.fleet.report_reading import (
+from epfleet.fleet.evidence.reading import (
     MAX_LISTED_PROBLEMS,
     Problems,
     check_report_window,
     stream_reports,
 )
-from epfleet.fleet.watch_inputs import read_reports
+from epfleet.fleet.watch.inputs import read_reports
 from epfleet.formats.device_report import (
     DeviceInfo,
     DeviceReport,

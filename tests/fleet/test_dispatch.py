@@ -8,8 +8,8 @@ import pytest
 
 import eps
 from epfleet import ort_version
-from epfleet.fleet.handover import PoolPair
-from epfleet.fleet.planning import plan_on_pool
+from epfleet.fleet.planning.plan import plan_on_pool
+from epfleet.fleet.runs.handover import PoolPair
 from epfleet.formats.manifest import ArtifactRef, VariantEntry, utcnow
 from epfleet.runtime.requests import CompileRequest, fingerprinted
 from epfleet.stores import open_store
@@ -76,9 +76,9 @@ def test_the_pool_skips_what_it_built_and_rebuilds_after_its_own_upgrade(tmp_pat
 
 
 def test_events_name_only_failures_and_builds_that_changed_the_manifest() -> None:
-    from epfleet.fleet.plan_rules import PlannedPair
-    from epfleet.fleet.publish_rules import news
-    from epfleet.fleet.runs import PairResult, RunPlan, RunReport
+    from epfleet.fleet.planning.rules import PlannedPair
+    from epfleet.fleet.publishing.rules import news
+    from epfleet.fleet.runs.models import PairResult, RunPlan, RunReport
 
     same, new = (
         built("f1"),

@@ -1,5 +1,5 @@
 """The fleet-evidence view (``epfleet manifest show --field``): what device reports say of
-each published model × target, counted by the pure rules of ``epfleet.fleet.field_rules``."""
+each published model × target, counted by the pure rules of ``epfleet.fleet.evidence.field_rules``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from epfleet.fleet.field_rules import field_view, percentile, tried_first
+from epfleet.fleet.evidence.field_rules import field_view, percentile, tried_first
 from epfleet.fleet.views import render_field
 from epfleet.formats.device_report import (
     DeviceReport,

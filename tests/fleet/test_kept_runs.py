@@ -1,4 +1,4 @@
-"""Runs kept to be recorded on a Prefect API later (``epfleet.fleet.kept_runs``): written
+"""Runs kept to be recorded on a Prefect API later (``epfleet.fleet.runs.kept_runs``): written
 atomically, at most ``MAX_KEPT`` of them (the oldest dropped), none over ``MAX_BYTES``,
 read back as written, claimed by one command at a time, and each store's apart."""
 
@@ -14,8 +14,8 @@ pytestmark = pytest.mark.fast
 def test_kept_runs_are_bounded_and_claimed_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from epfleet.fleet import kept_runs
-    from epfleet.fleet.runs import RunPlan, RunReport
+    from epfleet.fleet.runs import kept_runs
+    from epfleet.fleet.runs.models import RunPlan, RunReport
     from epfleet.settings import reset_settings
 
     monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "cache"))

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from epfleet.fleet.verify import GoldenJob, VerifyJob, make_golden, run_verification
+from epfleet.fleet.build.verify import GoldenJob, VerifyJob, make_golden, run_verification
 from epfleet.formats.task_metric import MetricSpec
 from epfleet.runtime.samples import (
     InputSet,
@@ -232,7 +232,7 @@ def test_planning_stores_the_calibration_and_verification_inputs_for_the_metric(
     """Into the input sets file, for a model that names a metric or leaves the default for
     class scores on, not for one that turns judging off (``metric: {kind: none}``: they
     would cost runs and judge nothing); the golden file is the same either way."""
-    from epfleet.fleet.planning import plan_run
+    from epfleet.fleet.planning.plan import plan_run
     from tests.support.specs import CPU_TARGET, write_spec
 
     shifted_classifier(tmp_path / "m.onnx", 0.0)

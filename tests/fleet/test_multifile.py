@@ -19,13 +19,13 @@ from epfleet import RECIPE_VERSION
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.errors import BadInputError, IntegrityError
-from epfleet.fleet.build import build_variant
-from epfleet.fleet.merge_rules import merge
-from epfleet.fleet.outcomes import PairOutcome, ok_outcome, outcome_of_failure
-from epfleet.fleet.planning import plan_run
-from epfleet.fleet.publish_rules import to_publish
-from epfleet.fleet.publishing import publish, read_manifest, update_manifest
-from epfleet.fleet.staging import cache_dir, fetch_source, tidy_cache
+from epfleet.fleet.build.staging import cache_dir, fetch_source, tidy_cache
+from epfleet.fleet.build.variant import build_variant
+from epfleet.fleet.planning.plan import plan_run
+from epfleet.fleet.publishing.merge_rules import merge
+from epfleet.fleet.publishing.publish import publish, read_manifest, update_manifest
+from epfleet.fleet.publishing.rules import to_publish
+from epfleet.fleet.runs.outcomes import PairOutcome, ok_outcome, outcome_of_failure
 from epfleet.formats.keys import files_key, listing_key, signature_key
 from epfleet.formats.manifest import (
     ArtifactRef,

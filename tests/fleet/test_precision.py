@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from epfleet.errors import BadInputError
-from epfleet.fleet.calibration import split
-from epfleet.fleet.plan_rules import ladder_of, quantize_options
+from epfleet.fleet.planning.calibration import split
+from epfleet.fleet.planning.rules import ladder_of, quantize_options
 from epfleet.formats.manifest import ArtifactRef
 from epfleet.formats.spec_file import parse_spec
 from epfleet.runtime.requests import CompileRequest, fingerprinted

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.errors import StoreError
-from epfleet.fleet.publishing import publish, read_manifest
+from epfleet.fleet.publishing.publish import publish, read_manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from tests.support.publish_helpers import one_model, publish_new, race
 from tests.support.s3proxy import FaultProxy

@@ -9,7 +9,10 @@ from uuid import uuid4
 import pytest
 
 from epfleet import ort_version
-from epfleet.fleet.handover import (
+from epfleet.fleet.planning.rules import PlannedPair
+from epfleet.fleet.publishing.publish import Published
+from epfleet.fleet.publishing.rules import not_published_error, settle, to_publish
+from epfleet.fleet.runs.handover import (
     Dispatched,
     PoolPair,
     Returned,
@@ -20,11 +23,8 @@ from epfleet.fleet.handover import (
     pool_outcomes,
     results_key,
 )
-from epfleet.fleet.outcomes import PairOutcome, failed_outcome
-from epfleet.fleet.plan_rules import PlannedPair
-from epfleet.fleet.publish_rules import not_published_error, settle, to_publish
-from epfleet.fleet.publishing import Published
-from epfleet.fleet.runs import PairResult, RunPlan
+from epfleet.fleet.runs.models import PairResult, RunPlan
+from epfleet.fleet.runs.outcomes import PairOutcome, failed_outcome
 from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,

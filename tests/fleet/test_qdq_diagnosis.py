@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-from epfleet.fleet.verify import VerifyJob, qdq_on_cpu
+from epfleet.fleet.build.verify import VerifyJob, qdq_on_cpu
 from epfleet.runtime.samples import compare
 
 pytestmark = pytest.mark.fast

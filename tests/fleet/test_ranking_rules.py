@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from epfleet.fleet.evidence_rules import Unattributed
-from epfleet.fleet.ranking_rules import LatencyTally, rank, why_lines
+from epfleet.fleet.evidence.ranking_rules import LatencyTally, rank, why_lines
+from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.formats.device_report import DeviceInfo, DeviceReport, RolloutSeen
 from epfleet.formats.field_ranking import ModelRanking, hardware_profile
 from epfleet.formats.manifest import Manifest

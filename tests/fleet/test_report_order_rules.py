@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 import pytest
 
 from epfleet.device.reporting import next_sequence
-from epfleet.fleet.enrolment import key_entry
-from epfleet.fleet.evidence_rules import Unattributed, attribute, newest
+from epfleet.fleet.evidence.enrolment import key_entry
+from epfleet.fleet.evidence.rules import Unattributed, attribute, newest
 from epfleet.formats.device_report import (
     DeviceReport,
     ManifestStatus,

@@ -23,7 +23,7 @@ from prefect.artifacts import Artifact
 from epfleet.cli.app import main
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.publishing.publish import read_in_force
 from epfleet.formats.device_report import ModelReport
 from epfleet.formats.manifest import ModelEntry
 from epfleet.stores import open_store

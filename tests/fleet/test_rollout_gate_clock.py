@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.publishing import read_in_force, update_manifest
-from epfleet.fleet.rollouts import read_evidence, run_gate
+from epfleet.fleet.publishing.publish import read_in_force, update_manifest
+from epfleet.fleet.rollout.rollouts import read_evidence, run_gate
 from epfleet.formats.device_report import (
     DeviceReport,
     ManifestStatus,

@@ -1,5 +1,5 @@
 """A rollout policy changed in the spec during a rollout is applied by the next compile, which
-says so, or refused before anything compiles (epfleet/fleet/rollout_rules.py
+says so, or refused before anything compiles (epfleet/fleet/rollout/rules.py
 ``follow_policy``): a compile with nothing else to do used to answer "up to date" and leave
 the rollout on its old policy. The compiled test fleet, planned and published in-process
 as ``epfleet compile`` does with no Prefect API."""
@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from epfleet.cli.app import main
-from epfleet.fleet.compile_run import run_compiles
-from epfleet.fleet.plain_runner import PlainRunner
-from epfleet.fleet.planning import plan_run
-from epfleet.fleet.publishing import read_in_force, update_manifest
+from epfleet.fleet.planning.plan import plan_run
+from epfleet.fleet.publishing.publish import read_in_force, update_manifest
+from epfleet.fleet.runs.compile_run import run_compiles
+from epfleet.fleet.runs.plain_runner import PlainRunner
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import Store, open_store

@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
-from epfleet.fleet.evidence_rules import Unattributed, attribute
-from epfleet.fleet.merge_rules import ModelFacts, merge
-from epfleet.fleet.rollout_rules import (
+from epfleet.fleet.evidence.rules import Unattributed, attribute
+from epfleet.fleet.publishing.merge_rules import ModelFacts, merge
+from epfleet.fleet.rollout.rules import (
     CannotMove,
     Evidence,
     NoRollout,

@@ -1,10 +1,10 @@
-"""How `epfleet compile` runs a plan (``epfleet.fleet.run_way``, pure)."""
+"""How `epfleet compile` runs a plan (``epfleet.fleet.runs.run_way``, pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from epfleet.fleet.run_way import RunWay, run_way
+from epfleet.fleet.runs.run_way import RunWay, run_way
 
 pytestmark = pytest.mark.fast
 

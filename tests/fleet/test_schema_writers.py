@@ -15,7 +15,7 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.errors import BadInputError, StoreError
-from epfleet.fleet.publishing import read_in_force, update_manifest
+from epfleet.fleet.publishing.publish import read_in_force, update_manifest
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.schema_version import SCHEMA_VERSION
 from epfleet.lifecycle.gc import collect

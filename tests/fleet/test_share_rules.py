@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from epfleet.fleet.share_rules import (
+from epfleet.fleet.build.share_rules import (
     evidence,
     lower_bound,
     trials_to_decide,

@@ -13,8 +13,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from epfleet.fleet.verify import VerifyJob, run_verification
-from epfleet.fleet.verify_cache import CACHE_VERSION, VerifyKey, verification_key
+from epfleet.fleet.build.verify import VerifyJob, run_verification
+from epfleet.fleet.build.verify_cache import CACHE_VERSION, VerifyKey, verification_key
 from epfleet.formats.task_metric import MetricSpec
 from epfleet.hashing import sha256_bytes
 from epfleet.runtime.requests import CompileRequest, fingerprinted
@@ -197,7 +197,7 @@ def test_a_spec_naming_a_function_the_host_does_not_allow_is_refused_before_comp
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from epfleet.errors import BadInputError
-    from epfleet.fleet.planning import plan_run
+    from epfleet.fleet.planning.plan import plan_run
     from tests.support.specs import CPU_TARGET, write_spec
 
     fragile_classifier(tmp_path / "fragile.onnx")
@@ -216,7 +216,7 @@ def test_a_spec_naming_a_function_the_host_does_not_allow_is_refused_before_comp
 def test_the_record_keeps_a_time_axis_and_scores_whole_strings() -> None:
     """A time-major CTC head ([T, 1, C], as ddddocr's): the record carries ``time_axis`` (a
     device measures the same again), and a misread character fails its whole string."""
-    from epfleet.fleet.verify import Evidence, scored
+    from epfleet.fleet.build.verify import Evidence, scored
 
     source = np.zeros((3, 1, 4), np.float32)
     source[np.arange(3), 0, [1, 2, 3]] = 1

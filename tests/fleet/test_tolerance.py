@@ -13,9 +13,9 @@ import pytest
 import eps
 from epfleet.device.cache import Installed
 from epfleet.device.steps import tolerance as device_tolerance
-from epfleet.fleet.build import build_variant, describe_verification
-from epfleet.fleet.plan_rules import ladder_of
-from epfleet.fleet.planning import plan_run
+from epfleet.fleet.build.variant import build_variant, describe_verification
+from epfleet.fleet.planning.plan import plan_run
+from epfleet.fleet.planning.rules import ladder_of
 from epfleet.formats.manifest import ModelEntry, SourceEntry
 from epfleet.formats.spec import TargetSpec
 from epfleet.runtime.requests import CompileRequest

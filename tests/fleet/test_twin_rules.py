@@ -13,11 +13,7 @@ import pytest
 
 import eps
 from epfleet import ort_version
-from epfleet.fleet.outcomes import PairOutcome, failed_outcome
-from epfleet.fleet.plan_rules import PlannedPair
-from epfleet.fleet.runs import PairResult
-from epfleet.fleet.twin_rules import HELD_BACK, assign_twins, group_key, hold_back
-from epfleet.fleet.verify_cache import (
+from epfleet.fleet.build.verify_cache import (
     Backing,
     numerics_key_for,
     recalled,
@@ -25,6 +21,10 @@ from epfleet.fleet.verify_cache import (
     remember,
     remember_backing,
 )
+from epfleet.fleet.planning.rules import PlannedPair
+from epfleet.fleet.planning.twin_rules import HELD_BACK, assign_twins, group_key, hold_back
+from epfleet.fleet.runs.models import PairResult
+from epfleet.fleet.runs.outcomes import PairOutcome, failed_outcome
 from epfleet.formats.manifest import ArtifactRef, SamplesRef, VariantEntry, Verification, utcnow
 from epfleet.runtime.requests import CompileRequest, Rung
 

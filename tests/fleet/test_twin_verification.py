@@ -19,10 +19,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from epfleet.cli.compile import _run_without_prefect
-from epfleet.fleet.planning import plan_run
-from epfleet.fleet.publishing import read_manifest
-from epfleet.fleet.runs import RunReport
-from epfleet.fleet.twin_rules import HELD_BACK
+from epfleet.fleet.planning.plan import plan_run
+from epfleet.fleet.planning.twin_rules import HELD_BACK
+from epfleet.fleet.publishing.publish import read_manifest
+from epfleet.fleet.runs.models import RunReport
 from epfleet.fleet.views import detail, render_manifest
 from epfleet.formats.manifest import Manifest, VariantEntry, Verification
 from epfleet.stores import open_store

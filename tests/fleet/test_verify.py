@@ -15,9 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from epfleet.errors import WorkerDied, WorkerTimeout
-from epfleet.fleet.build import verify_output
-from epfleet.fleet.planning import plan_run
-from epfleet.fleet.verify import (
+from epfleet.fleet.build.variant import verify_output
+from epfleet.fleet.build.verify import (
     GoldenJob,
     VerifyJob,
     computed_peak,
@@ -25,6 +24,7 @@ from epfleet.fleet.verify import (
     make_golden,
     verify_artifact,
 )
+from epfleet.fleet.planning.plan import plan_run
 from epfleet.runtime.compile_pool import CompilePool
 from epfleet.runtime.compiler import CompileJob, CompileOutput, compile_job, measure_coverage
 from epfleet.runtime.requests import CompileRequest

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from epfleet.cli.compile import _run_without_prefect
-from epfleet.fleet.planning import plan_run
-from epfleet.fleet.publishing import read_manifest
-from epfleet.fleet.runs import RunReport
-from epfleet.fleet.staging import cache_dir
-from epfleet.fleet.verify_cache import (
+from epfleet.fleet.build.staging import cache_dir
+from epfleet.fleet.build.verify_cache import (
     VerifyKey,
     recalled,
     remember,
     verification_key,
     verified_dir,
 )
+from epfleet.fleet.planning.plan import plan_run
+from epfleet.fleet.publishing.publish import read_manifest
+from epfleet.fleet.runs.models import RunReport
 from epfleet.formats.manifest import Manifest, Verification
 from epfleet.stores import open_store
 from tests.support.specs import tiny_models, write_spec

@@ -17,12 +17,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from epfleet.cli.compile import _run_without_prefect
 from epfleet.errors import BadInputError, CompileError, RejectedBuild, StoreError
-from epfleet.fleet.build import failure_text
-from epfleet.fleet.input_memory import check_input_memory
-from epfleet.fleet.outcomes import failed_entry, outcome_of_failure
-from epfleet.fleet.planning import plan_run
-from epfleet.fleet.publishing import read_manifest
-from epfleet.fleet.runs import SETTLED, RunReport
+from epfleet.fleet.build.input_memory import check_input_memory
+from epfleet.fleet.build.variant import failure_text
+from epfleet.fleet.planning.plan import plan_run
+from epfleet.fleet.publishing.publish import read_manifest
+from epfleet.fleet.runs.models import SETTLED, RunReport
+from epfleet.fleet.runs.outcomes import failed_entry, outcome_of_failure
 from epfleet.formats.manifest import Coverage, Manifest, SamplesRef, Verification
 from epfleet.runtime.requests import CompileRequest, fingerprinted
 from epfleet.stores import open_store

@@ -28,7 +28,7 @@ from epfleet.cli.app import main
 from epfleet.device.cache import STATE_DIR, DeviceCache
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.publishing.publish import read_in_force
 from epfleet.formats.device_report import ModelReport
 from epfleet.formats.manifest import ModelEntry
 from epfleet.formats.rollout import is_member

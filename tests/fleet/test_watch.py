@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from epfleet.fleet.watch_rules import UnservedProfile, WatchPlan, check_pairs, find_unserved
+from epfleet.fleet.watch.rules import UnservedProfile, WatchPlan, check_pairs, find_unserved
 from epfleet.formats.device_report import (
     DeviceInfo,
     DeviceReport,
@@ -242,7 +242,7 @@ def test_old_reports_are_ignored() -> None:
 
 
 def test_a_report_without_utc_offset_is_skipped_by_the_reader(tmp_path) -> None:
-    from epfleet.fleet.watch_inputs import read_reports
+    from epfleet.fleet.watch.inputs import read_reports
     from epfleet.stores import open_store
 
     store = open_store(str(tmp_path / "store"))
@@ -324,7 +324,7 @@ def test_a_device_on_a_release_no_runtime_of_the_spec_builds_with_is_unserved() 
     """The spec builds its HTP target under onnxruntime-qnn 2.5.0 and 2.7.0: a device on
     2.6.0 is named (served or not: it runs a binary of another release), one on 2.5.0 is
     not, and a spec without runtimes judges as before."""
-    from epfleet.fleet.watch_inputs import spec_releases
+    from epfleet.fleet.watch.inputs import spec_releases
 
     spec = parse_spec(
         {
@@ -364,7 +364,7 @@ def test_a_device_on_a_release_no_runtime_of_the_spec_builds_with_is_unserved() 
 def test_forged_releases_group_into_one_profile_that_names_none_of_them() -> None:
     """A device writes its own report: a release that is no version (an escape sequence,
     100,000 characters) makes no profile, label or event of its own."""
-    from epfleet.fleet.watch_inputs import spec_releases
+    from epfleet.fleet.watch.inputs import spec_releases
 
     spec = parse_spec(
         {

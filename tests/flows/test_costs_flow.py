@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prefect.artifacts import Artifact
 
-from epfleet.fleet.publishing import read_manifest
+from epfleet.fleet.publishing.publish import read_manifest
 from epfleet.lifecycle.costs import cost_markdown, costs
 from epfleet.stores import open_store
 from flows.fleet_compile import fleet_compile

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from epfleet.errors import BadInputError
-from epfleet.fleet.task_runners import DaskWorkers, task_runner, unserved_resource
+from epfleet.fleet.runs.task_runners import DaskWorkers, task_runner, unserved_resource
 
 pytestmark = pytest.mark.fast
 
@@ -48,7 +48,7 @@ def test_dask_without_an_address_starts_a_local_cluster_of_the_asked_size(
 
 
 def test_environment_errors_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from epfleet.fleet.task_runners import from_environment
+    from epfleet.fleet.runs.task_runners import from_environment
 
     monkeypatch.setenv("EPFLEET_TASK_RUNNER", "ray")
     with pytest.raises(BadInputError, match="EPFLEET_TASK_RUNNER='ray': unknown task runner"):

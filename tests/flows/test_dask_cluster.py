@@ -22,7 +22,7 @@ def dask_cluster() -> Iterator[str]:
     import dask
     from distributed import LocalCluster
 
-    # as epfleet.fleet.task_runners does for its own clusters: compiles are child processes.
+    # as epfleet.fleet.runs.task_runners does for its own clusters: compiles are child processes.
     # Set for the cluster's whole life: a worker its nanny starts again (one lost under load,
     # its task rescheduled) reads the setting then, and a daemonic one cannot start a
     # compile ("daemonic processes are not allowed to have children", seen on a busy run).
@@ -99,7 +99,7 @@ def test_a_runtime_pinned_to_dask_workers_compiles_on_those_that_advertise_it(
             *(sys.executable, "-m", "distributed.cli.dask_worker", dask_cluster),
             *("--nthreads", "1", "--resources", "runtime-ort=1", "--no-dashboard"),
         ],
-        # compiles are child processes of the worker (epfleet.fleet.task_runners)
+        # compiles are child processes of the worker (epfleet.fleet.runs.task_runners)
         env=cli_env | {"DASK_DISTRIBUTED__WORKER__DAEMON": "False"},
         stdout=worker_log,
         stderr=subprocess.STDOUT,

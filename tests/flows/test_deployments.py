@@ -23,7 +23,7 @@ import httpx
 import pytest
 from prefect.client.base import PrefectHttpxSyncClient
 
-from epfleet.fleet.publishing import update_manifest
+from epfleet.fleet.publishing.publish import update_manifest
 from epfleet.formats.device_report import DeviceInfo, DeviceReport, ManifestStatus, ModelReport
 from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.stores import open_store
@@ -583,7 +583,7 @@ def test_a_runtime_pinned_to_a_work_pool_compiles_there_in_its_own_environment(
     """Runtime ``ort`` names the gpu-compilers pool: its pairs go to a compile-pairs run
     there, whose worker builds the runtime's environment in its own cache and fingerprints
     with it, exactly as this host would (the same spec without the pool plans nothing)."""
-    from epfleet.fleet.planning import plan_run
+    from epfleet.fleet.planning.plan import plan_run
 
     runtime = {"requirements": ["onnxruntime==1.32.0"]}
     targets = [CPU_TARGET, {"name": "rt-cpu", "ep": "CPUExecutionProvider", "runtimes": ["ort"]}]

@@ -74,7 +74,7 @@ def test_sweep_removes_hand_overs_of_ended_or_unknown_fleet_runs_only(
     from prefect.client.orchestration import get_client
     from prefect.states import Running
 
-    from epfleet.fleet.handover import results_key
+    from epfleet.fleet.runs.handover import results_key
     from tasks.dispatch import sweep_results
 
     @flow

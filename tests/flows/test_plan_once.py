@@ -10,7 +10,7 @@ import pytest
 
 import tasks.compile
 from epfleet.cli.app import main
-from epfleet.fleet import planning
+from epfleet.fleet.planning import plan as planning
 from epfleet.formats.manifest import Manifest
 from flows.fleet_compile import fleet_compile
 from tests.support.specs import CPU_TARGET, tiny_models, write_spec

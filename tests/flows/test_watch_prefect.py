@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epfleet.fleet.watch_rules import WatchPlan, check_pairs
+from epfleet.fleet.watch.rules import WatchPlan, check_pairs
 from tests.support.watch_fleet import QNN, RUNTIME, SPEC, current_fleet, variant
 
 pytestmark = pytest.mark.slow

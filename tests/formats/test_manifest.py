@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 from pydantic import ValidationError
 
-from epfleet.fleet.merge_rules import ModelFacts, merge
+from epfleet.fleet.publishing.merge_rules import ModelFacts, merge
 from epfleet.formats.manifest import (
     ArtifactRef,
     Coverage,

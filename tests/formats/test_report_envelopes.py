@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from securesystemslib.signer import CryptoSigner
 
-from epfleet.fleet.enrolment import key_entry
-from epfleet.fleet.rollout_rules import counts_for
+from epfleet.fleet.evidence.enrolment import key_entry
+from epfleet.fleet.rollout.rules import counts_for
 from epfleet.formats.device_report import (
     DeviceReport,
     ManifestStatus,

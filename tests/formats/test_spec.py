@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from epfleet.errors import BadInputError
-from epfleet.fleet.plan_rules import ladder_of
-from epfleet.fleet.planning import plan_run
+from epfleet.fleet.planning.plan import plan_run
+from epfleet.fleet.planning.rules import ladder_of
 from epfleet.formats.spec_file import load_spec, parse_spec
 from tests.support.paths import REPO
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.publishing import read_manifest
+from epfleet.fleet.publishing.publish import read_manifest
 from epfleet.lifecycle.costs import cost_markdown, cost_table, costs
 from epfleet.stores import Store, open_store
 from tests.support.gc_fleet import make_fleet, referenced, referenced_by

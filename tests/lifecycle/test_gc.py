@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from epfleet.fleet.rollout_rules import advance
+from epfleet.fleet.rollout.rules import advance
 from epfleet.formats.device_report import DeviceReport, report_key
 from epfleet.formats.keys import files_key, samples_key, source_key, variant_key
 from epfleet.formats.manifest import (

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.publishing import check_present
+from epfleet.fleet.publishing.publish import check_present
 from epfleet.formats.device_report import DeviceReport, report_key
 from epfleet.formats.keys import files_key, listing_key, variant_key
 from epfleet.formats.manifest import Manifest, ModelEntry, VariantEntry, referenced_keys
@@ -301,7 +301,7 @@ def test_devices_syncing_during_a_collection_never_miss_an_object(
                 fleet.folders[variant_name(newer.variants[TARGET])] = fleet.work / "genai-1-cpu"
                 write_listing(store, newer.variants[TARGET])
             models = {**fleet.first.models, "genai": newer}
-            # what epfleet.fleet.publishing.update_manifest checks before it writes the manifest
+            # what epfleet.fleet.publishing.publish.update_manifest checks before it writes the manifest
             added = referenced_keys(Manifest(models=models)) - referenced_keys(fleet.first)
             check_present(fleet.collected, added)  # (on S3, through the aged listing's clock)
             second.append(write_manifest(store, models, 2, datetime.now(timezone.utc)))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.errors import BadInputError
-from epfleet.fleet.publishing import read_manifest
+from epfleet.fleet.publishing.publish import read_manifest
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.spec import FleetSpec
 from epfleet.formats.spec_file import parse_spec

@@ -1,5 +1,5 @@
 """Configuration flows as values: no module of the package writes the process's
-environment, and the pure rule modules (``*_rules.py``) read no setting at all."""
+environment, and the pure rule modules (``rules.py``, ``*_rules.py``) read no setting at all."""
 
 from __future__ import annotations
 
@@ -112,8 +112,8 @@ def reads_of_settings(source: str) -> list[str]:
 
 
 def test_rule_modules_take_values_not_settings() -> None:
-    """A ``*_rules.py`` is pure: what it decides with is passed by its caller."""
-    rules = [p for p in modules(*PACKAGES) if p.name.endswith("_rules.py")]
+    """A rule module is pure: what it decides with is passed by its caller."""
+    rules = [p for p in modules(*PACKAGES) if p.stem == "rules" or p.stem.endswith("_rules")]
     assert rules, "no rule modules found"
     found = {
         str(path.relative_to(REPO)): reads

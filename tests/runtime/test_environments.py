@@ -84,7 +84,7 @@ def test_a_runtime_installs_onnxruntime_and_ep_packages_only_unless_the_host_all
     """A compile host installs and imports what a runtime names: a spec naming another
     package is refused before any environment is built, unless EPFLEET_RUNTIME_PACKAGES
     names it."""
-    from epfleet.fleet.planning import check_runtime_packages
+    from epfleet.fleet.planning.plan import check_runtime_packages
 
     runtimes = {"odd": ["onnxruntime==1.32.0", "onnxruntime_qnn==2.5.0", "requests==2.32.0"]}
     with pytest.raises(BadInputError) as raised:

@@ -73,7 +73,7 @@ def test_tails_report_the_max_and_the_p99_9_over_every_element() -> None:
 
 
 def test_a_reused_verification_with_a_null_error_is_described_not_crashed() -> None:
-    from epfleet.fleet.build import describe_verification
+    from epfleet.fleet.build.variant import describe_verification
     from epfleet.formats.variant_checks import Verification
 
     reused = Verification(status="passed", max_rel_error=None, tolerance=0.02, reused=True)

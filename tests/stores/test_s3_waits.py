@@ -24,7 +24,7 @@ from collections.abc import Callable
 import pytest
 
 from epfleet.errors import DeadlineExceeded, StoreError, TransferTooSlow
-from epfleet.fleet.publishing import read_manifest, update_manifest
+from epfleet.fleet.publishing.publish import read_manifest, update_manifest
 from epfleet.formats.manifest import Manifest
 from epfleet.limits import Deadline, within
 from epfleet.stores import MANIFEST_KEY, open_store

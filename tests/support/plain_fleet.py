@@ -1,7 +1,7 @@
 """The test fleet compiled in this process, as ``epfleet compile`` compiles it when no
-Prefect API is named: planned by ``epfleet.fleet.planning.plan_run``, then compiled,
-verified and published by ``epfleet.fleet.compile_run.run_compiles`` through
-``epfleet.fleet.plain_runner.PlainRunner``. No subprocess, no Prefect API: the session's
+Prefect API is named: planned by ``epfleet.fleet.planning.plan.plan_run``, then compiled,
+verified and published by ``epfleet.fleet.runs.compile_run.run_compiles`` through
+``epfleet.fleet.runs.plain_runner.PlainRunner``. No subprocess, no Prefect API: the session's
 ``compiled_fleet`` (tests/conftest.py) is made this way.
 
 It stands for a real ``epfleet compile`` under a Prefect API: the fidelity test
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.compile_run import run_compiles
-from epfleet.fleet.plain_runner import PlainRunner
-from epfleet.fleet.planning import plan_run
-from epfleet.fleet.runs import RunReport
+from epfleet.fleet.planning.plan import plan_run
+from epfleet.fleet.runs.compile_run import run_compiles
+from epfleet.fleet.runs.models import RunReport
+from epfleet.fleet.runs.plain_runner import PlainRunner
 from epfleet.stores import open_store
 from tests.support.specs import tiny_models, write_spec
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timezone
 
-from epfleet.fleet.publishing import Published, publish
+from epfleet.fleet.publishing.publish import Published, publish
 from epfleet.formats.manifest import ArtifactRef, SourceEntry, VariantEntry
 from epfleet.stores import Store, open_store
 

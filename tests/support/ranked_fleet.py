@@ -14,7 +14,7 @@ from securesystemslib.signer import Signer
 import eps
 from epfleet import ort_version
 from epfleet.device.local_eps import LocalEps, discover, ep_versions
-from epfleet.fleet.enrolment import key_entry
+from epfleet.fleet.evidence.enrolment import key_entry
 from epfleet.formats.device_report import (
     DeviceInfo,
     DeviceReport,

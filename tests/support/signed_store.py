@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.publishing import update_manifest
+from epfleet.fleet.publishing.publish import update_manifest
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.rollout import Rollout
 from epfleet.stores import Store, open_store

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.publishing import update_manifest
+from epfleet.fleet.publishing.publish import update_manifest
 from epfleet.formats.device_report import (
     DeviceReport,
     ManifestStatus,

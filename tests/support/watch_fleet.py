@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from epfleet.fleet.watch_rules import Runtime
+from epfleet.fleet.watch.rules import Runtime
 from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,

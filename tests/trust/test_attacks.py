@@ -31,7 +31,7 @@ from epfleet.device.manifest_cache import fetch_manifest, lock_held
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.errors import BadInputError
-from epfleet.fleet.watch_inputs import read_reports
+from epfleet.fleet.watch.inputs import read_reports
 from epfleet.formats.device_report import DeviceReport, decode_report, report_key
 from epfleet.hashing import sha256_bytes
 from epfleet.stores import open_store

@@ -12,7 +12,7 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.errors import BadInputError
-from epfleet.fleet.publishing import read_manifest
+from epfleet.fleet.publishing.publish import read_manifest
 from epfleet.stores import Store, open_store
 from epfleet.stores.local import LocalStore
 from epfleet.trust.client import verify

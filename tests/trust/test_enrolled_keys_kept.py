@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from epfleet.cli.app import main
-from epfleet.fleet.publishing import read_in_force
-from epfleet.fleet.rollouts import Move, move
+from epfleet.fleet.publishing.publish import read_in_force
+from epfleet.fleet.rollout.rollouts import Move, move
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import Store
 from tests.support.publish_helpers import publish_new

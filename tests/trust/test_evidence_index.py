@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from epfleet.errors import StoreError
-from epfleet.fleet.evidence_index import INDEX_PREFIX, index_key, update
-from epfleet.fleet.index_rules import (
+from epfleet.fleet.evidence.index import INDEX_PREFIX, index_key, update
+from epfleet.fleet.evidence.index_rules import (
     SHARDS,
     CheckedSignature,
     must_read,
@@ -25,8 +25,8 @@ from epfleet.fleet.index_rules import (
     shard_of,
     unseal,
 )
-from epfleet.fleet.rollouts import GateReading, read_evidence
-from epfleet.fleet.watch_inputs import full_device_reports, index_pass
+from epfleet.fleet.rollout.rollouts import GateReading, read_evidence
+from epfleet.fleet.watch.inputs import full_device_reports, index_pass
 from epfleet.formats.device_report import DeviceReport, report_key
 from epfleet.stores import Store
 from tests.support.staged_rollout import (
@@ -49,7 +49,7 @@ pytestmark = pytest.mark.fast
 def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A report written before a pass started is settled at once (the stores here give
     modification times finer than S3's seconds): a second pass reads only what changed."""
-    monkeypatch.setattr("epfleet.fleet.index_rules.SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
 
 
 @pytest.fixture(params=on_stores("memory", "local", "s3", in_tier=("memory",)))
@@ -302,7 +302,7 @@ def test_a_record_is_read_again_unless_listed_as_folded_and_settled() -> None:
 def test_a_checked_signature_answers_only_for_the_key_it_was_checked_with() -> None:
     from securesystemslib.signer import SSlibKey
 
-    from epfleet.fleet.index_rules import key_fingerprint
+    from epfleet.fleet.evidence.index_rules import key_fingerprint
 
     key = SSlibKey("a" * 64, "ecdsa", "ecdsa-sha2-nistp256", {"public": "PEM"})
     fingerprint = key_fingerprint(key.keyid, key.keytype, key.scheme, "PEM")
@@ -315,7 +315,7 @@ def test_a_checked_signature_answers_only_for_the_key_it_was_checked_with() -> N
 
 
 def test_what_the_index_keeps_reads_as_the_report_for_the_gate() -> None:
-    from epfleet.fleet.rollout_rules import gather
+    from epfleet.fleet.rollout.rules import gather
 
     reports = [report(d, True, "kept", 11.0) for d in MEMBERS[:3]]
     reports += [report(d, False, "failed") for d in OUTSIDE[:3]]

@@ -1,4 +1,4 @@
-"""One key belongs to one device, and a revoked key stays revoked (epfleet/fleet/enrolment.py):
+"""One key belongs to one device, and a revoked key stays revoked (epfleet/fleet/evidence/enrolment.py):
 ``epfleet device enroll`` refuses a key enrolled for another device or revoked from one,
 publishing nothing, and enrols a revoked key again only with ``--force``, for the device
 it was revoked from, saying that its old reports count again; on a local store and on S3
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.cli.app import main
-from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.publishing.publish import read_in_force
 from epfleet.formats.manifest import Manifest
 from epfleet.stores import Store
 from epfleet.trust.keys import read_private_key

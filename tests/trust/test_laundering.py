@@ -23,7 +23,12 @@ from pathlib import Path
 import pytest
 
 from epfleet.errors import StoreError, Unverified
-from epfleet.fleet.publishing import put_copy_right, read_in_force, read_manifest, update_manifest
+from epfleet.fleet.publishing.publish import (
+    put_copy_right,
+    read_in_force,
+    read_manifest,
+    update_manifest,
+)
 from epfleet.formats.manifest import ArtifactRef, Manifest, Verification
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.stores.memory import forget
@@ -227,7 +232,7 @@ def test_nobody_without_the_keys_widens_or_narrows_a_rollout(
     reverted state) into manifest.json reaches no device and is never signed."""
     from datetime import datetime, timezone
 
-    from epfleet.fleet.rollout_rules import start
+    from epfleet.fleet.rollout.rules import start
     from epfleet.formats.rollout import RolloutPolicy
 
     store, keys, root = signed

@@ -15,7 +15,7 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.errors import BadInputError, MissingExtraError
-from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.publishing.publish import read_in_force
 from epfleet.formats.keys import MODEL_SIGNING_PUBLIC_KEY, signature_key
 from epfleet.formats.manifest import Manifest
 from epfleet.lifecycle.gc_rules import kind_of, plan_collection

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.publishing import read_in_force
+from epfleet.fleet.publishing.publish import read_in_force
 from epfleet.formats.keys import MODEL_SIGNING_PUBLIC_KEY, signature_key
 from epfleet.stores import open_store
 from epfleet.stores.local import LocalStore

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.errors import BadInputError, StoreError
-from epfleet.fleet.publishing import read_manifest, update_manifest
+from epfleet.fleet.publishing.publish import read_manifest, update_manifest
 from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust import rotation
@@ -168,7 +168,7 @@ def test_a_retired_model_leaves_the_signed_metadata(
         verify(store, tmp_path / "device", root, ["model-2"])
 
 
-# --- publishing through epfleet.fleet.publishing ------------------------------------------------------
+# --- publishing through epfleet.fleet.publishing.publish ------------------------------------------------------
 
 
 def signer_env(monkeypatch: pytest.MonkeyPatch, keys: Path) -> None:

@@ -32,8 +32,8 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.device.reporting import upload_report
-from epfleet.fleet.publishing import update_manifest
-from epfleet.fleet.rollouts import GateReading, read_evidence
+from epfleet.fleet.publishing.publish import update_manifest
+from epfleet.fleet.rollout.rollouts import GateReading, read_evidence
 from epfleet.formats.device_report import (
     encode_report,
     report_key,
@@ -65,7 +65,7 @@ pytestmark = pytest.mark.fast
 def settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A report written before a pass started is settled at once (the stores here give
     modification times finer than S3's seconds): a second pass reads only what changed."""
-    monkeypatch.setattr("epfleet.fleet.index_rules.SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
 
 
 @pytest.fixture(params=on_stores("memory", "local", "s3", in_tier=("memory",)))

@@ -1,4 +1,4 @@
-"""A device's reports in order (epfleet/fleet/evidence_rules.py ``newest``): an enrolled device
+"""A device's reports in order (epfleet/fleet/evidence/rules.py ``newest``): an enrolled device
 numbers its signed reports, the rollout gate and the field view remember the newest one
 they heard from it, and an older signed report put back under its key by whoever can
 write the store changes nothing: a member's signed failure stays a failure (before, putting

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.field_rules import FieldRow
-from epfleet.fleet.rollout_rules import Evidence, Verdict
-from epfleet.fleet.rollouts import RolloutStatus
+from epfleet.fleet.evidence.field_rules import FieldRow
+from epfleet.fleet.rollout.rollouts import RolloutStatus
+from epfleet.fleet.rollout.rules import Evidence, Verdict
 from epfleet.fleet.views import FIELD_HEADERS, field_table_rows, rollout_row
-from epfleet.fleet.watch_inputs import read_reports
+from epfleet.fleet.watch.inputs import read_reports
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import open_store
 from epfleet.text import markdown_cells, markdown_text

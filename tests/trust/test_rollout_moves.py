@@ -1,4 +1,4 @@
-"""Rollout moves mean what they say (epfleet/fleet/rollouts.py ``move``): an advance of a
+"""Rollout moves mean what they say (epfleet/fleet/rollout/rollouts.py ``move``): an advance of a
 halted rollout is refused until ``epfleet rollout resume``, and a move that changes
 nothing (a halt of a halted rollout, a resume of an active one) publishes nothing and says
 so; on a local store and on S3 over HTTP (moto), where a move is a signed publish."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from epfleet.cli.app import main
-from epfleet.fleet.publishing import read_in_force
-from epfleet.fleet.rollouts import move
+from epfleet.fleet.publishing.publish import read_in_force
+from epfleet.fleet.rollout.rollouts import move
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import Store

@@ -13,9 +13,9 @@ import pytest
 
 from epfleet.cli.app import main
 from epfleet.errors import TrustLost
-from epfleet.fleet.enrolment import key_entry
-from epfleet.fleet.publishing import read_in_force, update_manifest
-from epfleet.fleet.rollouts import run_gate
+from epfleet.fleet.evidence.enrolment import key_entry
+from epfleet.fleet.publishing.publish import read_in_force, update_manifest
+from epfleet.fleet.rollout.rollouts import run_gate
 from epfleet.formats.manifest import Manifest
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust.keys import new_key
