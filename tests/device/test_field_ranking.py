@@ -35,6 +35,8 @@ from tests.support.ranked_fleet import (
     put_signed,
 )
 
+pytestmark = pytest.mark.fast
+
 REPORTERS = [f"a{i}" for i in range(1, 9)] + [f"b{i}" for i in range(1, 5)] + ["c1"]
 GENUINE = {  # device -> (profile, target, its median run in ms)
     "a1": ("a", "cpu-a", 9.0),
