@@ -2,8 +2,9 @@
 the order devices of that kind measured them, fastest first.
 
 A shared format: the rollout gate writes it (``epfleet.fleet.evidence.ranking_rules``) into the
-store's signed metadata, a TUF target ``field/rankings/<model>`` beside the model's own
-``models/<model>`` (``epfleet.fleet.evidence.rankings``), and the device reads it from there
+store's signed metadata, a TUF target ``field/rankings/<model>/<n>`` in the bin of the
+model's own ``models/<model>`` (``epfleet.fleet.evidence.rankings``,
+``epfleet.trust.targets.ranking_target``), and the device reads it from there
 (``epfleet.trust.client``) to order the variants it judged usable
 (``epfleet.device.selection``). So this module imports only pydantic and epfleet's pure
 modules.
@@ -24,15 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from epfleet.formats.device_report import MAX_COUNT, MAX_MS, DeviceInfo
 
 RANKING_TARGETS = "field/rankings/"
-"""The TUF target path prefix of the rankings (``field/rankings/<model>``)."""
+"""The TUF target path prefix of the rankings (``field/rankings/<model>/<n>``)."""
+RANKED_MODELS = "field/ranked"
+"""The TUF target listing the models that have a ranking: what a device wanting every
+model reads before it loads any model's bin."""
 RANKING_FORMAT = 1
 MAX_LABEL = 4000
 """The longest hardware label or runtime a ranking carries (a report's longer ones vote
 for nothing)."""
-
-
-def ranking_target(model: str) -> str:
-    return f"{RANKING_TARGETS}{model}"
 
 
 def hardware_profile(devices: Iterable[DeviceInfo]) -> tuple[str, str]:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 from tuf.api import exceptions as tuf_errors
+from tuf.api.metadata import Metadata, SuccinctRoles, Targets
 from tuf.ngclient import Updater
 
 from epfleet.disk import cannot_write
@@ -41,7 +42,7 @@ from epfleet.errors import (
     MetadataRefused,
     StoreUnreachable,
 )
-from epfleet.formats.field_ranking import ModelRanking, ranking_target
+from epfleet.formats.field_ranking import RANKED_MODELS, ModelRanking
 from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.schema_version import check_declared, validate_json, validate_python
 from epfleet.fsutil import read_nofollow
@@ -61,7 +62,7 @@ from epfleet.trust.directory import (
 from epfleet.trust.fetcher import StoreFetcher, Unreachable
 from epfleet.trust.highwater import Lineage, TrustMark, advanced
 from epfleet.trust.layout import CUSTOM_FIELD, FOLDED_FIELD, METADATA_KEYS, SCHEMA_FIELD
-from epfleet.trust.targets import joined_folded
+from epfleet.trust.targets import joined_folded, ranking_target
 from epfleet.trust.updater import (
     BelowHighWater,
     ForkedRoot,
@@ -154,8 +155,9 @@ def verify(
                 else:
                     document = _signed_manifest(updater, store, stage)
                 rankings = {}
-                for model in models or _model_names(document):
-                    found = signed_ranking(updater, store, model)
+                succinct = _succinct(stage)
+                for model in models or _ranked_models(updater, document):
+                    found = signed_ranking(updater, store, model, succinct)
                     if found is not None:
                         rankings[model] = found
             except tuf_errors.RepositoryError:
@@ -269,15 +271,29 @@ def _with_folded(model: str, store: Store, value: object, folded: object) -> obj
         ) from None
 
 
-def signed_ranking(updater: Updater, store: Store, model: str) -> ModelRanking | str | None:
-    """The model's field ranking from its signed target ``field/rankings/<model>`` (its bin
-    loaded, verified like every bin), validated; why it is refused when its bin or its
-    content does not verify; None when none is signed. A refusal refuses the ranking only:
-    the model's entry verified on its own, and the device orders its variants as it does
-    with no evidence."""
+def _succinct(directory: Path) -> SuccinctRoles | None:
+    """The hashed bins the targets role just verified into ``directory`` delegates to."""
+    raw = read_file(directory / "targets.json")
+    if raw is None:
+        return None
+    targets = Metadata[Targets].from_bytes(raw)
+    delegations = targets.signed.delegations
+    return delegations.succinct_roles if delegations is not None else None
+
+
+def signed_ranking(
+    updater: Updater, store: Store, model: str, succinct: SuccinctRoles | None
+) -> ModelRanking | str | None:
+    """The model's field ranking from its signed target (``ranking_target``: in the bin of
+    its entry, loaded and verified as every bin), validated; why it is refused when its
+    content does not read; None when none is signed (or the repository has no bins). A
+    refusal refuses the ranking only: the device orders its variants as it does with no
+    evidence."""
+    if succinct is None:
+        return None
     where = f"{store.uri}: the signed field ranking of {model!r}"
     try:
-        info = updater.get_targetinfo(ranking_target(model))
+        info = updater.get_targetinfo(ranking_target(model, succinct))
     except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
         return f"{where}: {describe(exc)}"
     if info is None:
@@ -296,13 +312,20 @@ def signed_ranking(updater: Updater, store: Store, model: str) -> ModelRanking |
     return ranking
 
 
-def _model_names(document: bytes) -> list[str]:
-    """The models of the signed manifest.json (validated later, by the caller)."""
+def _ranked_models(updater: Updater, document: bytes) -> list[str]:
+    """The models of the signed manifest.json (validated later, by the caller) that the
+    signed list ``RANKED_MODELS`` says have a ranking: a device wanting every model loads
+    that list's bin, then the bins of the ranked models only."""
     try:
+        info = updater.get_targetinfo(RANKED_MODELS)
+        value = info.custom.get(CUSTOM_FIELD) if info and isinstance(info.custom, dict) else None
+        ranked = json.loads(value) if isinstance(value, str) else []
         models = json.loads(document).get("models")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, tuf_errors.RepositoryError, tuf_errors.DownloadError):
+        return []  # no list to trust: no ranking (the order without evidence)
+    if not isinstance(models, dict) or not isinstance(ranked, list):
         return []
-    return list(models) if isinstance(models, dict) else []
+    return [m for m in ranked if isinstance(m, str) and m in models]
 
 
 def _signed_manifest(updater: Updater, store: Store, directory: Path) -> bytes:

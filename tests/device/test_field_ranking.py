@@ -20,11 +20,11 @@ from epfleet.device.session import sync
 from epfleet.fleet.evidence.enrolment import enroll
 from epfleet.fleet.rollout.rollouts import run_gate
 from epfleet.formats.device_report import REPORT_PAYLOAD_TYPE, DeviceReport, report_key
-from epfleet.formats.field_ranking import ranking_target
-from epfleet.stores import MANIFEST_KEY, Store
+from epfleet.stores import Store
 from epfleet.trust.keys import new_key
 from epfleet.trust.layout import metadata_key
 from epfleet.trust.state import read_state
+from epfleet.trust.targets import ranking_target
 from tests.support.ranked_fleet import (
     MODEL,
     OtherHardware,
@@ -175,29 +175,44 @@ def test_forged_latency_reports_change_no_devices_choice(
     assert active(store, root, tmp_path / "dev-b", "dev-b", OtherHardware())[0] == "cpu-a"
 
 
-def test_a_tampered_ranking_is_refused_and_the_device_orders_as_without_evidence(
+def test_a_tampered_ranking_is_refused_and_the_device_keeps_its_order(
     fleet: tuple[Store, Path, dict], tmp_path: Path
 ) -> None:
     store, root, keys = fleet
+    other = OtherHardware()
+    assert active(store, root, tmp_path / "dev-b", "dev-b", other)[0] == "cpu-a"
     put_genuine(store, keys)
     run_gate(store)
     state = read_state(store)
-    ranking_bin = state.succinct.get_role_for_target(ranking_target(MODEL))
-    assert ranking_bin != state.succinct.get_role_for_target(f"models/{MODEL}")
+    path = ranking_target(MODEL, state.succinct)
+    ranking_bin = state.succinct.get_role_for_target(path)
+    assert ranking_bin == state.succinct.get_role_for_target(f"models/{MODEL}")  # one bin
     version = state.snapshot.signed.meta[f"{ranking_bin}.json"].version  # type: ignore[union-attr]
     key = metadata_key(ranking_bin, version)
     signed = json.loads(store.read(key).data)  # type: ignore[union-attr]
-    custom = signed["signed"]["targets"][ranking_target(MODEL)]["custom"]
+    custom = signed["signed"]["targets"][path]["custom"]
     ranking = json.loads(custom["epfleet"])
     for profile in ranking["profiles"]:
-        profile["order"].reverse()  # every profile's slowest first
+        profile["order"].reverse()  # every profile's slowest first: cpu-b on profile b
     custom["epfleet"] = json.dumps(ranking)
     store.write(key, json.dumps(signed, separators=(",", ":")).encode())
 
-    target, report = active(store, root, tmp_path / "dev-b", "dev-b", OtherHardware())
-    assert target == "cpu-a"  # today's order, not the tampered ranking's cpu-b
+    report = sync(
+        store.uri, tmp_path / "dev-b", SyncPolicy(), "dev-b", trust_root=root, local=other
+    )
+    # a device wanting every model takes its entries from the signed manifest.json: only
+    # the ranking's bin is refused, and said
+    assert report.manifest.status == "fetched"
     assert any(
         "the signed field ranking of 'm'" in w and "ordered as with no evidence" in w
         for w in report.warnings
     ), report.warnings
-    assert store.read(MANIFEST_KEY) is not None
+    [found] = report.models
+    assert found.target == "cpu-a"  # the order it had, not the tampered ranking's cpu-b
+    assert "field ranking" not in found.reason
+    # a device wanting m by name loads the same bin for its entry: the refresh is refused
+    # whole, and the device keeps what it runs
+    named = sync(store.uri, tmp_path / "dev-b", SyncPolicy(models=[MODEL]), "dev-b",
+                 trust_root=root, local=other)  # fmt: skip
+    assert named.manifest.status == "rejected"
+    assert named.models[0].target == "cpu-a"

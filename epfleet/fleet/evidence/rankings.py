@@ -1,8 +1,9 @@
 """The field rankings in a store's signed metadata, refreshed by the rollout gate.
 
 Each gate pass tallies the latency its reports give (``ranking_rules``, the gate's own
-attribution) and signs the rankings as TUF targets ``field/rankings/<model>`` beside the
-models' ``models/<model>``, in the same hashed bins and by the same online key
+attribution) and signs the rankings as TUF targets ``field/rankings/<model>/<n>`` in the
+bin of each model's ``models/<model>`` (``epfleet.trust.targets.ranking_target``), by the
+same online key
 (``epfleet.trust.signing``, ``Changes.rankings``). They are a side document, not a field
 of the manifest: a ranking that moves with every pass would otherwise give the manifest a
 new generation, a new ``manifest.json`` and a new entry for every model it ranks; as
@@ -22,6 +23,7 @@ from epfleet.stores import Store
 from epfleet.trust.pins import signed_store
 from epfleet.trust.signers import signer_for
 from epfleet.trust.signing import Changes, publish_signed
+from epfleet.trust.state import read_state
 from epfleet.trust.targets import ranking_targets
 
 
@@ -43,6 +45,8 @@ def publish_rankings(store: Store, rankings: dict[str, ModelRanking]) -> Ranking
         )
     signer = signer_for(store)
     assert signer is not None  # a signed store has a signer, or signer_for raised
-    targets = ranking_targets({m: r.model_dump(mode="json") for m, r in rankings.items()})
+    succinct = read_state(store).succinct  # fixed when the repository was created
+    dumped = {m: r.model_dump(mode="json") for m, r in rankings.items()}
+    targets = ranking_targets(dumped, succinct)
     done = publish_signed(store, signer, None, Changes(rankings=targets))
     return RankingsPublished(models=len(rankings), signed=done.written, bins=done.bins)
