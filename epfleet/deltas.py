@@ -30,10 +30,6 @@ DELTA_BOUND = 0.5
 """A delta is published only when smaller than this share of the full file."""
 LEVEL = 19
 """zstd's level for deltas (a publisher makes each once; devices only decompress)."""
-MAX_DELTA_SIZE = 256 << 20
-"""The largest file a delta is made for or applied to: making one holds the base, the file
-and zstd's window over both in memory, and a device applying one holds the base and the
-result (larger variants are downloaded whole)."""
 CHUNK = 1 << 20
 MAX_WINDOW = 2**31
 """The largest window a delta may declare (zstd's own limit for 64-bit decoders)."""

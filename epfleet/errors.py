@@ -5,8 +5,9 @@ Every error a user or a report may see is here, in one tree::
     EpfleetError                    exit 1 on the command line, unless a BadInputError
     ├── BadInputError               exit 2: the input (spec, URI, option) is wrong;
     │   │                           nothing was compiled or published
-    │   ├── MissingExtraError       an EP's pip package is not installed (also
-    │   │                           eps.base.MissingExtraError)
+    │   ├── MissingExtraError       an extra's pip package (an EP's, S3's, the
+    │   │                           compile host's) is not installed (also
+    │   │                           eps.base.MissingExtraError; epfleet.extras)
     │   └── StoreMissing            the store itself is not there (also a StoreError)
     ├── CompileError                compiling one model for one target failed
     │   ├── NoDeviceError           the EP enumerates no device on this worker (also
@@ -75,7 +76,8 @@ class BadInputError(EpfleetError):
 
 
 class MissingExtraError(BadInputError, eps_base.MissingExtraError):
-    """An execution provider's pip package is not installed."""
+    """A pip package of an extra is not installed: an execution provider's, or a part of
+    epfleet's that the device install leaves out (``epfleet.extras``)."""
 
 
 # --- compiling and running variants ---------------------------------------------------

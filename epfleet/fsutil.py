@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import secrets
 import stat
 from collections.abc import Iterator
@@ -25,9 +24,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from epfleet.errors import IntegrityError
+from epfleet.formats.keys import is_temp_name as is_temp_name  # where it was first defined
 
 _TEMP_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
-_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 """The errnos of a write that found no room (a full disk, a quota, a file size limit)."""
 
@@ -35,12 +34,6 @@ NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 def temp_name(name: str) -> str:
     token = "".join(secrets.choice(_TEMP_ALPHABET) for _ in range(8))
     return f".{name}.{token}.tmp"
-
-
-def is_temp_name(name: str, of: str | None = None) -> bool:
-    """``name`` is the temporary file of an atomic write (of the file named ``of``)."""
-    match = _TEMP_NAME.fullmatch(name)
-    return match is not None and (of is None or match["name"] == of)
 
 
 def _create_temp(directory: Path, name: str) -> tuple[int, Path]:

@@ -19,6 +19,8 @@ line imports the module of the command it runs and no other, so that a device's
 line of its help, so it imports them all. Engine code, Prefect and the flows are imported
 inside each command, never at module level: ``--help`` starts no Prefect, and the
 module-level import graph has no cycle through this module (``tests/project/test_imports.py``).
+A command that needs an extra this install lacks (``epfleet compile`` without ``host``, a
+device install) exits 2 naming the extra to install (``epfleet.extras``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED
 from epfleet.cli.interrupts import announce_stopped
 from epfleet.cli.options import cli_error, default_text, did_you_mean, unknown_command
 from epfleet.errors import BadInputError, EpfleetError
+from epfleet.extras import missing_extra
 from epfleet.text import printable_lines
 
 APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
@@ -116,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     except EpfleetError as exc:
         print(f"epfleet: {printable_lines(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
+    except ModuleNotFoundError as exc:  # a command of an extra this install lacks
+        missing = missing_extra(exc, command_named(tokens))
+        if missing is None:
+            raise
+        print(f"epfleet: error: {missing}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # our handler's, or a Ctrl-C before it was installed
         announce_stopped()
         return EXIT_INTERRUPTED
@@ -123,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     return result if isinstance(result, int) else EXIT_OK
+
+
+def command_named(tokens: list[str]) -> str:
+    """``epfleet COMMAND [SUBCOMMAND]`` as the command line names it, options left out."""
+    words = ["epfleet"]
+    for token in tokens[:2]:
+        if token.startswith("-") or (len(words) > 1 and words[1] not in SUBCOMMAND_APPS):
+            break
+        words.append(token)
+    return " ".join(words)
 
 
 if __name__ == "__main__":

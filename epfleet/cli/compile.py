@@ -214,6 +214,7 @@ def _compile(
     tidy_cache()  # temp files of killed runs, and the cache's size bound
     plan = plan_run(spec, store, model, target, force)
     store_uri = canonical(store)  # what the runs kept for this store are kept under
+    _note_runs_kept_before_stores()
     if plan.is_noop:
         for name, note in plan.policy_kept.items():
             say(f"epfleet: model {name}: {note}")
@@ -305,6 +306,18 @@ def canonical(store: str) -> str:
     from epfleet.stores import open_store
 
     return open_store(store).uri
+
+
+def _note_runs_kept_before_stores() -> None:
+    from epfleet.fleet.runs import kept_runs
+
+    old = kept_runs.from_before_stores()
+    if old:
+        say(
+            f"epfleet: {len(old)} run(s) kept by an earlier epfleet in {old[0].parent} will not "
+            "be recorded (their records do not say for sure which store they were compiled "
+            f"into); remove them: rm {old[0].parent}/*.json*"
+        )
 
 
 def _record_kept_if_an_api(temporary: bool, store_uri: str) -> None:

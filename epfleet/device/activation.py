@@ -10,15 +10,11 @@ active variant and the one before it, for rollback; the cache's files follow the
 
 from __future__ import annotations
 
-from epfleet.device.cache import (
-    MODEL_FILE,
-    Installed,
-    InstalledFile,
-    ModelState,
-    Origin,
-    local_target_name,
-)
-from epfleet.formats.manifest import FoldedIo, PackageFile, SourceEntry, VariantEntry, utcnow
+from datetime import datetime
+
+from epfleet.device.cache.layout import MODEL_FILE, local_target_name
+from epfleet.device.cache.state import Installed, InstalledFile, ModelState, Origin
+from epfleet.formats.manifest import FoldedIo, PackageFile, SourceEntry, VariantEntry
 from eps.base import DeviceType, LocalTarget, Precision
 
 
@@ -26,8 +22,8 @@ def variant_name(prefix: str, sha256: str) -> str:
     return f"{prefix}-{sha256[:12]}"
 
 
-def published_variant(target: str, variant: VariantEntry) -> Installed:
-    """The manifest's variant for ``target``, as it will be installed."""
+def published_variant(target: str, variant: VariantEntry, now: datetime) -> Installed:
+    """The manifest's variant for ``target``, as it will be installed at ``now``."""
     artifact = variant.artifact
     assert artifact is not None and variant.compatibility_string is not None
     return _new(
@@ -45,6 +41,7 @@ def published_variant(target: str, variant: VariantEntry) -> Installed:
         files=installed_files(variant.files),
         precision=variant.precision,
         folded_io=variant.folded_io,
+        now=now,
     )
 
 
@@ -55,6 +52,8 @@ def local_variant(
     sha256: str,
     size: int,
     source: str,
+    *,
+    now: datetime,
     model_file: str = MODEL_FILE,
     files: list[InstalledFile] | None = None,
     precision: Precision | None = None,
@@ -76,10 +75,11 @@ def local_variant(
         model_file=model_file,
         files=files or [],
         precision=precision,
+        now=now,
     )
 
 
-def fallback_variant(source: SourceEntry) -> Installed:
+def fallback_variant(source: SourceEntry, now: datetime) -> Installed:
     """The source model itself (with the files beside it), run on the CPU EP."""
     return _new(
         prefix="fallback",
@@ -95,6 +95,7 @@ def fallback_variant(source: SourceEntry) -> Installed:
         model_file=source.model_file,
         files=installed_files(source.files),
         precision="fp32",  # as the CPU EP module says it computes (eps/cpu.py)
+        now=now,
     )
 
 
@@ -119,9 +120,10 @@ def _new(
     files: list[InstalledFile],
     precision: Precision | None,
     folded_io: FoldedIo | None = None,
+    now: datetime,
 ) -> Installed:
-    """The one place an ``Installed`` is made; the cache stamps its mtimes when it installs
-    it."""
+    """The one place an ``Installed`` is made, activated at ``now`` (to the second); the
+    cache stamps its mtimes when it installs it."""
     installed = Installed(
         name="",
         origin=origin,
@@ -133,7 +135,7 @@ def _new(
         sha256=sha256,
         size=size,
         source_sha256=source_sha256,
-        activated_at=utcnow(),
+        activated_at=now.replace(microsecond=0),
         mtime_ns=0,
         model_file=model_file,
         files=files,

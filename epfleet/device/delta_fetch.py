@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from epfleet.deltas import MAX_DELTA_SIZE, apply_delta
+from epfleet.deltas import apply_delta
 from epfleet.device.cache import MODEL_FILE, Installed, ModelState
 from epfleet.device.fetching import Fetcher
 from epfleet.device.variant_sets import Fetched
 from epfleet.errors import EpfleetError
-from epfleet.formats.manifest import DeltaRef, VariantEntry
+from epfleet.formats.manifest import MAX_DELTA_SIZE, DeltaRef, VariantEntry
 from epfleet.fsutil import atomic_write_bytes, read_nofollow
 from epfleet.limits import current_deadline
 

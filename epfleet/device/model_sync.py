@@ -247,7 +247,11 @@ def first_download(
     if delta_base(variant, mstate) is not None:
         return None  # the step fetches a delta, not the whole file
     previous = mstate.previous
-    if previous is not None and previous.name == published_variant(plan[0].target, variant).name:
+    if (
+        previous is not None
+        and previous.name
+        == published_variant(plan[0].target, variant, steps.fetcher.clock.now()).name
+    ):
         return None
     return variant.artifact
 

@@ -157,10 +157,13 @@ class SyncSession:
     # -- the session's lifetime --
 
     def __enter__(self) -> SyncSession:
-        if not self.cache_dir.exists():  # a first sync: a store that is not there leaves
-            absent = store_absence(self.store)  # no cache behind (refused before any write)
+        if not self.cache_dir.exists():  # a first sync: refused input leaves no cache behind
+            absent = store_absence(self.store)  # a store that is not there
             if isinstance(absent, BadInputError):
                 raise absent
+            # No root, or one that cannot be read or is no root: refused by the checks made
+            # again below, here on the empty cache, which they only read.
+            trusted_root(self.cache, CacheState(), self.store, self.trust_root, self.allow_unsigned)
         with ExitStack() as stack:
             stack.enter_context(self.cache.locked())
             self.deadline = Deadline.after(self.deadline.seconds, self.clock)

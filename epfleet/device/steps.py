@@ -158,7 +158,7 @@ class Steps:
         variant = entry.variants[chosen.target]
         artifact = variant.artifact
         assert artifact is not None
-        installed = published_variant(chosen.target, variant)
+        installed = published_variant(chosen.target, variant, self.fetcher.clock.now())
         previous = state.previous
         if (
             previous is not None
@@ -278,6 +278,7 @@ class Steps:
                 output.sha256,
                 output.size,
                 entry.source.digest,
+                now=self.fetcher.clock.now(),
                 model_file=output.model_file,
                 files=[InstalledFile(path=p, sha256=h, size=n) for p, h, n in output.files],
                 precision=eps.load(ep).precisions(local.provider_options)[0],
@@ -303,7 +304,7 @@ class Steps:
         source = entry.source
         reason = "nothing published or built here runs on this device's EPs; running the "
         reason += "source model on the CPU EP"
-        installed = fallback_variant(source)
+        installed = fallback_variant(source, self.fetcher.clock.now())
         if active is not None and active.origin == "fallback" and active.name == installed.name:
             return Done(installed=active, action="fallback", verdict=None, reason=reason)
         self.fetcher.require_store()

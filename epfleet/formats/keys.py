@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+
 
 def source_key(sha256: str) -> str:
     return f"sources/{sha256}.onnx"
@@ -44,3 +48,10 @@ def signature_key(artifact_key: str) -> str:
 
 MODEL_SIGNING_PUBLIC_KEY = "trust/model-signing.pub"
 """The public key of the store's model signatures (PEM)."""
+
+
+def is_temp_name(name: str, of: str | None = None) -> bool:
+    """``name`` is the temporary file of an atomic write (``epfleet.fsutil``; of the file
+    named ``of``)."""
+    match = _TEMP_NAME.fullmatch(name)
+    return match is not None and (of is None or match["name"] == of)

@@ -184,6 +184,10 @@ class DeltaRef(ArtifactRef):
     base_sha256: str = Field(pattern=SHA256_PATTERN, description="The file it applies to")
 
 
+MAX_DELTA_SIZE = 256 << 20
+"""The largest file a delta is made for or applied to: making one holds the base, the file
+and zstd's window over both in memory, and a device applying one holds the base and the
+result (larger variants are downloaded whole)."""
 MAX_DELTAS = 16
 """The most deltas one variant lists (the bases a publisher makes them from are a few)."""
 
@@ -406,13 +410,18 @@ class ModelEntry(_Strict):
                     "variants": variants,
                 }
             )
+        return self.model_copy(update={"variants": self.variants_before()})
+
+    def variants_before(self) -> dict[str, VariantEntry]:
+        """The variants as they were before the rollout's new ones: each target's variant
+        put back from ``previous``, a target the rollout added (None there) left out."""
         variants = dict(self.variants)
         for target, before in self.previous.items():
             if before is None:
                 variants.pop(target, None)
             else:
                 variants[target] = before
-        return self.model_copy(update={"variants": variants})
+        return variants
 
 
 class DeviceKey(_Strict):
@@ -460,14 +469,15 @@ class Manifest(_Strict):
         "unless --force (added in schema 1.6; devices ignore it)",
     )
 
-    def succeeded_by(self, models: dict[str, ModelEntry]) -> Manifest:
-        """The next generation of this manifest with ``models``, everything else kept (the
-        enrolled and revoked device keys), stamped with the schema version this epfleet writes."""
+    def succeeded_by(self, models: dict[str, ModelEntry], now: datetime) -> Manifest:
+        """The next generation of this manifest with ``models``, published at ``now``,
+        everything else kept (the enrolled and revoked device keys), stamped with the schema
+        version this epfleet writes."""
         return self.model_copy(
             update={
                 "schema_version": compat.SCHEMA_VERSION,
                 "generation": self.generation + 1,
-                "published_at": utcnow(),
+                "published_at": now.replace(microsecond=0),
                 "models": models,
             }
         )

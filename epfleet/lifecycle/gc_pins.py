@@ -15,6 +15,7 @@ from datetime import datetime
 
 from epfleet.errors import StoreError
 from epfleet.fleet.evidence.reading import READ_THREADS, Problems, reports_from, stream_reports
+from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.formats.keys import files_key, variant_key
 from epfleet.lifecycle.gc_rules import pinning_device
@@ -82,7 +83,7 @@ def recent_reports(store: Store, since: datetime, problems: Problems) -> Iterato
     listed = reports.iter_objects(f"{REPORTS_PREFIX}/")
     keys = (o.key for o in listed if o.modified >= since)
     for found in stream_reports(reports, keys, threads=READ_THREADS):
-        if isinstance(found, str):
+        if isinstance(found, Unattributed):
             problems.add(found)
         else:
             yield found

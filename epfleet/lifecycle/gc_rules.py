@@ -15,11 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from epfleet.formats.keys import listing_key, signature_key
+from epfleet.formats.keys import is_temp_name, listing_key, signature_key
 from epfleet.formats.manifest import Manifest, referenced_keys
-from epfleet.fsutil import is_temp_name
-from epfleet.stores import MANIFEST_KEY
-from epfleet.stores.base import StoredObject
+from epfleet.stores.base import MANIFEST_KEY, StoredObject
 
 Kind = Literal["variant", "source", "samples", "file", "delta", "temp", "multipart"]
 KINDS: tuple[Kind, ...] = ("variant", "source", "samples", "file", "delta", "temp", "multipart")

@@ -15,7 +15,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from epfleet.errors import BadInputError
-from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry
+from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, utcnow
 from epfleet.formats.spec import FleetSpec
 from epfleet.stores import MANIFEST_KEY, Store
 
@@ -155,7 +155,7 @@ def retire(manifest: Manifest, selection: Selection) -> tuple[Manifest | None, R
     for entry in models.values():
         still |= files_of(entry)
     done.bytes = sum(size for key, size in released.items() if key not in still)
-    after = manifest.succeeded_by(models)
+    after = manifest.succeeded_by(models, utcnow())
     done.generation = after.generation
     return after, done
 

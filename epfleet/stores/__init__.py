@@ -1,7 +1,9 @@
 """Stores: where sources, variants and the manifest live.
 
 ``open_store`` maps a URI's scheme to a backend module (its ``from_uri``) through the explicit
-table below, importing only the one asked for.
+table below, importing only the one asked for: a device install without the ``s3`` extra
+opens local and ``https://`` stores, and an ``s3://`` URI there names the extra to install
+(``epfleet.extras``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from epfleet.errors import BadInputError, DocumentTooLarge
+from epfleet.extras import missing_extra
 from epfleet.stores.base import (
     DEFAULT_STORE,
     MANIFEST_KEY,
@@ -37,7 +40,7 @@ __all__ = [
 
 BACKENDS: dict[str, str] = {
     "file": "epfleet.stores.local",
-    "s3": "epfleet.stores.s3",
+    "s3": "epfleet.stores.s3",  # boto3: the s3 extra
     "https": "epfleet.stores.https",
     "http": "epfleet.stores.https",  # a mirror on loopback (tests, a local cache)
     "memory": "epfleet.stores.memory",  # this process only (unit tests)
@@ -48,13 +51,18 @@ def open_store(uri: str) -> Store:
     """A store for ``file:///abs/dir``, a plain path, ``s3://bucket/prefix``, or a read-only
     mirror ``https://host/path``."""
     scheme = urlparse(uri).scheme if "://" in uri else "file"
-    try:
-        module = importlib.import_module(BACKENDS[scheme])
-    except KeyError:
+    if scheme not in BACKENDS:
         raise BadInputError(
             f"store URI {uri!r} has unknown scheme {scheme!r}; known: "
             f"{', '.join(f'{s}://' for s in BACKENDS)} or a plain path"
-        ) from None
+        )
+    try:
+        module = importlib.import_module(BACKENDS[scheme])
+    except ModuleNotFoundError as exc:
+        missing = missing_extra(exc, f"store {uri} ({scheme}://)")
+        if missing is None:
+            raise
+        raise missing from None
     store: Store = module.from_uri(uri)
     return store
 

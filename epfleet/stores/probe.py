@@ -5,6 +5,7 @@ mistyped path or bucket is not fixed by turning signature checks off."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -37,14 +38,15 @@ def store_absence(store: Store) -> EpfleetError | None:
     when it is there (or this cannot tell: a bucket that refuses the question may still
     serve its objects)."""
     from epfleet.stores.local import LocalStore
-    from epfleet.stores.s3 import S3Store
 
     if isinstance(store, LocalStore) and not store.root.is_dir():
         return BadInputError(
             f"store {store.uri} does not exist (no directory {store.root}): check --store; "
             "a fleet publishes there with epfleet compile"
         )
-    if isinstance(store, S3Store):
+    # An open S3 store has loaded its module; boto3 is an extra: never imported for this.
+    s3 = sys.modules.get("epfleet.stores.s3")
+    if s3 is not None and isinstance(store, s3.S3Store):
         return _bucket_absence(store)
     return None
 

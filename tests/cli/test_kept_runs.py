@@ -169,5 +169,16 @@ def test_a_compile_records_only_its_own_stores_kept_runs(
     recorded = compile_into(other, {"PREFECT_API_URL": prefect_api})
     assert "recorded" not in recorded.stderr and "kept run" not in recorded.stderr
     assert kept(tmp_path, mine) == [record] and kept(tmp_path, other) == []
-    compile_into(mine, {"PREFECT_API_URL": prefect_api})
-    assert kept(tmp_path) == []
+    # A run kept before runs were kept per store (in kept-runs itself, its store as typed):
+    # never recorded, said in one line while it is there.
+    before = tmp_path / "cache" / "work" / "kept-runs" / "20261201T000000.000000001-0.json"
+    before.write_bytes(record.read_bytes().replace(open_store(str(mine)).uri.encode(), b"store"))
+    done = compile_into(mine, {"PREFECT_API_URL": prefect_api})
+    [note] = [line for line in done.stderr.splitlines() if "earlier epfleet" in line]
+    assert note == (
+        f"epfleet: 1 run(s) kept by an earlier epfleet in {before.parent} will not be recorded "
+        "(their records do not say for sure which store they were compiled into); remove "
+        f"them: rm {before.parent}/*.json*"
+    )
+    assert "recorded 1 kept run(s)" in done.stderr
+    assert kept(tmp_path) == [before]

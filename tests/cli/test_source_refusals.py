@@ -20,6 +20,7 @@ from epfleet.cli.app import main
 from epfleet.fleet.planning.plan import plan_run
 from epfleet.hashing import sha256_bytes, sha256_file
 from epfleet.stores import open_store
+from tests.support.hand_made_fleet import make_fleet
 from tests.support.specs import CPU_TARGET, tiny_models, write_spec
 
 pytestmark = pytest.mark.fast
@@ -137,19 +138,48 @@ def test_a_source_with_its_external_data_in_its_folder_is_staged_whole(
     assert f"files/{data_sha256}" in open_store(store_uri).list_keys("files/")
 
 
-@pytest.mark.parametrize("bad", ["missing.onnx", "notes.onnx"])
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        ({"source": "missing.onnx"}, "models[m].source"),
+        ({"source": "notes.onnx"}, "is not an ONNX model"),
+        ({"targets": [{"name": "t", "ep": "NopeExecutionProvider"}]}, "unknown execution"),
+    ],
+    ids=["missing", "not-onnx", "unknown-ep"],
+)
 def test_a_refused_spec_leaves_no_store_behind(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, model_dir: Path, bad: str
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    model_dir: Path,
+    bad: dict[str, object],
+    said: str,
 ) -> None:
-    """A good model beside a missing or non-ONNX one: the spec is refused before the good
-    one is staged, and the new store's directory is never made."""
+    """A good model beside a bad one (or a bad target): the spec is refused before the good
+    one is staged, and the new store's directory is never made (nor sources/, samples/)."""
     (tmp_path / "notes.onnx").write_bytes(SECRET)
-    models = [*tiny_models(model_dir)[:1], {"name": "m", "source": bad}]
-    spec = write_spec(tmp_path, models, [CPU_TARGET])
+    good = tiny_models(model_dir)[0]
+    targets = bad.pop("targets", [CPU_TARGET])
+    models = [good, {**good, "name": "m", **bad}]
+    spec = write_spec(tmp_path, models, targets)  # type: ignore[arg-type]
     store = tmp_path / "new-store"
     assert main(["compile", str(spec), "--store", str(store)]) == 2
-    assert "models[m].source" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
     assert not store.exists()
+
+
+def test_a_store_of_an_unknown_scheme_leaves_nothing_anywhere(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = write_spec(tmp_path, tiny_models(model_dir)[:1], [CPU_TARGET])
+    monkeypatch.chdir(tmp_path)
+    cache = Path(os.environ["EPFLEET_CACHE"])
+    before = sorted(tmp_path.rglob("*")), sorted(cache.rglob("*"))
+    assert main(["compile", str(spec), "--store", "gs://bucket/fleet"]) == 2
+    assert "unknown scheme 'gs'" in capsys.readouterr().err
+    assert (sorted(tmp_path.rglob("*")), sorted(cache.rglob("*"))) == before
 
 
 def test_a_sync_from_a_store_that_is_not_there_makes_no_cache(
@@ -159,3 +189,34 @@ def test_a_sync_from_a_store_that_is_not_there_makes_no_cache(
     code = main(["sync", "--store", str(tmp_path / "nowhere"), "--cache", str(cache)])
     assert code == 2 and "does not exist" in capsys.readouterr().err
     assert not cache.exists()
+
+
+@pytest.mark.parametrize(
+    ("root", "said"),
+    [
+        (None, "no trusted root to verify"),
+        ("missing.json", "missing.json: cannot read it"),
+        ("notes.json", "is not valid TUF root metadata"),
+    ],
+)
+def test_a_first_sync_with_its_trust_root_refused_makes_no_cache(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    root: str | None,
+    said: str,
+) -> None:
+    """A signed store, and no root to trust it with, or one that cannot be read or is no
+    root: refused (exit 2) before anything is made; the right root then syncs."""
+    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
+    monkeypatch.delenv("EPFLEET_TRUST_ROOT", raising=False)
+    fleet = make_fleet(str(tmp_path / "store"), tmp_path)
+    (tmp_path / "notes.json").write_bytes(b'{"signed": {"_type": "root"}}')
+    cache = tmp_path / "device"
+    argv = ["sync", "--store", fleet.uri, "--cache", str(cache), "--device-id", "dev-1"]
+    given = ["--trust-root", str(tmp_path / root)] if root else []
+    assert main([*argv, *given]) == 2
+    assert said in capsys.readouterr().err
+    assert not cache.exists()
+    assert main([*argv, "--trust-root", str(fleet.root)]) == 0
+    assert (cache / "manifest.json").is_file()

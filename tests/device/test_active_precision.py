@@ -17,6 +17,7 @@ pytestmark = pytest.mark.fast
 
 SHA = "a" * 64
 SOURCE = SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=10)
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def htp_variant(sha256: str, precision: str | None) -> VariantEntry:
@@ -39,7 +40,7 @@ def htp_variant(sha256: str, precision: str | None) -> VariantEntry:
 
 def test_a_published_variant_records_its_entrys_precision() -> None:
     entry = ModelEntry(source=SOURCE, variants={"v68": htp_variant("b" * 64, "w8a8")})
-    installed = published_variant("v68", entry.variants["v68"])
+    installed = published_variant("v68", entry.variants["v68"], NOW)
     assert installed.precision == "w8a8"
     # The manifest moves on to another build at another precision: the installed one's stays.
     moved = ModelEntry(source=SOURCE, variants={"v68": htp_variant("c" * 64, "w8a16")})
@@ -48,7 +49,9 @@ def test_a_published_variant_records_its_entrys_precision() -> None:
 
 def test_a_variant_an_older_epfleet_installed_takes_the_manifests_of_the_same_build() -> None:
     entry = ModelEntry(source=SOURCE, variants={"v68": htp_variant("b" * 64, "w8a8")})
-    older = published_variant("v68", entry.variants["v68"]).model_copy(update={"precision": None})
+    older = published_variant("v68", entry.variants["v68"], NOW).model_copy(
+        update={"precision": None}
+    )
     assert precision_of(older, entry) == "w8a8"
     rebuilt = ModelEntry(source=SOURCE, variants={"v68": htp_variant("c" * 64, "w8a8")})
     assert precision_of(older, rebuilt) is None  # another build: not known
@@ -59,14 +62,16 @@ def test_a_variant_an_older_epfleet_installed_takes_the_manifests_of_the_same_bu
 
 def test_a_local_build_and_the_fallback() -> None:
     htp = LocalTarget(device="npu", provider_options={"backend_type": "htp", "htp_arch": "68"})
-    built = local_variant("QNNExecutionProvider", htp, "s", "d" * 64, 5, SHA, precision="w8a8")
+    built = local_variant(
+        "QNNExecutionProvider", htp, "s", "d" * 64, 5, SHA, now=NOW, precision="w8a8"
+    )
     assert precision_of(built, None) == "w8a8"
     older = built.model_copy(update={"precision": None})  # what its EP module says
     assert precision_of(older, None) == "w8a8"
     cpu = LocalTarget(device="cpu", provider_options={})
-    older_cpu = local_variant("CPUExecutionProvider", cpu, "s", "e" * 64, 5, SHA)
+    older_cpu = local_variant("CPUExecutionProvider", cpu, "s", "e" * 64, 5, SHA, now=NOW)
     assert precision_of(older_cpu, None) == "fp32"
-    fallback = fallback_variant(SOURCE)
+    fallback = fallback_variant(SOURCE, NOW)
     assert fallback.precision == "fp32"
     assert precision_of(fallback.model_copy(update={"precision": None}), None) == "fp32"
     unknown = older.model_copy(update={"ep": "NoSuchExecutionProvider"})

@@ -255,7 +255,7 @@ def test_the_installed_digest_is_the_manifests() -> None:
     )
     from epfleet.device.activation import published_variant
 
-    installed = published_variant(TARGET, entry)
+    installed = published_variant(TARGET, entry, datetime.now(timezone.utc))
     assert installed.digest == entry.digest
     assert installed.name == f"{TARGET}-{entry.digest[:12]}"  # type: ignore[index]
     assert installed.total_size == entry.total_size

@@ -10,9 +10,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from epfleet.deltas import MAX_DELTA_SIZE
 from epfleet.fleet.publishing.delta_rules import delta_jobs, with_deltas
 from epfleet.formats.manifest import (
+    MAX_DELTA_SIZE,
     ArtifactRef,
     DeltaRef,
     Manifest,

@@ -22,6 +22,7 @@ from epfleet.fleet.evidence.reading import (
     check_report_window,
     stream_reports,
 )
+from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.fleet.watch.inputs import read_reports
 from epfleet.formats.device_report import (
     DeviceInfo,
@@ -257,7 +258,7 @@ def test_reports_stream_with_a_bounded_number_in_flight(tmp_path: Path) -> None:
 def test_problems_are_counted_all_and_named_up_to_a_limit() -> None:
     problems = Problems()
     for i in range(MAX_LISTED_PROBLEMS + 5):
-        problems.add(f"k{i}: bad")
+        problems.add(Unattributed(f"k{i}", "unreadable", "bad"))
     assert problems.count == MAX_LISTED_PROBLEMS + 5
     summary = problems.summary()
     assert len(summary) == MAX_LISTED_PROBLEMS + 1 and summary[-1].endswith(

@@ -48,3 +48,29 @@ def test_kept_runs_are_bounded_and_claimed_once(
     with pytest.raises(ValueError, match="over 10"):
         kept_runs.keep(inputs, 2, plan, report)
     reset_settings()
+
+
+def test_runs_kept_before_runs_were_kept_per_store_are_listed_apart_and_never_pending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from epfleet.fleet.runs import kept_runs
+    from epfleet.fleet.runs.models import RunPlan, RunReport
+    from epfleet.settings import reset_settings
+
+    monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "cache"))
+    reset_settings()
+    assert kept_runs.from_before_stores() == []  # no directory yet
+    plan = RunPlan(store="s", sources={}, pairs=[], generation=0, published_sources={})
+    report = RunReport(generation=1, published=True, compiled=0, skipped=0, failed=0, variants=[])
+    inputs = (str(tmp_path / "spec.yaml"), "file:///s", ("m",), (), False)
+    mine, _ = kept_runs.keep(inputs, 2, plan, report)
+    root = kept_runs.kept_root()
+    old = root / "20261201T000000.000000001-00000000.json"  # the layout before: one directory
+    old.write_bytes(mine.read_bytes().replace(b'"file:///s"', b'"./s"'))  # the store as typed
+    claimed = root / "20261201T000000.000000002-00000000.json.recording"
+    claimed.write_bytes(old.read_bytes())
+    (root / ".20261201T000000.000000003-00000000.json.ab12cd34.tmp").write_bytes(b"")
+    assert kept_runs.from_before_stores() == [old, claimed]
+    assert kept_runs.pending("file:///s") == [mine]  # never another store's, nor "./s"
+    assert kept_runs.pending("./s") == []
+    reset_settings()

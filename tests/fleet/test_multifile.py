@@ -46,6 +46,9 @@ from tests.support.specs import write_spec
 
 pytestmark = pytest.mark.slow
 
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+SEED = "5eed" * 8
+
 HTP = {
     "backend_type": "htp",
     "enable_htp_fp16_precision": "1",
@@ -468,7 +471,15 @@ def test_a_rebuild_alike_keeps_the_published_files_only_while_all_are_stored() -
 
     published, rebuilt = build("2"), build("3")
     current = Manifest(models={"m": ModelEntry(source=source, variants={"t": published})})
-    kept = merge(current, {"m": source}, {"m": source}, {("m", "t"): rebuilt}, present=bool)
+    kept = merge(
+        current,
+        {"m": source},
+        {"m": source},
+        {("m", "t"): rebuilt},
+        present=bool,
+        now=NOW,
+        seed=SEED,
+    )
     assert kept.manifest is None  # the published build stays, its files with it
     gone = published.files[0].uri
     replaced = merge(
@@ -477,6 +488,8 @@ def test_a_rebuild_alike_keeps_the_published_files_only_while_all_are_stored() -
         {"m": source},
         {("m", "t"): rebuilt},
         present=lambda ref: ref.uri != gone,
+        now=NOW,
+        seed=SEED,
     )
     assert replaced.manifest is not None
     assert replaced.manifest.models["m"].variants["t"].files == rebuilt.files

@@ -22,7 +22,7 @@ from epfleet.formats.device_report import (
     encode_report,
     report_key,
 )
-from epfleet.formats.manifest import Manifest
+from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 from epfleet.stores import Store, open_store
 from tests.support.fake_clock import FakeClock
@@ -51,7 +51,7 @@ def staged(store: Store, clock: FakeClock) -> Rollout:
         moved = entry.model_copy(
             update={"rollout": rollout, "previous": {"cpu": entry.variants["cpu"]}}
         )
-        return current.succeeded_by(current.models | {MODEL: moved})
+        return current.succeeded_by(current.models | {MODEL: moved}, utcnow())
 
     update_manifest(store, stage)
     return rollout

@@ -18,7 +18,7 @@ from epfleet.fleet.planning.plan import plan_run
 from epfleet.fleet.publishing.publish import read_in_force, update_manifest
 from epfleet.fleet.runs.compile_run import run_compiles
 from epfleet.fleet.runs.plain_runner import PlainRunner
-from epfleet.formats.manifest import Manifest
+from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import Store, open_store
 from tests.support.specs import CPU_TARGET, HTP_TARGETS, tiny_models, write_spec
@@ -46,7 +46,7 @@ def store(fleet_store: Path) -> Store:
         assert current is not None
         entry = current.models[MODEL]
         staged = entry.model_copy(update={"rollout": ROLLOUT, "previous": dict(entry.variants)})
-        return current.succeeded_by(current.models | {MODEL: staged})
+        return current.succeeded_by(current.models | {MODEL: staged}, utcnow())
 
     update_manifest(opened, stage)
     return opened

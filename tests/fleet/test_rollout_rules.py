@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from epfleet.fleet.evidence.rules import Unattributed, attribute
 from epfleet.fleet.publishing.merge_rules import ModelFacts, merge
 from epfleet.fleet.rollout.rules import (
+    Begin,
     CannotMove,
     Evidence,
     NoRollout,
@@ -51,6 +52,8 @@ pytestmark = pytest.mark.fast
 
 SHA = "ab" * 32
 NOW = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
+SEED = "5eed" * 8
+BEGIN = Begin(now=NOW, id="1" * 16, salt="2" * 32)
 
 
 def variant(digest: str) -> VariantEntry:
@@ -106,8 +109,10 @@ def entry_with_rollout(stage: int = 0) -> ModelEntry:
         source=SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=9),
         variants={"cpu": variant("b" * 64), "npu-new": variant("d" * 64)},
     )
-    start(entry, {"cpu": variant("a" * 64), "npu-new": None}, RolloutPolicy(stages=[10, 100]), NOW)
-    assert entry.rollout is not None
+    entry = start(
+        entry, {"cpu": variant("a" * 64), "npu-new": None}, RolloutPolicy(stages=[10, 100]), BEGIN
+    )
+    assert entry.rollout is not None and entry.rollout.id == "1" * 16
     entry.rollout = entry.rollout.model_copy(update={"stage": stage})
     return entry
 
@@ -125,28 +130,49 @@ def test_a_device_outside_the_rollout_runs_what_the_new_variants_replaced() -> N
 
 def test_a_publish_starts_a_rollout_only_with_something_to_go_back_to() -> None:
     first = ModelEntry(source=SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=9))
-    start(first, {"cpu": None}, RolloutPolicy(), NOW)
-    assert first.rollout is None and first.previous == {}
+    assert start(first, {"cpu": None}, RolloutPolicy(), BEGIN) is first
     entry = entry_with_rollout()
     older = entry.previous["cpu"]
-    start(entry, {"cpu": variant("b" * 64)}, RolloutPolicy(), NOW)  # a newer publish meanwhile
-    assert entry.previous["cpu"] == older  # the way back stays what the fleet ran before
+    newer = Begin(now=NOW, id="3" * 16, salt="4" * 32)
+    restaged = start(entry, {"cpu": variant("b" * 64)}, RolloutPolicy(), newer)  # a newer publish
+    assert restaged.previous["cpu"] == older  # the way back stays what the fleet ran before
+    assert restaged.rollout is not None and restaged.rollout.id == "3" * 16
+    assert entry.rollout is not None and entry.rollout.id == "1" * 16  # a copy: entry unchanged
 
 
 def test_merge_stages_a_replaced_variant_of_a_model_with_a_policy() -> None:
     source = SourceEntry(uri=f"sources/{SHA}.onnx", sha256=SHA, size=9)
     facts = ModelFacts(rollout={"m": RolloutPolicy(stages=[10, 100])})
-    first = merge(None, {"m": source}, {"m": None}, {("m", "cpu"): variant("a" * 64)}, facts)
+    first = merge(
+        None,
+        {"m": source},
+        {"m": None},
+        {("m", "cpu"): variant("a" * 64)},
+        facts,
+        now=NOW,
+        seed=SEED,
+    )
     assert first.manifest is not None and first.manifest.models["m"].rollout is None
     second = merge(
-        first.manifest, {"m": source}, {"m": source}, {("m", "cpu"): variant("b" * 64)}, facts
+        first.manifest,
+        {"m": source},
+        {"m": source},
+        {("m", "cpu"): variant("b" * 64)},
+        facts,
+        now=NOW,
+        seed=SEED,
     )
     assert second.manifest is not None
     staged = second.manifest.models["m"]
     assert staged.rollout is not None and staged.rollout.state == "active"
     assert staged.previous["cpu"] is not None and staged.previous["cpu"].digest == "a" * 64
     no_policy = merge(
-        first.manifest, {"m": source}, {"m": source}, {("m", "cpu"): variant("b" * 64)}
+        first.manifest,
+        {"m": source},
+        {"m": source},
+        {("m", "cpu"): variant("b" * 64)},
+        now=NOW,
+        seed=SEED,
     )
     assert no_policy.manifest is not None and no_policy.manifest.models["m"].rollout is None
 
@@ -194,14 +220,24 @@ def test_merge_makes_a_rollout_under_way_follow_its_changed_policy() -> None:
         f"its rollout {entry.rollout.id if entry.rollout else ''} (active, stage 1) follows "
         "the spec's changed rollout policy: max_failure_rate 0.05 -> 0.5"
     )
-    merged = merge(current, {"m": source}, {"m": source}, {}, ModelFacts(rollout={"m": looser}))
+    merged = merge(
+        current,
+        {"m": source},
+        {"m": source},
+        {},
+        ModelFacts(rollout={"m": looser}),
+        now=NOW,
+        seed=SEED,
+    )
     assert merged.manifest is not None
     followed = merged.manifest.models["m"].rollout
     assert followed is not None and followed.policy == looser
     assert entry.rollout is not None and followed.id == entry.rollout.id
     assert entry.rollout.policy.max_failure_rate == 0.05  # the manifest given is not changed
     same = ModelFacts(rollout={"m": entry.rollout.policy})
-    assert merge(current, {"m": source}, {"m": source}, {}, same).manifest is None
+    assert (
+        merge(current, {"m": source}, {"m": source}, {}, same, now=NOW, seed=SEED).manifest is None
+    )
     ended = advance(entry_with_rollout(stage=1), NOW)
     assert ended.rollout is not None and ended.rollout.state == "complete"
     assert policy_change(ended, looser) is None  # a finished rollout keeps what it ran
@@ -453,11 +489,21 @@ def versions() -> tuple[Manifest, Manifest]:
     new_source = SourceEntry(uri=f"sources/{SHA2}.onnx", sha256=SHA2, size=9)
     policy = RolloutPolicy(stages=[10, 100], canary=["dev-000"])
     v1 = ModelFacts(samples={"m": samples("1" * 64)}, rollout={"m": policy})
-    first = merge(None, {"m": old_source}, {"m": None}, {("m", "cpu"): variant("a" * 64)}, v1)
+    first = merge(
+        None,
+        {"m": old_source},
+        {"m": None},
+        {("m", "cpu"): variant("a" * 64)},
+        v1,
+        now=NOW,
+        seed=SEED,
+    )
     assert first.manifest is not None
     v2 = ModelFacts(samples={"m": samples("2" * 64)}, rollout={"m": policy})
     new_variants = {("m", "cpu"): variant("b" * 64), ("m", "npu"): variant("c" * 64)}
-    second = merge(first.manifest, {"m": new_source}, {"m": old_source}, new_variants, v2)
+    second = merge(
+        first.manifest, {"m": new_source}, {"m": old_source}, new_variants, v2, now=NOW, seed=SEED
+    )
     assert second.manifest is not None
     return first.manifest, second.manifest
 
@@ -502,7 +548,13 @@ def test_a_newer_version_during_a_rollout_never_makes_an_unproven_one_the_way_ba
     facts = ModelFacts(rollout={"m": policy})
     v2_source = second.models["m"].source
     third = merge(
-        second, {"m": third_source}, {"m": v2_source}, {("m", "cpu"): variant("d" * 64)}, facts
+        second,
+        {"m": third_source},
+        {"m": v2_source},
+        {("m", "cpu"): variant("d" * 64)},
+        facts,
+        now=NOW,
+        seed=SEED,
     )
     assert third.manifest is not None
     entry = third.manifest.models["m"]
@@ -515,6 +567,8 @@ def test_a_newer_version_during_a_rollout_never_makes_an_unproven_one_the_way_ba
         {"m": third_source},
         {("m", "gpu"): variant("e" * 64), ("m", "cpu"): variant("f" * 64)},
         facts,
+        now=NOW,
+        seed=SEED,
     )
     assert rebuilt.manifest is not None
     kept = rebuilt.manifest.models["m"]
@@ -526,7 +580,14 @@ def test_a_first_version_and_a_new_source_without_policy_are_not_staged() -> Non
     assert first.models["m"].rollout is None
     new_source = SourceEntry(uri=f"sources/{SHA2}.onnx", sha256=SHA2, size=9)
     old_source = first.models["m"].source
-    plain = merge(first, {"m": new_source}, {"m": old_source}, {("m", "cpu"): variant("b" * 64)})
+    plain = merge(
+        first,
+        {"m": new_source},
+        {"m": old_source},
+        {("m", "cpu"): variant("b" * 64)},
+        now=NOW,
+        seed=SEED,
+    )
     assert plain.manifest is not None
     assert plain.manifest.models["m"].rollout is None
     assert plain.manifest.models["m"].previous_version is None

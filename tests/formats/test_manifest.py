@@ -25,6 +25,9 @@ from tests.support.paths import REPO
 
 pytestmark = pytest.mark.fast
 
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+SEED = "5eed" * 8
+
 SHA_A, SHA_B, SHA_C = "a" * 64, "b" * 64, "c" * 64
 
 
@@ -60,7 +63,7 @@ def run(current: Manifest | None, sources: dict, variants: dict, planned_on: dic
         planned_on = {
             name: published[name].source if name in published else None for name in sources
         }
-    return merge(current, sources, planned_on, variants)
+    return merge(current, sources, planned_on, variants, now=NOW, seed=SEED)
 
 
 def test_first_publish_creates_generation_one() -> None:
@@ -209,19 +212,37 @@ def test_a_rebuild_with_other_bytes_keeps_the_published_artifact() -> None:
     rebuilt = variant(artifact=other_bytes, verification=_passed(seconds=2.0))
     planned_on = {"m": source()}
     kept = merge(
-        first, {"m": source()}, planned_on, {("m", "t"): rebuilt}, present=lambda ref: True
+        first,
+        {"m": source()},
+        planned_on,
+        {("m", "t"): rebuilt},
+        present=lambda ref: True,
+        now=NOW,
+        seed=SEED,
     )
     assert kept.manifest is None  # nothing to publish: the same build
 
     gone = merge(
-        first, {"m": source()}, planned_on, {("m", "t"): rebuilt}, present=lambda ref: False
+        first,
+        {"m": source()},
+        planned_on,
+        {("m", "t"): rebuilt},
+        present=lambda ref: False,
+        now=NOW,
+        seed=SEED,
     )
     assert gone.manifest is not None
     assert gone.manifest.models["m"].variants["t"].artifact == other_bytes
 
     new_string = rebuilt.model_copy(update={"compatibility_string": "v2:6:2.52.0:5.52.0:75:57:0:0"})
     changed = merge(
-        first, {"m": source()}, planned_on, {("m", "t"): new_string}, present=lambda ref: True
+        first,
+        {"m": source()},
+        planned_on,
+        {("m", "t"): new_string},
+        present=lambda ref: True,
+        now=NOW,
+        seed=SEED,
     )
     assert changed.manifest is not None
     assert changed.manifest.models["m"].variants["t"].artifact == other_bytes
@@ -235,9 +256,19 @@ def test_golden_samples_are_set_per_model_and_kept_with_their_source() -> None:
         {"m": None},
         {("m", "t"): variant()},
         ModelFacts(samples={"m": golden}),
+        now=NOW,
+        seed=SEED,
     ).manifest
     assert first is not None and first.models["m"].samples == golden
-    again = merge(first, {"m": source()}, {"m": source()}, {}, ModelFacts(samples={"m": golden}))
+    again = merge(
+        first,
+        {"m": source()},
+        {"m": source()},
+        {},
+        ModelFacts(samples={"m": golden}),
+        now=NOW,
+        seed=SEED,
+    )
     assert again.manifest is None
 
 
@@ -273,6 +304,8 @@ def test_merge_never_changes_the_manifest_it_is_given() -> None:
         {"m": source()},
         {("m", "t"): variant(fingerprint="f2"), ("m", "u"): variant()},
         ModelFacts(samples={"m": golden}),
+        now=NOW,
+        seed=SEED,
     ).manifest
     assert second is not None and set(second.models["m"].variants) == {"t", "u"}
     assert first.model_dump_json() == before

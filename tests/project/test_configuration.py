@@ -1,5 +1,6 @@
 """Configuration flows as values: no module of the package writes the process's
-environment, and the pure rule modules (``rules.py``, ``*_rules.py``) read no setting at all."""
+environment, and the pure rule modules (``tests.support.rule_modules``) read no setting
+at all."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import REPO
+from tests.support.rule_modules import is_rule_module
 
 pytestmark = pytest.mark.fast
 
@@ -19,6 +21,11 @@ WRITERS = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__
 
 def modules(*packages: str) -> list[Path]:
     return sorted(p for package in packages for p in (REPO / package).rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _is_environ(node: ast.AST) -> bool:
@@ -113,7 +120,7 @@ def reads_of_settings(source: str) -> list[str]:
 
 def test_rule_modules_take_values_not_settings() -> None:
     """A rule module is pure: what it decides with is passed by its caller."""
-    rules = [p for p in modules(*PACKAGES) if p.stem == "rules" or p.stem.endswith("_rules")]
+    rules = [p for p in modules(*PACKAGES) if is_rule_module(module_name(p))]
     assert rules, "no rule modules found"
     found = {
         str(path.relative_to(REPO)): reads

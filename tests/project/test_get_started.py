@@ -5,7 +5,7 @@ home directory and none of the tests' ``EPFLEET_*``, ``AWS_*`` or ``PREFECT_*`` 
 
 What is not run as written, and why:
 - the virtual environment's set-up (``python3 -m venv``, its activation and the
-  ``pip install -e`` of the clone) and the fast tier's pytest command: CI made this very
+  ``pip install -e`` of the clone, with any extras) and the fast tier's pytest command: CI made this very
   environment that way from this clone, and is running the tests; the venv's ``bin`` is
   first on ``PATH``, as activation puts it;
 - the ports 5055 (moto) and 4200 (Prefect) are replaced with free ones, so that other
@@ -37,8 +37,9 @@ PAGES = ["index.md", "s3.md", "prefect-server.md"]
 DONE_BY_CI = (
     "python3 -m venv .venv",
     ". .venv/bin/activate",
-    'python -m pip install -e ".[qnn]"',
+    'python -m pip install -e ".[host,qnn]"',
     'python -m pip install -e ".[qnn,test]"',
+    'python -m pip install -e ".[s3]"',
     "python -m pytest -q -n auto -m fast",
 )
 FAILED = "GET-STARTED-FAILED"

@@ -8,17 +8,29 @@ between modules, none between the top-level packages, and the layers:
 - the fleet side (``epfleet.fleet``, ``epfleet.lifecycle``, fleet flows and tasks) and the
   device side (``epfleet.device``, the device-sync flow and task) never import each
   other: they meet in ``formats``, ``runtime``, ``stores`` and ``trust``;
-- ``formats``, ``runtime``, ``stores`` and ``trust`` import neither side.
+- ``formats``, ``runtime``, ``stores`` and ``trust`` import neither side;
+- rule modules (``tests.support.rule_modules``: each feature's ``rules``/``*_rules`` and
+  ``models``, the device's pure modules) are pure by construction: of epfleet they
+  import, directly or through others, only ``formats``, other rule modules and a few
+  shared pure modules (``PURE_SHARED``); of the rest, the standard library (no clock,
+  randomness, environment, process or file system module), pydantic, packaging and
+  securesystemslib; and they call no clock (``now``, ``utcnow``, ``today``), no
+  ``open``, ``print`` or ``input`` (``impurities``, an AST scan of their source).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.util
 import itertools
+import sys
 from collections import deque
 
 import grimp
 import pytest
+
+from tests.support.rule_modules import is_rule_module
 
 pytestmark = pytest.mark.fast
 
@@ -184,3 +196,197 @@ def test_the_checks_find_cycles_and_chains() -> None:
     assert shortest_path(nodes, "a", {"a"}) == ["a", "b", "c", "a"]
     assert shortest_path(nodes, "b", {"d"}) == ["b", "c", "d"]
     assert shortest_path(nodes, "d", {"a"}) is None
+
+
+PURE_SHARED = {
+    "epfleet": "version constants",
+    "epfleet.errors": "exception classes",
+    "epfleet.hashing": "digests of bytes (its file readers are its callers' I/O)",
+    "epfleet.stores.base": "the store interface's data types and key syntax, no backend",
+    "epfleet.runtime.requests": "the compile request's data model",
+    "eps": "the EP modules' declared facts, looked up by name",
+    "eps.base": "the EP modules' shared types",
+    "epfleet.text": "text formatting",
+    "epfleet.device.cache.layout": "the device cache's file names",
+    "epfleet.device.cache.state": "the device cache state's data model",
+    "epfleet.trust.highwater": "the trust high-water mark's data model",
+}
+"""What of epfleet, besides ``formats`` and other rule modules, a rule module may import,
+and why it is pure."""
+FORMATS_IO = {"epfleet.formats.spec_file"}
+"""``formats`` modules that read files (the spec's YAML): not for rule modules."""
+
+
+def allowed_in_rules(module: str) -> bool:
+    return (
+        is_rule_module(module)
+        or module in PURE_SHARED
+        or (within(module, "epfleet.formats") and module not in FORMATS_IO)
+    )
+
+
+def rule_slips(graph: grimp.ImportGraph) -> list[str]:
+    """Each rule module's import, direct or through other modules, of an epfleet module
+    that is not a rule module, ``formats`` or ``PURE_SHARED``: a store, the settings, a
+    clock, a feature's I/O side. Named with the chain that reaches it."""
+    nodes = edges(graph)
+    slips = []
+    for rule in sorted(m for m in graph.modules if is_rule_module(m)):
+        reached = {m for m in graph.find_upstream_modules(rule) if not allowed_in_rules(m)}
+        direct = sorted(reached & nodes[rule])
+        for bad in direct or sorted(reached)[:1]:
+            chain = shortest_path(nodes, rule, {bad})
+            assert chain is not None
+            slips.append(f"{describe_chain(graph, chain)}: rules import only pure modules")
+    return slips
+
+
+def test_rule_modules_import_only_pure_modules() -> None:
+    graph = import_graph()
+    assert sum(is_rule_module(m) for m in graph.modules) >= 15, "rule modules not found"
+    slips = rule_slips(graph)
+    assert not slips, "rule modules that reach I/O:\n" + "\n".join(slips)
+
+
+STDLIB_IMPURE = {
+    "time": "a clock",
+    "secrets": "randomness",
+    "random": "randomness",
+    "uuid": "randomness",
+    "os": "the environment and the file system",
+    "pathlib": "the file system",
+    "io": "I/O",
+    "shutil": "the file system",
+    "tempfile": "the file system",
+    "glob": "the file system",
+    "subprocess": "processes",
+    "multiprocessing": "processes",
+    "threading": "threads",
+    "concurrent": "threads",
+    "asyncio": "an event loop",
+    "socket": "the network",
+    "ssl": "the network",
+    "http": "the network",
+    "urllib": "the network",
+    "logging": "logs",
+}
+"""Standard library modules a rule module does not import, and what each reaches."""
+THIRD_PARTY_PURE = {"pydantic", "pydantic_core", "packaging", "securesystemslib"}
+CLOCK_CALLS = {"now", "utcnow", "today"}
+IO_BUILTINS = {"open", "print", "input", "breakpoint"}
+
+
+def impurities(source: str) -> list[str]:
+    """What in a rule module's ``source`` reaches a clock, randomness, the environment or
+    I/O: an import of such a module (or of an unknown third-party one), a clock call
+    (``datetime.now()``, ``utcnow()``, ``date.today()``) or a name imported for one,
+    ``os.environ`` or ``getenv``, and the I/O builtins."""
+    found = []
+
+    def imported(name: str, line: int) -> None:
+        top = name.split(".")[0]
+        if top in STDLIB_IMPURE:
+            found.append(f"line {line}: imports {name} ({STDLIB_IMPURE[top]})")
+        elif top not in sys.stdlib_module_names and top not in THIRD_PARTY_PURE | {
+            "epfleet",
+            "eps",
+            "__future__",
+        }:
+            found.append(f"line {line}: imports {name} (not the standard library or pydantic)")
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                imported(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            imported(node.module, node.lineno)
+            for alias in node.names:
+                if alias.name in CLOCK_CALLS | {"environ", "getenv"}:
+                    found.append(f"line {node.lineno}: imports {alias.name} from {node.module}")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in CLOCK_CALLS:
+                found.append(f"line {node.lineno}: calls {name}() (a clock: take now)")
+            elif isinstance(func, ast.Name) and name in IO_BUILTINS:
+                found.append(f"line {node.lineno}: calls {name}() (I/O)")
+            elif name == "getenv":
+                found.append(f"line {node.lineno}: calls getenv() (the environment)")
+        elif isinstance(node, ast.Attribute) and node.attr == "environ":
+            found.append(f"line {node.lineno}: reads environ (the environment)")
+    return sorted(set(found), key=lambda text: int(text.split()[1].rstrip(":")))
+
+
+def module_source(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    with open(spec.origin, encoding="utf-8") as file:
+        return file.read()
+
+
+def test_rule_modules_reach_no_clock_randomness_environment_or_io() -> None:
+    rules = sorted(m for m in import_graph().modules if is_rule_module(m))
+    found = {m: problems for m in rules if (problems := impurities(module_source(m)))}
+    assert not found, "impure rule modules:\n" + "\n".join(
+        f"{m}: {'; '.join(problems)}" for m, problems in found.items()
+    )
+
+
+def test_the_purity_checks_find_planted_violations() -> None:
+    planted = (
+        "import secrets\n"
+        "import time as clock\n"
+        "import os\n"
+        "from datetime import datetime, timezone\n"
+        "from epfleet.formats.manifest import utcnow\n"
+        "import boto3\n"
+        "import json, statistics\n"  # the pure standard library is fine
+        "from pydantic import BaseModel\n"
+        "def decide(now: datetime) -> object:\n"
+        "    stamp = datetime.now(timezone.utc)\n"
+        "    other = utcnow()\n"
+        "    token = secrets.token_hex(8)\n"
+        "    region = os.environ.get('AWS_REGION')\n"
+        "    fallback = os.getenv('X')\n"
+        "    print(token)\n"
+        "    return now - stamp, other, region, fallback, clock.time()\n"
+    )
+    assert impurities(planted) == [
+        "line 1: imports secrets (randomness)",
+        "line 2: imports time (a clock)",
+        "line 3: imports os (the environment and the file system)",
+        "line 5: imports utcnow from epfleet.formats.manifest",
+        "line 6: imports boto3 (not the standard library or pydantic)",
+        "line 10: calls now() (a clock: take now)",
+        "line 11: calls utcnow() (a clock: take now)",
+        "line 13: reads environ (the environment)",
+        "line 14: calls getenv() (the environment)",
+        "line 15: calls print() (I/O)",
+    ]
+    assert impurities("import json\ndef f(now):\n    return json.dumps(str(now))\n") == []
+
+    graph = grimp.ImportGraph()
+    for module in (
+        "epfleet.fleet.rollout.rules",
+        "epfleet.fleet.rollout.rollouts",
+        "epfleet.fleet.evidence.rules",
+        "epfleet.formats.manifest",
+        "epfleet.stores",
+        "epfleet.stores.local",
+        "epfleet.settings",
+    ):
+        graph.add_module(module)
+    graph.add_import(importer="epfleet.fleet.rollout.rules", imported="epfleet.formats.manifest")
+    graph.add_import(importer="epfleet.fleet.rollout.rollouts", imported="epfleet.stores")
+    assert rule_slips(graph) == []  # an I/O module may import stores; formats is pure
+    graph.add_import(
+        importer="epfleet.fleet.rollout.rules", imported="epfleet.fleet.evidence.rules"
+    )
+    graph.add_import(importer="epfleet.fleet.evidence.rules", imported="epfleet.stores")
+    graph.add_import(importer="epfleet.stores", imported="epfleet.stores.local")
+    graph.add_import(importer="epfleet.formats.manifest", imported="epfleet.settings")
+    assert rule_slips(graph) == [
+        "epfleet.fleet.evidence.rules -> epfleet.stores: rules import only pure modules",
+        "epfleet.fleet.rollout.rules -> epfleet.formats.manifest -> epfleet.settings: "
+        "rules import only pure modules",
+    ]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.fleet.publishing.publish import update_manifest
-from epfleet.formats.manifest import Manifest
+from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.formats.rollout import Rollout
 from epfleet.stores import Store, open_store
 from epfleet.trust.repository import has_trust, init_with_key_files
@@ -46,6 +46,6 @@ def stage(store: Store, rollout: Rollout, model: str = MODEL) -> None:
         moved = entry.model_copy(
             update={"rollout": rollout, "previous": {"cpu": entry.variants["cpu"]}}
         )
-        return current.succeeded_by(current.models | {model: moved})
+        return current.succeeded_by(current.models | {model: moved}, utcnow())
 
     update_manifest(store, staged)

@@ -25,6 +25,7 @@ from epfleet.fleet.evidence.index_rules import (
     shard_of,
     unseal,
 )
+from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.fleet.rollout.rollouts import GateReading, read_evidence
 from epfleet.fleet.watch.inputs import full_device_reports, index_pass
 from epfleet.formats.device_report import DeviceReport, report_key
@@ -106,9 +107,9 @@ def test_runtime_watch_reads_the_reports_as_a_full_read_does(store: Store) -> No
         put(store, report(OUTSIDE[9], False, "failed"))
 
 
-def _watch_view(found: DeviceReport | str) -> str:
-    if isinstance(found, str):
-        return found
+def _watch_view(found: DeviceReport | Unattributed) -> str:
+    if isinstance(found, Unattributed):
+        return str(found)
     return repr(sorted(project(found).items()))
 
 

@@ -232,7 +232,7 @@ def test_nobody_without_the_keys_widens_or_narrows_a_rollout(
     reverted state) into manifest.json reaches no device and is never signed."""
     from datetime import datetime, timezone
 
-    from epfleet.fleet.rollout.rules import start
+    from epfleet.fleet.rollout.rules import Begin, start
     from epfleet.formats.rollout import RolloutPolicy
 
     store, keys, root = signed
@@ -242,7 +242,8 @@ def test_nobody_without_the_keys_widens_or_narrows_a_rollout(
         entry = current.models[TARGET].model_copy(deep=True)
         before = entry.variants["cpu"]
         entry.variants["cpu"] = before.model_copy(update={"fingerprint": "rebuilt"})
-        start(entry, {"cpu": before}, RolloutPolicy(stages=[10, 100]), datetime.now(timezone.utc))
+        begin = Begin(now=datetime.now(timezone.utc), id="1" * 16, salt="2" * 32)
+        entry = start(entry, {"cpu": before}, RolloutPolicy(stages=[10, 100]), begin)
         return Manifest(generation=current.generation + 1, models=current.models | {TARGET: entry})
 
     publish_trust(store, online_key(keys), staged)

@@ -38,7 +38,7 @@ from epfleet.formats.device_report import (
     encode_report,
     report_key,
 )
-from epfleet.formats.manifest import Manifest
+from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.stores import Store, open_store
 from epfleet.trust.keys import new_key, read_private_key
 from epfleet.trust.repository import init_with_key_files
@@ -272,7 +272,7 @@ def signed_store(
         assert entry.rollout is not None
         rollout = entry.rollout.model_copy(update={"policy": SIGNED_POLICY})
         models = current.models | {MODEL: entry.model_copy(update={"rollout": rollout})}
-        return current.succeeded_by(models)
+        return current.succeeded_by(models, utcnow())
 
     update_manifest(store, ask)
     return store, tmp_path / "device-keys"

@@ -16,7 +16,7 @@ from epfleet.errors import TrustLost
 from epfleet.fleet.evidence.enrolment import key_entry
 from epfleet.fleet.publishing.publish import read_in_force, update_manifest
 from epfleet.fleet.rollout.rollouts import run_gate
-from epfleet.formats.manifest import Manifest
+from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.stores import MANIFEST_KEY, Store, open_store
 from epfleet.trust.keys import new_key
 from epfleet.trust.layout import FIRST_ROOT_KEY, TIMESTAMP_KEY
@@ -245,7 +245,7 @@ def test_a_rolled_back_or_deleted_timestamp_is_refused(
     old = store.read(TIMESTAMP_KEY)
     assert old is not None
     update_manifest(
-        store, lambda current: current.succeeded_by(current.models) if current else None
+        store, lambda current: current.succeeded_by(current.models, utcnow()) if current else None
     )
     assert read_in_force(store).manifest is not None  # this host verified the new timestamp
     if how == "put back":
@@ -311,7 +311,7 @@ def test_a_local_store_is_pinned_by_its_development_keys(
     store = open_store(str(synthetic_store(tmp_path / "store", 2)))
     monkeypatch.delenv("EPFLEET_TRUST_SIGNER", raising=False)
     update_manifest(
-        store, lambda current: current.succeeded_by(current.models) if current else None
+        store, lambda current: current.succeeded_by(current.models, utcnow()) if current else None
     )
     monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path / "another-host"))
     forge(store)

@@ -53,8 +53,10 @@ class CacheFiles:
     def open_dir(self, parts: tuple[str, ...], *, create: bool = True) -> int:
         """A file descriptor of ``DIR/<parts>``, opened one component at a time without
         following links. A component that is a link or a file is removed and, with
-        ``create``, made a directory; without it, FileNotFoundError."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        ``create``, made a directory; without it, FileNotFoundError (the cache directory
+        itself included: nothing is made)."""
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for depth in range(1, len(parts) + 1):

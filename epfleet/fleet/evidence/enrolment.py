@@ -125,7 +125,7 @@ def enroll(
             revoked_before.append(revoked)
         keys = current.device_keys | {device: entry}
         still_revoked = {k: r for k, r in current.revoked_device_keys.items() if k != entry.keyid}
-        return current.succeeded_by(dict(current.models)).model_copy(
+        return current.succeeded_by(dict(current.models), utcnow()).model_copy(
             update={"device_keys": keys, "revoked_device_keys": still_revoked}
         )
 
@@ -169,7 +169,7 @@ def revoke(store: Store, device: str) -> DeviceKey:
         revoked = current.revoked_device_keys | {
             gone.keyid: RevokedKey(device=device, revoked_at=utcnow())
         }
-        return current.succeeded_by(dict(current.models)).model_copy(
+        return current.succeeded_by(dict(current.models), utcnow()).model_copy(
             update={"device_keys": keys, "revoked_device_keys": revoked}
         )
 

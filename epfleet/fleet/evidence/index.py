@@ -120,13 +120,13 @@ class IndexPass:
         for key, record in self._records():
             yield heard_from(key, record)
 
-    def readings(self) -> Iterator[DeviceReport | str]:
-        """Every listed report as runtime-watch reads it, or why it cannot (``key: why``)."""
+    def readings(self) -> Iterator[DeviceReport | Unattributed]:
+        """Every listed report as runtime-watch reads it, or why it cannot."""
         for key, record in self._records():
             if "report" in record:
                 yield restore(record["report"])
             else:
-                yield printable(f"{key}: {record['problem']}")
+                yield Unattributed(key, "unreadable", record["problem"])
 
 
 def heard_from(key: str, record: Record) -> DeviceReport | Unattributed:

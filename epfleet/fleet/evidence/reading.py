@@ -7,9 +7,10 @@ and within it once inflated), so that runtime-watch and gc keep what they make o
 reports (profiles, pins), not the reports. Reports are gzip-compressed JSON, or plain
 JSON from older devices (``epfleet.formats.device_report.decode_report``).
 
-Why a report cannot be used (``key: why``) names its key and what it holds, which whoever
-wrote it chose: the text is ``epfleet.text.printable`` (no escape sequence or line break
-reaches a terminal or a log).
+Why a report cannot be used is an ``epfleet.fleet.evidence.rules.Unattributed`` (the one
+kind of unusable report): as text, ``key: why``, its key and what it holds, which whoever
+wrote it chose, made ``epfleet.text.printable`` (no escape sequence or line break reaches
+a terminal or a log).
 """
 
 from __future__ import annotations
@@ -22,16 +23,13 @@ from datetime import timedelta
 from itertools import islice
 from typing import TypeVar
 
-from pydantic import ValidationError
-
 from epfleet.errors import BadInputError
 from epfleet.fleet.evidence.heard_reports import HeardReports
-from epfleet.fleet.evidence.rules import Unattributed, attribute, newest
-from epfleet.formats.device_report import DeviceReport, decode_report, key_device
+from epfleet.fleet.evidence.rules import Unattributed, attribute, decoded, newest
+from epfleet.formats.device_report import DeviceReport, key_device
 from epfleet.formats.manifest import DeviceKey
 from epfleet.settings import settings
 from epfleet.stores import DocumentTooLarge, Store, document_limit, reports_store
-from epfleet.text import printable
 
 T = TypeVar("T")
 READ_THREADS = 16
@@ -61,23 +59,21 @@ def _days(span: timedelta) -> str:
 
 def read_report(
     store: Store, key: str, check: Callable[[DeviceReport], object]
-) -> DeviceReport | str | None:
-    """The report at ``key``; or why it cannot be used (``key: why``), ``check`` raising
-    ValueError counting as a reason; None when it was removed since it was listed."""
+) -> DeviceReport | Unattributed | None:
+    """The report at ``key``; or why it cannot be used, ``check`` raising ValueError
+    counting as a reason; None when it was removed since it was listed."""
     try:
         found = store.read(key)
     except DocumentTooLarge as exc:  # over EPFLEET_MAX_DOCUMENT_BYTES: one bad report
-        return printable(f"{key}: {exc}")
+        return Unattributed(key, "unreadable", str(exc))
     if found is None:
         return None
-    try:
-        report = decode_report(found.data, document_limit(key)[0])
-        check(report)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        return printable(f"{key}: {'.'.join(map(str, error['loc']))}: {error['msg']}")
-    except ValueError as exc:
-        return printable(f"{key}: {exc}")
+    report = decoded(key, found.data, document_limit(key)[0])
+    if isinstance(report, DeviceReport):
+        try:
+            check(report)
+        except ValueError as exc:
+            return Unattributed(key, "unreadable", str(exc))
     return report
 
 
@@ -144,7 +140,7 @@ def stream_reports(
     *,
     threads: int = READ_THREADS,
     check: Callable[[DeviceReport], object] = lambda report: None,
-) -> Iterator[DeviceReport | str]:
+) -> Iterator[DeviceReport | Unattributed]:
     """Each report of ``keys`` (an iterable, consumed as it goes), in their order, or why
     it cannot be used (see ``read_report``); reports removed since they were listed are
     left out. At most ``2 * threads`` reads are in flight or waiting to be taken."""
@@ -175,10 +171,10 @@ class Problems:
         self.listed: list[str] = []
         self.count = 0
 
-    def add(self, problem: str) -> None:
+    def add(self, problem: Unattributed) -> None:
         self.count += 1
         if len(self.listed) < MAX_LISTED_PROBLEMS:
-            self.listed.append(problem)
+            self.listed.append(str(problem))
 
     def summary(self) -> list[str]:
         """The named problems, and how many more there were."""

@@ -37,6 +37,7 @@ from pydantic import ValidationError
 
 from epfleet.formats.device_report import DeviceReport, decode_report, key_device, signed_by
 from epfleet.formats.manifest import DeviceKey
+from epfleet.text import printable
 
 UnattributedReason = Literal["unreadable", "key"]
 
@@ -48,7 +49,9 @@ READING_REASONS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Unattributed:
-    """A report object the gate cannot hear as its key's device's report, and why."""
+    """A report object that cannot be used as its key's device's report, and why: the one
+    kind of unusable report, for the gate, runtime-watch and gc alike. As text,
+    ``key: why``, made printable (whoever wrote the report chose both)."""
 
     key: str
     reason: UnattributedReason
@@ -57,23 +60,32 @@ class Unattributed:
     """The report it holds, when it decoded (its key names another device)."""
 
     def __str__(self) -> str:
-        return f"{self.key}: {self.detail}"
+        return printable(f"{self.key}: {self.detail}")
 
 
-def attribute(key: str, data: bytes, limit: int) -> DeviceReport | Unattributed:
-    """The report of the device ``key`` names, read from ``data`` (at most ``limit`` bytes
-    once inflated), or why it is not (see the module's rules)."""
+def decoded(key: str, data: bytes, limit: int) -> DeviceReport | Unattributed:
+    """The report the object ``key`` holds in ``data`` (at most ``limit`` bytes once
+    inflated), or why it is unreadable; whose report it is is not checked."""
     try:
-        report = decode_report(data, limit)
+        return decode_report(data, limit)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(map(str, error["loc"]))
         return Unattributed(key, "unreadable", f"{where}: {error['msg']}")
     except ValueError as exc:
         return Unattributed(key, "unreadable", str(exc))
-    problem = _time_problem(report.generated_at)
-    if problem:
-        return Unattributed(key, "unreadable", problem)
+
+
+def attribute(key: str, data: bytes, limit: int) -> DeviceReport | Unattributed:
+    """The report of the device ``key`` names, read from ``data`` (at most ``limit`` bytes
+    once inflated), or why it is not (see the module's rules)."""
+    report = decoded(key, data, limit)
+    if isinstance(report, Unattributed):
+        return report
+    try:
+        made_at(report.generated_at)
+    except ValueError as exc:
+        return Unattributed(key, "unreadable", str(exc))
     named = key_device(key)
     if named != report.device_id:
         return Unattributed(
@@ -106,11 +118,13 @@ def _rank(report: Heard | None, key: DeviceKey) -> int | None:
     return report.sequence if signed_by(report, key) else None
 
 
-def _time_problem(generated_at: str) -> str | None:
+def made_at(generated_at: str) -> datetime:
+    """When a report says it was made (its ``generated_at``); ValueError, saying why,
+    unless an ISO time with its UTC offset."""
     try:
         made = datetime.fromisoformat(generated_at)
     except ValueError:
-        return f"generated_at {generated_at!r} is not an ISO time"
+        raise ValueError(f"generated_at {generated_at!r} is not an ISO time") from None
     if made.tzinfo is None:
-        return f"generated_at {generated_at!r} has no UTC offset"
-    return None
+        raise ValueError(f"generated_at {generated_at!r} has no UTC offset")
+    return made

@@ -22,8 +22,7 @@ from typing import Any
 import eps
 from epfleet import RECIPE_VERSION
 from epfleet.fleet.planning.rules import PlannedPair
-from epfleet.fleet.runs.models import PairResult
-from epfleet.fleet.runs.outcomes import PairOutcome
+from epfleet.fleet.runs.models import PairOutcome, PairResult
 from epfleet.formats.manifest import VariantEntry
 from epfleet.hashing import sha256_bytes
 from epfleet.runtime.requests import CompileRequest

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epfleet.deltas import MAX_DELTA_SIZE
 from epfleet.formats.manifest import (
+    MAX_DELTA_SIZE,
     MAX_DELTAS,
     ArtifactRef,
     DeltaRef,

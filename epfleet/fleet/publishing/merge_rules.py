@@ -5,10 +5,11 @@ share the signed manifest it is read from."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from epfleet.fleet.rollout.rules import CannotMove, follow_policy, start, start_version
+from epfleet.fleet.rollout.rules import Begin, CannotMove, follow_policy, start, start_version
 from epfleet.formats.manifest import (
     ArtifactRef,
     FailedBuild,
@@ -17,7 +18,6 @@ from epfleet.formats.manifest import (
     SamplesRef,
     SourceEntry,
     VariantEntry,
-    utcnow,
 )
 from epfleet.formats.rollout import RolloutPolicy
 
@@ -54,8 +54,12 @@ def merge(
     variants: dict[tuple[str, str], VariantEntry],
     facts: ModelFacts | None = None,
     present: Callable[[ArtifactRef], bool] | None = None,
+    *,
+    now: datetime,
+    seed: str,
 ) -> Merged:
-    """Apply one run's sources and (model, target) results to ``current``.
+    """Apply one run's sources and (model, target) results to ``current``, publishing at
+    ``now``; ``seed``, random, makes the ids and salts of the rollouts it starts.
 
     ``planned_on`` holds each model's source entry as the run found it when it planned.
     The rules:
@@ -158,18 +162,17 @@ def merge(
             models[name] = followed
             copied.add(name)
             changed = True
-    now = utcnow()
     for name, old in replaced_versions.items():
         policy = facts.rollout.get(name)
         if policy is not None:
-            start_version(editable(name), old, policy, now)
+            models[name] = start_version(models[name], old, policy, Begin.derived(now, seed, name))
     for name, targets in replaced.items():
         policy = facts.rollout.get(name)
         if policy is not None and name not in new_sources:
-            start(editable(name), targets, policy, now)
+            models[name] = start(models[name], targets, policy, Begin.derived(now, seed, name))
     if not changed:
         return Merged(manifest=None, conflicts=conflicts)
-    manifest = base.succeeded_by(models)
+    manifest = base.succeeded_by(models, now)
     return Merged(manifest=manifest, conflicts=conflicts)
 
 

@@ -28,23 +28,26 @@ from __future__ import annotations
 
 import logging
 import random
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 from securesystemslib.signer import Signer
 
 from epfleet.errors import PreconditionFailed, StoreError
 from epfleet.fleet.publishing.delta_rules import with_deltas
 from epfleet.fleet.publishing.deltas import deltas_for_run
 from epfleet.fleet.publishing.merge_rules import ModelFacts, merge
+from epfleet.fleet.publishing.rules import Published
 from epfleet.formats.manifest import (
     Manifest,
     SourceEntry,
     VariantEntry,
     delta_keys,
     referenced_keys,
+    utcnow,
 )
 from epfleet.formats.schema_version import SCHEMA_VERSION, check_writable
 from epfleet.stores import MANIFEST_KEY, Store
@@ -97,24 +100,6 @@ def read_in_force(store: Store) -> InForce:
         return InForce(state.document, TIMESTAMP_KEY, state.timestamp_etag)
     manifest, etag = read_manifest(store)
     return InForce(manifest, MANIFEST_KEY, etag)
-
-
-class Published(BaseModel):
-    manifest: Manifest | None = Field(description="The manifest now in the store")
-    published: bool = Field(description="Whether this call changed it")
-    conflicts: list[str] = Field(
-        default_factory=list, description="Models left alone: their source changed meanwhile"
-    )
-    signed_version: int | None = Field(
-        default=None,
-        description="The version of the store's signed timestamp now; None for a store "
-        "published unsigned (no trust metadata)",
-    )
-    tampered: list[str] = Field(
-        default_factory=list,
-        description="Models whose entries in manifest.json differed from the signed ones "
-        "(changed by someone without the keys); manifest.json was put right",
-    )
 
 
 def update_manifest(
@@ -301,6 +286,7 @@ def publish(
     replace (``epfleet.fleet.publishing.delta_rules``)."""
     conflicts: list[str] = []
     deltas = deltas_for_run(store, lambda: read_in_force(store).manifest, variants)
+    seed = secrets.token_hex(16)
 
     def change(current: Manifest | None) -> Manifest | None:
         merged = merge(
@@ -310,6 +296,8 @@ def publish(
             variants,
             facts,
             present=lambda ref: store.size(ref.uri) == ref.size,
+            now=utcnow(),
+            seed=seed,
         )
         conflicts[:] = merged.conflicts
         if merged.manifest is None or not deltas:

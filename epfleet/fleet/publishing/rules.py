@@ -11,10 +11,30 @@
 
 from __future__ import annotations
 
-from epfleet.fleet.publishing.publish import Published
-from epfleet.fleet.runs.models import PairResult, RunPlan, RunReport
-from epfleet.fleet.runs.outcomes import PairOutcome
+from pydantic import BaseModel, Field
+
+from epfleet.fleet.runs.models import PairOutcome, PairResult, RunPlan, RunReport
 from epfleet.formats.manifest import Manifest, VariantEntry
+
+
+class Published(BaseModel):
+    """What a publish did to the store's manifest."""
+
+    manifest: Manifest | None = Field(description="The manifest now in the store")
+    published: bool = Field(description="Whether this call changed it")
+    conflicts: list[str] = Field(
+        default_factory=list, description="Models left alone: their source changed meanwhile"
+    )
+    signed_version: int | None = Field(
+        default=None,
+        description="The version of the store's signed timestamp now; None for a store "
+        "published unsigned (no trust metadata)",
+    )
+    tampered: list[str] = Field(
+        default_factory=list,
+        description="Models whose entries in manifest.json differed from the signed ones "
+        "(changed by someone without the keys); manifest.json was put right",
+    )
 
 
 def to_publish(plan: RunPlan, outcomes: list[PairOutcome]) -> list[tuple[str, str, VariantEntry]]:

@@ -289,7 +289,7 @@ def move(
             unchanged.append(f"its rollout is {entry.rollout.state} already")
             return None
         models = current.models | {model: moved}
-        return current.succeeded_by(models)  # keeps the enrolled device keys
+        return current.succeeded_by(models, _now(clock))  # keeps the enrolled device keys
 
     published = update_manifest(store, change)
     after = done[-1].rollout if done else None

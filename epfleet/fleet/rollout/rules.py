@@ -61,15 +61,16 @@ The rules (the state itself is ``epfleet.formats.rollout``'s):
 
 from __future__ import annotations
 
-import secrets
+import hashlib
 import statistics
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field, computed_field
 
-from epfleet.fleet.evidence.rules import READING_REASONS, Unattributed
+from epfleet.fleet.evidence.rules import READING_REASONS, Unattributed, made_at
 from epfleet.formats.device_report import (
     DeviceReport,
     ModelReport,
@@ -82,43 +83,57 @@ from epfleet.formats.manifest import DeviceKey, ModelEntry, PreviousVersion, Var
 from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 
 
+@dataclass(frozen=True)
+class Begin:
+    """What a new rollout takes from its caller: when it starts, and its random id and
+    salt (the rules read no clock and draw no randomness)."""
+
+    now: datetime
+    id: str
+    salt: str
+
+    @classmethod
+    def derived(cls, now: datetime, seed: str, model: str) -> Begin:
+        """The rollout of ``model`` a publish starts, from the publish's random ``seed``:
+        one seed gives each model its own id and salt."""
+        digest = hashlib.sha256(f"{seed}\0{model}".encode()).hexdigest()
+        return cls(now=now, id=digest[:16], salt=digest[16:48])
+
+
 def start(
     entry: ModelEntry,
     replaced: dict[str, VariantEntry | None],
     policy: RolloutPolicy,
-    now: datetime,
-) -> None:
-    """Stage ``entry``'s new variants (``replaced``: target -> what its new variant
-    replaced), in place; nothing when the model had nothing published before."""
+    begin: Begin,
+) -> ModelEntry:
+    """``entry`` with its new variants staged (``replaced``: target -> what its new variant
+    replaced); ``entry`` itself when the model had nothing published before."""
     old = entry.rollout
     carried = old is not None and old.state != "complete"
     if not carried and all(before is None for before in replaced.values()):
-        return  # a first publish: nothing to go back to
+        return entry  # a first publish: nothing to go back to
     previous = dict(entry.previous) if carried else {}
     if not (carried and entry.previous_version is not None):  # a version's way back is whole
         for target, before in replaced.items():
             previous.setdefault(target, before)
-    entry.previous = previous
-    entry.rollout = _new_rollout(policy, now)
+    return entry.model_copy(update={"previous": previous, "rollout": _new_rollout(policy, begin)})
 
 
-def start_version(entry: ModelEntry, old: ModelEntry, policy: RolloutPolicy, now: datetime) -> None:
-    """Stage ``entry``, a new source of the model, over ``old``, the model's entry before
-    it, in place: ``previous_version`` and ``previous`` are the last proven version
-    (``old``'s own previous version while its rollout is unfinished, else ``old`` as
-    devices outside that rollout ran it); nothing when that version has no ok variant."""
+def start_version(
+    entry: ModelEntry, old: ModelEntry, policy: RolloutPolicy, begin: Begin
+) -> ModelEntry:
+    """``entry``, a new source of the model, staged over ``old``, the model's entry before
+    it: ``previous_version`` and ``previous`` are the last proven version (``old``'s own
+    previous version while its rollout is unfinished, else ``old`` as devices outside that
+    rollout ran it); ``entry`` itself when that version has no ok variant."""
     unfinished = old.rollout is not None and old.rollout.state != "complete"
     variants: dict[str, VariantEntry | None]
     if unfinished and old.previous_version is not None:
         proven, variants = old.previous_version, dict(old.previous)
     else:
-        variants = {t: v for t, v in old.variants.items() if v.status == "ok"}
-        if unfinished:  # a rebuild's rollout: the builds it replaced are the proven ones
-            for target, before in old.previous.items():
-                if before is None:
-                    variants.pop(target, None)
-                else:
-                    variants[target] = before
+        # a rebuild's rollout unfinished: the builds it replaced are the proven ones
+        ran = old.variants_before() if unfinished else old.variants
+        variants = {t: v for t, v in ran.items() if v.status == "ok"}
         proven = PreviousVersion(
             source=old.source,
             samples=old.samples,
@@ -126,20 +141,24 @@ def start_version(entry: ModelEntry, old: ModelEntry, policy: RolloutPolicy, now
             preference=old.preference,
         )
     if not any(v is not None for v in variants.values()):
-        return  # nothing proven to go back to
-    entry.previous = variants
-    entry.previous_version = proven
-    entry.rollout = _new_rollout(policy, now)
+        return entry  # nothing proven to go back to
+    return entry.model_copy(
+        update={
+            "previous": variants,
+            "previous_version": proven,
+            "rollout": _new_rollout(policy, begin),
+        }
+    )
 
 
-def _new_rollout(policy: RolloutPolicy, now: datetime) -> Rollout:
+def _new_rollout(policy: RolloutPolicy, begin: Begin) -> Rollout:
     return Rollout(
-        id=secrets.token_hex(8),
-        salt=secrets.token_hex(16),
+        id=begin.id,
+        salt=begin.salt,
         stage=0,
         policy=policy,
-        started_at=now,
-        stage_started_at=now,
+        started_at=begin.now,
+        stage_started_at=begin.now,
     )
 
 
@@ -386,10 +405,8 @@ def counts_for(
         if not signed_by(report, enrolled_key):
             return "bad signature"
     try:
-        made = datetime.fromisoformat(report.generated_at)
+        made = made_at(report.generated_at)
     except ValueError:
-        return "time"
-    if made.tzinfo is None:
         return "time"
     if made < rollout.stage_started_at or found.rollout.stage != rollout.stage:
         return "stale"

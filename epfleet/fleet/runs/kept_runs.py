@@ -9,8 +9,11 @@ a directory of the store's (``EPFLEET_CACHE/work/kept-runs/<store>``, ``kept_dir
 next compile into that store that has a Prefect API records each as a fleet-compile flow
 run on that API, then removes its file: a compile records its own store's runs, never
 another's. The store is named by
-its canonical URI (``Store.uri``), the same from any working directory. No Prefect import
-here.
+its canonical URI (``Store.uri``), the same from any working directory. Runs kept before
+runs were kept per store (files in ``work/kept-runs`` itself, ``from_before_stores``) are
+never recorded: their records name the store as it was typed, often a path relative to a
+working directory they do not name, so which store each is of cannot be told for sure; a
+compile says so in one line, until they are removed. No Prefect import here.
 """
 
 from __future__ import annotations
@@ -39,9 +42,29 @@ MAX_BYTES = 16 * 1024 * 1024
 """A run's record larger than this (a huge fleet's plan) is not kept (said in one line)."""
 
 
+def kept_root() -> Path:
+    return settings().cache / "work" / "kept-runs"
+
+
 def kept_dir(store_uri: str) -> Path:
     """Where the runs compiled into the store at ``store_uri`` (canonical) are kept."""
-    return settings().cache / "work" / "kept-runs" / store_dir_name(store_uri)
+    return kept_root() / store_dir_name(store_uri)
+
+
+def from_before_stores() -> list[Path]:
+    """The files of runs kept before runs were kept per store (in ``kept_root`` itself,
+    claimed or not), by name; never recorded (see the module's docstring)."""
+    try:
+        entries = list(os.scandir(kept_root()))
+    except OSError:
+        return []
+    return sorted(
+        Path(e.path)
+        for e in entries
+        if e.name.endswith((".json", ".json" + CLAIMED))
+        and not e.name.startswith(".")  # an atomic write's temporary file
+        and e.is_file(follow_symlinks=False)
+    )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Run models of a fleet compile: its plan, each pair's result and the run's report.
+"""Run models of a fleet compile: its plan, each pair's result and outcome, the run's report.
 
 Plain pydantic models shared by the flow, its tasks, the CLI and the renderings; how
 they are made lives elsewhere (``epfleet.fleet.planning.plan``, ``epfleet.fleet.runs.outcomes``,
@@ -221,3 +221,20 @@ class RunReport(BaseModel):
     @property
     def exit_code(self) -> int:
         return 1 if self.failed else 0
+
+
+class PairOutcome(BaseModel):
+    """One pair's compile, as it goes into the manifest (entry) and the report (result)."""
+
+    entry: VariantEntry
+    result: PairResult
+    publish: bool = Field(
+        default=True,
+        description="False for a pair its work pool never decided (the pool did not run), "
+        "or whose compile failed for a reason other than a verdict on the build: the run "
+        "reports it failed, the manifest keeps the entry it has",
+    )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.result.model, self.result.target)

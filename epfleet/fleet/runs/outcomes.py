@@ -8,13 +8,13 @@ outcomes here, so an entry reads the same wherever it was compiled.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 import eps
 from epfleet import ort_version
 from epfleet.errors import CompileError, RejectedBuild
 from epfleet.fleet.build.staging import built_with
-from epfleet.fleet.runs.models import PairResult
+from epfleet.fleet.runs.models import PairOutcome, PairResult
 from epfleet.formats.keys import files_key
 from epfleet.formats.manifest import (
     ArtifactRef,
@@ -34,23 +34,6 @@ class CompiledVariant(BaseModel):
 
     entry: VariantEntry
     seconds: float
-
-
-class PairOutcome(BaseModel):
-    """One pair's compile, as it goes into the manifest (entry) and the report (result)."""
-
-    entry: VariantEntry
-    result: PairResult
-    publish: bool = Field(
-        default=True,
-        description="False for a pair its work pool never decided (the pool did not run), "
-        "or whose compile failed for a reason other than a verdict on the build: the run "
-        "reports it failed, the manifest keeps the entry it has",
-    )
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.result.model, self.result.target)
 
 
 def ok_entry(

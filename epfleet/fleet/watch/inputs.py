@@ -88,10 +88,10 @@ def report_keys(store: Store) -> Iterator[str]:
 
 def stream_device_reports(
     store: Store, threads: int = READ_THREADS, enrolled: Mapping[str, DeviceKey] | None = None
-) -> Iterator[DeviceReport | str]:
+) -> Iterator[DeviceReport | Unattributed]:
     """Every device report of the fleet (in the store, or where EPFLEET_REPORT_TO says), or
-    why one cannot be used (``key: why``, a ``generated_at`` without its UTC offset
-    included), as the evidence index holds them after a pass that read only what changed
+    why one cannot be used (a ``generated_at`` without its UTC offset included), as the
+    evidence index holds them after a pass that read only what changed
     (``epfleet.fleet.evidence.index``). ``enrolled``: the devices' keys (the signed
     manifest's), that the index checks signed reports against."""
     return index_pass(store, enrolled or {}, threads).readings()
@@ -124,7 +124,9 @@ def index_pass(
     return found
 
 
-def full_device_reports(store: Store, threads: int = READ_THREADS) -> Iterator[DeviceReport | str]:
+def full_device_reports(
+    store: Store, threads: int = READ_THREADS
+) -> Iterator[DeviceReport | Unattributed]:
     """``stream_device_reports`` without the index: every report read (a full recount)."""
     reports = reports_from(store)
     return stream_reports(reports, report_keys(reports), threads=threads, check=report_time)
@@ -144,4 +146,4 @@ def read_reports(store: Store, threads: int = READ_THREADS) -> tuple[list[Device
     lists: for tests and benchmarks; runtime-watch streams them (``stream_device_reports``)."""
     results = list(stream_device_reports(store, threads))
     reports = [r for r in results if isinstance(r, DeviceReport)]
-    return reports, [r for r in results if isinstance(r, str)]
+    return reports, [str(r) for r in results if isinstance(r, Unattributed)]

@@ -23,6 +23,7 @@ from typing import Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
 
+from epfleet.fleet.evidence.rules import made_at
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.field_ranking import hardware_profile
 from epfleet.formats.manifest import Manifest
@@ -151,11 +152,8 @@ def check_pairs(spec: FleetSpec, manifest: Manifest | None, runtime: Runtime) ->
 
 
 def report_time(report: DeviceReport) -> datetime:
-    """When the device made the report; ValueError unless an ISO time with its UTC offset."""
-    made = datetime.fromisoformat(report.generated_at)
-    if made.tzinfo is None:
-        raise ValueError(f"generated_at {report.generated_at!r} has no UTC offset")
-    return made
+    """When the device made the report (``epfleet.fleet.evidence.rules.made_at``)."""
+    return made_at(report.generated_at)
 
 
 def profile_of(report: DeviceReport) -> tuple[str, str, list[str]]:

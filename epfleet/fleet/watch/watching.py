@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from epfleet.fleet.evidence.reading import Problems, check_report_window
+from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.fleet.publishing.publish import read_in_force
 from epfleet.fleet.watch.inputs import compile_worker_runtime, stream_device_reports
 from epfleet.fleet.watch.rules import WatchPlan, check_pairs, find_unserved
@@ -44,7 +45,7 @@ def watch_once(spec: str, store: str, report_max_age_days: int) -> WatchFindings
     def reports() -> Iterator[DeviceReport]:
         enrolled = manifest.device_keys if manifest is not None else {}
         for found in stream_device_reports(target_store, enrolled=enrolled):
-            if isinstance(found, str):
+            if isinstance(found, Unattributed):
                 problems.add(found)
             else:
                 read[0] += 1
