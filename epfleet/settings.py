@@ -189,6 +189,22 @@ class Settings(BaseModel):
         "one index; never to a device. Unset: a key kept in the worker cache "
         "(EPFLEET_CACHE/work/evidence-index.key), so each such machine keeps its own index",
     )
+    ranking_min_devices: int = Field(
+        default=5,
+        ge=1,
+        le=1_000_000,
+        description="Distinct devices of one hardware profile and runtime that must report a "
+        "variant's latency before the rollout gate ranks it for them (a profile is ranked "
+        "once two variants are); default 5. Only reports the gate itself could count vote: "
+        "one a device, signed with its enrolled key when the fleet enrols any",
+    )
+    ranking_max_age_days: float = Field(
+        default=7.0,
+        gt=0,
+        description="Device reports older than this many days give no latency to the field "
+        "rankings (a device's report is renewed at least every EPFLEET_REPORT_HEARTBEAT); "
+        "default 7",
+    )
     multipart_grace: float = Field(
         default=86400.0,
         ge=0,

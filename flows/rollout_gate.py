@@ -4,8 +4,10 @@ reports, advance the ones whose stage held and halt the ones that fail their gat
 event (``epfleet.rollout.advanced``, ``...halted``, ``...completed``); the run leaves a
 table artifact of every rollout (stage, devices on the new and the previous variants,
 failures, p50 new against previous, the gate's decision and why), and one of the fleet's
-evidence per model × target (``fleet-field``: devices running it, failing it, latency), and
-one of each rollout's evidence by the runtime its devices run (``rollout-runtimes``).
+evidence per model × target (``fleet-field``: devices running it, failing it, latency),
+one of each rollout's evidence by the runtime its devices run (``rollout-runtimes``), and
+one of what each hardware profile takes (``field-rankings``): the same pass signs the field
+rankings devices order their variants by (``epfleet.fleet.evidence.rankings``).
 
 A rollout whose policy asks for approval (``approval: true``) waits, at each stage past
 the first, for a person to approve it in the Prefect UI (the run pauses for input).
@@ -98,6 +100,28 @@ def rollout_gate(store: str = DEFAULT_STORE) -> list[dict[str, object]]:
         ],
         description="Each rollout's counted device reports by the runtime their devices run "
         "(ORT and EP package versions), side by side",
+    )
+    published = reading.rankings_published
+    if published is not None:
+        signed = f"signed (bins {', '.join(published.bins)})" if published.signed else "unchanged"
+        logger.info(
+            "field rankings: %d models ranked, %s", published.models, published.skipped or signed
+        )
+    create_table_artifact(
+        key="field-rankings",
+        table=[
+            markdown_cells(
+                {
+                    "model": c.model,
+                    "profile": f"{c.profile}: {c.hardware}",
+                    "runtime": c.runtime,
+                    "takes": "; ".join(c.why),
+                }
+            )
+            for c in reading.ranking_choices
+        ],
+        description="What devices of each hardware profile and runtime take, by the latency "
+        "they reported (the field rankings signed beside the manifest), and why",
     )
     if reading.index is not None:
         for problem in reading.index.rebuilt:

@@ -113,7 +113,7 @@ def schema() -> int:
 
 def _show_field(opened: StoreType, as_json: bool) -> int:
     from epfleet.fleet.rollout.rollouts import read_evidence
-    from epfleet.fleet.views import render_field
+    from epfleet.fleet.views import render_choices, render_field
     from epfleet.text import output_width
 
     reading = read_evidence(opened)  # the gate's pass: its attribution and its order
@@ -129,6 +129,8 @@ def _show_field(opened: StoreType, as_json: bool) -> int:
         print(json.dumps([row.model_dump() for row in reading.field], indent=2))
     else:
         print(render_field(reading.field, reading.read, output_width()))
+        print()
+        print(render_choices(reading.ranking_choices, output_width()))
     return EXIT_OK
 
 

@@ -27,6 +27,7 @@ from epfleet.device.variant_sets import is_file_set
 from epfleet.disk import WRITE_DENIED, DiskFull
 from epfleet.errors import EpfleetError, StoreError
 from epfleet.formats.device_report import ModelReport, VariantVerdict
+from epfleet.formats.field_ranking import ProfileRanking
 from epfleet.formats.manifest import SHA256_PATTERN, ArtifactRef, ModelEntry
 from epfleet.fsutil import NO_SPACE
 from eps.base import INTEGER_PRECISIONS, Judgement, Precision, Verdict
@@ -34,10 +35,14 @@ from eps.base import INTEGER_PRECISIONS, Judgement, Precision, Verdict
 logger = logging.getLogger(__name__)
 
 
-def considered(local: LocalEps, entry: ModelEntry) -> list[Considered]:
+def considered(
+    local: LocalEps, entry: ModelEntry, measured: ProfileRanking | None = None
+) -> list[Considered]:
     """Every published variant of the model, judged here by its compatibility string, with
-    its place in the fleet's declared preference."""
+    its place in the fleet's declared preference and in ``measured``, the field ranking of
+    this device's hardware profile and runtime."""
     declared = declared_ranks(entry)
+    places = {target: i for i, target in enumerate(measured.targets)} if measured else {}
     releases = runtime_ranks(local, entry)
     judged = []
     for target, variant in entry.variants.items():
@@ -59,6 +64,7 @@ def considered(local: LocalEps, entry: ModelEntry) -> list[Considered]:
                 reason=judgement.reason,
                 declared_rank=declared.get(target),
                 runtime_rank=releases.get(target, 0),
+                measured_rank=places.get(target),
             )
         )
     return judged
@@ -111,7 +117,8 @@ def sync_model(
     started, moved_before = time.perf_counter(), steps.fetcher.moved
     cache = steps.cache
     mstate = state.models.setdefault(model, ModelState())
-    judged = considered(steps.local, entry)
+    measured = steps.measured.get(model)
+    judged = considered(steps.local, entry, measured)
     notes: list[str] = []
     if mstate.active is not None and not cache.intact(model, mstate.active, rehash=policy.verify):
         previous = mstate.previous
@@ -179,7 +186,7 @@ def sync_model(
         verdict=done.verdict,
         bytes_downloaded=moved,
         delta_from=done.delta_from,
-        reason="; ".join([*notes, *failures, done.reason, *stood_in]),
+        reason="; ".join([*notes, *failures, done.reason, *stood_in, *ranked(measured)]),
         considered=verdicts,
         seconds=seconds,
         precision=precision,
@@ -211,6 +218,14 @@ def shadow_judged(
         verdict=steps.judge_installed(active).verdict,
         reason=outside_reason(run, outcome.outside),
     )
+
+
+def ranked(measured: ProfileRanking | None) -> list[str]:
+    """What the report says of the field ranking the choice followed."""
+    if measured is None:
+        return []
+    said = ", ".join(f"{m.target} {m.p50_ms:.1f} ms" for m in measured.order)
+    return [f"field ranking of this hardware and runtime, fastest first: {said}"]
 
 
 def quantised_passed_over(
@@ -280,13 +295,14 @@ def refused_again(
 
 
 def first_download(
-    steps: Steps, entry: ModelEntry, mstate: ModelState | None, policy: SyncPolicy
+    steps: Steps, model: str, entry: ModelEntry, mstate: ModelState | None, policy: SyncPolicy
 ) -> ArtifactRef | None:
     """The file the model's sync will download first, when its plan starts with the
     download of a published variant in one file that the cache does not hold for a
     rollback; else None (it keeps, builds, falls back, or downloads a file set)."""
     mstate = mstate or ModelState()
-    plan = plan_steps(steps, entry, mstate, policy, considered(steps.local, entry), "")
+    judged = considered(steps.local, entry, steps.measured.get(model))
+    plan = plan_steps(steps, entry, mstate, policy, judged, "")
     if not plan or plan[0].kind != "download" or plan[0].target is None:
         return None
     variant = entry.variants[plan[0].target]

@@ -68,7 +68,7 @@ class Prefetch:
                 continue
             self._planned.add(model)
             try:
-                artifact = first_download(steps, entry, mstate, policy)
+                artifact = first_download(steps, model, entry, mstate, policy)
             except Exception as exc:
                 logger.debug("%s: nothing fetched ahead (%s)", model, exc)
                 continue

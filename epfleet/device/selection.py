@@ -29,6 +29,11 @@ order; the sync engine runs them until one succeeds. The rules:
    recompile of rule 3 before the prefer-recompilation variants, as ORT's verdict
    suggests; the device's report says when such a float build stands in for a
    quantised variant the fleet published.
+5. Measured choice: when the signed field ranking of this device's hardware profile and
+   runtime measures some of the usable variants (``measured_rank``), those variants swap
+   places among themselves so that the fastest measured comes first, within their
+   verdict (an optimal variant still goes before a prefer-recompilation one); variants
+   it does not measure keep their places. With no ranking the order is rules 1-4's.
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ class Considered(BaseModel):
     """0 when it was built under a runtime with this device's own release of its EP (or
     with the compile host's packages); then 1, 2, ... for the other releases, newest
     first."""
+    measured_rank: int | None = None
+    """Its place in the signed field ranking of this device's hardware profile and runtime
+    (0 fastest); None when the ranking does not measure it, or there is none."""
 
 
 class ActiveVariant(BaseModel):
@@ -81,10 +89,11 @@ class Step(BaseModel):
 
 def rank(considered: Sequence[Considered], preference: Sequence[DeviceType]) -> list[Considered]:
     """The usable variants, best first (see the module's rules); manifest order breaks ties
-    (the sort is stable)."""
+    (the sort is stable). Then, within each verdict, the variants the field ranking
+    measured take the places the measured ones held, fastest first (rule 5)."""
     usable = [c for c in considered if c.verdict in USABLE]
     order = {device: i for i, device in enumerate(preference)}
-    return sorted(
+    ranked = sorted(
         usable,
         key=lambda c: (
             USABLE.index(c.verdict),
@@ -94,6 +103,14 @@ def rank(considered: Sequence[Considered], preference: Sequence[DeviceType]) -> 
             c.runtime_rank,
         ),
     )
+    for verdict in USABLE:
+        places = [
+            i for i, c in enumerate(ranked) if c.verdict == verdict and c.measured_rank is not None
+        ]
+        fastest = sorted((ranked[i] for i in places), key=lambda c: c.measured_rank or 0)
+        for place, variant in zip(places, fastest, strict=True):
+            ranked[place] = variant
+    return ranked
 
 
 def _is_active(active: ActiveVariant | None, variant: Considered) -> bool:

@@ -57,6 +57,7 @@ from epfleet.device.views import manifest_facts
 from epfleet.disk import cannot_write
 from epfleet.errors import BadInputError, CacheNotWritable, DiskFull, EpfleetError
 from epfleet.formats.device_report import DeviceReport, ManifestStatus, ModelReport
+from epfleet.formats.field_ranking import ModelRanking, hardware_profile, runtime_label
 from epfleet.formats.manifest import Manifest, utcnow
 from epfleet.limits import Deadline, within
 from epfleet.settings import settings
@@ -263,9 +264,12 @@ class SyncSession:
                 if self.root_problem is not None:
                     status = untrusted(self.store, self.cache, self.state, self.root_problem)
                 elif self.root is not None:
+                    rankings: dict[str, ModelRanking | str] = {}
                     status = fetch_signed_manifest(
-                        self.store, self.cache, self.state, self.root, self.policy.models
+                        self.store, self.cache, self.state, self.root, self.policy.models, rankings
                     )
+                    if status.status in ("fetched", "unchanged"):
+                        self._take_rankings(rankings)
                     if self.trust_warning:
                         status = status.model_copy(update={"warning": self.trust_warning})
                         logger.warning("%s", self.trust_warning)
@@ -294,6 +298,20 @@ class SyncSession:
             f": {status.reason}" if status.reason else "",
         )
         return status
+
+    def _take_rankings(self, rankings: dict[str, ModelRanking | str]) -> None:
+        """This device's part of the verified field rankings, for the steps to order
+        variants by; a refused one is said (the report's warnings), and its model's variants
+        ordered as with no evidence."""
+        profile, _ = hardware_profile(self.local.describe())
+        runtime = runtime_label(ort_version(), ep_versions())
+        for model, ranking in rankings.items():
+            if isinstance(ranking, str):
+                self.cache.note(f"{ranking}: its variants are ordered as with no evidence")
+                continue
+            mine = ranking.for_device(profile, runtime)
+            if mine is not None:
+                self.steps.measured[model] = mine
 
     def wanted(self) -> list[str]:
         """The models this sync is for: the policy's, else every model in the manifest.
@@ -431,6 +449,7 @@ def sync(
     health: HealthRunner | None = None,
     clock: Clock = SYSTEM_CLOCK,
     shadow_inputs: ShadowInputs | None = None,
+    local: LocalEps | None = None,
 ) -> DeviceReport:
     """One whole device sync, without Prefect."""
     with SyncSession(
@@ -438,6 +457,7 @@ def sync(
         cache_dir,
         policy,
         device,
+        local=local,
         trust_root=trust_root,
         allow_unsigned=allow_unsigned,
         report_to=report_to,

@@ -27,6 +27,7 @@ from epfleet.device.cache import STATE_DIR, CacheState, DeviceCache
 from epfleet.device.manifest_cache import VERIFIED_NOTE, cached_manifest, save_state
 from epfleet.errors import MetadataRefused, StoreUnreachable
 from epfleet.formats.device_report import ManifestStatus
+from epfleet.formats.field_ranking import ModelRanking
 from epfleet.formats.manifest import VALIDATION_RULES, Manifest
 from epfleet.hashing import sha256_bytes
 from epfleet.stores import MANIFEST_KEY, Store
@@ -48,10 +49,16 @@ NOTHING_VERIFIED = (
 
 
 def fetch_signed_manifest(
-    store: Store, cache: DeviceCache, state: CacheState, root: bytes, models: list[str] | None
+    store: Store,
+    cache: DeviceCache,
+    state: CacheState,
+    root: bytes,
+    models: list[str] | None,
+    rankings: dict[str, ModelRanking | str] | None = None,
 ) -> ManifestStatus:
     """Refresh the store's signed metadata from ``root`` and make the wanted models' signed
-    entries (every model's: the signed manifest.json) the manifest in force. An
+    entries (every model's: the signed manifest.json) the manifest in force, and put their
+    signed field rankings (or why each was refused) in ``rankings``. An
     unreachable store leaves the last verified one in force (offline, saying when its
     signed metadata expires); metadata that does not verify leaves it in force too and is
     ``rejected`` (the sync fails; with none ever verified, no manifest is in force)."""
@@ -84,6 +91,8 @@ def fetch_signed_manifest(
             signed=True,
             signed_version=cached_version(directory),
         )
+    if rankings is not None:
+        rankings.update(verified.rankings)
     data = verified.document
     digest = sha256_bytes(data)
     replaced = not (trusted and state.manifest_sha256 == digest)

@@ -35,6 +35,7 @@ from epfleet.errors import (
     IntegrityError,
 )
 from epfleet.formats.device_report import Action
+from epfleet.formats.field_ranking import ProfileRanking
 from epfleet.formats.manifest import ModelEntry, VariantEntry
 from epfleet.formats.task_metric import TaskMetric
 from epfleet.limits import time_limit
@@ -92,6 +93,9 @@ class Steps:
         self.local = local
         self.prefer = prefer
         self.health_runner: HealthRunner = health or self.in_worker
+        self.measured: dict[str, ProfileRanking] = {}
+        """Model -> the signed field ranking of this device's hardware profile and runtime
+        (``epfleet.formats.field_ranking``), for the models that have one."""
         self._worker: CompilePool | None = None
 
     @property

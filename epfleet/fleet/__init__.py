@@ -17,7 +17,8 @@ or I/O) beside the I/O that feeds them.
 - ``evidence``: device reports read from the store (``reading``), attributed
   (``rules``), indexed (``index``, ``index_rules``), remembered (``heard_reports``),
   the fleet's reports as the gate, the field view and watch read them
-  (``fleet_reports``), counted per variant (``field_rules``); enrolled device keys
+  (``fleet_reports``), counted per variant (``field_rules``), latency ranked per hardware
+  profile (``ranking_rules``) and signed for devices (``rankings``); enrolled device keys
   (``enrolment``).
 - ``rollout``: staged rollouts (``rules``: start, advance, halt, revert, the gate's
   judgement; ``rollouts``: status, the gate's run, an operator's moves).
@@ -32,7 +33,8 @@ Where things happen:
   through it: ``evidence.reading``, ``evidence.index``);
 - a device chooses its variant: ``epfleet.formats.manifest.ModelEntry.for_device`` (which
   variants a rollout shows this device) and ``epfleet.device.selection.decide`` (what it
-  tries of them, from ``epfleet.device.model_sync``).
+  tries of them, from ``epfleet.device.model_sync``), the signed field ranking of its
+  hardware reordering what it measured (``evidence.rankings``, signed by ``run_gate``).
 
 It may import ``formats``, ``runtime``, ``stores`` and ``trust``, never the device engine
 or the CLI."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import eps
 from epfleet.fleet.evidence.field_rules import FieldRow
+from epfleet.fleet.evidence.ranking_rules import ProfileChoice
 from epfleet.fleet.rollout.rollouts import RolloutStatus
 from epfleet.fleet.rollout.rules import SideEvidence, shadow_figures
 from epfleet.fleet.runs.models import PairResult, RunReport
@@ -386,6 +387,19 @@ def render_field(rows: list[FieldRow], reports: int, width: int | None = None) -
     latency = "latency: each running device's median run when it activated the variant"
     shown = table(FIELD_HEADERS, field_table_rows(rows), width, wrapped=("target",))
     return f"{shown}\n\n{wrap(f'{counted}; {latency}', width)}"
+
+
+def render_choices(choices: list[ProfileChoice], width: int | None = None) -> str:
+    """Why each hardware profile (and runtime) takes what it takes, per model: the field
+    rankings part of ``manifest show --field``, each line fitted to ``width``."""
+    if not choices:
+        return "field rankings: no device reported a latency the gate counts"
+    lines = ["field rankings (what the rollout gate signs from these reports):"]
+    for choice in choices:
+        head = f"{choice.model} on {choice.profile}: {choice.hardware}; {choice.runtime}"
+        lines.append(wrap(printable(head), width))
+        lines.extend(wrap(printable(f"  {why}"), width, "    ") for why in choice.why)
+    return "\n".join(lines)
 
 
 ROLLOUT_HEADERS = ["model", "rollout", "stage", "state", "new", "previous", "p50 change", "gate"]

@@ -28,11 +28,12 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 from tuf.api import exceptions as tuf_errors
+from tuf.api.metadata import Metadata, SuccinctRoles, Targets
 from tuf.ngclient import Updater
 
 from epfleet.disk import cannot_write
@@ -41,6 +42,7 @@ from epfleet.errors import (
     MetadataRefused,
     StoreUnreachable,
 )
+from epfleet.formats.field_ranking import RANKED_MODELS, ModelRanking
 from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.schema_version import check_declared, validate_json, validate_python
 from epfleet.fsutil import read_nofollow
@@ -60,7 +62,7 @@ from epfleet.trust.directory import (
 from epfleet.trust.fetcher import StoreFetcher, Unreachable
 from epfleet.trust.highwater import Lineage, TrustMark, advanced
 from epfleet.trust.layout import CUSTOM_FIELD, FOLDED_FIELD, METADATA_KEYS, SCHEMA_FIELD
-from epfleet.trust.targets import joined_folded
+from epfleet.trust.targets import joined_folded, ranking_target
 from epfleet.trust.updater import (
     BelowHighWater,
     ForkedRoot,
@@ -115,6 +117,9 @@ class Verified:
     lineage: Lineage
     """How this refresh's root chain relates to the mark it was held to: ``new`` when
     the device was provisioned for another repository (the mark started again)."""
+    rankings: dict[str, ModelRanking | str] = field(default_factory=dict)
+    """Model -> its signed field ranking (``signed_ranking``), or why the one signed for
+    it was refused; models with none are left out."""
 
 
 def verify(
@@ -149,6 +154,12 @@ def verify(
                     document = Manifest.model_construct(models=entries).to_json()
                 else:
                     document = _signed_manifest(updater, store, stage)
+                rankings = {}
+                succinct = _succinct(stage)
+                for model in models or _ranked_models(updater, document):
+                    found = signed_ranking(updater, store, model, succinct)
+                    if found is not None:
+                        rankings[model] = found
             except tuf_errors.RepositoryError:
                 judge(stage, started_from, mark, state_file, roots_only=True)  # a fork first
                 raise
@@ -182,6 +193,7 @@ def verify(
         fetched=list(fetcher.fetched),
         mark=accepted,
         lineage=judged.lineage,
+        rankings=rankings,
     )
 
 
@@ -257,6 +269,63 @@ def _with_folded(model: str, store: Store, value: object, folded: object) -> obj
             f"the signed entry of {model!r} at {store.uri} has folded variants "
             f"(custom.{FOLDED_FIELD}) that cannot be read: {exc}"
         ) from None
+
+
+def _succinct(directory: Path) -> SuccinctRoles | None:
+    """The hashed bins the targets role just verified into ``directory`` delegates to."""
+    raw = read_file(directory / "targets.json")
+    if raw is None:
+        return None
+    targets = Metadata[Targets].from_bytes(raw)
+    delegations = targets.signed.delegations
+    return delegations.succinct_roles if delegations is not None else None
+
+
+def signed_ranking(
+    updater: Updater, store: Store, model: str, succinct: SuccinctRoles | None
+) -> ModelRanking | str | None:
+    """The model's field ranking from its signed target (``ranking_target``: in the bin of
+    its entry, loaded and verified as every bin), validated; why it is refused when its
+    content does not read; None when none is signed (or the repository has no bins). A
+    refusal refuses the ranking only: the device orders its variants as it does with no
+    evidence."""
+    if succinct is None:
+        return None
+    where = f"{store.uri}: the signed field ranking of {model!r}"
+    try:
+        info = updater.get_targetinfo(ranking_target(model, succinct))
+    except (tuf_errors.RepositoryError, tuf_errors.DownloadError) as exc:
+        return f"{where}: {describe(exc)}"
+    if info is None:
+        return None
+    custom = info.custom if isinstance(info.custom, dict) else {}
+    value = custom.get(CUSTOM_FIELD)
+    try:
+        if not isinstance(value, str):
+            raise ValueError("it carries no ranking")
+        ranking = ModelRanking.model_validate_json(value)
+        if ranking.model != model:
+            raise ValueError(f"it ranks model {ranking.model!r}")
+    except (ValidationError, ValueError) as exc:
+        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        return f"{where} cannot be read: {detail}; refused"
+    return ranking
+
+
+def _ranked_models(updater: Updater, document: bytes) -> list[str]:
+    """The models of the signed manifest.json (validated later, by the caller) that the
+    signed list ``RANKED_MODELS`` says have a ranking: a device wanting every model loads
+    that list's bin, then the bins of the ranked models only."""
+    try:
+        info = updater.get_targetinfo(RANKED_MODELS)
+        value = info.custom.get(CUSTOM_FIELD) if info and isinstance(info.custom, dict) else None
+        ranked = json.loads(value) if isinstance(value, str) else []
+        models = json.loads(document).get("models")
+    except (ValueError, AttributeError, tuf_errors.RepositoryError, tuf_errors.DownloadError):
+        return []  # no list to trust: no ranking (the order without evidence)
+    if not isinstance(models, dict) or not isinstance(ranked, list):
+        return []
+    return [m for m in ranked if isinstance(m, str) and m in models]
 
 
 def _signed_manifest(updater: Updater, store: Store, directory: Path) -> bytes:

@@ -40,7 +40,7 @@ from epfleet.trust.layout import (
     utcnow,
 )
 from epfleet.trust.state import RepositoryState, read_state, remember_document
-from epfleet.trust.targets import Target, model_targets, plan_bins, stale
+from epfleet.trust.targets import Target, carried_rankings, model_targets, plan_bins, stale
 
 ATTEMPTS = 20
 """How many times a publisher that lost the race for the timestamp signs again."""
@@ -77,6 +77,8 @@ def write_versioned(store: Store, role: str, signed: AnySigned, signers: Sequenc
 
 
 def _write_target(store: Store, target: Target) -> None:
+    if target.carried:
+        return
     key = target_key(target.info.path, target.info.hashes["sha256"])
     if store.size(key) == target.info.length:
         return
@@ -119,6 +121,8 @@ class Changes:
     """Sign snapshot and timestamp again even when nothing else changed (refresh)."""
     rotating: bool = False
     """An online-key rotation: the state in force may be signed by the previous root's key."""
+    rankings: dict[str, Target] | None = None
+    """The field rankings to sign in place of those signed now (None: keep those)."""
 
 
 def _check_online_key(store: Store, state: RepositoryState, signer: Signer) -> None:
@@ -147,6 +151,8 @@ def _publish_once(
     timestamp first."""
     targets_md = state.targets
     wanted = model_targets(document.to_json()) if document is not None else {}
+    rankings = changes.rankings if changes.rankings is not None else carried_rankings(state.bins)
+    wanted |= rankings
     bins = plan_bins(state.succinct, state.bins, wanted, now, every_bin=changes.every_bin)
     snapshot, timestamp = state.snapshot, state.timestamp
     due = (

@@ -1,8 +1,10 @@
 """What the signed metadata says for a manifest (pure): its targets, bins and delegation.
 
 One target per model (``models/<name>``), its ok variants in the signed custom field
-``epfleet``, plus the ``manifest.json`` target; ``plan_bins`` says which hashed bins a
-manifest changes; ``delegating_targets`` is the targets role that delegates them.
+``epfleet``, plus the ``manifest.json`` target, and the field rankings the rollout gate
+signs beside them (``field/rankings/<model>/<n>``, ``ranking_targets``); ``plan_bins`` says
+which hashed bins a manifest changes; ``delegating_targets`` is the targets role that
+delegates them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from securesystemslib.signer import Key
 from tuf.api.metadata import Delegations, SuccinctRoles, TargetFile, Targets
 
 from epfleet.errors import BadInputError
+from epfleet.formats.field_ranking import RANKED_MODELS, RANKING_TARGETS
 from epfleet.stores import MANIFEST_KEY
 from epfleet.trust.layout import BIN_PREFIX, CUSTOM_FIELD, FOLDED_FIELD, LIFETIME, SCHEMA_FIELD
 
@@ -28,6 +31,48 @@ def canonical(value: object) -> bytes:
 class Target:
     info: TargetFile
     data: bytes
+    carried: bool = False
+    """Signed before and kept as it is (its file is in the store already; ``data`` empty)."""
+
+
+def ranking_target(model: str, succinct: SuccinctRoles) -> str:
+    """The TUF target path of a model's field ranking: ``field/rankings/<model>/<n>``, the
+    smallest ``n`` whose hashed bin is that of ``models/<model>``, so that a device that
+    loads a model's entry has its ranking's bin already, and a fleet without rankings
+    costs it no bin more (about as many hashes as there are bins)."""
+    home = succinct.get_role_for_target(f"models/{model}")
+    n = 0
+    while succinct.get_role_for_target(f"{RANKING_TARGETS}{model}/{n}") != home:
+        n += 1
+    return f"{RANKING_TARGETS}{model}/{n}"
+
+
+def ranking_targets(rankings: dict[str, Any], succinct: SuccinctRoles) -> dict[str, Target]:
+    """The targets of the field rankings (``epfleet.formats.field_ranking``): one per model,
+    at ``ranking_target``, whose file and custom field ``epfleet`` are the ranking as
+    canonical JSON text, and ``RANKED_MODELS``, the list of the models ranked."""
+    targets = {}
+    for model, ranking in sorted(rankings.items()):
+        data = canonical(ranking)
+        info = TargetFile.from_data(ranking_target(model, succinct), data, ["sha256"])
+        info.unrecognized_fields["custom"] = {CUSTOM_FIELD: data.decode()}
+        targets[info.path] = Target(info, data)
+    listed = canonical(sorted(rankings))
+    index = TargetFile.from_data(RANKED_MODELS, listed, ["sha256"])
+    index.unrecognized_fields["custom"] = {CUSTOM_FIELD: listed.decode()}
+    targets[index.path] = Target(index, listed)
+    return targets
+
+
+def carried_rankings(bins: dict[str, Targets]) -> dict[str, Target]:
+    """The field rankings the verified bins sign now, to be signed again as they are by a
+    publish that does not replace them."""
+    return {
+        path: Target(info, b"", carried=True)
+        for signed in bins.values()
+        for path, info in signed.targets.items()
+        if path.startswith(RANKING_TARGETS) or path == RANKED_MODELS
+    }
 
 
 def model_targets(manifest_json: bytes) -> dict[str, Target]:

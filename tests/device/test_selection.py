@@ -278,3 +278,42 @@ def test_a_targets_variants_of_several_runtimes_rank_by_release_after_the_declar
     fp16_own = variant("fp16.qnn-2.5", V.OPTIMAL, "npu", declared=1)
     ranked = rank([fp16_own, w8a8_new, w8a8_own], DEFAULT_PREFERENCE)
     assert [c.target for c in ranked] == ["w8a8.qnn-2.5", "w8a8.qnn-2.7", "fp16.qnn-2.5"]
+
+
+def measured(c: Considered, place: int) -> Considered:
+    return c.model_copy(update={"measured_rank": place})
+
+
+def test_a_field_ranking_reorders_only_the_variants_it_measured_within_their_verdict() -> None:
+    npu = variant("npu", V.OPTIMAL, "npu")
+    gpu = variant("gpu", V.OPTIMAL, "gpu")
+    cpu = variant("cpu", V.OPTIMAL, "cpu")
+    npu_prefer = variant("npu-prefer", V.PREFER_RECOMPILATION, "npu")
+    unsupported = variant("npu-unsupported", V.UNSUPPORTED, "npu")
+    # measured: cpu fastest, then npu, then the unsupported one (never taken), then
+    # the prefer-recompilation one (still after every optimal variant); gpu not measured
+    considered = [
+        measured(npu, 1),
+        gpu,
+        measured(cpu, 0),
+        measured(npu_prefer, 3),
+        measured(unsupported, 2),
+    ]
+    assert [c.target for c in rank(considered, DEFAULT_PREFERENCE)] == [
+        "cpu",
+        "gpu",
+        "npu",
+        "npu-prefer",
+    ]
+    # with no ranking, today's order
+    plain = [npu, gpu, cpu, npu_prefer, unsupported]
+    assert [c.target for c in rank(plain, DEFAULT_PREFERENCE)] == [
+        "npu",
+        "gpu",
+        "cpu",
+        "npu-prefer",
+    ]
+    active = active_of(npu)
+    assert decide(considered, active, SOURCE, recompile=True, recompile_failed_before=False) == (
+        steps(("download", "cpu"), ("download", "gpu"), ("keep", "npu"))
+    )

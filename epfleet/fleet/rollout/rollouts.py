@@ -16,7 +16,7 @@ rules are ``epfleet.fleet.rollout.rules``'.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -25,6 +25,8 @@ from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import BadInputError
 from epfleet.fleet.evidence.field_rules import FieldRow, field_view
 from epfleet.fleet.evidence.fleet_reports import full_attributed_device_reports, index_pass
+from epfleet.fleet.evidence.ranking_rules import LatencyTally, ProfileChoice, explain, rank
+from epfleet.fleet.evidence.rankings import RankingsPublished, publish_rankings
 from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.fleet.publishing.publish import read_in_force, update_manifest
 from epfleet.fleet.rollout.rules import (
@@ -39,8 +41,10 @@ from epfleet.fleet.rollout.rules import (
     revert,
 )
 from epfleet.formats.device_report import DeviceReport
+from epfleet.formats.field_ranking import ModelRanking
 from epfleet.formats.manifest import Manifest, ModelEntry
 from epfleet.formats.rollout import Rollout
+from epfleet.settings import settings
 from epfleet.stores import Store
 from epfleet.text import printable
 
@@ -91,6 +95,20 @@ class GateReading(BaseModel):
     index: IndexCounts | None = Field(
         default=None, description="What the evidence index's pass read (None: a full recount)"
     )
+    rankings: dict[str, ModelRanking] = Field(
+        default_factory=dict,
+        description="The field rankings these reports give (``ranking_rules``), per model",
+    )
+    ranking_choices: list[ProfileChoice] = Field(
+        default_factory=list,
+        description="What each hardware profile and runtime measured takes, and why",
+    )
+    ranking_refused: dict[str, int] = Field(
+        default_factory=dict, description="Latency votes not counted, by reason"
+    )
+    rankings_published: RankingsPublished | None = Field(
+        default=None, description="What the gate signed of the rankings (None: not asked)"
+    )
 
 
 def read_evidence(
@@ -113,6 +131,11 @@ def read_evidence(
     evidence = {name: Evidence() for name in staged}
     enrolled = manifest.device_keys if manifest is not None else {}
     tally = {"read": 0, "unreadable": 0, "key": 0}
+    latencies = LatencyTally()
+    now = _now(clock)
+    configured = settings()
+    max_age = timedelta(days=configured.ranking_max_age_days)
+    in_force = manifest or Manifest()
 
     counts = None
     if full:
@@ -134,14 +157,15 @@ def read_evidence(
         for heard in stream:
             for name, rollout in staged.items():
                 count(evidence[name], rollout, name, heard, enrolled)
+            latencies.add(heard, in_force, enrolled, now, max_age, authenticated=bool(enrolled))
             if isinstance(heard, Unattributed):
                 tally[heard.reason] += 1
                 continue
             tally["read"] += 1
             yield heard
 
-    field = field_view(manifest or Manifest(), readable())
-    now = _now(clock)
+    field = field_view(in_force, readable())
+    rankings = rank(latencies, in_force, configured.ranking_min_devices)
     found = []
     for name, rollout in sorted(staged.items()):
         found.append(
@@ -159,6 +183,9 @@ def read_evidence(
         unreadable=tally["unreadable"],
         unattributed=tally["key"],
         index=counts,
+        rankings=rankings,
+        ranking_choices=explain(latencies, rankings, configured.ranking_min_devices),
+        ranking_refused=dict(sorted(latencies.refused.items())),
     )
 
 
@@ -287,8 +314,10 @@ def run_gate(
 ) -> tuple[GateReading, list[Moved]]:
     """Judge every active rollout on its evidence at ``clock.now()`` and advance or halt
     those the gate decides (``rollout_rules.judge``), asking ``approve`` first for a stage
-    past the first of a policy with ``approval``; the reading judged and the moves made."""
+    past the first of a policy with ``approval``, and sign the field rankings the same
+    reports give (``epfleet.fleet.evidence.rankings``); the reading judged and the moves made."""
     reading = read_evidence(store, clock=clock)
+    reading.rankings_published = publish_rankings(store, reading.rankings)
     moves = []
     for status in reading.statuses:
         decision: str = status.verdict.decision

@@ -79,6 +79,7 @@ from epfleet.formats.device_report import (
     signed_by,
     signed_envelope,
 )
+from epfleet.formats.field_ranking import runtime_label
 from epfleet.formats.manifest import DeviceKey, ModelEntry, PreviousVersion, VariantEntry
 from epfleet.formats.rollout import Rollout, RolloutPolicy, is_member
 
@@ -525,8 +526,7 @@ def add_shadow(side: SideEvidence, shadow: ShadowRun) -> None:
 
 def runtime_of(report: DeviceReport) -> str:
     """The runtime a device reports: its ORT version and its EP packages' versions."""
-    packages = sorted((p, v) for p, v in report.ep_packages.items() if p != "onnxruntime")
-    return ", ".join([f"ORT {report.ort_version}", *(f"{p} {v}" for p, v in packages)])
+    return runtime_label(report.ort_version, report.ep_packages)
 
 
 def _refused(evidence: Evidence, reason: str) -> None:

@@ -15,7 +15,6 @@ judges not optimal although they are current.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from functools import partial
@@ -26,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from epfleet.fleet.evidence.rules import made_at
 from epfleet.formats.device_report import DeviceReport
+from epfleet.formats.field_ranking import hardware_profile
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.spec import FleetSpec
 
@@ -158,11 +158,8 @@ def report_time(report: DeviceReport) -> datetime:
 
 def profile_of(report: DeviceReport) -> tuple[str, str, list[str]]:
     """(id, label, EPs) of the device's EPs and hardware, the same for identical devices."""
-    parts = sorted(
-        {f"{d.ep}/{d.type}/{d.vendor_id:#06x}:{d.device_id:#06x}" for d in report.devices}
-    )
-    ident = hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
-    return ident, ", ".join(parts) or "no EP devices", sorted({d.ep for d in report.devices})
+    ident, label = hardware_profile(report.devices)
+    return ident, label, sorted({d.ep for d in report.devices})
 
 
 def find_unserved(
