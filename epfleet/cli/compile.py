@@ -228,57 +228,30 @@ class _Prefect:
         done: RunReport | None = None,
         origin: str | None = None,
     ) -> RunReport:
-        return _run_fleet_flow(
-            plan,
-            runner,
-            spec=spec,
-            store=store,
-            workers=workers,
-            force=force,
-            models=models,
-            targets=targets,
-            done=done,
-            origin=origin,
+        """The fleet-compile flow run, on ``plan`` (and recording ``done``, a run compiled and
+        published already, by this command or by an earlier one, ``origin``, instead of
+        compiling)."""
+        from epfleet.fleet.planning.plan import HANDED_BY_THIS_COMMAND, handing_over, plan_inputs
+        from flows.fleet_compile import fleet_compile
+
+        temporary_api_dies_with_us()
+        for name in ("prefect.flow_runs", "prefect.task_runs"):
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, _NoTracebackOfOurErrors) for f in logger.filters):
+                logger.addFilter(_NoTracebackOfOurErrors())
+        flow = fleet_compile.with_options(task_runner=runner)
+        inputs = plan_inputs(
+            spec_path=spec, store_uri=store, models=models, targets=targets, force=force
         )
-
-
-def _run_fleet_flow(
-    plan: RunPlan,
-    runner: TaskRunner[Any],
-    *,
-    spec: Path,
-    store: str,
-    workers: int,
-    force: bool,
-    models: list[str] | None,
-    targets: list[str] | None,
-    done: RunReport | None = None,
-    origin: str | None = None,
-) -> RunReport:
-    """The fleet-compile flow run, on ``plan`` (and recording ``done``, a run compiled and
-    published already, by this command or by an earlier one, ``origin``, instead of
-    compiling)."""
-    from epfleet.fleet.planning.plan import HANDED_BY_THIS_COMMAND, handing_over, plan_inputs
-    from flows.fleet_compile import fleet_compile
-
-    temporary_api_dies_with_us()
-    for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _NoTracebackOfOurErrors) for f in logger.filters):
-            logger.addFilter(_NoTracebackOfOurErrors())
-    flow = fleet_compile.with_options(task_runner=runner)
-    inputs = plan_inputs(
-        spec_path=spec, store_uri=store, models=models, targets=targets, force=force
-    )
-    with handing_over(plan, inputs, done, origin or HANDED_BY_THIS_COMMAND):
-        return flow(
-            spec=str(spec.resolve()),
-            store=store,
-            workers=workers,
-            force=force,
-            models=models or [],
-            targets=targets or [],
-        )
+        with handing_over(plan, inputs, done, origin or HANDED_BY_THIS_COMMAND):
+            return flow(
+                spec=str(spec.resolve()),
+                store=store,
+                workers=workers,
+                force=force,
+                models=models or [],
+                targets=targets or [],
+            )
 
 
 class _NoTracebackOfOurErrors(logging.Filter):
