@@ -15,7 +15,7 @@ rules are ``epfleet.fleet.rollout.rules``'.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -23,12 +23,26 @@ from pydantic import BaseModel, Field
 
 from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import BadInputError
-from epfleet.fleet.evidence.field_rules import FieldRow, field_view
+from epfleet.fleet.evidence.aggregate_rules import merged
+from epfleet.fleet.evidence.aggregates import ShardAggregates
+from epfleet.fleet.evidence.field_rules import FieldRow, field_rows, field_view
 from epfleet.fleet.evidence.fleet_reports import full_attributed_device_reports, index_pass
+from epfleet.fleet.evidence.index import heard_from, index_key
 from epfleet.fleet.evidence.ranking_rules import LatencyTally, ProfileChoice, explain, rank
 from epfleet.fleet.evidence.rankings import RankingsPublished, publish_rankings
+from epfleet.fleet.evidence.reading import reports_from
 from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.fleet.publishing.publish import read_in_force, update_manifest
+from epfleet.fleet.rollout.aggregate_rules import (
+    GateContext,
+    context_digest,
+    contribution,
+    evidence_of,
+    field_of,
+    microseconds,
+    rankings_of,
+    tally_of,
+)
 from epfleet.fleet.rollout.rules import (
     CannotMove,
     Evidence,
@@ -42,7 +56,7 @@ from epfleet.fleet.rollout.rules import (
 )
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.field_ranking import ModelRanking
-from epfleet.formats.manifest import Manifest, ModelEntry
+from epfleet.formats.manifest import DeviceKey, Manifest, ModelEntry
 from epfleet.formats.rollout import Rollout
 from epfleet.settings import settings
 from epfleet.stores import Store
@@ -80,6 +94,11 @@ class IndexCounts(BaseModel):
     shards_written: int
     rebuilt: list[str] = Field(description="Shards that did not verify, rebuilt from reports")
     not_written: list[str] = Field(description="Shards this reader could not write back")
+    contributions_computed: int = Field(
+        default=0,
+        description="Records whose part of the shard aggregates was computed (new or changed "
+        "records, or all of a shard's when what they are judged against changed)",
+    )
 
 
 class GateReading(BaseModel):
@@ -128,10 +147,7 @@ def read_evidence(
     if unknown:
         raise BadInputError(f"no model {', '.join(unknown)} in {store.uri}")
     staged = {n: e.rollout for n, e in entries.items() if e.rollout and (not models or n in models)}
-    evidence = {name: Evidence() for name in staged}
     enrolled = manifest.device_keys if manifest is not None else {}
-    tally = {"read": 0, "unreadable": 0, "key": 0}
-    latencies = LatencyTally()
     now = _now(clock)
     configured = settings()
     max_age = timedelta(days=configured.ranking_max_age_days)
@@ -139,32 +155,35 @@ def read_evidence(
 
     counts = None
     if full:
-        stream: Iterator[DeviceReport | Unattributed] = full_attributed_device_reports(
-            store, enrolled
+        stream = full_attributed_device_reports(store, enrolled)
+        evidence, tally, latencies, field = _recount(
+            stream, staged, in_force, enrolled, now, max_age
         )
     else:
-        indexed = index_pass(store, enrolled)
+        context = GateContext(staged, in_force, enrolled, max_age)
+        aggregates = ShardAggregates(
+            reports_from(store),
+            index_key(),
+            "gate",
+            context_digest(context),
+            lambda key, record: contribution(heard_from(key, record), context),
+            enrolled,
+            microseconds(now),
+        )
+        indexed = index_pass(store, enrolled, each_shard=aggregates)
         counts = IndexCounts(
             listed=indexed.listed,
             reports_read=indexed.reports_read,
             shards_written=indexed.shards_written,
-            rebuilt=indexed.rebuilt,
-            not_written=indexed.not_written,
+            rebuilt=indexed.rebuilt + aggregates.rebuilt,
+            not_written=indexed.not_written + aggregates.not_written,
+            contributions_computed=aggregates.computed,
         )
-        stream = indexed.heard()
-
-    def readable() -> Iterator[DeviceReport]:
-        for heard in stream:
-            for name, rollout in staged.items():
-                count(evidence[name], rollout, name, heard, enrolled)
-            latencies.add(heard, in_force, enrolled, now, max_age, authenticated=bool(enrolled))
-            if isinstance(heard, Unattributed):
-                tally[heard.reason] += 1
-                continue
-            tally["read"] += 1
-            yield heard
-
-    field = field_view(in_force, readable())
+        fleet = merged(aggregates.folded.values())
+        evidence = {name: evidence_of(fleet, name) for name in staged}
+        tally = tally_of(fleet)
+        latencies = rankings_of(fleet)
+        field = field_rows(in_force, field_of(fleet))
     rankings = rank(latencies, in_force, configured.ranking_min_devices)
     found = []
     for name, rollout in sorted(staged.items()):
@@ -187,6 +206,35 @@ def read_evidence(
         ranking_choices=explain(latencies, rankings, configured.ranking_min_devices),
         ranking_refused=dict(sorted(latencies.refused.items())),
     )
+
+
+def _recount(
+    stream: Iterator[DeviceReport | Unattributed],
+    staged: dict[str, Rollout],
+    manifest: Manifest,
+    enrolled: Mapping[str, DeviceKey],
+    now: datetime,
+    max_age: timedelta,
+) -> tuple[dict[str, Evidence], dict[str, int], LatencyTally, list[FieldRow]]:
+    """Every rollout's evidence, the pass's tally, the ranking's and the field view, from
+    one pass over the reports as the gate hears them."""
+    evidence = {name: Evidence() for name in staged}
+    tally = {"read": 0, "unreadable": 0, "key": 0}
+    latencies = LatencyTally()
+
+    def readable() -> Iterator[DeviceReport]:
+        for heard in stream:
+            for name, rollout in staged.items():
+                count(evidence[name], rollout, name, heard, enrolled)
+            latencies.add(heard, manifest, enrolled, now, max_age, authenticated=bool(enrolled))
+            if isinstance(heard, Unattributed):
+                tally[heard.reason] += 1
+                continue
+            tally["read"] += 1
+            yield heard
+
+    field = field_view(manifest, readable())
+    return evidence, tally, latencies, field
 
 
 def check_index(store: Store, clock: Clock = SYSTEM_CLOCK) -> tuple[GateReading, list[str]]:
