@@ -80,3 +80,9 @@ def percentile(pairs: list[tuple[float, int]], share: float) -> float | None:
         return None
     rank = max(1, -(-n * share // 1))
     return _at_rank(pairs, int(rank))
+
+
+def within_error(estimate: float, exact: float) -> bool:
+    """Whether ``estimate`` (read from a sketch) is within ``RELATIVE_ERROR`` of ``exact``
+    (a ratio of two such, a latency regression, within twice that of ``1 + exact``)."""
+    return abs(estimate - exact) <= RELATIVE_ERROR * abs(exact) + 1e-12

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -32,6 +32,7 @@ from epfleet.fleet.evidence.ranking_rules import LatencyTally, ProfileChoice, ex
 from epfleet.fleet.evidence.rankings import RankingsPublished, publish_rankings
 from epfleet.fleet.evidence.reading import reports_from
 from epfleet.fleet.evidence.rules import Unattributed
+from epfleet.fleet.evidence.sketch_rules import within_error
 from epfleet.fleet.publishing.publish import read_in_force, update_manifest
 from epfleet.fleet.rollout.aggregate_rules import (
     GateContext,
@@ -238,30 +239,63 @@ def _recount(
 
 
 def check_index(store: Store, clock: Clock = SYSTEM_CLOCK) -> tuple[GateReading, list[str]]:
-    """The gate's reading through the evidence index (brought up to date as a gate run
-    would), and where it differs from a full recount of every report: none, when the index
-    holds what the reports say."""
+    """The gate's reading through the evidence index and its aggregates (brought up to date
+    as a gate run would), and where it differs from a full recount of every report: none,
+    when the index holds what the reports say. Counts must be equal; latencies read from a
+    sketch within its relative error (``sketch_rules``); a verdict's decision equal (its
+    wording quotes those latencies)."""
     indexed = read_evidence(store, clock=clock)
     recount = read_evidence(store, clock=clock, full=True)
     differences = []
     mine, theirs = indexed.model_dump(exclude={"index"}), recount.model_dump(exclude={"index"})
-    for name in ("read", "unreadable", "unattributed"):
+    for name in ("read", "unreadable", "unattributed", "ranking_refused"):
         if mine[name] != theirs[name]:
             differences.append(f"reports {name}: index {mine[name]}, recount {theirs[name]}")
     for status, other, mine_status, their_status in zip(
         indexed.statuses, recount.statuses, mine["statuses"], theirs["statuses"], strict=True
     ):
-        if mine_status != their_status:  # as dumped: medians, not the order devices came in
+        if not close(mine_status, their_status, ignore={"reason"}):
             differences.append(
                 f"{status.model}: rollout evidence differs (index: {status.verdict.reason}; "
                 f"recount: {other.verdict.reason})"
             )
-    if mine["field"] != theirs["field"]:
-        rows = {(r.model, r.target): r for r in recount.field}
-        for row in indexed.field:
-            if rows.get((row.model, row.target)) != row:
-                differences.append(f"field view of {row.model} x {row.target} differs")
+    rows = {(r.model, r.target): r for r in recount.field}
+    for row in indexed.field:
+        other_row = rows.pop((row.model, row.target), None)
+        if other_row is None or not close(row.model_dump(), other_row.model_dump()):
+            differences.append(f"field view of {row.model} x {row.target} differs")
+    differences += [f"field view of {model} x {target} differs" for model, target in rows]
+    if not close(_ranked(indexed), _ranked(recount)):
+        differences.append("field rankings differ")
     return indexed, [printable(d) for d in differences]
+
+
+def _ranked(reading: GateReading) -> dict[str, Any]:
+    """The rankings as compared: each profile's variants by target (two measured within the
+    sketch's error of each other may come in either order)."""
+    return {
+        model: {
+            (p.profile, p.runtime): {m.target: m.model_dump() for m in p.order}
+            for p in ranking.profiles
+        }
+        for model, ranking in reading.rankings.items()
+    }
+
+
+def close(mine: Any, theirs: Any, ignore: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether two dumped readings agree: equal, but for floats (latencies), within the
+    sketch's relative error, and keys in ``ignore``."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return mine.keys() == theirs.keys() and all(
+            close(mine[k], theirs[k], ignore) for k in mine if k not in ignore
+        )
+    if isinstance(mine, list | tuple) and isinstance(theirs, list | tuple):
+        return len(mine) == len(theirs) and all(
+            close(a, b, ignore) for a, b in zip(mine, theirs, strict=True)
+        )
+    if isinstance(mine, float) and isinstance(theirs, float):
+        return within_error(mine, theirs)
+    return bool(mine == theirs)
 
 
 def rebuild_index(store: Store) -> IndexCounts:
