@@ -9,6 +9,7 @@ staged store and its reports are the forged-report tests'."""
 from __future__ import annotations
 
 import gzip
+import json
 import random
 import statistics
 from datetime import datetime, timedelta, timezone
@@ -122,8 +123,8 @@ def test_a_fold_holds_until_a_window_opens_or_closes() -> None:
 
 
 def test_an_aggregate_seal_verifies_only_for_its_key_kind_and_shard() -> None:
-    sealed = seal("gate", 3, {"entries": {}}, b"k" * 64)
-    assert unseal("gate", 3, sealed, b"k" * 64)["entries"] == {}
+    sealed = seal("gate", 3, {"parts": {}}, b"k" * 64)
+    assert unseal("gate", 3, sealed, b"k" * 64)["parts"] == {}
     for kind, shard, key in (("gate", 4, b"k" * 64), ("watch", 3, b"k" * 64), ("gate", 3, b"x")):
         with pytest.raises(ValueError):
             unseal(kind, shard, sealed, key)
@@ -165,20 +166,26 @@ def test_a_forged_or_damaged_aggregate_is_computed_again_from_the_records(
     before = same_as_recount(store)
     key = index_key()
     objects = aggregate_objects(store)
+    failed = [[["n", path("rollout", MODEL, "new", "failed")], 100]]
     for where in objects:
         stored = store.read(where)
         assert stored is not None
-        shard = int(where.rsplit("/", 1)[1].split(".")[0])
-        body = unseal("gate", shard, gzip.decompress(stored.data), key)
-        for entry in body["entries"].values():  # every device a failure on the new side
-            entry[1] = {"a": [[["n", path("rollout", MODEL, "new", "failed")], 100]]}
-        body["folded"] = [[["n", path("rollout", MODEL, "new", "failed")], 100]]
+        name = where.rsplit("/", 1)[1]
+        shard, what = int(name.split(".")[0]), name.split(".")[1]
+        kind = f"gate {what}"
+        body = unseal(kind, shard, gzip.decompress(stored.data), key)
+        if what == "sum":  # every shard: a hundred failures on the new side
+            body["folded"] = failed
+        else:
+            body["parts"] = {
+                k: json.dumps([json.loads(p)[0], {"a": failed}]) for k, p in body["parts"].items()
+            }
         if forgery == "resealed":
-            forged = gzip.compress(seal("gate", shard, body, b"f" * 64))
+            forged = gzip.compress(seal(kind, shard, body, b"f" * 64))
         elif forgery == "garbage":
             forged = b"\x1f\x8bnot gzip"
         else:  # a genuine aggregate sealed for another shard
-            forged = gzip.compress(seal("gate", (shard + 1) % 256, body, key))
+            forged = gzip.compress(seal(kind, (shard + 1) % 256, body, key))
         store.write(where, forged)
     after = same_as_recount(store)
     assert after.statuses == before.statuses

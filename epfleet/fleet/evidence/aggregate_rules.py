@@ -11,7 +11,9 @@ An aggregate is a table of counts (``Counts``), keyed by what is counted and whe
   ``EXACT_PER_SHARD`` samples of that path: a quantile is then read from the exact values
   (as a recount gives it, to the bit), else from the buckets (within 1 %);
 - ``("v", path, value)``: a value kept for its extremes (the largest shadow-run error, the
-  smallest tolerance), every distinct value with its count.
+  smallest tolerance), every distinct value with its count; under a path made by
+  ``listed`` (devices named, problems quoted), only a shard's ``LISTED_PER_SHARD``
+  smallest: a reader names the first ones of the fleet's in that order and counts the rest.
 
 Adding counts is merging; no count depends on the order records come in.
 
@@ -39,6 +41,8 @@ from epfleet.fleet.evidence.sketch_rules import Bucket, bucket_of, sketched
 AGGREGATE_FORMAT = 1
 EXACT_PER_SHARD = 32
 """Samples of one path a shard keeps exactly; past this many, only their buckets."""
+LISTED_PER_SHARD = 100
+"""Values of a ``listed`` path a shard keeps (the smallest)."""
 _SEAL_CONTEXT = b"epfleet evidence aggregate v1\n"
 FOREVER = 2**62
 
@@ -49,6 +53,11 @@ Counts = dict[Key, int]
 def path(*parts: object) -> str:
     """A path naming where something is counted."""
     return json.dumps(parts, separators=(",", ":"))
+
+
+def listed(*parts: object) -> str:
+    """A path whose values are names, of which a shard keeps only the first few."""
+    return path("listed", *parts)
 
 
 def add_count(counts: Counts, where: str, n: int = 1) -> None:
@@ -125,14 +134,59 @@ def fold(contributions: Iterable[Contribution], now: int) -> Folded:
         if one.window is not None:
             merge_into(counts, one.window.at(now))
             until = min(until, one.window.changes_after(now))
+    found = normalised(counts)
+    assert found is not None  # sums of contributions: no count below zero
+    return Folded(found, now, until)
+
+
+def refold(
+    before: Folded, removed: Iterable[Contribution], added: Iterable[Contribution], now: int
+) -> Folded | None:
+    """``before`` with the contributions of the records that changed or went ``removed``
+    (as they counted at ``before.at``) taken out and those ``added`` put in, at ``now``
+    (within the span ``before`` holds for); None when it cannot be done so (a count kept
+    only in part: fold the shard again)."""
+    if not before.holds(now):
+        return None
+    counts = dict(before.counts)
+    until = before.until
+    for one in removed:
+        for part in (one.always, one.window.at(before.at) if one.window else {}):
+            for key, n in part.items():
+                counts[key] = counts.get(key, 0) - n
+    for one in added:
+        merge_into(counts, one.always)
+        if one.window is not None:
+            merge_into(counts, one.window.at(now))
+            until = min(until, one.window.changes_after(now))
+    found = normalised(counts)
+    return Folded(found, now, until) if found is not None else None
+
+
+def normalised(counts: Counts) -> Counts | None:
+    """``counts`` without zeros, each path's exact samples dropped unless they are all
+    there and at most ``EXACT_PER_SHARD``, a ``listed`` path's values cut to the smallest
+    ``LISTED_PER_SHARD``; None when a count is below zero (a value cut before, taken out)."""
     exact: dict[str, int] = {}
+    sampled: dict[str, int] = {}
+    names: dict[str, list[Key]] = {}
     for key, n in counts.items():
+        if n < 0 and key[0] != "sx":
+            return None
         if key[0] == "sx":
-            exact[key[1]] = exact.get(key[1], 0) + n
-    crowded = {where for where, n in exact.items() if n > EXACT_PER_SHARD}
-    if crowded:
-        counts = {k: n for k, n in counts.items() if not (k[0] == "sx" and k[1] in crowded)}
-    return Folded({k: n for k, n in counts.items() if n}, now, until)
+            exact[key[1]] = exact.get(key[1], 0) + n if n >= 0 else -(2**62)
+        elif key[0] == "sb":
+            sampled[key[1]] = sampled.get(key[1], 0) + n
+        elif key[0] == "v" and key[1].startswith('["listed"') and n > 0:
+            names.setdefault(key[1], []).append(key)
+    partial = {
+        where for where, n in exact.items() if n != sampled.get(where, 0) or n > EXACT_PER_SHARD
+    }
+    found = {k: n for k, n in counts.items() if n and not (k[0] == "sx" and k[1] in partial)}
+    for keys in names.values():
+        for key in sorted(keys, key=lambda k: k[2])[LISTED_PER_SHARD:]:
+            del found[key]
+    return found
 
 
 @dataclass

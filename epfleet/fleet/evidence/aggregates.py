@@ -21,6 +21,8 @@ reader killed mid-pass leaves each whole.
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -37,6 +39,7 @@ from epfleet.fleet.evidence.aggregate_rules import (
     encode_contribution,
     encode_counts,
     fold,
+    refold,
     seal,
     unseal,
 )
@@ -49,18 +52,32 @@ from epfleet.text import printable
 
 logger = logging.getLogger(__name__)
 
+
+def _identity_of(part: str) -> str:
+    """The identity a stored contribution was made for (its JSON's first item)."""
+    return part[2 : part.index('"', 2)]
+
+
+def _contribution_of(part: str) -> Contribution:
+    return decode_contribution(json.loads(part)[1])
+
+
 Contribute = Callable[[str, Record], Contribution]
 """A record's contribution, from its report key and its record."""
 
 
-def aggregate_key(key: bytes, kind: str, shard: int) -> str:
-    return f"{_index_folder(key)}/aggregates/{kind}/{shard:03d}.json.gz"
+def aggregate_key(key: bytes, kind: str, shard: int, what: str) -> str:
+    """Where a shard's aggregate is kept: its ``sum`` (the records' identities and their
+    folded sum: what a pass reads of a shard that did not change) or its ``parts`` (each
+    record's contribution: read only when the shard changed)."""
+    return f"{_index_folder(key)}/aggregates/{kind}/{shard:03d}.{what}.json.gz"
 
 
 def record_identity(record: Record, enrolled_key: DeviceKey | None) -> str:
     """What a contribution was made from: the record's fold and its device's enrolled key."""
     fold_id = record.get("fold") or f"{record['stamp']}@{record['read_after']}"
-    return f"{fold_id}|{device_key_fingerprint(enrolled_key)}"
+    said = f"{fold_id}|{device_key_fingerprint(enrolled_key)}"
+    return hashlib.sha256(said.encode()).hexdigest()[:20]
 
 
 @dataclass
@@ -88,56 +105,78 @@ class ShardAggregates:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, shard: int, records: Mapping[str, Record]) -> None:
-        where = aggregate_key(self.key, self.kind, shard)
-        stored = self._read(where, shard)
-        known: dict[str, Any] = {}
-        if stored is not None and stored.get("context") == self.context:
-            known = stored["entries"]
-        entries: dict[str, Any] = {}
-        contributions: list[Contribution] = []
-        computed = 0
+        identities = {}
         for report_key, record in records.items():
             device = key_device(report_key)
-            identity = record_identity(record, self.enrolled.get(device) if device else None)
-            kept = known.get(report_key)
-            if kept is not None and kept[0] == identity:
-                entries[report_key] = kept
-                contributions.append(decode_contribution(kept[1]))
-                continue
-            one = self.contribute(report_key, record)
-            computed += 1
-            entries[report_key] = [identity, encode_contribution(one)]
-            contributions.append(one)
-        unchanged = computed == 0 and len(entries) == len(known)
-        if unchanged and stored is not None:
-            before = Folded(decode_counts(stored["folded"]), stored["at"], stored["until"])
-            if before.holds(self.now):
+            enrolled_key = self.enrolled.get(device) if device else None
+            identities[report_key] = record_identity(record, enrolled_key)
+        summed = self._read(shard, "sum")
+        if summed is not None and summed.get("context") == self.context:
+            before = Folded(decode_counts(summed["folded"]), summed["at"], summed["until"])
+            known: dict[str, str] = summed["ids"]
+            if known == identities and before.holds(self.now):
                 with self._lock:
                     self.folded[shard] = before.counts
                 return
-        now = fold(contributions, self.now)
+        else:
+            before, known = None, {}
+        stored = self._read(shard, "parts")
+        parts: dict[str, str] = {}
+        if stored is not None and stored.get("context") == self.context:
+            parts = stored["parts"]
+        kept = {k: p for k, p in parts.items() if identities.get(k) == _identity_of(p)}
+        made: dict[str, Contribution] = {}
+        for report_key, identity in identities.items():
+            if report_key not in kept:
+                made[report_key] = self.contribute(report_key, records[report_key])
+                kept[report_key] = json.dumps([identity, encode_contribution(made[report_key])])
+        changed = [k for k in known if identities.get(k) != known[k]]
+        now = None
+        if before is not None and all(
+            k in parts and _identity_of(parts[k]) == known[k] for k in changed
+        ):
+            removed = [_contribution_of(parts[k]) for k in changed]
+            added = [
+                made.get(k) or _contribution_of(kept[k])
+                for k in identities
+                if identities[k] != known.get(k)
+            ]
+            now = refold(before, removed, added, self.now)
+        if now is None:
+            now = fold((made.get(k) or _contribution_of(kept[k]) for k in identities), self.now)
         with self._lock:
             self.folded[shard] = now.counts
-            self.computed += computed
-        if self.write:
-            body = {
+            self.computed += len(made)
+        if not self.write:
+            return
+        if made or kept.keys() != parts.keys():
+            self._write(shard, "parts", {"context": self.context, "parts": kept})
+        self._write(
+            shard,
+            "sum",
+            {
                 "context": self.context,
-                "entries": entries,
+                "ids": identities,
                 "folded": encode_counts(now.counts),
                 "at": now.at,
                 "until": now.until,
-            }
-            data = gzip.compress(seal(self.kind, shard, body, self.key), 6, mtime=0)
-            try:
-                self.reports.write(where, data)
-            except StoreError as exc:
-                with self._lock:
-                    self.not_written.append(printable(f"{where}: {exc}"))
-                return
-            with self._lock:
-                self.written += 1
+            },
+        )
 
-    def _read(self, where: str, shard: int) -> dict[str, Any] | None:
+    def _write(self, shard: int, what: str, body: dict[str, Any]) -> None:
+        where = aggregate_key(self.key, self.kind, shard, what)
+        data = gzip.compress(seal(f"{self.kind} {what}", shard, body, self.key), 6, mtime=0)
+        try:
+            self.reports.write(where, data)
+        except StoreError as exc:
+            with self._lock:
+                self.not_written.append(printable(f"{where}: {exc}"))
+            return
+        with self._lock:
+            self.written += 1
+
+    def _read(self, shard: int, what: str) -> dict[str, Any] | None:
+        where = aggregate_key(self.key, self.kind, shard, what)
         try:
             stored = self.reports.read(where)
         except DocumentTooLarge as exc:
@@ -146,7 +185,7 @@ class ShardAggregates:
         if stored is None:
             return None
         try:
-            return unseal(self.kind, shard, gzip.decompress(stored.data), self.key)
+            return unseal(f"{self.kind} {what}", shard, gzip.decompress(stored.data), self.key)
         except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:
             self._rebuilt(printable(f"{where}: {exc}"))
             return None

@@ -129,10 +129,14 @@ class IndexPass:
     def readings(self) -> Iterator[DeviceReport | Unattributed]:
         """Every listed report as runtime-watch reads it, or why it cannot."""
         for key, record in self._records():
-            if "report" in record:
-                yield restore(record["report"])
-            else:
-                yield Unattributed(key, "unreadable", record["problem"])
+            yield reading_from(key, record)
+
+
+def reading_from(key: str, record: Record) -> DeviceReport | Unattributed:
+    """The report of ``record`` as runtime-watch reads it, or why it cannot."""
+    if "report" in record:
+        return restore(record["report"])
+    return Unattributed(key, "unreadable", record["problem"])
 
 
 def heard_from(key: str, record: Record) -> DeviceReport | Unattributed:
