@@ -241,28 +241,54 @@ def decode_counts(stored: list[Any]) -> Counts:
     return {tuple(k): n for k, n in stored}
 
 
-def encode_contribution(one: Contribution) -> dict[str, Any]:
-    found: dict[str, Any] = {"a": encode_counts(one.always)}
+@dataclass
+class PathTable:
+    """The paths a shard's stored contributions name, each stored once: a contribution
+    names a path by its place here (places never change while the table is kept)."""
+
+    paths: list[str] = field(default_factory=list)
+    places: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, paths: list[str]) -> PathTable:
+        return cls(list(paths), {p: i for i, p in enumerate(paths)})
+
+    def place(self, where: str) -> int:
+        found = self.places.get(where)
+        if found is None:
+            found = self.places[where] = len(self.paths)
+            self.paths.append(where)
+        return found
+
+    def encode(self, counts: Mapping[Key, int]) -> list[Any]:
+        return [[k[0], self.place(k[1]), *k[2:], n] for k, n in counts.items()]
+
+    def decode(self, stored: list[Any]) -> Counts:
+        return {(e[0], self.paths[e[1]], *e[2:-1]): e[-1] for e in stored}
+
+
+def encode_contribution(one: Contribution, table: PathTable) -> dict[str, Any]:
+    found: dict[str, Any] = {"a": table.encode(one.always)}
     w = one.window
     if w is not None:
         found["w"] = [
             w.start,
             w.end,
-            encode_counts(w.inside),
-            encode_counts(w.before),
-            encode_counts(w.after),
+            table.encode(w.inside),
+            table.encode(w.before),
+            table.encode(w.after),
         ]
     return found
 
 
-def decode_contribution(stored: dict[str, Any]) -> Contribution:
+def decode_contribution(stored: dict[str, Any], table: PathTable) -> Contribution:
     w = stored.get("w")
     window = (
-        Window(w[0], w[1], decode_counts(w[2]), decode_counts(w[3]), decode_counts(w[4]))
+        Window(w[0], w[1], table.decode(w[2]), table.decode(w[3]), table.decode(w[4]))
         if w is not None
         else None
     )
-    return Contribution(decode_counts(stored["a"]), window)
+    return Contribution(table.decode(stored["a"]), window)
 
 
 def seal(kind: str, shard: int, body: dict[str, Any], key: bytes) -> bytes:

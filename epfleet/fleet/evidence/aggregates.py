@@ -34,6 +34,7 @@ from epfleet.fleet.evidence.aggregate_rules import (
     Contribution,
     Counts,
     Folded,
+    PathTable,
     decode_contribution,
     decode_counts,
     encode_contribution,
@@ -58,8 +59,8 @@ def _identity_of(part: str) -> str:
     return part[2 : part.index('"', 2)]
 
 
-def _contribution_of(part: str) -> Contribution:
-    return decode_contribution(json.loads(part)[1])
+def _contribution_of(part: str, table: PathTable) -> Contribution:
+    return decode_contribution(json.loads(part)[1], table)
 
 
 Contribute = Callable[[str, Record], Contribution]
@@ -122,35 +123,40 @@ class ShardAggregates:
             before, known = None, {}
         stored = self._read(shard, "parts")
         parts: dict[str, str] = {}
+        table = PathTable()
         if stored is not None and stored.get("context") == self.context:
-            parts = stored["parts"]
+            parts, table = stored["parts"], PathTable.of(stored["paths"])
         kept = {k: p for k, p in parts.items() if identities.get(k) == _identity_of(p)}
         made: dict[str, Contribution] = {}
         for report_key, identity in identities.items():
             if report_key not in kept:
                 made[report_key] = self.contribute(report_key, records[report_key])
-                kept[report_key] = json.dumps([identity, encode_contribution(made[report_key])])
+                encoded = encode_contribution(made[report_key], table)
+                kept[report_key] = json.dumps([identity, encoded], separators=(",", ":"))
         changed = [k for k in known if identities.get(k) != known[k]]
         now = None
         if before is not None and all(
             k in parts and _identity_of(parts[k]) == known[k] for k in changed
         ):
-            removed = [_contribution_of(parts[k]) for k in changed]
+            removed = [_contribution_of(parts[k], table) for k in changed]
             added = [
-                made.get(k) or _contribution_of(kept[k])
+                made.get(k) or _contribution_of(kept[k], table)
                 for k in identities
                 if identities[k] != known.get(k)
             ]
             now = refold(before, removed, added, self.now)
         if now is None:
-            now = fold((made.get(k) or _contribution_of(kept[k]) for k in identities), self.now)
+            now = fold(
+                (made.get(k) or _contribution_of(kept[k], table) for k in identities), self.now
+            )
         with self._lock:
             self.folded[shard] = now.counts
             self.computed += len(made)
         if not self.write:
             return
         if made or kept.keys() != parts.keys():
-            self._write(shard, "parts", {"context": self.context, "parts": kept})
+            body = {"context": self.context, "paths": table.paths, "parts": kept}
+            self._write(shard, "parts", body, level=1)
         self._write(
             shard,
             "sum",
@@ -163,9 +169,9 @@ class ShardAggregates:
             },
         )
 
-    def _write(self, shard: int, what: str, body: dict[str, Any]) -> None:
+    def _write(self, shard: int, what: str, body: dict[str, Any], level: int = 6) -> None:
         where = aggregate_key(self.key, self.kind, shard, what)
-        data = gzip.compress(seal(f"{self.kind} {what}", shard, body, self.key), 6, mtime=0)
+        data = gzip.compress(seal(f"{self.kind} {what}", shard, body, self.key), level, mtime=0)
         try:
             self.reports.write(where, data)
         except StoreError as exc:
