@@ -460,7 +460,8 @@ def hour(kind: str, args: argparse.Namespace, rows: list[tuple[str, dict[str, An
 
     def gets(label: str, r: dict[str, Any]) -> float:
         # not per report: the 256 shards, and the aggregates' sums and parts (256 each)
-        shards = 0 if "full" in label else min(r.get("GET", 0), 1 + 3 * 256)
+        fixed = 257 if "restoring" in label else 1 + 3 * 256
+        shards = 0 if "full" in label else min(r.get("GET", 0), fixed)
         return (r.get("GET", 0) - shards) * scale + shards
 
     cpu = (folding["cpu"] + 2 * current["cpu"]) * scale

@@ -184,8 +184,9 @@ def reindex(
         bool,
         Parameter(
             help="Bring the index up to date as a gate run does and compare what it "
-            "answers with a full recount of every report, rebuilding nothing; exit 1 when "
-            "they differ."
+            "answers (from its per-shard aggregates) with a full recount of every report: "
+            "counts equal, latencies within the sketch's 1 %; rebuilding nothing; exit 1 "
+            "when they differ."
         ),
     ] = False,
     trust_root: TrustRoot = None,
@@ -228,7 +229,8 @@ def reindex(
         "the evidence index answers as a full recount does: "
         f"{plural(reading.index.listed, 'report')}, {plural(len(reading.statuses), 'rollout')}, "
         f"{plural(len(reading.field), 'field row')} "
-        f"({reading.index.reports_read} reports read to bring it up to date)"
+        f"({reading.index.reports_read} reports read to bring it up to date, "
+        f"{reading.index.contributions_computed} records' aggregate parts computed)"
     )
     return EXIT_OK
 
