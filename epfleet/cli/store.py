@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from epfleet.cli.exit_codes import EXIT_FAILED, EXIT_OK
 from epfleet.cli.options import Json, Repeatable, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
+
+if TYPE_CHECKING:
+    from epfleet.formats.spec import FleetSpec
 
 MAX_GRACE_HOURS = 876_000.0
 MAX_RETENTION_DAYS = 36_500.0
@@ -63,6 +67,7 @@ def gc(
     from epfleet.lifecycle.gc import collect, render
     from epfleet.settings import settings
     from epfleet.stores import open_store
+    from epfleet.text import output_width
 
     grace = settings().gc_grace_hours if grace is None else grace
     retention_days = settings().gc_retention_days if retention_days is None else retention_days
@@ -82,7 +87,7 @@ def gc(
     if as_json:
         print(json.dumps(result.model_dump(mode="json") | {"freed": result.freed}))
     else:
-        print(render(result))
+        print(render(result, output_width()))
     return EXIT_FAILED if result.errors else EXIT_OK
 
 
@@ -125,10 +130,9 @@ def retire(
     as_json
         Print one JSON object on stdout.
     """
-    from epfleet.formats.spec_file import load_spec
     from epfleet.lifecycle.retire import apply_retirement
     from epfleet.stores import open_store
-    from epfleet.text import format_bytes
+    from epfleet.text import format_bytes, output_width, printable_lines, wrap
 
     if spec is not None and not unlisted:
         raise BadInputError(f"--spec {spec} needs --unlisted (retire what it no longer lists)")
@@ -141,7 +145,7 @@ def retire(
     pin_trust_root(store, trust_root)
     done = apply_retirement(
         open_store(store),
-        spec=load_spec(spec) if spec is not None else None,
+        spec=_spec(spec) if spec is not None else None,
         models=model or [],
         targets=target or [],
         dry_run=dry_run,
@@ -150,8 +154,10 @@ def retire(
         print(json.dumps(done.model_dump(mode="json") | {"dry_run": dry_run}))
         return EXIT_OK
     verb = "would retire" if dry_run else "retired"
+    width = output_width()
     if done.empty:
-        print(f"nothing to retire from {store}/manifest.json (generation {done.generation})")
+        said = f"nothing to retire from {store}/manifest.json (generation {done.generation})"
+        print(wrap(printable_lines(said), width))
         return EXIT_OK
     lines = [f"{verb} model {name} (all its variants)" for name in done.models]
     lines += [f"{verb} variant {pair}" for pair in done.variants]
@@ -160,8 +166,16 @@ def retire(
         f"{format_bytes(done.bytes)} no longer referenced: epfleet gc collects it after "
         f"its grace period{after}"
     )
-    print("\n".join(lines))
+    print("\n".join(wrap(printable_lines(line), width) for line in lines))
     return EXIT_OK
+
+
+def _spec(path: Path) -> FleetSpec:
+    """The fleet spec at ``path``: YAML, read with the host extra's PyYAML (retiring by
+    name, --model and --target, needs neither)."""
+    from epfleet.formats.spec_file import load_spec
+
+    return load_spec(path)
 
 
 command_help(gc, retire)

@@ -214,7 +214,7 @@ def test_watch_and_device_sync_run_by_path_and_as_commands(
         "flows/runtime_watch.py", str(spec), "--store", store, "--dry-run", env=cli_env
     )
     assert watched.returncode == 0, watched.stderr[-2000:]
-    header, row = watched.stdout.splitlines()[:2]
+    header, _rule, row = watched.stdout.splitlines()[:3]
     assert header.split() == ["model", "target", "status", "why"]
     assert row.split()[:3] == ["tiny-cls", "x86-cpu", "current"]
     as_json = epfleet("watch", str(spec), "--store", store, "--dry-run", "--json", env=cli_env)
