@@ -144,8 +144,10 @@ def test_a_source_with_its_external_data_in_its_folder_is_staged_whole(
         ({"source": "missing.onnx"}, "models[m].source"),
         ({"source": "notes.onnx"}, "is not an ONNX model"),
         ({"targets": [{"name": "t", "ep": "NopeExecutionProvider"}]}, "unknown execution"),
+        ({"input_shapes": {"nope": [1, 3]}}, "input_shapes names 'nope'"),
+        ({"samples": "notes.npz"}, "models[m].samples"),
     ],
-    ids=["missing", "not-onnx", "unknown-ep"],
+    ids=["missing", "not-onnx", "unknown-ep", "no-such-input", "bad-samples"],
 )
 def test_a_refused_spec_leaves_no_store_behind(
     capsys: pytest.CaptureFixture[str],
@@ -155,8 +157,12 @@ def test_a_refused_spec_leaves_no_store_behind(
     said: str,
 ) -> None:
     """A good model beside a bad one (or a bad target): the spec is refused before the good
-    one is staged, and the new store's directory is never made (nor sources/, samples/)."""
+    one is staged, and the new store's directory is never made (nor sources/, samples/),
+    nor anything in the worker cache."""
     (tmp_path / "notes.onnx").write_bytes(SECRET)
+    (tmp_path / "notes.npz").write_bytes(SECRET)
+    cache = Path(os.environ["EPFLEET_CACHE"])
+    before = sorted(cache.rglob("*"))
     good = tiny_models(model_dir)[0]
     targets = bad.pop("targets", [CPU_TARGET])
     models = [good, {**good, "name": "m", **bad}]
@@ -165,6 +171,7 @@ def test_a_refused_spec_leaves_no_store_behind(
     assert main(["compile", str(spec), "--store", str(store)]) == 2
     assert said in capsys.readouterr().err
     assert not store.exists()
+    assert sorted(cache.rglob("*")) == before
 
 
 def test_a_store_of_an_unknown_scheme_leaves_nothing_anywhere(
