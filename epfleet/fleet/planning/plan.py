@@ -238,6 +238,7 @@ def plan_run(
             except EpfleetError as exc:
                 samples[name], problems[name] = None, f"no golden samples: {exc}"
         uploads.release()
+    ep_modules = {target.ep: eps.load(target.ep) for _, target in pairs}
     planned = assign_twins(
         plan_pairs(
             pairs,
@@ -249,9 +250,11 @@ def plan_run(
             force,
             store.size,
             int(settings().embed_context_max_bytes),
+            ep_modules,
             calibrations=calibrations,
             runtimes=spec.runtimes,
-        )
+        ),
+        ep_modules,
     )
     rollouts = {name: policy for name in sources if (policy := spec.rollout_of(name)) is not None}
     return RunPlan(
