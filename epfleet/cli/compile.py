@@ -117,7 +117,7 @@ def compile_(
     """
     from epfleet.fleet.runs.execute import execute_compile
     from epfleet.fleet.views import render_report
-    from epfleet.logs import log_to_stderr
+    from epfleet.logs import CompileProgress, log_to_stderr
     from epfleet.text import output_width
 
     log_to_stderr()  # epfleet's warnings as "epfleet: ..." lines, the report alone on stdout
@@ -140,6 +140,7 @@ def compile_(
                 temporary=prefect == "temporary",
                 prefect=_Prefect(),
                 started_at=_PROCESS_STARTED,
+                show_progress=CompileProgress,
             )
             pruned = _prune(spec, store) if prune else None
     except OSError as exc:  # a full disk: the worker cache or a local store
