@@ -158,12 +158,12 @@ def retire(
     if as_json:
         print(json.dumps(done.model_dump(mode="json") | {"dry_run": dry_run}))
         return EXIT_OK
-    lines = said(done, store, dry_run)
+    lines = retirement_lines(done, store, dry_run)
     print("\n".join(wrap(printable_lines(line), output_width()) for line in lines))
     return EXIT_OK
 
 
-def said(done: Retirement, store: str, dry_run: bool = False) -> list[str]:
+def retirement_lines(done: Retirement, store: str, dry_run: bool = False) -> list[str]:
     """What ``epfleet retire`` prints of a retirement: what went (or would go), what was
     kept and why, and what it leaves for ``epfleet gc``."""
     from epfleet.text import format_bytes
