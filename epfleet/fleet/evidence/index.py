@@ -206,11 +206,14 @@ def update(
         newest = max(newest, stamp[1])
         found.listed += 1
     read_after = started if started is not None else newest
-    fingerprints = {device: device_key_fingerprint(k) for device, k in enrolled.items()}
 
-    def enrolled_fingerprint(report_key: str) -> str | None:
+    def enrolled_fingerprint(report_key: str, kept: Record | None) -> str | None:
+        """Looked up only where ``must_read`` compares it (a signed record): a lookup
+        may read the device's key bin."""
         device = key_device(report_key)
-        return fingerprints.get(device) if device is not None else None
+        if device is None or kept is None or kept.get("signature") is None:
+            return None
+        return device_key_fingerprint(enrolled.get(device))
 
     def one_shard(shard: int) -> tuple[bytes, int, bool, bool]:
         """The shard brought up to date and written back: its records of listed reports
@@ -222,7 +225,7 @@ def update(
         read = 0
         for report_key, stamp in keys.items():
             kept = base.get(report_key)
-            fingerprint = enrolled_fingerprint(report_key)
+            fingerprint = enrolled_fingerprint(report_key, kept)
             if not (rebuild or must_read(kept, stamp, fingerprint, settle)):
                 continue
             read += 1
