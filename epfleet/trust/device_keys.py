@@ -24,16 +24,21 @@ drops them from the manifest.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from tuf.api.metadata import Delegations, Metadata, SuccinctRoles, TargetFile, Targets
+from tuf.api.metadata import Delegations, Metadata, MetaFile, SuccinctRoles, TargetFile, Targets
 
 from epfleet.errors import StoreError, Unverified
 from epfleet.formats.manifest import DeviceKey, KeyId, Manifest, Name, RevokedKey
+from epfleet.fsutil import atomic_write_bytes
+from epfleet.hashing import sha256_bytes
 from epfleet.stores import Store
 from epfleet.trust.layout import (
     CUSTOM_FIELD,
@@ -106,21 +111,23 @@ def record_target(record: DeviceRecord | KeyClaim) -> Target:
     return Target(info, data)
 
 
-def _parse(store: Store, name: str, info: TargetFile) -> DeviceRecord | KeyClaim:
-    where = f"{store.uri}: signed key bin {name}, target {info.path}"
+def _parse(store: Store, name: str, path: str, text: Any) -> DeviceRecord | KeyClaim:
+    """The record ``text`` (a target's signed custom field) of target ``path``."""
+    where = f"{store.uri}: signed key bin {name}, target {path}"
     try:
-        text = info.unrecognized_fields["custom"][CUSTOM_FIELD]
-        if info.path.startswith(DEVICE_KEY_TARGETS):
+        if not isinstance(text, str):
+            raise TypeError("its custom field carries no record")
+        if path.startswith(DEVICE_KEY_TARGETS):
             record: DeviceRecord | KeyClaim = DeviceRecord.model_validate_json(text)
-            if device_target(record.device) != info.path:
+            if device_target(record.device) != path:
                 raise ValueError(f"it is the record of device {record.device!r}")
-        elif info.path.startswith(KEY_ID_TARGETS):
+        elif path.startswith(KEY_ID_TARGETS):
             record = KeyClaim.model_validate_json(text)
-            if claim_target(record.keyid) != info.path:
+            if claim_target(record.keyid) != path:
                 raise ValueError(f"it is the claim of key {record.keyid}")
         else:
             raise ValueError("not a device key's target")
-    except (KeyError, TypeError, ValueError, ValidationError) as exc:
+    except (TypeError, ValueError, ValidationError) as exc:
         raise StoreError(f"{where} is not a device key record: {exc}") from None
     return record
 
@@ -130,15 +137,26 @@ class KeyBook:
     verified once, then kept), and those its manifest still carries from before the keys
     had bins of their own (``legacy``). Safe to use from several threads."""
 
-    def __init__(self, store: Store, state: RepositoryState | None, legacy: Manifest | None):
+    def __init__(
+        self,
+        store: Store,
+        state: RepositoryState | None,
+        legacy: Manifest | None,
+        local: Path | None = None,
+    ):
         self.store = store
         self.state = state
+        self.local = local
+        """A folder of this machine's where readers keep the records of the key bins they
+        verified, by version (signed versions are never rewritten): a later process reads
+        and verifies again only the bins that changed. None for publishers, who sign from
+        what they verify."""
         self.legacy_keys: dict[str, DeviceKey] = dict(legacy.device_keys) if legacy else {}
         self.legacy_revoked: dict[str, RevokedKey] = (
             dict(legacy.revoked_device_keys) if legacy else {}
         )
         self.succinct = key_succinct(state) if state is not None else None
-        self._bins: dict[str, dict[str, DeviceRecord | KeyClaim]] = {}
+        self._texts: dict[str, dict[str, Any]] = {}
         self._signed: dict[str, Targets | None] = {}
         self._lock = threading.Lock()
         self.bins_read = 0
@@ -163,41 +181,78 @@ class KeyBook:
                 return self._signed[name]
         state = self.state
         signed: Targets | None = None
-        if state is not None and state.snapshot is not None:
-            meta = state.snapshot.signed.meta.get(f"{name}.json")
-            if meta is not None:
-                key = metadata_key(name, meta.version)
-                check = _signed_by(_delegator(state), name, meta.version)
-                try:
-                    signed = load_versioned(
-                        self.store, state.repository, key, check, meta.length
-                    ).signed
-                except Unverified as exc:
-                    raise Unverified(
-                        f"{exc}. It is the signed key bin {name}: the keys of the devices "
-                        "in it cannot be read, so their reports are not judged; restore "
-                        "it from a backup of the store"
-                    ) from None
-        records = {}
+        meta = self._meta(name)
+        if state is not None and meta is not None:
+            key = metadata_key(name, meta.version)
+            check = _signed_by(_delegator(state), name, meta.version)
+            try:
+                signed = load_versioned(
+                    self.store, state.repository, key, check, meta.length
+                ).signed
+            except Unverified as exc:
+                raise Unverified(
+                    f"{exc}. It is the signed key bin {name}: the keys of the devices in it "
+                    "cannot be read, so their reports are not judged; restore it from a "
+                    "backup of the store"
+                ) from None
+        texts = {}
         for path, info in (signed.targets if signed is not None else {}).items():
             if self.bin_of(path) != name:
                 raise StoreError(f"{self.store.uri}: signed key bin {name} holds {path}")
-            records[path] = _parse(self.store, name, info)
+            texts[path] = info.unrecognized_fields.get("custom", {}).get(CUSTOM_FIELD)
         with self._lock:
             self._signed[name] = signed
-            self._bins[name] = records
+            self._texts[name] = texts
             self.bins_read += signed is not None
         return signed
 
-    def _records(self, name: str) -> dict[str, DeviceRecord | KeyClaim]:
+    def _meta(self, name: str) -> MetaFile | None:
+        if self.state is None or self.state.snapshot is None:
+            return None
+        return self.state.snapshot.signed.meta.get(f"{name}.json")
+
+    def _local_file(self, name: str) -> Path | None:
+        """Where this machine keeps the records of key bin ``name`` at the version the
+        snapshot signs, once verified (None: no local copy for this book)."""
+        meta = self._meta(name)
+        if self.local is None or self.state is None or meta is None:
+            return None
+        store_id = sha256_bytes(self.store.uri.encode())[:16]
+        folder = self.local / f"{store_id}-{self.state.repository[:16]}"
+        return folder / f"{meta.version}.{name}.{meta.length}.json"
+
+    def _records(self, name: str) -> dict[str, Any]:
+        """Target path -> its record's text, for key bin ``name``: from this machine's copy
+        of it at the signed version, else read and verified (and then copied)."""
+        with self._lock:
+            if name in self._texts:
+                return self._texts[name]
+        local = self._local_file(name)
+        if local is not None:
+            try:
+                texts = json.loads(local.read_bytes())
+            except (OSError, ValueError):
+                texts = None
+            if isinstance(texts, dict):
+                with self._lock:
+                    self._texts[name] = texts
+                return texts
         self.signed_bin(name)
-        return self._bins[name]
+        texts = self._texts[name]
+        if local is not None:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(local, json.dumps(texts).encode())
+        return texts
+
+    def _record(self, name: str, path: str) -> DeviceRecord | KeyClaim | None:
+        text = self._records(name).get(path)
+        return _parse(self.store, name, path, text) if path in self._texts[name] else None
 
     def record(self, device: str) -> DeviceRecord | None:
         """The device's record: from its bin, else from the legacy manifest fields."""
         if self.succinct is not None:
             path = device_target(device)
-            found = self._records(self.bin_of(path)).get(path)
+            found = self._record(self.bin_of(path), path)
             if found is not None:
                 assert isinstance(found, DeviceRecord)
                 return found
@@ -211,7 +266,7 @@ class KeyBook:
         """The device key ``keyid`` was enrolled for (None: never enrolled here)."""
         if self.succinct is not None:
             path = claim_target(keyid)
-            found = self._records(self.bin_of(path)).get(path)
+            found = self._record(self.bin_of(path), path)
             if found is not None:
                 assert isinstance(found, KeyClaim)
                 return found.device
@@ -230,17 +285,18 @@ class KeyBook:
             return
         names = sorted({self.bin_of(device_target(d)) for d in devices})
         with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-            list(pool.map(self.signed_bin, names))
+            list(pool.map(self._records, names))
 
     def every_record(self) -> dict[str, DeviceRecord]:
         """Every device's record (reads every key bin)."""
         if self.succinct is not None:
             names = self.existing_bins()
             with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-                list(pool.map(self.signed_bin, names))
+                list(pool.map(self._records, names))
         found: dict[str, DeviceRecord] = {}
-        for records in list(self._bins.values()):
-            for record in records.values():
+        for name in self.existing_bins():
+            for path in self._records(name):
+                record = self._record(name, path)
                 if isinstance(record, DeviceRecord):
                     found[record.device] = record
         legacy_devices = set(self.legacy_keys) | {r.device for r in self.legacy_revoked.values()}
@@ -275,6 +331,19 @@ class EnrolledKeys(Mapping[str, DeviceKey]):
 
     def __len__(self) -> int:
         return sum(1 for r in self.book.every_record().values() if r.key is not None)
+
+    def stamp(self, device: str) -> str | None:
+        """The signed version of ``device``'s key bin, ``<bin>@<version>`` (no bin read):
+        its key is the same while the stamp is. None when there is no such shortcut (an
+        unsigned store, or keys not moved out of the manifest yet)."""
+        book = self.book
+        if book.succinct is None or book.state is None or book.state.snapshot is None:
+            return None
+        if not book.migrated:
+            return None
+        name = book.bin_of(device_target(device))
+        meta = book.state.snapshot.signed.meta.get(f"{name}.json")
+        return f"{name}@{meta.version if meta is not None else 0}"
 
     def __bool__(self) -> bool:
         """Whether the store has enrolled keys (a key bin, or keys in the manifest), read

@@ -9,7 +9,9 @@ until ``epfleet device migrate-keys`` (or the next enrolment) moves them."""
 
 from __future__ import annotations
 
+import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,16 +27,26 @@ from epfleet.fleet.evidence.enrolment import (
     enrolled_keys,
     key_entry,
     keys_in_force,
+    local_key_bins,
     revoke,
 )
+from epfleet.fleet.evidence.fleet_reports import index_pass
 from epfleet.fleet.publishing.publish import read_in_force, read_manifest, update_manifest
 from epfleet.fleet.rollout.rollouts import read_evidence
 from epfleet.formats.device_report import encode_report, report_key
 from epfleet.formats.manifest import Manifest, RevokedKey, utcnow
 from epfleet.stores import Store
 from epfleet.trust.device_keys import DeviceRecord, record_target
-from epfleet.trust.keys import new_key, read_private_key
+from epfleet.trust.keys import (
+    generate_online_file,
+    load_offline,
+    new_key,
+    online_signer,
+    public_key_of,
+    read_private_key,
+)
 from epfleet.trust.layout import metadata_key
+from epfleet.trust.repository import development_root, rotate_online_key
 from epfleet.trust.signing import SERIALIZER
 from epfleet.trust.state import clear_cache
 from tests.support.signed_store import signed_store, stage
@@ -54,6 +66,12 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     opened = signed_store(request, tmp_path, monkeypatch)
     stage(opened, SIGNED_ROLLOUT)
     return opened
+
+
+def new_machine() -> None:
+    """What a reader on another machine starts with: nothing verified, in memory or kept."""
+    clear_cache()
+    shutil.rmtree(local_key_bins(), ignore_errors=True)
 
 
 def snapshot_versions(store: Store) -> dict[str, int]:
@@ -83,13 +101,16 @@ def test_an_enrolment_signs_its_key_bins_only_and_readers_read_only_theirs(
     assert manifest is not None and manifest.device_keys == {}
     assert read_manifest(store)[0] == generation  # neither the manifest nor its copy moved
 
-    clear_cache()  # a new process
+    new_machine()
     keys = keys_in_force(store)
     found = keys.get("dev-001")
     assert found is not None and keys.book.bins_read == 1  # its bin, no other
     wanted = enrolled_keys(store, ["dev-000", "dev-001", "dev-999"])
     assert sorted(wanted) == ["dev-000", "dev-001"] and wanted["dev-001"] == found
     assert sorted(keys) == ["dev-000", "dev-001"]
+    clear_cache()  # a new process on the same machine: the bins it verified are kept
+    again = keys_in_force(store)
+    assert again.get("dev-001") == found and again.book.bins_read == 0
 
 
 def test_racing_enrolments_and_revocations_lose_nothing(store: Store, tmp_path: Path) -> None:
@@ -186,7 +207,7 @@ def test_forged_tampered_and_replayed_key_bins_are_refused(
     }
     for case, data in cases.items():
         store.write(metadata_key(name, latest), data)
-        clear_cache()
+        new_machine()
         with pytest.raises(Unverified, match=f"signed key bin {name}"):
             enrolled_keys(store, [device])
         with pytest.raises(Unverified, match=f"signed key bin {name}"):
@@ -275,8 +296,6 @@ def test_a_device_sync_reads_no_key_bin(
 
 
 def trust_root(store: Store, tmp_path: Path) -> Path:
-    from epfleet.trust.repository import development_root
-
     local = development_root(store.uri)
     return local if local is not None else tmp_path / "fleet-keys" / "root.json"
 
@@ -288,3 +307,52 @@ def test_target_records_are_what_the_bins_sign() -> None:
     target = record_target(record)
     assert isinstance(target.info, TargetFile) and target.info.path == "device-keys/dev-1"
     assert DeviceRecord.model_validate_json(target.data) == record
+
+
+def test_an_index_pass_reads_only_the_key_bins_that_changed(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
+    devices = MEMBERS[:4]
+    for device in devices:
+        enroll(store, device, keys_dir=tmp_path / "keys")
+        signer = read_private_key(tmp_path / "keys" / f"{device}.pem")
+        store.write(report_key(device), encode_report(report(device, True, "kept"), signer))
+
+    def one_pass() -> tuple[int, int, int]:
+        """Reports read, key bins read, reports whose signature verified with a key in force."""
+        if store.uri.startswith("s3://"):
+            time.sleep(1.05)  # S3 lists whole seconds: what was written before is settled
+        clear_cache()  # a new process: nothing verified is kept
+        keys = keys_in_force(store)
+        found = index_pass(store, keys)
+        verified = [r for r in found.records.values() if r["signature"]["verified"]]
+        return found.reports_read, keys.book.bins_read, len(verified)
+
+    assert one_pass() == (4, len({key_bin_of(store, d)[0] for d in devices}), 4)
+    assert one_pass() == (0, 0, 4)  # the key bins unchanged: none read
+    revoke(store, devices[0])
+    read, bins, verified = one_pass()
+    assert (read, verified) == (1, 3) and bins >= 1  # the revoked device's report read again
+    assert one_pass() == (0, 0, 3)
+
+
+def test_an_online_key_rotation_signs_the_key_bins_again(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enroll(store, "dev-000", keys_dir=tmp_path / "keys")
+    enroll(store, "dev-001", keys_dir=tmp_path / "keys")
+    local = development_root(store.uri)
+    keys_dir = local.parent if local is not None else tmp_path / "fleet-keys"
+    new_uri = generate_online_file(tmp_path / "new-online.pem")
+    monkeypatch.setenv("EPFLEET_TRUST_SIGNER", new_uri)
+    before = {n: v for n, v in snapshot_versions(store).items() if n.startswith("keys-")}
+
+    rotate_online_key(store, load_offline(keys_dir), online_signer(new_uri, public_key_of(new_uri)))
+
+    after = snapshot_versions(store)
+    assert before and all(after[n] > v for n, v in before.items())  # each signed again
+    clear_cache()
+    assert sorted(enrolled_keys(store, ["dev-000", "dev-001"])) == ["dev-000", "dev-001"]
+    revoke(store, "dev-000")  # signing goes on with the new key
+    assert sorted(keys_in_force(store)) == ["dev-001"]

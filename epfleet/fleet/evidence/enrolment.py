@@ -32,6 +32,7 @@ from securesystemslib.signer import SSlibKey
 from epfleet.errors import BadInputError
 from epfleet.fleet.publishing.publish import InForce, read_in_force, write_copy
 from epfleet.formats.manifest import NAME_PATTERN, DeviceKey, RevokedKey, utcnow
+from epfleet.settings import settings
 from epfleet.stores import Store
 from epfleet.trust.device_keys import (
     DeviceRecord,
@@ -239,7 +240,12 @@ def keys_in_force(store: Store, in_force: InForce | None = None) -> EnrolledKeys
     already), looked up device by device in the signed key bins, and in the manifest of a
     store whose keys have not moved yet."""
     in_force = in_force if in_force is not None else read_in_force(store)
-    return EnrolledKeys(KeyBook(store, in_force.state, in_force.manifest))
+    return EnrolledKeys(KeyBook(store, in_force.state, in_force.manifest, local_key_bins()))
+
+
+def local_key_bins() -> Path:
+    """Where this machine keeps the key bins its readers verified (the worker cache)."""
+    return settings().cache / "work" / "key-bins"
 
 
 def enrolled_keys(store: Store, devices: Iterable[str]) -> dict[str, DeviceKey]:
