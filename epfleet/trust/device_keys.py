@@ -25,6 +25,7 @@ drops them from the manifest.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,8 @@ from epfleet.trust.state import RepositoryState, _signed_by, load_versioned
 from epfleet.trust.targets import Target, canonical
 
 READ_THREADS = 8
+
+logger = logging.getLogger(__name__)
 
 
 class DeviceRecord(BaseModel):
@@ -157,6 +160,7 @@ class KeyBook:
         )
         self.succinct = key_succinct(state) if state is not None else None
         self._texts: dict[str, dict[str, Any]] = {}
+        self._parsed: dict[str, DeviceRecord | KeyClaim] = {}
         self._signed: dict[str, Targets | None] = {}
         self._lock = threading.Lock()
         self.bins_read = 0
@@ -240,13 +244,21 @@ class KeyBook:
         self.signed_bin(name)
         texts = self._texts[name]
         if local is not None:
-            local.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(local, json.dumps(texts).encode())
+            try:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(local, json.dumps(texts).encode())
+            except OSError as exc:  # only a cost: the next run verifies this bin again
+                logger.info("key bin %s not kept in %s: %s", name, local.parent, exc)
         return texts
 
     def _record(self, name: str, path: str) -> DeviceRecord | KeyClaim | None:
         text = self._records(name).get(path)
-        return _parse(self.store, name, path, text) if path in self._texts[name] else None
+        if path not in self._texts[name]:
+            return None
+        parsed = self._parsed.get(path)
+        if parsed is None:
+            parsed = self._parsed[path] = _parse(self.store, name, path, text)
+        return parsed
 
     def record(self, device: str) -> DeviceRecord | None:
         """The device's record: from its bin, else from the legacy manifest fields."""
