@@ -9,9 +9,10 @@ online key, the key the ``targets`` role delegates the model bins to (re-read fr
 signed ``targets`` every time, so an online-key rotation carries them over), and listed in
 the snapshot like every bin: a reader verifies a key bin through root, timestamp, snapshot
 (its version and length) and ``targets`` (its key), and an older bin put back is refused
-as a rollback. Devices never load them: no model's bin delegates to them and a device's
-sync asks only for ``models/...`` targets, so a device downloads no key; each bin costs
-its snapshot one entry.
+as a rollback. Devices never load them: nothing ``targets`` delegates leads to them, and a
+device asks only for the targets of models, field rankings and ``manifest.json``, so it
+downloads no key; each key bin costs its snapshot one entry. A standard TUF client cannot
+resolve ``device-keys/...`` paths: the fleet side's reader (``KeyBook``) verifies them.
 
 Enrolling or revoking a device signs again its one bin (and, for a key new to the store,
 the bin of its claim), then snapshot and timestamp, by the same compare-and-swap as every
