@@ -202,27 +202,29 @@ def gate_restoring(store: Any) -> int:
     """The gate's pass as it answered before the aggregates: every record of the index
     restored as a report and counted again."""
     from epfleet.clock import SYSTEM_CLOCK
+    from epfleet.fleet.evidence.enrolment import keys_in_force
     from epfleet.fleet.evidence.fleet_reports import index_pass
     from epfleet.fleet.publishing.publish import read_in_force
     from epfleet.fleet.rollout.rollouts import _now, _recount
     from epfleet.formats.manifest import Manifest
 
-    found = read_in_force(store).manifest or Manifest()
+    in_force = read_in_force(store)
+    found = in_force.manifest or Manifest()
+    enrolled = keys_in_force(store, in_force)
     staged = {n: e.rollout for n, e in found.models.items() if e.rollout}
-    stream = index_pass(store, found.device_keys).heard()
+    stream = index_pass(store, enrolled).heard()
     now = _now(SYSTEM_CLOCK)
-    _, tally, _, _ = _recount(stream, staged, found, found.device_keys, now, timedelta(days=7))
+    _, tally, _, _ = _recount(stream, staged, found, enrolled, now, timedelta(days=7))
     return tally["read"]
 
 
 def index_only(store: Any) -> int:
     """The index brought up to date alone (listing, shards, new reports): what every
     reader's pass costs before it answers."""
+    from epfleet.fleet.evidence.enrolment import keys_in_force
     from epfleet.fleet.evidence.fleet_reports import index_pass
-    from epfleet.fleet.publishing.publish import read_in_force
 
-    found = read_in_force(store).manifest
-    return index_pass(store, found.device_keys if found else {}).listed
+    return index_pass(store, keys_in_force(store)).listed
 
 
 def full(store: Any) -> int:
@@ -253,6 +255,7 @@ def runtime_watch(store: Any) -> int:
 
 def runtime_watch_restoring(store: Any) -> int:
     """Runtime-watch's reading as it was before the aggregates: every record restored."""
+    from epfleet.fleet.evidence.enrolment import keys_in_force
     from epfleet.fleet.publishing.publish import read_in_force
     from epfleet.fleet.watch.inputs import compile_worker_runtime, stream_device_reports
     from epfleet.fleet.watch.rules import check_pairs, find_unserved
@@ -260,10 +263,11 @@ def runtime_watch_restoring(store: Any) -> int:
     from epfleet.formats.spec_file import load_spec
 
     spec = load_spec(ROOT / "examples" / "fleet.yaml")
-    found = read_in_force(store).manifest
+    in_force = read_in_force(store)
+    found = in_force.manifest
     runtime = compile_worker_runtime(spec)
     checks = check_pairs(spec, found, runtime)
-    enrolled = found.device_keys if found is not None else {}
+    enrolled = keys_in_force(store, in_force)
     reports = (
         r for r in stream_device_reports(store, enrolled=enrolled) if isinstance(r, DeviceReport)
     )

@@ -105,7 +105,6 @@ def aggregated(store: Store, now_hours: float = 0.0) -> tuple[WatchReading, Shar
         "watch",
         context_digest(context),
         lambda key, record: contribution(reading_from(key, record), context),
-        {},
         (now - EPOCH) // timedelta(microseconds=1),
     )
     index_pass(store, {}, each_shard=aggregates)

@@ -4,7 +4,7 @@ merges a few hundred shard aggregates instead of restoring every device's record
 Each reader kind (the gate's pass, runtime-watch's) keeps, per shard
 (``reports/evidence-index/<key id>/aggregates/<kind>/<nnn>.json.gz``, sealed as the shards
 are), each record's contribution (``aggregate_rules``), tagged with the record's identity
-(the fold that made it, and the fingerprint of its device's enrolled key) and with the
+(the fold that made it, and the key its signature was checked with) and with the
 *context* it was judged in (a digest of what the reader judges against: the rollouts, the
 manifest, its windows), and the shard's folded sum with the time span it holds for. A
 pass, for each shard the index update hands over (``index.update``'s ``each_shard``),
@@ -45,9 +45,6 @@ from epfleet.fleet.evidence.aggregate_rules import (
     unseal,
 )
 from epfleet.fleet.evidence.index import Record, _index_folder
-from epfleet.fleet.evidence.index_rules import device_key_fingerprint
-from epfleet.formats.device_report import key_device
-from epfleet.formats.manifest import DeviceKey
 from epfleet.stores import DocumentTooLarge, Store
 from epfleet.text import printable
 
@@ -74,10 +71,13 @@ def aggregate_key(key: bytes, kind: str, shard: int, what: str) -> str:
     return f"{_index_folder(key)}/aggregates/{kind}/{shard:03d}.{what}.json.gz"
 
 
-def record_identity(record: Record, enrolled_key: DeviceKey | None) -> str:
-    """What a contribution was made from: the record's fold and its device's enrolled key."""
+def record_identity(record: Record) -> str:
+    """What a contribution was made from: the record's fold and the key its signature was
+    checked with (the index folds a signed report again when its device's key in force
+    changes; an unsigned one counts the same under any key)."""
     fold_id = record.get("fold") or f"{record['stamp']}@{record['read_after']}"
-    said = f"{fold_id}|{device_key_fingerprint(enrolled_key)}"
+    signature = record.get("signature") or {}
+    said = f"{fold_id}|{signature.get('key')}|{signature.get('verified')}"
     return hashlib.sha256(said.encode()).hexdigest()[:20]
 
 
@@ -92,7 +92,6 @@ class ShardAggregates:
     context: str
     """A digest of everything the contributions are judged against but the clock."""
     contribute: Contribute
-    enrolled: Mapping[str, DeviceKey]
     now: int
     """The reader's clock, microseconds since the epoch."""
     write: bool = True
@@ -106,11 +105,7 @@ class ShardAggregates:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, shard: int, records: Mapping[str, Record]) -> None:
-        identities = {}
-        for report_key, record in records.items():
-            device = key_device(report_key)
-            enrolled_key = self.enrolled.get(device) if device else None
-            identities[report_key] = record_identity(record, enrolled_key)
+        identities = {k: record_identity(record) for k, record in records.items()}
         summed = self._read(shard, "sum")
         if summed is not None and summed.get("context") == self.context:
             before = Folded(decode_counts(summed["folded"]), summed["at"], summed["until"])

@@ -25,6 +25,7 @@ from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import BadInputError
 from epfleet.fleet.evidence.aggregate_rules import merged
 from epfleet.fleet.evidence.aggregates import ShardAggregates
+from epfleet.fleet.evidence.enrolment import keys_in_force
 from epfleet.fleet.evidence.field_rules import FieldRow, field_rows, field_view
 from epfleet.fleet.evidence.fleet_reports import full_attributed_device_reports, index_pass
 from epfleet.fleet.evidence.index import heard_from, index_key
@@ -142,13 +143,14 @@ def read_evidence(
     the gate's verdict at ``clock.now()`` (a stage's ``min_hours``), and the field view,
     from the evidence index brought up to date (``epfleet.fleet.evidence.index``), or with
     ``full`` from one streamed pass over every report (a recount, the index untouched)."""
-    manifest = read_in_force(store).manifest
+    signed = read_in_force(store)
+    manifest = signed.manifest
     entries = manifest.models if manifest is not None else {}
     unknown = sorted(set(models or ()) - set(entries))
     if unknown:
         raise BadInputError(f"no model {', '.join(unknown)} in {store.uri}")
     staged = {n: e.rollout for n, e in entries.items() if e.rollout and (not models or n in models)}
-    enrolled = manifest.device_keys if manifest is not None else {}
+    enrolled = keys_in_force(store, signed)
     now = _now(clock)
     configured = settings()
     max_age = timedelta(days=configured.ranking_max_age_days)
@@ -168,7 +170,6 @@ def read_evidence(
             "gate",
             context_digest(context),
             lambda key, record: contribution(heard_from(key, record), context),
-            enrolled,
             microseconds(now),
         )
         indexed = index_pass(store, enrolled, each_shard=aggregates)
@@ -301,8 +302,7 @@ def close(mine: Any, theirs: Any, ignore: frozenset[str] | set[str] = frozenset(
 def rebuild_index(store: Store) -> IndexCounts:
     """The evidence index rebuilt from every report (each read again, the shards' records
     set aside), as the gate hears them now."""
-    manifest = read_in_force(store).manifest
-    indexed = index_pass(store, manifest.device_keys if manifest else {}, rebuild=True)
+    indexed = index_pass(store, keys_in_force(store), rebuild=True)
     return IndexCounts(
         listed=indexed.listed,
         reports_read=indexed.reports_read,

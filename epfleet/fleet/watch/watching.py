@@ -11,6 +11,7 @@ from pathlib import Path
 
 from epfleet.fleet.evidence.aggregate_rules import merged
 from epfleet.fleet.evidence.aggregates import ShardAggregates
+from epfleet.fleet.evidence.enrolment import keys_in_force
 from epfleet.fleet.evidence.index import index_key, reading_from
 from epfleet.fleet.evidence.reading import check_report_window, reports_from
 from epfleet.fleet.publishing.publish import read_in_force
@@ -47,12 +48,13 @@ def watch_once(spec: str, store: str, report_max_age_days: int) -> WatchFindings
 
 def watch_store(fleet: FleetSpec, target_store: Store, report_max_age_days: int) -> WatchFindings:
     """``watch_once`` of a spec and a store already opened."""
-    manifest = read_in_force(target_store).manifest
+    in_force = read_in_force(target_store)
+    manifest = in_force.manifest
     max_age = timedelta(days=report_max_age_days)
     check_report_window(max_age, "runtime-watch's report_max_age_days")
     runtime = compile_worker_runtime(fleet)
     checks = check_pairs(fleet, manifest, runtime)
-    enrolled = manifest.device_keys if manifest is not None else {}
+    enrolled = keys_in_force(target_store, in_force)
     context = WatchContext(fleet, checks, runtime, max_age)
     now = utcnow()
     aggregates = ShardAggregates(
@@ -61,7 +63,6 @@ def watch_store(fleet: FleetSpec, target_store: Store, report_max_age_days: int)
         "watch",
         context_digest(context),
         lambda key, record: contribution(reading_from(key, record), context),
-        enrolled,
         (now - EPOCH) // timedelta(microseconds=1),
     )
     index_pass(target_store, enrolled, each_shard=aggregates)
