@@ -28,7 +28,7 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +56,7 @@ from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport, key_devi
 from epfleet.formats.manifest import DeviceKey
 from epfleet.fsutil import atomic_write_bytes
 from epfleet.settings import settings
-from epfleet.stores import DocumentTooLarge, Store, document_limit
+from epfleet.stores import DocumentTooLarge, Store, Versioned, bulk_reader, document_limit
 from epfleet.text import printable
 
 INDEX_PREFIX = "reports/evidence-index"
@@ -197,6 +197,7 @@ def update(
     settle = index_rules.SETTLE_SECONDS if settle is None else settle
     started = _store_clock(reports, key) if write else None
     order = ReportOrder(enrolled, memory or HeardReports.of(reports.uri))
+    read_object = bulk_reader(reports)
     found = IndexPass()
     listed: dict[int, dict[str, Stamp]] = {}
     newest = 0.0
@@ -226,7 +227,7 @@ def update(
             if not (rebuild or must_read(kept, stamp, fingerprint, settle)):
                 continue
             read += 1
-            got = _read_report(reports, report_key, order)
+            got = _read_report(read_object, report_key, order)
             if got is None:  # removed since it was listed
                 records.pop(report_key, None)
                 continue
@@ -253,12 +254,13 @@ def update(
 
 
 def _read_report(
-    reports: Store, key: str, order: ReportOrder
+    read: Callable[[str], Versioned | None], key: str, order: ReportOrder
 ) -> tuple[DeviceReport | Unattributed, DeviceReport | Unattributed] | None:
-    """(heard, raw): the report at ``key`` as the gate hears it (in its device's order) and
-    as the key holds it; None when it was removed since it was listed."""
+    """(heard, raw): the report at ``key`` (read with ``read``: the store's ``bulk_reader``)
+    as the gate hears it (in its device's order) and as the key holds it; None when it was
+    removed since it was listed."""
     try:
-        stored = reports.read(key)
+        stored = read(key)
     except DocumentTooLarge as exc:
         raw: DeviceReport | Unattributed = Unattributed(key, "unreadable", str(exc))
         return order.counted(key, raw, None), raw
