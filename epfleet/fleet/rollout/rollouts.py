@@ -75,6 +75,11 @@ class Moved(BaseModel):
 class IndexCounts(BaseModel):
     """What one pass of the evidence index read and wrote (``epfleet.fleet.evidence.index``)."""
 
+    listing: str = Field(
+        default="full",
+        description="What the pass listed: every device's key (full), the recent notices "
+        "(inbox), or nothing: a pass that had just brought the index up to date (none)",
+    )
     listed: int = Field(description="Reports listed")
     reports_read: int = Field(description="Reports read: new or changed since the last pass")
     shards_written: int
@@ -117,11 +122,16 @@ def read_evidence(
     clock: Clock = SYSTEM_CLOCK,
     *,
     full: bool = False,
+    fresh: float | None = None,
 ) -> GateReading:
     """Every rollout in the manifest in force (or of ``models``), with its evidence and
     the gate's verdict at ``clock.now()`` (a stage's ``min_hours``), and the field view,
     from the evidence index brought up to date (``epfleet.fleet.evidence.index``), or with
-    ``full`` from one streamed pass over every report (a recount, the index untouched)."""
+    ``full`` from one streamed pass over every report (a recount, the index untouched).
+    The index may be as a pass that started less than ``fresh`` seconds ago left it
+    (default EPFLEET_EVIDENCE_FRESH_SECONDS), unless a verdict would advance a rollout:
+    then it is brought up to date and the rollouts judged again (a halt, a hold or a
+    wait on evidence minutes old is safe; a stage opened on it is not)."""
     manifest = read_in_force(store).manifest
     entries = manifest.models if manifest is not None else {}
     unknown = sorted(set(models or ()) - set(entries))
@@ -143,8 +153,9 @@ def read_evidence(
             store, enrolled
         )
     else:
-        indexed = index_pass(store, enrolled)
+        indexed = index_pass(store, enrolled, fresh=fresh)
         counts = IndexCounts(
+            listing=indexed.listing,
             listed=indexed.listed,
             reports_read=indexed.reports_read,
             shards_written=indexed.shards_written,
@@ -176,6 +187,9 @@ def read_evidence(
                 verdict=judge(rollout, evidence[name], now),
             )
         )
+    advancing = any(status.verdict.decision == "advance" for status in found)
+    if counts is not None and counts.listing == "none" and advancing:
+        return read_evidence(store, models, clock, fresh=0.0)
     return GateReading(
         statuses=found,
         field=field,
@@ -193,7 +207,7 @@ def check_index(store: Store, clock: Clock = SYSTEM_CLOCK) -> tuple[GateReading,
     """The gate's reading through the evidence index (brought up to date as a gate run
     would), and where it differs from a full recount of every report: none, when the index
     holds what the reports say."""
-    indexed = read_evidence(store, clock=clock)
+    indexed = read_evidence(store, clock=clock, fresh=0.0)
     recount = read_evidence(store, clock=clock, full=True)
     differences = []
     mine, theirs = indexed.model_dump(exclude={"index"}), recount.model_dump(exclude={"index"})
@@ -222,6 +236,7 @@ def rebuild_index(store: Store) -> IndexCounts:
     manifest = read_in_force(store).manifest
     indexed = index_pass(store, manifest.device_keys if manifest else {}, rebuild=True)
     return IndexCounts(
+        listing=indexed.listing,
         listed=indexed.listed,
         reports_read=indexed.reports_read,
         shards_written=indexed.shards_written,
