@@ -17,7 +17,7 @@ import pytest
 
 from epfleet.device.reporting import upload_report
 from epfleet.fleet.evidence.index import INDEX_PREFIX, head_key, index_key, update
-from epfleet.fleet.rollout.rollouts import GateReading, read_evidence
+from epfleet.fleet.rollout.rollouts import GateReading, read_evidence, run_gate
 from epfleet.formats.device_report import DeviceReport, inbox_key, report_key
 from epfleet.stores import Store
 from tests.support.staged_rollout import (
@@ -150,20 +150,17 @@ def test_forged_notices_move_nothing(store: Store) -> None:
 def test_readers_share_a_recent_pass_but_a_gate_about_to_advance_reads_now(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fleet(store)
+    assert fleet(store).statuses[0].verdict.decision == "advance"
     monkeypatch.setenv("EPFLEET_EVIDENCE_FRESH_SECONDS", "3600")
-    advancing = read_evidence(store)
-    assert advancing.statuses[0].verdict.decision == "advance"
-    assert advancing.index is not None and advancing.index.listing != "none"
     upload(store, report(MEMBERS[1], True, "failed"))
     upload(store, report(MEMBERS[2], True, "failed"))
     settled(store)
-    # a gate that would advance on the recent pass reads what came since: it halts
-    halting = read_evidence(store)
-    assert halting.index is not None and halting.index.listing == "inbox"
-    assert halting.statuses[0].verdict.decision == "halt"
+    # the recent pass would advance: the gate reads what came since, and halts
+    judged, moves = run_gate(store)
+    assert judged.index is not None and judged.index.listing == "inbox"
+    assert judged.statuses[0].verdict.decision == "halt" and len(moves) == 1
     upload(store, report(MEMBERS[3], True, "failed"))
-    shared = read_evidence(store)  # a field view, a gate that halts: the recent pass serves
+    shared = read_evidence(store)  # the field view, runtime-watch: the recent pass serves
     assert shared.index is not None and shared.index.listing == "none"
     assert shared.index.reports_read == 0 and failed_new(shared) == 2
     monkeypatch.setenv("EPFLEET_EVIDENCE_FRESH_SECONDS", "0")

@@ -525,7 +525,7 @@ def _read_shard(
     then it is named in ``found.rebuilt``)."""
     where = shard_key(key, shard)
     try:
-        stored = reports.read(where)
+        stored = bulk_reader(reports)(where)
     except DocumentTooLarge as exc:
         found.rebuilt.append(f"{where}: {exc}")
         return {}, None, None, 0

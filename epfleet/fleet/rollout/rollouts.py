@@ -129,9 +129,7 @@ def read_evidence(
     from the evidence index brought up to date (``epfleet.fleet.evidence.index``), or with
     ``full`` from one streamed pass over every report (a recount, the index untouched).
     The index may be as a pass that started less than ``fresh`` seconds ago left it
-    (default EPFLEET_EVIDENCE_FRESH_SECONDS), unless a verdict would advance a rollout:
-    then it is brought up to date and the rollouts judged again (a halt, a hold or a
-    wait on evidence minutes old is safe; a stage opened on it is not)."""
+    (default EPFLEET_EVIDENCE_FRESH_SECONDS; ``run_gate`` reads again before it advances)."""
     manifest = read_in_force(store).manifest
     entries = manifest.models if manifest is not None else {}
     unknown = sorted(set(models or ()) - set(entries))
@@ -187,9 +185,6 @@ def read_evidence(
                 verdict=judge(rollout, evidence[name], now),
             )
         )
-    advancing = any(status.verdict.decision == "advance" for status in found)
-    if counts is not None and counts.listing == "none" and advancing:
-        return read_evidence(store, models, clock, fresh=0.0)
     return GateReading(
         statuses=found,
         field=field,
@@ -330,8 +325,14 @@ def run_gate(
     """Judge every active rollout on its evidence at ``clock.now()`` and advance or halt
     those the gate decides (``rollout_rules.judge``), asking ``approve`` first for a stage
     past the first of a policy with ``approval``, and sign the field rankings the same
-    reports give (``epfleet.fleet.evidence.rankings``); the reading judged and the moves made."""
+    reports give (``epfleet.fleet.evidence.rankings``); the reading judged and the moves made.
+    A reading from an index a recent pass left (EPFLEET_EVIDENCE_FRESH_SECONDS) that would
+    advance a rollout is made again from the index brought up to date."""
     reading = read_evidence(store, clock=clock)
+    shared = reading.index is not None and reading.index.listing == "none"
+    if shared and any(status.verdict.decision == "advance" for status in reading.statuses):
+        # a halt or a wait on evidence a few minutes old is safe; a stage opened on it is not
+        reading = read_evidence(store, clock=clock, fresh=0.0)
     reading.rankings_published = publish_rankings(store, reading.rankings)
     moves = []
     for status in reading.statuses:
