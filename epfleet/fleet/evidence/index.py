@@ -95,6 +95,8 @@ from epfleet.text import printable
 INDEX_PREFIX = "reports/evidence-index"
 WRITE_ATTEMPTS = 10
 CLOCK_LEFTOVER_SECONDS = 3600.0
+MAX_INBOX_SPAN = 86_400.0
+"""A pass that finds the last complete one started longer ago than this lists every key."""
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +256,8 @@ def update(
         found.as_of = head.watermark
     elif head.passes + 1 >= configured.evidence_full_listing_every:
         found.listing = "full"
+    elif started - head.watermark > MAX_INBOX_SPAN:
+        found.listing = "full"  # fewer requests than a long run of partitions, and as sure
     else:
         found.listing = "inbox"
     order = ReportOrder(enrolled, memory or HeardReports.of(reports.uri))
@@ -268,6 +272,8 @@ def update(
             found.listed += 1
     if found.listing != "none" and started is not None:
         since = head.watermark if head is not None else started
+        if found.listing == "full":  # notices only spare reads of reports listed anyway
+            since = max(since, started - INBOX_PARTITION_SECONDS)
         skew = configured.evidence_skew_seconds
         for notice in _notices(reports, since - skew, started + skew):
             where, modified = report_key(notice[0]), notice[1]
