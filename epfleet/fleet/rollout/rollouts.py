@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import BadInputError
+from epfleet.fleet.evidence.enrolment import keys_in_force
 from epfleet.fleet.evidence.field_rules import FieldRow, field_view
 from epfleet.fleet.evidence.fleet_reports import full_attributed_device_reports, index_pass
 from epfleet.fleet.evidence.ranking_rules import LatencyTally, ProfileChoice, explain, rank
@@ -130,14 +131,15 @@ def read_evidence(
     ``full`` from one streamed pass over every report (a recount, the index untouched).
     The index may be as a pass that started less than ``fresh`` seconds ago left it
     (default EPFLEET_EVIDENCE_FRESH_SECONDS; ``run_gate`` reads again before it advances)."""
-    manifest = read_in_force(store).manifest
+    signed = read_in_force(store)
+    manifest = signed.manifest
     entries = manifest.models if manifest is not None else {}
     unknown = sorted(set(models or ()) - set(entries))
     if unknown:
         raise BadInputError(f"no model {', '.join(unknown)} in {store.uri}")
     staged = {n: e.rollout for n, e in entries.items() if e.rollout and (not models or n in models)}
     evidence = {name: Evidence() for name in staged}
-    enrolled = manifest.device_keys if manifest is not None else {}
+    enrolled = keys_in_force(store, signed)
     tally = {"read": 0, "unreadable": 0, "key": 0}
     latencies = LatencyTally()
     now = _now(clock)
@@ -228,8 +230,7 @@ def check_index(store: Store, clock: Clock = SYSTEM_CLOCK) -> tuple[GateReading,
 def rebuild_index(store: Store) -> IndexCounts:
     """The evidence index rebuilt from every report (each read again, the shards' records
     set aside), as the gate hears them now."""
-    manifest = read_in_force(store).manifest
-    indexed = index_pass(store, manifest.device_keys if manifest else {}, rebuild=True)
+    indexed = index_pass(store, keys_in_force(store), rebuild=True)
     return IndexCounts(
         listing=indexed.listing,
         listed=indexed.listed,
