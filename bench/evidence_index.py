@@ -15,12 +15,16 @@ tests/support/s3proxy.py between the client and moto (in a process of its own, o
 loopback), on a local store by a counting wrapper (a LIST is one listing of a folder, a
 GET one read, a PUT one write).
 
-Rows: a full read (the readers before the index), listing the reports alone, each
-reader's first pass (the index built, or found up to date by the reader before it), each
-reader's pass after ``--new`` of the reports were rewritten (a fresh share for each
-reader, so that each one folds its own), and the gate's pass with nothing new. The 1M
-hour (``hour``): one pass folds the new share, two find the index up to date, each
-scaled linearly in N.
+Rows: on S3, a report read through botocore's ``get_object`` and through ``bulk_read``
+side by side; a full read (the readers before the index), listing the reports alone, the
+gate's first pass (the index built: a full listing) and the other two readers' (sharing
+it: EPFLEET_EVIDENCE_FRESH_SECONDS); each reader's pass after ``--new`` of the reports
+were uploaded as devices of this release upload them (the report and its notice in the
+inbox; a fresh share for each reader, so that each one folds its own, none sharing);
+the gate's pass after another share and the two readers sharing it; a full listing after
+another share (what every EPFLEET_EVIDENCE_FULL_LISTING_EVERY-th pass does); the gate's
+pass with nothing new. The 1M hour (``hour``): one pass folds the new share, two share
+it, a full listing's extra cost divided over the passes between.
 """
 
 from __future__ import annotations
@@ -277,13 +281,16 @@ def runtime_watch_restoring(store: Any) -> int:
     return len(unserved)
 
 
-def in_child(call: Callable[[Any], int], open_: Callable[[], Any]) -> dict[str, Any]:
-    """``call`` on a store from ``open_``, in a forked child: its CPU, peak RSS over the
-    parent's, wall, and (local) the requests counted."""
+def in_child(
+    call: Callable[[Any], int], open_: Callable[[], Any], env: dict[str, str]
+) -> dict[str, Any]:
+    """``call`` on a store from ``open_``, in a forked child with ``env`` set: its CPU,
+    peak RSS over the parent's, wall, and (local) the requests counted."""
     context = get_context("fork")
     receive, send = context.Pipe(duplex=False)
 
     def child() -> None:
+        os.environ.update(env)
         store = open_()
         base_rss = memory_kib("VmRSS")
         start_cpu, start = time.process_time(), time.perf_counter()
@@ -308,11 +315,19 @@ def memory_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def write_reports(store: Any, ids: list[int], now: datetime, round_: int) -> None:
-    from epfleet.formats.device_report import report_key
+def write_reports(
+    store: Any, ids: list[int], now: datetime, round_: int, notices: bool = False
+) -> None:
+    """The reports of devices ``ids``; with ``notices``, each with its notice in the inbox,
+    as devices of this release upload (the first reports' notices are gone: the lifecycle
+    removes old partitions)."""
+    from epfleet.formats.device_report import inbox_key, report_key
 
     def one(i: int) -> None:
-        store.write(report_key(f"dev-{i:07d}"), device_report(i, now, round_))
+        device = f"dev-{i:07d}"
+        store.write(report_key(device), device_report(i, now, round_))
+        if notices:
+            store.write(inbox_key(device, datetime.now(timezone.utc)), b"")
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(one, ids))
@@ -354,9 +369,9 @@ def measure(kind: str, args: argparse.Namespace, work: Path) -> list[tuple[str, 
         print(f"  {kind}: {n} reports written in {time.perf_counter() - started:.0f} s", flush=True)
         time.sleep(6)  # older than the index's settle time when the first pass starts
 
-        def run(label: str, call: Callable[[Any], int]) -> None:
+        def run(label: str, call: Callable[[Any], int], **env: str) -> None:
             mark = len(proxy.log) if proxy is not None else 0
-            result = in_child(call, opener)
+            result = in_child(call, opener, env)
             if proxy is not None:
                 for seen in proxy.log[mark:]:
                     listing = seen.method == "GET" and seen.path.rstrip("/") == f"/{BUCKET}"
@@ -365,30 +380,66 @@ def measure(kind: str, args: argparse.Namespace, work: Path) -> list[tuple[str, 
             rows.append((label, result))
             print(f"  {kind}: {label}: {fmt(result)}", flush=True)
 
+        if kind == "s3":
+            rows.append(("reads", in_child(reads_side_by_side(n), opener, {})))
+            print(f"  {kind}: reads: {rows[-1][1]}", flush=True)
         run("full read (before)", full)
         run("listing the reports alone", listing)
-        readers = [
-            ("gate", gate),
-            ("field view", field_view),
-            ("runtime-watch", runtime_watch),
-            ("gate restoring records (before)", gate_restoring),
-        ]
-        for name, call in readers:
-            run(f"{name}: pass 1", call)
+        now_fresh = {"EPFLEET_EVIDENCE_FRESH_SECONDS": "0"}
+        shared = {"EPFLEET_EVIDENCE_FRESH_SECONDS": "3600"}
+        run("gate: pass 1 (builds the index)", gate, **now_fresh)
+        run("field view: pass 1 (shares it)", field_view, **shared)
+        run("runtime-watch: pass 1 (shares it)", runtime_watch, **shared)
         new = max(1, int(n * args.new))
+        readers = [("gate", gate), ("field view", field_view), ("runtime-watch", runtime_watch)]
         for round_, (name, call) in enumerate(readers, start=1):
             ids = list(range((round_ - 1) * new, round_ * new))
-            write_reports(store, [i % n for i in ids], now, round_)
+            write_reports(store, [i % n for i in ids], now, round_, notices=True)
             time.sleep(6)  # the new reports settled: what is read is the new share only
-            run(f"{name}: pass 2 ({args.new:.0%} new)", call)
-        run("gate: catching up with the others' new reports", gate)
-        run("runtime-watch: catching up", runtime_watch)
-        run("gate: pass 3 (nothing new)", gate)
-        run("gate restoring: pass 3 (before)", gate_restoring)
-        run("runtime-watch: pass 3 (nothing new)", runtime_watch)
-        run("runtime-watch restoring: pass 3 (before)", runtime_watch_restoring)
-        run("index update alone: pass 3", index_only)
+            run(f"{name}: pass 2 ({args.new:.0%} new)", call, **now_fresh)
+        write_reports(store, list(range(3 * new, 4 * new)), now, 4, notices=True)
+        time.sleep(6)
+        run(f"gate: pass 3 ({args.new:.0%} new)", gate, **now_fresh)
+        run("field view: pass 3 (shares it)", field_view, **shared)
+        run("runtime-watch: pass 3 (shares it)", runtime_watch, **shared)
+        write_reports(store, list(range(4 * new, 5 * new)), now, 5, notices=True)
+        time.sleep(6)
+        every = {"EPFLEET_EVIDENCE_FULL_LISTING_EVERY": "1", **now_fresh}
+        run(f"gate: full listing ({args.new:.0%} new)", gate, **every)
+        run("gate: nothing new", gate, **now_fresh)
+        run("gate restoring records: nothing new (before)", gate_restoring, **now_fresh)
+        run("runtime-watch: nothing new", runtime_watch, **now_fresh)
+        run("runtime-watch restoring: nothing new (before)", runtime_watch_restoring, **now_fresh)
+        run("index update alone: nothing new", index_only, **now_fresh)
     return rows
+
+
+def reads_side_by_side(n: int) -> Callable[[Any], int]:
+    """The CPU of reading reports with botocore's get_object (``read``) and with
+    ``bulk_read``, in turns of 100 reports, 1,000 of each (or N)."""
+
+    def measure(store: Any) -> int:
+        from epfleet.formats.device_report import report_key
+
+        keys = [report_key(f"dev-{i:07d}") for i in range(min(n, 1000))]
+        spent = {"get_object": 0.0, "bulk_read": 0.0}
+        store.bulk_read(keys[0])  # the pool and signer made once, as a pass makes them
+        for start in range(0, len(keys), 100):
+            for name, read in (("get_object", store.read), ("bulk_read", store.bulk_read)):
+                began = time.process_time()
+                for key in keys[start : start + 100]:
+                    assert read(key) is not None
+                spent[name] += time.process_time() - began
+        per = {name: 1000 * cpu / len(keys) for name, cpu in spent.items()}
+        print(
+            f"  a report read, client CPU: get_object {per['get_object']:.2f} ms, "
+            f"bulk_read {per['bulk_read']:.2f} ms "
+            f"({per['bulk_read'] / per['get_object']:.2f} of get_object's)",
+            flush=True,
+        )
+        return 0
+
+    return measure
 
 
 def fmt(result: dict[str, Any]) -> str:
@@ -430,65 +481,82 @@ def main() -> None:
 
 def table(kind: str, args: argparse.Namespace, rows: list[tuple[str, dict[str, Any]]]) -> None:
     n = args.reports
-    first = dict(rows)["full read (before)"]
+    found = dict(rows)
+    first = found["full read (before)"]
     load = os.getloadavg()[0]
-    print(f"\n{kind} store, N = {n:,} reports, {args.new:.0%} new per pass 2, load {load:.1f}")
-    print(f"{'pass':34} {'GET':>7} {'LIST':>5} {'PUT':>5} {'CPU s':>7} {'xfull':>6} {'MiB':>5}")
+    print(f"\n{kind} store, N = {n:,} reports, {args.new:.0%} new per pass, load {load:.1f}")
+    print(f"{'pass':38} {'GET':>7} {'LIST':>5} {'PUT':>5} {'CPU s':>7} {'xfull':>6} {'MiB':>5}")
     for label, r in rows:
+        if "cpu" not in r:
+            continue
         ratio = r["cpu"] / first["cpu"] if first["cpu"] else 0.0
         print(
-            f"{label:34} {r.get('GET', 0):>7,} {r.get('LIST', 0):>5} {r.get('PUT', 0):>5} "
+            f"{label:38} {r.get('GET', 0):>7,} {r.get('LIST', 0):>5} {r.get('PUT', 0):>5} "
             f"{r['cpu']:>7.2f} {ratio:>6.2f} {r['peak_mib']:>5.0f}"
         )
     budget = args.new * n + 1000
-    worst = max(r.get("GET", 0) for label, r in rows if "pass 2" in label)
+    folding = [r for label, r in rows if "pass 2" in label]
+    worst = max(r.get("GET", 0) for r in folding)
     print(f"pass 2 GETs at most {worst:,}: target 0.05 N + 1,000 = {budget:,.0f}")
-    built = dict(rows)["gate: pass 1"]["cpu"]
-    ratios = [r["cpu"] / built for label, r in rows if "pass 2" in label]
+    built = found["gate: pass 1 (builds the index)"]["cpu"]
+    ratios = [r["cpu"] / built for r in folding]
     print(f"pass 2 CPU {min(ratios):.2f}-{max(ratios):.2f} of the gate's first pass: target 0.3")
     hour(kind, args, rows)
 
 
 def hour(kind: str, args: argparse.Namespace, rows: list[tuple[str, dict[str, Any]]]) -> None:
-    """The three readers' hour at 1M devices with ``--new`` of them reporting in it: the
-    new reports are folded once (by the first reader to pass: the gate's pass 2), the
-    other two find the index up to date (the gate's pass 3). Each measured pass scaled
-    linearly in N at the same new share: its listing, its records and its new reports all
-    grow with N; its requests for the 256 shards and their aggregates do not (an upper
-    bound on CPU)."""
+    """The three readers' hour at 1M devices with ``--new`` of them reporting in it: one
+    pass lists the inbox and folds the new reports (the gate's pass 3), the other two
+    readers share it (the field view's and runtime-watch's pass 3), and a full listing
+    every EPFLEET_EVIDENCE_FULL_LISTING_EVERY passes adds, shared over them, what it costs
+    beyond an inbox pass. Each pass's requests that do not depend on N (the shards, the
+    head, the manifest, the empty partitions: the gate's pass with nothing new) are kept
+    as they are, the rest and all CPU scaled linearly in N (an upper bound on CPU)."""
+    from epfleet.settings import settings
+
     found = dict(rows)
+    new = f"{args.new:.0%} new"
     scale = 1_000_000 / args.reports
-    folding = found[f"gate: pass 2 ({args.new:.0%} new)"]
-    current = found["gate: pass 3 (nothing new)"]
-    listed = found["listing the reports alone"]
+    every = settings().evidence_full_listing_every
+    idle = found["gate: nothing new"]
 
-    def gets(label: str, r: dict[str, Any]) -> float:
-        # not per report: the 256 shards, and the aggregates' sums and parts (256 each)
-        fixed = 257 if "restoring" in label else 1 + 3 * 256
-        shards = 0 if "full" in label else min(r.get("GET", 0), fixed)
-        return (r.get("GET", 0) - shards) * scale + shards
+    def at_1m(r: dict[str, Any], what: str) -> float:
+        fixed = min(r.get(what, 0), idle.get(what, 0))
+        return (r.get(what, 0) - fixed) * scale + fixed
 
-    cpu = (folding["cpu"] + 2 * current["cpu"]) * scale
-    requests = gets("", folding) + 2 * gets("", current)
-    lists = 3 * (1_000_000 // 1000 + 1) if kind == "s3" else 3
+    folding = found[f"gate: pass 3 ({new})"]
+    sharing = [found["field view: pass 3 (shares it)"], found["runtime-watch: pass 3 (shares it)"]]
+    listing = found[f"gate: full listing ({new})"]
+    passes = [folding, *sharing]
+    extra = {w: (at_1m(listing, w) - at_1m(folding, w)) / every for w in ("GET", "LIST")}
+    cpu_parts = {
+        "the pass that folds": folding["cpu"] * scale,
+        "the two that share it": sum(r["cpu"] for r in sharing) * scale,
+        f"a full listing every {every} passes": (listing["cpu"] - folding["cpu"]) * scale / every,
+    }
+    gets = sum(at_1m(r, "GET") for r in passes) + extra["GET"]
+    lists = sum(at_1m(r, "LIST") for r in passes) + extra["LIST"]
+    cpu = sum(cpu_parts.values())
     print(
-        f"at 1M devices, {args.new:.0%} new in the hour (one pass folds them, two find the "
-        f"index up to date): ~{requests:,.0f} GETs, ~{lists:,} LISTs, ~{cpu:,.0f} CPU-s "
-        f"(target 100,000 GETs, 60 CPU-s); of which listing the reports "
-        f"~{3 * listed['cpu'] * scale:,.0f} CPU-s"
+        f"at 1M devices, {new} in the hour (one pass lists the inbox and folds them, two "
+        f"share it, a full listing every {every} passes): ~{gets:,.0f} GETs, ~{lists:,.0f} "
+        f"LISTs, ~{cpu:,.0f} CPU-s (target 100,000 GETs, 60 CPU-s)"
     )
-    for label, r in rows:
-        if "pass 2" in label or "full" in label:
-            cpu = r["cpu"] * scale
-            print(f"  one {label:32} ~{gets(label, r):>9,.0f} GETs ~{cpu:>6,.0f} CPU-s")
-    update = found["index update alone: pass 3"]["cpu"]
+    for part, spent in cpu_parts.items():
+        print(f"  {part:40} ~{spent:>6,.0f} CPU-s")
+    before = found["full read (before)"]
+    print(
+        f"  one full read (before), for scale           ~{at_1m(before, 'GET'):>9,.0f} GETs "
+        f"~{before['cpu'] * scale:>6,.0f} CPU-s"
+    )
+    update = found["index update alone: nothing new"]["cpu"]
     print("answering from the index once it is up to date (beyond the update's own CPU):")
     for name, before, after in (
-        ("gate", "gate restoring: pass 3 (before)", "gate: pass 3 (nothing new)"),
+        ("gate", "gate restoring records: nothing new (before)", "gate: nothing new"),
         (
             "runtime-watch",
-            "runtime-watch restoring: pass 3 (before)",
-            "runtime-watch: pass 3 (nothing new)",
+            "runtime-watch restoring: nothing new (before)",
+            "runtime-watch: nothing new",
         ),
     ):
         restoring = found[before]["cpu"] - update

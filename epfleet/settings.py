@@ -189,6 +189,34 @@ class Settings(BaseModel):
         "one index; never to a device. Unset: a key kept in the worker cache "
         "(EPFLEET_CACHE/work/evidence-index.key), so each such machine keeps its own index",
     )
+    evidence_full_listing_every: int = Field(
+        default=12,
+        ge=1,
+        le=10_000,
+        description="Every this many passes the evidence index lists every device's report "
+        "key (reports/devices/: one LIST per 1,000 devices); the passes between list only the "
+        "recent partitions of reports/inbox/, where devices of this release leave a notice "
+        "beside each upload. Reports of older devices (no notice) are counted at these full "
+        "listings; default 12 (with hourly passes, twice a day); 1: every pass lists every key",
+    )
+    evidence_fresh_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        description="A reader of the evidence index (the field view, runtime-watch, a gate "
+        "that does not advance) that finds it brought up to date by a pass that started less "
+        "than this many seconds ago (the store's clock) answers from it without listing the "
+        "reports; a gate about to advance a rollout always brings it up to date first. "
+        "Default 600; 0: every reader lists",
+    )
+    evidence_skew_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        le=86_400,
+        description="How far a device's clock may be from the store's and its notices still be "
+        "found by the next pass of the evidence index (a notice is filed under the device's "
+        "own time); a device further off is counted at the next full listing "
+        "(EPFLEET_EVIDENCE_FULL_LISTING_EVERY). Default 600",
+    )
     ranking_min_devices: int = Field(
         default=5,
         ge=1,

@@ -182,3 +182,14 @@ def fleet_store(compiled_fleet: Path, tmp_path_factory: pytest.TempPathFactory) 
     store directly, and the device reports they leave in it would show up in another
     module's copy of it."""
     return copy_with_keys(compiled_fleet, tmp_path_factory.mktemp("fleet"))
+
+
+@pytest.fixture(autouse=True)
+def _evidence_listed_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most tests write device reports under reports/devices/ alone, as older devices do,
+    and read the fleet again at once: there every pass of the evidence index lists every
+    device's key and no reader answers from a pass made just before.
+    tests/trust/test_evidence_inbox.py tests the passes in between (notices in the inbox,
+    a full listing every few passes, readers sharing a recent pass)."""
+    monkeypatch.setenv("EPFLEET_EVIDENCE_FULL_LISTING_EVERY", "1")
+    monkeypatch.setenv("EPFLEET_EVIDENCE_FRESH_SECONDS", "0")

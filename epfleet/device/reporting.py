@@ -30,6 +30,7 @@ from epfleet.formats.device_report import (
     ShadowRun,
     content_digest,
     encode_report,
+    inbox_key,
     report_key,
 )
 from epfleet.formats.manifest import NAME_PATTERN, ModelEntry, utcnow
@@ -93,7 +94,9 @@ def upload_report(
 ) -> DeviceReport:
     """Put the report at reports/devices/<id>.json when the store accepts writes and the
     report says something new (or the heartbeat is due); with no ``cache`` to remember
-    the last upload, always."""
+    the last upload, always. Then leave a notice of it in the inbox (``inbox_key``: an
+    empty object filed under this device's time), which tells the fleet side's evidence
+    index to read it without listing every device's key."""
     if report.manifest.offline:
         return report.model_copy(
             update={"report_uploaded": False, "report_error": "offline: not uploaded"}
@@ -115,6 +118,8 @@ def upload_report(
         store.write(key, encode_report(report, _signer()), content_encoding="gzip")
     except (StoreError, BadInputError) as exc:  # BadInputError: EPFLEET_DEVICE_KEY unusable
         return report.model_copy(update={"report_uploaded": False, "report_error": str(exc)})
+    with suppress(StoreError):  # without it, the fleet side counts it at its next full listing
+        store.write(inbox_key(report.device_id, now), b"")
     if cache is not None:
         record = SentReport(store=store.uri, key=key, digest=digest, at=now, sequence=sequence)
         with suppress(OSError, EpfleetError):  # not remembered: the next sync uploads again

@@ -30,6 +30,7 @@ import gzip
 import hashlib
 import json
 import zlib
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -81,6 +82,37 @@ def key_device(key: str) -> str | None:
         return None
     device = key[len(prefix) : -len(suffix)]
     return device if device and "/" not in device else None
+
+
+INBOX_PREFIX = "reports/inbox"
+"""Where a device of this release leaves a notice (an empty object) beside each report it
+uploads: ``reports/inbox/<partition>/<device id>.json``, the partition its own UTC time
+(``inbox_partition``). The report itself stays at ``report_key``: the notice only tells
+the evidence index whose report to read, so that a pass lists the recent partitions, not
+every device's key."""
+INBOX_PARTITION_SECONDS = 600
+
+
+def inbox_partition(at: datetime) -> str:
+    """The inbox partition of the UTC time ``at``: ``YYYYMMDDTHHMM``, the minutes rounded
+    down to a multiple of ten."""
+    at = at.astimezone(timezone.utc)
+    return at.replace(minute=at.minute - at.minute % 10).strftime("%Y%m%dT%H%M")
+
+
+def inbox_key(device_id: str, at: datetime) -> str:
+    """The key of the notice a device leaves at its time ``at``."""
+    return f"{INBOX_PREFIX}/{inbox_partition(at)}/{device_id}.json"
+
+
+def inbox_device(key: str) -> str | None:
+    """The device id a notice's key names (``reports/inbox/<partition>/<id>.json``), or
+    None for a key that is not a notice's."""
+    prefix, suffix = f"{INBOX_PREFIX}/", ".json"
+    if not key.startswith(prefix) or not key.endswith(suffix):
+        return None
+    partition, _, device = key[len(prefix) : -len(suffix)].partition("/")
+    return device if partition and device and "/" not in device else None
 
 
 class DeviceInfo(BaseModel):

@@ -16,13 +16,16 @@ What it collects (each a *kind*):
   (``epfleet.fleet.publishing.delta_rules``), unless both that variant file and its base
   are kept;
 - ``temp``: temporary files interrupted local writes left (``.<name>.<8 chars>.tmp``);
-- ``multipart``: incomplete S3 multipart uploads.
+- ``multipart``: incomplete S3 multipart uploads;
+- ``notice``: the notices devices leave beside their reports
+  (``reports/inbox/<partition>/<id>.json``, empty: the evidence index reads the report
+  each names, at ``reports/devices/<id>.json``, which gc never touches).
 
 Only objects older than the grace period, and unreferenced objects (the first three
 kinds) only once the manifest in force has been in force for the grace period: a device
 that read the previous manifest may still be downloading what it referenced. It never
-touches ``manifest.json``, ``reports/``, ``trust/``, ``runs/`` or any key it does not
-recognise. Right before each removal it asks whether the manifest changed (a
+touches ``manifest.json``, ``reports/`` (but its notices), ``trust/``, ``runs/`` or any
+key it does not recognise. Right before each removal it asks whether the manifest changed (a
 conditional GET), and if it did, plans again from the new one: an object a racing
 publish references again is kept.
 

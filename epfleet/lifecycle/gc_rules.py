@@ -19,10 +19,20 @@ from epfleet.formats.keys import is_temp_name, listing_key, signature_key
 from epfleet.formats.manifest import Manifest, referenced_keys
 from epfleet.stores.base import MANIFEST_KEY, StoredObject
 
-Kind = Literal["variant", "source", "samples", "file", "delta", "temp", "multipart"]
-KINDS: tuple[Kind, ...] = ("variant", "source", "samples", "file", "delta", "temp", "multipart")
+Kind = Literal["variant", "source", "samples", "file", "delta", "temp", "multipart", "notice"]
+KINDS: tuple[Kind, ...] = (
+    "variant",
+    "source",
+    "samples",
+    "file",
+    "delta",
+    "temp",
+    "multipart",
+    "notice",
+)
 PROTECTED = ("reports/", "trust/", "runs/")
-"""Never collected: device reports, signed metadata, hand-over files (their own sweeps)."""
+"""Never collected: device reports, signed metadata, hand-over files (their own sweeps);
+but the notices devices leave beside their reports (``notice``, below)."""
 
 _HEX = "[0-9a-f]{64}"
 _NAME = "[a-z0-9][a-z0-9._-]*"
@@ -33,6 +43,9 @@ _PATTERNS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
     ("file", re.compile(rf"files/{_HEX}")),
     ("delta", re.compile(rf"deltas/{_NAME}/{_NAME}/{_HEX}\.from-{_HEX}\.zst")),
 )
+_NOTICE = re.compile(rf"reports/inbox/[0-9]{{8}}T[0-9]{{4}}/{_NAME}\.json")
+"""A notice of a report (``epfleet.formats.device_report.inbox_key``): the evidence index
+lists its partition for an hour or so; the report itself stays at reports/devices/."""
 _TEMP_FOLDERS = ("sources/", "samples/", "variants/", "files/", "deltas/")
 _DELTA = re.compile(rf"deltas/({_NAME})/({_NAME})/({_HEX})\.from-({_HEX})\.zst")
 _VARIANT_FILE = re.compile(rf"variants/({_NAME})/{_NAME}/({_HEX})\.onnx")
@@ -41,6 +54,8 @@ _VARIANT_FILE = re.compile(rf"variants/({_NAME})/{_NAME}/({_HEX})\.onnx")
 
 def kind_of(key: str) -> Kind | None:
     """The kind of a store key the collector may remove; None for anything else."""
+    if _NOTICE.fullmatch(key):
+        return "notice"
     if key == MANIFEST_KEY or key.startswith(PROTECTED):
         return None
     for kind, pattern in _PATTERNS:
@@ -159,7 +174,7 @@ def plan_collection(
         reason = None
         if obj.modified > cutoff:
             reason = "younger than the grace period"
-        elif kind != "temp" and plan.deferred:
+        elif kind not in ("temp", "notice") and plan.deferred:
             reason = "the manifest in force is younger than the grace period"
         elif kind in ("variant", "file") and keep_variants:
             reason = keep_variants

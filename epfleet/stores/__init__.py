@@ -20,6 +20,7 @@ from epfleet.stores.base import (
     UNCHANGED,
     Store,
     Versioned,
+    bulk_reader,
     check_key,
 )
 from epfleet.stores.documents import document_limit
@@ -31,6 +32,7 @@ __all__ = [
     "DocumentTooLarge",
     "Store",
     "Versioned",
+    "bulk_reader",
     "check_key",
     "document_limit",
     "open_store",

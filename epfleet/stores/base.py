@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -131,6 +132,16 @@ class Store(Protocol):
         multipart uploads. Best effort: a failure is logged, never raised. Returns what
         was removed."""
         ...
+
+
+def bulk_reader(store: Store) -> Callable[[str], Versioned | None]:
+    """How to read many small documents of ``store``: its type's ``bulk_read`` when it has
+    one (S3: signed and sent without botocore's per-request machinery), else ``read``. The
+    type's, not the object's: a wrapper that reads its own way keeps its ``read``."""
+    method = getattr(type(store), "bulk_read", None)
+    if method is None:
+        return store.read
+    return functools.partial(method, store)
 
 
 def within_range(chunks: Iterable[bytes], skip: int, left: int | None) -> Iterator[bytes]:

@@ -87,9 +87,13 @@ def test_an_unchanged_signed_poll_is_two_gets_and_a_changed_one_uploads_a_gzippe
     start = len(s3_proxy.log)
     due = run_sync(fleet.uri, cache, fleet.root)
     assert due.report_uploaded is True
+    # the report, then its notice in the inbox (an empty object)
     assert [r for r in requests_since(s3_proxy, start) if r[0] != "GET"] == [
-        ("PUT", f"{DEVICE}.json", 200)
+        ("PUT", f"{DEVICE}.json", 200),
+        ("PUT", f"{DEVICE}.json", 200),
     ]
+    notices = open_store(fleet.uri).list_objects("reports/inbox/")
+    assert {(o.key.rsplit("/", 1)[1], o.size) for o in notices} == {(f"{DEVICE}.json", 0)}
 
     # a new build: downloaded, and the report that says so goes up gzipped
     publish_new_build(open_store(fleet.uri), online_key(fleet.keys), MODEL, TARGET)

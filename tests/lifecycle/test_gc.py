@@ -385,3 +385,22 @@ def test_a_version_rollout_keeps_the_whole_previous_version_until_it_completes(
     done = collect(store, delete=True, now=later)
     assert {c.key for c in done.plan.candidates} == way_back
     assert not way_back & keys(store) and keys_of(new) <= keys(store)
+
+
+def test_notices_past_the_grace_period_go_and_the_reports_they_name_stay() -> None:
+    notice, young = (
+        "reports/inbox/20261201T1040/dev-1.json",
+        "reports/inbox/20261207T1040/dev-2.json",
+    )
+    objects = [
+        StoredObject(notice, 0, OLD),
+        StoredObject(young, 0, NOW),
+        StoredObject(report_key("dev-1"), 900, OLD),
+        StoredObject("reports/inbox/not-a-partition/dev-3.json", 0, OLD),
+        StoredObject("reports/evidence-index/0123456789abcdef/head.json", 300, OLD),
+    ]
+    assert kind_of(notice) == "notice" and kind_of(report_key("dev-1")) is None
+    plan = plan_collection(objects, [], None, {}, NOW, timedelta(days=1))  # no manifest
+    assert [(c.key, c.kind) for c in plan.candidates] == [(notice, "notice")]
+    assert [k.key for k in plan.kept] == [young]
+    assert plan.protected == 3

@@ -21,6 +21,7 @@ from epfleet.fleet.evidence.reading import (
 from epfleet.fleet.evidence.rules import Unattributed, made_at
 from epfleet.formats.device_report import REPORTS_PREFIX, DeviceReport
 from epfleet.formats.manifest import DeviceKey
+from epfleet.settings import settings
 from epfleet.stores import Store
 
 logger = logging.getLogger(__name__)
@@ -64,14 +65,23 @@ def index_pass(
     threads: int = READ_THREADS,
     *,
     rebuild: bool = False,
+    fresh: float | None = None,
     each_shard: Callable[[int, dict[str, Record]], None] | None = None,
 ) -> IndexPass:
     """The evidence index of the fleet's reports brought up to date (``evidence_index``;
-    with ``rebuild``, every report read again), a warning logged for each shard that did
-    not verify and was rebuilt from the reports; ``each_shard`` called with each shard's
-    records once up to date (``index.update``)."""
+    with ``rebuild``, every report read again, every key listed), or as a pass that
+    started less than ``fresh`` seconds ago left it (default EPFLEET_EVIDENCE_FRESH_SECONDS;
+    0: brought up to date now), a warning logged for each shard that did not verify and
+    was rebuilt from the reports; ``each_shard`` called with each shard's records once up
+    to date (``index.update``)."""
+    fresh = settings().evidence_fresh_seconds if fresh is None else fresh
     found = update(
-        reports_from(store), enrolled, threads=threads, rebuild=rebuild, each_shard=each_shard
+        reports_from(store),
+        enrolled,
+        threads=threads,
+        rebuild=rebuild,
+        fresh=fresh,
+        each_shard=each_shard,
     )
     for problem in found.rebuilt:
         logger.warning("evidence index shard rebuilt from the reports: %s", problem)

@@ -4,9 +4,10 @@ reports cannot forge one.
 
 - A report key's shard: the first two bytes of sha256(key), modulo ``SHARDS``. A key names
   one device (``reports/devices/<id>.json``), so a device's facts live in one shard.
-- A report is read again when the listing shows it changed: its size or its modification
-  time (the store's clock: S3's LastModified, a local file's mtime) differs from the
-  record's, or the record is *unsettled*: the report was modified less than
+- A report is read again when the listing shows it changed: its size differs from the
+  record's or its modification time (the store's clock: S3's LastModified, a local file's
+  mtime), or that of a notice of it, is later than the record's, or the record is
+  *unsettled*: the report was modified less than
   ``SETTLE_SECONDS`` before the pass that read it started, by the store's clock (a pass
   writes a small object first and takes its modification time; S3 gives whole seconds, so
   a rewrite of the same size in the same second as the read looks unchanged: such a record
@@ -75,15 +76,23 @@ def stamp_of(size: int, modified: datetime) -> Stamp:
 
 def must_read(
     record: dict[str, Any] | None,
-    listed: Stamp,
+    listed: tuple[int | None, float],
     enrolled_key: str | None,
     settle: float = SETTLE_SECONDS,
 ) -> bool:
     """Whether the report listed with ``listed`` is read again, its ``record`` as folded
-    (None: never folded), ``enrolled_key`` the fingerprint of its device's key in force."""
-    if record is None or tuple(record["stamp"]) != listed:
+    (None: never folded), ``enrolled_key`` the fingerprint of its device's key in force.
+    ``listed``'s size is None when the report was not listed itself but a notice of it
+    was (``epfleet.formats.device_report.INBOX_PREFIX``), at the notice's time: the store
+    writes a report before its notice, so a report listed no later than its record's time,
+    at the same size, is the one folded."""
+    if record is None:
         return True
-    if listed[1] >= record["read_after"] - settle:
+    size, modified = listed
+    kept_size, kept_modified = record["stamp"]
+    if modified > kept_modified or (size is not None and size != kept_size):
+        return True
+    if kept_modified >= record["read_after"] - settle:
         return True
     signature = record.get("signature")
     return signature is not None and signature["key"] != enrolled_key

@@ -91,6 +91,11 @@ class Moved(BaseModel):
 class IndexCounts(BaseModel):
     """What one pass of the evidence index read and wrote (``epfleet.fleet.evidence.index``)."""
 
+    listing: str = Field(
+        default="full",
+        description="What the pass listed: every device's key (full), the recent notices "
+        "(inbox), or nothing: a pass that had just brought the index up to date (none)",
+    )
     listed: int = Field(description="Reports listed")
     reports_read: int = Field(description="Reports read: new or changed since the last pass")
     shards_written: int
@@ -138,11 +143,14 @@ def read_evidence(
     clock: Clock = SYSTEM_CLOCK,
     *,
     full: bool = False,
+    fresh: float | None = None,
 ) -> GateReading:
     """Every rollout in the manifest in force (or of ``models``), with its evidence and
     the gate's verdict at ``clock.now()`` (a stage's ``min_hours``), and the field view,
     from the evidence index brought up to date (``epfleet.fleet.evidence.index``), or with
-    ``full`` from one streamed pass over every report (a recount, the index untouched)."""
+    ``full`` from one streamed pass over every report (a recount, the index untouched).
+    The index may be as a pass that started less than ``fresh`` seconds ago left it
+    (default EPFLEET_EVIDENCE_FRESH_SECONDS; ``run_gate`` reads again before it advances)."""
     signed = read_in_force(store)
     manifest = signed.manifest
     entries = manifest.models if manifest is not None else {}
@@ -172,8 +180,9 @@ def read_evidence(
             lambda key, record: contribution(heard_from(key, record), context),
             microseconds(now),
         )
-        indexed = index_pass(store, enrolled, each_shard=aggregates)
+        indexed = index_pass(store, enrolled, fresh=fresh, each_shard=aggregates)
         counts = IndexCounts(
+            listing=indexed.listing,
             listed=indexed.listed,
             reports_read=indexed.reports_read,
             shards_written=indexed.shards_written,
@@ -245,7 +254,7 @@ def check_index(store: Store, clock: Clock = SYSTEM_CLOCK) -> tuple[GateReading,
     when the index holds what the reports say. Counts must be equal; latencies read from a
     sketch within its relative error (``sketch_rules``); a verdict's decision equal (its
     wording quotes those latencies)."""
-    indexed = read_evidence(store, clock=clock)
+    indexed = read_evidence(store, clock=clock, fresh=0.0)
     recount = read_evidence(store, clock=clock, full=True)
     differences = []
     mine, theirs = indexed.model_dump(exclude={"index"}), recount.model_dump(exclude={"index"})
@@ -304,6 +313,7 @@ def rebuild_index(store: Store) -> IndexCounts:
     set aside), as the gate hears them now."""
     indexed = index_pass(store, keys_in_force(store), rebuild=True)
     return IndexCounts(
+        listing=indexed.listing,
         listed=indexed.listed,
         reports_read=indexed.reports_read,
         shards_written=indexed.shards_written,
@@ -397,8 +407,14 @@ def run_gate(
     """Judge every active rollout on its evidence at ``clock.now()`` and advance or halt
     those the gate decides (``rollout_rules.judge``), asking ``approve`` first for a stage
     past the first of a policy with ``approval``, and sign the field rankings the same
-    reports give (``epfleet.fleet.evidence.rankings``); the reading judged and the moves made."""
+    reports give (``epfleet.fleet.evidence.rankings``); the reading judged and the moves made.
+    A reading from an index a recent pass left (EPFLEET_EVIDENCE_FRESH_SECONDS) that would
+    advance a rollout is made again from the index brought up to date."""
     reading = read_evidence(store, clock=clock)
+    shared = reading.index is not None and reading.index.listing == "none"
+    if shared and any(status.verdict.decision == "advance" for status in reading.statuses):
+        # a halt or a wait on evidence a few minutes old is safe; a stage opened on it is not
+        reading = read_evidence(store, clock=clock, fresh=0.0)
     reading.rankings_published = publish_rankings(store, reading.rankings)
     moves = []
     for status in reading.statuses:

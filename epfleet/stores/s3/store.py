@@ -55,7 +55,7 @@ from epfleet.stores.base import (
 )
 from epfleet.stores.caching import cache_control
 from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
-from epfleet.stores.s3 import aging, multipart, transfers
+from epfleet.stores.s3 import aging, direct, multipart, transfers
 from epfleet.stores.s3.client import env_attempts, shared_client
 from epfleet.stores.s3.errors import code_of, is_missing, raise_store_error, status_of
 from epfleet.stores.s3.transfers import SHA256_META
@@ -108,6 +108,9 @@ class S3Store:
         self._client: S3Client | None = None
         self._uploader: S3Client | None = None
         self._client_lock = threading.Lock()
+        self._direct: direct.DirectReads | None = None
+        self._direct_checked = False
+        self._direct_lock = threading.Lock()
         self.concurrency = max_concurrency
         self.transfer_config = TransferConfig(
             multipart_threshold=multipart_threshold,
@@ -238,6 +241,18 @@ class S3Store:
         got = self._get(key)
         assert got != UNCHANGED
         return None if got is None else got[0]
+
+    def bulk_read(self, key: str) -> Versioned | None:
+        """``read``, for a reader of many small documents (the fleet side's reads of device
+        reports): signed here and sent through a pooled connection, at about half of
+        ``get_object``'s CPU (``epfleet.stores.s3.direct``); through ``get_object`` when the
+        client goes through an HTTP proxy."""
+        with self._direct_lock:
+            if not self._direct_checked:
+                self._direct = direct.DirectReads(self) if direct.usable(self) else None
+                self._direct_checked = True
+            reads = self._direct
+        return reads.read(key) if reads is not None else self.read(key)
 
     def read_if_changed(self, key: str, etag: str) -> Versioned | Literal["unchanged"] | None:
         got = self._get(key, if_none_match=etag)
