@@ -198,6 +198,35 @@ def gate(store: Any) -> int:
     return read_evidence(store).read
 
 
+def gate_restoring(store: Any) -> int:
+    """The gate's pass as it answered before the aggregates: every record of the index
+    restored as a report and counted again."""
+    from epfleet.clock import SYSTEM_CLOCK
+    from epfleet.fleet.evidence.enrolment import keys_in_force
+    from epfleet.fleet.evidence.fleet_reports import index_pass
+    from epfleet.fleet.publishing.publish import read_in_force
+    from epfleet.fleet.rollout.rollouts import _now, _recount
+    from epfleet.formats.manifest import Manifest
+
+    in_force = read_in_force(store)
+    found = in_force.manifest or Manifest()
+    enrolled = keys_in_force(store, in_force)
+    staged = {n: e.rollout for n, e in found.models.items() if e.rollout}
+    stream = index_pass(store, enrolled).heard()
+    now = _now(SYSTEM_CLOCK)
+    _, tally, _, _ = _recount(stream, staged, found, enrolled, now, timedelta(days=7))
+    return tally["read"]
+
+
+def index_only(store: Any) -> int:
+    """The index brought up to date alone (listing, shards, new reports): what every
+    reader's pass costs before it answers."""
+    from epfleet.fleet.evidence.enrolment import keys_in_force
+    from epfleet.fleet.evidence.fleet_reports import index_pass
+
+    return index_pass(store, keys_in_force(store)).listed
+
+
 def full(store: Any) -> int:
     from epfleet.fleet.rollout.rollouts import read_evidence
 
@@ -217,6 +246,15 @@ def field_view(store: Any) -> int:
 
 
 def runtime_watch(store: Any) -> int:
+    from epfleet.fleet.watch.watching import watch_store
+    from epfleet.formats.spec_file import load_spec
+
+    spec = load_spec(ROOT / "examples" / "fleet.yaml")
+    return len(watch_store(spec, store, 30).plan.unserved)
+
+
+def runtime_watch_restoring(store: Any) -> int:
+    """Runtime-watch's reading as it was before the aggregates: every record restored."""
     from epfleet.fleet.evidence.enrolment import keys_in_force
     from epfleet.fleet.publishing.publish import read_in_force
     from epfleet.fleet.watch.inputs import compile_worker_runtime, stream_device_reports
@@ -329,7 +367,12 @@ def measure(kind: str, args: argparse.Namespace, work: Path) -> list[tuple[str, 
 
         run("full read (before)", full)
         run("listing the reports alone", listing)
-        readers = [("gate", gate), ("field view", field_view), ("runtime-watch", runtime_watch)]
+        readers = [
+            ("gate", gate),
+            ("field view", field_view),
+            ("runtime-watch", runtime_watch),
+            ("gate restoring records (before)", gate_restoring),
+        ]
         for name, call in readers:
             run(f"{name}: pass 1", call)
         new = max(1, int(n * args.new))
@@ -338,7 +381,13 @@ def measure(kind: str, args: argparse.Namespace, work: Path) -> list[tuple[str, 
             write_reports(store, [i % n for i in ids], now, round_)
             time.sleep(6)  # the new reports settled: what is read is the new share only
             run(f"{name}: pass 2 ({args.new:.0%} new)", call)
+        run("gate: catching up with the others' new reports", gate)
+        run("runtime-watch: catching up", runtime_watch)
         run("gate: pass 3 (nothing new)", gate)
+        run("gate restoring: pass 3 (before)", gate_restoring)
+        run("runtime-watch: pass 3 (nothing new)", runtime_watch)
+        run("runtime-watch restoring: pass 3 (before)", runtime_watch_restoring)
+        run("index update alone: pass 3", index_only)
     return rows
 
 
@@ -405,7 +454,8 @@ def hour(kind: str, args: argparse.Namespace, rows: list[tuple[str, dict[str, An
     new reports are folded once (by the first reader to pass: the gate's pass 2), the
     other two find the index up to date (the gate's pass 3). Each measured pass scaled
     linearly in N at the same new share: its listing, its records and its new reports all
-    grow with N; its 256 shard requests do not (an upper bound on CPU)."""
+    grow with N; its requests for the 256 shards and their aggregates do not (an upper
+    bound on CPU)."""
     found = dict(rows)
     scale = 1_000_000 / args.reports
     folding = found[f"gate: pass 2 ({args.new:.0%} new)"]
@@ -413,7 +463,9 @@ def hour(kind: str, args: argparse.Namespace, rows: list[tuple[str, dict[str, An
     listed = found["listing the reports alone"]
 
     def gets(label: str, r: dict[str, Any]) -> float:
-        shards = 0 if "full" in label else min(r.get("GET", 0), 257)  # not per report
+        # not per report: the 256 shards, and the aggregates' sums and parts (256 each)
+        fixed = 257 if "restoring" in label else 1 + 3 * 256
+        shards = 0 if "full" in label else min(r.get("GET", 0), fixed)
         return (r.get("GET", 0) - shards) * scale + shards
 
     cpu = (folding["cpu"] + 2 * current["cpu"]) * scale
@@ -429,6 +481,24 @@ def hour(kind: str, args: argparse.Namespace, rows: list[tuple[str, dict[str, An
         if "pass 2" in label or "full" in label:
             cpu = r["cpu"] * scale
             print(f"  one {label:32} ~{gets(label, r):>9,.0f} GETs ~{cpu:>6,.0f} CPU-s")
+    update = found["index update alone: pass 3"]["cpu"]
+    print("answering from the index once it is up to date (beyond the update's own CPU):")
+    for name, before, after in (
+        ("gate", "gate restoring: pass 3 (before)", "gate: pass 3 (nothing new)"),
+        (
+            "runtime-watch",
+            "runtime-watch restoring: pass 3 (before)",
+            "runtime-watch: pass 3 (nothing new)",
+        ),
+    ):
+        restoring = found[before]["cpu"] - update
+        merging = found[after]["cpu"] - update
+        ratio = merging / restoring if restoring > 0 else 0.0
+        print(
+            f"  {name}: restoring every record {restoring:.2f} CPU-s, merging the shard "
+            f"aggregates {merging:.2f} CPU-s (x{ratio:.2f}); at 1M ~{restoring * scale:,.0f} "
+            f"vs ~{max(merging, 0) * scale:,.0f} CPU-s a pass"
+        )
 
 
 if __name__ == "__main__":

@@ -100,6 +100,11 @@ def output_width(stream: TextIO | None = None) -> int | None:
     return None
 
 
+def show(text: str) -> None:
+    """Print ``text`` on stdout for a person: each line wrapped to ``output_width``."""
+    print(wrap(text, output_width()))
+
+
 def wrap(text: str, width: int | None, indent: str = "  ") -> str:
     """``text`` with each of its lines broken at spaces to at most ``width`` characters,
     the lines it continues on indented by ``indent``; a word longer than a line (a path, a

@@ -37,7 +37,7 @@ from epfleet.cli.interrupts import announce_stopped
 from epfleet.cli.options import cli_error, default_text, did_you_mean, unknown_command
 from epfleet.errors import BadInputError, EpfleetError
 from epfleet.extras import missing_extra
-from epfleet.text import printable_lines
+from epfleet.text import output_width, printable_lines, wrap
 
 APP_HELP = """Keep a fleet of devices supplied with ONNX models compiled for the
 execution provider each device really has."""
@@ -93,7 +93,7 @@ def _no_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
     what = "a command is required"
     if unknown:
         what = f"unknown command {unknown[0]!r}{did_you_mean(unknown[0], COMMANDS)}"
-    print(f"epfleet: error: {what} (epfleet --help)", file=sys.stderr)
+    _error(f"epfleet: error: {what} (epfleet --help)")
     return EXIT_BAD_INPUT
 
 
@@ -111,19 +111,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     except CycloptsError as exc:
         message = unknown_command(exc) or cli_error(exc)
-        print(f"epfleet: error: {printable_lines(message)}", file=sys.stderr)
+        _error(f"epfleet: error: {printable_lines(message)}")
         return EXIT_BAD_INPUT
     except BadInputError as exc:
-        print(f"epfleet: error: {printable_lines(str(exc))}", file=sys.stderr)
+        _error(f"epfleet: error: {printable_lines(str(exc))}")
         return EXIT_BAD_INPUT
     except EpfleetError as exc:
-        print(f"epfleet: {printable_lines(str(exc))}", file=sys.stderr)
+        _error(f"epfleet: {printable_lines(str(exc))}")
         return EXIT_FAILED
     except ModuleNotFoundError as exc:  # a command of an extra this install lacks
         missing = missing_extra(exc, command_named(tokens))
         if missing is None:
             raise
-        print(f"epfleet: error: {missing}", file=sys.stderr)
+        _error(f"epfleet: error: {missing}")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # our handler's, or a Ctrl-C before it was installed
         announce_stopped()
@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
     return result if isinstance(result, int) else EXIT_OK
+
+
+def _error(text: str) -> None:
+    """Print an error on stderr, its lines wrapped to the terminal's width."""
+    print(wrap(text, output_width(sys.stderr)), file=sys.stderr)
 
 
 def command_named(tokens: list[str]) -> str:

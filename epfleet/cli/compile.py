@@ -78,7 +78,6 @@ def compile_(
       epfleet compile examples/fleet.yaml --store ./epfleet-store
       epfleet compile fleet.yaml --store s3://bucket/fleet --model ocr-det --json
       epfleet compile fleet.yaml --task-runner dask --dask-address tcp://h:8786
-      epfleet compile fleet.yaml --store s3://bucket/fleet --prune
       epfleet compile examples/fleet.yaml --prefect temporary  # recorded now
 
     Exit codes: 0 every pair ok or up to date; 1 a pair failed (the others are
@@ -102,9 +101,9 @@ def compile_(
     dask_address
         The Dask scheduler, e.g. tcp://10.0.0.5:8786.
     prune
-        Then retire from the manifest the models and targets the spec no longer
-        lists (as epfleet retire --spec SPEC --unlisted): judged on the whole spec,
-        never on a --model/--target subset.
+        Deprecated: after the compile, run epfleet retire --spec SPEC --unlisted (the
+        same retirement, with --dry-run to see it first). Then retire from the manifest
+        what the spec no longer lists, judged on the whole spec.
     prefect
         The Prefect API that records the run. auto: the server PREFECT_API_URL names;
         without one, a run that needs nothing of Prefect (no work pool, threads) compiles
@@ -118,7 +117,7 @@ def compile_(
     """
     from epfleet.fleet.runs.execute import execute_compile
     from epfleet.fleet.views import render_report
-    from epfleet.logs import log_to_stderr
+    from epfleet.logs import CompileProgress, log_to_stderr
     from epfleet.text import output_width
 
     log_to_stderr()  # epfleet's warnings as "epfleet: ..." lines, the report alone on stdout
@@ -141,6 +140,7 @@ def compile_(
                 temporary=prefect == "temporary",
                 prefect=_Prefect(),
                 started_at=_PROCESS_STARTED,
+                show_progress=CompileProgress,
             )
             pruned = _prune(spec, store) if prune else None
     except OSError as exc:  # a full disk: the worker cache or a local store
@@ -165,22 +165,26 @@ def _disks(store: str) -> dict[str, Path]:
     return places
 
 
-def _prune(spec: Path, store: str) -> dict[str, object]:
-    """Retire what the spec no longer lists; say what went on stderr."""
-    from datetime import timedelta
+PRUNE_DEPRECATED = (
+    "epfleet: --prune is deprecated and will be removed: run epfleet retire --spec {spec} "
+    "--unlisted --store {store} after the compile instead (the same retirement; add "
+    "--dry-run to see it first)"
+)
 
-    from epfleet.formats.manifest import utcnow
+
+def _prune(spec: Path, store: str) -> dict[str, object]:
+    """Retire what the spec no longer lists (``epfleet retire --spec --unlisted``, which
+    replaces ``--prune``); say what went on stderr."""
     from epfleet.formats.spec_file import load_spec
-    from epfleet.lifecycle.retire import Retirement, apply_retirement, releases_in_use
-    from epfleet.settings import settings
+    from epfleet.lifecycle.retire import Retirement, apply_retirement, releases_reported
     from epfleet.stores import MANIFEST_KEY, open_store
     from epfleet.text import format_bytes
 
+    say(PRUNE_DEPRECATED.format(spec=spec, store=store))
     opened = open_store(store)
     if opened.size(MANIFEST_KEY) is None:  # nothing published yet, so nothing to retire
         return Retirement().model_dump(mode="json")
-    since = utcnow() - timedelta(days=settings().gc_retention_days)
-    done = apply_retirement(opened, spec=load_spec(spec), releases=releases_in_use(opened, since))
+    done = apply_retirement(opened, spec=load_spec(spec), releases=releases_reported(opened))
     for name in done.models:
         say(f"epfleet: pruned model {name} (no longer in the spec)")
     for pair in done.variants:

@@ -10,7 +10,6 @@ device, a revoked key without --force, a key directory in a git work tree).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +17,9 @@ from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from epfleet.cli.options import Json, Store, TrustRoot, command_help, did_you_mean, pin_trust_root
+from epfleet.logs import say
 from epfleet.stores import DEFAULT_STORE
+from epfleet.text import show
 
 device_app = App(
     name="device",
@@ -35,7 +36,7 @@ def _no_device_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
     if unknown:
         near = did_you_mean(unknown[0], ("enroll", "revoke", "list"))
         what = f"unknown command 'device {unknown[0]}'{near}"
-    print(f"epfleet: error: {what} (one of: enroll, revoke, list)", file=sys.stderr)
+    say(f"epfleet: error: {what} (one of: enroll, revoke, list)")
     return EXIT_BAD_INPUT
 
 
@@ -80,16 +81,15 @@ def enroll(
         open_store(store), device, keys_dir=keys, public_key=public_key, force=force
     )
     entry = enrolled.entry
-    print(f"enrolled {device} in {store}: key {entry.keyid[:12]} ({entry.scheme})")
+    show(f"enrolled {device} in {store}: key {entry.keyid[:12]} ({entry.scheme})")
     if enrolled.revoked_before is not None:
         when = enrolled.revoked_before.revoked_at.strftime("%Y-%m-%d %H:%M")
-        print(
+        say(
             f"epfleet: key {entry.keyid[:12]} was revoked on {when} and is enrolled again "
-            "(--force): the reports it signed before its revocation count again",
-            file=sys.stderr,
+            "(--force): the reports it signed before its revocation count again"
         )
     if enrolled.written is not None:
-        print(f"provision the device with: EPFLEET_DEVICE_KEY={enrolled.written}")
+        show(f"provision the device with: EPFLEET_DEVICE_KEY={enrolled.written}")
     return EXIT_OK
 
 
@@ -105,7 +105,7 @@ def revoke(device: DeviceId, *, store: Store = DEFAULT_STORE, trust_root: TrustR
 
     pin_trust_root(store, trust_root)
     removed = revoke_device(open_store(store), device)
-    print(f"revoked {device} in {store}: key {removed.keyid[:12]}")
+    show(f"revoked {device} in {store}: key {removed.keyid[:12]}")
     return EXIT_OK
 
 
@@ -120,7 +120,7 @@ def list_(
     """
     from epfleet.fleet.evidence.enrolment import keys_in_force
     from epfleet.stores import open_store
-    from epfleet.text import table
+    from epfleet.text import output_width, table
 
     pin_trust_root(store, trust_root)
     keys = dict(keys_in_force(open_store(store)))
@@ -128,13 +128,13 @@ def list_(
         print(json.dumps({d: k.model_dump(mode="json") for d, k in keys.items()}, indent=2))
         return EXIT_OK
     if not keys:
-        print(f"no enrolled device in {store}")
+        show(f"no enrolled device in {store}")
         return EXIT_OK
     rows = [
         [d, k.keyid[:12], k.scheme, k.enrolled_at.strftime("%Y-%m-%d %H:%M")]
         for d, k in sorted(keys.items())
     ]
-    print(table(["device", "key", "scheme", "enrolled"], rows))
+    print(table(["device", "key", "scheme", "enrolled"], rows, output_width(), wrapped=("device",)))
     return EXIT_OK
 
 

@@ -11,7 +11,9 @@ from cyclopts import App, Parameter
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from epfleet.cli.options import Json, Store, TrustRoot, command_help, did_you_mean, pin_trust_root
 from epfleet.errors import BadInputError
+from epfleet.logs import say
 from epfleet.stores import DEFAULT_STORE
+from epfleet.text import output_width
 
 if TYPE_CHECKING:
     from epfleet.stores import Store as StoreType
@@ -25,7 +27,7 @@ def _no_manifest_command(*unknown: Annotated[str, Parameter(show=False)]) -> int
     if unknown:
         near = did_you_mean(unknown[0], ("show", "schema"))
         what = f"unknown command 'manifest {unknown[0]}'{near}"
-    print(f"epfleet: error: {what} (one of: show, schema)", file=sys.stderr)
+    say(f"epfleet: error: {what} (one of: show, schema)")
     return EXIT_BAD_INPUT
 
 
@@ -68,7 +70,7 @@ def show(
     from epfleet.lifecycle.costs import cost_table
     from epfleet.lifecycle.costs import costs as store_costs
     from epfleet.stores import MANIFEST_KEY, open_store
-    from epfleet.text import output_width, wrap
+    from epfleet.text import wrap
 
     pin_trust_root(store, trust_root)
     opened = open_store(store)
@@ -114,16 +116,13 @@ def schema() -> int:
 def _show_field(opened: StoreType, as_json: bool) -> int:
     from epfleet.fleet.rollout.rollouts import read_evidence
     from epfleet.fleet.views import render_choices, render_field
-    from epfleet.text import output_width
 
     reading = read_evidence(opened)  # the gate's pass: its attribution and its order
     if reading.unreadable:
-        print(f"epfleet: {reading.unreadable} device reports could not be read", file=sys.stderr)
+        say(f"epfleet: {reading.unreadable} device reports could not be read")
     if reading.unattributed:
-        print(
-            f"epfleet: {reading.unattributed} device reports under another device's key "
-            "not counted",
-            file=sys.stderr,
+        say(
+            f"epfleet: {reading.unattributed} device reports under another device's key not counted"
         )
     if as_json:
         print(json.dumps([row.model_dump() for row in reading.field], indent=2))

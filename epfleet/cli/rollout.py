@@ -10,7 +10,6 @@ such model, no rollout under way, or an advance of a halted rollout: resume it f
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -26,7 +25,9 @@ from epfleet.cli.options import (
     did_you_mean,
     pin_trust_root,
 )
+from epfleet.logs import say
 from epfleet.stores import DEFAULT_STORE
+from epfleet.text import output_width, show, table
 
 rollout_app = App(
     name="rollout",
@@ -44,10 +45,7 @@ def _no_rollout_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
     commands = ("status", "advance", "halt", "resume", "revert", "reindex")
     if unknown:
         what = f"unknown command 'rollout {unknown[0]}'{did_you_mean(unknown[0], commands)}"
-    print(
-        f"epfleet: error: {what} (one of: {', '.join(commands)})",
-        file=sys.stderr,
-    )
+    say(f"epfleet: error: {what} (one of: {', '.join(commands)})")
     return EXIT_BAD_INPUT
 
 
@@ -70,7 +68,7 @@ def status(
     from epfleet.fleet.rollout.rollouts import read_evidence
     from epfleet.fleet.views import ROLLOUT_HEADERS, rollout_row, rollout_runtime_lines
     from epfleet.stores import open_store
-    from epfleet.text import output_width, plural, table, wrap
+    from epfleet.text import plural, wrap
 
     pin_trust_root(store, trust_root)
     reading = read_evidence(open_store(store), model)
@@ -107,7 +105,7 @@ def _move(store: str, model: str, how: str, reason: str, trust_root: Path | None
     outcome = "published" if moved.published else "unchanged"
     if moved.unchanged is not None:
         outcome = f"unchanged: {moved.unchanged}, nothing published"
-    print(
+    show(
         f"{moved.model}: rollout {moved.rollout_id} {moved.state}, stage {moved.stage + 1} "
         f"({outcome})"
     )
@@ -184,8 +182,9 @@ def reindex(
         bool,
         Parameter(
             help="Bring the index up to date as a gate run does and compare what it "
-            "answers with a full recount of every report, rebuilding nothing; exit 1 when "
-            "they differ."
+            "answers (from its per-shard aggregates) with a full recount of every report: "
+            "counts equal, latencies within the sketch's 1 %; rebuilding nothing; exit 1 "
+            "when they differ."
         ),
     ] = False,
     trust_root: TrustRoot = None,
@@ -208,27 +207,28 @@ def reindex(
     opened = open_store(store)
     if not check:
         counts = rebuild_index(opened)
-        print(
+        show(
             f"evidence index rebuilt: {counts.reports_read} of {counts.listed} reports read, "
             f"{counts.shards_written} shards written"
         )
         for problem in counts.not_written:
-            print(f"not written: {problem}")
+            show(f"not written: {problem}")
         return EXIT_FAILED if counts.not_written else EXIT_OK
     reading, differences = check_index(opened)
     assert reading.index is not None
     for problem in reading.index.rebuilt:
-        print(f"shard rebuilt from the reports (it did not verify): {problem}")
+        show(f"shard rebuilt from the reports (it did not verify): {problem}")
     if differences:
-        print("the evidence index and a full recount of the reports differ:")
-        print("\n".join(f"  {d}" for d in differences))
-        print(f"rebuild it: epfleet rollout reindex --store {store}")
+        show("the evidence index and a full recount of the reports differ:")
+        show("\n".join(f"  {d}" for d in differences))
+        show(f"rebuild it: epfleet rollout reindex --store {store}")
         return EXIT_FAILED
-    print(
+    show(
         "the evidence index answers as a full recount does: "
         f"{plural(reading.index.listed, 'report')}, {plural(len(reading.statuses), 'rollout')}, "
         f"{plural(len(reading.field), 'field row')} "
-        f"({reading.index.reports_read} reports read to bring it up to date)"
+        f"({reading.index.reports_read} reports read to bring it up to date, "
+        f"{reading.index.contributions_computed} records' aggregate parts computed)"
     )
     return EXIT_OK
 

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -16,7 +15,9 @@ from cyclopts.validators import Number
 from epfleet.cli.exit_codes import EXIT_OK
 from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.errors import BadInputError
+from epfleet.logs import say
 from epfleet.stores import DEFAULT_STORE
+from epfleet.text import output_width, show, table
 
 if TYPE_CHECKING:
     from epfleet.fleet.watch.rules import WatchPlan
@@ -86,11 +87,10 @@ def watch(
     if as_json:
         print(plan.model_dump_json())
         return EXIT_OK
-    print(f"{'model':24} {'target':20} {'status':8} why")
-    for pair in plan.pairs:
-        print(f"{pair.model:24} {pair.target:20} {pair.status:8} {pair.reason}")
+    rows = [[pair.model, pair.target, pair.status, pair.reason] for pair in plan.pairs]
+    print(table(["model", "target", "status", "why"], rows, output_width(), wrapped=("why",)))
     for profile in plan.unserved:
-        print(f"unserved: {', '.join(profile.devices)} ({profile.label}): {profile.models}")
+        show(f"unserved: {', '.join(profile.devices)} ({profile.label}): {profile.models}")
     return EXIT_OK
 
 
@@ -101,7 +101,7 @@ def _dry_run(spec: str, store: str, report_max_age_days: int) -> WatchPlan:
 
     found = watch_once(spec, store, report_max_age_days)
     for note in found.notes:
-        print(f"epfleet: {note}", file=sys.stderr)
+        say(f"epfleet: {note}")
     return found.plan
 
 

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from epfleet.cli.exit_codes import EXIT_FAILED, EXIT_OK
 from epfleet.cli.options import Json, Repeatable, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
+
+if TYPE_CHECKING:
+    from epfleet.formats.spec import FleetSpec
+    from epfleet.lifecycle.retire import Retirement
 
 MAX_GRACE_HOURS = 876_000.0
 MAX_RETENTION_DAYS = 36_500.0
@@ -63,6 +68,7 @@ def gc(
     from epfleet.lifecycle.gc import collect, render
     from epfleet.settings import settings
     from epfleet.stores import open_store
+    from epfleet.text import output_width
 
     grace = settings().gc_grace_hours if grace is None else grace
     retention_days = settings().gc_retention_days if retention_days is None else retention_days
@@ -82,7 +88,7 @@ def gc(
     if as_json:
         print(json.dumps(result.model_dump(mode="json") | {"freed": result.freed}))
     else:
-        print(render(result))
+        print(render(result, output_width()))
     return EXIT_FAILED if result.errors else EXIT_OK
 
 
@@ -101,7 +107,9 @@ def retire(
     epfleet gc collects their files later.
 
     Only what you name: --model and --target (repeatable), or with --spec and
-    --unlisted every model, target and model's target the spec no longer lists.
+    --unlisted every model, target and model's target the spec no longer lists, but a
+    target built under a runtime whose EP release a device reported within
+    EPFLEET_GC_RETENTION_DAYS (it says which it keeps).
 
     For example:
       epfleet retire --store s3://bucket/fleet --model old-ocr
@@ -125,10 +133,9 @@ def retire(
     as_json
         Print one JSON object on stdout.
     """
-    from epfleet.formats.spec_file import load_spec
-    from epfleet.lifecycle.retire import apply_retirement
+    from epfleet.lifecycle.retire import apply_retirement, releases_reported
     from epfleet.stores import open_store
-    from epfleet.text import format_bytes
+    from epfleet.text import output_width, printable_lines, wrap
 
     if spec is not None and not unlisted:
         raise BadInputError(f"--spec {spec} needs --unlisted (retire what it no longer lists)")
@@ -139,29 +146,53 @@ def retire(
     if spec is None and not (model or target):
         raise BadInputError("name what to retire: --model, --target, or --spec with --unlisted")
     pin_trust_root(store, trust_root)
+    opened = open_store(store)
     done = apply_retirement(
-        open_store(store),
-        spec=load_spec(spec) if spec is not None else None,
+        opened,
+        spec=_spec(spec) if spec is not None else None,
         models=model or [],
         targets=target or [],
         dry_run=dry_run,
+        releases=releases_reported(opened) if spec is not None else None,
     )
     if as_json:
         print(json.dumps(done.model_dump(mode="json") | {"dry_run": dry_run}))
         return EXIT_OK
+    lines = retirement_lines(done, store, dry_run)
+    print("\n".join(wrap(printable_lines(line), output_width()) for line in lines))
+    return EXIT_OK
+
+
+def retirement_lines(done: Retirement, store: str, dry_run: bool = False) -> list[str]:
+    """What ``epfleet retire`` prints of a retirement: what went (or would go), what was
+    kept and why, and what it leaves for ``epfleet gc``."""
+    from epfleet.text import format_bytes
+
     verb = "would retire" if dry_run else "retired"
-    if done.empty:
-        print(f"nothing to retire from {store}/manifest.json (generation {done.generation})")
-        return EXIT_OK
     lines = [f"{verb} model {name} (all its variants)" for name in done.models]
     lines += [f"{verb} variant {pair}" for pair in done.variants]
+    lines += [
+        f"kept target {target} (no longer in the spec): devices that reported within "
+        "EPFLEET_GC_RETENTION_DAYS still run its runtime's EP release"
+        for target in done.kept
+    ]
+    if done.empty:
+        lines.append(f"nothing to retire from {store}/manifest.json (generation {done.generation})")
+        return lines
     after = "" if dry_run else f"; manifest generation {done.generation}"
     lines.append(
         f"{format_bytes(done.bytes)} no longer referenced: epfleet gc collects it after "
         f"its grace period{after}"
     )
-    print("\n".join(lines))
-    return EXIT_OK
+    return lines
+
+
+def _spec(path: Path) -> FleetSpec:
+    """The fleet spec at ``path``: YAML, read with the host extra's PyYAML (retiring by
+    name, --model and --target, needs neither)."""
+    from epfleet.formats.spec_file import load_spec
+
+    return load_spec(path)
 
 
 command_help(gc, retire)

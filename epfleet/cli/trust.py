@@ -17,6 +17,7 @@ from epfleet.cli.exit_codes import EXIT_OK
 from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_root
 from epfleet.errors import BadInputError
 from epfleet.stores import DEFAULT_STORE
+from epfleet.text import show
 
 trust_app = App(
     name="trust",
@@ -113,15 +114,15 @@ def init(
         bins=bins,
         adopt=adopt,
     )
-    print(
+    show(
         f"created the signed metadata of {store} ({bins} bins, root {root_threshold} of "
         f"{root_keys} keys in {keys})"
     )
     signed = read_state(opened).document
     if signed is not None:
-        print(f"signed the manifest.json it held: {manifest_summary(signed)}")
-    print(f"provision devices with: epfleet sync --trust-root {root_file}")
-    print(f"publishers sign with: EPFLEET_TRUST_SIGNER={uri}")
+        show(f"signed the manifest.json it held: {manifest_summary(signed)}")
+    show(f"provision devices with: epfleet sync --trust-root {root_file}")
+    show(f"publishers sign with: EPFLEET_TRUST_SIGNER={uri}")
     return EXIT_OK
 
 
@@ -180,8 +181,8 @@ def rotate(
     if online_signer is not None:
         signer = load_signer(online_signer, public_key_of(online_signer, online_public_key))
         done = rotate_online_key(opened, offline, signer)
-        print(f"rotated the online key of {store}: timestamp version {done.version}")
-        print(f"publishers sign with: EPFLEET_TRUST_SIGNER={online_signer}")
+        show(f"rotated the online key of {store}: timestamp version {done.version}")
+        show(f"publishers sign with: EPFLEET_TRUST_SIGNER={online_signer}")
         return EXIT_OK
     check_offline_keys(opened, offline)
     version = latest_root(opened).signed.version
@@ -193,7 +194,7 @@ def rotate(
     except BaseException:
         restore_root_keys(keys, version)  # no root names the new keys: the old stay in force
         raise
-    print(
+    show(
         f"rotated the root keys of {store}: root version {version + 1}; the old keys are "
         f"in {keys / 'retired' / str(version)}"
     )
@@ -226,7 +227,7 @@ def refresh(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) -> in
     assert signer is not None  # a store with trust metadata has one or raised
     done = refresh_trust(opened, signer)
     put_copy_right(opened)  # warns of entries changed without the keys
-    print(
+    show(
         f"refreshed the signed metadata of {store}: timestamp version {done.version}"
         f"{', bins ' + ', '.join(done.bins) if done.bins else ''}"
     )
@@ -274,7 +275,7 @@ def sign_models(
         raise BadInputError(f"--public-key {public_key}: {exc.strerror or exc}") from None
     signer = load_model_signer(uri, public_pem)
     written = sign_all(opened, signer, read_in_force(opened).manifest)
-    print(
+    show(
         f"signed {len(written)} variants of {store} and published its model-signing key "
         "as trust/model-signing.pub"
     )
@@ -306,8 +307,8 @@ def status(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
         return EXIT_OK
     width = max(len(r.role) for r in rows)
     for r in rows:
-        print(f"{r.role:<{width}}  version {r.version:<6} expires {r.expires:%Y-%m-%d %H:%M} UTC")
-    print(f"{bins} hashed bins")
+        show(f"{r.role:<{width}}  version {r.version:<6} expires {r.expires:%Y-%m-%d %H:%M} UTC")
+    show(f"{bins} hashed bins")
     return EXIT_OK
 
 

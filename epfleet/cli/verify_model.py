@@ -13,7 +13,9 @@ from cyclopts import Parameter
 from epfleet.cli.exit_codes import EXIT_FAILED, EXIT_OK
 from epfleet.cli.options import Json, Repeatable, Store, TrustRoot, pin_trust_root
 from epfleet.errors import BadInputError
+from epfleet.logs import say
 from epfleet.stores import DEFAULT_STORE
+from epfleet.text import show
 
 PublicKey = Annotated[
     Path | None,
@@ -87,12 +89,9 @@ def verify_model(
     else:
         for check in checks:
             verdict = "verified" if check.problem is None else f"REFUSED: {check.problem}"
-            print(f"{check.model} × {check.target}: {verdict}")
+            show(f"{check.model} × {check.target}: {verdict}")
     failed = [c for c in checks if c.problem is not None]
     if failed:
-        print(
-            f"epfleet: {len(failed)} of {len(checks)} variants do not match their model signature",
-            file=sys.stderr,
-        )
+        say(f"epfleet: {len(failed)} of {len(checks)} variants do not match their model signature")
         return EXIT_FAILED
     return EXIT_OK

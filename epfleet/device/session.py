@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -451,7 +452,11 @@ def sync(
     shadow_inputs: ShadowInputs | None = None,
     local: LocalEps | None = None,
 ) -> DeviceReport:
-    """One whole device sync, without Prefect."""
+    """One whole device sync, without Prefect. A first sync (no cache yet) whose manifest
+    is rejected (a trusted root that is not the store's, metadata that does not verify)
+    leaves no cache behind: it synced nothing and has nothing worth keeping; its report
+    says why, as any sync's does."""
+    first = not cache_dir.exists()
     with SyncSession(
         store_uri,
         cache_dir,
@@ -469,4 +474,7 @@ def sync(
         session.drop_unlisted()
         for model in session.wanted():
             session.sync_model(model)
-        return session.finish()
+        report = session.finish()
+    if first and report.manifest.status == "rejected" and not report.models:
+        shutil.rmtree(cache_dir, ignore_errors=True)  # its lock, its state, the root given
+    return report

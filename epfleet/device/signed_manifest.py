@@ -44,7 +44,7 @@ from epfleet.trust.highwater import generation_below, with_generation
 
 NOTHING_VERIFIED = (
     "; no signed manifest is cached to fall back on: no model is synced, and the variants "
-    "active on this device stay active"
+    "active on this device, if any, stay active"
 )
 
 

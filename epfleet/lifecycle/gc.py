@@ -59,7 +59,7 @@ from epfleet.lifecycle.gc_rules import (
 )
 from epfleet.stores import UNCHANGED, Store
 from epfleet.stores.base import StoredObject
-from epfleet.text import format_bytes
+from epfleet.text import format_bytes, printable_lines, wrap
 
 __all__ = [
     "DEFAULT_GRACE_HOURS",
@@ -236,8 +236,9 @@ def _manifest_changed(store: Store, in_force: InForce) -> bool:
     return store.read_if_changed(in_force.key, in_force.etag) != UNCHANGED
 
 
-def render(collection: Collection) -> str:
-    """A readable summary: per kind what it would free (or freed), then what it kept."""
+def render(collection: Collection, width: int | None = None) -> str:
+    """A readable summary: per kind what it would free (or freed), then what it kept,
+    each line wrapped to ``width`` columns."""
     plan = collection.plan
     verb = "removed" if collection.deleted else "would remove"
     lines = [
@@ -269,4 +270,4 @@ def render(collection: Collection) -> str:
         lines.append(f"left alone {plan.unrecognised} object(s) it does not recognise")
     lines += [f"warning: {w}" for w in collection.warnings]
     lines += [f"error: {e}" for e in collection.errors]
-    return "\n".join(lines)
+    return "\n".join(wrap(printable_lines(line), width) for line in lines)

@@ -10,7 +10,7 @@ retires nothing. ``retire`` is the pure change; ``apply_retirement`` writes it t
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
@@ -251,6 +251,14 @@ def _write(
     done.generation = published.manifest.generation if published.manifest else None
     done.signed_version = published.signed_version
     return done
+
+
+def releases_reported(store: Store) -> set[Release]:
+    """The EP releases of the devices that reported within EPFLEET_GC_RETENTION_DAYS: a
+    target built under one of them is kept when the spec no longer lists it."""
+    from epfleet.settings import settings
+
+    return releases_in_use(store, utcnow() - timedelta(days=settings().gc_retention_days))
 
 
 def releases_in_use(store: Store, since: datetime) -> set[Release]:

@@ -155,7 +155,7 @@ def test_concurrent_runs_on_different_models_both_land(
     assert manifest.generation == 2
 
 
-def test_prune_retires_what_the_spec_no_longer_lists_never_a_subset(
+def test_the_deprecated_prune_retires_what_the_spec_no_longer_lists_never_a_subset(
     tmp_path: Path, model_dir: Path, cli_env: dict[str, str]
 ) -> None:
     store = str(tmp_path / "store")
@@ -181,6 +181,10 @@ def test_prune_retires_what_the_spec_no_longer_lists_never_a_subset(
     assert pruned.returncode == 0, pruned.stderr
     assert json.loads(pruned.stdout)["pruned"]["models"] == ["tiny-det"]
     assert "pruned model tiny-det (no longer in the spec)" in pruned.stderr
+    deprecated = " ".join(pruned.stderr.split())
+    assert (
+        f"--prune is deprecated and will be removed: run epfleet retire --spec {one}" in deprecated
+    )
     manifest = Manifest.from_json(Path(store, "manifest.json").read_bytes())
     assert list(manifest.models) == ["tiny-cls"]
     assert manifest.models["tiny-cls"].variants["x86-cpu"].status == "ok"
@@ -214,7 +218,7 @@ def test_watch_and_device_sync_run_by_path_and_as_commands(
         "flows/runtime_watch.py", str(spec), "--store", store, "--dry-run", env=cli_env
     )
     assert watched.returncode == 0, watched.stderr[-2000:]
-    header, row = watched.stdout.splitlines()[:2]
+    header, _rule, row = watched.stdout.splitlines()[:3]
     assert header.split() == ["model", "target", "status", "why"]
     assert row.split()[:3] == ["tiny-cls", "x86-cpu", "current"]
     as_json = epfleet("watch", str(spec), "--store", store, "--dry-run", "--json", env=cli_env)

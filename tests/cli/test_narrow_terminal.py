@@ -1,7 +1,9 @@
 """The commands a person reads, at 80 columns (``COLUMNS=80``), on a compiled store with a
-rollout under way: ``epfleet sync`` on this host (no NPU), ``manifest show`` and
-``rollout status`` print no line longer than the terminal, on stdout or stderr, and no
-text of ONNX Runtime's internals. The fitting itself: tests/cli/test_fitted_output.py."""
+rollout under way: ``epfleet compile`` (the README's, into a new store), ``sync`` on this
+host (no NPU), ``manifest show`` (with ``--field``), ``rollout status``, ``device list``,
+``trust status``, ``watch --dry-run``, ``retire``, ``gc`` and an error print no line
+longer than the terminal, on stdout or stderr, and no text of ONNX Runtime's internals.
+The fitting itself: tests/cli/test_fitted_output.py."""
 
 from __future__ import annotations
 
@@ -47,9 +49,7 @@ def stage_a_rollout(store: Path) -> None:
     update_manifest(open_store(str(store)), stage)
 
 
-def test_sync_manifest_show_and_rollout_status_fit_80_columns(
-    fleet_store: Path, tmp_path: Path
-) -> None:
+def test_every_command_fits_80_columns(fleet_store: Path, tmp_path: Path) -> None:
     stage_a_rollout(fleet_store)
     env = dict(
         os.environ,
@@ -59,14 +59,34 @@ def test_sync_manifest_show_and_rollout_status_fit_80_columns(
     )
     env.pop("PREFECT_API_URL", None)
     store = str(fleet_store)
+    spec = str(REPO / "examples" / "fleet.yaml")
     runs = {
+        "compile": epfleet("compile", spec, "--store", str(tmp_path / "new-store"), env=env),
         "sync": epfleet("sync", "--store", store, "--cache", str(tmp_path / "device"), env=env),
         "manifest show": epfleet("manifest", "show", "--store", store, env=env),
+        "manifest show --field": epfleet("manifest", "show", "--field", "--store", store, env=env),
         "rollout status": epfleet("rollout", "status", "--store", store, env=env),
+        "device list": epfleet("device", "list", "--store", store, env=env),
+        "trust status": epfleet("trust", "status", "--store", store, env=env),
+        "watch --dry-run": epfleet("watch", spec, "--store", store, "--dry-run", env=env),
+        "retire --dry-run": epfleet(
+            "retire",
+            "--store",
+            store,
+            "--model",
+            "tiny-det",
+            "--target",
+            "sd8g2-htp",
+            "--dry-run",
+            env=env,
+        ),
+        "gc": epfleet("gc", "--store", store, env=env),
         "sync --help": epfleet("sync", "--help", env=env),
+        "an unknown command": epfleet("trust", "show", "--store", store, env=env),
     }
     for name, done in runs.items():
-        assert done.returncode == 0, f"{name}: {done.stderr}"
+        expected = 2 if name == "an unknown command" else 0
+        assert done.returncode == expected, f"{name}: {done.stderr}"
         for stream in (done.stdout, done.stderr):
             long = [line for line in stream.splitlines() if len(line) > WIDTH]
             assert long == [], f"{name}: lines over {WIDTH} columns:\n" + "\n".join(long)
@@ -74,6 +94,9 @@ def test_sync_manifest_show_and_rollout_status_fit_80_columns(
     synced = runs["sync"].stdout
     assert synced.count("QNN: no NPU on this device; its variants are skipped") == 1, synced
     assert "2 of 2 models served" in synced
+    compiled = runs["compile"].stdout
+    assert "6 compiled, 0 up to date, 0 failed" in compiled, compiled
+    assert "tiny-cls × sd8g3-htp: ok · fp16" in compiled  # the per-pair lines, wrapped
     shown = runs["manifest show"].stdout
     assert "not shown at 80 columns: compatibility" in " ".join(shown.split()), shown
     assert "sd8g3-htp: built for HTP v75 SoC 57" in shown

@@ -144,8 +144,10 @@ def test_a_source_with_its_external_data_in_its_folder_is_staged_whole(
         ({"source": "missing.onnx"}, "models[m].source"),
         ({"source": "notes.onnx"}, "is not an ONNX model"),
         ({"targets": [{"name": "t", "ep": "NopeExecutionProvider"}]}, "unknown execution"),
+        ({"input_shapes": {"nope": [1, 3]}}, "input_shapes names 'nope'"),
+        ({"samples": "notes.npz"}, "models[m].samples"),
     ],
-    ids=["missing", "not-onnx", "unknown-ep"],
+    ids=["missing", "not-onnx", "unknown-ep", "no-such-input", "bad-samples"],
 )
 def test_a_refused_spec_leaves_no_store_behind(
     capsys: pytest.CaptureFixture[str],
@@ -155,8 +157,12 @@ def test_a_refused_spec_leaves_no_store_behind(
     said: str,
 ) -> None:
     """A good model beside a bad one (or a bad target): the spec is refused before the good
-    one is staged, and the new store's directory is never made (nor sources/, samples/)."""
+    one is staged, and the new store's directory is never made (nor sources/, samples/),
+    nor anything in the worker cache."""
     (tmp_path / "notes.onnx").write_bytes(SECRET)
+    (tmp_path / "notes.npz").write_bytes(SECRET)
+    cache = Path(os.environ["EPFLEET_CACHE"])
+    before = sorted(cache.rglob("*"))
     good = tiny_models(model_dir)[0]
     targets = bad.pop("targets", [CPU_TARGET])
     models = [good, {**good, "name": "m", **bad}]
@@ -165,6 +171,7 @@ def test_a_refused_spec_leaves_no_store_behind(
     assert main(["compile", str(spec), "--store", str(store)]) == 2
     assert said in capsys.readouterr().err
     assert not store.exists()
+    assert sorted(cache.rglob("*")) == before
 
 
 def test_a_store_of_an_unknown_scheme_leaves_nothing_anywhere(
@@ -182,6 +189,20 @@ def test_a_store_of_an_unknown_scheme_leaves_nothing_anywhere(
     assert (sorted(tmp_path.rglob("*")), sorted(cache.rglob("*"))) == before
 
 
+def test_a_source_missing_from_s3_leaves_nothing_in_the_worker_cache(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model_dir: Path, s3_store_uri: str
+) -> None:
+    good = tiny_models(model_dir)[0]
+    models = [good, {**good, "name": "m", "source": f"{s3_store_uri}/nowhere/m.onnx"}]
+    spec = write_spec(tmp_path, models, [CPU_TARGET])  # type: ignore[arg-type]
+    cache = Path(os.environ["EPFLEET_CACHE"])
+    before = sorted(cache.rglob("*"))
+    assert main(["compile", str(spec), "--store", str(tmp_path / "store")]) == 2
+    assert "models[m].source" in capsys.readouterr().err
+    assert sorted(cache.rglob("*")) == before
+    assert not (tmp_path / "store").exists()
+
+
 def test_a_sync_from_a_store_that_is_not_there_makes_no_cache(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -192,11 +213,12 @@ def test_a_sync_from_a_store_that_is_not_there_makes_no_cache(
 
 
 @pytest.mark.parametrize(
-    ("root", "said"),
+    ("root", "said", "code"),
     [
-        (None, "no trusted root to verify"),
-        ("missing.json", "missing.json: cannot read it"),
-        ("notes.json", "is not valid TUF root metadata"),
+        (None, "no trusted root to verify", 2),
+        ("missing.json", "missing.json: cannot read it", 2),
+        ("notes.json", "is not valid TUF root metadata", 2),
+        ("other/root.json", "not signed by the trusted keys", 1),
     ],
 )
 def test_a_first_sync_with_its_trust_root_refused_makes_no_cache(
@@ -205,17 +227,24 @@ def test_a_first_sync_with_its_trust_root_refused_makes_no_cache(
     monkeypatch: pytest.MonkeyPatch,
     root: str | None,
     said: str,
+    code: int,
 ) -> None:
     """A signed store, and no root to trust it with, or one that cannot be read or is no
-    root: refused (exit 2) before anything is made; the right root then syncs."""
+    root: refused (exit 2) before anything is made; another store's root: its metadata is
+    rejected (exit 1, as for any sync) and the cache made for it removed. The right root
+    then syncs."""
     monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
     monkeypatch.delenv("EPFLEET_TRUST_ROOT", raising=False)
     fleet = make_fleet(str(tmp_path / "store"), tmp_path)
     (tmp_path / "notes.json").write_bytes(b'{"signed": {"_type": "root"}}')
+    (tmp_path / "another").mkdir()  # another store's root: the store's metadata refuses it
+    other = make_fleet(str(tmp_path / "other-store"), tmp_path / "another")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "root.json").write_bytes(other.root.read_bytes())
     cache = tmp_path / "device"
     argv = ["sync", "--store", fleet.uri, "--cache", str(cache), "--device-id", "dev-1"]
     given = ["--trust-root", str(tmp_path / root)] if root else []
-    assert main([*argv, *given]) == 2
+    assert main([*argv, *given]) == code
     assert said in capsys.readouterr().err
     assert not cache.exists()
     assert main([*argv, "--trust-root", str(fleet.root)]) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import eps
 from epfleet.errors import BadInputError
 from epfleet.fleet.planning.calibration import split
 from epfleet.fleet.planning.rules import ladder_of, quantize_options
@@ -89,7 +90,9 @@ def test_v73_on_makes_w16a16_held_to_sixteen_bit_tolerances(arch: int) -> None:
     [spec_target] = parsed(
         target(provider_options=HTP | {"htp_arch": arch}, precision=["w8a8", "w16a16"])
     ).targets
-    assert [(r.precision, r.tolerance) for r in ladder_of(spec_target)] == [
+    assert [
+        (r.precision, r.tolerance) for r in ladder_of(spec_target, eps.load(spec_target.ep))
+    ] == [
         ("w8a8", 0.10),
         ("w16a16", 0.10),
     ]
@@ -104,14 +107,14 @@ def test_each_rung_builds_and_verifies_at_its_precision() -> None:
     [spec_target] = parsed(
         target(provider_options=HTP, precision=["fp16", "w8a16", "w8a8"])
     ).targets
-    rungs = ladder_of(spec_target)
+    rungs = ladder_of(spec_target, eps.load(spec_target.ep))
     assert [r.precision for r in rungs] == ["fp16", "w8a16", "w8a8"]
     assert rungs[0].provider_options["enable_htp_fp16_precision"] == "1"
     assert [r.tolerance for r in rungs] == [0.05, 0.10, 0.10]
     [given] = parsed(
         target(provider_options=HTP, precision=["fp16", "w8a8"], tolerance=0.2)
     ).targets
-    assert [r.tolerance for r in ladder_of(given)] == [0.2, 0.2]
+    assert [r.tolerance for r in ladder_of(given, eps.load(given.ep))] == [0.2, 0.2]
 
 
 def request(**fields: object) -> CompileRequest:
@@ -134,7 +137,7 @@ def test_the_ladder_and_the_quantise_inputs_decide_the_fingerprint() -> None:
     plain = request(precision="fp16")
     assert plain.fingerprint == request().fingerprint  # float pairs keep their fingerprints
     [spec_target] = parsed(target(provider_options=HTP, precision=["fp16", "w8a16"])).targets
-    _, w8a16 = ladder_of(spec_target)
+    _, w8a16 = ladder_of(spec_target, eps.load(spec_target.ep))
     laddered = request(precision="fp16", fallbacks=[w8a16])
     assert laddered.fingerprint != plain.fingerprint
     model = parse_spec(
@@ -186,6 +189,6 @@ def test_an_htp_target_naming_its_arch_alone_is_built_for_that_arch_s_reference_
     """Without a SoC this host's HTP backend computes float graphs in fp32: verification
     would not see fp16's error."""
     [arch_only] = parsed(target(provider_options={"htp_arch": 73})).targets
-    assert ladder_of(arch_only)[0].provider_options["soc_model"] == "43"
+    assert ladder_of(arch_only, eps.load(arch_only.ep))[0].provider_options["soc_model"] == "43"
     [named] = parsed(target(provider_options={"htp_arch": 73, "soc_model": 53})).targets
-    assert ladder_of(named)[0].provider_options["soc_model"] == "53"
+    assert ladder_of(named, eps.load(named.ep))[0].provider_options["soc_model"] == "53"

@@ -56,12 +56,12 @@ def test_the_rule_given_values_then_the_precisions_then_the_global_default() -> 
 
 def test_every_rung_of_a_ladder_takes_the_rule() -> None:
     htp = TargetSpec.model_validate(HTP_TARGETS[0] | {"precision": ["fp16", "w8a16"]})
-    assert [(r.tolerance, r.abs_tolerance) for r in ladder_of(htp)] == [
+    assert [(r.tolerance, r.abs_tolerance) for r in ladder_of(htp, eps.load(htp.ep))] == [
         (FP16_TOLERANCE.relative, FP16_TOLERANCE.absolute),
         (TOLERANCE_OF["w8a16"].relative, TOLERANCE_OF["w8a16"].absolute),
     ]
     given = TargetSpec.model_validate(HTP_TARGETS[0] | {"precision": ["fp16"], "tolerance": 0.07})
-    assert [(r.tolerance, r.abs_tolerance) for r in ladder_of(given)] == [
+    assert [(r.tolerance, r.abs_tolerance) for r in ladder_of(given, eps.load(given.ep))] == [
         (0.07, FP16_TOLERANCE.absolute)
     ]
 

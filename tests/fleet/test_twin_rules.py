@@ -28,6 +28,8 @@ from epfleet.fleet.runs.outcomes import PairOutcome, failed_outcome
 from epfleet.formats.manifest import ArtifactRef, SamplesRef, VariantEntry, Verification, utcnow
 from epfleet.runtime.requests import CompileRequest, Rung
 
+EP_MODULES = {name: eps.load(name) for name in eps.known()}
+
 pytestmark = pytest.mark.fast
 
 QNN = "QNNExecutionProvider"
@@ -140,7 +142,10 @@ def test_a_models_pairs_of_one_numerics_have_one_representative_first_in_spec_or
         planned(request("v81", htp("81", "87"))),
         planned(request("v73", htp("73", "43"), model="other")),
     ]
-    twins = {(p.request.model, p.request.target): p.request.twin_of for p in assign_twins(pairs)}
+    twins = {
+        (p.request.model, p.request.target): p.request.twin_of
+        for p in assign_twins(pairs, EP_MODULES)
+    }
     assert twins == {
         ("m", "v75"): None,
         ("m", "v73"): "v75",
@@ -171,7 +176,9 @@ def test_a_models_pairs_of_one_numerics_have_one_representative_first_in_spec_or
 def test_what_changes_outputs_or_their_check_keeps_targets_apart(change: dict[str, Any]) -> None:
     first = planned(request("v75", htp("75", "57")))
     second = planned(request("v73", htp("73", "43"), **change))
-    assert group_key(first) is not None and group_key(first) != group_key(second)
+    assert group_key(first, EP_MODULES) is not None and group_key(first, EP_MODULES) != group_key(
+        second, EP_MODULES
+    )
 
 
 def test_pairs_not_verified_without_samples_or_on_a_work_pool_are_verified_alone() -> None:
@@ -180,9 +187,11 @@ def test_pairs_not_verified_without_samples_or_on_a_work_pool_are_verified_alone
         planned(request("v73", htp("73", "43"), samples=None)),
         planned(request("v73", htp("73", "43")), work_pool="gpu-pool"),
     ]
-    assert [group_key(p) for p in alone] == [None, None, None]
+    assert [group_key(p, EP_MODULES) for p in alone] == [None, None, None]
     representative = planned(request("v75", htp("75", "57")))
-    assert [p.request.twin_of for p in assign_twins([representative, *alone])] == [None] * 4
+    assert [p.request.twin_of for p in assign_twins([representative, *alone], EP_MODULES)] == [
+        None
+    ] * 4
 
 
 def test_a_twin_held_back_is_planned_again_unless_its_representative_is_up_to_date_and_failed() -> (
@@ -192,27 +201,30 @@ def test_a_twin_held_back_is_planned_again_unless_its_representative_is_up_to_da
     held = entry(twin, "failed", twin_of="v75", error=f"{HELD_BACK}v75 failed: ...")
     skipped_twin = planned(twin, "skip", previous=held)
 
-    compiling = assign_twins([planned(rep), skipped_twin])[1]
+    compiling = assign_twins([planned(rep), skipped_twin], EP_MODULES)[1]
     assert compiling.action == "compile" and "held back for v75" in compiling.reason
 
     up_to_date_ok = planned(rep, "skip", previous=entry(rep))
-    assert assign_twins([up_to_date_ok, skipped_twin])[1].action == "compile"
+    assert assign_twins([up_to_date_ok, skipped_twin], EP_MODULES)[1].action == "compile"
 
     failed = entry(rep, "failed", error="verification failed: output 0 ...", verified="failed")
     up_to_date_failed = planned(rep, "skip", previous=failed)
-    assert assign_twins([up_to_date_failed, skipped_twin])[1].action == "skip"
+    assert assign_twins([up_to_date_failed, skipped_twin], EP_MODULES)[1].action == "skip"
 
     # No longer a twin (its representative left the spec): verified on its own.
-    alone = assign_twins([skipped_twin])[0]
+    alone = assign_twins([skipped_twin], EP_MODULES)[0]
     assert alone.action == "compile" and "now verified on its own" in alone.reason
 
     # A twin that failed on its own (not held back) stays up to date, failed.
     own = entry(twin, "failed", error="verification failed: output 0 ...", verified="failed")
-    assert assign_twins([planned(rep), planned(twin, "skip", previous=own)])[1].action == "skip"
+    assert (
+        assign_twins([planned(rep), planned(twin, "skip", previous=own)], EP_MODULES)[1].action
+        == "skip"
+    )
 
 
 def grouped(*pairs: PlannedPair) -> list[PlannedPair]:
-    return assign_twins(list(pairs))
+    return assign_twins(list(pairs), EP_MODULES)
 
 
 def test_a_twin_whose_representative_failed_is_held_back_naming_it() -> None:

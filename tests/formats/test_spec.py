@@ -8,6 +8,7 @@ import onnx
 import pytest
 import yaml
 
+import eps
 from epfleet.errors import BadInputError
 from epfleet.fleet.planning.plan import plan_run
 from epfleet.fleet.planning.rules import ladder_of
@@ -347,7 +348,7 @@ def test_recipe_and_verification_defaults_come_from_the_ep_module() -> None:
     )
     by_name = {t.name: t for t in parsed.targets}
     # the precision each computes in by default, and that precision's tolerances
-    rungs = {name: ladder_of(target) for name, target in by_name.items()}
+    rungs = {name: ladder_of(target, eps.load(target.ep)) for name, target in by_name.items()}
     assert [r.precision for r in rungs["htp"]] == ["fp16"]
     assert rungs["htp"][0].provider_options["enable_htp_fp16_precision"] == "1"
     assert by_name["htp"].graph_optimization == "basic"

@@ -204,6 +204,56 @@ def test_a_runtime_the_spec_dropped_stays_while_devices_run_its_release(local: S
     assert unlisted(manifest, fleet_spec, moved_on).targets == ["htp.qnn-2.5", "old-npu"]
 
 
+def test_retire_unlisted_keeps_a_runtime_devices_reported_and_says_so(
+    local: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``epfleet retire --spec --unlisted`` (which replaces ``compile --prune``) reads the
+    device reports: a target built under a runtime a device reported running stays."""
+    from datetime import datetime, timezone
+
+    from epfleet.formats.device_report import (
+        DeviceReport,
+        ManifestStatus,
+        encode_report,
+        report_key,
+    )
+    from epfleet.formats.manifest import VariantRuntime
+
+    manifest = fleet(local)
+    runtime = VariantRuntime(
+        name="qnn-2.5", onnxruntime="1.32.0", ep_package="onnxruntime-qnn", ep_version="2.5.0"
+    )
+    det = manifest.models["det"]
+    old = det.variants["old-npu"].model_copy(update={"runtime": runtime})
+    models = {**manifest.models, "det": det.model_copy(update={"variants": {"old-npu": old}})}
+    write_manifest(local, models, generation=6, at=OLD)
+    report = DeviceReport(
+        device_id="dev-1",
+        generated_at=datetime.now(timezone.utc).isoformat(),
+        ort_version="1.32.0",
+        ep_packages={"onnxruntime": "1.32.0", "onnxruntime-qnn": "2.5.0"},
+        devices=[],
+        store=local.uri,
+        cache="/c",
+        manifest=ManifestStatus(status="fetched", generation=6, body_bytes=1),
+        models=[],
+        seconds=0.1,
+    )
+    local.write(report_key("dev-1"), encode_report(report))
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(
+        "models:\n  - {name: cls, source: cls.onnx}\n  - {name: det, source: det.onnx}\n"
+        "targets:\n  - {name: x86-cpu, ep: CPUExecutionProvider}\n"
+    )
+    argv = ["retire", "--store", local.uri, "--spec", str(spec_path), "--unlisted"]
+    assert run_cli(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "retired model gone" in out and "retired variant cls/htp" in out
+    assert "kept target old-npu (no longer in the spec): devices that reported" in out
+    after, _ = read_manifest(local)
+    assert after is not None and "old-npu" in after.models["det"].variants
+
+
 def test_the_releases_in_use_are_those_of_recent_reports(local: Store) -> None:
     from datetime import datetime, timezone
 

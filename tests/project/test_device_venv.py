@@ -135,4 +135,10 @@ def test_what_needs_an_extra_names_it_and_leaves_nothing(device_venv: Path, tmp_
     assert 'pip install "epfleet[host]"' in compile_.stderr
     flow = epfleet(device_venv, tmp_path, "sync", "--flow", "--store", "st", "--cache", "dev")
     assert flow.returncode == 2 and 'pip install "epfleet[host]"' in flow.stderr, flow.stderr
+    spec = str(REPO / "examples" / "fleet.yaml")
+    for command in (["watch", spec], ["serve"], ["retire", "--spec", spec, "--unlisted"]):
+        refused = epfleet(device_venv, tmp_path, *command, "--store", "st")
+        assert refused.returncode == 2, refused.stderr
+        assert f"epfleet {command[0]} needs epfleet's 'host' extra" in refused.stderr
+        assert 'pip install "epfleet[host]"' in refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -1,8 +1,8 @@
 """A part of epfleet that is a pip extra, asked for where it is not installed: the store
 backend or the command names the extra to install (``epfleet.extras``), exit code 2.
 
-Here boto3 is hidden in this process (``sys.modules["boto3"] = None`` makes its import
-fail); a venv without the extras: tests/project/test_device_venv.py."""
+Here boto3 or PyYAML is hidden in this process (``sys.modules["boto3"] = None`` makes its
+import fail); a venv without the extras: tests/project/test_device_venv.py."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from epfleet.cli.exit_codes import EXIT_BAD_INPUT
 from epfleet.errors import BadInputError, MissingExtraError
 from epfleet.extras import missing_extra
 from epfleet.stores import open_store
+from tests.support.hand_made_fleet import make_fleet
 
 pytestmark = pytest.mark.fast
 
@@ -49,6 +50,30 @@ def test_a_command_on_an_s3_store_without_boto3_exits_2_naming_the_extra(
     assert code == EXIT_BAD_INPUT, err
     assert err.startswith("epfleet: error: store s3://bucket/fleet") and 'epfleet[s3]"' in err
     assert not (tmp_path / "device").exists()
+
+
+@pytest.fixture
+def no_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyYAML (the host extra's spec reader) not installed; the spec reader not loaded."""
+    for name in [m for m in sys.modules if m.startswith(("yaml", "epfleet.formats.spec_file"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "yaml", None)
+
+
+@pytest.mark.usefixtures("no_yaml")
+def test_retiring_by_name_needs_no_spec_reader_and_by_spec_names_the_host_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = make_fleet(str(tmp_path / "store"), tmp_path)
+    common = ["--store", fleet.uri, "--trust-root", str(fleet.root)]
+    assert main(["retire", "--model", "m", "--dry-run", *common]) == 0
+    assert "would retire model m" in capsys.readouterr().out
+    (tmp_path / "fleet.yaml").write_text("models: []\n")
+    code = main(["retire", "--spec", str(tmp_path / "fleet.yaml"), "--unlisted", *common])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT, err
+    assert err.startswith("epfleet: error: epfleet retire needs epfleet's 'host' extra"), err
+    assert 'pip install "epfleet[host]"' in err
 
 
 def test_an_unknown_scheme_is_not_an_extra() -> None:

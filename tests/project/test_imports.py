@@ -15,7 +15,8 @@ between modules, none between the top-level packages, and the layers:
   shared pure modules (``PURE_SHARED``); of the rest, the standard library (no clock,
   randomness, environment, process or file system module), pydantic, packaging and
   securesystemslib; and they call no clock (``now``, ``utcnow``, ``today``), no
-  ``open``, ``print`` or ``input`` (``impurities``, an AST scan of their source).
+  ``open``, ``print`` or ``input``, and load no EP module (``eps.load``: its caller
+  passes it in) (``impurities``, an AST scan of their source).
 """
 
 from __future__ import annotations
@@ -269,18 +270,21 @@ STDLIB_IMPURE = {
     "http": "the network",
     "urllib": "the network",
     "logging": "logs",
+    "importlib": "modules loaded at run time",
 }
 """Standard library modules a rule module does not import, and what each reaches."""
 THIRD_PARTY_PURE = {"pydantic", "pydantic_core", "packaging", "securesystemslib"}
 CLOCK_CALLS = {"now", "utcnow", "today"}
 IO_BUILTINS = {"open", "print", "input", "breakpoint"}
+LOADERS = {("eps", "load"): "loads an EP module: take it as an argument"}
+"""Calls (``module.function``) that import code at run time, and why a rule makes none."""
 
 
 def impurities(source: str) -> list[str]:
     """What in a rule module's ``source`` reaches a clock, randomness, the environment or
     I/O: an import of such a module (or of an unknown third-party one), a clock call
     (``datetime.now()``, ``utcnow()``, ``date.today()``) or a name imported for one,
-    ``os.environ`` or ``getenv``, and the I/O builtins."""
+    ``os.environ`` or ``getenv``, the I/O builtins, and ``eps.load`` (``LOADERS``)."""
     found = []
 
     def imported(name: str, line: int) -> None:
@@ -301,7 +305,9 @@ def impurities(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             imported(node.module, node.lineno)
             for alias in node.names:
-                if alias.name in CLOCK_CALLS | {"environ", "getenv"}:
+                if alias.name in CLOCK_CALLS | {"environ", "getenv"} or (
+                    (node.module, alias.name) in LOADERS
+                ):
                     found.append(f"line {node.lineno}: imports {alias.name} from {node.module}")
         elif isinstance(node, ast.Call):
             func = node.func
@@ -312,6 +318,10 @@ def impurities(source: str) -> list[str]:
                 found.append(f"line {node.lineno}: calls {name}() (I/O)")
             elif name == "getenv":
                 found.append(f"line {node.lineno}: calls getenv() (the environment)")
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                why = LOADERS.get((func.value.id, func.attr))
+                if why is not None:
+                    found.append(f"line {node.lineno}: calls {func.value.id}.{func.attr}() ({why})")
         elif isinstance(node, ast.Attribute) and node.attr == "environ":
             found.append(f"line {node.lineno}: reads environ (the environment)")
     return sorted(set(found), key=lambda text: int(text.split()[1].rstrip(":")))
@@ -350,6 +360,10 @@ def test_the_purity_checks_find_planted_violations() -> None:
         "    fallback = os.getenv('X')\n"
         "    print(token)\n"
         "    return now - stamp, other, region, fallback, clock.time()\n"
+        "import eps, importlib\n"  # the EP modules' facts are fine; loading one is not
+        "def ladder(target: object) -> object:\n"
+        "    return eps.load(target.ep).with_precision\n"
+        "from eps import load\n"
     )
     assert impurities(planted) == [
         "line 1: imports secrets (randomness)",
@@ -362,6 +376,9 @@ def test_the_purity_checks_find_planted_violations() -> None:
         "line 13: reads environ (the environment)",
         "line 14: calls getenv() (the environment)",
         "line 15: calls print() (I/O)",
+        "line 17: imports importlib (modules loaded at run time)",
+        "line 19: calls eps.load() (loads an EP module: take it as an argument)",
+        "line 20: imports load from eps",
     ]
     assert impurities("import json\ndef f(now):\n    return json.dumps(str(now))\n") == []
 

@@ -1,8 +1,10 @@
 """Staging a run's inputs: sources and golden samples into the store, and into a worker's cache.
 
 ``stage_source`` and ``stage_samples`` run when a fleet run plans: they check the files
-and upload them content-addressed, once. ``fetch_verified`` and ``compile_job_for`` run on
-the machine that compiles: a file enters its cache only once checked by sha256 and size.
+and upload them content-addressed, once, through ``HeldUploads``: nothing is uploaded
+until every model of the spec has passed its checks. ``fetch_verified`` and
+``compile_job_for`` run on the machine that compiles: a file enters its cache only once
+checked by sha256 and size.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
 
 import onnx
 from pydantic import ValidationError
@@ -49,6 +53,59 @@ from epfleet.stores.local import local_path
 def cache_dir() -> Path:
     """Worker-local scratch for fetched sources and fresh artifacts."""
     return settings().cache  # EPFLEET_CACHE
+
+
+_T = TypeVar("_T")
+
+
+class HeldUploads:
+    """A fleet run's uploads, held back until every model of its spec has passed its checks
+    (``release``), and the scratch their files are in, kept until then. A spec refused at
+    its last model so puts nothing in the store, not even a new store's directory; and the
+    worker cache's folders made for it are removed again (``scratch``, ``keep``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._scratch = ExitStack()
+        self._pending: dict[str, tuple[Path, str]] = {}
+        root = cache_dir()
+        self._made = [d for d in (root / "downloads", root / "work", root) if not d.exists()]
+
+    def __enter__(self) -> HeldUploads:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._scratch.close()
+        if exc is not None:
+            for folder in self._made:  # innermost first; another run's files keep it
+                with suppress(OSError):
+                    folder.rmdir()
+
+    def keep(self, context: AbstractContextManager[_T]) -> _T:
+        """Enter ``context`` (a download's scratch) until the uploads are done."""
+        return self._scratch.enter_context(context)
+
+    def scratch(self) -> Path:
+        """A new folder in the worker cache, removed when the uploads are done."""
+        made = tempfile.TemporaryDirectory(dir=_scratch_root())
+        return Path(self._scratch.enter_context(made))
+
+    def add(self, ref: ArtifactRef | SourceEntry, local: Path) -> None:
+        """Upload ``local`` under ``ref``'s content-addressed key at ``release``, unless
+        the store holds it already."""
+        if ref.uri not in self._pending and self.store.size(ref.uri) != ref.size:
+            self._pending[ref.uri] = (local, ref.sha256)
+
+    def release(self) -> None:
+        """Upload what was held: every model has passed its checks."""
+        for key, (local, sha256) in self._pending.items():
+            self.store.upload(key, local, sha256)
+        self._pending.clear()
 
 
 TEMP_GRACE_SECONDS = 3600.0
@@ -190,62 +247,63 @@ class PreparedSource:
 
 
 def stage_source(
-    model: ModelSpec, uri: str, static_eps: set[str], store: Store
+    model: ModelSpec, uri: str, static_eps: set[str], uploads: HeldUploads
 ) -> tuple[SourceEntry, PreparedSource]:
     """Check the source's files, hash them, check that its input_shapes apply (and leave
     every input static when an EP in ``static_eps`` needs that, and one sample of inputs
-    fits in memory: ``check_input_memory``), and only then upload them content-addressed,
-    once: the main file under sources/, the others (external data, a folder's other
-    files) under files/. Every file is read as a regular file in the model's folder, never
-    through a symbolic link (``open_in_set``), and the main file must look like ONNX from
-    its first bytes before it is parsed. Also returns the source with its shapes fixed."""
+    fits in memory: ``check_input_memory``), and only then hold them to upload
+    content-addressed, once (``uploads``): the main file under sources/, the others
+    (external data, a folder's other files) under files/. Every file is read as a regular
+    file in the model's folder, never through a symbolic link (``open_in_set``), and the
+    main file must look like ONNX from its first bytes before it is parsed. Also returns
+    the source with its shapes fixed."""
     where = f"models[{model.name}].source"
-    with local_source(uri, where, folders=is_local(uri)) as path:
-        files = file_set(path, None, model.model_file, where) if path.is_dir() else None
-        main = files or LocalSet(
-            root=path.parent, model_file=MODEL_FILE, disk_names={MODEL_FILE: path.name}
+    path = uploads.keep(local_source(uri, where, folders=is_local(uri)))
+    files = file_set(path, None, model.model_file, where) if path.is_dir() else None
+    main = files or LocalSet(
+        root=path.parent, model_file=MODEL_FILE, disk_names={MODEL_FILE: path.name}
+    )
+    loaded = _load_graph(main, where, uri)
+    if not is_local(uri) and uses_external_data(loaded):
+        raise BadInputError(
+            f"{where} {uri} keeps tensors in external data files; a source with "
+            "external data must be a local path or file:// URI (its files beside it)"
         )
-        loaded = _load_graph(main, where, uri)
-        if not is_local(uri) and uses_external_data(loaded):
-            raise BadInputError(
-                f"{where} {uri} keeps tensors in external data files; a source with "
-                "external data must be a local path or file:// URI (its files beside it)"
+    if files is None:
+        files = file_set(path, loaded, model.model_file, where)
+    data_files = check_external_data(files, loaded, where)
+    try:
+        prepare_model(
+            loaded, model.input_shapes, bool(static_eps), " and ".join(sorted(static_eps))
+        )
+        check_input_memory(loaded)  # before the golden samples try to allocate them
+    except ValueError as exc:
+        raise BadInputError(f"models[{model.name}] ({uri}): {exc}") from None
+    sha256, size = hash_in_set(files, files.model_file, where)
+    others = []
+    for other in files.others:
+        other_sha256, other_size = hash_in_set(files, other, where)
+        others.append(
+            PackageFile(
+                path=other, uri=files_key(other_sha256), sha256=other_sha256, size=other_size
             )
-        if files is None:
-            files = file_set(path, loaded, model.model_file, where)
-        data_files = check_external_data(files, loaded, where)
-        try:
-            prepare_model(
-                loaded, model.input_shapes, bool(static_eps), " and ".join(sorted(static_eps))
-            )
-            check_input_memory(loaded)  # before the golden samples try to allocate them
-        except ValueError as exc:
-            raise BadInputError(f"models[{model.name}] ({uri}): {exc}") from None
-        sha256, size = hash_in_set(files, files.model_file, where)
-        others = []
-        for other in files.others:
-            other_sha256, other_size = hash_in_set(files, other, where)
-            others.append(
-                PackageFile(
-                    path=other, uri=files_key(other_sha256), sha256=other_sha256, size=other_size
-                )
-            )
-        try:
-            entry = SourceEntry(
-                uri=source_key(sha256),
-                sha256=sha256,
-                size=size,
-                model_file=files.model_file,
-                files=others,
-                input_shapes=model.input_shapes,
-            )
-        except ValidationError as exc:
-            problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
-            raise BadInputError(f"{where} {uri}: {problem}") from None
-        # Every file has passed its checks: nothing of a refused source reaches the store.
-        _upload(store, entry, files.path_of(files.model_file))
-        for file in others:
-            _upload(store, file, files.path_of(file.path))
+        )
+    try:
+        entry = SourceEntry(
+            uri=source_key(sha256),
+            sha256=sha256,
+            size=size,
+            model_file=files.model_file,
+            files=others,
+            input_shapes=model.input_shapes,
+        )
+    except ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise BadInputError(f"{where} {uri}: {problem}") from None
+    # Every file has passed its checks: nothing of a refused source reaches the store.
+    uploads.add(entry, files.path_of(files.model_file))
+    for file in others:
+        uploads.add(file, files.path_of(file.path))
     return entry, PreparedSource(loaded, files.root if data_files else None, data_files)
 
 
@@ -282,23 +340,17 @@ def _load_graph(main: LocalSet, where: str, uri: str) -> onnx.ModelProto:
             raise BadInputError(f"{where} {uri} is not an ONNX model: {exc}") from None
 
 
-def _upload(store: Store, ref: ArtifactRef, local: Path) -> None:
-    """Upload one file of a source under its content-addressed key, unless already there."""
-    if store.size(ref.uri) != ref.size:
-        store.upload(ref.uri, local, ref.sha256)
-
-
 def stage_samples(
     model: ModelSpec,
     samples_uri: str | None,
     source: SourceEntry,
     prepared: PreparedSource,
     published: SamplesRef | None,
-    store: Store,
+    uploads: HeldUploads,
     set_uris: dict[str, str] | None = None,
 ) -> SamplesRef:
     """The model's golden samples: the spec's sample inputs (or seeded generated ones) and
-    the source's outputs for them on the CPU EP, uploaded content-addressed, with the
+    the source's outputs for them on the CPU EP, held to upload content-addressed, with the
     further input sets of ``set_uris`` (by name: calibration, verification) the task metric
     is judged on. Reused from the manifest while what made them is unchanged, so reference
     outputs do not drift with the machine or ORT version that plans. EpfleetError when the
@@ -322,10 +374,10 @@ def stage_samples(
         if (
             published is not None
             and published.basis == basis
-            and store.size(published.uri) == published.size
+            and uploads.store.size(published.uri) == published.size
         ):
             return published
-        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=_scratch_root())))
+        scratch = uploads.scratch()
         golden = scratch / "golden.npz"
         prepared_path = prepared.save(scratch, "source.onnx")
         job = GoldenJob(
@@ -342,24 +394,26 @@ def stage_samples(
             if set_uris:  # the error names its file
                 raise BadInputError(f"models[{model.name}]: {exc}") from None
             raise BadInputError(f"models[{model.name}].samples {samples_uri}: {exc}") from None
-        sha256, size = sha256_file(golden)
-        key = samples_key(sha256)
-        if store.size(key) != size:
-            store.upload(key, golden, sha256)
+        golden_ref = held_sample_file(golden, uploads)
         metric_inputs = None
         if (scratch / "input-sets.npz").exists():
-            metric_inputs = _uploaded(scratch / "input-sets.npz", store)
+            metric_inputs = held_sample_file(scratch / "input-sets.npz", uploads)
     return SamplesRef(
-        uri=key, sha256=sha256, size=size, count=count, basis=basis, metric_inputs=metric_inputs
+        uri=golden_ref.uri,
+        sha256=golden_ref.sha256,
+        size=golden_ref.size,
+        count=count,
+        basis=basis,
+        metric_inputs=metric_inputs,
     )
 
 
-def _uploaded(path: Path, store: Store) -> ArtifactRef:
+def held_sample_file(path: Path, uploads: HeldUploads) -> ArtifactRef:
+    """``path`` held to upload under samples/, content-addressed."""
     sha256, size = sha256_file(path)
-    key = samples_key(sha256)
-    if store.size(key) != size:
-        store.upload(key, path, sha256)
-    return ArtifactRef(uri=key, sha256=sha256, size=size)
+    ref = ArtifactRef(uri=samples_key(sha256), sha256=sha256, size=size)
+    uploads.add(ref, path)
+    return ref
 
 
 def _scratch_root() -> Path:

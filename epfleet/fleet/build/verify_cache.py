@@ -159,10 +159,12 @@ def _host_build(ep: str, built_with: BuiltWith | None) -> BuiltWith:
 def numerics_key_for(request: CompileRequest, built_with: BuiltWith | None = None) -> str:
     """The numerics cache key of verifying a variant built for ``request`` (at its
     precision) with these EP and ORT builds (None: this machine's)."""
+    import eps
+
     ort, ep_build = _host_build(request.ep, built_with)
     document = {
         "version": CACHE_VERSION,
-        "basis": numerics_basis(request),
+        "basis": numerics_basis(request, eps.load(request.ep)),
         "ep_build": ep_build,
         "ort_version": ort,
     }

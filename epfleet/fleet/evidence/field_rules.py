@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from epfleet.fleet.evidence.sketch_rules import percentile as sketch_percentile
 from epfleet.formats.device_report import DeviceReport, ModelReport
 from epfleet.formats.manifest import Manifest
 from eps.base import Verdict
@@ -40,11 +41,21 @@ class FieldRow(BaseModel):
 
 
 @dataclass
-class _Tally:
+class FieldTally:
+    """What the reports say of one model × target (``field_tally``)."""
+
     running: int = 0
     failed: int = 0
     latencies: list[float] = field(default_factory=list)
     partly_elsewhere: int = 0
+    merged_latencies: list[tuple[float, int]] | None = None
+    """The latencies as (value, count) pairs, increasing, when they come from merged
+    aggregates (``sketch_rules``) rather than one by one."""
+
+    def percentile(self, share: float) -> float | None:
+        if self.merged_latencies is not None:
+            return sketch_percentile(self.merged_latencies, share)
+        return percentile(self.latencies, share)
 
 
 def tried_first(report: ModelReport) -> str | None:
@@ -61,17 +72,13 @@ def percentile(values: list[float], share: float) -> float | None:
     return ordered[int(rank) - 1]
 
 
-def field_view(manifest: Manifest, reports: Iterable[DeviceReport]) -> list[FieldRow]:
-    """Each model × target that is published or that a device reports, with its evidence."""
-    tallies: dict[tuple[str, str], _Tally] = {
-        (model, target): _Tally()
-        for model, entry in manifest.models.items()
-        for target in entry.variants
-    }
+def field_tally(reports: Iterable[DeviceReport]) -> dict[tuple[str, str], FieldTally]:
+    """What ``reports`` say of each model × target they name (see the module's rules)."""
+    tallies: dict[tuple[str, str], FieldTally] = {}
     for report in reports:
         for found in report.models:
             if found.served and found.target is not None:
-                tally = tallies.setdefault((found.model, found.target), _Tally())
+                tally = tallies.setdefault((found.model, found.target), FieldTally())
                 tally.running += 1
                 if found.profile is not None:
                     tally.latencies.append(found.profile.p50_ms)
@@ -79,7 +86,22 @@ def field_view(manifest: Manifest, reports: Iterable[DeviceReport]) -> list[Fiel
             elif not found.served:
                 target = tried_first(found)
                 if target is not None:
-                    tallies.setdefault((found.model, target), _Tally()).failed += 1
+                    tallies.setdefault((found.model, target), FieldTally()).failed += 1
+    return tallies
+
+
+def field_view(manifest: Manifest, reports: Iterable[DeviceReport]) -> list[FieldRow]:
+    """Each model × target that is published or that a device reports, with its evidence."""
+    return field_rows(manifest, field_tally(reports))
+
+
+def field_rows(manifest: Manifest, found: dict[tuple[str, str], FieldTally]) -> list[FieldRow]:
+    """The field view of the tallies ``found``: each model × target published or found."""
+    tallies = {
+        (model, target): FieldTally()
+        for model, entry in manifest.models.items()
+        for target in entry.variants
+    } | found
     return [
         FieldRow(
             model=model,
@@ -87,8 +109,8 @@ def field_view(manifest: Manifest, reports: Iterable[DeviceReport]) -> list[Fiel
             published=model in manifest.models and target in manifest.models[model].variants,
             running=tally.running,
             failed=tally.failed,
-            p50_ms=percentile(tally.latencies, 0.5),
-            p95_ms=percentile(tally.latencies, 0.95),
+            p50_ms=tally.percentile(0.5),
+            p95_ms=tally.percentile(0.95),
             partly_on_other_eps=tally.partly_elsewhere,
         )
         for (model, target), tally in sorted(tallies.items())

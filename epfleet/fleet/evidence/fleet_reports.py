@@ -7,10 +7,10 @@ or where EPFLEET_REPORT_TO says the devices send them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from epfleet.fleet.evidence.heard_reports import HeardReports
-from epfleet.fleet.evidence.index import IndexPass, update
+from epfleet.fleet.evidence.index import IndexPass, Record, update
 from epfleet.fleet.evidence.reading import (
     READ_THREADS,
     ReportOrder,
@@ -64,11 +64,15 @@ def index_pass(
     threads: int = READ_THREADS,
     *,
     rebuild: bool = False,
+    each_shard: Callable[[int, dict[str, Record]], None] | None = None,
 ) -> IndexPass:
     """The evidence index of the fleet's reports brought up to date (``evidence_index``;
     with ``rebuild``, every report read again), a warning logged for each shard that did
-    not verify and was rebuilt from the reports."""
-    found = update(reports_from(store), enrolled, threads=threads, rebuild=rebuild)
+    not verify and was rebuilt from the reports; ``each_shard`` called with each shard's
+    records once up to date (``index.update``)."""
+    found = update(
+        reports_from(store), enrolled, threads=threads, rebuild=rebuild, each_shard=each_shard
+    )
     for problem in found.rebuilt:
         logger.warning("evidence index shard rebuilt from the reports: %s", problem)
     return found

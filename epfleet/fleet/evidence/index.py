@@ -28,7 +28,7 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,10 +130,14 @@ class IndexPass:
     def readings(self) -> Iterator[DeviceReport | Unattributed]:
         """Every listed report as runtime-watch reads it, or why it cannot."""
         for key, record in self._records():
-            if "report" in record:
-                yield restore(record["report"])
-            else:
-                yield Unattributed(key, "unreadable", record["problem"])
+            yield reading_from(key, record)
+
+
+def reading_from(key: str, record: Record) -> DeviceReport | Unattributed:
+    """The report of ``record`` as runtime-watch reads it, or why it cannot."""
+    if "report" in record:
+        return restore(record["report"])
+    return Unattributed(key, "unreadable", record["problem"])
 
 
 def heard_from(key: str, record: Record) -> DeviceReport | Unattributed:
@@ -162,7 +166,7 @@ def fold(
     """The record of a report listed with ``stamp``, read after ``read_after`` (the store's
     clock) as ``raw`` and heard by the gate as ``heard`` (the one remembered, when it
     counts in its place)."""
-    record: Record = {"stamp": list(stamp), "read_after": read_after}
+    record: Record = {"stamp": list(stamp), "read_after": read_after, "fold": secrets.token_hex(8)}
     if isinstance(raw, Unattributed):
         if raw.report is not None:
             record["report"] = project(raw.report)
@@ -193,12 +197,15 @@ def update(
     write: bool = True,
     rebuild: bool = False,
     settle: float | None = None,
+    each_shard: Callable[[int, dict[str, Record]], None] | None = None,
 ) -> IndexPass:
     """One pass over the reports in ``reports`` (see the module): the index brought up to
     date with them, written back unless ``write`` is False, and the fleet's reports as it
     holds them. ``enrolled``: the devices' keys (the signed manifest's); ``memory``: this
     machine's memory of the newest signed reports (``heard_reports``). ``rebuild``: every
-    report read again, the shards' records set aside."""
+    report read again, the shards' records set aside. ``each_shard``: called with each
+    shard's number and its records of listed reports, once it is up to date (from the
+    pass's threads: the aggregates' hook, ``epfleet.fleet.evidence.aggregates``)."""
     key = key if key is not None else index_key()
     settle = index_rules.SETTLE_SECONDS if settle is None else settle
     started = _store_clock(reports, key) if write else None
@@ -260,6 +267,8 @@ def update(
             records, written, stored = _write_shard(reports, shard, key, records, base, etag, found)
         elif records != base:
             stored = None
+        if each_shard is not None:
+            each_shard(shard, {k: r for k, r in records.items() if k in keys})
         if stored is None or any(k not in keys for k in records):
             kept_records = {k: r for k, r in records.items() if k in keys}
             stored = gzip.compress(b"\n" + json.dumps({"records": kept_records}).encode(), 1)

@@ -37,6 +37,8 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel
 
 from epfleet.fleet.evidence.rules import Unattributed
+from epfleet.fleet.evidence.sketch_rules import median as sketch_median
+from epfleet.fleet.evidence.sketch_rules import total as sketch_total
 from epfleet.formats.device_report import DeviceReport, ModelReport, signed_by, signed_envelope
 from epfleet.formats.field_ranking import (
     MAX_LABEL,
@@ -67,6 +69,21 @@ class LatencyTally:
     hardware: dict[str, str] = field(default_factory=dict)
     """Profile id -> its label (the EP devices)."""
     refused: dict[str, int] = field(default_factory=dict)
+    merged: dict[LatencyKey, list[tuple[float, int]]] = field(default_factory=dict)
+    """Per key, the devices' medians as (value, count) pairs, increasing, when they come
+    from merged aggregates (``sketch_rules``) rather than device by device."""
+
+    def measured(self) -> dict[LatencyKey, tuple[int, float]]:
+        """Per key, how many devices voted and the median of their medians."""
+        found = {
+            key: (len(devices), statistics.median(devices.values()))
+            for key, devices in self.latencies.items()
+        }
+        for key, pairs in self.merged.items():
+            middle = sketch_median(pairs)
+            if middle is not None:
+                found[key] = (sketch_total(pairs), middle)
+        return found
 
     def add(
         self,
@@ -82,7 +99,7 @@ class LatencyTally:
         if isinstance(heard, Unattributed):
             self._refuse(heard.reason)
             return
-        why = _report_refused(heard, enrolled, now, max_age, authenticated)
+        why = report_refused(heard, enrolled, now, max_age, authenticated)
         if why is not None:
             self._refuse(why)
             return
@@ -110,7 +127,7 @@ class LatencyTally:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
 
-def _report_refused(
+def report_refused(
     report: DeviceReport,
     enrolled: Mapping[str, DeviceKey],
     now: datetime,
@@ -160,10 +177,9 @@ def rank(tally: LatencyTally, manifest: Manifest, min_devices: int) -> dict[str,
     """Each model's ranking per (profile, runtime) with enough evidence (see the module);
     models with no ranked profile are left out."""
     grouped: dict[tuple[str, str, str], list[Measured]] = {}
-    for (model, target, profile, runtime), devices in sorted(tally.latencies.items()):
-        if len(devices) >= min_devices:
-            p50 = statistics.median(devices.values())
-            one = Measured(target=target, devices=len(devices), p50_ms=round(p50, 3))
+    for (model, target, profile, runtime), (devices, p50) in sorted(tally.measured().items()):
+        if devices >= min_devices:
+            one = Measured(target=target, devices=devices, p50_ms=round(p50, 3))
             grouped.setdefault((model, profile, runtime), []).append(one)
     found: dict[str, list[ProfileRanking]] = {}
     for (model, profile, runtime), measured in grouped.items():
@@ -209,8 +225,8 @@ def explain(
     """Every (model, profile, runtime) the reports measured: its ranking's reasons, or why
     it has none (its devices then order their variants as with no evidence)."""
     measured: dict[tuple[str, str, str], dict[str, int]] = {}
-    for (model, target, profile, runtime), devices in tally.latencies.items():
-        measured.setdefault((model, profile, runtime), {})[target] = len(devices)
+    for (model, target, profile, runtime), (devices, _) in tally.measured().items():
+        measured.setdefault((model, profile, runtime), {})[target] = devices
     choices = []
     for (model, profile, runtime), counts in sorted(measured.items()):
         ranking = rankings.get(model)

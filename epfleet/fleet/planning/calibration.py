@@ -10,19 +10,16 @@ out for verification, and the run says so.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from epfleet.errors import BadInputError
-from epfleet.formats.keys import samples_key
+from epfleet.fleet.build.staging import HeldUploads, held_sample_file
 from epfleet.formats.manifest import ArtifactRef
 from epfleet.formats.spec import ModelSpec
-from epfleet.hashing import sha256_file
 from epfleet.runtime.samples import InputInfo, Sample, load_samples, sample_digest, write_samples
-from epfleet.stores import Store
 
 HOLD_OUT_SHARE = 5
 """Without samples, one calibration input in this many is held out for verification."""
@@ -81,12 +78,11 @@ def stage_calibration(
     calibration_path: Path,
     samples_path: Path | None,
     prepared: onnx.ModelProto,
-    scratch: Path,
-    store: Store,
+    uploads: HeldUploads,
 ) -> StagedCalibration:
     """Check the calibration inputs against the model and its samples (``split``), and
-    upload those to calibrate on, content-addressed. A held-out part is written to
-    ``scratch`` for the golden samples."""
+    hold those to calibrate on to upload, content-addressed (``uploads``). A held-out part
+    is written beside them for the golden samples."""
     where = f"models[{model.name}].calibration {model.calibration}"
     infos = graph_inputs(prepared)
     try:
@@ -95,19 +91,16 @@ def stage_calibration(
     except ValueError as exc:
         raise BadInputError(f"{where}: {exc}") from None
     kept, held = split(calibration, samples, where)
-    folder = Path(tempfile.mkdtemp(dir=scratch, prefix="calibration."))
+    folder = uploads.scratch()
     staged = folder / "calibration.npz"
     write_samples(staged, kept)
-    sha256, size = sha256_file(staged)
-    key = samples_key(sha256)
-    if store.size(key) != size:
-        store.upload(key, staged, sha256)
+    ref = held_sample_file(staged, uploads)
     held_out = None
     if held is not None:
         held_out = folder / "held-out.npz"
         write_samples(held_out, held)
     return StagedCalibration(
-        ref=ArtifactRef(uri=key, sha256=sha256, size=size),
+        ref=ref,
         count=len(kept),
         held_out=held_out,
         held_out_count=len(held or []),

@@ -18,7 +18,6 @@ where the run came from (``handed_origin``).
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
@@ -28,9 +27,9 @@ import eps
 from epfleet import ort_version
 from epfleet.errors import BadInputError, EpfleetError, ep_errors
 from epfleet.fleet.build.staging import (
+    HeldUploads,
     PreparedSource,
     built_with,
-    cache_dir,
     check_local_source,
     local_source,
     resolve_source,
@@ -52,7 +51,7 @@ from epfleet.formats.spec_file import load_spec
 from epfleet.runtime.quantize import is_qdq
 from epfleet.runtime.requests import CompileRequest, RuntimeRef, fingerprinted
 from epfleet.settings import settings
-from epfleet.stores import Store, open_store
+from epfleet.stores import open_store
 from epfleet.trust.model_signatures import model_signer_for
 from epfleet.trust.signers import check_signer
 
@@ -205,35 +204,41 @@ def plan_run(
     samples: dict[str, SamplesRef | None] = {}
     calibrations: dict[str, ArtifactRef | None] = {}
     problems: dict[str, str] = {}
-    for name, static in static_eps.items():
-        model = spec.model(name)
-        sources[name], prepared = stage_source(
-            model, resolve_source(spec_path, model.source), static, store
-        )
-        before = published.get(name)
-        with ExitStack() as stack:
+    with HeldUploads(store) as uploads:  # nothing reaches the store until all models pass
+        prepared: dict[str, PreparedSource] = {}
+        for name, static in static_eps.items():  # every source, before any golden sample
+            model = spec.model(name)
+            sources[name], prepared[name] = stage_source(
+                model, resolve_source(spec_path, model.source), static, uploads
+            )
+        for name in static_eps:
+            model = spec.model(name)
+            before = published.get(name)
             samples_uri = resolve_source(spec_path, model.samples) if model.samples else None
             quantizing = [t.name for m, t in pairs if m.name == name and t.quantizes]
-            if quantizing and not is_qdq(prepared.model):
-                staged = _calibration(spec_path, model, quantizing, samples_uri, prepared, store)
+            if quantizing and not is_qdq(prepared[name].model):
+                staged = _calibration(
+                    spec_path, model, quantizing, samples_uri, prepared[name], uploads
+                )
                 calibrations[name] = staged.ref
                 if staged.held_out is not None:
-                    stack.callback(shutil.rmtree, staged.held_out.parent, ignore_errors=True)
                     samples_uri = str(staged.held_out)
             try:
                 samples[name] = stage_samples(
                     model,
                     samples_uri,
                     sources[name],
-                    prepared,
+                    prepared[name],
                     before.samples if before and before.source == sources[name] else None,
-                    store,
+                    uploads,
                     metric_sets(spec_path, model),
                 )
             except BadInputError:
                 raise
             except EpfleetError as exc:
                 samples[name], problems[name] = None, f"no golden samples: {exc}"
+        uploads.release()
+    ep_modules = {target.ep: eps.load(target.ep) for _, target in pairs}
     planned = assign_twins(
         plan_pairs(
             pairs,
@@ -245,9 +250,11 @@ def plan_run(
             force,
             store.size,
             int(settings().embed_context_max_bytes),
+            ep_modules,
             calibrations=calibrations,
             runtimes=spec.runtimes,
-        )
+        ),
+        ep_modules,
     )
     rollouts = {name: policy for name in sources if (policy := spec.rollout_of(name)) is not None}
     return RunPlan(
@@ -328,7 +335,7 @@ def _calibration(
     quantizing: list[str],
     samples_uri: str | None,
     prepared: PreparedSource,
-    store: Store,
+    uploads: HeldUploads,
 ) -> StagedCalibration:
     if model.calibration is None:
         raise BadInputError(
@@ -337,8 +344,6 @@ def _calibration(
             f"models[{model.name}].calibration, an .npz of arrays by input name with a "
             "leading sample axis (without samples, a fifth of them are held out to verify on)"
         )
-    scratch = cache_dir() / "work"
-    scratch.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         field = f"models[{model.name}]"
         calibration = stack.enter_context(
@@ -349,7 +354,7 @@ def _calibration(
             if samples_uri
             else None
         )
-        staged = stage_calibration(model, calibration, samples, prepared.model, scratch, store)
+        staged = stage_calibration(model, calibration, samples, prepared.model, uploads)
     if staged.held_out is not None:
         logger.warning(
             "models[%s]: no samples given, so %d of its %d calibration inputs are held out "

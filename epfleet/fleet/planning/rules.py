@@ -1,13 +1,13 @@
-"""Which pairs need compiling (pure: every fact it needs is passed in)."""
+"""Which pairs need compiling (pure: every fact it needs is passed in, the EP modules of
+the targets too: ``EpModules``, loaded by the caller with ``eps.load``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-import eps
 from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,
@@ -24,9 +24,10 @@ from epfleet.runtime.requests import (
     fingerprinted,
     source_fields,
 )
-from eps.base import (
-    effective_tolerance,
-)
+from eps.base import ExecutionProvider, effective_tolerance
+
+EpModules = Mapping[str, ExecutionProvider]
+"""The EP module of each execution provider a plan names (``eps.load(name)``), by name."""
 
 
 def embeds_context(choice: bool | None, source: SourceEntry, max_bytes: int) -> bool:
@@ -54,10 +55,10 @@ class PlannedPair(BaseModel):
     )
 
 
-def ladder_of(target: TargetSpec) -> list[Rung]:
-    """The target's precisions, each with the provider options that build it and the
-    tolerances it is verified with (the spec's, else its precision's default)."""
-    module = eps.load(target.ep)
+def ladder_of(target: TargetSpec, module: ExecutionProvider) -> list[Rung]:
+    """The target's precisions, each with the provider options that build it (``module``:
+    the target's EP module) and the tolerances it is verified with (the spec's, else its
+    precision's default)."""
     rungs = []
     for precision in target.ladder:
         tolerance = effective_tolerance(target.tolerance, target.abs_tolerance, precision=precision)
@@ -92,6 +93,7 @@ def plan_pairs(
     force: bool,
     stored_size: Callable[[str], int | None],
     embed_max_bytes: int,
+    ep_modules: EpModules,
     calibrations: dict[str, ArtifactRef | None] | None = None,
     runtimes: dict[str, RuntimeSpec] | None = None,
 ) -> list[PlannedPair]:
@@ -101,12 +103,13 @@ def plan_pairs(
     ``built_with``: each target's onnxruntime version and EP build identity (its
     runtime's, or the host's); ``runtimes``: the spec's, by name.
     ``embed_max_bytes``: the caller's EPFLEET_EMBED_CONTEXT_MAX_BYTES (a rule reads no
-    setting)."""
+    setting); ``ep_modules``: the targets' EP modules."""
     planned = []
     known = runtimes or {}
     for model, target in pairs:
         source = sources[model.name]
-        first, *fallbacks = ladder_of(target)
+        module = ep_modules[target.ep]
+        first, *fallbacks = ladder_of(target, module)
         calibration = (calibrations or {}).get(model.name)
         unfingerprinted = CompileRequest(
             model=model.name,
@@ -121,7 +124,7 @@ def plan_pairs(
             **source_fields(source),  # type: ignore[arg-type]
             embed_context=(
                 embeds_context(target.embed_context, source, embed_max_bytes)
-                if eps.load(target.ep).partitions_graph  # only EPContext models have contexts
+                if module.partitions_graph  # only EPContext models have contexts
                 else True
             ),
             external_initializers=bool(source.files),

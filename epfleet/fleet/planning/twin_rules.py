@@ -19,22 +19,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import eps
 from epfleet import RECIPE_VERSION
-from epfleet.fleet.planning.rules import PlannedPair
+from epfleet.fleet.planning.rules import EpModules, PlannedPair
 from epfleet.fleet.runs.models import PairOutcome, PairResult
 from epfleet.formats.manifest import VariantEntry
 from epfleet.hashing import sha256_bytes
 from epfleet.runtime.requests import CompileRequest
+from eps.base import ExecutionProvider
 
 HELD_BACK = "held back: "
 """How the error of a twin held back for its representative starts."""
 
 
-def numerics_basis(request: CompileRequest) -> dict[str, Any]:
-    """What decides the outputs of ``request``'s variant at its precision, and what they
-    are verified against: equal for two requests, their variants compute the same outputs
-    and pass or fail the same verification."""
+def numerics_basis(request: CompileRequest, ep: ExecutionProvider) -> dict[str, Any]:
+    """What decides the outputs of ``request``'s variant at its precision (``ep``: its EP's
+    module), and what they are verified against: equal for two requests, their variants
+    compute the same outputs and pass or fail the same verification."""
     basis: dict[str, Any] = {
         "recipe": RECIPE_VERSION,
         "source_sha256": request.source_sha256,
@@ -42,7 +42,7 @@ def numerics_basis(request: CompileRequest) -> dict[str, Any]:
         "ep": request.ep,
         "device": request.device,
         "precision": request.precision,
-        "numerics_options": eps.load(request.ep).numerics_options(request.provider_options),
+        "numerics_options": ep.numerics_options(request.provider_options),
         "graph_optimization": request.graph_optimization,
         "quantize": request.quantize.model_dump(mode="json") if request.quantize else None,
         "samples_sha256": request.samples.sha256 if request.samples else None,
@@ -58,14 +58,14 @@ def numerics_basis(request: CompileRequest) -> dict[str, Any]:
     return basis
 
 
-def group_key(pair: PlannedPair) -> str | None:
+def group_key(pair: PlannedPair, ep_modules: EpModules) -> str | None:
     """The numerics group of a pair; None for one verified on its own: not verified, no
     golden samples, or compiled on a work pool (with the pool's packages, decided there)."""
     request = pair.request
     if pair.work_pool or not request.verify or request.samples is None:
         return None
     basis = {
-        "rungs": [numerics_basis(rung) for rung in request.rungs],
+        "rungs": [numerics_basis(rung, ep_modules[rung.ep]) for rung in request.rungs],
         "min_coverage": request.min_coverage,
     }
     return sha256_bytes(json.dumps(basis, sort_keys=True).encode())
@@ -86,14 +86,15 @@ def recorded(pair: PlannedPair) -> VariantEntry | None:
     return previous.failure_for(pair.request.fingerprint) or previous
 
 
-def assign_twins(planned: list[PlannedPair]) -> list[PlannedPair]:
-    """``planned`` (in spec order) with each twin's ``twin_of`` naming its group's first
-    pair. A pair held back before is compiled again unless it is still a twin and its
-    representative is up to date and failed (then it would be held back again)."""
+def assign_twins(planned: list[PlannedPair], ep_modules: EpModules) -> list[PlannedPair]:
+    """``planned`` (in spec order; ``ep_modules``: their EP modules) with each twin's
+    ``twin_of`` naming its group's first pair. A pair held back before is compiled again
+    unless it is still a twin and its representative is up to date and failed (then it
+    would be held back again)."""
     first: dict[tuple[str, str], PlannedPair] = {}
     assigned = []
     for pair in planned:
-        key = group_key(pair)
+        key = group_key(pair, ep_modules)
         representative = first.setdefault((pair.request.model, key), pair) if key else pair
         if representative is pair:
             if pair.action == "skip" and held_back(pair.previous, pair.request.fingerprint):

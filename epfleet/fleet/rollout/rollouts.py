@@ -15,21 +15,36 @@ rules are ``epfleet.fleet.rollout.rules``'.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import BadInputError
+from epfleet.fleet.evidence.aggregate_rules import merged
+from epfleet.fleet.evidence.aggregates import ShardAggregates
 from epfleet.fleet.evidence.enrolment import keys_in_force
-from epfleet.fleet.evidence.field_rules import FieldRow, field_view
+from epfleet.fleet.evidence.field_rules import FieldRow, field_rows, field_view
 from epfleet.fleet.evidence.fleet_reports import full_attributed_device_reports, index_pass
+from epfleet.fleet.evidence.index import heard_from, index_key
 from epfleet.fleet.evidence.ranking_rules import LatencyTally, ProfileChoice, explain, rank
 from epfleet.fleet.evidence.rankings import RankingsPublished, publish_rankings
+from epfleet.fleet.evidence.reading import reports_from
 from epfleet.fleet.evidence.rules import Unattributed
+from epfleet.fleet.evidence.sketch_rules import within_error
 from epfleet.fleet.publishing.publish import read_in_force, update_manifest
+from epfleet.fleet.rollout.aggregate_rules import (
+    GateContext,
+    context_digest,
+    contribution,
+    evidence_of,
+    field_of,
+    microseconds,
+    rankings_of,
+    tally_of,
+)
 from epfleet.fleet.rollout.rules import (
     CannotMove,
     Evidence,
@@ -43,7 +58,7 @@ from epfleet.fleet.rollout.rules import (
 )
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.field_ranking import ModelRanking
-from epfleet.formats.manifest import Manifest, ModelEntry
+from epfleet.formats.manifest import DeviceKey, Manifest, ModelEntry
 from epfleet.formats.rollout import Rollout
 from epfleet.settings import settings
 from epfleet.stores import Store
@@ -81,6 +96,11 @@ class IndexCounts(BaseModel):
     shards_written: int
     rebuilt: list[str] = Field(description="Shards that did not verify, rebuilt from reports")
     not_written: list[str] = Field(description="Shards this reader could not write back")
+    contributions_computed: int = Field(
+        default=0,
+        description="Records whose part of the shard aggregates was computed (new or changed "
+        "records, or all of a shard's when what they are judged against changed)",
+    )
 
 
 class GateReading(BaseModel):
@@ -130,10 +150,7 @@ def read_evidence(
     if unknown:
         raise BadInputError(f"no model {', '.join(unknown)} in {store.uri}")
     staged = {n: e.rollout for n, e in entries.items() if e.rollout and (not models or n in models)}
-    evidence = {name: Evidence() for name in staged}
     enrolled = keys_in_force(store, signed)
-    tally = {"read": 0, "unreadable": 0, "key": 0}
-    latencies = LatencyTally()
     now = _now(clock)
     configured = settings()
     max_age = timedelta(days=configured.ranking_max_age_days)
@@ -141,32 +158,34 @@ def read_evidence(
 
     counts = None
     if full:
-        stream: Iterator[DeviceReport | Unattributed] = full_attributed_device_reports(
-            store, enrolled
+        stream = full_attributed_device_reports(store, enrolled)
+        evidence, tally, latencies, field = _recount(
+            stream, staged, in_force, enrolled, now, max_age
         )
     else:
-        indexed = index_pass(store, enrolled)
+        context = GateContext(staged, in_force, enrolled, max_age)
+        aggregates = ShardAggregates(
+            reports_from(store),
+            index_key(),
+            "gate",
+            context_digest(context),
+            lambda key, record: contribution(heard_from(key, record), context),
+            microseconds(now),
+        )
+        indexed = index_pass(store, enrolled, each_shard=aggregates)
         counts = IndexCounts(
             listed=indexed.listed,
             reports_read=indexed.reports_read,
             shards_written=indexed.shards_written,
-            rebuilt=indexed.rebuilt,
-            not_written=indexed.not_written,
+            rebuilt=indexed.rebuilt + aggregates.rebuilt,
+            not_written=indexed.not_written + aggregates.not_written,
+            contributions_computed=aggregates.computed,
         )
-        stream = indexed.heard()
-
-    def readable() -> Iterator[DeviceReport]:
-        for heard in stream:
-            for name, rollout in staged.items():
-                count(evidence[name], rollout, name, heard, enrolled)
-            latencies.add(heard, in_force, enrolled, now, max_age, authenticated=bool(enrolled))
-            if isinstance(heard, Unattributed):
-                tally[heard.reason] += 1
-                continue
-            tally["read"] += 1
-            yield heard
-
-    field = field_view(in_force, readable())
+        fleet = merged(aggregates.folded.values())
+        evidence = {name: evidence_of(fleet, name) for name in staged}
+        tally = tally_of(fleet)
+        latencies = rankings_of(fleet)
+        field = field_rows(in_force, field_of(fleet))
     rankings = rank(latencies, in_force, configured.ranking_min_devices)
     found = []
     for name, rollout in sorted(staged.items()):
@@ -191,31 +210,93 @@ def read_evidence(
     )
 
 
+def _recount(
+    stream: Iterator[DeviceReport | Unattributed],
+    staged: dict[str, Rollout],
+    manifest: Manifest,
+    enrolled: Mapping[str, DeviceKey],
+    now: datetime,
+    max_age: timedelta,
+) -> tuple[dict[str, Evidence], dict[str, int], LatencyTally, list[FieldRow]]:
+    """Every rollout's evidence, the pass's tally, the ranking's and the field view, from
+    one pass over the reports as the gate hears them."""
+    evidence = {name: Evidence() for name in staged}
+    tally = {"read": 0, "unreadable": 0, "key": 0}
+    latencies = LatencyTally()
+
+    def readable() -> Iterator[DeviceReport]:
+        for heard in stream:
+            for name, rollout in staged.items():
+                count(evidence[name], rollout, name, heard, enrolled)
+            latencies.add(heard, manifest, enrolled, now, max_age, authenticated=bool(enrolled))
+            if isinstance(heard, Unattributed):
+                tally[heard.reason] += 1
+                continue
+            tally["read"] += 1
+            yield heard
+
+    field = field_view(manifest, readable())
+    return evidence, tally, latencies, field
+
+
 def check_index(store: Store, clock: Clock = SYSTEM_CLOCK) -> tuple[GateReading, list[str]]:
-    """The gate's reading through the evidence index (brought up to date as a gate run
-    would), and where it differs from a full recount of every report: none, when the index
-    holds what the reports say."""
+    """The gate's reading through the evidence index and its aggregates (brought up to date
+    as a gate run would), and where it differs from a full recount of every report: none,
+    when the index holds what the reports say. Counts must be equal; latencies read from a
+    sketch within its relative error (``sketch_rules``); a verdict's decision equal (its
+    wording quotes those latencies)."""
     indexed = read_evidence(store, clock=clock)
     recount = read_evidence(store, clock=clock, full=True)
     differences = []
     mine, theirs = indexed.model_dump(exclude={"index"}), recount.model_dump(exclude={"index"})
-    for name in ("read", "unreadable", "unattributed"):
+    for name in ("read", "unreadable", "unattributed", "ranking_refused"):
         if mine[name] != theirs[name]:
             differences.append(f"reports {name}: index {mine[name]}, recount {theirs[name]}")
     for status, other, mine_status, their_status in zip(
         indexed.statuses, recount.statuses, mine["statuses"], theirs["statuses"], strict=True
     ):
-        if mine_status != their_status:  # as dumped: medians, not the order devices came in
+        if not close(mine_status, their_status, ignore={"reason"}):
             differences.append(
                 f"{status.model}: rollout evidence differs (index: {status.verdict.reason}; "
                 f"recount: {other.verdict.reason})"
             )
-    if mine["field"] != theirs["field"]:
-        rows = {(r.model, r.target): r for r in recount.field}
-        for row in indexed.field:
-            if rows.get((row.model, row.target)) != row:
-                differences.append(f"field view of {row.model} x {row.target} differs")
+    rows = {(r.model, r.target): r for r in recount.field}
+    for row in indexed.field:
+        other_row = rows.pop((row.model, row.target), None)
+        if other_row is None or not close(row.model_dump(), other_row.model_dump()):
+            differences.append(f"field view of {row.model} x {row.target} differs")
+    differences += [f"field view of {model} x {target} differs" for model, target in rows]
+    if not close(_ranked(indexed), _ranked(recount)):
+        differences.append("field rankings differ")
     return indexed, [printable(d) for d in differences]
+
+
+def _ranked(reading: GateReading) -> dict[str, Any]:
+    """The rankings as compared: each profile's variants by target (two measured within the
+    sketch's error of each other may come in either order)."""
+    return {
+        model: {
+            (p.profile, p.runtime): {m.target: m.model_dump() for m in p.order}
+            for p in ranking.profiles
+        }
+        for model, ranking in reading.rankings.items()
+    }
+
+
+def close(mine: Any, theirs: Any, ignore: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether two dumped readings agree: equal, but for floats (latencies), within the
+    sketch's relative error, and keys in ``ignore``."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return mine.keys() == theirs.keys() and all(
+            close(mine[k], theirs[k], ignore) for k in mine if k not in ignore
+        )
+    if isinstance(mine, list | tuple) and isinstance(theirs, list | tuple):
+        return len(mine) == len(theirs) and all(
+            close(a, b, ignore) for a, b in zip(mine, theirs, strict=True)
+        )
+    if isinstance(mine, float) and isinstance(theirs, float):
+        return within_error(mine, theirs)
+    return bool(mine == theirs)
 
 
 def rebuild_index(store: Store) -> IndexCounts:

@@ -71,6 +71,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, computed_field
 
 from epfleet.fleet.evidence.rules import READING_REASONS, Unattributed, made_at
+from epfleet.fleet.evidence.sketch_rules import median as sketch_median
 from epfleet.formats.device_report import (
     DeviceReport,
     ModelReport,
@@ -326,6 +327,19 @@ class SideEvidence(BaseModel):
     )
     shadow_candidate_ms: list[float] = Field(default_factory=list, exclude=True)
     shadow_active_ms: list[float] = Field(default_factory=list, exclude=True)
+    merged: dict[str, list[tuple[float, int]]] = Field(
+        default_factory=dict,
+        exclude=True,
+        description="A latency list field's values as (value, count) pairs, increasing, "
+        "when the evidence comes from merged aggregates (``sketch_rules``): its medians are "
+        "read from them",
+    )
+
+    def _median(self, name: str, values: list[float]) -> float | None:
+        if values:
+            return statistics.median(values)
+        pairs = self.merged.get(name)
+        return sketch_median(pairs) if pairs else None
 
     @property
     def serving(self) -> int:
@@ -340,7 +354,7 @@ class SideEvidence(BaseModel):
     @property
     def median_p50_ms(self) -> float | None:
         """The median of the serving devices' p50s."""
-        return statistics.median(self.p50_ms) if self.p50_ms else None
+        return self._median("p50_ms", self.p50_ms)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -358,12 +372,11 @@ class SideEvidence(BaseModel):
     @property
     def shadow_p50_ms(self) -> dict[str, float] | None:
         """The median of the shadow runs' p50s: the candidate's and the active variant's."""
-        if not self.shadow_candidate_ms:
+        candidate = self._median("shadow_candidate_ms", self.shadow_candidate_ms)
+        active = self._median("shadow_active_ms", self.shadow_active_ms)
+        if candidate is None or active is None:
             return None
-        return {
-            "candidate": statistics.median(self.shadow_candidate_ms),
-            "active": statistics.median(self.shadow_active_ms),
-        }
+        return {"candidate": candidate, "active": active}
 
     @computed_field  # type: ignore[prop-decorator]
     @property

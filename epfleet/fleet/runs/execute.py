@@ -5,7 +5,8 @@ collects them).
 
 With no Prefect API and nothing that needs one, the pairs compile and publish without
 Prefect and the run is kept to be recorded later (``kept_runs``); when the temporary API
-does not start, they compile and publish without Prefect too. Progress goes to stderr.
+does not start, they compile and publish without Prefect too. Progress is logged
+(``logger``), and the command line shows it.
 
 The Prefect side (its API, its settings, the fleet-compile flow) is the caller's
 (``PrefectSide``): the fleet package does not import the flows.
@@ -13,21 +14,34 @@ The Prefect side (its API, its settings, the fleet-compile flow) is the caller's
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from epfleet.logs import say
+Compiles = list[tuple[str, Future[Any]]]
+"""The compiles started early, each with its label (``model × target``)."""
 
 if TYPE_CHECKING:
     from prefect.task_runners import TaskRunner
 
     from epfleet.fleet.planning.plan import PlanInputs
     from epfleet.fleet.runs.models import RunPlan, RunReport
-    from epfleet.logs import CompileProgress
     from epfleet.runtime.compile_pool import CompilePool
+
+
+logger = logging.getLogger(__name__)
+"""A run's progress: ``epfleet compile`` shows it on stderr (``epfleet.logs.log_to_stderr``)."""
+
+
+class ProgressView(Protocol):
+    """What shows the compiles' progress as they run (the command line's
+    ``epfleet.logs.CompileProgress``); closed when the run ends."""
+
+    def close(self) -> None: ...
 
 
 class PrefectSide(Protocol):
@@ -81,29 +95,31 @@ def execute_compile(
     temporary: bool,
     prefect: PrefectSide,
     started_at: float,
+    show_progress: Callable[[Compiles], ProgressView] | None = None,
 ) -> RunReport:
     """Plan, then run the plan the way ``epfleet.fleet.runs.run_way`` chooses: answered from
     the plan, as the fleet-compile flow run, or compiled and published at once without
     Prefect and either kept to be recorded later (no Prefect API) or recorded on the
     temporary API once it answers (``temporary``). ``started_at``: when the command
-    started (``time.time()``), to say how long the temporary API took."""
+    started (``time.time()``), to say how long the temporary API took; ``show_progress``:
+    what shows the compiles started early as they run (the caller's rendering)."""
     from epfleet.fleet.build.staging import tidy_cache
     from epfleet.fleet.planning.plan import plan_inputs, plan_run
     from epfleet.fleet.runs.run_way import RunWay, run_way
 
-    say(f"epfleet: planning {spec} against {store}")
+    logger.info(f"planning {spec} against {store}")
     tidy_cache()  # temp files of killed runs, and the cache's size bound
     plan = plan_run(spec, store, models=models, targets=targets, force=force)
     store_uri = canonical(store)  # what the runs kept for this store are kept under
     _note_runs_kept_before_stores()
     if plan.is_noop:
         for name, note in plan.policy_kept.items():
-            say(f"epfleet: model {name}: {note}")
+            logger.info(f"model {name}: {note}")
         # Up to date: answer without starting a Prefect flow run (that costs seconds).
         _record_kept_if_an_api(prefect, temporary=temporary, store_uri=store_uri)
         return plan.report({}, plan.generation, published=False)
-    say(
-        f"epfleet: {len(plan.to_compile)} of {len(plan.pairs)} pairs (model × target) to "
+    logger.info(
+        f"{len(plan.to_compile)} of {len(plan.pairs)} pairs (model × target) to "
         f"compile, {workers} at a time"
     )
     api_named = prefect.api_url_named()
@@ -119,12 +135,13 @@ def execute_compile(
     pool, progress, api = None, None, None
     if task_runner == "threads":
         if way is not RunWay.PLAIN_THEN_KEEP and not api_named:
-            say(
-                "epfleet: starting Prefect's temporary API to record this run (PREFECT_API_URL "
+            logger.info(
+                "starting Prefect's temporary API to record this run (PREFECT_API_URL "
                 "names a server instead); the compiles run meanwhile"
             )
             api = prefect.start_temporary_api_beside()
-        pool, progress = _prestart(plan, store, workers)
+        pool, compiles = _prestart(plan, store, workers)
+        progress = show_progress(compiles) if show_progress is not None else None
     try:
         if way is RunWay.PLAIN_THEN_KEEP:
             report = run_without_prefect(plan, store, workers)
@@ -150,8 +167,8 @@ def execute_compile(
                 )
             problem = _wait_saying_so(api, prefect, started_at) if api is not None else None
             if problem is not None:
-                say(
-                    f"epfleet: Prefect's temporary API did not start ({problem}); "
+                logger.warning(
+                    f"Prefect's temporary API did not start ({problem}); "
                     "compiling and publishing without Prefect (no flow run, artifacts or "
                     "events recorded)"
                 )
@@ -187,18 +204,18 @@ def _keep(plan: RunPlan, report: RunReport, *, inputs: PlanInputs, workers: int)
     try:
         path, dropped = kept_runs.keep(inputs=inputs, workers=workers, plan=plan, report=report)
     except (OSError, ValueError) as exc:
-        say(
-            f"epfleet: published without Prefect; this run's record was not kept ({exc}), "
+        logger.warning(
+            f"published without Prefect; this run's record was not kept ({exc}), "
             "so no flow run will show it"
         )
         return
     for old in dropped:
-        say(
-            f"epfleet: dropped the oldest kept run {old.name}, never recorded (at most "
+        logger.info(
+            f"dropped the oldest kept run {old.name}, never recorded (at most "
             f"{kept_runs.MAX_KEPT} are kept)"
         )
-    say(
-        f"epfleet: published without Prefect (no PREFECT_API_URL); this run is kept in "
+    logger.info(
+        f"published without Prefect (no PREFECT_API_URL); this run is kept in "
         f"{path.parent} to be recorded as a fleet-compile flow run by the next compile with "
         "a Prefect API (PREFECT_API_URL set, or --prefect temporary)"
     )
@@ -217,8 +234,8 @@ def _note_runs_kept_before_stores() -> None:
 
     old = kept_runs.from_before_stores()
     if old:
-        say(
-            f"epfleet: {len(old)} run(s) kept by an earlier epfleet in {old[0].parent} will not "
+        logger.info(
+            f"{len(old)} run(s) kept by an earlier epfleet in {old[0].parent} will not "
             "be recorded (their records do not say for sure which store they were compiled "
             f"into); remove them: rm {old[0].parent}/*.json*"
         )
@@ -238,17 +255,17 @@ def _record_kept_if_an_api(prefect: PrefectSide, *, temporary: bool, store_uri: 
             _record_kept_runs(prefect, store_uri)
         return
     if not temporary:
-        say(
-            f"epfleet: {count} run(s) kept to be recorded on Prefect (set PREFECT_API_URL, "
+        logger.info(
+            f"{count} run(s) kept to be recorded on Prefect (set PREFECT_API_URL, "
             "or add --prefect temporary)"
         )
         return
-    say(f"epfleet: starting Prefect's temporary API to record {count} kept run(s)")
+    logger.info(f"starting Prefect's temporary API to record {count} kept run(s)")
     with prefect.defaults():
         problem = prefect.start_temporary_api()
         if problem is not None:
-            say(
-                f"epfleet: Prefect's temporary API did not start ({problem}); {count} run(s) "
+            logger.warning(
+                f"Prefect's temporary API did not start ({problem}); {count} run(s) "
                 "still kept to be recorded"
             )
             return
@@ -271,7 +288,7 @@ def _record_kept_runs(prefect: PrefectSide, store_uri: str) -> None:
             run = kept_runs.load(claimed)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             kept_runs.release(claimed)
-            say(f"epfleet: kept run {path} cannot be read ({exc}); left there")
+            logger.warning(f"kept run {path} cannot be read ({exc}); left there")
             continue
         spec, store, models, targets, force = run.inputs
         try:
@@ -293,15 +310,15 @@ def _record_kept_runs(prefect: PrefectSide, store_uri: str) -> None:
         except Exception as exc:  # it stays kept: the API may answer next time
             kept_runs.release(claimed)
             left = len(kept_runs.pending(store_uri))
-            say(
-                f"epfleet: Prefect's API did not record a kept run "
+            logger.warning(
+                f"Prefect's API did not record a kept run "
                 f"({' '.join(str(exc).split())[:300]}); {left} run(s) still kept"
             )
             break
         claimed.unlink(missing_ok=True)
         recorded += 1
     if recorded:
-        say(f"epfleet: recorded {recorded} kept run(s) as fleet-compile flow runs")
+        logger.info(f"recorded {recorded} kept run(s) as fleet-compile flow runs")
 
 
 def _compile_then_record(
@@ -322,14 +339,14 @@ def _compile_then_record(
     (its artifacts and events), as if it had compiled it, after the runs kept before."""
     report = run_without_prefect(plan, store, workers)
     if not api.done():
-        say(
-            f"epfleet: published (manifest generation {report.generation}); waiting for "
+        logger.info(
+            f"published (manifest generation {report.generation}); waiting for "
             "Prefect's temporary API to record this run"
         )
     problem = _wait_saying_so(api, prefect, started_at)
     if problem is not None:
-        say(
-            f"epfleet: Prefect's temporary API did not start ({problem}); compiled and "
+        logger.warning(
+            f"Prefect's temporary API did not start ({problem}); compiled and "
             "published without Prefect (no flow run, artifacts or events recorded)"
         )
         return report
@@ -350,8 +367,8 @@ def _compile_then_record(
             done=report,
         )
     except Exception as exc:  # the run is published: its record alone is lost
-        say(
-            f"epfleet: Prefect's temporary API did not record this run "
+        logger.warning(
+            f"Prefect's temporary API did not record this run "
             f"({' '.join(str(exc).split())[:300]}); it is published all the same"
         )
     return report
@@ -363,32 +380,31 @@ def _wait_saying_so(api: Future[str | None], prefect: PrefectSide, started_at: f
     started = time.monotonic()
     problem = api.result()
     if problem is None and not prefect.api_url_named():
-        say(
-            f"epfleet: Prefect's temporary API answered ({time.time() - started_at:.0f} s "
+        logger.info(
+            f"Prefect's temporary API answered ({time.time() - started_at:.0f} s "
             f"after the command started, {time.monotonic() - started:.0f} s waited for)"
         )
     return problem
 
 
-def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool, CompileProgress]:
+def _prestart(plan: RunPlan, store_uri: str, workers: int) -> tuple[CompilePool, Compiles]:
     """Start the compiles before the flow run: importing Prefect and starting its API
     take seconds, and the flow's compile tasks collect these same jobs from the pool.
-    Their progress goes to stderr as they run."""
+    Returns them labelled, for the caller to show their progress."""
     from epfleet.fleet.build.staging import compile_job_for
-    from epfleet.logs import CompileProgress
     from epfleet.runtime.compile_pool import shared_pool
     from epfleet.stores import open_store
 
     store = open_store(store_uri)
     pool = shared_pool(workers)
-    compiles = []
+    compiles: Compiles = []
     for pair in plan.to_compile:
         # Pairs of a work pool compile there; those of a runtime, in its environment's pool.
         if pair.work_pool is None and pair.request.runtime is None:
             job = compile_job_for(pair.request, store)
             label = f"{pair.request.model} × {pair.request.target}"
             compiles.append((label, pool.prestart(job)))
-    return pool, CompileProgress(compiles)
+    return pool, compiles
 
 
 def run_without_prefect(plan: RunPlan, store_uri: str, workers: int) -> RunReport:

@@ -1,11 +1,11 @@
 """A compile run's work without Prefect (``epfleet compile`` when Prefect's temporary API
 does not start): compiles in threads on this machine's compile pool, the publish a plain
-call, warnings on stderr. A work pool is reached only through Prefect, so its pairs fail,
-naming the pool."""
+call, warnings logged (the command line shows them on stderr). A work pool is reached
+only through Prefect, so its pairs fail, naming the pool."""
 
 from __future__ import annotations
 
-import sys
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -16,6 +16,8 @@ from epfleet.fleet.runs.models import RunPlan
 from epfleet.fleet.runs.outcomes import PairOutcome, failed_outcome, ok_outcome, outcome_of_failure
 from epfleet.formats.manifest import VariantEntry
 from epfleet.stores import Store
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,4 +54,4 @@ class PlainRunner:
         return publish(self.store, plan.sources, plan.published_sources, chosen, plan.model_facts)
 
     def warn(self, message: str) -> None:
-        print(f"epfleet: {message}", file=sys.stderr)
+        logger.warning(message)

@@ -5,21 +5,29 @@ runs it alone (a report starts nothing, so it needs no Prefect API)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from epfleet.fleet.evidence.aggregate_rules import merged
+from epfleet.fleet.evidence.aggregates import ShardAggregates
 from epfleet.fleet.evidence.enrolment import keys_in_force
-from epfleet.fleet.evidence.reading import Problems, check_report_window
-from epfleet.fleet.evidence.rules import Unattributed
+from epfleet.fleet.evidence.index import index_key, reading_from
+from epfleet.fleet.evidence.reading import check_report_window, reports_from
 from epfleet.fleet.publishing.publish import read_in_force
-from epfleet.fleet.watch.inputs import compile_worker_runtime, stream_device_reports
-from epfleet.fleet.watch.rules import WatchPlan, check_pairs, find_unserved
-from epfleet.formats.device_report import DeviceReport
+from epfleet.fleet.watch.aggregate_rules import (
+    EPOCH,
+    WatchContext,
+    context_digest,
+    contribution,
+    unserved_of,
+)
+from epfleet.fleet.watch.inputs import compile_worker_runtime, index_pass
+from epfleet.fleet.watch.rules import WatchPlan, check_pairs
 from epfleet.formats.manifest import utcnow
+from epfleet.formats.spec import FleetSpec
 from epfleet.formats.spec_file import load_spec
-from epfleet.stores import open_store
+from epfleet.stores import Store, open_store
 
 
 @dataclass
@@ -33,30 +41,35 @@ class WatchFindings:
 
 def watch_once(spec: str, store: str, report_max_age_days: int) -> WatchFindings:
     """The watch's findings for ``spec`` against ``store``, from this machine's runtime.
-    The device reports are streamed (never all held)."""
-    fleet = load_spec(Path(spec))
-    target_store = open_store(store)
+    The device reports are read through the evidence index (only what changed), and the
+    findings merged from its shards' aggregates (``epfleet.fleet.watch.aggregate_rules``)."""
+    return watch_store(load_spec(Path(spec)), open_store(store), report_max_age_days)
+
+
+def watch_store(fleet: FleetSpec, target_store: Store, report_max_age_days: int) -> WatchFindings:
+    """``watch_once`` of a spec and a store already opened."""
     in_force = read_in_force(target_store)
     manifest = in_force.manifest
     max_age = timedelta(days=report_max_age_days)
     check_report_window(max_age, "runtime-watch's report_max_age_days")
     runtime = compile_worker_runtime(fleet)
     checks = check_pairs(fleet, manifest, runtime)
-    problems, read = Problems(), [0]
-
-    def reports() -> Iterator[DeviceReport]:
-        enrolled = keys_in_force(target_store, in_force)
-        for found in stream_device_reports(target_store, enrolled=enrolled):
-            if isinstance(found, Unattributed):
-                problems.add(found)
-            else:
-                read[0] += 1
-                yield found
-
-    unserved, quiet = find_unserved(reports(), fleet, checks, runtime, utcnow(), max_age)
-    skipped = problems.summary()
-    notes = [f"device report ignored: {problem}" for problem in skipped]
-    if quiet:
-        notes.append(f"{quiet} device reports older than {report_max_age_days} days ignored")
-    plan = WatchPlan(pairs=checks, unserved=unserved, reports_read=read[0], reports_skipped=skipped)
+    enrolled = keys_in_force(target_store, in_force)
+    context = WatchContext(fleet, checks, runtime, max_age)
+    now = utcnow()
+    aggregates = ShardAggregates(
+        reports_from(target_store),
+        index_key(),
+        "watch",
+        context_digest(context),
+        lambda key, record: contribution(reading_from(key, record), context),
+        (now - EPOCH) // timedelta(microseconds=1),
+    )
+    index_pass(target_store, enrolled, each_shard=aggregates)
+    found = unserved_of(merged(aggregates.folded.values()))
+    notes = [f"device report ignored: {problem}" for problem in found.problems]
+    if found.quiet:
+        notes.append(f"{found.quiet} device reports older than {report_max_age_days} days ignored")
+    unserved, read, skipped = found.unserved, found.read, found.problems
+    plan = WatchPlan(pairs=checks, unserved=unserved, reports_read=read, reports_skipped=skipped)
     return WatchFindings(plan, manifest.generation if manifest else 0, notes)

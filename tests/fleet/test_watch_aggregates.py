@@ -1,0 +1,162 @@
+"""Runtime-watch's findings merged from the evidence index's shard aggregates against
+``find_unserved`` over every report read: the same profiles, counts and reasons, devices
+named in id order (the first ``MAX_LISTED_DEVICES``), quiet reports counted on the
+reader's clock, and a pass computing only the reports that changed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from epfleet.fleet.evidence.aggregate_rules import merged
+from epfleet.fleet.evidence.aggregates import ShardAggregates
+from epfleet.fleet.evidence.fleet_reports import full_device_reports, index_pass
+from epfleet.fleet.evidence.index import index_key, reading_from
+from epfleet.fleet.watch.aggregate_rules import (
+    EPOCH,
+    WatchContext,
+    WatchReading,
+    context_digest,
+    contribution,
+    unserved_of,
+)
+from epfleet.fleet.watch.rules import MAX_LISTED_DEVICES, check_pairs, find_unserved
+from epfleet.formats.device_report import (
+    DeviceInfo,
+    DeviceReport,
+    ManifestStatus,
+    ModelReport,
+    encode_report,
+    report_key,
+)
+from epfleet.stores import Store, open_store
+from epfleet.stores.memory import forget
+from tests.support.staged_rollout import settled_at_once  # noqa: F401 (autouse)
+from tests.support.watch_fleet import CPU, NOW, QNN, RUNTIME, SPEC, current_fleet
+
+pytestmark = pytest.mark.fast
+MAX_AGE = timedelta(days=30)
+CHECKS = check_pairs(SPEC, current_fleet(), RUNTIME)
+OPENVINO = [("OpenVINOExecutionProvider", "npu", 0x8086), (CPU, "cpu", 0x8086)]
+SNAPDRAGON = [(QNN, "npu", 0x5143), (CPU, "cpu", 0x51)]
+UNSERVED_DEVICES = {f"ov-{i:03d}" for i in range(130)} | {f"old-{i}" for i in range(4)} | {"sd-0"}
+
+
+@pytest.fixture(name="store")
+def memory_store(tmp_path: Path) -> Iterator[Store]:
+    yield open_store(f"memory://{tmp_path.name}")
+    forget(tmp_path.name)
+
+
+def report(device: str, hardware: list, action: str, age: timedelta) -> DeviceReport:
+    return DeviceReport(
+        device_id=device,
+        generated_at=(NOW - age).isoformat(),
+        ort_version="1.32.0",
+        ep_packages={"onnxruntime": "1.32.0"},
+        devices=[
+            DeviceInfo(ep=ep, type=kind, vendor="v", vendor_id=vid, device_id=1, ep_vendor="x")
+            for ep, kind, vid in hardware
+        ],
+        store="s3://b",
+        cache="/c",
+        manifest=ManifestStatus(status="fetched", generation=3, body_bytes=1),
+        models=[
+            ModelReport(
+                model=model,
+                action=action,  # type: ignore[arg-type]
+                variant=None,
+                target=None,
+                ep=None,
+                verdict=None,
+                considered=[],
+                bytes_downloaded=0,
+                reason="",
+                seconds=0.1,
+            )
+            for model in ("det", "cls")
+        ],
+        seconds=1.0,
+    )
+
+
+def fleet(store: Store) -> None:
+    for i in range(130):  # more than an unserved profile names
+        found = report(f"ov-{i:03d}", OPENVINO, "fallback", timedelta(hours=1 + i % 5))
+        store.write(report_key(found.device_id), encode_report(found))
+    for i in range(6):
+        found = report(f"sd-{i}", SNAPDRAGON, "kept", timedelta(hours=2))
+        store.write(report_key(found.device_id), encode_report(found))
+    for i in range(4):  # near the end of the window
+        found = report(f"old-{i}", OPENVINO, "fallback", MAX_AGE - timedelta(minutes=30))
+        store.write(report_key(found.device_id), encode_report(found))
+    store.write(report_key("junk"), b"{not json")
+
+
+def aggregated(store: Store, now_hours: float = 0.0) -> tuple[WatchReading, ShardAggregates]:
+    context = WatchContext(SPEC, CHECKS, RUNTIME, MAX_AGE)
+    now = NOW + timedelta(hours=now_hours)
+    aggregates = ShardAggregates(
+        store,
+        index_key(),
+        "watch",
+        context_digest(context),
+        lambda key, record: contribution(reading_from(key, record), context),
+        (now - EPOCH) // timedelta(microseconds=1),
+    )
+    index_pass(store, {}, each_shard=aggregates)
+    return unserved_of(merged(aggregates.folded.values())), aggregates
+
+
+def recount(store: Store, now_hours: float = 0.0) -> tuple[list, int, int]:
+    reports = [r for r in full_device_reports(store) if isinstance(r, DeviceReport)]
+    now = NOW + timedelta(hours=now_hours)
+    unserved, quiet = find_unserved(reports, SPEC, CHECKS, RUNTIME, now, MAX_AGE)
+    return unserved, quiet, len(reports)
+
+
+def same(found: WatchReading, full: tuple[list, int, int]) -> None:
+    unserved, quiet, read = full
+    assert (found.quiet, found.read) == (quiet, read)
+    assert sorted(p.profile_id for p in found.unserved) == sorted(p.profile_id for p in unserved)
+    theirs = {p.profile_id: p for p in unserved}
+    for mine in found.unserved:
+        other = theirs[mine.profile_id]
+        assert mine.device_count == other.device_count
+        assert (mine.label, mine.eps, mine.models, mine.targets) == (
+            other.label,
+            other.eps,
+            other.models,
+            sorted(other.targets),
+        )
+        assert len(mine.devices) == min(mine.device_count, MAX_LISTED_DEVICES)
+        assert mine.devices == sorted(mine.devices)[:MAX_LISTED_DEVICES]
+        assert set(mine.devices) <= UNSERVED_DEVICES
+
+
+def test_the_watch_merged_from_aggregates_finds_what_a_full_read_finds(store: Store) -> None:
+    fleet(store)
+    found, aggregates = aggregated(store)
+    same(found, recount(store))
+    assert aggregates.computed == 141
+    [profile] = found.unserved
+    assert profile.device_count == 134 and profile.devices[0] == "old-0"
+    assert len(found.problems) == 1 and "junk" in found.problems[0]
+    again, second = aggregated(store)
+    assert again == found and second.computed == 0
+    changed = report("sd-0", SNAPDRAGON, "recompiled", timedelta(hours=1))
+    store.write(report_key("sd-0"), encode_report(changed))
+    after, third = aggregated(store)
+    same(after, recount(store))
+    assert third.computed == 1
+
+
+def test_reports_leave_the_window_on_the_readers_clock(store: Store) -> None:
+    fleet(store)
+    aggregated(store)
+    later, aggregates = aggregated(store, now_hours=1)
+    assert later.quiet == 4 and aggregates.computed == 0
+    same(later, recount(store, now_hours=1))
