@@ -11,7 +11,8 @@ before; the "before" column). Printed side by side:
 - enrol: wall time of one more ``enroll`` (a key made elsewhere, ``--public-key``), the
   median of ``--enrols``, with N already enrolled (before: one signed publish of the
   manifest with one more key, what ``enroll`` did);
-- bin: the bytes of a key bin (mean of those signed), and of the signed snapshot;
+- bin: the bytes of a key bin (mean of those signed), of the signed keys index that lists
+  them, and of the signed snapshot devices download;
 - device sync: the signed-metadata bytes a device's first sync fetches (every model: the
   signed manifest.json, ``ManifestStatus.body_bytes``) and an unchanged poll, and after
   one enrolment (what every device fetches after each enrolment);
@@ -56,7 +57,7 @@ from epfleet.fleet.publishing.publish import read_in_force, update_manifest  # n
 from epfleet.formats.manifest import DeviceKey, Manifest, utcnow  # noqa: E402
 from epfleet.stores import open_store  # noqa: E402
 from epfleet.trust.device_keys import DeviceRecord, KeyBook, KeyClaim  # noqa: E402
-from epfleet.trust.layout import metadata_key  # noqa: E402
+from epfleet.trust.layout import KEYS_INDEX_KEY, metadata_key  # noqa: E402
 from epfleet.trust.repository import development_root  # noqa: E402
 from epfleet.trust.state import clear_cache  # noqa: E402
 from tests.support.publish_helpers import publish_new  # noqa: E402
@@ -167,17 +168,18 @@ def sync_bytes(store: Any, folder: Path, enrol: bool) -> tuple[int, int, int]:
     return first, unchanged, one()
 
 
-def sizes(store: Any) -> tuple[float, int]:
+def sizes(store: Any) -> tuple[float, int, int]:
+    """A key bin's bytes (mean), the keys index's, the snapshot's."""
     state = read_in_force(store).state
     assert state is not None and state.snapshot is not None
-    meta = state.snapshot.signed.meta
-    bins = [n for n in meta if n.startswith("keys-")]
+    meta = keys_in_force(store).book.listing()
     lengths = []
-    for name in bins:
+    for name in meta:
         found = store.size(metadata_key(name[: -len(".json")], meta[name].version))
         lengths.append(found or 0)
     snapshot = store.size(metadata_key("snapshot", state.snapshot.signed.version)) or 0
-    return (statistics.mean(lengths) if lengths else 0.0), snapshot
+    index = store.size(KEYS_INDEX_KEY) or 0
+    return (statistics.mean(lengths) if lengths else 0.0), index, snapshot
 
 
 def lookup(store: Any, devices: list[str], *, same_machine: bool = False) -> tuple[float, int]:
@@ -208,8 +210,8 @@ def run(n: int, enrols: int) -> dict[str, Any]:
         in_manifest(manifest_store, keys)
         row["enrol"] = enrol_times(bins_store, after, enrols)
         row["enrol_before"] = manifest_enrol_times(manifest_store, enrols)
-        row["bin"], row["snapshot"] = sizes(bins_store)
-        _, row["snapshot_before"] = sizes(manifest_store)
+        row["bin"], row["index"], row["snapshot"] = sizes(bins_store)
+        _, _, row["snapshot_before"] = sizes(manifest_store)
         row["sync"] = sync_bytes(bins_store, after, enrol=True)
         row["sync_before"] = sync_bytes(manifest_store, before, enrol=False)
         row["lookup"], row["bins_read"] = lookup(bins_store, sample)
@@ -240,6 +242,7 @@ def main() -> None:
             ("enrol one more device, s", r["enrol"], r["enrol_before"]),
             ("signed snapshot, bytes", r["snapshot"], r["snapshot_before"]),
             ("a key bin, bytes (mean)", r["bin"], 0),
+            ("signed keys index, bytes", r["index"], 0),
             ("device first sync, metadata bytes", r["sync"][0], r["sync_before"][0]),
             ("device unchanged poll, bytes", r["sync"][1], r["sync_before"][1]),
             ("device poll after one enrolment, bytes", r["sync"][2], r["sync_before"][2]),

@@ -6,25 +6,33 @@ from it), and each key ever enrolled a target ``device-key-ids/<key id>`` naming
 device it was enrolled for (``KeyClaim``: one key belongs to one device, for good). They
 live in succinct hashed bins ``keys-000`` .. ``keys-1ff`` (``KEY_BIN_BITS``) signed by the
 online key, the key the ``targets`` role delegates the model bins to (re-read from the
-signed ``targets`` every time, so an online-key rotation carries them over), and listed in
-the snapshot like every bin: a reader verifies a key bin through root, timestamp, snapshot
-(its version and length) and ``targets`` (its key), and an older bin put back is refused
-as a rollback. Devices never load them: nothing ``targets`` delegates leads to them, and a
-device asks only for the targets of models, field rankings and ``manifest.json``, so it
-downloads no key; each key bin costs its snapshot one entry. A standard TUF client cannot
-resolve ``device-keys/...`` paths: the fleet side's reader (``KeyBook``) verifies them.
+signed ``targets`` every time, so an online-key rotation carries them over).
 
-Enrolling or revoking a device signs again its one bin (and, for a key new to the store,
-the bin of its claim), then snapshot and timestamp, by the same compare-and-swap as every
-publish (``epfleet.trust.signing``, ``Changes.keys``). A store whose signed manifest
-still carries ``device_keys`` / ``revoked_device_keys`` (written before the keys moved)
-is read through both (``KeyBook``); the next enrol or revoke, or
-``epfleet device migrate-keys``, moves them into the bins in the same signed publish that
-drops them from the manifest.
+The bins are listed in a signed index of their own, ``trust/metadata/keys-index.json``
+(``KeysIndex``: each bin's version, length and sha256, the index's version and expiry,
+signed by the same key), not in the snapshot devices download: enrolling or revoking a
+device signs again its one bin (and, for a key new to the store, the bin of its claim)
+and the index, replaced by compare-and-swap, and leaves the snapshot and timestamp
+devices poll as they are. A reader verifies a key bin through root, timestamp, snapshot
+and ``targets`` (its key) and the index (its version, length and hash); it refuses an
+index older than the newest it verified from that store (kept in memory and in its local
+folder), so an older index put back is refused as a rollback, and so is an older bin.
+Devices never load them: nothing ``targets`` delegates leads to them, and a device asks
+only for the targets of models, field rankings and ``manifest.json``. A standard TUF
+client cannot resolve ``device-keys/...`` paths: the fleet side's reader (``KeyBook``)
+verifies them.
+
+A store whose signed manifest still carries ``device_keys`` / ``revoked_device_keys``
+(written before the keys moved) is read through both (``KeyBook``); the next enrol or
+revoke, or ``epfleet device migrate-keys``, moves them into the bins in the same signed
+publish that drops them from the manifest. A store whose snapshot lists the key bins
+(written before the keys index) is read through its snapshot until the next enrol,
+revoke or ``migrate-keys`` writes the index and signs a snapshot without them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -35,7 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from tuf.api.metadata import Delegations, Metadata, MetaFile, SuccinctRoles, TargetFile, Targets
+from tuf.api import exceptions as tuf_errors
+from tuf.api.metadata import (
+    DelegatedRole,
+    Delegations,
+    Metadata,
+    MetaFile,
+    Snapshot,
+    SuccinctRoles,
+    TargetFile,
+    Targets,
+)
 
 from epfleet.errors import StoreError, Unverified
 from epfleet.formats.manifest import DeviceKey, KeyId, Manifest, Name, RevokedKey
@@ -48,12 +66,27 @@ from epfleet.trust.layout import (
     KEY_BIN_BITS,
     KEY_BIN_PREFIX,
     KEY_ID_TARGETS,
+    KEYS_INDEX,
+    KEYS_INDEX_KEY,
     metadata_key,
+    utcnow,
 )
-from epfleet.trust.state import RepositoryState, _signed_by, load_versioned
+from epfleet.trust.state import (
+    Check,
+    RepositoryState,
+    _signed_by,
+    index_marks,
+    load_versioned,
+    parse_metadata,
+)
 from epfleet.trust.targets import Target, canonical
 
 READ_THREADS = 8
+INDEX_FIELD = "epfleet_keys_index"
+"""Set in the signed part of a keys index: what tells it from a snapshot (both are signed
+by the online key), so that no snapshot, listing key bins of another time, passes for one."""
+
+_marks_lock = threading.Lock()
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +135,100 @@ def _delegator(state: RepositoryState) -> Metadata[Targets]:
     return Metadata(Targets(delegations=Delegations(keys, succinct_roles=key_succinct(state))))
 
 
+def _index_delegator(state: RepositoryState) -> Metadata[Targets]:
+    """An unsigned stand-in delegating the keys index to the key ``targets`` delegates its
+    bins to (as ``_delegator``), for ``Metadata.verify_delegate``."""
+    delegations = state.targets.signed.delegations
+    assert delegations is not None
+    keyids = list(state.succinct.keyids)
+    keys = {k: v for k, v in delegations.keys.items() if k in keyids}
+    role = DelegatedRole(KEYS_INDEX, keyids, 1, True, paths=[KEYS_INDEX])
+    return Metadata(Targets(delegations=Delegations(keys, roles={KEYS_INDEX: role})))
+
+
+class KeysIndex:
+    """The signed keys index as read (``signed`` None: the store has none yet) and the
+    store's version of it, for the compare-and-swap that replaces it."""
+
+    def __init__(self, signed: Snapshot | None, etag: str | None):
+        self.signed = signed
+        self.etag = etag
+
+
+def new_keys_index(version: int, expires: datetime, meta: dict[str, MetaFile]) -> Snapshot:
+    return Snapshot(
+        version=version, expires=expires, meta=meta, unrecognized_fields={INDEX_FIELD: True}
+    )
+
+
+def read_keys_index(
+    store: Store, state: RepositoryState, local: Path | None, now: datetime
+) -> KeysIndex:
+    """The keys index, verified: signed by the key of the key bins, marked as a keys index,
+    not expired, and no older than the newest this process (or, with ``local``, this
+    machine) verified from the store; Unverified, naming it, otherwise."""
+    where = f"{store.uri}/{KEYS_INDEX_KEY}"
+    found = store.read(KEYS_INDEX_KEY)
+    if found is None:
+        return KeysIndex(None, None)
+    metadata = parse_metadata(store, KEYS_INDEX_KEY, found.data)
+    signed = metadata.signed
+    try:
+        _index_delegator(state).verify_delegate(KEYS_INDEX, metadata)
+        if (
+            not isinstance(signed, Snapshot)
+            or signed.unrecognized_fields.get(INDEX_FIELD) is not True
+        ):
+            raise ValueError("it is not a keys index")
+    except (tuf_errors.RepositoryError, ValueError) as exc:
+        raise Unverified(
+            f"{where} does not verify ({exc}): the signed keys index, which lists the key "
+            "bins, was written by someone without the online key, or is damaged; restore "
+            "it from a backup of the store"
+        ) from None
+    highest = _highest_index(store, state, local)
+    if signed.version < highest:
+        raise Unverified(
+            f"{where} is version {signed.version}, older than version {highest} this reader "
+            "verified already: an older signed keys index was put back (a rollback, which "
+            "would bring back revoked keys); restore the newest from a backup of the store"
+        )
+    if signed.expires < now:
+        raise Unverified(
+            f"{where} expired on {signed.expires:%Y-%m-%d}: sign it again with epfleet trust "
+            "refresh"
+        )
+    _remember_index(store, state, local, signed.version)
+    return KeysIndex(signed, found.etag)
+
+
+def _mark_file(store: Store, state: RepositoryState, local: Path) -> Path:
+    store_id = sha256_bytes(store.uri.encode())[:16]
+    return local / f"{store_id}-{state.repository[:16]}" / "keys-index.version"
+
+
+def _highest_index(store: Store, state: RepositoryState, local: Path | None) -> int:
+    with _marks_lock:
+        highest = index_marks.get((store.uri, state.repository), 0)
+    if local is not None:
+        with contextlib.suppress(OSError, ValueError):  # no mark kept: the one in memory
+            highest = max(highest, int(_mark_file(store, state, local).read_text()))
+    return highest
+
+
+def _remember_index(store: Store, state: RepositoryState, local: Path | None, version: int) -> None:
+    with _marks_lock:
+        key = (store.uri, state.repository)
+        index_marks[key] = max(version, index_marks.get(key, 0))
+    if local is not None and _highest_index(store, state, local) <= version:
+        path = _mark_file(store, state, local)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, str(version).encode())
+        except OSError as exc:  # only a cost: the mark in memory still holds for this process
+            logger.info("keys index version not kept in %s: %s", path.parent, exc)
+
+
 def record_target(record: DeviceRecord | KeyClaim) -> Target:
     """The signed target of ``record``: its file and custom field its canonical JSON."""
     path = (
@@ -136,6 +263,16 @@ def _parse(store: Store, name: str, path: str, text: Any) -> DeviceRecord | KeyC
     return record
 
 
+def _listed(meta: MetaFile, check: Check) -> Check:
+    """``check``, and the bin is the one the keys index lists (its length and hash)."""
+
+    def listed(data: bytes, metadata: Metadata[Any]) -> None:
+        meta.verify_length_and_hashes(data)
+        check(data, metadata)
+
+    return listed
+
+
 class KeyBook:
     """The enrolled device keys of a signed state, read bin by bin as asked (each bin
     verified once, then kept), and those its manifest still carries from before the keys
@@ -164,23 +301,53 @@ class KeyBook:
         self._parsed: dict[str, DeviceRecord | KeyClaim] = {}
         self._signed: dict[str, Targets | None] = {}
         self._lock = threading.Lock()
+        self._index: KeysIndex | None = None
         self.bins_read = 0
+
+    @property
+    def index(self) -> KeysIndex:
+        """The signed keys index (read and verified once per book)."""
+        with self._lock:
+            if self._index is not None:
+                return self._index
+        found = (
+            read_keys_index(self.store, self.state, self.local, utcnow())
+            if self.state is not None and self.state.snapshot is not None
+            else KeysIndex(None, None)
+        )
+        with self._lock:
+            if self._index is None:
+                self._index = found
+            return self._index
+
+    def listing(self) -> dict[str, MetaFile]:
+        """Key bin file name -> its signed version (and length, hash): from the keys index,
+        or, on a store that has none yet, from the snapshot that listed them before."""
+        if self.state is None or self.state.snapshot is None:
+            return {}
+        index = self.index.signed
+        if index is not None:
+            return index.meta
+        assert self.succinct is not None
+        meta = self.state.snapshot.signed.meta
+        return {
+            f"{n}.json": meta[f"{n}.json"] for n in self.succinct.get_roles() if f"{n}.json" in meta
+        }
 
     def bin_of(self, path: str) -> str:
         assert self.succinct is not None
         return self.succinct.get_role_for_target(path)
 
     def existing_bins(self) -> list[str]:
-        """The key bins the snapshot names (a bin no key was ever put in does not exist)."""
-        if self.state is None or self.state.snapshot is None:
+        """The key bins the keys index names (a bin no key was ever put in does not exist)."""
+        if self.succinct is None:
             return []
-        meta = self.state.snapshot.signed.meta
-        assert self.succinct is not None
+        meta = self.listing()
         return [n for n in self.succinct.get_roles() if f"{n}.json" in meta]
 
     def signed_bin(self, name: str) -> Targets | None:
-        """Key bin ``name`` verified through the TUF chain (None: the snapshot names no such
-        bin). Unverified, naming it, when it does not verify."""
+        """Key bin ``name`` verified through the TUF chain and the keys index (None: the
+        index names no such bin). Unverified, naming it, when it does not verify."""
         with self._lock:
             if name in self._signed:
                 return self._signed[name]
@@ -189,7 +356,7 @@ class KeyBook:
         meta = self._meta(name)
         if state is not None and meta is not None:
             key = metadata_key(name, meta.version)
-            check = _signed_by(_delegator(state), name, meta.version)
+            check = _listed(meta, _signed_by(_delegator(state), name, meta.version))
             try:
                 signed = load_versioned(
                     self.store, state.repository, key, check, meta.length
@@ -212,13 +379,11 @@ class KeyBook:
         return signed
 
     def _meta(self, name: str) -> MetaFile | None:
-        if self.state is None or self.state.snapshot is None:
-            return None
-        return self.state.snapshot.signed.meta.get(f"{name}.json")
+        return self.listing().get(f"{name}.json")
 
     def _local_file(self, name: str) -> Path | None:
         """Where this machine keeps the records of key bin ``name`` at the version the
-        snapshot signs, once verified (None: no local copy for this book)."""
+        keys index signs, once verified (None: no local copy for this book)."""
         meta = self._meta(name)
         if self.local is None or self.state is None or meta is None:
             return None
@@ -346,16 +511,16 @@ class EnrolledKeys(Mapping[str, DeviceKey]):
         return sum(1 for r in self.book.every_record().values() if r.key is not None)
 
     def stamp(self, device: str) -> str | None:
-        """The signed version of ``device``'s key bin, ``<bin>@<version>`` (no bin read):
-        its key is the same while the stamp is. None when there is no such shortcut (an
-        unsigned store, or keys not moved out of the manifest yet)."""
+        """The signed version of ``device``'s key bin, ``<bin>@<version>`` (from the keys
+        index, no bin read): its key is the same while the stamp is. None when there is no
+        such shortcut (an unsigned store, or keys not moved out of the manifest yet)."""
         book = self.book
         if book.succinct is None or book.state is None or book.state.snapshot is None:
             return None
         if not book.migrated:
             return None
         name = book.bin_of(device_target(device))
-        meta = book.state.snapshot.signed.meta.get(f"{name}.json")
+        meta = book.listing().get(f"{name}.json")
         return f"{name}@{meta.version if meta is not None else 0}"
 
     def __bool__(self) -> bool:

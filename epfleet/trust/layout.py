@@ -30,9 +30,15 @@ KEY_BIN_BITS = 9
 """The enrolled device keys' hashed bins (``epfleet.trust.device_keys``): 512 of them,
 ``keys-000`` .. ``keys-1ff``, fixed for every store (a reader finds a device's bin from
 its id alone). At a million devices a bin holds about 2,000 keys (about 1 MB); each bin
-costs every device's snapshot about 30 bytes."""
+costs the keys index (``KEYS_INDEX``) about 100 bytes, and devices nothing."""
 DEVICE_KEY_TARGETS = "device-keys/"
 """Target path prefix of an enrolled device's record: ``device-keys/<device id>``."""
+KEYS_INDEX = "keys-index"
+"""The signed index of the key bins (``epfleet.trust.device_keys``): each bin's version,
+length and hash, signed by the online key and replaced by compare-and-swap at
+``trust/metadata/keys-index.json``. The key bins are listed there, not in the snapshot
+devices download, so an enrolment signs no snapshot or timestamp."""
+KEYS_INDEX_KEY = METADATA_KEYS + KEYS_INDEX + ".json"
 KEY_ID_TARGETS = "device-key-ids/"
 """Target path prefix of a key's claim, the device it was enrolled for:
 ``device-key-ids/<key id>``."""

@@ -27,12 +27,14 @@ from securesystemslib.signer import Signer
 from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, Targets, Timestamp
 from tuf.api.serialization.json import JSONSerializer
 
-from epfleet.errors import BadInputError, PreconditionFailed, StoreError
+from epfleet.errors import BadInputError, PreconditionFailed, StoreError, Unverified
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.schema_version import check_writable
 from epfleet.stores import MANIFEST_KEY, Store
-from epfleet.trust.device_keys import KeyBook, every_key_bin
+from epfleet.trust.device_keys import KeyBook, every_key_bin, new_keys_index
 from epfleet.trust.layout import (
+    KEY_BIN_PREFIX,
+    KEYS_INDEX_KEY,
     LIFETIME,
     OFFLINE_RENEWAL,
     TIMESTAMP_KEY,
@@ -155,7 +157,7 @@ def _publish_once(
     now: datetime,
     changes: Changes,
     document: Manifest | None,
-    key_bins: dict[str, dict[str, Target]],
+    drop_key_bins: bool,
 ) -> TrustPublished | None:
     """One attempt at signing ``document``; None when another publisher replaced the
     timestamp first."""
@@ -173,10 +175,14 @@ def _publish_once(
         or stale(snapshot.signed.expires, LIFETIME["snapshot"], now)
         or stale(timestamp.signed.expires, LIFETIME["timestamp"], now)
     )
-    if not bins and not key_bins and not due:
+    meta = dict(snapshot.signed.meta) if snapshot is not None else {}
+    listed_key_bins = [n for n in meta if n.startswith(KEY_BIN_PREFIX + "-")]
+    if drop_key_bins:  # the keys index lists them now
+        for name in listed_key_bins:
+            del meta[name]
+    if not bins and not due and not (drop_key_bins and listed_key_bins):
         assert timestamp is not None
         return TrustPublished(timestamp.signed.version, written=False, bins=[], document=document)
-    meta = dict(snapshot.signed.meta) if snapshot is not None else {}
     if document is not None:
         remember_document(store, wanted[MANIFEST_KEY].info.hashes["sha256"], document)
     for name, wanted_here in bins.items():
@@ -186,15 +192,6 @@ def _publish_once(
         signed_bin = Targets(
             version=previous.version + 1 if previous else 1,
             expires=now + LIFETIME["bin"],
-            targets={path: t.info for path, t in wanted_here.items()},
-        )
-        raw = write_versioned(store, name, signed_bin, [signer])
-        meta[f"{name}.json"] = MetaFile(signed_bin.version, length=len(raw))
-    for name, wanted_here in key_bins.items():  # no target file: a record is its custom field
-        previous = meta.get(f"{name}.json")
-        signed_bin = Targets(
-            version=previous.version + 1 if previous else 1,
-            expires=now + LIFETIME["keys"],
             targets={path: t.info for path, t in wanted_here.items()},
         )
         raw = write_versioned(store, name, signed_bin, [signer])
@@ -225,21 +222,63 @@ def _publish_once(
             store.write(TIMESTAMP_KEY, raw_timestamp, if_match=state.timestamp_etag)
     except PreconditionFailed:
         return None
-    return TrustPublished(
-        new_timestamp.version, written=True, bins=sorted([*bins, *key_bins]), document=document
-    )
+    return TrustPublished(new_timestamp.version, written=True, bins=sorted(bins), document=document)
+
+
+def _publish_key_bins(
+    store: Store,
+    book: KeyBook,
+    signer: Signer,
+    now: datetime,
+    key_bins: dict[str, dict[str, Target]],
+    migrating: bool,
+) -> bool | None:
+    """Sign ``key_bins`` again and the keys index listing them, replaced by compare-and-swap
+    (None: another publisher replaced it first; False: nothing to sign). Writes the index
+    also when the store has none yet while its snapshot lists key bins (``migrating``), or
+    when it is stale."""
+    index = book.index
+    stale_index = index.signed is not None and stale(index.signed.expires, LIFETIME["keys"], now)
+    moving = migrating and index.signed is None and bool(book.listing())
+    if not key_bins and not moving and not stale_index:
+        return False
+    meta = dict(book.listing())
+    for name, wanted_here in key_bins.items():  # no target file: a record is its custom field
+        previous = meta.get(f"{name}.json")
+        signed_bin = Targets(
+            version=previous.version + 1 if previous else 1,
+            expires=now + LIFETIME["keys"],
+            targets={path: t.info for path, t in wanted_here.items()},
+        )
+        raw = write_versioned(store, name, signed_bin, [signer])
+        meta[f"{name}.json"] = MetaFile.from_data(signed_bin.version, raw, ["sha256"])
+    version = index.signed.version + 1 if index.signed is not None else 1
+    raw_index = sign_metadata(new_keys_index(version, now + LIFETIME["keys"], meta), [signer])
+    try:
+        if index.etag is None:
+            store.write(KEYS_INDEX_KEY, raw_index, if_none_match=True)
+        else:
+            store.write(KEYS_INDEX_KEY, raw_index, if_match=index.etag)
+    except PreconditionFailed:
+        return None
+    return True
 
 
 def publish_signed(
     store: Store, signer: Signer, now: datetime | None, changes: Changes
 ) -> TrustPublished:
     """Apply ``changes`` to the verified signed state and sign the result, again on the
-    newer state after each lost race."""
+    newer state after each lost race. The key bins and their index are signed first (a
+    change to them alone signs no snapshot or timestamp), then, when the document or the
+    model bins changed or the snapshot still lists key bins, snapshot and timestamp."""
+    keys_signed: list[str] | None = None  # the key bins signed, once the keys index is in
     for attempt in range(ATTEMPTS):
         state = read_state(store, rotating=changes.rotating)
         check_writable(state.document.schema_version if state.document else None, store.uri)
         keys = KeyBook(store, state, state.document)  # verified against the targets in force
-        key_bins = every_key_bin(keys) if changes.every_bin else {}
+        signing_keys = keys_signed is None and (changes.keys is not None or changes.every_bin)
+        key_bins = every_key_bin(keys) if changes.every_bin and signing_keys else {}
+        index_in_force = _index_in_force(keys, must_verify=signing_keys)
         if changes.targets is not None:  # a new targets role, not in the snapshot yet
             state.targets = Metadata.from_bytes(changes.targets)
         _check_online_key(store, state, signer)
@@ -247,16 +286,49 @@ def publish_signed(
         for reason in state.refused.values():
             logger.warning("%s; signing it again from the signed document", reason)
         document = changed if changed is not None else state.document
-        if changes.keys is not None:
-            key_bins |= changes.keys(keys)
-        done = _publish_once(store, state, signer, now or utcnow(), changes, document, key_bins)
+        when = now or utcnow()
+        if keys_signed is None:
+            if changes.keys is not None:
+                key_bins |= changes.keys(keys)
+            if signing_keys or (changes.renew and index_in_force):
+                written = _publish_key_bins(
+                    store, keys, signer, when, key_bins, migrating=changes.keys is not None
+                )
+                if written is None:
+                    _back_off(attempt)
+                    continue
+                index_in_force = index_in_force or written
+            keys_signed = sorted(key_bins)
+        done = _publish_once(store, state, signer, when, changes, document, index_in_force)
         if done is not None:
-            return dataclasses.replace(done, changed=changed is not None, healed=state.refused)
-        time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+            return dataclasses.replace(
+                done,
+                bins=sorted([*done.bins, *keys_signed]),
+                changed=changed is not None,
+                healed=state.refused,
+            )
+        _back_off(attempt)
     raise StoreError(
         f"could not publish the signed metadata of {store.uri}: lost the race for "
-        f"{TIMESTAMP_KEY} {ATTEMPTS} times"
+        f"{TIMESTAMP_KEY} or {KEYS_INDEX_KEY} {ATTEMPTS} times"
     )
+
+
+def _index_in_force(keys: KeyBook, must_verify: bool) -> bool:
+    """Whether the store has a keys index that verifies (then the snapshot lists no key
+    bin). One that does not verify stops a change to the keys (``must_verify``), not the
+    signing of anything else."""
+    try:
+        return keys.index.signed is not None
+    except Unverified as exc:
+        if must_verify:
+            raise
+        logger.warning("%s; signing the rest", exc)
+        return False
+
+
+def _back_off(attempt: int) -> None:
+    time.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
 
 
 def publish_trust(

@@ -59,6 +59,9 @@ reused."""
 _documents: dict[tuple[str, str], Manifest] = {}
 """Verified signed documents, by (store, sha256)."""
 _immutable_lock = threading.Lock()
+index_marks: dict[tuple[str, str], int] = {}
+"""(store, repository) -> the highest keys index version this process verified
+(``epfleet.trust.device_keys``)."""
 CACHE_ENTRIES = 8192
 DOCUMENT_CACHE_ENTRIES = 4
 
@@ -69,6 +72,7 @@ def clear_cache() -> None:
     """Forget every verified file this process cached (what a new process starts with)."""
     with _immutable_lock:
         _immutable.clear()
+        index_marks.clear()
         _documents.clear()
 
 

@@ -1,11 +1,12 @@
 """Enrolled device keys live in signed hashed bins of their own (epfleet/trust/device_keys.py),
-on a local store and on S3 over HTTP (moto): an enrolment signs one key bin (two for a key
-new to the store: its claim's bin), the snapshot and the timestamp, never the manifest or a
-model's bin; racing enrolments lose nothing; a device's sync reads no key bin; readers
-look a device's key up in its bin only; a key bin forged, tampered with or replayed by
-someone without the online key is refused by name, and a report signed by a key only such a
-bin names does not count; a store whose manifest still carries keys is read through both
-until ``epfleet device migrate-keys`` (or the next enrolment) moves them."""
+listed in a signed keys index, on a local store and on S3 over HTTP (moto): an enrolment
+signs one key bin (two for a key new to the store: its claim's bin) and the keys index,
+never the snapshot, the timestamp, the manifest or a model's bin; racing enrolments lose
+nothing; a device's sync reads no key bin; readers look a device's key up in its bin only;
+a key bin or keys index forged, tampered with or replayed by someone without the online
+key is refused by name, and a report signed by a key only such a bin names does not count;
+a store whose manifest still carries keys, or whose snapshot lists the key bins, is read
+as it is until ``epfleet device migrate-keys`` (or the next enrolment) moves them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from securesystemslib.signer import SSlibKey
-from tuf.api.metadata import Metadata, TargetFile, Targets
+from tuf.api.metadata import Metadata, MetaFile, Snapshot, TargetFile, Targets, Timestamp
 
 from epfleet.cli.app import main
 from epfleet.device.policy import SyncPolicy
@@ -36,7 +37,7 @@ from epfleet.fleet.rollout.rollouts import read_evidence
 from epfleet.formats.device_report import encode_report, report_key
 from epfleet.formats.manifest import Manifest, RevokedKey, utcnow
 from epfleet.stores import Store
-from epfleet.trust.device_keys import DeviceRecord, record_target
+from epfleet.trust.device_keys import DeviceRecord, new_keys_index, record_target
 from epfleet.trust.keys import (
     generate_online_file,
     load_offline,
@@ -45,9 +46,10 @@ from epfleet.trust.keys import (
     public_key_of,
     read_private_key,
 )
-from epfleet.trust.layout import metadata_key
+from epfleet.trust.layout import KEYS_INDEX_KEY, TIMESTAMP_KEY, metadata_key
 from epfleet.trust.repository import development_root, rotate_online_key
-from epfleet.trust.signing import SERIALIZER
+from epfleet.trust.signers import signer_for
+from epfleet.trust.signing import SERIALIZER, sign_metadata, write_versioned
 from epfleet.trust.state import clear_cache
 from tests.support.signed_store import signed_store, stage
 from tests.support.staged_rollout import MEMBERS, POLICY, ROLLOUT, report
@@ -80,23 +82,44 @@ def snapshot_versions(store: Store) -> dict[str, int]:
     return {name: meta.version for name, meta in state.snapshot.signed.meta.items()}
 
 
+def index_versions(store: Store) -> dict[str, int]:
+    """Key bin -> the version the keys index signs."""
+    listing = keys_in_force(store).book.listing()
+    return {name.removesuffix(".json"): meta.version for name, meta in listing.items()}
+
+
 def key_bin_of(store: Store, device: str) -> tuple[str, int]:
-    """The name of ``device``'s key bin and the version the snapshot signs."""
+    """The name of ``device``'s key bin and the version the keys index signs."""
     book = keys_in_force(store).book
     name = book.bin_of(record_target(DeviceRecord(device=device)).info.path)
-    return name, snapshot_versions(store)[f"{name}.json"]
+    return name, index_versions(store)[name]
+
+
+def what_devices_poll(store: Store) -> tuple[bytes, bytes]:
+    """The timestamp and the snapshot it signs, as a device downloads them."""
+    timestamp = store.read(TIMESTAMP_KEY)
+    state = read_in_force(store).state
+    assert timestamp is not None and state is not None and state.snapshot is not None
+    snapshot = store.read(metadata_key("snapshot", state.snapshot.signed.version))
+    assert snapshot is not None
+    return timestamp.data, snapshot.data
 
 
 def test_an_enrolment_signs_its_key_bins_only_and_readers_read_only_theirs(
     store: Store, tmp_path: Path
 ) -> None:
+    polled = what_devices_poll(store)
     enroll(store, "dev-000", keys_dir=tmp_path / "keys")
-    before = snapshot_versions(store)
+    before = index_versions(store)
     generation = read_manifest(store)[0]
     enroll(store, "dev-001", keys_dir=tmp_path / "keys")
-    after = snapshot_versions(store)
+    after = index_versions(store)
     changed = sorted(n for n, v in after.items() if before.get(n) != v)
     assert 1 <= len(changed) <= 2 and all(n.startswith("keys-") for n in changed), changed
+    enroll(store, "dev-002", keys_dir=tmp_path / "keys")
+    revoke(store, "dev-002")
+    assert what_devices_poll(store) == polled  # devices download nothing new
+    assert not [n for n in snapshot_versions(store) if n.startswith("keys-")]
     manifest = read_in_force(store).manifest
     assert manifest is not None and manifest.device_keys == {}
     assert read_manifest(store)[0] == generation  # neither the manifest nor its copy moved
@@ -172,7 +195,7 @@ def test_forged_tampered_and_replayed_key_bins_are_refused(
     assert isinstance(attacker.public_key, SSlibKey)
     name, version = key_bin_of(store, device)
 
-    # a forged next version, which no snapshot names: ignored; the attacker's report does
+    # a forged next version, which no keys index names: ignored; the attacker's report does
     # not count, the member's own does
     store.write(
         metadata_key(name, version + 1),
@@ -346,13 +369,109 @@ def test_an_online_key_rotation_signs_the_key_bins_again(
     keys_dir = local.parent if local is not None else tmp_path / "fleet-keys"
     new_uri = generate_online_file(tmp_path / "new-online.pem")
     monkeypatch.setenv("EPFLEET_TRUST_SIGNER", new_uri)
-    before = {n: v for n, v in snapshot_versions(store).items() if n.startswith("keys-")}
+    before = index_versions(store)
+    index_before = keys_in_force(store).book.index.signed
+    assert index_before is not None
 
     rotate_online_key(store, load_offline(keys_dir), online_signer(new_uri, public_key_of(new_uri)))
 
-    after = snapshot_versions(store)
+    clear_cache()
+    after = index_versions(store)
     assert before and all(after[n] > v for n, v in before.items())  # each signed again
+    index_after = keys_in_force(store).book.index.signed
+    assert index_after is not None and index_after.version > index_before.version
     clear_cache()
     assert sorted(enrolled_keys(store, ["dev-000", "dev-001"])) == ["dev-000", "dev-001"]
     revoke(store, "dev-000")  # signing goes on with the new key
     assert sorted(keys_in_force(store)) == ["dev-001"]
+
+
+def test_an_older_or_forged_keys_index_is_refused(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    device = MEMBERS[0]
+    enroll(store, device, keys_dir=tmp_path / "keys")
+    older = store.read(KEYS_INDEX_KEY)
+    assert older is not None
+    revoke(store, device)
+    assert enrolled_keys(store, [device]) == {}  # this machine verified the newer index
+    newer = store.read(KEYS_INDEX_KEY)
+    assert newer is not None
+
+    # put back: the older index, which still lists the bin naming the revoked key
+    store.write(KEYS_INDEX_KEY, older.data)
+    clear_cache()  # a new process on the same machine
+    with pytest.raises(Unverified, match="older than version"):
+        enrolled_keys(store, [device])
+    assert main(["device", "list", "--store", store.uri]) != 0
+    assert "older than version" in capsys.readouterr().err
+
+    # forged: signed by another key; a snapshot (signed by the online key) in its place
+    state = read_in_force(store).state
+    assert state is not None and state.snapshot is not None
+    forged = Metadata(new_keys_index(99, utcnow().replace(year=2099), {}))
+    forged.sign(new_key())
+    snapshot = store.read(metadata_key("snapshot", state.snapshot.signed.version))
+    assert snapshot is not None
+    for case, data in {"forged": forged.to_bytes(SERIALIZER), "a snapshot": snapshot.data}.items():
+        store.write(KEYS_INDEX_KEY, data)
+        new_machine()
+        with pytest.raises(Unverified, match="signed keys index"):
+            enrolled_keys(store, [device])
+        assert main(["device", "list", "--store", store.uri]) != 0, case
+        assert "keys-index.json" in capsys.readouterr().err, case
+        with pytest.raises(Unverified, match="signed keys index"):
+            enroll(store, "dev-other", keys_dir=tmp_path / "other-keys")
+    store.write(KEYS_INDEX_KEY, newer.data)
+    new_machine()
+    assert enrolled_keys(store, [device]) == {}
+
+
+def previous_layout(store: Store) -> None:
+    """What the previous release left: the key bins listed in the snapshot, no keys index."""
+    state = read_in_force(store).state
+    assert state is not None and state.snapshot is not None and state.timestamp is not None
+    listing = keys_in_force(store).book.listing()
+    signer = signer_for(store)
+    assert signer is not None
+    meta = dict(state.snapshot.signed.meta)
+    meta |= {name: MetaFile(m.version, length=m.length) for name, m in listing.items()}
+    snapshot = Snapshot(
+        version=state.snapshot.signed.version + 1, expires=state.snapshot.signed.expires, meta=meta
+    )
+    raw = write_versioned(store, "snapshot", snapshot, [signer])
+    timestamp = Timestamp(
+        version=state.timestamp.signed.version + 1,
+        expires=state.timestamp.signed.expires,
+        snapshot_meta=MetaFile.from_data(snapshot.version, raw, ["sha256"]),
+    )
+    store.write(TIMESTAMP_KEY, sign_metadata(timestamp, [signer]))
+    store.delete(KEYS_INDEX_KEY)
+    new_machine()
+
+
+@pytest.mark.parametrize("moved_by", ["enrolment", "migrate-keys"])
+def test_a_store_whose_snapshot_lists_the_key_bins_is_read_until_they_move(
+    store: Store, tmp_path: Path, moved_by: str
+) -> None:
+    enroll(store, "dev-000", keys_dir=tmp_path / "keys")
+    enroll(store, "dev-001", keys_dir=tmp_path / "keys")
+    previous_layout(store)
+    assert [n for n in snapshot_versions(store) if n.startswith("keys-")]
+    assert sorted(keys_in_force(store)) == ["dev-000", "dev-001"]
+    root = trust_root(store, tmp_path)
+    sync(store.uri, tmp_path / "device", SyncPolicy(), "dev-000", trust_root=root)
+
+    if moved_by == "enrolment":
+        enroll(store, "dev-002", keys_dir=tmp_path / "keys")
+    else:
+        assert main(["device", "migrate-keys", "--store", store.uri]) == 0
+    assert store.size(KEYS_INDEX_KEY) is not None
+    assert not [n for n in snapshot_versions(store) if n.startswith("keys-")]
+    new_machine()
+    enrolled = ["dev-000", "dev-001"] + (["dev-002"] if moved_by == "enrolment" else [])
+    assert sorted(keys_in_force(store)) == enrolled
+    sync(store.uri, tmp_path / "device", SyncPolicy(), "dev-000", trust_root=root)
+    polled = what_devices_poll(store)
+    revoke(store, "dev-001")
+    assert what_devices_poll(store) == polled
