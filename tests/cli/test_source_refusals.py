@@ -202,14 +202,11 @@ def test_a_sync_from_a_store_that_is_not_there_makes_no_cache(
 def test_a_first_sync_with_its_trust_root_refused_makes_no_cache(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     root: str | None,
     said: str,
 ) -> None:
     """A signed store, and no root to trust it with, or one that cannot be read or is no
     root: refused (exit 2) before anything is made; the right root then syncs."""
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
-    monkeypatch.delenv("EPFLEET_TRUST_ROOT", raising=False)
     fleet = make_fleet(str(tmp_path / "store"), tmp_path)
     (tmp_path / "notes.json").write_bytes(b'{"signed": {"_type": "root"}}')
     cache = tmp_path / "device"

@@ -61,7 +61,7 @@ from tests.support.synced_fleet import (
     republish_edited_cpu_variant,
 )
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.fast]
 
 
 # --- the attacks ----------------------------------------------------------------------------

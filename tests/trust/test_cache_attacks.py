@@ -43,7 +43,7 @@ from tests.support.signed_fleet import (
 )
 from tests.support.synced_fleet import assert_package_runs, copy_store
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.fast]
 
 
 def sync_with_cached_root(fleet: Fleet, **options: object) -> DeviceReport:
