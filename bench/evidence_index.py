@@ -217,6 +217,7 @@ def field_view(store: Any) -> int:
 
 
 def runtime_watch(store: Any) -> int:
+    from epfleet.fleet.evidence.enrolment import keys_in_force
     from epfleet.fleet.publishing.publish import read_in_force
     from epfleet.fleet.watch.inputs import compile_worker_runtime, stream_device_reports
     from epfleet.fleet.watch.rules import check_pairs, find_unserved
@@ -224,10 +225,11 @@ def runtime_watch(store: Any) -> int:
     from epfleet.formats.spec_file import load_spec
 
     spec = load_spec(ROOT / "examples" / "fleet.yaml")
-    found = read_in_force(store).manifest
+    in_force = read_in_force(store)
+    found = in_force.manifest
     runtime = compile_worker_runtime(spec)
     checks = check_pairs(spec, found, runtime)
-    enrolled = found.device_keys if found is not None else {}
+    enrolled = keys_in_force(store, in_force)
     reports = (
         r for r in stream_device_reports(store, enrolled=enrolled) if isinstance(r, DeviceReport)
     )

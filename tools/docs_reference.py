@@ -46,6 +46,7 @@ COMMANDS = [
     ["device", "enroll"],
     ["device", "revoke"],
     ["device", "list"],
+    ["device", "migrate-keys"],
 ]
 
 SYNOPSIS = """\
@@ -61,7 +62,7 @@ epfleet sync --cache DIR [--store URI] [--model NAME ...] [--no-recompile]
              [--json] [--flow | --serve SECONDS]
 epfleet trust init|rotate|refresh|status [--store URI] ...  # TUF signing
 epfleet rollout status|advance|halt|resume|revert [--store URI] ...  # rollouts
-epfleet device enroll|revoke|list [--store URI] ...  # devices' report keys
+epfleet device enroll|revoke|list|migrate-keys [--store URI] ...  # report keys
 epfleet retire [--store URI]
                (--model NAME ... | --target NAME ... | --spec SPEC --unlisted)
                [--dry-run] [--json]

@@ -113,18 +113,17 @@ def revoke(device: DeviceId, *, store: Store = DEFAULT_STORE, trust_root: TrustR
 def list_(
     *, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None, as_json: Json = False
 ) -> int:
-    """The enrolled devices and their keys, from the manifest in force.
+    """The enrolled devices and their keys, from the store's signed key bins.
 
     For example:
       epfleet device list --store s3://bucket/fleet
     """
-    from epfleet.fleet.publishing.publish import read_in_force
+    from epfleet.fleet.evidence.enrolment import keys_in_force
     from epfleet.stores import open_store
     from epfleet.text import table
 
     pin_trust_root(store, trust_root)
-    manifest = read_in_force(open_store(store)).manifest
-    keys = manifest.device_keys if manifest is not None else {}
+    keys = dict(keys_in_force(open_store(store)))
     if as_json:
         print(json.dumps({d: k.model_dump(mode="json") for d, k in keys.items()}, indent=2))
         return EXIT_OK
@@ -139,4 +138,26 @@ def list_(
     return EXIT_OK
 
 
-command_help(enroll, revoke, list_)
+@device_app.command(name="migrate-keys")
+def migrate_keys(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) -> int:
+    """Move the device keys a store's signed manifest still carries into the signed key bins.
+
+    Stores enrolled before the key bins keep their keys in the manifest; they are read from
+    there until moved, which the next enrol or revoke also does.
+
+    For example:
+      epfleet device migrate-keys --store s3://bucket/fleet
+    """
+    from epfleet.fleet.evidence.enrolment import migrate_keys as migrate
+    from epfleet.stores import open_store
+
+    pin_trust_root(store, trust_root)
+    moved = migrate(open_store(store))
+    if moved:
+        print(f"moved the keys of {moved} devices from the manifest into the key bins of {store}")
+    else:
+        print(f"no device key left in the manifest of {store}: nothing to move")
+    return EXIT_OK
+
+
+command_help(enroll, revoke, list_, migrate_keys)

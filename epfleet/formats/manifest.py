@@ -460,13 +460,15 @@ class Manifest(_Strict):
     device_keys: dict[Name, DeviceKey] = Field(
         default_factory=dict,
         exclude_if=lambda keys: not keys,
-        description="Enrolled devices' public keys, by device id (signed with the manifest)",
+        description="Enrolled devices' public keys, by device id, where an older epfleet "
+        "signed them; epfleet now keeps them in signed key bins of their own and moves these "
+        "there (epfleet device migrate-keys, or the next enrol or revoke)",
     )
     revoked_device_keys: dict[KeyId, RevokedKey] = Field(
         default_factory=dict,
         exclude_if=lambda keys: not keys,
-        description="Revoked device keys, by key id: refused by epfleet device enroll "
-        "unless --force (added in schema 1.6; devices ignore it)",
+        description="Revoked device keys, by key id, where an older epfleet signed them "
+        "(added in schema 1.6; devices ignore it); moved into the key bins as device_keys",
     )
 
     def succeeded_by(self, models: dict[str, ModelEntry], now: datetime) -> Manifest:

@@ -19,9 +19,12 @@ side (``epfleet.trust.client``). Everything lives in the store under ``trust/``:
 - Target path ``manifest.json``: the whole published manifest, stored at
   ``trust/targets/<sha256>.manifest.json``; a device that wants every model downloads
   it through TUF instead of asking each bin.
+- Enrolled device keys: targets ``device-keys/<device id>`` and ``device-key-ids/<key id>``
+  in succinct hashed bins of their own, ``keys-000`` .. ``keys-1ff``, signed with the online
+  key and listed in the snapshot; no device reads them (``epfleet.trust.device_keys``).
 - Roles and keys: ``root`` (threshold of offline keys, default 2 of 3) and ``targets``
   (one offline key) are signed with keys kept in an offline directory; ``bin-*``,
-  ``snapshot`` and ``timestamp`` with one online key given by a securesystemslib signer
+  ``keys-*``, ``snapshot`` and ``timestamp`` with one online key given by a securesystemslib signer
   URI (``EPFLEET_TRUST_SIGNER``: ``file2:`` in development, a KMS in production), ECDSA
-  P-256. Expiries: timestamp 1 day, snapshot and bins 7 days, targets and root 365 days.
+  P-256. Expiries: timestamp 1 day, snapshot and bins 7 days, key bins, targets and root 365 days.
 """

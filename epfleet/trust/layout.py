@@ -25,11 +25,23 @@ a newer minor's unknown key and feed the variant floats, never sees them
 (``epfleet.trust.targets.split_folded``)."""
 BIN_PREFIX = "bin"
 DEFAULT_BINS = 256
+KEY_BIN_PREFIX = "keys"
+KEY_BIN_BITS = 9
+"""The enrolled device keys' hashed bins (``epfleet.trust.device_keys``): 512 of them,
+``keys-000`` .. ``keys-1ff``, fixed for every store (a reader finds a device's bin from
+its id alone). At a million devices a bin holds about 2,000 keys (about 1 MB); each bin
+costs every device's snapshot about 30 bytes."""
+DEVICE_KEY_TARGETS = "device-keys/"
+"""Target path prefix of an enrolled device's record: ``device-keys/<device id>``."""
+KEY_ID_TARGETS = "device-key-ids/"
+"""Target path prefix of a key's claim, the device it was enrolled for:
+``device-key-ids/<key id>``."""
 LIFETIME = {
     "root": timedelta(days=365),
     "targets": timedelta(days=365),
     "snapshot": timedelta(days=7),
     "bin": timedelta(days=7),
+    "keys": timedelta(days=365),
     "timestamp": timedelta(days=1),
 }
 """How long each role's signature is good for. A role is re-signed by the next publish or

@@ -31,6 +31,7 @@ from epfleet.errors import BadInputError, PreconditionFailed, StoreError
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.schema_version import check_writable
 from epfleet.stores import MANIFEST_KEY, Store
+from epfleet.trust.device_keys import KeyBook, every_key_bin
 from epfleet.trust.layout import (
     LIFETIME,
     OFFLINE_RENEWAL,
@@ -123,6 +124,14 @@ class Changes:
     """An online-key rotation: the state in force may be signed by the previous root's key."""
     rankings: dict[str, Target] | None = None
     """The field rankings to sign in place of those signed now (None: keep those)."""
+    keys: KeyChange | None = None
+    """The publisher's change to the enrolled device keys' bins (``epfleet.trust.device_keys``)."""
+
+
+KeyChange = Callable[[KeyBook], dict[str, dict[str, Target]]]
+"""A change to the device keys: the key bins to sign again, each with its targets, whole,
+derived from the signed key bins the ``KeyBook`` reads (it may run more than once, as a
+``Change``)."""
 
 
 def _check_online_key(store: Store, state: RepositoryState, signer: Signer) -> None:
@@ -146,6 +155,7 @@ def _publish_once(
     now: datetime,
     changes: Changes,
     document: Manifest | None,
+    key_bins: dict[str, dict[str, Target]],
 ) -> TrustPublished | None:
     """One attempt at signing ``document``; None when another publisher replaced the
     timestamp first."""
@@ -163,7 +173,7 @@ def _publish_once(
         or stale(snapshot.signed.expires, LIFETIME["snapshot"], now)
         or stale(timestamp.signed.expires, LIFETIME["timestamp"], now)
     )
-    if not bins and not due:
+    if not bins and not key_bins and not due:
         assert timestamp is not None
         return TrustPublished(timestamp.signed.version, written=False, bins=[], document=document)
     meta = dict(snapshot.signed.meta) if snapshot is not None else {}
@@ -176,6 +186,15 @@ def _publish_once(
         signed_bin = Targets(
             version=previous.version + 1 if previous else 1,
             expires=now + LIFETIME["bin"],
+            targets={path: t.info for path, t in wanted_here.items()},
+        )
+        raw = write_versioned(store, name, signed_bin, [signer])
+        meta[f"{name}.json"] = MetaFile(signed_bin.version, length=len(raw))
+    for name, wanted_here in key_bins.items():  # no target file: a record is its custom field
+        previous = meta.get(f"{name}.json")
+        signed_bin = Targets(
+            version=previous.version + 1 if previous else 1,
+            expires=now + LIFETIME["keys"],
             targets={path: t.info for path, t in wanted_here.items()},
         )
         raw = write_versioned(store, name, signed_bin, [signer])
@@ -206,7 +225,9 @@ def _publish_once(
             store.write(TIMESTAMP_KEY, raw_timestamp, if_match=state.timestamp_etag)
     except PreconditionFailed:
         return None
-    return TrustPublished(new_timestamp.version, written=True, bins=sorted(bins), document=document)
+    return TrustPublished(
+        new_timestamp.version, written=True, bins=sorted([*bins, *key_bins]), document=document
+    )
 
 
 def publish_signed(
@@ -217,6 +238,8 @@ def publish_signed(
     for attempt in range(ATTEMPTS):
         state = read_state(store, rotating=changes.rotating)
         check_writable(state.document.schema_version if state.document else None, store.uri)
+        keys = KeyBook(store, state, state.document)  # verified against the targets in force
+        key_bins = every_key_bin(keys) if changes.every_bin else {}
         if changes.targets is not None:  # a new targets role, not in the snapshot yet
             state.targets = Metadata.from_bytes(changes.targets)
         _check_online_key(store, state, signer)
@@ -224,7 +247,9 @@ def publish_signed(
         for reason in state.refused.values():
             logger.warning("%s; signing it again from the signed document", reason)
         document = changed if changed is not None else state.document
-        done = _publish_once(store, state, signer, now or utcnow(), changes, document)
+        if changes.keys is not None:
+            key_bins |= changes.keys(keys)
+        done = _publish_once(store, state, signer, now or utcnow(), changes, document, key_bins)
         if done is not None:
             return dataclasses.replace(done, changed=changed is not None, healed=state.refused)
         time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))

@@ -134,7 +134,8 @@ def _signed_by(delegator: Metadata[Any], role: str, version: int | None = None) 
 
     def check(data: bytes, metadata: Metadata[Any]) -> None:
         delegator.verify_delegate(role, metadata)
-        if metadata.signed.type != ("targets" if role.startswith("bin") else role):
+        top_level = role in ("root", "timestamp", "snapshot", "targets")
+        if metadata.signed.type != (role if top_level else "targets"):
             raise tuf_errors.RepositoryError(f"it is a {metadata.signed.type}, not {role}")
         if version is not None and metadata.signed.version != version:
             raise tuf_errors.BadVersionNumberError(
@@ -208,6 +209,9 @@ class RepositoryState:
     """Bins the snapshot names that do not verify, and why."""
     document: Manifest | None = None
     """The signed manifest document: every model's entry as last signed."""
+    repository: str = ""
+    """The repository's identity (the hash of its first root): what verified files are
+    cached under (``load_versioned``)."""
 
     @property
     def succinct(self) -> SuccinctRoles:
@@ -252,7 +256,7 @@ def read_state(store: Store, *, rotating: bool = False) -> RepositoryState:
         targets: Metadata[Targets] = load_versioned(
             store, repository, metadata_key("targets", 1), _signed_by(root, "targets", 1)
         )
-        return RepositoryState(root, targets, None, None, None)
+        return RepositoryState(root, targets, None, None, None, repository=repository)
     timestamp: Metadata[Timestamp] = parse_metadata(store, TIMESTAMP_KEY, found.data)
     signer_root = _online_root(store, chain, timestamp, rotating)
     snapshot_meta = timestamp.signed.snapshot_meta
@@ -272,7 +276,7 @@ def read_state(store: Store, *, rotating: bool = False) -> RepositoryState:
         metadata_key("targets", targets_version),
         _signed_by(root, "targets", targets_version),
     )
-    state = RepositoryState(root, targets, snapshot, timestamp, found.etag)
+    state = RepositoryState(root, targets, snapshot, timestamp, found.etag, repository=repository)
     _read_bins(store, repository, state, meta)
     state.document = _signed_document(store, state, meta)
     return state

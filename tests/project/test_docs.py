@@ -59,9 +59,9 @@ def test_readme_links_to_pages_that_exist() -> None:
 
 def test_the_cli_references_code_blocks_fit_the_text_column() -> None:
     """About 80 characters of code fit the docs' text column with both sidebars shown; the
-    help was rendered at 100 and 20 of its 21 blocks ran off the column's edge."""
+    help was rendered at 100 and 20 of its 21 blocks (22 now) ran off the column's edge."""
     page = (REPO / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```text\n(.*?)```", page, re.S)
-    assert len(blocks) == 21
+    assert len(blocks) == 22
     wide = [line for block in blocks for line in block.splitlines() if len(line) > 80]
     assert wide == []

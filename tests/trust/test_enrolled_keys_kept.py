@@ -1,4 +1,4 @@
-"""Enrolled device keys (``Manifest.device_keys``) survive every later change of the signed
+"""Enrolled device keys (the signed key bins) survive every later change of the signed
 manifest: a rollout moved by the gate or by hand (advance, halt, revert), a publish, a
 retirement, a revocation of another device; on a local store and on S3 over HTTP (moto).
 A change that dropped them would leave a rollout that requires authenticated reports deaf
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from epfleet.cli.app import main
-from epfleet.fleet.publishing.publish import read_in_force
+from epfleet.fleet.evidence.enrolment import keys_in_force
 from epfleet.fleet.rollout.rollouts import Move, move
 from epfleet.formats.rollout import Rollout, RolloutPolicy
 from epfleet.stores import Store
@@ -43,9 +43,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def enrolled(store: Store) -> set[str]:
-    manifest = read_in_force(store).manifest  # the signed document
-    assert manifest is not None
-    return set(manifest.device_keys)
+    return set(keys_in_force(store))  # the signed key bins
 
 
 def test_enrolled_keys_survive_rollout_moves_and_publishes(

@@ -1,11 +1,13 @@
 """Enrolled device keys: the public half of each device's report-signing key, kept in the
-signed manifest (``Manifest.device_keys``), so that only a holder of the store's online key
-can enrol or revoke a device, and the rollout gate reads them from the same signed state
-as the rollouts it judges.
+store's signed metadata as hashed-bin targets of their own (``epfleet.trust.device_keys``),
+so that only a holder of the store's online key can enrol or revoke a device, the rollout
+gate reads them from the same signed state as the rollouts it judges, and a device's sync
+downloads none of them.
 
 ``enroll`` adds a device's key in one signed publish (refused for a store without trust
-metadata: an unsigned manifest would let anyone who can write the store enrol a key);
-``revoke`` removes it and records it in ``Manifest.revoked_device_keys``. One key belongs
+metadata: unsigned keys would let anyone who can write the store enrol a key); ``revoke``
+removes it and records it as revoked in the device's record. ``keys_in_force`` and
+``enrolled_keys`` are how readers look keys up, a device's bin at a time. One key belongs
 to one device: a key enrolled for another device is refused, and a revoked key stays
 revoked unless ``force`` enrols it again, for the device it was revoked from (the reports
 it signed before its revocation count again). The private key is made here and written
@@ -16,6 +18,7 @@ device and only its public key given. A device signs its reports with it (``EPFL
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +30,23 @@ from cryptography.hazmat.primitives.serialization import (
 from securesystemslib.signer import SSlibKey
 
 from epfleet.errors import BadInputError
-from epfleet.fleet.publishing.publish import update_manifest
-from epfleet.formats.manifest import NAME_PATTERN, DeviceKey, Manifest, RevokedKey, utcnow
+from epfleet.fleet.publishing.publish import InForce, read_in_force, write_copy
+from epfleet.formats.manifest import NAME_PATTERN, DeviceKey, RevokedKey, utcnow
+from epfleet.settings import settings
 from epfleet.stores import Store
+from epfleet.trust.device_keys import (
+    DeviceRecord,
+    EnrolledKeys,
+    KeyBook,
+    KeyClaim,
+    key_bins_changed,
+    without_legacy_keys,
+)
 from epfleet.trust.key_location import check_keys_location
 from epfleet.trust.keys import new_key, write_private_key
 from epfleet.trust.pins import signed_store
+from epfleet.trust.signers import signer_for
+from epfleet.trust.signing import Changes, TrustPublished, publish_signed
 
 
 def key_entry(public: SSlibKey) -> DeviceKey:
@@ -104,33 +118,39 @@ def enroll(
     entry = key_entry(public)
     revoked_before: list[RevokedKey] = []
 
-    def add(current: Manifest | None) -> Manifest | None:
-        current = current or Manifest()
+    def add(book: KeyBook) -> list[DeviceRecord | KeyClaim]:
         revoked_before.clear()
-        if device in current.device_keys:
-            held = current.device_keys[device].keyid[:12]
+        record = book.record(device)
+        if record is not None and record.key is not None:
             raise BadInputError(
-                f"device {device!r} is enrolled already (key {held}); revoke it first to "
-                "enrol another key"
+                f"device {device!r} is enrolled already (key {record.key.keyid[:12]}); revoke "
+                "it first to enrol another key"
             )
-        holder = next((d for d, k in current.device_keys.items() if k.keyid == entry.keyid), None)
-        if holder is not None:
-            raise BadInputError(
-                f"key {entry.keyid[:12]} is enrolled for device {holder!r}: one key belongs to "
-                f"one device; give {device!r} a key of its own"
-            )
-        revoked = current.revoked_device_keys.get(entry.keyid)
-        if revoked is not None:
-            _check_enrol_again(revoked, entry, device, force)
-            revoked_before.append(revoked)
-        keys = current.device_keys | {device: entry}
-        still_revoked = {k: r for k, r in current.revoked_device_keys.items() if k != entry.keyid}
-        return current.succeeded_by(dict(current.models), utcnow()).model_copy(
-            update={"device_keys": keys, "revoked_device_keys": still_revoked}
-        )
+        holder = book.claim(entry.keyid)
+        if holder is not None and holder != device:
+            held = book.record(holder)
+            when = held.revoked.get(entry.keyid) if held is not None else None
+            if when is None:
+                raise BadInputError(
+                    f"key {entry.keyid[:12]} is enrolled for device {holder!r}: one key "
+                    f"belongs to one device; give {device!r} a key of its own"
+                )
+            _check_enrol_again(RevokedKey(device=holder, revoked_at=when), entry, device, force)
+        revoked = record.revoked if record is not None else {}
+        if entry.keyid in revoked:
+            again = RevokedKey(device=device, revoked_at=revoked[entry.keyid])
+            _check_enrol_again(again, entry, device, force)
+            revoked_before.append(again)
+        still_revoked = {k: when for k, when in revoked.items() if k != entry.keyid}
+        changed: list[DeviceRecord | KeyClaim] = [
+            DeviceRecord(device=device, key=entry, revoked=still_revoked)
+        ]
+        if holder is None:
+            changed.append(KeyClaim(keyid=entry.keyid, device=device))
+        return changed
 
     try:
-        update_manifest(store, add)
+        publish_keys(store, add)
     except BaseException:
         if written is not None:
             written.unlink(missing_ok=True)  # never enrolled: no key left behind
@@ -155,23 +175,81 @@ def _check_enrol_again(revoked: RevokedKey, entry: DeviceKey, device: str, force
 
 
 def revoke(store: Store, device: str) -> DeviceKey:
-    """Remove ``device``'s key from the signed manifest, recording it as revoked: its
+    """Remove ``device``'s key from the signed key bins, recording it as revoked: its
     reports no longer count, and enrolling it again needs ``force``."""
     removed: list[DeviceKey] = []
 
-    def drop(current: Manifest | None) -> Manifest | None:
+    def drop(book: KeyBook) -> list[DeviceRecord | KeyClaim]:
         removed.clear()
-        if current is None or device not in current.device_keys:
+        record = book.record(device)
+        if record is None or record.key is None:
             raise BadInputError(f"device {device!r} is not enrolled in {store.uri}")
-        removed.append(current.device_keys[device])
-        keys = {d: k for d, k in current.device_keys.items() if d != device}
-        gone = current.device_keys[device]
-        revoked = current.revoked_device_keys | {
-            gone.keyid: RevokedKey(device=device, revoked_at=utcnow())
-        }
-        return current.succeeded_by(dict(current.models), utcnow()).model_copy(
-            update={"device_keys": keys, "revoked_device_keys": revoked}
-        )
+        removed.append(record.key)
+        revoked = {**record.revoked, record.key.keyid: utcnow()}
+        return [DeviceRecord(device=device, key=None, revoked=revoked)]
 
-    update_manifest(store, drop)
+    publish_keys(store, drop)
     return removed[0]
+
+
+def migrate_keys(store: Store) -> int:
+    """Move the keys a store's signed manifest still carries (``device_keys``,
+    ``revoked_device_keys``, written before the keys had bins of their own) into the key
+    bins, in one signed publish that drops them from the manifest; the number of devices
+    moved (0: nothing to move, nothing signed)."""
+    moved: list[int] = []
+
+    def nothing_else(book: KeyBook) -> list[DeviceRecord | KeyClaim]:
+        moved[:] = [len(set(book.legacy_keys) | {r.device for r in book.legacy_revoked.values()})]
+        return []
+
+    publish_keys(store, nothing_else)
+    return moved[0] if moved else 0
+
+
+def publish_keys(
+    store: Store, edit: Callable[[KeyBook], list[DeviceRecord | KeyClaim]]
+) -> TrustPublished:
+    """Sign the records ``edit`` derives from the signed key bins (the bins they live in,
+    then snapshot and timestamp, by compare-and-swap: ``edit`` runs again on the newer
+    state after a lost race), moving any keys the manifest still carries into the bins in
+    the same publish."""
+    if not signed_store(store):
+        raise BadInputError(
+            f"{store.uri} has no trust metadata: authenticated reports need a signed store "
+            "(epfleet trust init), or anyone who can write it could enrol a key"
+        )
+    signer = signer_for(store)
+    assert signer is not None  # a signed store has a signer, or signer_for raised
+    done = publish_signed(
+        store,
+        signer,
+        None,
+        Changes(
+            change=lambda document: without_legacy_keys(document, utcnow()),
+            keys=lambda book: key_bins_changed(book, edit(book)),
+        ),
+    )
+    if done.changed:
+        write_copy(store)  # the manifest lost its keys: its copy follows
+    return done
+
+
+def keys_in_force(store: Store, in_force: InForce | None = None) -> EnrolledKeys:
+    """The enrolled device keys in force (``in_force``: the manifest in force, read
+    already), looked up device by device in the signed key bins, and in the manifest of a
+    store whose keys have not moved yet."""
+    in_force = in_force if in_force is not None else read_in_force(store)
+    return EnrolledKeys(KeyBook(store, in_force.state, in_force.manifest, local_key_bins()))
+
+
+def local_key_bins() -> Path:
+    """Where this machine keeps the key bins its readers verified (the worker cache)."""
+    return settings().cache / "work" / "key-bins"
+
+
+def enrolled_keys(store: Store, devices: Iterable[str]) -> dict[str, DeviceKey]:
+    """The keys in force of ``devices`` (those enrolled), reading only their bins."""
+    wanted = list(devices)
+    keys = keys_in_force(store).prefetch(wanted)
+    return {device: keys[device] for device in wanted if device in keys}

@@ -58,6 +58,7 @@ from epfleet.fsutil import atomic_write_bytes
 from epfleet.settings import settings
 from epfleet.stores import DocumentTooLarge, Store, document_limit
 from epfleet.text import printable
+from epfleet.trust.device_keys import EnrolledKeys
 
 INDEX_PREFIX = "reports/evidence-index"
 WRITE_ATTEMPTS = 10
@@ -137,7 +138,9 @@ class IndexPass:
 
 def heard_from(key: str, record: Record) -> DeviceReport | Unattributed:
     signature = record.get("signature")
-    checked = CheckedSignature(**signature) if signature is not None else None
+    checked = (
+        CheckedSignature(signature["key"], signature["verified"]) if signature is not None else None
+    )
     if "counted" in record:
         return restore(record["counted"], checked)
     if "problem" in record:
@@ -154,6 +157,7 @@ def fold(
     stamp: Stamp,
     read_after: float,
     enrolled_key: DeviceKey | None,
+    key_stamp: str | None = None,
 ) -> Record:
     """The record of a report listed with ``stamp``, read after ``read_after`` (the store's
     clock) as ``raw`` and heard by the gate as ``heard`` (the one remembered, when it
@@ -174,6 +178,8 @@ def fold(
             "key": device_key_fingerprint(enrolled_key),
             "verified": enrolled_key is not None and signed_by(heard, enrolled_key),
         }
+        if key_stamp is not None:
+            record["signature"]["keys"] = key_stamp
     return record
 
 
@@ -206,11 +212,20 @@ def update(
         newest = max(newest, stamp[1])
         found.listed += 1
     read_after = started if started is not None else newest
-    fingerprints = {device: device_key_fingerprint(k) for device, k in enrolled.items()}
+    key_stamp = enrolled.stamp if isinstance(enrolled, EnrolledKeys) else lambda _: None
 
-    def enrolled_fingerprint(report_key: str) -> str | None:
+    def enrolled_fingerprint(report_key: str, kept: Record | None) -> str | None:
+        """Looked up only where ``must_read`` compares it (a signed record), and only when
+        the device's signed key bin changed since the record was folded: a lookup reads
+        that bin."""
         device = key_device(report_key)
-        return fingerprints.get(device) if device is not None else None
+        if device is None or kept is None or kept.get("signature") is None:
+            return None
+        stamp = key_stamp(device)
+        if stamp is not None and kept["signature"].get("keys") == stamp:
+            known: str | None = kept["signature"]["key"]
+            return known
+        return device_key_fingerprint(enrolled.get(device))
 
     def one_shard(shard: int) -> tuple[bytes, int, bool, bool]:
         """The shard brought up to date and written back: its records of listed reports
@@ -222,8 +237,13 @@ def update(
         read = 0
         for report_key, stamp in keys.items():
             kept = base.get(report_key)
-            fingerprint = enrolled_fingerprint(report_key)
+            fingerprint = enrolled_fingerprint(report_key, kept)
             if not (rebuild or must_read(kept, stamp, fingerprint, settle)):
+                device = key_device(report_key)
+                now_stamp = key_stamp(device) if device is not None else None
+                if kept is not None and kept.get("signature") and now_stamp is not None:
+                    signature = {**kept["signature"], "keys": now_stamp}  # the key, same
+                    records[report_key] = {**kept, "signature": signature}
                 continue
             read += 1
             got = _read_report(reports, report_key, order)
@@ -232,7 +252,9 @@ def update(
                 continue
             device = key_device(report_key)
             enrolled_key = enrolled.get(device) if device else None
-            records[report_key] = fold(*got, stamp, read_after, enrolled_key)
+            records[report_key] = fold(
+                *got, stamp, read_after, enrolled_key, key_stamp(device) if device else None
+            )
         written = False
         if records != base and write:
             records, written, stored = _write_shard(reports, shard, key, records, base, etag, found)

@@ -54,7 +54,7 @@ from epfleet.stores import MANIFEST_KEY, Store
 from epfleet.trust.layout import TIMESTAMP_KEY
 from epfleet.trust.model_signatures import model_signer_for, signing_new_variants
 from epfleet.trust.pins import read_pinned_state, signed_store
-from epfleet.trust.repository import publish_trust, read_state
+from epfleet.trust.repository import RepositoryState, publish_trust, read_state
 from epfleet.trust.signers import signer_for
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,8 @@ class InForce:
     """The object a publish replaces: timestamp.json on a signed store, else manifest.json."""
     etag: str | None
     """``key``'s etag when read (None: no such object)."""
+    state: RepositoryState | None = None
+    """The verified signed state it was read from (None: an unsigned store)."""
 
 
 def read_in_force(store: Store) -> InForce:
@@ -97,7 +99,7 @@ def read_in_force(store: Store) -> InForce:
     gone, replaced or rolled back: its ``manifest.json`` is never read instead."""
     if signed_store(store):
         state = read_pinned_state(store)  # readers go on through a key rotation
-        return InForce(state.document, TIMESTAMP_KEY, state.timestamp_etag)
+        return InForce(state.document, TIMESTAMP_KEY, state.timestamp_etag, state)
     manifest, etag = read_manifest(store)
     return InForce(manifest, MANIFEST_KEY, etag)
 

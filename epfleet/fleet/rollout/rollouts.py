@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import BadInputError
+from epfleet.fleet.evidence.enrolment import keys_in_force
 from epfleet.fleet.evidence.field_rules import FieldRow, field_view
 from epfleet.fleet.evidence.fleet_reports import full_attributed_device_reports, index_pass
 from epfleet.fleet.evidence.ranking_rules import LatencyTally, ProfileChoice, explain, rank
@@ -122,14 +123,15 @@ def read_evidence(
     the gate's verdict at ``clock.now()`` (a stage's ``min_hours``), and the field view,
     from the evidence index brought up to date (``epfleet.fleet.evidence.index``), or with
     ``full`` from one streamed pass over every report (a recount, the index untouched)."""
-    manifest = read_in_force(store).manifest
+    signed = read_in_force(store)
+    manifest = signed.manifest
     entries = manifest.models if manifest is not None else {}
     unknown = sorted(set(models or ()) - set(entries))
     if unknown:
         raise BadInputError(f"no model {', '.join(unknown)} in {store.uri}")
     staged = {n: e.rollout for n, e in entries.items() if e.rollout and (not models or n in models)}
     evidence = {name: Evidence() for name in staged}
-    enrolled = manifest.device_keys if manifest is not None else {}
+    enrolled = keys_in_force(store, signed)
     tally = {"read": 0, "unreadable": 0, "key": 0}
     latencies = LatencyTally()
     now = _now(clock)
@@ -219,8 +221,7 @@ def check_index(store: Store, clock: Clock = SYSTEM_CLOCK) -> tuple[GateReading,
 def rebuild_index(store: Store) -> IndexCounts:
     """The evidence index rebuilt from every report (each read again, the shards' records
     set aside), as the gate hears them now."""
-    manifest = read_in_force(store).manifest
-    indexed = index_pass(store, manifest.device_keys if manifest else {}, rebuild=True)
+    indexed = index_pass(store, keys_in_force(store), rebuild=True)
     return IndexCounts(
         listed=indexed.listed,
         reports_read=indexed.reports_read,

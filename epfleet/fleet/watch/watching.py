@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from epfleet.fleet.evidence.enrolment import keys_in_force
 from epfleet.fleet.evidence.reading import Problems, check_report_window
 from epfleet.fleet.evidence.rules import Unattributed
 from epfleet.fleet.publishing.publish import read_in_force
@@ -35,7 +36,8 @@ def watch_once(spec: str, store: str, report_max_age_days: int) -> WatchFindings
     The device reports are streamed (never all held)."""
     fleet = load_spec(Path(spec))
     target_store = open_store(store)
-    manifest = read_in_force(target_store).manifest
+    in_force = read_in_force(target_store)
+    manifest = in_force.manifest
     max_age = timedelta(days=report_max_age_days)
     check_report_window(max_age, "runtime-watch's report_max_age_days")
     runtime = compile_worker_runtime(fleet)
@@ -43,7 +45,7 @@ def watch_once(spec: str, store: str, report_max_age_days: int) -> WatchFindings
     problems, read = Problems(), [0]
 
     def reports() -> Iterator[DeviceReport]:
-        enrolled = manifest.device_keys if manifest is not None else {}
+        enrolled = keys_in_force(target_store, in_force)
         for found in stream_device_reports(target_store, enrolled=enrolled):
             if isinstance(found, Unattributed):
                 problems.add(found)

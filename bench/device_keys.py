@@ -1,0 +1,256 @@
+"""What enrolled device keys cost in the signed key bins, against the manifest that carried
+them before, on a local signed store.
+
+    python bench/device_keys.py [--devices 10000,100000] [--enrols 5]
+
+For each N: a signed store with 3 models and N enrolled devices, built twice: the keys in
+the signed key bins (``epfleet.trust.device_keys``, what ``epfleet device enroll`` writes
+now), and the same keys in the signed manifest (``Manifest.device_keys``, what it wrote
+before; the "before" column). Printed side by side:
+
+- enrol: wall time of one more ``enroll`` (a key made elsewhere, ``--public-key``), the
+  median of ``--enrols``, with N already enrolled (before: one signed publish of the
+  manifest with one more key, what ``enroll`` did);
+- bin: the bytes of a key bin (mean of those signed), and of the signed snapshot;
+- device sync: the signed-metadata bytes a device's first sync fetches (every model: the
+  signed manifest.json, ``ManifestStatus.body_bytes``) and an unchanged poll, and after
+  one enrolment (what every device fetches after each enrolment);
+- readers: wall time and key bins verified to look up the keys of 5 % of the devices (what
+  a gate pass that folds 5 % new reports asks) in a new process, on a new machine and on
+  one that verified the bins before (its copies in the worker cache).
+
+The "before" store is built by signing a manifest that carries the keys (one publish), as
+an older epfleet left it; keys are made once and shared by both stores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat  # noqa: E402
+from securesystemslib.signer import SSlibKey  # noqa: E402
+
+from epfleet.device.policy import SyncPolicy  # noqa: E402
+from epfleet.device.session import sync  # noqa: E402
+from epfleet.fleet.evidence.enrolment import (  # noqa: E402
+    enroll,
+    enrolled_keys,
+    keys_in_force,
+    local_key_bins,
+    publish_keys,
+)
+from epfleet.fleet.publishing.publish import read_in_force, update_manifest  # noqa: E402
+from epfleet.formats.manifest import DeviceKey, Manifest, utcnow  # noqa: E402
+from epfleet.stores import open_store  # noqa: E402
+from epfleet.trust.device_keys import DeviceRecord, KeyBook, KeyClaim  # noqa: E402
+from epfleet.trust.layout import metadata_key  # noqa: E402
+from epfleet.trust.repository import development_root  # noqa: E402
+from epfleet.trust.state import clear_cache  # noqa: E402
+from tests.support.publish_helpers import publish_new  # noqa: E402
+
+MODELS = 3
+
+
+def device_keys(n: int) -> dict[str, DeviceKey]:
+    """N device ids and public keys (P-256, as ``epfleet device enroll`` makes them)."""
+    keys = {}
+    now = utcnow()
+    for i in range(n):
+        public = ec.generate_private_key(ec.SECP256R1()).public_key()
+        key = SSlibKey.from_crypto(public)
+        pem = public.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode()
+        keys[f"dev-{i:07d}"] = DeviceKey(
+            keyid=key.keyid, keytype=key.keytype, scheme=key.scheme, public=pem, enrolled_at=now
+        )
+    return keys
+
+
+def new_store(folder: Path) -> Any:
+    store = open_store(str(folder / "store"))
+    for i in range(MODELS):
+        publish_new(store, i)  # the first publish signs it with development keys
+    return store
+
+
+def in_bins(store: Any, keys: dict[str, DeviceKey]) -> float:
+    """Every key enrolled in the key bins, in one signed publish; its wall time."""
+
+    def records(book: KeyBook) -> list[DeviceRecord | KeyClaim]:
+        made: list[DeviceRecord | KeyClaim] = []
+        for device, key in keys.items():
+            made.append(DeviceRecord(device=device, key=key))
+            made.append(KeyClaim(keyid=key.keyid, device=device))
+        return made
+
+    started = time.perf_counter()
+    publish_keys(store, records)
+    return time.perf_counter() - started
+
+
+def in_manifest(store: Any, keys: dict[str, DeviceKey]) -> None:
+    def carried(current: Manifest | None) -> Manifest | None:
+        assert current is not None
+        return current.succeeded_by(dict(current.models), utcnow()).model_copy(
+            update={"device_keys": keys}
+        )
+
+    update_manifest(store, carried)
+
+
+def enrol_times(store: Any, folder: Path, count: int) -> float:
+    times = []
+    for i in range(count):
+        public = folder / f"new-{i}.pem"
+        made = ec.generate_private_key(ec.SECP256R1()).public_key()
+        public.write_bytes(made.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+        started = time.perf_counter()
+        enroll(store, f"new-{folder.name}-{i}", public_key=public)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def manifest_enrol_times(store: Any, count: int) -> float:
+    """What an enrolment cost before: one signed publish of the manifest with one more key."""
+    times = []
+    for i in range(count):
+        [(_, key)] = device_keys(1).items()
+        started = time.perf_counter()
+        current = read_in_force(store).manifest
+        assert current is not None
+        in_manifest(store, {**current.device_keys, f"new-{i}": key})
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def sync_bytes(store: Any, folder: Path, enrol: bool) -> tuple[int, int, int]:
+    """Metadata bytes of a device's first sync, an unchanged poll, and a poll after one
+    more enrolment (on the keys' side of ``enrol``: bins, else the manifest)."""
+    root = development_root(store.uri)
+    cache = folder / "device"
+
+    def one() -> int:
+        clear_cache()
+        found = sync(store.uri, cache, SyncPolicy(), "dev-0000000", trust_root=root)
+        return found.manifest.body_bytes
+
+    first, unchanged = one(), one()
+    made = ec.generate_private_key(ec.SECP256R1()).public_key()
+    public = folder / "late.pem"
+    public.write_bytes(made.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    if enrol:
+        enroll(store, "late-device", public_key=public)
+    else:
+        key = SSlibKey.from_crypto(made)
+        late = DeviceKey(
+            keyid=key.keyid,
+            keytype=key.keytype,
+            scheme=key.scheme,
+            public=public.read_text(),
+            enrolled_at=utcnow(),
+        )
+        current = read_in_force(store).manifest
+        assert current is not None
+        in_manifest(store, {**current.device_keys, "late-device": late})
+    return first, unchanged, one()
+
+
+def sizes(store: Any) -> tuple[float, int]:
+    state = read_in_force(store).state
+    assert state is not None and state.snapshot is not None
+    meta = state.snapshot.signed.meta
+    bins = [n for n in meta if n.startswith("keys-")]
+    lengths = []
+    for name in bins:
+        found = store.size(metadata_key(name[: -len(".json")], meta[name].version))
+        lengths.append(found or 0)
+    snapshot = store.size(metadata_key("snapshot", state.snapshot.signed.version)) or 0
+    return (statistics.mean(lengths) if lengths else 0.0), snapshot
+
+
+def lookup(store: Any, devices: list[str], *, same_machine: bool = False) -> tuple[float, int]:
+    """Wall time and key bins verified to look up ``devices``' keys in a new process: on a
+    new machine, or (``same_machine``) on one that verified the bins before."""
+    clear_cache()
+    if not same_machine:
+        shutil.rmtree(local_key_bins(), ignore_errors=True)
+    started = time.perf_counter()
+    keys = keys_in_force(store).prefetch(devices)
+    found = {d: keys[d] for d in devices if d in keys}
+    took = time.perf_counter() - started
+    assert len(found) == len(devices)
+    assert enrolled_keys(store, devices[:1])
+    return took, keys.book.bins_read
+
+
+def run(n: int, enrols: int) -> dict[str, Any]:
+    keys = device_keys(n)
+    sample = random.Random(0).sample(sorted(keys), max(1, n // 20))
+    row: dict[str, Any] = {"n": n}
+    with tempfile.TemporaryDirectory() as tmp:
+        after, before = Path(tmp) / "after", Path(tmp) / "before"
+        after.mkdir()
+        before.mkdir()
+        bins_store, manifest_store = new_store(after), new_store(before)
+        row["build"] = in_bins(bins_store, keys)
+        in_manifest(manifest_store, keys)
+        row["enrol"] = enrol_times(bins_store, after, enrols)
+        row["enrol_before"] = manifest_enrol_times(manifest_store, enrols)
+        row["bin"], row["snapshot"] = sizes(bins_store)
+        _, row["snapshot_before"] = sizes(manifest_store)
+        row["sync"] = sync_bytes(bins_store, after, enrol=True)
+        row["sync_before"] = sync_bytes(manifest_store, before, enrol=False)
+        row["lookup"], row["bins_read"] = lookup(bins_store, sample)
+        row["lookup_again"], row["bins_read_again"] = lookup(bins_store, sample, same_machine=True)
+        row["lookup_before"], _ = lookup(manifest_store, sample)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", default="10000,100000")
+    parser.add_argument("--enrols", type=int, default=5)
+    args = parser.parse_args()
+    os.environ["EPFLEET_CACHE"] = tempfile.mkdtemp(prefix="bench-device-keys-cache-")
+    rows = [run(int(n), args.enrols) for n in args.devices.split(",")]
+
+    def shown(value: float) -> str:
+        return f"{value:,.3f}" if isinstance(value, float) and value < 100 else f"{value:,.0f}"
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}x" if b else "-"
+
+    print(f"{'':44}{'bins':>14}{'manifest':>14}{'ratio':>9}")
+    for r in rows:
+        n = r["n"]
+        print(f"N = {n:,} enrolled (bulk publish into bins: {r['build']:.1f} s)")
+        lines = [
+            ("enrol one more device, s", r["enrol"], r["enrol_before"]),
+            ("signed snapshot, bytes", r["snapshot"], r["snapshot_before"]),
+            ("a key bin, bytes (mean)", r["bin"], 0),
+            ("device first sync, metadata bytes", r["sync"][0], r["sync_before"][0]),
+            ("device unchanged poll, bytes", r["sync"][1], r["sync_before"][1]),
+            ("device poll after one enrolment, bytes", r["sync"][2], r["sync_before"][2]),
+            (f"look up 5 % ({n // 20:,}) keys, s", r["lookup"], r["lookup_before"]),
+            ("  the same, bins verified before, s", r["lookup_again"], r["lookup_before"]),
+        ]
+        for label, mine, theirs in lines:
+            print(f"  {label:42}{shown(mine):>14}{shown(theirs):>14}{ratio(mine, theirs):>9}")
+        print(f"  {'key bins verified for that lookup':42}{r['bins_read']:>14}")
+        print(f"  {'  the same, bins verified before':42}{r['bins_read_again']:>14}")
+
+
+if __name__ == "__main__":
+    main()

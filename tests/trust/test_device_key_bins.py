@@ -1,0 +1,358 @@
+"""Enrolled device keys live in signed hashed bins of their own (epfleet/trust/device_keys.py),
+on a local store and on S3 over HTTP (moto): an enrolment signs one key bin (two for a key
+new to the store: its claim's bin), the snapshot and the timestamp, never the manifest or a
+model's bin; racing enrolments lose nothing; a device's sync reads no key bin; readers
+look a device's key up in its bin only; a key bin forged, tampered with or replayed by
+someone without the online key is refused by name, and a report signed by a key only such a
+bin names does not count; a store whose manifest still carries keys is read through both
+until ``epfleet device migrate-keys`` (or the next enrolment) moves them."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from securesystemslib.signer import SSlibKey
+from tuf.api.metadata import Metadata, TargetFile, Targets
+
+from epfleet.cli.app import main
+from epfleet.device.policy import SyncPolicy
+from epfleet.device.session import sync
+from epfleet.errors import Unverified
+from epfleet.fleet.evidence.enrolment import (
+    enroll,
+    enrolled_keys,
+    key_entry,
+    keys_in_force,
+    local_key_bins,
+    revoke,
+)
+from epfleet.fleet.evidence.fleet_reports import index_pass
+from epfleet.fleet.publishing.publish import read_in_force, read_manifest, update_manifest
+from epfleet.fleet.rollout.rollouts import read_evidence
+from epfleet.formats.device_report import encode_report, report_key
+from epfleet.formats.manifest import Manifest, RevokedKey, utcnow
+from epfleet.stores import Store
+from epfleet.trust.device_keys import DeviceRecord, record_target
+from epfleet.trust.keys import (
+    generate_online_file,
+    load_offline,
+    new_key,
+    online_signer,
+    public_key_of,
+    read_private_key,
+)
+from epfleet.trust.layout import metadata_key
+from epfleet.trust.repository import development_root, rotate_online_key
+from epfleet.trust.signing import SERIALIZER
+from epfleet.trust.state import clear_cache
+from tests.support.signed_store import signed_store, stage
+from tests.support.staged_rollout import MEMBERS, POLICY, ROLLOUT, report
+from tests.support.tiers import on_stores
+
+pytestmark = pytest.mark.fast
+
+SIGNED_ROLLOUT = ROLLOUT.model_copy(
+    update={"policy": POLICY.model_copy(update={"authenticated_reports": True, "min_reports": 1})}
+)
+
+
+@pytest.fixture(params=on_stores("local", "s3"))
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """A signed store, model-0 under a rollout that counts only signed reports."""
+    opened = signed_store(request, tmp_path, monkeypatch)
+    stage(opened, SIGNED_ROLLOUT)
+    return opened
+
+
+def new_machine() -> None:
+    """What a reader on another machine starts with: nothing verified, in memory or kept."""
+    clear_cache()
+    shutil.rmtree(local_key_bins(), ignore_errors=True)
+
+
+def snapshot_versions(store: Store) -> dict[str, int]:
+    state = read_in_force(store).state
+    assert state is not None and state.snapshot is not None
+    return {name: meta.version for name, meta in state.snapshot.signed.meta.items()}
+
+
+def key_bin_of(store: Store, device: str) -> tuple[str, int]:
+    """The name of ``device``'s key bin and the version the snapshot signs."""
+    book = keys_in_force(store).book
+    name = book.bin_of(record_target(DeviceRecord(device=device)).info.path)
+    return name, snapshot_versions(store)[f"{name}.json"]
+
+
+def test_an_enrolment_signs_its_key_bins_only_and_readers_read_only_theirs(
+    store: Store, tmp_path: Path
+) -> None:
+    enroll(store, "dev-000", keys_dir=tmp_path / "keys")
+    before = snapshot_versions(store)
+    generation = read_manifest(store)[0]
+    enroll(store, "dev-001", keys_dir=tmp_path / "keys")
+    after = snapshot_versions(store)
+    changed = sorted(n for n, v in after.items() if before.get(n) != v)
+    assert 1 <= len(changed) <= 2 and all(n.startswith("keys-") for n in changed), changed
+    manifest = read_in_force(store).manifest
+    assert manifest is not None and manifest.device_keys == {}
+    assert read_manifest(store)[0] == generation  # neither the manifest nor its copy moved
+
+    new_machine()
+    keys = keys_in_force(store)
+    found = keys.get("dev-001")
+    assert found is not None and keys.book.bins_read == 1  # its bin, no other
+    wanted = enrolled_keys(store, ["dev-000", "dev-001", "dev-999"])
+    assert sorted(wanted) == ["dev-000", "dev-001"] and wanted["dev-001"] == found
+    assert sorted(keys) == ["dev-000", "dev-001"]
+    clear_cache()  # a new process on the same machine: the bins it verified are kept
+    again = keys_in_force(store)
+    assert again.get("dev-001") == found and again.book.bins_read == 0
+
+
+def test_racing_enrolments_and_revocations_lose_nothing(store: Store, tmp_path: Path) -> None:
+    devices = [f"dev-{i:03d}" for i in range(8)]
+    public = {d: public_key_file(tmp_path / "public", d) for d in devices}
+    errors: list[BaseException] = []
+
+    def enrol_some(mine: list[str]) -> None:
+        try:
+            for device in mine:
+                enroll(store, device, public_key=public[device])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enrol_some, args=(devices[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(keys_in_force(store)) == devices
+    revokers = [threading.Thread(target=revoke, args=(store, d)) for d in devices[:3]]
+    for thread in revokers:
+        thread.start()
+    for thread in revokers:
+        thread.join()
+    assert sorted(keys_in_force(store)) == devices[3:]
+    records = keys_in_force(store).book.every_record()
+    assert all(len(records[d].revoked) == 1 for d in devices[:3])
+
+
+def public_key_file(folder: Path, device: str) -> Path:
+    """A public key file for ``device``, as a device that makes its own key gives it."""
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{device}.pub.pem"
+    path.write_text(new_key().public_key.keyval["public"])
+    return path
+
+
+def forged_bin(store: Store, name: str, version: int, device: str, key: SSlibKey) -> bytes:
+    """What a store writer without the online key can make: key bin ``name`` at
+    ``version`` naming ``key`` for ``device``, signed by a key of their own."""
+    signed = read_in_force(store).state
+    assert signed is not None
+    target = record_target(DeviceRecord(device=device, key=key_entry(key)))
+    forged = Targets(version=version, targets={target.info.path: target.info})
+    metadata = Metadata(forged)
+    metadata.sign(new_key())
+    return metadata.to_bytes(SERIALIZER)
+
+
+def test_forged_tampered_and_replayed_key_bins_are_refused(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    device = MEMBERS[0]
+    enroll(store, device, keys_dir=tmp_path / "keys")
+    member = read_private_key(tmp_path / "keys" / f"{device}.pem")
+    attacker = new_key()
+    assert isinstance(attacker.public_key, SSlibKey)
+    name, version = key_bin_of(store, device)
+
+    # a forged next version, which no snapshot names: ignored; the attacker's report does
+    # not count, the member's own does
+    store.write(
+        metadata_key(name, version + 1),
+        forged_bin(store, name, version + 1, device, attacker.public_key),
+    )
+    store.write(report_key(device), encode_report(report(device, True, "kept"), attacker))
+    clear_cache()
+    [status] = read_evidence(store).statuses
+    assert status.evidence.new.devices == 0
+    assert status.evidence.not_attributed == {"bad signature": 1}
+    store.write(report_key(device), encode_report(report(device, True, "failed"), member))
+    [status] = read_evidence(store).statuses
+    assert (status.evidence.new.devices, status.evidence.new.failed) == (1, 1)
+    store.delete(metadata_key(name, version + 1))
+
+    # the signed version replaced: forged (another key), tampered (same length), replayed
+    # (an older version of the same bin, put back)
+    real = store.read(metadata_key(name, version))
+    assert real is not None
+    revoke(store, device)
+    enroll(store, device, keys_dir=tmp_path / "new-keys", force=True)
+    name, latest = key_bin_of(store, device)
+    current = store.read(metadata_key(name, latest))
+    assert current is not None and latest > version
+    at = current.data.index(b'"sig":"') + len(b'"sig":"')
+    tampered = current.data[:at] + (b"0" if current.data[at : at + 1] != b"0" else b"1")
+    tampered += current.data[at + 1 :]
+    cases = {
+        "forged": forged_bin(store, name, latest, device, attacker.public_key),
+        "tampered": tampered,
+        "replayed": real.data,
+    }
+    for case, data in cases.items():
+        store.write(metadata_key(name, latest), data)
+        new_machine()
+        with pytest.raises(Unverified, match=f"signed key bin {name}"):
+            enrolled_keys(store, [device])
+        with pytest.raises(Unverified, match=f"signed key bin {name}"):
+            read_evidence(store)
+        assert main(["device", "list", "--store", store.uri]) != 0, case
+        assert f"signed key bin {name}" in capsys.readouterr().err, case
+    store.write(metadata_key(name, latest), current.data)
+    clear_cache()
+    new_key_of_device = enrolled_keys(store, [device])[device]
+    assert new_key_of_device.keyid != member.public_key.keyid
+
+
+def test_a_manifest_that_carries_keys_is_read_until_they_are_moved(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store enrolled by an older epfleet: its signed manifest carries the keys."""
+    member, gone = new_key(), new_key()
+    assert isinstance(member.public_key, SSlibKey) and isinstance(gone.public_key, SSlibKey)
+    device = MEMBERS[0]
+
+    def old_enrolment(current: Manifest | None) -> Manifest | None:
+        assert current is not None
+        revoked = {gone.public_key.keyid: RevokedKey(device="dev-old", revoked_at=utcnow())}
+        return current.succeeded_by(dict(current.models), utcnow()).model_copy(
+            update={
+                "device_keys": {device: key_entry(member.public_key)},
+                "revoked_device_keys": revoked,
+            }
+        )
+
+    update_manifest(store, old_enrolment)
+    assert list(keys_in_force(store)) == [device]
+    store.write(report_key(device), encode_report(report(device, True, "failed"), member))
+    [status] = read_evidence(store).statuses
+    assert (status.evidence.new.devices, status.evidence.new.failed) == (1, 1)
+
+    gone_file = tmp_path / "gone.pub.pem"
+    gone_file.write_text(gone.public_key.keyval["public"])
+    code = main(
+        ["device", "enroll", "dev-new", "--store", store.uri, "--public-key", str(gone_file)]
+    )
+    assert code == 2 and "was revoked from device 'dev-old'" in capsys.readouterr().err
+
+    assert main(["device", "migrate-keys", "--store", store.uri]) == 0
+    assert "moved the keys of 2 devices" in capsys.readouterr().out
+    manifest = read_in_force(store).manifest
+    assert manifest is not None and manifest.device_keys == {}
+    assert manifest.revoked_device_keys == {}
+    copy = read_manifest(store)[0]
+    assert copy is not None and copy.device_keys == {}
+    clear_cache()
+    assert list(keys_in_force(store)) == [device]
+    [status] = read_evidence(store).statuses
+    assert (status.evidence.new.devices, status.evidence.new.failed) == (1, 1)
+    code = main(
+        ["device", "enroll", "dev-new", "--store", store.uri, "--public-key", str(gone_file)]
+    )
+    assert code == 2 and "was revoked from device 'dev-old'" in capsys.readouterr().err
+    assert main(["device", "migrate-keys", "--store", store.uri]) == 0
+    assert "nothing to move" in capsys.readouterr().out
+
+
+def test_a_device_sync_reads_no_key_bin(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(20):
+        enroll(store, f"dev-{i:03d}", keys_dir=tmp_path / "keys")
+    read: list[str] = []
+    kind = type(store)
+    plain_read, plain_range = kind.read, kind.read_range
+
+    def reading(self: Store, key: str) -> object:
+        read.append(key)
+        return plain_read(self, key)
+
+    def reading_range(self: Store, key: str, *args: object, **kwargs: object) -> object:
+        read.append(key)
+        return plain_range(self, key, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kind, "read", reading)
+    monkeypatch.setattr(kind, "read_range", reading_range)
+    root = trust_root(store, tmp_path)
+    sync(store.uri, tmp_path / "device", SyncPolicy(), "dev-000", trust_root=root)
+    assert any(k.endswith("snapshot.json") for k in read), read
+    assert [k for k in read if ".keys-" in k or "device-key" in k] == []
+
+
+def trust_root(store: Store, tmp_path: Path) -> Path:
+    local = development_root(store.uri)
+    return local if local is not None else tmp_path / "fleet-keys" / "root.json"
+
+
+def test_target_records_are_what_the_bins_sign() -> None:
+    key = new_key().public_key
+    assert isinstance(key, SSlibKey)
+    record = DeviceRecord(device="dev-1", key=key_entry(key))
+    target = record_target(record)
+    assert isinstance(target.info, TargetFile) and target.info.path == "device-keys/dev-1"
+    assert DeviceRecord.model_validate_json(target.data) == record
+
+
+def test_an_index_pass_reads_only_the_key_bins_that_changed(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("epfleet.fleet.evidence.index_rules.SETTLE_SECONDS", 0.0)
+    devices = MEMBERS[:4]
+    for device in devices:
+        enroll(store, device, keys_dir=tmp_path / "keys")
+        signer = read_private_key(tmp_path / "keys" / f"{device}.pem")
+        store.write(report_key(device), encode_report(report(device, True, "kept"), signer))
+
+    def one_pass() -> tuple[int, int, int]:
+        """Reports read, key bins read, reports whose signature verified with a key in force."""
+        if store.uri.startswith("s3://"):
+            time.sleep(1.05)  # S3 lists whole seconds: what was written before is settled
+        clear_cache()  # a new process: nothing verified is kept
+        keys = keys_in_force(store)
+        found = index_pass(store, keys)
+        verified = [r for r in found.records.values() if r["signature"]["verified"]]
+        return found.reports_read, keys.book.bins_read, len(verified)
+
+    assert one_pass() == (4, len({key_bin_of(store, d)[0] for d in devices}), 4)
+    assert one_pass() == (0, 0, 4)  # the key bins unchanged: none read
+    revoke(store, devices[0])
+    read, bins, verified = one_pass()
+    assert (read, verified) == (1, 3) and bins >= 1  # the revoked device's report read again
+    assert one_pass() == (0, 0, 3)
+
+
+def test_an_online_key_rotation_signs_the_key_bins_again(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enroll(store, "dev-000", keys_dir=tmp_path / "keys")
+    enroll(store, "dev-001", keys_dir=tmp_path / "keys")
+    local = development_root(store.uri)
+    keys_dir = local.parent if local is not None else tmp_path / "fleet-keys"
+    new_uri = generate_online_file(tmp_path / "new-online.pem")
+    monkeypatch.setenv("EPFLEET_TRUST_SIGNER", new_uri)
+    before = {n: v for n, v in snapshot_versions(store).items() if n.startswith("keys-")}
+
+    rotate_online_key(store, load_offline(keys_dir), online_signer(new_uri, public_key_of(new_uri)))
+
+    after = snapshot_versions(store)
+    assert before and all(after[n] > v for n, v in before.items())  # each signed again
+    clear_cache()
+    assert sorted(enrolled_keys(store, ["dev-000", "dev-001"])) == ["dev-000", "dev-001"]
+    revoke(store, "dev-000")  # signing goes on with the new key
+    assert sorted(keys_in_force(store)) == ["dev-001"]
