@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-# Most tests sync from stores they compiled without trust metadata; the signed path and
-# the refusal without a root are tested in tests/trust/ (the attack suites unset this).
-os.environ.setdefault("EPFLEET_ALLOW_UNSIGNED", "true")
+# Devices trust signed metadata only, as in production: a test that syncs an unsigned store
+# says so (the ``unsigned_allowed`` fixture).
+os.environ.pop("EPFLEET_ALLOW_UNSIGNED", None)
+os.environ.pop("EPFLEET_TRUST_ROOT", None)
 # Output is fitted to $COLUMNS when set: tests read whole lines unless they set it.
 os.environ.pop("COLUMNS", None)
 
@@ -39,6 +40,16 @@ def _isolated_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("EPFLEET_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture
+def unsigned_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices with no trusted root sync from the unsigned manifest.json
+    (EPFLEET_ALLOW_UNSIGNED), as production refuses unless told: for the tests of that
+    path itself, of manifests no publisher signs (hand-edited, invalid, of older schemas)
+    and of the device's own checks of what such a manifest says. Every other test syncs
+    signed stores; a test that uses this says why beside it."""
+    monkeypatch.setenv("EPFLEET_ALLOW_UNSIGNED", "true")
 
 
 @pytest.fixture(autouse=True)

@@ -118,9 +118,8 @@ def unreachable(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_sync_names_a_missing_local_store_before_trust(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
     missing = tmp_path / "epfleet-stroe"
     code, err = run(capsys, "sync", "--store", str(missing), "--cache", str(tmp_path / "c"))
     assert code == 2, err
@@ -130,9 +129,7 @@ def test_sync_names_a_missing_local_store_before_trust(
 
 def test_sync_names_a_missing_bucket_before_trust(
     capsys: pytest.CaptureFixture[str], aws_env: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
     code, err = run(capsys, "sync", "--store", "s3://no-such-bucket/f", "--cache", str(tmp_path))
     assert code == 2, err
     assert "bucket 'no-such-bucket' does not exist" in err
@@ -141,9 +138,7 @@ def test_sync_names_a_missing_bucket_before_trust(
 
 def test_sync_names_an_unreachable_endpoint_before_trust(
     capsys: pytest.CaptureFixture[str], unreachable: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
     code, err = run(capsys, "sync", "--store", unreachable, "--cache", str(tmp_path / "c"))
     assert code == 1, err
     assert "cannot reach the S3 endpoint" in err and "trusted root" not in err
@@ -151,10 +146,8 @@ def test_sync_names_an_unreachable_endpoint_before_trust(
 
 def test_sync_names_an_empty_s3_prefix_before_trust(
     capsys: pytest.CaptureFixture[str], s3_store_uri: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """A mistyped prefix in a bucket that exists: nothing is published there."""
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
     code, err = run(capsys, "sync", "--store", s3_store_uri, "--cache", str(tmp_path / "c"))
     assert code == 2, err
     assert f"store {s3_store_uri} has nothing published" in err and "check --store" in err
@@ -162,10 +155,9 @@ def test_sync_names_an_empty_s3_prefix_before_trust(
 
 
 def test_a_store_with_a_manifest_and_no_trusted_root_is_about_the_root(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """The control: a store that has a manifest, and no root, is still about the root."""
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
     store = tmp_path / "store"
     store.mkdir()
     code, err = run(capsys, "sync", "--store", str(store), "--cache", str(tmp_path / "c"))
@@ -208,9 +200,7 @@ def test_a_missing_bucket_is_one_line_and_exit_2_at_every_command(
     fleet_spec: Path,
     tmp_path: Path,
     argv: list[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED")  # a device as shipped: signed or nothing
     store = "s3://no-such-bucket/f"
     filled = [a.format(spec=fleet_spec, store=store, tmp=tmp_path) for a in argv]
     code, err = run(capsys, *filled)

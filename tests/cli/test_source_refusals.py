@@ -224,7 +224,6 @@ def test_a_sync_from_a_store_that_is_not_there_makes_no_cache(
 def test_a_first_sync_with_its_trust_root_refused_makes_no_cache(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     root: str | None,
     said: str,
     code: int,
@@ -233,8 +232,6 @@ def test_a_first_sync_with_its_trust_root_refused_makes_no_cache(
     root: refused (exit 2) before anything is made; another store's root: its metadata is
     rejected (exit 1, as for any sync) and the cache made for it removed. The right root
     then syncs."""
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
-    monkeypatch.delenv("EPFLEET_TRUST_ROOT", raising=False)
     fleet = make_fleet(str(tmp_path / "store"), tmp_path)
     (tmp_path / "notes.json").write_bytes(b'{"signed": {"_type": "root"}}')
     (tmp_path / "another").mkdir()  # another store's root: the store's metadata refuses it

@@ -38,6 +38,7 @@ from tests.support.synced_fleet import (
     republished_to_s3,
     run_sync,
     runaway,
+    unsigned_copy,
 )
 
 pytestmark = pytest.mark.slow
@@ -192,6 +193,10 @@ def test_a_worker_call_past_its_limit_is_killed_and_the_worker_replaced() -> Non
 # --- the manifest ----------------------------------------------------------------------------
 
 
+# The limits on an unsigned manifest.json as a device reads it: stores that publish it alone
+# (those on the signed metadata: tests/trust/test_attacks*.py).
+
+
 def padded(manifest: bytes, size: int) -> bytes:
     """The same manifest, valid, padded with whitespace to ``size`` bytes."""
     document = json.loads(manifest)
@@ -199,6 +204,7 @@ def padded(manifest: bytes, size: int) -> bytes:
     return text[:-1] + b" " * (size - len(text)) + b"}"
 
 
+@pytest.mark.usefixtures("unsigned_allowed")
 def test_an_oversized_manifest_fails_the_sync_and_is_not_downloaded_again(
     fleet_store: Path,
     s3_bucket: str,
@@ -206,10 +212,11 @@ def test_an_oversized_manifest_fails_the_sync_and_is_not_downloaded_again(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    uri = publish_to_s3(fleet_store, s3_bucket)
+    unsigned = unsigned_copy(fleet_store, tmp_path / "store")
+    uri = publish_to_s3(unsigned, s3_bucket)
     cache = tmp_path / "device"
     first = run_sync(uri, cache)
-    original = (fleet_store / "manifest.json").read_bytes()
+    original = (unsigned / "manifest.json").read_bytes()
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.put_object(Bucket=s3_bucket, Key="fleet/manifest.json", Body=padded(original, 100 << 10))
     monkeypatch.setenv("EPFLEET_MAX_MANIFEST_BYTES", "64KiB")
@@ -239,10 +246,11 @@ def test_an_oversized_manifest_fails_the_sync_and_is_not_downloaded_again(
     assert healed.exit_code == 0 and healed.manifest.status == "fetched"
 
 
+@pytest.mark.usefixtures("unsigned_allowed")
 def test_an_invalid_manifest_fails_the_sync_and_is_not_read_again(
     fleet_store: Path, tmp_path: Path
 ) -> None:
-    store = copy_store(fleet_store, tmp_path / "store")
+    store = unsigned_copy(fleet_store, tmp_path / "store")
     cache = tmp_path / "device"
     run_sync(str(store), cache)
     document = json.loads((store / "manifest.json").read_text())
@@ -260,6 +268,7 @@ def test_an_invalid_manifest_fails_the_sync_and_is_not_read_again(
     assert state["manifest_rejected"]["reason"].startswith(f"{store.as_uri()}/manifest.json")
 
 
+@pytest.mark.usefixtures("unsigned_allowed")
 def test_an_endless_manifest_is_rejected_quickly(
     fleet_store: Path,
     s3_bucket: str,
@@ -267,7 +276,8 @@ def test_an_endless_manifest_is_rejected_quickly(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    uri = publish_to_s3(fleet_store, s3_bucket)
+    unsigned = unsigned_copy(fleet_store, tmp_path / "store")
+    uri = publish_to_s3(unsigned, s3_bucket)
     cache = tmp_path / "device"
     run_sync(uri, cache)
     monkeypatch.setenv("EPFLEET_MAX_MANIFEST_BYTES", "1MiB")
@@ -281,7 +291,7 @@ def test_an_endless_manifest_is_rejected_quickly(
     )
     assert [m.action for m in report.models] == ["kept", "kept"]
     assert seconds < 10
-    assert DeviceCache(cache).cached_manifest() == (fleet_store / "manifest.json").read_bytes()
+    assert DeviceCache(cache).cached_manifest() == (unsigned / "manifest.json").read_bytes()
 
 
 def test_an_oversized_device_report_is_one_unreadable_report_for_the_watch(

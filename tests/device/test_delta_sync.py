@@ -6,7 +6,6 @@ whole file downloaded, the active variant untouched until the new one is verifie
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from eps.qnn import HtpRuntime
 from tests.support.plain_fleet import compile_spec
 from tests.support.qnn_device import QnnDeviceEps
 from tests.support.retrain import retrained
-from tests.support.synced_fleet import copy_store
+from tests.support.synced_fleet import copy_store, edit_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +42,11 @@ def write(directory: Path, source: Path) -> Path:
     return path
 
 
-def sync_once(store: Path, device: Path, trust_root: Path | None = None) -> ModelReport:
+def sync_once(store: Path, device: Path) -> ModelReport:
+    """One sync of ``store``, trusting the root its development keys signed."""
     with SyncSession(
         str(store), device, SyncPolicy(), "dev-1", local=QnnDeviceEps(ON_2_7, "2.7.0"),
-        allow_unsigned=trust_root is None, trust_root=trust_root,
+        trust_root=root_of(store),
     ) as session:  # fmt: skip
         session.fetch_manifest()
         session.sync_model(MODEL)
@@ -66,15 +66,15 @@ def retrain(
     tmp_path_factory: pytest.TempPathFactory, model_dir: Path
 ) -> tuple[Path, Path, ModelReport]:
     """A signed store holding tiny-cls retrained in one layer over its first build, with
-    a device that synced the first build from it (``signed-device``, trusting its root),
-    and one that synced it from an unsigned copy (``device``, at ``before``)."""
+    a device that synced the first build from it (``signed-device``), and one that synced
+    it from a copy of the store (``device``, at ``before``)."""
     work = tmp_path_factory.mktemp("retrain")
     store, cache = work / "store", work / "cache"
     assert compile_spec(write(work, model_dir / "tiny-cls.onnx"), store, cache).exit_code == 0
     before = copy_store(store, work / "before")
     first = sync_once(before, work / "device")
     assert (first.action, first.target, first.delta_from) == ("downloaded", TARGET, None)
-    signed = sync_once(store, work / "signed-device", root_of(store))
+    signed = sync_once(store, work / "signed-device")
     assert (signed.variant, signed.delta_from) == (first.variant, None)
     changed = work / "retrained.onnx"
     retrained(model_dir / "tiny-cls.onnx", changed)
@@ -93,7 +93,7 @@ def test_a_device_trusting_the_signed_metadata_gets_the_retrain_as_a_delta(
     store, device, first = retrain
     copy = tmp_path / "signed-device"
     shutil.copytree(device.with_name("signed-device"), copy, symlinks=True)
-    report = sync_once(store, copy, root_of(store))
+    report = sync_once(store, copy)
     variant = published(store)
     assert variant.artifact is not None
     assert (report.action, report.delta_from) == ("downloaded", first.variant), report.reason
@@ -104,8 +104,8 @@ def test_a_device_trusting_the_signed_metadata_gets_the_retrain_as_a_delta(
 
 
 def after(retrain: tuple[Path, Path, ModelReport], tmp_path: Path) -> tuple[Path, Path]:
-    """The retrained store, unsigned, where the device's store was, and a copy of the
-    device that holds the first build."""
+    """A copy of the retrained store, the device's store now, and a copy of the device that
+    holds the first build."""
     store, device, _ = retrain
     here = copy_store(store, tmp_path / "before")  # the device's store, now the new build
     shutil.copytree(device, tmp_path / "device", symlinks=True)
@@ -147,13 +147,15 @@ def _signed_ref_kept(store: Path, data: bytes) -> None:
 
 
 def _listed(store: Path, data: bytes) -> None:
-    """``data`` put in the delta's place and listed with its own sha256 and size (an
-    unsigned manifest: as a publisher that got the base wrong would list it)."""
+    """``data`` put in the delta's place and published, signed, with its own sha256 and
+    size: as a publisher that got the base wrong would list it."""
     _signed_ref_kept(store, data)
-    manifest = json.loads((store / "manifest.json").read_bytes())
-    [ref] = manifest["models"][MODEL]["variants"][TARGET]["deltas"]
-    ref.update(sha256=sha256_bytes(data), size=len(data))
-    (store / "manifest.json").write_text(json.dumps(manifest))
+
+    def relist(document: dict) -> None:
+        [ref] = document["models"][MODEL]["variants"][TARGET]["deltas"]
+        ref.update(sha256=sha256_bytes(data), size=len(data))
+
+    edit_manifest(store, relist)
 
 
 def _wrong_base(store: Path, delta: bytes) -> bytes:

@@ -34,17 +34,18 @@ from tests.support.cache_faults import (
     package_variants,
     rebuilt,
     snapshot,
-    unsigned_copy,
     warned,
 )
 from tests.support.disks import fill
 from tests.support.synced_fleet import (
     assert_package_runs,
     copy_store,
+    edit_manifest,
     make_unreadable,
     read_manifest,
     republish_edited_cpu_variant,
     run_sync,
+    unsigned_copy,
 )
 
 pytestmark = pytest.mark.fast
@@ -197,13 +198,14 @@ def test_damaged_state_is_rebuilt_from_the_cache(
     assert again.warnings == [] and [m.action for m in again.models] == ["kept"]
 
 
+@pytest.mark.usefixtures("unsigned_allowed")  # offline: see make_unreadable
 def test_the_active_variant_stays_while_the_state_is_rebuilt_offline(
     fleet_store: Path,
     tmp_path: Path,
 ) -> None:
     """Damaged state and an unreachable store: the sync cannot go on (no manifest it may
     trust), but the package still selects and runs what it ran."""
-    store = copy_store(fleet_store, tmp_path / "store")
+    store = unsigned_copy(fleet_store, tmp_path / "store")
     cache = tmp_path / "device"
     second, first = two_variants(store, cache)
     (cache / ".epfleet" / "state.json").write_bytes(b"{")
@@ -221,10 +223,8 @@ def test_a_local_build_is_kept_when_the_state_is_rebuilt(
     """A variant built on the device is in no manifest: its model file's metadata (read
     without loading the graph) and the package's entry say what it is."""
     store = copy_store(fleet_store, tmp_path / "store")
-    document = json.loads((store / "manifest.json").read_text())
-    del document["models"][MODEL]["variants"]["x86-cpu"]  # only HTP: built here for the CPU
-    document["generation"] += 1
-    (store / "manifest.json").write_text(json.dumps(document))
+    # Only HTP variants published: built here for the CPU.
+    edit_manifest(store, lambda document: document["models"][MODEL]["variants"].pop("x86-cpu"))
     cache = tmp_path / "device"
     [built] = run_sync(str(store), cache, models=[MODEL]).models
     assert built.action == "recompiled" and built.variant
@@ -359,10 +359,12 @@ def test_a_variant_with_provider_options_the_ep_does_not_take_is_skipped(
     """A published variant whose provider_options hold a key this device's EP does not
     accept is never handed to the EP: it is judged unsupported with the key named, and the
     sync goes on with what else there is (here the source on the CPU, no recompile)."""
-    store = unsigned_copy(fleet_store, tmp_path / "store")
-    document = json.loads((store / "manifest.json").read_text())
-    document["models"][MODEL]["variants"]["x86-cpu"]["provider_options"] = {"isa_levl": "avx2"}
-    (store / "manifest.json").write_text(json.dumps(document))
+    store = copy_store(fleet_store, tmp_path / "store")
+
+    def misspell(document: dict) -> None:
+        document["models"][MODEL]["variants"]["x86-cpu"]["provider_options"] = {"isa_levl": "avx2"}
+
+    edit_manifest(store, misspell)
 
     report = run_sync(str(store), tmp_path / "device", models=[MODEL], recompile=False)
 
@@ -378,7 +380,12 @@ def test_a_variant_with_provider_options_the_ep_does_not_take_is_skipped(
 
 
 def modes(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): stat.S_IMODE(p.lstat().st_mode) for p in root.rglob("*")}
+    """The modes of the files and directories under ``root`` (a link has none of its own)."""
+    return {
+        str(p.relative_to(root)): stat.S_IMODE(p.lstat().st_mode)
+        for p in root.rglob("*")
+        if not p.is_symlink()
+    }
 
 
 def test_files_follow_the_umask(fleet_store: Path, tmp_path: Path) -> None:

@@ -30,12 +30,13 @@ from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
 from epfleet.formats.device_report import DeviceReport
 from epfleet.fsutil import free_bytes, is_temp_name
-from tests.support.signed_fleet import DEVICE, MODEL, Repo, rebuilt, unsigned_copy
+from tests.support.signed_fleet import DEVICE, MODEL, Repo, rebuilt
 from tests.support.specs import CPU_TARGET, write_spec
 from tests.support.synced_fleet import (
     assert_package_runs,
     read_manifest,
     republish_edited_cpu_variant,
+    unsigned_copy,
 )
 
 pytestmark = pytest.mark.slow

@@ -24,22 +24,16 @@ import pytest
 
 from epfleet.stores import https
 from tests.support.http_mirror import Mirror
-from tests.support.signed_fleet import Fleet, Site, first_sync, only, trusted, unsigned_copy
-from tests.support.synced_fleet import assert_package_runs
+from tests.support.signed_fleet import Fleet, Site, first_sync, only, trusted
+from tests.support.synced_fleet import assert_package_runs, unsigned_copy
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.slow]
 
 DEADLINE = 3
 SLACK = 30.0
 """Seconds past the deadline a sync may take: writing its report, on a busy 2-core machine
 (5.2 s in all were measured at load 15). A drain blind to the deadline takes minutes: the
 trickled 404 below is 64 KiB at a byte every 10 ms, about 11 minutes."""
-
-
-@pytest.fixture
-def signed_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
-    monkeypatch.delenv("EPFLEET_TRUST_ROOT", raising=False)
 
 
 @pytest.fixture

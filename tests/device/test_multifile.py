@@ -287,11 +287,14 @@ def test_unlisted_models_are_dropped_only_when_asked_and_the_manifest_is_valid(
     assert (cache / "models" / "gone" / gone_variant).is_dir()
     assert_runs(cache, "gone", gone_variant, weights(1))  # off by default: still served
 
-    (store_dir / "manifest.json").write_bytes(b'{"schema_version": "1.0", "models": 7}')
+    timestamp = store_dir / "trust" / "metadata" / "timestamp.json"
+    signed = timestamp.read_bytes()
+    timestamp.write_bytes(b'{"signed": 7}')  # metadata that does not verify
     rejected = run_sync(str(store_dir), cache, recompile=False, drop_unlisted=True)
     assert rejected.manifest.status == "rejected"
     assert (cache / "models" / "gone" / gone_variant).is_dir()  # never on a stale list
     assert not any("dropped model" in w for w in rejected.warnings)
+    timestamp.write_bytes(signed)
 
     put_manifest(store, {"keep": keep}, 3)
     subset = run_sync(str(store_dir), cache, recompile=False, drop_unlisted=True, models=["keep"])
@@ -300,7 +303,7 @@ def test_unlisted_models_are_dropped_only_when_asked_and_the_manifest_is_valid(
     assert not any("dropped model" in w for w in subset.warnings)
 
     dropped = run_sync(str(store_dir), cache, recompile=False, drop_unlisted=True)
-    assert dropped.manifest.status == "unchanged"
+    assert dropped.manifest.generation == 3 and dropped.manifest.status != "rejected"
     assert [w for w in dropped.warnings if "dropped model gone" in w], dropped.warnings
     assert not (cache / "models" / "gone").exists()
     assert "gone" not in DeviceCache(cache).load_state().models

@@ -45,6 +45,7 @@ from epfleet.hashing import sha256_bytes
 from epfleet.text import format_bytes
 from eps.base import Judgement, Verdict
 from tests.support.specs import write_spec
+from tests.support.trust_helpers import init_trust, provisioned_root
 
 pytestmark = pytest.mark.slow
 
@@ -155,7 +156,8 @@ class Bucket:
 
 
 def run_sync(store: str, cache: Path) -> DeviceReport:
-    return sync(store, cache, SyncPolicy(recompile=False), device=DEVICE)
+    root = provisioned_root(store)
+    return sync(store, cache, SyncPolicy(recompile=False), device=DEVICE, trust_root=root)
 
 
 def only(report: DeviceReport) -> ModelReport:
@@ -250,6 +252,7 @@ def htp_fleet(tmp_path: Path, s3_bucket: str, cli_env: dict[str, str]) -> HtpFle
     save_with_external_data(tmp_path / "src" / "dense.onnx")
     spec = write_spec(tmp_path, [{"name": "dense", "source": "src/dense.onnx"}], [HTP, CPU])
     uri = f"s3://{s3_bucket}/fleet"
+    init_trust(uri, tmp_path / "keys", cli_env)
     report = compile_cli(spec, uri, cli_env)
     assert (report["compiled"], report["failed"]) == (2, 0), report
     bucket = Bucket(s3_bucket)
@@ -381,6 +384,7 @@ def test_a_damaged_variant_rolled_back_from_leaves_no_directory_behind(
 def cli_sync(store: str, cache: Path, env: dict[str, str]) -> dict:
     """``epfleet sync --store STORE --cache CACHE --json``; its device report."""
     command = ["sync", "--store", store, "--cache", str(cache), "--json", "--no-recompile"]
+    command += ["--trust-root", str(provisioned_root(store))]
     done = subprocess.run(
         [sys.executable, "-m", "epfleet", *command],
         capture_output=True,
@@ -399,6 +403,7 @@ def test_a_genai_folder_arrives_whole_runs_and_a_second_run_moves_nothing(
     folder = genai_folder(tmp_path / "phi")
     spec = write_spec(tmp_path, [{"name": "phi", "source": "phi"}], [CPU])
     uri = f"s3://{s3_bucket}/fleet"
+    init_trust(uri, tmp_path / "keys", cli_env)
     report = compile_cli(spec, uri, cli_env)
     assert (report["compiled"], report["failed"], report["generation"]) == (1, 0, 1), report
     bucket = Bucket(s3_bucket)
@@ -444,8 +449,9 @@ def test_a_genai_folder_arrives_whole_runs_and_a_second_run_moves_nothing(
     resynced = cli_sync(uri, cache, cli_env)
     (kept,) = resynced["models"]
     assert (kept["action"], kept["variant"], kept["bytes_downloaded"]) == ("kept", name, 0)
+    timestamp = bucket.read("trust/metadata/timestamp.json")  # all a signed sync reads
     assert (resynced["manifest"]["status"], resynced["manifest"]["body_bytes"]) == (
         "unchanged",
-        0,
+        len(timestamp),
     )
     assert installed_files(directory) == got

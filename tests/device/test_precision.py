@@ -29,8 +29,9 @@ from epfleet.formats.device_report import DeviceReport, ModelReport
 from epfleet.formats.keys import source_key, variant_key
 from epfleet.formats.manifest import ArtifactRef, Manifest, ModelEntry, SourceEntry, VariantEntry
 from epfleet.hashing import sha256_file
-from epfleet.stores import MANIFEST_KEY, Store, open_store
+from epfleet.stores import Store, open_store
 from eps.base import Precision
+from tests.support.trust_helpers import publish_signed
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +105,7 @@ def publish(
 
 
 def put_manifest(store: Store, entry: ModelEntry, generation: int) -> None:
-    store.write(MANIFEST_KEY, Manifest(generation=generation, models={MODEL: entry}).to_json())
+    publish_signed(store, Manifest(generation=generation, models={MODEL: entry}))
 
 
 def run_sync(store: Path, cache: Path, **policy: object) -> ModelReport:

@@ -28,9 +28,7 @@ MODELS = ["tiny-cls", "tiny-det"]
 def sync_as(device: HtpRuntime, store: Path, cache: Path, **policy: object) -> DeviceReport:
     """One whole sync, as ``epfleet sync`` runs it, on a device with that HTP."""
     local = QnnDeviceEps(device)
-    with SyncSession(
-        str(store), cache, SyncPolicy(**policy), DEVICE, local=local, allow_unsigned=True
-    ) as session:  # type: ignore[arg-type]
+    with SyncSession(str(store), cache, SyncPolicy(**policy), DEVICE, local=local) as session:  # type: ignore[arg-type]
         session.fetch_manifest()
         for model in session.wanted():
             session.sync_model(model)

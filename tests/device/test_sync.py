@@ -40,7 +40,9 @@ from tests.support.synced_fleet import (
     republish_edited_cpu_variant,
     run_sync,
     scale_largest_weight,
+    unsigned_copy,
 )
+from tests.support.trust_helpers import provisioned_root
 
 pytestmark = pytest.mark.fast
 
@@ -106,17 +108,20 @@ def test_sync_activates_cpu_and_reports_htp_unsupported(
     assert decode_report(uploaded["Body"].read(), 1 << 20).models[0].action == "downloaded"
     assert report.report_uploaded is True
 
-    # Second sync: conditional GET answered 304, nothing downloaded, everything kept.
+    # Second sync: the signed timestamp says nothing changed (after the probe for a newer
+    # root): nothing else fetched, nothing downloaded, everything kept.
     before = len(s3_proxy.log)
     again = run_sync(uri, cache)
-    assert again.exit_code == 0
-    assert (again.manifest.status, again.manifest.body_bytes) == ("unchanged", 0)
+    assert again.exit_code == 0 and again.manifest.signed
+    assert again.manifest.status == "unchanged"
     assert [m.action for m in again.models] == ["kept", "kept"]
     assert sum(m.bytes_downloaded for m in again.models) == 0
     gets = [s for s in s3_proxy.log[before:] if s.method == "GET"]
-    assert [(s.path.rsplit("/", 1)[-1], s.status, s.body_bytes) for s in gets] == [
-        ("manifest.json", 304, 0)
+    assert [(s.path.rsplit("/", 1)[-1], s.status) for s in gets] == [
+        ("2.root.json", 404),
+        ("timestamp.json", 200),
     ]
+    assert again.manifest.body_bytes == gets[-1].body_bytes
     assert_package_runs(cache, active)
 
 
@@ -131,7 +136,8 @@ def test_cli_sync_json(
     in-process: what the process does is tested in tests/device/test_faults.py)."""
     uri = publish_to_s3(fleet_store, s3_bucket)
     cache = tmp_path / "device"
-    code = main(["sync", "--store", uri, "--cache", str(cache), "--json"])
+    root = str(provisioned_root(uri))
+    code = main(["sync", "--store", uri, "--cache", str(cache), "--json", "--trust-root", root])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
@@ -150,7 +156,7 @@ def test_cli_sync_json(
     }
     bad = main(["sync", "--store", uri, "--cache", str(cache), "--model", "nope"])
     assert bad == 2
-    assert "'nope' is not in the manifest; it has: tiny-cls, tiny-det" in capsys.readouterr().err
+    assert "model 'nope' is not in the manifest" in capsys.readouterr().err
 
 
 # --- recompile, fallback, switching --------------------------------------------------------
@@ -384,8 +390,13 @@ def test_offline_device_keeps_what_it_runs(
         run_sync(uri, tmp_path / "fresh-device")
 
 
+# A publisher signs no manifest that fails validation: the device's own checks of one are
+# met on a store that publishes manifest.json alone (those of signed ones: tests/trust/).
+
+
+@pytest.mark.usefixtures("unsigned_allowed")
 def test_invalid_manifest_is_rejected_whole(fleet_store: Path, tmp_path: Path) -> None:
-    store = copy_store(fleet_store, tmp_path / "store")
+    store = unsigned_copy(fleet_store, tmp_path / "store")
     cache = tmp_path / "device"
     first = run_sync(str(store), cache)
     document = json.loads((store / "manifest.json").read_text())
@@ -410,10 +421,11 @@ def test_unknown_model_is_bad_input(fleet_store: Path, tmp_path: Path) -> None:
 # --- what review found: each of these once went wrong -------------------------------------
 
 
+@pytest.mark.usefixtures("unsigned_allowed")  # offline: see make_unreadable
 def test_being_offline_does_not_block_a_later_recompile(
     htp_only_store: Path, tmp_path: Path
 ) -> None:
-    store = copy_store(htp_only_store, tmp_path / "store")
+    store = unsigned_copy(htp_only_store, tmp_path / "store")
     cache = tmp_path / "device"
     first = run_sync(str(store), cache, models=["tiny-cls"], recompile=False)
     assert [m.action for m in first.models] == ["fallback"]
@@ -440,10 +452,11 @@ def test_a_cached_manifest_that_no_longer_validates_is_fetched_again(
     assert [m.action for m in report.models] == ["kept", "kept"]
 
 
+@pytest.mark.usefixtures("unsigned_allowed")
 def test_artifact_uri_outside_the_store_rejects_the_manifest(
     fleet_store: Path, tmp_path: Path
 ) -> None:
-    store = copy_store(fleet_store, tmp_path / "store")
+    store = unsigned_copy(fleet_store, tmp_path / "store")
     cache = tmp_path / "device"
     run_sync(str(store), cache)
     document = json.loads((store / "manifest.json").read_text())
@@ -477,6 +490,7 @@ def test_a_fresh_device_whose_optimal_variant_fails_still_gets_a_model(
     assert_package_runs(cache, {"tiny-cls": result.variant or ""})
 
 
+@pytest.mark.usefixtures("unsigned_allowed")  # the other store publishes manifest.json alone
 def test_a_manifest_cached_from_another_store_is_not_used(
     fleet_store: Path, tmp_path: Path
 ) -> None:
@@ -502,8 +516,9 @@ def test_resume_against_a_server_that_ignores_range(
     assert [g.body_bytes for g in s3_proxy.seen(cpu.artifact.uri)] == [5000, cpu.artifact.size]
 
 
+@pytest.mark.usefixtures("unsigned_allowed")  # a signed manifest is written whole
 def test_a_manifest_relying_on_defaults_syncs(fleet_store: Path, tmp_path: Path) -> None:
-    store = copy_store(fleet_store, tmp_path / "store")
+    store = unsigned_copy(fleet_store, tmp_path / "store")
     document = json.loads((store / "manifest.json").read_text())
     for field in ("generation", "published_at"):
         document.pop(field)  # both have defaults in the schema
@@ -513,12 +528,13 @@ def test_a_manifest_relying_on_defaults_syncs(fleet_store: Path, tmp_path: Path)
     assert [m.action for m in report.models] == ["downloaded", "downloaded"]
 
 
+@pytest.mark.usefixtures("unsigned_allowed")  # offline: see make_unreadable
 def test_a_valid_cached_manifest_from_an_older_epfleet_is_validated_again(
     fleet_store: Path, tmp_path: Path
 ) -> None:
     """A state written before the cached manifest's sha256 and rules were recorded (or a
     crash between the two writes): the cached manifest is validated whole and used."""
-    store = copy_store(fleet_store, tmp_path / "store")
+    store = unsigned_copy(fleet_store, tmp_path / "store")
     cache = tmp_path / "device"
     run_sync(str(store), cache)
     state_file = cache / ".epfleet" / "state.json"

@@ -136,7 +136,6 @@ def test_a_device_takes_its_runtimes_variant_as_it_moves_up_and_back(
     def sync_on(runtime: HtpRuntime, release: str) -> tuple[str, str | None, str]:
         with SyncSession(
             str(store), device, SyncPolicy(), "dev-1", local=QnnDeviceEps(runtime, release),
-            allow_unsigned=True,
         ) as session:  # fmt: skip
             session.fetch_manifest()
             session.sync_model("tiny-cls")
@@ -205,7 +204,6 @@ def test_a_device_moved_to_a_newer_runtime_gets_its_variant_as_a_delta(
     def sync_on(runtime: HtpRuntime, release: str, where: Path) -> ModelReport:
         with SyncSession(
             str(where), device, SyncPolicy(), "dev-1", local=QnnDeviceEps(runtime, release),
-            allow_unsigned=True,
         ) as session:  # fmt: skip
             session.fetch_manifest()
             session.sync_model("tiny-cls")

@@ -28,7 +28,8 @@ from epfleet.formats.manifest import (
     VariantEntry,
 )
 from epfleet.hashing import sha256_file
-from epfleet.stores import MANIFEST_KEY, Store
+from epfleet.stores import Store
+from tests.support.trust_helpers import provisioned_root, publish_signed
 
 CPU = "CPUExecutionProvider"
 TARGET = "x86-cpu"
@@ -144,12 +145,17 @@ def publish(
 
 
 def put_manifest(store: Store, models: dict[str, ModelEntry], generation: int) -> None:
-    manifest = Manifest(generation=generation, models=models)
-    store.write(MANIFEST_KEY, manifest.to_json())
+    publish_signed(store, Manifest(generation=generation, models=models))
 
 
 def run_sync(store: str, cache: Path, **policy: object) -> DeviceReport:
-    return sync(store, cache, SyncPolicy(**policy), device="test-device")  # type: ignore[arg-type]
+    return sync(
+        store,
+        cache,
+        SyncPolicy(**policy),  # type: ignore[arg-type]
+        device="test-device",
+        trust_root=provisioned_root(store),
+    )
 
 
 def one(report: DeviceReport, model: str) -> ModelReport:

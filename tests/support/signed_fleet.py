@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import boto3
-import onnx
 import pytest
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import (
@@ -40,7 +38,7 @@ from epfleet.trust.client import model_target, trust_dir
 from tests.support.http_mirror import Mirror
 from tests.support.synced_fleet import (
     assert_package_runs,
-    copy_store,
+    rebuilt,
     republish_edited_cpu_variant,
 )
 
@@ -224,15 +222,6 @@ def s3_mirror(directory: Path, bucket: str, prefix: str = "fleet") -> Callable[[
     return push
 
 
-def unsigned_copy(store: Path, dest: Path) -> Path:
-    """A copy of ``store`` without the signed metadata its compile made: each test signs
-    it with keys of its own."""
-    copy_store(store, dest)
-    shutil.rmtree(dest / "trust", ignore_errors=True)
-    shutil.rmtree(dest.with_name(f"{dest.name}.dev-keys"), ignore_errors=True)
-    return dest
-
-
 def mirror_site(request: pytest.FixtureRequest, directory: Path) -> Site:
     """The store served read-only over HTTP by a hostile mirror (tests/support/http_mirror.py):
     devices hold no credentials and trust only the signed metadata."""
@@ -264,11 +253,6 @@ class Fleet:
         republish_edited_cpu_variant(self.site.directory, rebuilt)
         self.repo.publish()
         self.site.push()
-
-
-def rebuilt(model: onnx.ModelProto) -> None:
-    """A new build that runs like the old one: only its doc string differs."""
-    model.doc_string = f"rebuilt {time.time_ns()}"
 
 
 def trusted(site: Site, tmp_path: Path) -> Fleet:

@@ -1,9 +1,16 @@
 """What device tests do with the compiled test fleet (the ``fleet_store`` fixture in
 tests/conftest.py): copy it, publish it to S3, republish a variant, sync a device from it
-and check the package the device made."""
+and check the package the device made.
+
+The fleet is signed (the development keys its compile made beside it) and stays signed:
+copies take the keys along, changes are signed publishes (``edit_manifest``), and a device
+trusts the development root of a local store, as ``epfleet sync`` does on one machine, or
+the root it was provisioned with for the store's copy on S3 (``publish_to_s3``)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,24 +23,42 @@ from onnx import TensorProto, helper, numpy_helper
 
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
+from epfleet.fleet.publishing.publish import update_manifest
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.manifest import Manifest
 from epfleet.hashing import sha256_bytes
+from epfleet.stores import open_store
+from epfleet.trust.repository import ROOT_COPY, development_keys_dir
+from tests.support.trust_helpers import PROVISIONED, provisioned_root
 
 DEVICE = "test-device"
 
 
 def publish_to_s3(store: Path, bucket: str, prefix: str = "fleet") -> str:
-    """Copy a local store into S3 as is (its keys are relative paths)."""
+    """Copy a local store into S3 as is (its keys are relative paths), signed metadata
+    included: a device trusts it with the local store's development root
+    (``provisioned_root``)."""
     s3 = boto3.client("s3", region_name="us-east-1")
     for path in sorted(store.rglob("*")):
         if path.is_file() and not path.name.startswith("."):
             s3.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(store).as_posix()}")
-    return f"s3://{bucket}/{prefix}"
+    uri = f"s3://{bucket}/{prefix}"
+    root = development_keys_dir(store) / ROOT_COPY
+    if root.is_file():
+        PROVISIONED[uri] = root
+    return uri
 
 
 def run_sync(store: str, cache: Path, **policy: object) -> DeviceReport:
-    return sync(store, cache, SyncPolicy(**policy), device=DEVICE)  # type: ignore[arg-type]
+    """A sync of ``store`` into ``cache``; the device trusts the root a copy on S3 was
+    published with (``publish_to_s3``), a local store's development root otherwise."""
+    return sync(
+        store,
+        cache,
+        SyncPolicy(**policy),  # type: ignore[arg-type]
+        device=DEVICE,
+        trust_root=provisioned_root(store),
+    )
 
 
 def assert_package_runs(cache: Path, expected: dict[str, str]) -> None:
@@ -58,29 +83,61 @@ def read_manifest(store: Path) -> Manifest:
 
 
 def copy_store(source: Path, dest: Path) -> Path:
-    """A copy of a local store without its signed metadata: the tests edit its manifest
-    as an unsigned store's (a device syncs it with EPFLEET_ALLOW_UNSIGNED), and a later
-    compile into it creates development keys of its own."""
-    import shutil
+    """A copy of a signed local store with the development keys beside it: a device trusts
+    the copy's development root, later publishes (``edit_manifest``, a compile into it)
+    sign with its keys. Its files are new (their times now)."""
+    shutil.copytree(source, dest, copy_function=shutil.copy)
+    shutil.copytree(
+        development_keys_dir(source),
+        development_keys_dir(dest),
+        copy_function=shutil.copy,
+        dirs_exist_ok=True,  # the same keys, when the copy is made again
+    )
+    return dest
 
+
+def unsigned_copy(source: Path, dest: Path) -> Path:
+    """A copy of a local store without its signed metadata and development keys: a store
+    that publishes manifest.json alone, as one that never ran ``epfleet trust init``."""
     shutil.copytree(
         source, dest, ignore=lambda directory, names: ["trust"] * (directory == str(source))
     )
     return dest
 
 
+def edit_manifest(store: Path, edit: Callable[[dict], None]) -> Manifest:
+    """Publish the store's manifest as ``edit`` changes its JSON document (the generation
+    one higher): signed, as a publisher holding the store's development keys would; on a
+    store without them (``unsigned_copy``) as its manifest.json alone, which a test that
+    signs it by hand then signs (``tests.support.signed_fleet.Repo``)."""
+
+    def change(current: Manifest | None) -> Manifest:
+        assert current is not None
+        document = json.loads(current.to_json())
+        edit(document)
+        document["generation"] = current.generation + 1
+        return Manifest.model_validate(document)
+
+    if not development_keys_dir(store).is_dir():  # unsigned, or signed after by a test's Repo
+        changed = change(read_manifest(store))
+        (store / "manifest.json").write_bytes(changed.to_json())
+        return changed
+    published = update_manifest(open_store(str(store)), change)
+    assert published.manifest is not None
+    return published.manifest
+
+
 def republish_cpu_variant(store: Path, model: str, data: bytes, claimed_sha256: str) -> None:
-    """Point the model's CPU variant at new bytes in the store, claiming ``claimed_sha256``."""
-    manifest = read_manifest(store)
-    variant = manifest.models[model].variants["x86-cpu"]
+    """Point the model's CPU variant at new bytes in the store, claiming ``claimed_sha256``
+    (a signed publish: the publisher vouches for what it claims)."""
     key = f"variants/{model}/x86-cpu/{claimed_sha256}.onnx"
     (store / key).write_bytes(data)
-    assert variant.artifact is not None
-    variant.artifact = variant.artifact.model_copy(
-        update={"uri": key, "sha256": claimed_sha256, "size": len(data)}
-    )
-    manifest.generation += 1
-    (store / "manifest.json").write_bytes(manifest.to_json())
+
+    def point(document: dict) -> None:
+        artifact = document["models"][model]["variants"]["x86-cpu"]["artifact"]
+        artifact.update(uri=key, sha256=claimed_sha256, size=len(data))
+
+    edit_manifest(store, point)
 
 
 def republish_edited_cpu_variant(store: Path, edit: Callable[[onnx.ModelProto], None]) -> bytes:
@@ -96,7 +153,9 @@ def republish_edited_cpu_variant(store: Path, edit: Callable[[onnx.ModelProto], 
 
 
 def make_unreadable(store: Path) -> Path:
-    """A local store whose manifest cannot be read: a stand-in for a store gone offline."""
+    """A local store whose manifest cannot be read: a stand-in for a store gone offline, on
+    the unsigned path (a local store's signed metadata is never unreachable: a directory
+    at its timestamp is a rejected refresh)."""
     manifest = store / "manifest.json"
     held = manifest.rename(store / "manifest.held")
     manifest.mkdir()

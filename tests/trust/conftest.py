@@ -19,8 +19,8 @@ from tests.support.signed_fleet import (
     mirror_site,
     s3_site,
     trusted,
-    unsigned_copy,
 )
+from tests.support.synced_fleet import unsigned_copy
 from tests.support.tiers import move_end_to_end_to_slow, on_stores
 
 
@@ -37,14 +37,6 @@ def site(request: pytest.FixtureRequest, fleet_store: Path, tmp_path: Path) -> S
     if request.param == "https-mirror":
         return mirror_site(request, directory)
     return s3_site(request, directory)
-
-
-@pytest.fixture
-def signed_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Devices trust signed metadata only, whatever tests/conftest.py allows (the attack
-    suites use it for every test: ``pytest.mark.usefixtures("signed_only")``)."""
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
-    monkeypatch.delenv("EPFLEET_TRUST_ROOT", raising=False)
 
 
 @pytest.fixture

@@ -55,13 +55,13 @@ from tests.support.signed_fleet import (
 )
 from tests.support.synced_fleet import (
     assert_package_runs,
-    copy_store,
     read_manifest,
     republish_cpu_variant,
     republish_edited_cpu_variant,
+    unsigned_copy,
 )
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.fast]
 
 
 # --- the attacks ----------------------------------------------------------------------------
@@ -365,7 +365,7 @@ def test_the_root_is_kept_in_the_cache_and_a_device_without_one_is_refused(
 
     with pytest.raises(BadInputError, match="--trust-root"):
         sync(fleet.site.uri, tmp_path / "new", SyncPolicy(models=[MODEL]), device=DEVICE)
-    other = Repo(copy_store(fleet.site.directory, tmp_path / "other"))
+    other = Repo(unsigned_copy(fleet.site.directory, tmp_path / "other"))
     with pytest.raises(BadInputError, match="not the root this device already trusts"):
         fleet.sync(trust_root=other.root_file)
 

@@ -20,7 +20,7 @@ from tests.support.signed_fleet import (
     Fleet,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.slow]
 
 
 def test_the_device_sync_flow_verifies_with_its_trust_root(local_fleet: Fleet) -> None:

@@ -29,7 +29,7 @@ from tests.support.s3proxy import FaultProxy
 from tests.support.signed_fleet import DEVICE, MODEL, Fleet, assert_refused, first_sync, only
 from tests.support.synced_fleet import assert_package_runs, read_manifest
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.slow]
 
 BOUND = 60.0
 """Seconds a trickled sync may take here: the limits' own total is ~5-10 s; each trickled

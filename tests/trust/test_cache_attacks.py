@@ -41,9 +41,9 @@ from tests.support.signed_fleet import (
     synthetic_store,
     trust_of,
 )
-from tests.support.synced_fleet import assert_package_runs, copy_store
+from tests.support.synced_fleet import assert_package_runs, unsigned_copy
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.fast]
 
 
 def sync_with_cached_root(fleet: Fleet, **options: object) -> DeviceReport:
@@ -186,7 +186,7 @@ def test_a_damaged_cached_root_is_reported_and_replaced_only_from_the_same_root(
     assert_refused(report, good, str(cached), "is damaged", "signatures do not verify")
     assert "--trust-root" in (report.manifest.reason or "")
     assert "not signed by the trusted keys" not in (report.manifest.reason or "")  # not the store
-    other = Repo(copy_store(fleet.site.directory, tmp_path / "other"))
+    other = Repo(unsigned_copy(fleet.site.directory, tmp_path / "other"))
     with pytest.raises(BadInputError, match="cannot be shown to be the root this device trusted"):
         fleet.sync(trust_root=other.root_file)
     healed = fleet.sync()  # the genuine root it was provisioned with

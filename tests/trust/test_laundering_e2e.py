@@ -13,7 +13,6 @@ document) are in tests/trust/test_laundering.py.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ from epfleet.trust.client import verify
 from epfleet.trust.state import clear_cache
 from flows.trust_refresh import trust_refresh
 from tests.support.specs import CPU_TARGET, tiny_models, write_spec
-from tests.support.synced_fleet import assert_package_runs, copy_store, publish_to_s3
+from tests.support.synced_fleet import assert_package_runs, publish_to_s3, unsigned_copy
 from tests.support.trust_helpers import make_trusted_store
 
 pytestmark = pytest.mark.slow
@@ -49,15 +48,13 @@ def signed_fleet(
     """The compiled fleet in a store signed by epfleet's publisher (trust init adopts its
     manifest), locally or on S3; EPFLEET_TRUST_SIGNER is its online key. Returns the
     store's URI and the root devices trust."""
-    directory = copy_store(fleet_store, tmp_path / "store")
-    shutil.rmtree(directory / "trust", ignore_errors=True)
+    directory = unsigned_copy(fleet_store, tmp_path / "store")
     uri = str(directory)
     if request.param == "s3":
         uri = publish_to_s3(directory, request.getfixturevalue("s3_bucket"))
     keys = tmp_path / "keys"
     root = make_trusted_store(uri, keys)
     monkeypatch.setenv("EPFLEET_TRUST_SIGNER", f"file2:{keys / 'online.pem'}")
-    monkeypatch.delenv("EPFLEET_ALLOW_UNSIGNED", raising=False)
     return uri, root
 
 

@@ -35,7 +35,8 @@ from epfleet.trust.model_signatures import (
 )
 from tests.support import multifile_store
 from tests.support.publish_helpers import publish_new
-from tests.support.signed_fleet import Site, s3_site, unsigned_copy
+from tests.support.signed_fleet import Site, s3_site
+from tests.support.synced_fleet import unsigned_copy
 from tests.support.tiers import on_stores
 
 pytestmark = pytest.mark.fast

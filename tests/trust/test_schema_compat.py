@@ -31,7 +31,7 @@ from tests.support.signed_fleet import (
 )
 from tests.support.synced_fleet import assert_package_runs, republish_edited_cpu_variant
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("signed_only")]
+pytestmark = [pytest.mark.fast]
 
 
 def publish_as(fleet: Fleet, version: str) -> bytes:
