@@ -25,6 +25,7 @@ too (``__all__``).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -66,6 +67,7 @@ from epfleet.trust.targets import joined_folded, ranking_target
 from epfleet.trust.updater import (
     BelowHighWater,
     ForkedRoot,
+    Judged,
     judge,
     open_updater,
     promote,
@@ -142,29 +144,42 @@ def verify(
     where = f"{store.uri}/{METADATA_KEYS}"
     fetcher = StoreFetcher(store)
     state_file = directory.parent.parent / "state.json"
+
+    def refreshed(stage: Path) -> tuple[bytes, dict[str, ModelRanking | str], Judged]:
+        started_from = signed_version(root) or 0
+        try:
+            updater = open_updater(fetcher, stage, root)
+            updater.refresh()
+            if models:
+                wanted = list(dict.fromkeys(models))
+                entries = {m: signed_entry(updater, store, m) for m in wanted}
+                document = Manifest.model_construct(models=entries).to_json()
+            else:
+                document = _signed_manifest(updater, store, stage)
+            rankings = {}
+            succinct = _succinct(stage)
+            for model in models or _ranked_models(updater, document):
+                found = signed_ranking(updater, store, model, succinct)
+                if found is not None:
+                    rankings[model] = found
+        except tuf_errors.RepositoryError:
+            judge(stage, started_from, mark, state_file, roots_only=True)  # a fork first
+            raise
+        return document, rankings, judge(stage, started_from, mark, state_file)
+
     try:
-        with staged(directory) as stage:
-            started_from = signed_version(root) or 0
-            try:
-                updater = open_updater(fetcher, stage, root)
-                updater.refresh()
-                if models:
-                    wanted = list(dict.fromkeys(models))
-                    entries = {m: signed_entry(updater, store, m) for m in wanted}
-                    document = Manifest.model_construct(models=entries).to_json()
-                else:
-                    document = _signed_manifest(updater, store, stage)
-                rankings = {}
-                succinct = _succinct(stage)
-                for model in models or _ranked_models(updater, document):
-                    found = signed_ranking(updater, store, model, succinct)
-                    if found is not None:
-                        rankings[model] = found
-            except tuf_errors.RepositoryError:
-                judge(stage, started_from, mark, state_file, roots_only=True)  # a fork first
+        try:
+            with staged(directory) as stage:
+                document, rankings, judged = refreshed(stage)
+                promote(stage, directory)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or _promoting(exc, directory):
                 raise
-            judged = judge(stage, started_from, mark, state_file)
-            promote(stage, directory)
+            # the staging copy beside a full cache: refresh again staged elsewhere, so
+            # that a refresh changing nothing still verifies (promote writes nothing)
+            with staged(directory, elsewhere=True) as stage:
+                document, rankings, judged = refreshed(stage)
+                promote(stage, directory)
     except Unreachable as exc:
         raise StoreUnreachable(f"cannot refresh the signed metadata at {where}: {exc}") from None
     except tuf_errors.DownloadHTTPError as exc:
@@ -195,6 +210,11 @@ def verify(
         lineage=judged.lineage,
         rankings=rankings,
     )
+
+
+def _promoting(exc: OSError, directory: Path) -> bool:
+    """Whether ``exc`` came from writing the trust directory itself (not its staging copy)."""
+    return exc.filename is not None and Path(exc.filename).parent.is_relative_to(directory)
 
 
 def describe(exc: Exception) -> str:

@@ -6,7 +6,8 @@ linked, so a refresh that changes nothing copies nothing; ngclient replaces what
 writes, so the originals are never touched). The rules:
 
 1. ``staged`` makes the copy beside the trust directory (or, when the cache cannot be
-   written, in a temporary directory), and removes it afterwards, whatever happens.
+   written or its disk is full, in the system's temporary directory), and removes it
+   afterwards, whatever happens.
 2. The refresh and the target lookups run there (``refresh``, ``get_targetinfo``,
    ``download_target``): what ngclient refuses (bad signatures, a rollback against what
    it cached, expiry, mix-and-match) never reaches the trust directory.
@@ -69,12 +70,15 @@ class Judged:
 
 
 @contextlib.contextmanager
-def staged(directory: Path) -> Iterator[Path]:
-    """A staging copy of the trust directory ``directory`` (see the module's rule 1)."""
+def staged(directory: Path, *, elsewhere: bool = False) -> Iterator[Path]:
+    """A staging copy of the trust directory ``directory`` (see the module's rule 1);
+    ``elsewhere``: in the system's temporary directory, copied (the cache's disk is full)."""
     parent = directory.parent
     for left in _leftovers(parent, directory.name):  # a sync that crashed mid-refresh
         shutil.rmtree(left, ignore_errors=True)
     try:
+        if elsewhere:
+            raise OSError("staged elsewhere")
         parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{directory.name}-", dir=parent))
         linked = True

@@ -115,12 +115,6 @@ def test_a_sync_killed_mid_way_leaves_nothing_the_next_one_does_not_tidy(
     assert_package_runs(cache, {m.model: m.variant or "" for m in report.models})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on a full disk, a sync of an unchanged signed store is 'manifest: rejected' "
-    "(exit 1): the signed refresh writes its staged timestamp in the cache before it knows "
-    "nothing changed (epfleet.trust.updater); the unsigned path kept it, exit 0",
-)
 def test_the_report_is_printed_when_the_disk_is_full(
     fleet_store: Path,
     tmp_path: Path,
