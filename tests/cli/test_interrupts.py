@@ -24,6 +24,7 @@ import pytest
 from epfleet.fleet.build.staging import TEMP_GRACE_SECONDS, tidy_cache
 from epfleet.formats.manifest import Manifest
 from epfleet.fsutil import is_temp_name
+from epfleet.trust.layout import METADATA_KEYS
 from tests.support.paths import REPO
 from tests.support.processes import processes_with
 from tests.support.s3proxy import FaultProxy
@@ -37,6 +38,7 @@ from tests.support.synced_fleet import (
     run_sync,
     runaway,
 )
+from tests.support.trust_helpers import provisioned_root
 
 pytestmark = pytest.mark.slow
 
@@ -256,10 +258,12 @@ def start_sync(store: str, cache: Path, tmp_path: Path) -> tuple[subprocess.Pope
     terminal runs it); returns it and the marker of its processes."""
     marker_dir = tmp_path / f"marker-{uuid.uuid4().hex}"
     env = dict(os.environ, EPFLEET_CACHE=str(marker_dir), PYTHONPATH=str(REPO))
+    root = provisioned_root(store)
     cli = subprocess.Popen(
         [
             *(sys.executable, "-m", "epfleet", "sync", "--store", store, "--cache", str(cache)),
             *("--model", SYNC_MODEL, "--no-recompile"),
+            *(("--trust-root", str(root)) if root is not None else ()),
         ],
         cwd=REPO,
         env=env,
@@ -288,6 +292,7 @@ def health_check_spinning(cli: subprocess.Popen[str], marker: str) -> bool:
 @pytest.mark.health_in_worker  # a runaway check: in-thread it has no time limit and never ends
 @pytest.mark.parametrize("point", ["manifest", "download", "health-check"])
 def test_ctrl_c_stops_a_sync(
+    unsigned_allowed: None,  # the health check's store is unsigned, to publish a variant by hand
     fleet_store: Path,
     s3_bucket: str,
     s3_proxy: FaultProxy,
@@ -308,7 +313,7 @@ def test_ctrl_c_stops_a_sync(
         good = run_sync(publish_to_s3(fleet_store, s3_bucket), cache, models=[SYNC_MODEL])
         uri, artifact = republished_to_s3(fleet_store, tmp_path, s3_bucket)
         if point == "manifest":
-            watched = f"/{s3_bucket}/fleet/manifest.json"
+            watched = f"/{s3_bucket}/fleet/{METADATA_KEYS}timestamp.json"
             s3_proxy.stall_next_get_responses(watched)
         else:
             watched = artifact

@@ -37,7 +37,11 @@ def paddle_ocr_models() -> dict[str, Path]:
 
 
 def test_paddle_ocr_compiled_for_three_htp_targets_and_cpu_then_synced_to_this_host(
-    paddle_ocr_models: dict[str, Path], tmp_path: Path, s3_bucket: str, cli_env: dict[str, str]
+    unsigned_allowed: None,  # a compile into S3 with no `trust init`: an unsigned store
+    paddle_ocr_models: dict[str, Path],
+    tmp_path: Path,
+    s3_bucket: str,
+    cli_env: dict[str, str],
 ) -> None:
     rec_inputs = graph_inputs(
         onnx.load(str(paddle_ocr_models["ocr-rec"]), load_external_data=False)
