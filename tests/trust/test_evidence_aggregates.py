@@ -227,6 +227,16 @@ def test_the_ranking_window_is_applied_on_the_readers_clock(store: Store) -> Non
     assert aged.index is not None and aged.index.contributions_computed == 0
 
 
+def test_a_vote_for_another_build_is_refused_by_the_index_as_by_a_recount(store: Store) -> None:
+    fleet(store)
+    for device in OUTSIDE[50:53]:  # the variant's target, but not the build published
+        found = report(device, False, "kept", 9.5)
+        found.models[0].artifact_sha256 = "f" * 64
+        put(store, found)
+    reading = same_as_recount(store)
+    assert reading.ranking_refused.get("another build") == 3
+
+
 def test_past_a_few_samples_a_shard_latencies_come_from_the_sketch_within_its_error(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,8 +18,9 @@ reports cannot forge one.
   too: its signature is checked against the key in force.
 - What a record keeps of a report (``project``): what the gate, the field view and
   runtime-watch read of it (device, time, number, EPs and runtime, each model's action,
-  target, variant, verdicts, profile and rollout, with its shadow run's figures), not the
-  words (reasons, paths, warnings). ``INDEX_FORMAT`` changes when what it keeps does: a
+  target, variant, the artifact's sha256 (a ranking refuses a vote for another build than
+  the one published), verdicts, profile and rollout, with its shadow run's figures), not
+  the words (reasons, paths, warnings). ``INDEX_FORMAT`` changes when what it keeps does: a
   shard of another format is rebuilt from the reports (an older reader's records lack
   what this one keeps).
   ``restore`` gives back a report those readers read as they read the report itself.
@@ -58,7 +59,7 @@ from eps.base import Verdict
 
 SHARDS = 256
 SETTLE_SECONDS = 5.0
-INDEX_FORMAT = 2
+INDEX_FORMAT = 3
 _SEAL_CONTEXT = b"epfleet evidence index shard v1\n"
 
 Stamp = tuple[int, float]
@@ -133,6 +134,7 @@ _MODEL_FIELDS = {
     "target": True,
     "ep": True,
     "verdict": True,
+    "artifact_sha256": True,
     "considered": {"__all__": {"target", "ep", "device", "verdict"}},
     "profile": True,
     "rollout": True,
@@ -190,7 +192,7 @@ def restore(kept: dict[str, Any], signature: CheckedSignature | None = None) -> 
             target=m.get("target"),
             ep=m.get("ep"),
             verdict=Verdict(m["verdict"]) if m.get("verdict") is not None else None,
-            artifact_sha256=None,
+            artifact_sha256=m.get("artifact_sha256"),
             source_sha256=None,
             precision=None,
             bytes_downloaded=0,
