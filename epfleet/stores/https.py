@@ -28,8 +28,6 @@ from typing import Any, Literal, NoReturn
 from urllib.parse import urljoin, urlparse
 
 import urllib3
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from epfleet.errors import (
     BadInputError,
@@ -42,7 +40,7 @@ from epfleet.fsutil import atomic_file
 from epfleet.limits import TransferGuard, TransferLimits, current_deadline
 from epfleet.stores.base import UNCHANGED, StoredObject, Versioned, check_key, within_range
 from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
-from epfleet.stores.watch import DEADLINE, Watch, Watched, attempt
+from epfleet.stores.watch import DEADLINE, WATCHED_POOLS, Watch, attempt
 
 ATTEMPTS = 4
 MAX_REDIRECTS = 5
@@ -52,22 +50,6 @@ READ_ONLY = (
     "is a read-only mirror (https://): publish to the store behind it (s3:// or a "
     "directory), and send device reports elsewhere (EPFLEET_REPORT_TO)"
 )
-
-
-class _WatchedHTTP(Watched, HTTPConnection):
-    pass
-
-
-class _WatchedHTTPS(Watched, HTTPSConnection):
-    pass
-
-
-class _Pool(HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTP
-
-
-class _TLSPool(HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPS
 
 
 class HttpsStore:
@@ -86,7 +68,7 @@ class HttpsStore:
             timeout=urllib3.Timeout(connect=min(stall, 10.0), read=stall),
             retries=False,
         )
-        self._http.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+        self._http.pool_classes_by_scheme = dict(WATCHED_POOLS)
 
     @property
     def limits(self) -> TransferLimits:

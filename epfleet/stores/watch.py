@@ -21,6 +21,9 @@ import threading
 from contextlib import suppress
 from typing import Any
 
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
 ANSWER = "answer"
 DEADLINE = "deadline"
 
@@ -116,3 +119,27 @@ class Watched:
             return read(*args)
         finally:
             watch.stop(ANSWER)
+
+
+class _WatchedHTTP(Watched, HTTPConnection):
+    pass
+
+
+class _WatchedHTTPS(Watched, HTTPSConnection):
+    pass
+
+
+class _WatchedPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTP
+
+
+class _WatchedTLSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPS
+
+
+WATCHED_POOLS: dict[str, type[HTTPConnectionPool]] = {
+    "http": _WatchedPool,
+    "https": _WatchedTLSPool,
+}
+"""urllib3's pool classes by scheme, their connections ``Watched`` (for a PoolManager's
+``pool_classes_by_scheme``: the https:// store's and the S3 bulk reads')."""

@@ -46,15 +46,13 @@ from botocore import UNSIGNED
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.httpsession import get_cert_path
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from epfleet.errors import StoreError, TransferTooSlow, TransientStoreError
 from epfleet.limits import TransferGuard
 from epfleet.stores.base import Versioned
 from epfleet.stores.documents import OverLimit, document_limit, read_bounded, too_large
 from epfleet.stores.s3.errors import CREDENTIAL_CODES, THROTTLING_CODES, missing_bucket
-from epfleet.stores.watch import Watch, Watched, attempt
+from epfleet.stores.watch import WATCHED_POOLS, Watch, attempt
 
 if TYPE_CHECKING:
     from epfleet.stores.s3.store import S3Store
@@ -64,22 +62,6 @@ ERROR_BODY_LIMIT = 65_536
 MAX_BACKOFF = 20.0
 _PROBE_KEY = "epfleet-direct-read-probe"
 _CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
-
-
-class _WatchedHTTP(Watched, HTTPConnection):
-    pass
-
-
-class _WatchedHTTPS(Watched, HTTPSConnection):
-    pass
-
-
-class _Pool(HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTP
-
-
-class _TLSPool(HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPS
 
 
 class _Transient(Exception):
@@ -137,7 +119,7 @@ class DirectReads:
             retries=False,
             ca_certs=ca,
         )
-        self._http.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+        self._http.pool_classes_by_scheme = dict(WATCHED_POOLS)
 
     def read(self, key: str) -> Versioned | None:
         """The object's bytes and version (still encoded as written), or None when there is
