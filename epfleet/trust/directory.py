@@ -36,22 +36,32 @@ def trust_dir(cache_meta: Path, store_uri: str) -> Path:
 
 
 def ever_trusted(cache_meta: Path) -> bool:
-    """Some trust directory of the cache holds a root file (intact or not): the cache
-    trusted a root once, for some store."""
+    """Some trust directory of the cache holds a root file (``<version>.root.json``, intact
+    or not): the cache trusted a root once, for some store. What a sync killed during its
+    first refresh leaves (a staging copy ``.staging-*`` of a trust directory, a temporary
+    file) is no root: that device trusted nothing yet."""
     try:
         stores = [
-            e.name for e in os.scandir(cache_meta / TRUST_DIR) if e.is_dir(follow_symlinks=False)
+            e.name
+            for e in os.scandir(cache_meta / TRUST_DIR)
+            if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
         ]
     except OSError:
         return False
     for store in stores:
         try:
             with os.scandir(cache_meta / TRUST_DIR / store / ROOT_HISTORY) as entries:
-                if any(True for _ in entries):
+                if any(is_root_name(entry.name) for entry in entries):
                     return True
         except OSError:
             continue
     return False
+
+
+def is_root_name(name: str) -> bool:
+    """``name`` is a root history file's: ``<version>.root.json``."""
+    number = name.removesuffix(".root.json")
+    return number != name and number.isdigit()
 
 
 def read_file(path: Path) -> bytes | None:

@@ -25,7 +25,7 @@ from tuf.api.metadata import Metadata, Root
 from epfleet.errors import BadInputError
 from epfleet.fsutil import read_nofollow
 from epfleet.hashing import sha256_bytes
-from epfleet.trust.directory import ROOT_HISTORY
+from epfleet.trust.directory import ROOT_HISTORY, is_root_name
 from epfleet.trust.highwater import TrustMark
 
 
@@ -97,9 +97,9 @@ def cached_roots(directory: Path) -> list[CachedRoot]:
         return []
     roots = []
     for name in names:
-        number = name.removesuffix(".root.json")
-        if number == name or not number.isdigit():
+        if not is_root_name(name):
             continue
+        number = name.removesuffix(".root.json")
         path = history / name
         try:
             data = read_nofollow(path)

@@ -266,3 +266,29 @@ def test_a_device_that_trusted_a_root_never_falls_back_to_a_development_root(
         status = session.fetch_manifest()
     assert status.status == "rejected" and status.generation is None, status
     assert "trust cache was lost" in (status.reason or "")
+
+
+def test_a_first_sync_killed_during_its_refresh_still_trusts_the_development_root(
+    tmp_path: Path,
+) -> None:
+    """A sync killed during its first refresh leaves a staging copy of the trust directory
+    (its root written) and a temporary file in the root history: the device trusted
+    nothing yet, so the next sync trusts the development root as the first would have."""
+    from epfleet.trust.repository import development_keys_dir, init_with_key_files
+
+    store = synthetic_store(tmp_path / "store", 3)
+    init_with_key_files(open_store(str(store)), development_keys_dir(store), bins=16, adopt=True)
+    cache, policy = tmp_path / "device", SyncPolicy(models=["model-001"])
+    history = trust_of(cache, str(store)) / "root_history"
+    history.mkdir(parents=True)
+    (history / ".1.root.json.abcd1234.tmp").write_bytes(b'{"signed": {"_type": "ro')
+    staging = history.parent.parent / f".staging-{history.parent.name}-z3ats2wl"
+    (staging / "root_history").mkdir(parents=True)  # the refresh's copy, its root written
+    shutil.copy(development_keys_dir(store) / "root.json", staging / "root_history" / "1.root.json")
+
+    with SyncSession(str(store), cache, policy, DEVICE) as session:
+        status = session.fetch_manifest()
+
+    assert status.status != "rejected" and status.signed, status
+    assert status.warning and "development root" in status.warning, status
+    assert (history / "1.root.json").is_file()
