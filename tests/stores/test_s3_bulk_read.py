@@ -84,3 +84,47 @@ def test_a_silent_server_is_bounded_by_the_stall_timeout(
         store.bulk_read(KEYS[0])
     assert time.monotonic() - started < 30  # three attempts of ~2 s, not minutes of trickle
     s3_proxy.heal()
+
+
+def test_a_body_that_stalls_or_is_cut_is_bounded_and_transient(
+    store: S3Store, s3_bucket: str, s3_proxy: FaultProxy
+) -> None:
+    key = KEYS[0]
+    store.write(key, b"{" + b" " * 4000 + b"}")
+    s3_proxy.stall_next_get_responses(f"/{s3_bucket}/p/{key}", after=100)
+    started = time.monotonic()
+    with pytest.raises(TransferTooSlow):
+        store.bulk_read(key)
+    assert time.monotonic() - started < 30
+    s3_proxy.cut_next_get_responses(f"/{s3_bucket}/p/{key}", after=100)
+    with pytest.raises(TransientStoreError, match="dropped"):
+        store.bulk_read(key)
+    got = store.bulk_read(key)  # the next read, on a new connection, is whole
+    assert got is not None and len(got.data) == 4002
+
+
+def test_connections_are_kept_alive_and_a_server_that_closes_them_is_read_all_the_same(
+    s3_bucket: str, s3_proxy: FaultProxy
+) -> None:
+    """Through the proxy (which keeps connections alive) reads share one connection; moto
+    itself answers each request with ``Connection: close``, and each read opens its own."""
+    through = open_store(f"s3://{s3_bucket}/p")
+    assert isinstance(through, S3Store)
+    for n, key in enumerate(KEYS):
+        through.write(key, b'{"n": %d}' % n)
+    for key in KEYS * 3:
+        assert through.bulk_read(key) == through.read(key)
+    reads = through._direct
+    assert isinstance(reads, DirectReads) and len(reads._pool._idle) == 1
+    direct = S3Store(s3_bucket, "p")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(
+            "AWS_ENDPOINT_URL",
+            s3_proxy.endpoint_url.replace(
+                str(s3_proxy._server.server_address[1]), str(s3_proxy.upstream[1])
+            ),
+        )
+        direct = S3Store(s3_bucket, "p")
+        for key in KEYS * 2:
+            assert direct.bulk_read(key) == through.read(key)
+    assert isinstance(direct._direct, DirectReads) and not direct._direct._pool._idle
