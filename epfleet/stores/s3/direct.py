@@ -1,12 +1,14 @@
-"""Reads of many small S3 objects, each signed here and sent on a kept-alive connection: the
-fleet side's bulk reads of device reports (``S3Store.bulk_read``).
+"""Reads of many small S3 objects and pages of listings, each signed here and sent on a
+kept-alive connection: the fleet side's bulk reads of device reports (``S3Store.bulk_read``)
+and every listing of an S3 store (``ListObjectsV2``, its pages parsed with ElementTree, keys
+URL-encoded on the wire and decoded as botocore decodes them).
 
 botocore's ``get_object`` spends most of its client CPU in its event hooks, parameter
 validation, response parsing and retry machinery, not in the request. A read here is
 signed by ``epfleet.stores.s3.signing`` (botocore's signature, byte for byte, its signing
 key derived once a day) and sent by ``epfleet.stores.s3.wire`` (one buffer written, the
 answer read straight from the socket): ``bench/s3_requests.py`` prints its client CPU beside
-``get_object``'s.
+``get_object``'s and ``list_objects_v2``'s.
 
 What stays S3's and botocore's:
 
@@ -35,15 +37,17 @@ it.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote_plus, urlsplit
+from xml.etree import ElementTree
 
 from botocore import UNSIGNED
 from botocore.httpsession import get_cert_path
@@ -53,6 +57,7 @@ from epfleet.limits import TransferGuard
 from epfleet.stores.base import Versioned
 from epfleet.stores.documents import document_limit, too_large
 from epfleet.stores.s3 import wire
+from epfleet.stores.s3.client import parse_s3_timestamp
 from epfleet.stores.s3.errors import (
     CLOCK_CODES,
     CREDENTIAL_CODES,
@@ -60,12 +65,13 @@ from epfleet.stores.s3.errors import (
     clock_skewed,
     missing_bucket,
 )
-from epfleet.stores.s3.signing import Signer
+from epfleet.stores.s3.signing import Signer, canonical_query
 
 if TYPE_CHECKING:
     from epfleet.stores.s3.store import S3Store
 
 ERROR_BODY_LIMIT = 65_536
+LIST_BODY_LIMIT = 64 << 20  # a page of 1,000 keys of at most 1,024 bytes, each URL-encoded
 MAX_BACKOFF = 20.0
 _PROBE_KEY = "epfleet-direct-read-probe"
 _CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
@@ -81,7 +87,7 @@ class _Transient(Exception):
         self.silent = silent
 
 
-class _Fallback(Exception):
+class Fallback(Exception):
     """An answer this module does not read (a redirect, a 400): botocore's turn."""
 
 
@@ -120,6 +126,7 @@ class DirectReads:
         if not parts.path.endswith(quoted) or parts.scheme not in _DEFAULT_PORTS:
             raise RuntimeError(f"botocore presigned {url!r}, not a URL ending in its key")
         self._path_prefix = parts.path[: -len(quoted)]
+        self._list_path = self._path_prefix.rstrip("/") or "/"  # the bucket's own path
         host = _host_header(parts.scheme, parts.hostname or "", parts.port)
         self._host = host
         self._signer = Signer(host, client.meta.region_name)
@@ -136,17 +143,64 @@ class DirectReads:
         no such object; the store's errors as ``S3Store.read`` raises them."""
         path = self._path_prefix + _quote(self.store.object_key(key))
         try:
-            return self._retried(key, lambda: self._get_object(key, path))
-        except _Fallback:
+            return self._retried(
+                f"reading {self.store.where(key)}", lambda: self._get_object(key, path)
+            )
+        except Fallback:
             return self.store.read(key)
 
-    def _retried(self, key: str, once: Callable[[], T]) -> T:
+    def listing(self, prefix: str) -> Iterator[tuple[str, int, datetime]]:
+        """The S3 key, size and last modification of each object whose S3 key starts with
+        ``prefix`` (``ListObjectsV2``, a page of up to 1,000 at a time), in S3's order;
+        ``Fallback`` raised (before the first) for an answer botocore should read instead."""
+        what = f"listing {self.store.where(prefix[len(self.store.root) :])}"
+        token: str | None = None
+        while True:
+            params = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
+            if token is not None:
+                params["continuation-token"] = token
+            query = canonical_query(params)
+            try:
+                page, token = self._retried(what, functools.partial(self._list_page, what, query))
+            except Fallback as exc:
+                if "continuation-token" not in params:
+                    raise
+                raise StoreError(f"{what}: {exc} for a later page of the listing") from None
+            yield from page
+            if token is None:
+                return
+
+    def _list_page(
+        self, what: str, query: str
+    ) -> tuple[list[tuple[str, int, datetime]], str | None]:
+        answer = self._send(self._list_path, query)
+        if answer.status != 200:
+            self._refused(what, answer)
+            raise Fallback(f"S3 answered {answer.status}")  # a 404 that is not NoSuchBucket
+        guard = TransferGuard(what, self.store.uri, self.store.limits)
+        held: list[bytes] = []
+        total = 0
+        try:
+            for chunk in answer.chunks(self._stall):
+                guard.add(len(chunk))
+                total += len(chunk)
+                if total > LIST_BODY_LIMIT:
+                    raise StoreError(f"{what}: a page of the listing over {LIST_BODY_LIMIT} bytes")
+                held.append(chunk)
+        except wire.Silent:
+            raise guard.stalled() from None
+        except (wire.Dropped, wire.Malformed) as exc:
+            raise _Transient(f"the connection dropped ({exc})") from None
+        finally:
+            answer.close()
+        return parse_listing(b"".join(held), what)
+
+    def _retried(self, what: str, once: Callable[[], T]) -> T:
         for tried in range(1, self._attempts + 1):
             try:
                 return once()
             except _Transient as exc:
                 if tried == self._attempts:
-                    what = f"reading {self.store.where(key)}"
                     if exc.silent:
                         raise TransferTooSlow(
                             f"{what}: no complete answer within {self._stall:g} s "
@@ -162,7 +216,7 @@ class DirectReads:
         answer = self._send(path, "")
         if answer.status == 200:
             return self._body(key, answer)
-        self._refused(key, answer)
+        self._refused(f"reading {self.store.where(key)}", answer)
         return None
 
     def _send(self, path: str, query: str) -> wire.Answer:
@@ -222,9 +276,9 @@ class DirectReads:
             answer.close()  # a body not read to its end: its connection is not reused
         return Versioned(b"".join(held), etag)
 
-    def _refused(self, key: str, answer: wire.Answer) -> None:
+    def _refused(self, what: str, answer: wire.Answer) -> None:
         """What a status other than 200 means: None returned for 404 ``NoSuchKey``, else
-        an error raised (``_Transient`` for another attempt, ``_Fallback`` for botocore's)."""
+        an error raised (``_Transient`` for another attempt, ``Fallback`` for botocore's)."""
         status = answer.status
         try:
             body = answer.read(ERROR_BODY_LIMIT, self._stall) or b""
@@ -236,19 +290,46 @@ class DirectReads:
         code = found.group(1).decode("ascii", "replace") if found else ""
         if status >= 500 or status == 429 or code in THROTTLING_CODES:
             raise _Transient(f"S3 answered {status} {code}")
-        where = self.store.where(key)
         if code == "NoSuchBucket":
             raise missing_bucket(self.store.uri, self.store.bucket, self._client.meta.endpoint_url)
+        action, _, where = what.partition(" ")
         if code in CLOCK_CODES:
-            raise clock_skewed("reading", where, code)
+            raise clock_skewed(action, where, code)
         if status == 404:
             return
         if status in (403, 401) or code in CREDENTIAL_CODES:
             _refuse(
-                f"reading {where}: access denied ({code or status}); check credentials, "
+                f"{what}: access denied ({code or status}); check credentials, "
                 "bucket policy and AWS_ENDPOINT_URL"
             )
-        raise _Fallback
+        raise Fallback(f"S3 answered {status} {code}")
+
+
+def parse_listing(xml: bytes, what: str) -> tuple[list[tuple[str, int, datetime]], str | None]:
+    """A ``ListObjectsV2`` page's objects (key, size, last modification) and the token of
+    the next page (None on the last), keys decoded as botocore decodes them when the
+    page says they were URL-encoded."""
+    try:
+        root = ElementTree.fromstring(xml)
+    except ElementTree.ParseError as exc:
+        raise _Transient(f"a page of the listing that is not XML ({exc})") from None
+    ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    encoded = root.findtext(f"{ns}EncodingType") == "url"
+    objects = []
+    for item in root.iterfind(f"{ns}Contents"):
+        key = item.findtext(f"{ns}Key") or ""
+        size = item.findtext(f"{ns}Size") or ""
+        modified = item.findtext(f"{ns}LastModified") or ""
+        if not size.isdigit() or not modified:
+            raise StoreError(f"{what}: S3 listed {key!r} without a size or a date")
+        objects.append(
+            (unquote_plus(key) if encoded else key, int(size), parse_s3_timestamp(modified))
+        )
+    truncated = root.findtext(f"{ns}IsTruncated") == "true"
+    token = root.findtext(f"{ns}NextContinuationToken") if truncated else None
+    if truncated and not token:
+        raise StoreError(f"{what}: S3 said the listing goes on but gave no token to go on")
+    return objects, token
 
 
 def _refuse(message: str) -> NoReturn:
