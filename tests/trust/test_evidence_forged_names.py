@@ -34,6 +34,7 @@ from tests.support.staged_rollout import (
     settled_at_once,  # noqa: F401 (autouse)
     staged_store,  # noqa: F401 (the fixture store)
 )
+from tests.support.tiers import on_stores
 from tests.support.watch_fleet import CPU, watch_report
 
 pytestmark = pytest.mark.fast
@@ -157,7 +158,7 @@ def test_runtime_watch_names_forged_devices_without_their_escapes(
     clean("\n".join(r.getMessage() for r in caplog.records))
 
 
-@pytest.mark.parametrize("store", ["s3"], indirect=True)
+@pytest.mark.parametrize("store", on_stores("s3"), indirect=True)  # end to end: slow tier
 def test_keys_only_s3_takes_are_refused_or_counted_once_and_shown_escaped(
     store: Store,
     s3_bucket: str,
