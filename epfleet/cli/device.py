@@ -140,10 +140,12 @@ def list_(
 
 @device_app.command(name="migrate-keys")
 def migrate_keys(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) -> int:
-    """Move the device keys a store's signed manifest still carries into the signed key bins.
+    """Move the device keys a store's signed manifest still carries into the signed key bins,
+    and the key bins a store's snapshot still lists into the keys index.
 
-    Stores enrolled before the key bins keep their keys in the manifest; they are read from
-    there until moved, which the next enrol or revoke also does.
+    Stores enrolled before the key bins keep their keys in the manifest, and stores enrolled
+    before the keys index list the key bins in the snapshot; they are read from there until
+    moved, which the next enrol or revoke also does.
 
     For example:
       epfleet device migrate-keys --store s3://bucket/fleet
@@ -153,10 +155,21 @@ def migrate_keys(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) 
 
     pin_trust_root(store, trust_root)
     moved = migrate(open_store(store))
-    if moved:
-        print(f"moved the keys of {moved} devices from the manifest into the key bins of {store}")
-    else:
-        print(f"no device key left in the manifest of {store}: nothing to move")
+    if moved.devices:
+        print(
+            f"moved the keys of {moved.devices} devices from the manifest into the key bins "
+            f"of {store}"
+        )
+    if moved.listed_bins:
+        print(
+            f"moved the listing of {moved.listed_bins} key bins from the snapshot into the "
+            f"keys index of {store} (devices no longer download it)"
+        )
+    if not moved.devices and not moved.listed_bins:
+        print(
+            f"no device key left in the manifest of {store} and no key bin in its snapshot: "
+            "nothing to move"
+        )
     return EXIT_OK
 
 

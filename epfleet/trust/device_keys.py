@@ -170,6 +170,13 @@ def read_keys_index(
     where = f"{store.uri}/{KEYS_INDEX_KEY}"
     found = store.read(KEYS_INDEX_KEY)
     if found is None:
+        highest = _highest_index(store, state, local)
+        if highest > 0:
+            raise Unverified(
+                f"{where} is missing, but this reader verified version {highest} of it: the "
+                "signed keys index was deleted (without it no device key can be read); "
+                "restore it from a backup of the store"
+            )
         return KeysIndex(None, None)
     metadata = parse_metadata(store, KEYS_INDEX_KEY, found.data)
     signed = metadata.signed
@@ -200,6 +207,46 @@ def read_keys_index(
         )
     _remember_index(store, state, local, signed.version)
     return KeysIndex(signed, found.etag)
+
+
+def keys_rollback(
+    marked_index: int,
+    marked_bins: Mapping[str, int],
+    index_version: int | None,
+    listing: Mapping[str, MetaFile],
+) -> str | None:
+    """Why a keys index (its version, None: the store has none, and the key bins it lists)
+    is older than what a publisher signed or verified before (the highest index version,
+    and each key bin's highest version), or None when it is not. A key bin listed at a
+    lower version than seen before means an index was signed over an older one by a
+    publisher that did not know the newer (a rollback laundered by another host)."""
+    if index_version is None:
+        if marked_index == 0:
+            return None
+        return f"is missing, but version {marked_index} of it was signed or verified here"
+    if index_version < marked_index:
+        return (
+            f"is version {index_version}, older than version {marked_index} signed or verified here"
+        )
+    older = {
+        name: (listed.version if listed is not None else 0, seen)
+        for name, seen in marked_bins.items()
+        if (listed := listing.get(f"{name}.json")) is None or listed.version < seen
+    }
+    if not older:
+        return None
+    name, (listed_version, seen) = min(older.items())
+    what = (
+        f"lists key bin {name} at version {listed_version}"
+        if listed_version
+        else f"does not list key bin {name}"
+    )
+    more = f" (and {len(older) - 1} more key bins)" if len(older) > 1 else ""
+    return (
+        f"is version {index_version} but {what}, whose version {seen} was signed or "
+        f"verified here{more}: another publisher signed it over an older keys index put "
+        "back in the store"
+    )
 
 
 def _mark_file(store: Store, state: RepositoryState, local: Path) -> Path:

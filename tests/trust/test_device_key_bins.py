@@ -22,7 +22,7 @@ from tuf.api.metadata import Metadata, MetaFile, Snapshot, TargetFile, Targets, 
 from epfleet.cli.app import main
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.errors import Unverified
+from epfleet.errors import TrustLost, Unverified
 from epfleet.fleet.evidence.enrolment import (
     enroll,
     enrolled_keys,
@@ -36,6 +36,7 @@ from epfleet.fleet.publishing.publish import read_in_force, read_manifest, updat
 from epfleet.fleet.rollout.rollouts import read_evidence
 from epfleet.formats.device_report import encode_report, report_key
 from epfleet.formats.manifest import Manifest, RevokedKey, utcnow
+from epfleet.settings import settings
 from epfleet.stores import Store
 from epfleet.trust.device_keys import DeviceRecord, new_keys_index, record_target
 from epfleet.trust.keys import (
@@ -46,7 +47,8 @@ from epfleet.trust.keys import (
     public_key_of,
     read_private_key,
 )
-from epfleet.trust.layout import KEYS_INDEX_KEY, TIMESTAMP_KEY, metadata_key
+from epfleet.trust.layout import KEYS_INDEX_KEY, METADATA_KEYS, TIMESTAMP_KEY, metadata_key
+from epfleet.trust.pins import RECORDS_DIR
 from epfleet.trust.repository import development_root, rotate_online_key
 from epfleet.trust.signers import signer_for
 from epfleet.trust.signing import SERIALIZER, sign_metadata, write_versioned
@@ -71,9 +73,32 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def new_machine() -> None:
-    """What a reader on another machine starts with: nothing verified, in memory or kept."""
+    """What a reader or publisher on another machine starts with: nothing verified, in
+    memory or kept."""
     clear_cache()
     shutil.rmtree(local_key_bins(), ignore_errors=True)
+    for mark in (settings().cache / RECORDS_DIR).glob("*.keys-index.json"):
+        mark.unlink()
+
+
+def keys_files(store: Store) -> dict[str, bytes]:
+    """The keys index and every key bin file in the store, by key."""
+    found = {}
+    for key in store.list_keys(METADATA_KEYS):
+        if key == KEYS_INDEX_KEY or ".keys-" in key:
+            read = store.read(key)
+            assert read is not None
+            found[key] = read.data
+    return found
+
+
+def put_back(store: Store, files: dict[str, bytes]) -> None:
+    """What a store writer without the keys can do: the keys index and key bins as they
+    were (``files``), the key bin files signed since deleted."""
+    for key in set(keys_files(store)) - set(files):
+        store.delete(key)
+    for key, data in files.items():
+        store.write(key, data)
 
 
 def snapshot_versions(store: Store) -> dict[str, int]:
@@ -293,6 +318,70 @@ def test_a_manifest_that_carries_keys_is_read_until_they_are_moved(
     assert "nothing to move" in capsys.readouterr().out
 
 
+def test_a_publisher_refuses_to_sign_over_a_keys_index_put_back(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    devices = [f"dev-{i:03d}" for i in range(6)]
+    public = {d: public_key_file(tmp_path / "public", d) for d in devices}
+    enroll(store, devices[0], public_key=public[devices[0]])
+    enroll(store, devices[1], public_key=public[devices[1]])
+    older = keys_files(store)
+    older_version = keys_in_force(store).book.index.signed.version  # type: ignore[union-attr]
+    revoke(store, devices[0])
+    enroll(store, devices[2], public_key=public[devices[2]])
+    newest = keys_in_force(store).book.index.signed.version  # type: ignore[union-attr]
+
+    put_back(store, older)  # the revocation of dev-000 gone
+    clear_cache()  # a new process on the publishing host
+    rolled_back = keys_files(store)
+    for attempt in (
+        lambda: enroll(store, devices[3], public_key=public[devices[3]]),
+        lambda: revoke(store, devices[1]),
+    ):
+        with pytest.raises(
+            TrustLost, match=f"is version {older_version}, older than version {newest}"
+        ):
+            attempt()
+        assert keys_files(store) == rolled_back  # nothing written
+    code = main(
+        [
+            "device",
+            "enroll",
+            devices[3],
+            "--store",
+            store.uri,
+            "--public-key",
+            str(public[devices[3]]),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and f"older than version {newest}" in err and "nothing was signed" in err
+    assert keys_files(store) == rolled_back
+
+    store.delete(KEYS_INDEX_KEY)  # the index deleted: every key would be lost
+    clear_cache()
+    with pytest.raises(TrustLost, match=f"is missing, but version {newest}"):
+        enroll(store, devices[3], public_key=public[devices[3]])
+    assert store.size(KEYS_INDEX_KEY) is None
+    put_back(store, older)
+
+    # a fresh publisher (another host, no mark) cannot tell: it signs over the rollback
+    # until its index's version passes the newest; the publisher that knew the newest
+    # then refuses by the key bins it saw signed later than the laundered index lists them
+    mark = next((settings().cache / RECORDS_DIR).glob("*.keys-index.json"))
+    kept = mark.read_bytes()
+    new_machine()
+    for device in devices[3:]:
+        enroll(store, device, public_key=public[device])
+    laundered = keys_in_force(store).book.index.signed
+    assert laundered is not None and laundered.version >= newest
+    assert "dev-000" in keys_in_force(store)  # its revocation lost
+    mark.write_bytes(kept)
+    clear_cache()
+    with pytest.raises(TrustLost, match="another publisher signed it over an older keys index"):
+        revoke(store, devices[1])
+
+
 def test_a_device_sync_reads_no_key_bin(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -452,7 +541,7 @@ def previous_layout(store: Store) -> None:
 
 @pytest.mark.parametrize("moved_by", ["enrolment", "migrate-keys"])
 def test_a_store_whose_snapshot_lists_the_key_bins_is_read_until_they_move(
-    store: Store, tmp_path: Path, moved_by: str
+    store: Store, tmp_path: Path, moved_by: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     enroll(store, "dev-000", keys_dir=tmp_path / "keys")
     enroll(store, "dev-001", keys_dir=tmp_path / "keys")
@@ -462,10 +551,14 @@ def test_a_store_whose_snapshot_lists_the_key_bins_is_read_until_they_move(
     root = trust_root(store, tmp_path)
     sync(store.uri, tmp_path / "device", SyncPolicy(), "dev-000", trust_root=root)
 
+    listed = len(keys_in_force(store).book.listing())
     if moved_by == "enrolment":
         enroll(store, "dev-002", keys_dir=tmp_path / "keys")
     else:
         assert main(["device", "migrate-keys", "--store", store.uri]) == 0
+        out = capsys.readouterr().out
+        assert f"moved the listing of {listed} key bins from the snapshot" in out, out
+        assert "nothing to move" not in out
     assert store.size(KEYS_INDEX_KEY) is not None
     assert not [n for n in snapshot_versions(store) if n.startswith("keys-")]
     new_machine()

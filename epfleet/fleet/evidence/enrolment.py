@@ -192,19 +192,32 @@ def revoke(store: Store, device: str) -> DeviceKey:
     return removed[0]
 
 
-def migrate_keys(store: Store) -> int:
+@dataclass(frozen=True)
+class Migrated:
+    """What ``migrate_keys`` moved."""
+
+    devices: int
+    """Devices whose keys moved from the signed manifest into the key bins."""
+    listed_bins: int
+    """Key bins whose listing moved from the snapshot into the keys index."""
+
+
+def migrate_keys(store: Store) -> Migrated:
     """Move the keys a store's signed manifest still carries (``device_keys``,
     ``revoked_device_keys``, written before the keys had bins of their own) into the key
-    bins, in one signed publish that drops them from the manifest; the number of devices
-    moved (0: nothing to move, nothing signed)."""
-    moved: list[int] = []
+    bins, and the listing of the key bins a store's snapshot still carries (written before
+    the keys index) into the keys index, in one signed publish that drops them from the
+    manifest and the snapshot (nothing to move: nothing signed)."""
+    moved: list[Migrated] = []
 
     def nothing_else(book: KeyBook) -> list[DeviceRecord | KeyClaim]:
-        moved[:] = [len(set(book.legacy_keys) | {r.device for r in book.legacy_revoked.values()})]
+        devices = set(book.legacy_keys) | {r.device for r in book.legacy_revoked.values()}
+        listed = len(book.listing()) if book.index.signed is None else 0
+        moved[:] = [Migrated(len(devices), listed)]
         return []
 
     publish_keys(store, nothing_else)
-    return moved[0] if moved else 0
+    return moved[0] if moved else Migrated(0, 0)
 
 
 def publish_keys(
