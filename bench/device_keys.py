@@ -2,6 +2,12 @@
 them before, on a local signed store.
 
     python bench/device_keys.py [--devices 10000,100000] [--enrols 5]
+    python bench/device_keys.py --batch 10000
+
+``--batch N``: N devices enrolled into a new signed store one by one (``epfleet device
+enroll --public-key``, N signed publishes) and into another in one batch (``epfleet device
+enroll --from FILE``, ``enroll_batch``): wall time, store PUTs and GETs (and HEADs),
+side by side as ratios. Nothing else is measured then.
 
 For each N: a signed store with 3 models and N enrolled devices, built twice: the keys in
 the signed key bins (``epfleet.trust.device_keys``, what ``epfleet device enroll`` writes
@@ -48,10 +54,12 @@ from epfleet.device.policy import SyncPolicy  # noqa: E402
 from epfleet.device.session import sync  # noqa: E402
 from epfleet.fleet.evidence.enrolment import (  # noqa: E402
     enroll,
+    enroll_batch,
     enrolled_keys,
     keys_in_force,
     local_key_bins,
     publish_keys,
+    read_batch,
 )
 from epfleet.fleet.publishing.publish import read_in_force, update_manifest  # noqa: E402
 from epfleet.formats.manifest import DeviceKey, Manifest, utcnow  # noqa: E402
@@ -220,12 +228,76 @@ def run(n: int, enrols: int) -> dict[str, Any]:
     return row
 
 
+class Counted:
+    """Counts a store's requests by kind (PUT: ``write``, GET: ``read``/``read_range``,
+    HEAD: ``size``), wrapping the store's own methods."""
+
+    def __init__(self, store: Any):
+        self.counts = {"PUT": 0, "GET": 0, "HEAD": 0}
+        for method, kind in (("write", "PUT"), ("read", "GET"), ("read_range", "GET")):
+            setattr(store, method, self._counting(getattr(store, method), kind))
+        store.size = self._counting(store.size, "HEAD")
+
+    def _counting(self, plain: Any, kind: str) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.counts[kind] += 1
+            return plain(*args, **kwargs)
+
+        return counted
+
+
+def batch_run(n: int) -> None:
+    """N devices enrolled one by one, and in one batch: time and requests, printed."""
+    keys = device_keys(n)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        public = folder / "public"
+        public.mkdir()
+        lines = []
+        for device, key in keys.items():
+            (public / f"{device}.pem").write_text(key.public)
+            lines.append(f"{device} public/{device}.pem")
+        batch = folder / "devices.txt"
+        batch.write_text("\n".join(lines) + "\n")
+        for how in ("one by one", "batch"):
+            where = folder / how.replace(" ", "-")
+            where.mkdir()
+            store = new_store(where)
+            counted = Counted(store)
+            started = time.perf_counter()
+            if how == "batch":
+                enroll_batch(store, read_batch(batch))
+            else:
+                for device in keys:
+                    enroll(store, device, public_key=public / f"{device}.pem")
+            took = time.perf_counter() - started
+            results[how] = (took, dict(counted.counts))
+            clear_cache()
+            assert len(keys_in_force(store)) == n
+    one, batch_ = results["one by one"], results["batch"]
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:,.0f}x" if b else "-"
+
+    print(f"N = {n:,} devices enrolled into a new signed store (local)")
+    print(f"{'':24}{'one by one':>14}{'batch':>14}{'ratio':>9}")
+    print(f"  {'wall time, s':22}{one[0]:>14,.1f}{batch_[0]:>14,.1f}{ratio(one[0], batch_[0]):>9}")
+    for kind in ("PUT", "GET", "HEAD"):
+        a, b = one[1][kind], batch_[1][kind]
+        print(f"  {kind + ' requests':22}{a:>14,}{b:>14,}{ratio(a, b):>9}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default="10000,100000")
     parser.add_argument("--enrols", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=0)
     args = parser.parse_args()
     os.environ["EPFLEET_CACHE"] = tempfile.mkdtemp(prefix="bench-device-keys-cache-")
+    if args.batch:
+        batch_run(args.batch)
+        return
     rows = [run(int(n), args.enrols) for n in args.devices.split(",")]
 
     def shown(value: float) -> str:

@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
@@ -31,7 +32,15 @@ from epfleet.errors import BadInputError, PreconditionFailed, StoreError, TrustL
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.schema_version import check_writable
 from epfleet.stores import MANIFEST_KEY, Store
-from epfleet.trust.device_keys import KeyBook, every_key_bin, keys_rollback, new_keys_index
+from epfleet.trust.device_keys import (
+    READ_THREADS,
+    KeyBook,
+    bins_to_renew,
+    every_key_bin,
+    keys_rollback,
+    listing_entry,
+    new_keys_index,
+)
 from epfleet.trust.layout import (
     KEY_BIN_PREFIX,
     KEYS_INDEX_KEY,
@@ -252,7 +261,7 @@ def _publish_key_bins(
             targets={path: t.info for path, t in wanted_here.items()},
         )
         raw = write_versioned(store, name, signed_bin, [signer])
-        meta[f"{name}.json"] = MetaFile.from_data(signed_bin.version, raw, ["sha256"])
+        meta[f"{name}.json"] = listing_entry(signed_bin.version, raw, signed_bin.expires)
     version = index.signed.version + 1 if index.signed is not None else 1
     signed_index = new_keys_index(version, now + LIFETIME["keys"], meta)
     raw_index = sign_metadata(signed_index, [signer])
@@ -287,6 +296,32 @@ def _check_keys_mark(store: Store, book: KeyBook) -> None:
         )
 
 
+def _keys_mark_holds(store: Store, book: KeyBook) -> bool:
+    """Whether the keys index is no older than this host's mark; when it is, a refresh
+    signs the rest (devices must not see expired metadata) and leaves it, warned."""
+    try:
+        _check_keys_mark(store, book)
+    except TrustLost as exc:
+        logger.warning("%s; signing the rest", exc)
+        return False
+    return True
+
+
+def _bins_to_renew(
+    book: KeyBook, now: datetime, signing: dict[str, dict[str, Target]]
+) -> dict[str, dict[str, Target]]:
+    """The key bins a refresh signs again as they are (``bins_to_renew``), besides those
+    ``signing`` already."""
+    names = [n for n in bins_to_renew(book.listing(), LIFETIME["keys"], now) if n not in signing]
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        signed_bins = list(pool.map(book.signed_bin, names))
+    return {
+        name: {p: Target(info, b"", carried=True) for p, info in signed.targets.items()}
+        for name, signed in zip(names, signed_bins, strict=True)
+        if signed is not None
+    }
+
+
 def _record_keys_mark(store: Store, book: KeyBook, index: Snapshot | None) -> None:
     if book.state is None or index is None:
         return
@@ -305,7 +340,7 @@ def publish_signed(
     for attempt in range(ATTEMPTS):
         state = read_state(store, rotating=changes.rotating)
         check_writable(state.document.schema_version if state.document else None, store.uri)
-        keys = KeyBook(store, state, state.document)  # verified against the targets in force
+        keys = KeyBook(store, state, state.document, renewing=True)  # verified, expired or not
         signing_keys = keys_signed is None and (changes.keys is not None or changes.every_bin)
         key_bins = every_key_bin(keys) if changes.every_bin and signing_keys else {}
         index_in_force = _index_in_force(keys, must_verify=signing_keys)
@@ -320,8 +355,11 @@ def publish_signed(
         if keys_signed is None:
             if changes.keys is not None:
                 key_bins |= changes.keys(keys)
-            if signing_keys or (changes.renew and index_in_force):
+            renewing_keys = changes.renew and index_in_force and _keys_mark_holds(store, keys)
+            if signing_keys or renewing_keys:
                 _check_keys_mark(store, keys)
+                if changes.renew:
+                    key_bins |= _bins_to_renew(keys, when, key_bins)
                 written = _publish_key_bins(
                     store, keys, signer, when, key_bins, migrating=changes.keys is not None
                 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from epfleet.fleet.evidence.enrolment import (
     local_key_bins,
     revoke,
 )
+from epfleet.fleet.evidence.enrolment import public_key_file as read_public_key
 from epfleet.fleet.evidence.fleet_reports import index_pass
 from epfleet.fleet.publishing.publish import read_in_force, read_manifest, update_manifest
 from epfleet.fleet.rollout.rollouts import read_evidence
@@ -38,7 +40,13 @@ from epfleet.formats.device_report import encode_report, report_key
 from epfleet.formats.manifest import Manifest, RevokedKey, utcnow
 from epfleet.settings import settings
 from epfleet.stores import Store
-from epfleet.trust.device_keys import DeviceRecord, new_keys_index, record_target
+from epfleet.trust.device_keys import (
+    DeviceRecord,
+    KeyClaim,
+    key_bins_changed,
+    new_keys_index,
+    record_target,
+)
 from epfleet.trust.keys import (
     generate_online_file,
     load_offline,
@@ -51,7 +59,13 @@ from epfleet.trust.layout import KEYS_INDEX_KEY, METADATA_KEYS, TIMESTAMP_KEY, m
 from epfleet.trust.pins import RECORDS_DIR
 from epfleet.trust.repository import development_root, rotate_online_key
 from epfleet.trust.signers import signer_for
-from epfleet.trust.signing import SERIALIZER, sign_metadata, write_versioned
+from epfleet.trust.signing import (
+    SERIALIZER,
+    Changes,
+    publish_signed,
+    sign_metadata,
+    write_versioned,
+)
 from epfleet.trust.state import clear_cache
 from tests.support.signed_store import signed_store, stage
 from tests.support.staged_rollout import MEMBERS, POLICY, ROLLOUT, report
@@ -568,3 +582,129 @@ def test_a_store_whose_snapshot_lists_the_key_bins_is_read_until_they_move(
     polled = what_devices_poll(store)
     revoke(store, "dev-001")
     assert what_devices_poll(store) == polled
+
+
+def test_a_batch_enrolment_signs_each_key_bin_once(
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder = tmp_path / "batch"
+    (folder / "public").mkdir(parents=True)
+    given = [f"dev-{i:03d}" for i in range(30)]
+    made_here = [f"dev-{i:03d}" for i in range(30, 40)]
+    lines = ["# new devices, week 49", ""]
+    lines += [f"{d} public/{public_key_file(folder / 'public', d).name}" for d in given]
+    lines += [f"{d}  # its key made here" for d in made_here]
+    batch = folder / "devices.txt"
+    batch.write_text("\n".join(lines) + "\n")
+    polled = what_devices_poll(store)
+    written: list[str] = []
+    kind = type(store)
+    plain_write = kind.write
+
+    def writing(self: Store, key: str, *args: object, **kwargs: object) -> object:
+        written.append(key)
+        return plain_write(self, key, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kind, "write", writing)
+    keys = tmp_path / "device-keys"
+    args = ["device", "enroll", "--from", str(batch), "--store", store.uri, "--keys", str(keys)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    signed_bins = [k for k in written if ".keys-" in k]
+    assert written.count(KEYS_INDEX_KEY) == 1
+    assert len(signed_bins) == len(set(signed_bins))  # each key bin signed once
+    assert f"enrolled 40 devices in {store.uri} in one signed publish" in out
+    assert f"({len(signed_bins)} key bins and the keys index signed)" in out
+    assert sorted(written) == sorted([*signed_bins, KEYS_INDEX_KEY])  # nothing else
+    assert what_devices_poll(store) == polled
+    new_machine()
+    assert sorted(keys_in_force(store)) == given + made_here
+    assert sorted(p.stem for p in keys.glob("*.pem")) == made_here
+    revoke(store, given[0])
+
+    # one bad line refuses the whole batch, by name, before anything is written
+    twin = public_key_file(folder / "public", "dev-twin")
+    (folder / "public" / "not-a-key.pem").write_text("not a key")
+    cases = {
+        "Bad_Id": (3, "device id 'Bad_Id'"),
+        "dev-100\ndev-100": (4, "is given already on"),
+        "dev-100 public/missing.pem": (3, "not a readable PEM public key"),
+        "dev-100 public/not-a-key.pem": (3, "not a readable PEM public key"),
+        f"dev-100 public/{twin.name}\ndev-101 public/{twin.name}": (4, "is the key of 'dev-100'"),
+        "dev-100 a b": (3, "has 3 fields"),
+        f"{given[1]}": (3, f"device {given[1]!r} is enrolled already"),
+        f"dev-100 public/{given[2]}.pub.pem": (3, f"is enrolled for device {given[2]!r}"),
+        f"{given[0]} public/{given[0]}.pub.pem": (3, "was revoked on"),
+    }
+    before = keys_files(store)
+    more_keys = tmp_path / "more-keys"
+    again = [
+        "device",
+        "enroll",
+        "--from",
+        str(batch),
+        "--store",
+        store.uri,
+        "--keys",
+        str(more_keys),
+    ]
+    for bad, (line, why) in cases.items():
+        batch.write_text(f"dev-200\ndev-201\n{bad}\ndev-202\n")
+        written.clear()
+        assert main(again) == 2, bad
+        err = capsys.readouterr().err
+        assert f"{batch}:{line}" in err and why in err, (bad, err)
+        assert written == [] and keys_files(store) == before, bad
+        assert not list(more_keys.glob("*.pem")), bad
+
+
+def test_an_expired_keys_index_or_key_bin_is_refused_until_a_refresh(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    public = {d: public_key_file(tmp_path / "public", d) for d in ("dev-a", "dev-b", "dev-c")}
+    enroll(store, "dev-a", public_key=public["dev-a"])
+    late = key_entry(read_public_key(public["dev-b"]))
+    signer = signer_for(store)
+    assert signer is not None
+    year_and_more_ago = utcnow() - timedelta(days=400)  # signed then: expired 35 days ago
+    records: list[DeviceRecord | KeyClaim] = [
+        DeviceRecord(device="dev-b", key=late),
+        KeyClaim(keyid=late.keyid, device="dev-b"),
+    ]
+    publish_signed(
+        store,
+        signer,
+        year_and_more_ago,
+        Changes(keys=lambda book: key_bins_changed(book, records)),
+    )
+    new_machine()
+    with pytest.raises(Unverified, match=r"keys-index.json expired on .*epfleet trust refresh"):
+        enrolled_keys(store, ["dev-a"])
+    assert main(["device", "list", "--store", store.uri]) == 1
+    assert "sign it again (and the key bins near expiry) with epfleet trust refresh" in (
+        capsys.readouterr().err
+    )
+
+    enroll(store, "dev-c", public_key=public["dev-c"])  # signs the keys index again
+    b_bin, b_version = key_bin_of(store, "dev-b")
+    assert b_bin not in {key_bin_of(store, "dev-c")[0], key_bin_of(store, "dev-a")[0]}
+    new_machine()
+    assert list(enrolled_keys(store, ["dev-a", "dev-c"])) == ["dev-a", "dev-c"]
+    expired = f"the signed key bin {b_bin} \\(version {b_version}\\) expired on"
+    with pytest.raises(Unverified, match=expired):
+        enrolled_keys(store, ["dev-b"])
+    assert main(["trust", "status", "--store", store.uri]) == 0
+    status = capsys.readouterr().out
+    first_to_expire = f"version 1      expires {year_and_more_ago + timedelta(days=365):%Y-%m-%d}"
+    assert "keys index " in status and "key bins (first to expire: keys-" in status
+    assert first_to_expire in status, status
+
+    assert main(["trust", "refresh", "--store", store.uri]) == 0
+    assert b_bin in capsys.readouterr().out
+    new_machine()
+    assert sorted(enrolled_keys(store, ["dev-a", "dev-b", "dev-c"])) == ["dev-a", "dev-b", "dev-c"]
+    assert main(["trust", "refresh", "--store", store.uri]) == 0
+    assert b_bin not in capsys.readouterr().out  # fresh now: not signed again
