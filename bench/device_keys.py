@@ -2,12 +2,14 @@
 them before, on a local signed store.
 
     python bench/device_keys.py [--devices 10000,100000] [--enrols 5]
-    python bench/device_keys.py --batch 10000
+    python bench/device_keys.py --batch 10000 [--sample 500]
 
-``--batch N``: N devices enrolled into a new signed store one by one (``epfleet device
-enroll --public-key``, N signed publishes) and into another in one batch (``epfleet device
-enroll --from FILE``, ``enroll_batch``): wall time, store PUTs and GETs (and HEADs),
-side by side as ratios. Nothing else is measured then.
+``--batch N [--sample K]``: N devices enrolled into a new signed store one by one
+(``epfleet device enroll --public-key``, N signed publishes) and into another in one batch
+(``epfleet device enroll --from FILE``, ``enroll_batch``): wall time, store PUTs and GETs
+(and HEADs), side by side as ratios. With ``--sample K`` the one-by-one side measures K
+enrolments into the empty store and K once N - K are in, and scales them to N
+(``batch_run``). Nothing else is measured then.
 
 For each N: a signed store with 3 models and N enrolled devices, built twice: the keys in
 the signed key bins (``epfleet.trust.device_keys``, what ``epfleet device enroll`` writes
@@ -246,45 +248,71 @@ class Counted:
         return counted
 
 
-def batch_run(n: int) -> None:
-    """N devices enrolled one by one, and in one batch: time and requests, printed."""
+def batch_run(n: int, sample: int) -> None:
+    """N devices enrolled one by one, and in one batch: time and requests, printed. With
+    ``sample`` (2 x sample < N) the one-by-one side enrols ``sample`` devices into an empty
+    store and ``sample`` more once N - sample are in (the rest loaded in one batch, not
+    counted), and scales their mean per enrolment to N: an enrolment's cost grows with the
+    size of its key bins, so the first and the last of the N bound it."""
     keys = device_keys(n)
-    results = {}
+    devices = list(keys)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         public = folder / "public"
         public.mkdir()
-        lines = []
         for device, key in keys.items():
             (public / f"{device}.pem").write_text(key.public)
-            lines.append(f"{device} public/{device}.pem")
-        batch = folder / "devices.txt"
-        batch.write_text("\n".join(lines) + "\n")
-        for how in ("one by one", "batch"):
-            where = folder / how.replace(" ", "-")
-            where.mkdir()
-            store = new_store(where)
+
+        def batch_file(name: str, chosen: list[str]) -> Path:
+            path = folder / name
+            path.write_text("".join(f"{d} public/{d}.pem\n" for d in chosen))
+            return path
+
+        def one_by_one(store: Any, chosen: list[str]) -> tuple[float, dict[str, int]]:
             counted = Counted(store)
             started = time.perf_counter()
-            if how == "batch":
-                enroll_batch(store, read_batch(batch))
-            else:
-                for device in keys:
-                    enroll(store, device, public_key=public / f"{device}.pem")
-            took = time.perf_counter() - started
-            results[how] = (took, dict(counted.counts))
-            clear_cache()
-            assert len(keys_in_force(store)) == n
-    one, batch_ = results["one by one"], results["batch"]
+            for device in chosen:
+                enroll(store, device, public_key=public / f"{device}.pem")
+            return time.perf_counter() - started, dict(counted.counts)
+
+        (folder / "one").mkdir()
+        single = new_store(folder / "one")
+        sampled = sample > 0 and 2 * sample < n
+        if sampled:
+            first_time, first = one_by_one(single, devices[:sample])
+            enroll_batch(single, read_batch(batch_file("middle.txt", devices[sample:-sample])))
+            last_time, last = one_by_one(single, devices[-sample:])
+            scale = n / (2 * sample)
+            one_time = (first_time + last_time) * scale
+            one = {k: round((first[k] + last[k]) * scale) for k in first}
+        else:
+            one_time, one = one_by_one(single, devices)
+        clear_cache()
+        assert len(keys_in_force(single)) == n
+        (folder / "batch").mkdir()
+        batched = new_store(folder / "batch")
+        counted = Counted(batched)
+        started = time.perf_counter()
+        enroll_batch(batched, read_batch(batch_file("all.txt", devices)))
+        batch_time, batch = time.perf_counter() - started, dict(counted.counts)
+        clear_cache()
+        assert len(keys_in_force(batched)) == n
 
     def ratio(a: float, b: float) -> str:
         return f"{a / b:,.0f}x" if b else "-"
 
-    print(f"N = {n:,} devices enrolled into a new signed store (local)")
+    how = (
+        f"one by one: {sample} into an empty store and {sample} with {n - sample:,} in, "
+        f"measured ({first_time:.1f} s and {last_time:.1f} s), scaled to {n:,}"
+        if sampled
+        else "one by one: measured whole"
+    )
+    print(f"N = {n:,} devices enrolled into a new signed store (local); {how}")
     print(f"{'':24}{'one by one':>14}{'batch':>14}{'ratio':>9}")
-    print(f"  {'wall time, s':22}{one[0]:>14,.1f}{batch_[0]:>14,.1f}{ratio(one[0], batch_[0]):>9}")
+    times = f"{one_time:>14,.1f}{batch_time:>14,.1f}{ratio(one_time, batch_time):>9}"
+    print(f"  {'wall time, s':22}{times}")
     for kind in ("PUT", "GET", "HEAD"):
-        a, b = one[1][kind], batch_[1][kind]
+        a, b = one[kind], batch[kind]
         print(f"  {kind + ' requests':22}{a:>14,}{b:>14,}{ratio(a, b):>9}")
 
 
@@ -293,10 +321,11 @@ def main() -> None:
     parser.add_argument("--devices", default="10000,100000")
     parser.add_argument("--enrols", type=int, default=5)
     parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("--sample", type=int, default=0)
     args = parser.parse_args()
     os.environ["EPFLEET_CACHE"] = tempfile.mkdtemp(prefix="bench-device-keys-cache-")
     if args.batch:
-        batch_run(args.batch)
+        batch_run(args.batch, args.sample)
         return
     rows = [run(int(n), args.enrols) for n in args.devices.split(",")]
 

@@ -135,7 +135,7 @@ def _enroll_batch(
     )
     if done.written:
         show(
-            f"provision the {len(done.written)} devices whose key was made here with: "
+            f"provision each device whose key was made here ({len(done.written)}) with: "
             f"EPFLEET_DEVICE_KEY={keys}/<device>.pem"
         )
     return EXIT_OK

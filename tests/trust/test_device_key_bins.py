@@ -333,7 +333,10 @@ def test_a_manifest_that_carries_keys_is_read_until_they_are_moved(
 
 
 def test_a_publisher_refuses_to_sign_over_a_keys_index_put_back(
-    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    store: Store,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     devices = [f"dev-{i:03d}" for i in range(6)]
     public = {d: public_key_file(tmp_path / "public", d) for d in devices}
@@ -371,6 +374,11 @@ def test_a_publisher_refuses_to_sign_over_a_keys_index_put_back(
     err = capsys.readouterr().err
     assert code == 1 and f"older than version {newest}" in err and "nothing was signed" in err
     assert keys_files(store) == rolled_back
+
+    polled = what_devices_poll(store)
+    assert main(["trust", "refresh", "--store", store.uri]) == 0  # the rest is signed
+    assert what_devices_poll(store) != polled and keys_files(store) == rolled_back
+    assert f"older than version {newest}" in caplog.text
 
     store.delete(KEYS_INDEX_KEY)  # the index deleted: every key would be lost
     clear_cache()
@@ -611,6 +619,8 @@ def test_a_batch_enrolment_signs_each_key_bin_once(
     monkeypatch.setattr(kind, "write", writing)
     keys = tmp_path / "device-keys"
     args = ["device", "enroll", "--from", str(batch), "--store", store.uri, "--keys", str(keys)]
+    assert main(["device", "enroll", "--store", store.uri, "--keys", str(tmp_path / "k")]) == 2
+    assert "give a DEVICE id, or --from FILE" in capsys.readouterr().err
     assert main(args) == 0
     out = capsys.readouterr().out
     signed_bins = [k for k in written if ".keys-" in k]

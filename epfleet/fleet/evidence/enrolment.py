@@ -287,7 +287,10 @@ def enroll_batch(
                 revoked_before[line.device] = again
         return changed
 
-    add(keys_in_force(store).book)  # refused before any private key is written
+    in_force = read_in_force(store)  # read as the publish reads it: expired or not
+    add(
+        KeyBook(store, in_force.state, in_force.manifest, renewing=True)
+    )  # before any key is written
     written: dict[str, Path] = {}
     try:
         for device, signer in signers.items():
