@@ -95,6 +95,9 @@ class ShardAggregates:
     now: int
     """The reader's clock, microseconds since the epoch."""
     write: bool = True
+    written_only: bool = False
+    """Only the shards the pass wrote (another reader's aggregates, kept by the pass that
+    changed their records: ``folded`` then holds those shards alone)."""
     folded: dict[int, Counts] = field(default_factory=dict)
     computed: int = 0
     """Contributions computed from records (the others were reused)."""
@@ -105,8 +108,14 @@ class ShardAggregates:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(
-        self, shard: int, records: Mapping[str, Record], sealed: str | None = None
+        self,
+        shard: int,
+        records: Mapping[str, Record],
+        sealed: str | None = None,
+        written: bool = True,
     ) -> None:
+        if self.written_only and not written:
+            return
         summed = self._read(shard, "sum")
         before: Folded | None = None
         if summed is not None and summed.get("context") == self.context:
@@ -160,8 +169,8 @@ class ShardAggregates:
         if stored is not None and stored.get("context") == self.context:
             parts_seal = stored.get("seal")
         if made or kept.keys() != parts.keys() or parts_seal is None:
-            written = {"context": self.context, "paths": table.paths, "parts": kept}
-            parts_seal = self._write(shard, "parts", written, level=1)
+            parts_body = {"context": self.context, "paths": table.paths, "parts": kept}
+            parts_seal = self._write(shard, "parts", parts_body, level=1)
         if parts_seal is None:
             return  # a sum must name the parts it was folded of
         body: dict[str, Any] = {
@@ -217,8 +226,8 @@ class ShardAggregates:
 def each_of(hooks: list[ShardAggregates]) -> EachShard:
     """One ``index.update`` hook that hands each shard to every one of ``hooks``."""
 
-    def each(shard: int, records: dict[str, Record], sealed: str | None) -> None:
+    def each(shard: int, records: dict[str, Record], sealed: str | None, written: bool) -> None:
         for hook in hooks:
-            hook(shard, records, sealed)
+            hook(shard, records, sealed, written)
 
     return each

@@ -103,9 +103,9 @@ MAX_INBOX_SPAN = 86_400.0
 logger = logging.getLogger(__name__)
 
 Record = dict[str, Any]
-EachShard = Callable[[int, dict[str, Record], str | None], None]
-"""``update``'s hook: a shard's number, its records, and the seal of the stored shard that
-holds exactly those (None when there is none)."""
+EachShard = Callable[[int, dict[str, Record], str | None, bool], None]
+"""``update``'s hook: a shard's number, its records, the seal of the stored shard that
+holds exactly those (None when there is none), and whether this pass wrote it."""
 SHARD_COMPRESSION = 1
 """gzip's level for a shard: a pass compresses every shard it changed; level 1 takes a
 third of level 6's CPU for objects about 15 % larger."""
@@ -258,10 +258,10 @@ def update(
     (as every ``EPFLEET_EVIDENCE_FULL_LISTING_EVERY`` passes); ``fresh``: no listing at
     all when a pass that started less than this many seconds ago (the store's clock)
     brought the index up to date. ``each_shard``: called with each shard's number, its
-    records of the fleet's reports, once it is up to date, and the seal of the stored shard
+    records of the fleet's reports, once it is up to date, the seal of the stored shard
     that holds exactly those records (None when the pass holds others: a shard it could not
-    write, records of reports no longer listed), from the pass's threads: the aggregates'
-    hook, ``epfleet.fleet.evidence.aggregates``."""
+    write, records of reports no longer listed) and whether this pass wrote it, from the
+    pass's threads: the aggregates' hook, ``epfleet.fleet.evidence.aggregates``."""
     key = key if key is not None else index_key()
     settle = index_rules.SETTLE_SECONDS if settle is None else settle
     started = _store_clock(reports, key) if write else None
@@ -391,7 +391,7 @@ def update(
         if len(kept_records) != len(records):
             sealed = None
         if each_shard is not None:
-            each_shard(shard, kept_records, sealed)
+            each_shard(shard, kept_records, sealed, written)
         if stored is None or len(kept_records) != len(records):
             stored = gzip.compress(b"\n" + json.dumps({"records": kept_records}).encode(), 1)
         return stored, read, written, etag is not None

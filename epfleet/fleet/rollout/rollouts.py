@@ -185,7 +185,7 @@ def read_evidence(
         kept = [aggregates]
         watching = stored_context(reports, key)  # runtime-watch's, folded here too
         if watching is not None:
-            kept.append(watch_aggregates(reports, key, watching, microseconds(now)))
+            kept.append(watch_aggregates(reports, key, watching, microseconds(now), True))
         indexed = index_pass(store, enrolled, fresh=fresh, each_shard=each_of(kept))
         counts = IndexCounts(
             listing=indexed.listing,

@@ -43,9 +43,10 @@ def context_key(key: bytes) -> str:
 
 
 def watch_aggregates(
-    reports: Store, key: bytes, context: WatchContext, now: int, write: bool = True
+    reports: Store, key: bytes, context: WatchContext, now: int, written_only: bool = False
 ) -> ShardAggregates:
-    """Runtime-watch's aggregates judged against ``context`` at ``now`` (microseconds)."""
+    """Runtime-watch's aggregates judged against ``context`` at ``now`` (microseconds);
+    with ``written_only``, of the shards the pass writes alone (another reader's pass)."""
     return ShardAggregates(
         reports,
         key,
@@ -53,7 +54,7 @@ def watch_aggregates(
         context_digest(context),
         lambda report_key, record: contribution(reading_from(report_key, record), context),
         now,
-        write=write,
+        written_only=written_only,
     )
 
 
