@@ -1,13 +1,18 @@
 """What the fleet-side readers of device reports cost with the evidence index, against a full
-read of every report (what they did before it), on a local store and on S3.
+read of every report (what they did before it), on a local store and on S3, at several
+fleet sizes, and what those sizes say of a million devices.
 
-    python bench/evidence_index.py [--reports 10000] [--new 0.05] [--stores local,s3]
+    python bench/evidence_index.py [--reports 10000,30000,100000] [--s3-reports 10000,30000]
+        [--new 0.05] [--stores local,s3] [--save FILE] [--quick]
+    python bench/evidence_index.py --load FILE [--load FILE ...]   # the tables and fit again
 
-N reports in the format devices upload (gzip JSON, 3 models each, a staged rollout of one
-of them: members and non-members, a few failures) in a store whose manifest stages that
-rollout. Each reader runs in a child process of its own (fork), so that its CPU (user +
-system) and its peak memory (the child's peak resident set, VmHWM, above its resident set
-when the pass started) are its own: the rollout gate (``read_evidence``, what ``epfleet
+N reports in the format devices upload (gzip JSON, on S3 with ``Content-Encoding: gzip``,
+3 models each, a staged rollout of one of them: members and non-members, a few failures)
+in a store whose manifest stages that rollout, uploaded over the store's own client by
+several processes at once (on S3 straight to moto, not through the counting proxy).
+Each reader runs in a child process of its own (fork), so that its CPU (user + system)
+and its peak memory (the child's peak resident set, VmHWM, above its resident set when
+the pass started) are its own: the rollout gate (``read_evidence``, what ``epfleet
 rollout status`` and the gate flow read), the field view (``epfleet manifest show
 --field`` reads the same pass), and runtime-watch's reading (``stream_device_reports``
 through ``find_unserved``). Requests are counted where they happen: on S3 by
@@ -15,16 +20,23 @@ tests/support/s3proxy.py between the client and moto (in a process of its own, o
 loopback), on a local store by a counting wrapper (a LIST is one listing of a folder, a
 GET one read, a PUT one write).
 
-Rows: on S3, a report read through botocore's ``get_object`` and through ``bulk_read``
-side by side; a full read (the readers before the index), listing the reports alone, the
-gate's first pass (the index built: a full listing) and the other two readers' (sharing
-it: EPFLEET_EVIDENCE_FRESH_SECONDS); each reader's pass after ``--new`` of the reports
-were uploaded as devices of this release upload them (the report and its notice in the
-inbox; a fresh share for each reader, so that each one folds its own, none sharing);
-the gate's pass after another share and the two readers sharing it; a full listing after
-another share (what every EPFLEET_EVIDENCE_FULL_LISTING_EVERY-th pass does); the gate's
-pass with nothing new. The 1M hour (``hour``): one pass folds the new share, two share
-it, a full listing's extra cost divided over the passes between.
+Rows, at each N: on S3, a report read through botocore's ``get_object`` and through
+``bulk_read`` side by side; a full read (the readers before the index), listing the
+reports alone, the gate's first pass (the index built: a full listing) and the other two
+readers' (sharing it: EPFLEET_EVIDENCE_FRESH_SECONDS); each reader's pass after ``--new``
+of the reports were uploaded as devices of this release upload them (the report and its
+notice in the inbox; a fresh share for each reader, so that each one folds its own, none
+sharing); the gate's pass after another share and the two readers sharing it; a full
+listing after another share (what every EPFLEET_EVIDENCE_FULL_LISTING_EVERY-th pass
+does); the gate's pass after four shares at once; the gate's pass with nothing new.
+
+Then, over the sizes measured, each kind of pass's requests and CPU fitted as fixed + per
+device (N) + per new report folded (R) (``epfleet.fleet.pass_cost_rules``), and the hour
+at 1M devices with ``--new`` of them reporting in it composed from those terms: for one
+folding pass, two sharing it and a full listing's extra every
+EPFLEET_EVIDENCE_FULL_LISTING_EVERY passes, and for deployments/prefect.yaml's schedules.
+``--quick`` is a smoke run (N = 500 and 1,500: too few devices to fill the 256 shards, so
+its fit warns).
 """
 
 from __future__ import annotations
@@ -596,7 +608,7 @@ def table(kind: str, n: int, new_share: float, rows: list[tuple[str, dict[str, A
     print(f"\n{kind} store, N = {n:,} reports, {new_share:.0%} new per pass")
     print(f"{'pass':46} {'GET':>7} {'LIST':>5} {'PUT':>5} {'CPU s':>7} {'xfull':>6} {'MiB':>5}")
     for label, r in rows:
-        if "cpu" not in r:
+        if "cpu" not in r or label == "reads":
             continue
         ratio = r["cpu"] / first["cpu"] if first["cpu"] else 0.0
         print(
@@ -624,11 +636,13 @@ def passes_of(
     from epfleet.fleet.pass_cost_rules import Measured
 
     return [
-        Measured(n, int(r["new"]), {m: float(r.get(m, 0)) for m in MEASURES})
+        Measured(
+            n, 0 if label == FULL_READ else int(r["new"]), {m: float(r.get(m, 0)) for m in MEASURES}
+        )
         for n, rows in sorted(by_size.items())
         for label, r in rows
         if pick(label)
-    ]
+    ]  # the full read reads every report: what it costs is per device
 
 
 def fitted(
@@ -661,7 +675,12 @@ def fitted(
         full_listing = next(r for label, r in rows if label.startswith("gate: full listing"))
         inbox = next(r for label, r in rows if label.startswith("gate: pass 3"))
         listing_extra.append(
-            Measured(n, 0, {m: float(full_listing.get(m, 0) - inbox.get(m, 0)) for m in MEASURES})
+            Measured(
+                n,
+                0,
+                {m: float(full_listing.get(m, 0) - inbox.get(m, 0)) for m in MEASURES},
+                sizes={m: float(full_listing.get(m, 0)) for m in MEASURES},
+            )
         )
         del found
     fits = {

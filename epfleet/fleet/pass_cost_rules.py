@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 TERMS = ("fixed", "per device", "per new report")
 NEGATIVE_SHARE = 0.02  # a negative term worth more than this share of a measured pass
-RESIDUAL_SHARE = 0.10  # terms that miss a measured pass by more than this share of it
+RESIDUAL_SHARE = 0.20  # terms that miss a measured pass by more than this share of it
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Measured:
     devices: int
     new: int
     costs: Mapping[str, float]
+    sizes: Mapping[str, float] | None = None  # what shares are taken of (``fit_terms``)
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,16 @@ class Terms:
         return sum(self.parts(devices, new))
 
 
-def fit_terms(points: Sequence[tuple[float, float, float]], what: str = "cost") -> Terms:
+def fit_terms(
+    points: Sequence[tuple[float, float, float]],
+    what: str = "cost",
+    sizes: Sequence[float] | None = None,
+) -> Terms:
     """The terms of ``(N, R, measured)`` points. The fixed term is always fitted; the
     per-device term when the points have two N or more; the per-new-report term when R
-    varies apart from N. ``what`` names the measure in the warnings."""
+    varies apart from N. ``what`` names the measure in the warnings; ``sizes``, what each
+    point's shares are taken of when judging the fit (the point's own figure unless
+    given: a difference of two passes is judged against the passes, not itself)."""
     if not points:
         raise ValueError(f"{what}: no measured passes to fit")
     devices = [float(p[0]) for p in points]
@@ -73,7 +80,7 @@ def fit_terms(points: Sequence[tuple[float, float, float]], what: str = "cost") 
     assert solution is not None  # the columns kept are independent
     found = dict(zip(columns, solution, strict=True))
     terms = Terms(found["fixed"], found.get("per device", 0.0), found.get("per new report", 0.0))
-    doubts = _doubts(terms, points, what)
+    doubts = _doubts(terms, points, sizes or [abs(p[2]) for p in points], what)
     return Terms(terms.fixed, terms.per_device, terms.per_new, (*warnings, *doubts))
 
 
@@ -115,19 +122,21 @@ def _least_squares(columns: list[list[float]], values: list[float]) -> list[floa
     return [matrix[i][k] / matrix[i][i] / scales[i] for i in range(k)]
 
 
-def _doubts(terms: Terms, points: Sequence[tuple[float, float, float]], what: str) -> list[str]:
+def _doubts(
+    terms: Terms, points: Sequence[tuple[float, float, float]], sizes: Sequence[float], what: str
+) -> list[str]:
     doubts = []
-    largest = max(points, key=lambda p: (p[0], p[1]))
-    scale = max(abs(largest[2]), 1e-12)
-    for name, part in zip(TERMS, terms.parts(largest[0], largest[1]), strict=True):
-        if part < 0 and -part > NEGATIVE_SHARE * scale:
+    largest = max(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    n, r, cost = points[largest]
+    for name, part in zip(TERMS, terms.parts(n, r), strict=True):
+        if part < 0 and -part > NEGATIVE_SHARE * sizes[largest]:
             doubts.append(
-                f"{what}: negative {name} term ({part:,.3g} at N = {largest[0]:,.0f}, "
-                f"R = {largest[1]:,.0f}, against {largest[2]:,.3g} measured): inconsistent passes"
+                f"{what}: negative {name} term ({part:,.3g} at N = {n:,.0f}, R = {r:,.0f}, "
+                f"against {cost:,.3g} measured): inconsistent passes"
             )
-    for n, r, cost in points:
+    for (n, r, cost), size in zip(points, sizes, strict=True):
         fitted = terms.at(n, r)
-        if abs(fitted - cost) > RESIDUAL_SHARE * max(abs(cost), 1e-12) and abs(fitted - cost) > 1:
+        if abs(fitted - cost) > RESIDUAL_SHARE * size + 1e-9:
             doubts.append(
                 f"{what}: the terms give {fitted:,.3g} at N = {n:,.0f}, R = {r:,.0f}, "
                 f"measured {cost:,.3g}: not linear in N and R"
@@ -137,12 +146,15 @@ def _doubts(terms: Terms, points: Sequence[tuple[float, float, float]], what: st
 
 def fit_pass(passes: Sequence[Measured], measures: Sequence[str], what: str) -> dict[str, Terms]:
     """Each of ``measures`` of a kind of pass (``what``) fitted over ``passes``."""
-    return {
-        measure: fit_terms(
-            [(p.devices, p.new, p.costs.get(measure, 0.0)) for p in passes], f"{what}, {measure}"
-        )
-        for measure in measures
-    }
+    fits = {}
+    for measure in measures:
+        points = [(p.devices, p.new, p.costs.get(measure, 0.0)) for p in passes]
+        sizes = [
+            abs(p.sizes.get(measure, 0.0) if p.sizes is not None else p.costs.get(measure, 0.0))
+            for p in passes
+        ]
+        fits[measure] = fit_terms(points, f"{what}, {measure}", sizes)
+    return fits
 
 
 @dataclass(frozen=True)

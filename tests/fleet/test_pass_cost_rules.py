@@ -111,3 +111,12 @@ def test_fit_pass_fits_each_measure_of_a_kind_of_pass():
     assert fits["GET"].per_new == pytest.approx(2.0)
     assert fits["cpu"].per_device == pytest.approx(1e-4)
     assert fits["cpu"].per_new == pytest.approx(4e-3)
+
+
+def test_a_difference_of_passes_is_judged_against_the_passes_not_itself():
+    # a full listing's cost beyond the folding pass: near zero, each figure +-30 GETs of noise
+    points = [(10_000, 0, -28.0), (30_000, 0, -1.0), (100_000, 0, 20.0)]
+    alone = fit_terms(points, "GET")
+    assert any("not linear" in w for w in alone.warnings)
+    judged = fit_terms(points, "GET", sizes=[1_239.0, 2_269.0, 5_770.0])
+    assert judged.warnings == ()
