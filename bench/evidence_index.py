@@ -755,7 +755,8 @@ def fitted(
                     f"{parts[2]:>15,.0f} {sum(parts):>10,.0f}"
                 )
         gets, cpu = sum(summed["GET"]), sum(summed["cpu"])
-        print(f"the hour: ~{gets:,.0f} GETs (target 100,000), ~{cpu:,.0f} CPU-s (target 60)")
+        doubt = " (WARNINGS below: not to be trusted as it stands)" if warnings else ""
+        print(f"the hour: ~{gets:,.0f} GETs (target 100,000), ~{cpu:,.0f} CPU-s (target 60){doubt}")
     for warning in warnings:
         print(f"WARNING: {warning}")
 
