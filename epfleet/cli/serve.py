@@ -17,7 +17,7 @@ from epfleet.cli.options import Json, Store, TrustRoot, command_help, pin_trust_
 from epfleet.errors import BadInputError
 from epfleet.logs import say
 from epfleet.stores import DEFAULT_STORE
-from epfleet.text import output_width, show, table
+from epfleet.text import output_width, printable, show, table
 
 if TYPE_CHECKING:
     from epfleet.fleet.watch.rules import WatchPlan
@@ -89,8 +89,10 @@ def watch(
         return EXIT_OK
     rows = [[pair.model, pair.target, pair.status, pair.reason] for pair in plan.pairs]
     print(table(["model", "target", "status", "why"], rows, output_width(), wrapped=("why",)))
-    for profile in plan.unserved:
-        show(f"unserved: {', '.join(profile.devices)} ({profile.label}): {profile.models}")
+    for profile in plan.unserved:  # device ids, labels and model names from device reports
+        show(
+            printable(f"unserved: {', '.join(profile.devices)} ({profile.label}): {profile.models}")
+        )
     return EXIT_OK
 
 

@@ -7,13 +7,7 @@ from datetime import timedelta
 import pytest
 
 from epfleet.fleet.watch.rules import UnservedProfile, WatchPlan, check_pairs, find_unserved
-from epfleet.formats.device_report import (
-    DeviceInfo,
-    DeviceReport,
-    ManifestStatus,
-    ModelReport,
-    VariantVerdict,
-)
+from epfleet.formats.device_report import DeviceReport, VariantVerdict
 from epfleet.formats.manifest import (
     FailedBuild,
     Manifest,
@@ -29,6 +23,7 @@ from tests.support.watch_fleet import (
     current_fleet,
     variant,
 )
+from tests.support.watch_fleet import watch_report as report
 
 pytestmark = pytest.mark.fast
 
@@ -123,45 +118,6 @@ def test_compile_subset_covers_every_pair_to_compile() -> None:
     del fleet.models["cls"].variants["x86-cpu"]
     plan = WatchPlan(pairs=check_pairs(SPEC, fleet, RUNTIME), unserved=[], reports_read=0)
     assert plan.compile_subset() == (["cls", "det"], ["sd8g3-htp", "x86-cpu"])
-
-
-def report(
-    device_id: str,
-    devices: list[tuple[str, str, int]],
-    actions: dict[str, str],
-    age: timedelta = timedelta(hours=1),
-    considered: list[VariantVerdict] | None = None,
-    ep_packages: dict[str, str] | None = None,
-) -> DeviceReport:
-    return DeviceReport(
-        device_id=device_id,
-        generated_at=(NOW - age).isoformat(),
-        ort_version="1.32.0",
-        ep_packages=ep_packages or {"onnxruntime": "1.32.0"},
-        devices=[
-            DeviceInfo(ep=ep, type=kind, vendor="v", vendor_id=vid, device_id=1, ep_vendor="x")
-            for ep, kind, vid in devices
-        ],
-        store="s3://b",
-        cache="/c",
-        manifest=ManifestStatus(status="fetched", generation=3, body_bytes=1),
-        models=[
-            ModelReport(
-                model=model,
-                action=action,  # type: ignore[arg-type]
-                variant=None,
-                target=None,
-                ep=None,
-                verdict=None,
-                bytes_downloaded=0,
-                reason="",
-                considered=considered or [],
-                seconds=0.1,
-            )
-            for model, action in actions.items()
-        ],
-        seconds=1.0,
-    )
 
 
 def unserved(reports: list[DeviceReport], fleet: Manifest | None = None):

@@ -24,18 +24,11 @@ from epfleet.fleet.watch.aggregate_rules import (
     unserved_of,
 )
 from epfleet.fleet.watch.rules import MAX_LISTED_DEVICES, check_pairs, find_unserved
-from epfleet.formats.device_report import (
-    DeviceInfo,
-    DeviceReport,
-    ManifestStatus,
-    ModelReport,
-    encode_report,
-    report_key,
-)
+from epfleet.formats.device_report import DeviceReport, encode_report, report_key
 from epfleet.stores import Store, open_store
 from epfleet.stores.memory import forget
 from tests.support.staged_rollout import settled_at_once  # noqa: F401 (autouse)
-from tests.support.watch_fleet import CPU, NOW, QNN, RUNTIME, SPEC, current_fleet
+from tests.support.watch_fleet import CPU, NOW, QNN, RUNTIME, SPEC, current_fleet, watch_report
 
 pytestmark = pytest.mark.fast
 MAX_AGE = timedelta(days=30)
@@ -52,35 +45,7 @@ def memory_store(tmp_path: Path) -> Iterator[Store]:
 
 
 def report(device: str, hardware: list, action: str, age: timedelta) -> DeviceReport:
-    return DeviceReport(
-        device_id=device,
-        generated_at=(NOW - age).isoformat(),
-        ort_version="1.32.0",
-        ep_packages={"onnxruntime": "1.32.0"},
-        devices=[
-            DeviceInfo(ep=ep, type=kind, vendor="v", vendor_id=vid, device_id=1, ep_vendor="x")
-            for ep, kind, vid in hardware
-        ],
-        store="s3://b",
-        cache="/c",
-        manifest=ManifestStatus(status="fetched", generation=3, body_bytes=1),
-        models=[
-            ModelReport(
-                model=model,
-                action=action,  # type: ignore[arg-type]
-                variant=None,
-                target=None,
-                ep=None,
-                verdict=None,
-                considered=[],
-                bytes_downloaded=0,
-                reason="",
-                seconds=0.1,
-            )
-            for model in ("det", "cls")
-        ],
-        seconds=1.0,
-    )
+    return watch_report(device, hardware, {"det": action, "cls": action}, age)
 
 
 def fleet(store: Store) -> None:

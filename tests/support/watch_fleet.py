@@ -1,10 +1,18 @@
-"""A fleet as runtime-watch sees it: a spec, a runtime, the variants published for it."""
+"""A fleet as runtime-watch sees it: a spec, a runtime, the variants published for it, and
+the reports its devices upload."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from epfleet.fleet.watch.rules import Runtime
+from epfleet.formats.device_report import (
+    DeviceInfo,
+    DeviceReport,
+    ManifestStatus,
+    ModelReport,
+    VariantVerdict,
+)
 from epfleet.formats.manifest import (
     ArtifactRef,
     Manifest,
@@ -71,4 +79,45 @@ def current_fleet() -> Manifest:
             "cloud-gpu": variant(CPU, ep_version="0.1"),
         },
         cls={"sd8g3-htp": variant(QNN), "x86-cpu": variant(CPU, ep_version="1.32.0")},
+    )
+
+
+def watch_report(
+    device_id: str,
+    devices: list[tuple[str, str, int]],
+    actions: dict[str, str],
+    age: timedelta = timedelta(hours=1),
+    considered: list[VariantVerdict] | None = None,
+    ep_packages: dict[str, str] | None = None,
+) -> DeviceReport:
+    """A report made ``age`` before ``NOW`` by a device with ``devices`` (EP, type, vendor
+    id) on ORT 1.32.0, each model of ``actions`` with its action and no variant."""
+    return DeviceReport(
+        device_id=device_id,
+        generated_at=(NOW - age).isoformat(),
+        ort_version="1.32.0",
+        ep_packages=ep_packages or {"onnxruntime": "1.32.0"},
+        devices=[
+            DeviceInfo(ep=ep, type=kind, vendor="v", vendor_id=vid, device_id=1, ep_vendor="x")
+            for ep, kind, vid in devices
+        ],
+        store="s3://b",
+        cache="/c",
+        manifest=ManifestStatus(status="fetched", generation=3, body_bytes=1),
+        models=[
+            ModelReport(
+                model=model,
+                action=action,  # type: ignore[arg-type]
+                variant=None,
+                target=None,
+                ep=None,
+                verdict=None,
+                bytes_downloaded=0,
+                reason="",
+                considered=considered or [],
+                seconds=0.1,
+            )
+            for model, action in actions.items()
+        ],
+        seconds=1.0,
     )

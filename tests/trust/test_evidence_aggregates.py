@@ -35,9 +35,13 @@ from epfleet.fleet.evidence.sketch_rules import (
     within_error,
 )
 from epfleet.fleet.evidence.sketch_rules import percentile as sketch_percentile
-from epfleet.fleet.rollout.rollouts import GateReading, check_index, move, read_evidence
+from epfleet.fleet.rollout.rollouts import check_index, move, read_evidence
 from epfleet.formats.device_report import report_key
 from epfleet.stores import Store
+from tests.support.evidence_passes import (
+    put_back_after_failures,
+    same_as_recount,
+)
 from tests.support.fake_clock import FakeClock
 from tests.support.staged_rollout import (
     MEMBERS,
@@ -64,15 +68,6 @@ def fleet(store: Store) -> None:
         put(store, report(device, True, "kept", 12.0 + i * 0.37))
     for i, device in enumerate(OUTSIDE[5:40]):
         put(store, report(device, False, "kept", 9.0 + i * 0.113))
-
-
-def same_as_recount(store: Store, clock: FakeClock | None = None) -> GateReading:
-    settled(store)
-    kwargs = {"clock": clock} if clock is not None else {}
-    reading = read_evidence(store, **kwargs)  # type: ignore[arg-type]
-    recount = read_evidence(store, full=True, **kwargs)  # type: ignore[arg-type]
-    assert reading.model_dump(exclude={"index"}) == recount.model_dump(exclude={"index"})
-    return reading
 
 
 def test_a_sketch_reads_quantiles_within_its_stated_error_and_merges_by_adding() -> None:
@@ -199,15 +194,7 @@ def test_a_forged_or_damaged_aggregate_is_computed_again_from_the_records(
 def test_an_older_aggregate_put_back_costs_computing_not_votes(store: Store) -> None:
     fleet(store)
     same_as_recount(store)
-    old = {where: store.read(where) for where in aggregate_objects(store)}
-    for device in MEMBERS[1:4]:
-        put(store, report(device, True, "failed"))
-    halted = same_as_recount(store)
-    assert halted.statuses[0].verdict.decision == "halt"
-    for where, stored in old.items():
-        assert stored is not None
-        store.write(where, stored.data)  # genuinely sealed, from before the failures
-    replayed = same_as_recount(store)
+    halted, replayed = put_back_after_failures(store, aggregate_objects(store))
     assert replayed.statuses == halted.statuses
     assert replayed.index is not None and replayed.index.contributions_computed == 3
 

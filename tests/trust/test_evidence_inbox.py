@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import gzip
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import pytest
 
 from epfleet.device.reporting import upload_report
-from epfleet.fleet.evidence.index import INDEX_PREFIX, head_key, index_key, update
+from epfleet.fleet.evidence.index import head_key, index_key, update
 from epfleet.fleet.rollout.rollouts import GateReading, read_evidence, run_gate
 from epfleet.formats.device_report import DeviceReport, inbox_key, report_key
 from epfleet.stores import Store
+from tests.support.evidence_passes import (
+    Interposed,
+    Killed,
+    same_as_recount,
+    shard_objects,
+)
 from tests.support.staged_rollout import (
     MEMBERS,
     OUTSIDE,
@@ -50,13 +55,6 @@ def upload(store: Store, found: DeviceReport) -> None:
 def reading(store: Store) -> GateReading:
     settled(store)
     return read_evidence(store)
-
-
-def same_as_recount(store: Store) -> GateReading:
-    found = reading(store)
-    recount = read_evidence(store, full=True)
-    assert found.model_dump(exclude={"index"}) == recount.model_dump(exclude={"index"})
-    return found
 
 
 def failed_new(found: GateReading) -> int:
@@ -167,10 +165,6 @@ def test_readers_share_a_recent_pass_but_a_gate_about_to_advance_reads_now(
     assert failed_new(same_as_recount(store)) == 3
 
 
-def shard_objects(store: Store) -> list[str]:
-    return [k for k in store.list_keys(f"{INDEX_PREFIX}/") if k.endswith(".json.gz")]
-
-
 def test_an_older_shard_or_a_whole_older_index_put_back_brings_a_full_listing(
     store: Store,
 ) -> None:
@@ -198,22 +192,6 @@ def test_an_older_shard_or_a_whole_older_index_put_back_brings_a_full_listing(
     assert again.statuses == halted.statuses
 
 
-class Interposed:
-    """A store whose shard writes run ``before`` first (another reader, a crash)."""
-
-    def __init__(self, inner: Store, before: Any) -> None:
-        self.inner, self.before, self.writes = inner, before, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def write(self, key: str, data: bytes, **options: Any) -> str:
-        if key.endswith(".json.gz"):
-            self.writes += 1
-            self.before(self.writes)
-        return self.inner.write(key, data, **options)
-
-
 def test_two_readers_racing_between_full_listings_lose_nothing(store: Store) -> None:
     fleet(store)
     late = MEMBERS[1:4]
@@ -232,10 +210,6 @@ def test_two_readers_racing_between_full_listings_lose_nothing(store: Store) -> 
     after = same_as_recount(store)
     assert failed_new(after) == 3
     assert after.statuses[0].evidence.previous.failed == 10
-
-
-class Killed(BaseException):
-    pass
 
 
 def test_a_reader_killed_between_full_listings_leaves_what_the_next_completes(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from epfleet.errors import StoreError
-from epfleet.fleet.evidence.index import INDEX_PREFIX, index_key, shard_key, update
+from epfleet.fleet.evidence.index import index_key, shard_key, update
 from epfleet.fleet.evidence.index_rules import (
     SHARDS,
     CheckedSignature,
@@ -28,10 +28,17 @@ from epfleet.fleet.evidence.index_rules import (
     unseal,
 )
 from epfleet.fleet.evidence.rules import Unattributed
-from epfleet.fleet.rollout.rollouts import GateReading, read_evidence
+from epfleet.fleet.rollout.rollouts import read_evidence
 from epfleet.fleet.watch.inputs import full_device_reports, index_pass
 from epfleet.formats.device_report import DeviceReport, report_key
 from epfleet.stores import Store, open_store
+from tests.support.evidence_passes import (
+    Interposed,
+    Killed,
+    put_back_after_failures,
+    same_as_recount,
+    shard_objects,
+)
 from tests.support.staged_rollout import (
     MEMBERS,
     OUTSIDE,
@@ -48,29 +55,12 @@ from tests.support.staged_rollout import (
 pytestmark = pytest.mark.fast
 
 
-def same_as_recount(store: Store) -> GateReading:
-    settled(store)
-    reading = read_evidence(store)
-    recount = read_evidence(store, full=True)
-    assert reading.model_dump(exclude={"index"}) == recount.model_dump(exclude={"index"})
-    return reading
-
-
 def fleet(store: Store) -> None:
     real_fleet(store, "advance")
     for device in MEMBERS[1:6]:
         put(store, report(device, True, "kept", 12.0))
     for device in OUTSIDE[5:40]:
         put(store, report(device, False, "kept", 9.0))
-
-
-def shard_objects(store: Store) -> list[str]:
-    """The index's shards (not the aggregates kept beside them)."""
-    return [
-        k
-        for k in store.list_keys(f"{INDEX_PREFIX}/")
-        if k.endswith(".json.gz") and "/aggregates/" not in k
-    ]
 
 
 def test_a_second_pass_reads_only_what_changed_and_answers_as_a_recount(store: Store) -> None:
@@ -149,36 +139,9 @@ def test_a_forged_or_damaged_shard_is_rebuilt_from_the_reports(store: Store, for
 def test_an_older_shard_put_back_costs_reads_not_votes(store: Store) -> None:
     fleet(store)
     same_as_recount(store)
-    old = {where: store.read(where) for where in shard_objects(store)}
-    for device in MEMBERS[1:4]:
-        put(store, report(device, True, "failed"))
-    halted = same_as_recount(store)
-    assert halted.statuses[0].verdict.decision == "halt"
-    for where, stored in old.items():
-        assert stored is not None
-        store.write(where, stored.data)  # genuinely sealed, from before the failures
-    replayed = same_as_recount(store)
+    halted, replayed = put_back_after_failures(store, shard_objects(store))
     assert replayed.statuses == halted.statuses
     assert replayed.index is not None and replayed.index.reports_read >= 3
-
-
-class Interposed:
-    """A store whose first shard write runs ``before`` first (another reader's pass, a
-    crash): what happens between a reader's reads and its writes."""
-
-    def __init__(self, inner: Store, before: Any) -> None:
-        self.inner = inner
-        self.before = before
-        self.writes = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def write(self, key: str, data: bytes, **options: Any) -> str:
-        if key.endswith(".json.gz"):
-            self.writes += 1
-            self.before(self.writes)
-        return self.inner.write(key, data, **options)
 
 
 def test_two_readers_folding_at_once_lose_nothing(store: Store) -> None:
@@ -216,10 +179,6 @@ def test_two_readers_folding_at_once_lose_nothing(store: Store) -> None:
     assert again.index is not None and again.index.reports_read == 0
     assert after.statuses[0].evidence.new.failed == 3
     assert after.statuses[0].evidence.previous.failed == 10
-
-
-class Killed(BaseException):
-    pass
 
 
 def test_a_reader_killed_mid_pass_leaves_an_index_the_next_pass_completes(store: Store) -> None:
@@ -289,7 +248,7 @@ class ClockRacer(Interposed):
     writes clock objects of its own, dated a day ahead, where the pass's could be."""
 
     def __init__(self, inner: Store, root: Path) -> None:
-        super().__init__(inner, None)
+        super().__init__(inner, lambda writes: None)
         self.root = root
 
     def write(self, key: str, data: bytes, **options: Any) -> str:
