@@ -4,11 +4,11 @@ fleet sizes, and the hour those terms give a fleet of another size.
 Each measure of a pass (GETs, LISTs, PUTs, CPU seconds) is taken to be a fixed part, a
 part per device in the fleet (N: what a pass does for every report listed, every record
 kept) and a part per new report it folds (R: a report read, attributed and written back),
-fitted by least squares to passes measured at two or more N, with and without new
-reports. A term the passes cannot separate (all of them at one N, or R always the same
-share of N) is left out and said so; a negative term, or passes the terms do not fit, is
-warned about: the extrapolation is then not to be trusted. Pure: the measured figures
-come from ``bench/evidence_index.py``.
+fitted by least squares to passes measured at two or more N, each with two numbers of
+new reports or more (R a different share of N). A term the passes cannot separate (all
+of them at one N, or R always the same share of N) is left out and said so; a negative
+term, or passes the terms do not fit, is warned about: the extrapolation is then not to
+be trusted. Pure: the measured figures come from ``bench/evidence_index.py``.
 """
 
 from __future__ import annotations
