@@ -2,6 +2,14 @@
 them before, on a local signed store.
 
     python bench/device_keys.py [--devices 10000,100000] [--enrols 5]
+    python bench/device_keys.py --batch 10000 [--sample 500]
+
+``--batch N [--sample K]``: N devices enrolled into a new signed store one by one
+(``epfleet device enroll --public-key``, N signed publishes) and into another in one batch
+(``epfleet device enroll --from FILE``, ``enroll_batch``): wall time, store PUTs and GETs
+(and HEADs), side by side as ratios. With ``--sample K`` the one-by-one side measures K
+enrolments into the empty store and K once N - K are in, and scales them to N
+(``batch_run``). Nothing else is measured then.
 
 For each N: a signed store with 3 models and N enrolled devices, built twice: the keys in
 the signed key bins (``epfleet.trust.device_keys``, what ``epfleet device enroll`` writes
@@ -48,10 +56,12 @@ from epfleet.device.policy import SyncPolicy  # noqa: E402
 from epfleet.device.session import sync  # noqa: E402
 from epfleet.fleet.evidence.enrolment import (  # noqa: E402
     enroll,
+    enroll_batch,
     enrolled_keys,
     keys_in_force,
     local_key_bins,
     publish_keys,
+    read_batch,
 )
 from epfleet.fleet.publishing.publish import read_in_force, update_manifest  # noqa: E402
 from epfleet.formats.manifest import DeviceKey, Manifest, utcnow  # noqa: E402
@@ -220,12 +230,103 @@ def run(n: int, enrols: int) -> dict[str, Any]:
     return row
 
 
+class Counted:
+    """Counts a store's requests by kind (PUT: ``write``, GET: ``read``/``read_range``,
+    HEAD: ``size``), wrapping the store's own methods."""
+
+    def __init__(self, store: Any):
+        self.counts = {"PUT": 0, "GET": 0, "HEAD": 0}
+        for method, kind in (("write", "PUT"), ("read", "GET"), ("read_range", "GET")):
+            setattr(store, method, self._counting(getattr(store, method), kind))
+        store.size = self._counting(store.size, "HEAD")
+
+    def _counting(self, plain: Any, kind: str) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.counts[kind] += 1
+            return plain(*args, **kwargs)
+
+        return counted
+
+
+def batch_run(n: int, sample: int) -> None:
+    """N devices enrolled one by one, and in one batch: time and requests, printed. With
+    ``sample`` (2 x sample < N) the one-by-one side enrols ``sample`` devices into an empty
+    store and ``sample`` more once N - sample are in (the rest loaded in one batch, not
+    counted), and scales their mean per enrolment to N: an enrolment's cost grows with the
+    size of its key bins, so the first and the last of the N bound it."""
+    keys = device_keys(n)
+    devices = list(keys)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        public = folder / "public"
+        public.mkdir()
+        for device, key in keys.items():
+            (public / f"{device}.pem").write_text(key.public)
+
+        def batch_file(name: str, chosen: list[str]) -> Path:
+            path = folder / name
+            path.write_text("".join(f"{d} public/{d}.pem\n" for d in chosen))
+            return path
+
+        def one_by_one(store: Any, chosen: list[str]) -> tuple[float, dict[str, int]]:
+            counted = Counted(store)
+            started = time.perf_counter()
+            for device in chosen:
+                enroll(store, device, public_key=public / f"{device}.pem")
+            return time.perf_counter() - started, dict(counted.counts)
+
+        (folder / "one").mkdir()
+        single = new_store(folder / "one")
+        sampled = sample > 0 and 2 * sample < n
+        if sampled:
+            first_time, first = one_by_one(single, devices[:sample])
+            enroll_batch(single, read_batch(batch_file("middle.txt", devices[sample:-sample])))
+            last_time, last = one_by_one(single, devices[-sample:])
+            scale = n / (2 * sample)
+            one_time = (first_time + last_time) * scale
+            one = {k: round((first[k] + last[k]) * scale) for k in first}
+        else:
+            one_time, one = one_by_one(single, devices)
+        clear_cache()
+        assert len(keys_in_force(single)) == n
+        (folder / "batch").mkdir()
+        batched = new_store(folder / "batch")
+        counted = Counted(batched)
+        started = time.perf_counter()
+        enroll_batch(batched, read_batch(batch_file("all.txt", devices)))
+        batch_time, batch = time.perf_counter() - started, dict(counted.counts)
+        clear_cache()
+        assert len(keys_in_force(batched)) == n
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:,.0f}x" if b else "-"
+
+    how = (
+        f"one by one: {sample} into an empty store and {sample} with {n - sample:,} in, "
+        f"measured ({first_time:.1f} s and {last_time:.1f} s), scaled to {n:,}"
+        if sampled
+        else "one by one: measured whole"
+    )
+    print(f"N = {n:,} devices enrolled into a new signed store (local); {how}")
+    print(f"{'':24}{'one by one':>14}{'batch':>14}{'ratio':>9}")
+    times = f"{one_time:>14,.1f}{batch_time:>14,.1f}{ratio(one_time, batch_time):>9}"
+    print(f"  {'wall time, s':22}{times}")
+    for kind in ("PUT", "GET", "HEAD"):
+        a, b = one[kind], batch[kind]
+        print(f"  {kind + ' requests':22}{a:>14,}{b:>14,}{ratio(a, b):>9}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default="10000,100000")
     parser.add_argument("--enrols", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("--sample", type=int, default=0)
     args = parser.parse_args()
     os.environ["EPFLEET_CACHE"] = tempfile.mkdtemp(prefix="bench-device-keys-cache-")
+    if args.batch:
+        batch_run(args.batch, args.sample)
+        return
     rows = [run(int(n), args.enrols) for n in args.devices.split(",")]
 
     def shown(value: float) -> str:

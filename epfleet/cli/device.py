@@ -1,5 +1,5 @@
-"""``epfleet device enroll|revoke|list``: the devices whose signed reports the rollout gate
-counts, where a rollout's policy asks for authenticated reports.
+"""``epfleet device enroll|revoke|list|migrate-keys``: the devices whose signed reports the
+rollout gate counts, where a rollout's policy asks for authenticated reports.
 
 Enrolling and revoking are signed publishes (they need the store's signer, as a compile
 does). Exit codes as every epfleet command: 0 done, 1 the store failed, 2 bad input (an
@@ -17,6 +17,7 @@ from cyclopts import App, Parameter
 
 from epfleet.cli.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from epfleet.cli.options import Json, Store, TrustRoot, command_help, did_you_mean, pin_trust_root
+from epfleet.errors import BadInputError
 from epfleet.logs import say
 from epfleet.stores import DEFAULT_STORE
 from epfleet.text import show
@@ -42,24 +43,31 @@ def _no_device_command(*unknown: Annotated[str, Parameter(show=False)]) -> int:
 
 @device_app.command
 def enroll(
-    device: DeviceId,
+    device: Annotated[
+        str | None,
+        Parameter(help="The device's id (its --device-id / EPFLEET_DEVICE_ID); or --from FILE."),
+    ] = None,
     *,
     store: Store = DEFAULT_STORE,
     keys: Path | None = None,
     public_key: Path | None = None,
+    from_file: Annotated[Path | None, Parameter(name="--from")] = None,
     trust_root: TrustRoot = None,
     force: bool = False,
 ) -> int:
-    """Enrol a device: publish its public key in the signed manifest, so that a rollout
+    """Enrol a device: publish its public key in the signed key bins, so that a rollout
     with authenticated_reports counts its reports. Either make its key here (--keys: the
     private key goes to DIR/<device>.pem, 0600, to provision the device with as
     EPFLEET_DEVICE_KEY) or give the public key of one made on the device (--public-key).
+    With --from FILE, every device the file names, in one signed publish.
 
     For example:
       epfleet device enroll dev-042 --store s3://bucket/fleet \\
         --keys /media/offline/device-keys
       epfleet device enroll dev-042 --store s3://bucket/fleet \\
         --public-key dev-042.pub.pem
+      epfleet device enroll --from new-devices.txt --store s3://bucket/fleet \\
+        --keys /media/offline/device-keys
 
     Parameters
     ----------
@@ -68,6 +76,11 @@ def enroll(
         does not ignore it, unless --force).
     public_key
         The device's public key (PEM), when its private key was made on the device.
+    from_file
+        Enrol many devices at once: one a line, "<device id>" (its key made here, in
+        --keys) or "<device id> <public key PEM file>" (relative to FILE's folder); "#"
+        starts a comment. One bad line refuses the whole file, naming the line, before
+        anything is written.
     force
         Write the key into a git work tree that does not ignore --keys; or enrol again a
         key that was revoked from this device (the reports it signed before its revocation
@@ -76,7 +89,12 @@ def enroll(
     from epfleet.fleet.evidence.enrolment import enroll as enroll_device
     from epfleet.stores import open_store
 
+    if (device is None) == (from_file is None):
+        raise BadInputError("give a DEVICE id, or --from FILE with one device a line")
     pin_trust_root(store, trust_root)
+    if from_file is not None:
+        return _enroll_batch(store, from_file, keys, public_key, force)
+    assert device is not None
     enrolled = enroll_device(
         open_store(store), device, keys_dir=keys, public_key=public_key, force=force
     )
@@ -90,6 +108,36 @@ def enroll(
         )
     if enrolled.written is not None:
         show(f"provision the device with: EPFLEET_DEVICE_KEY={enrolled.written}")
+    return EXIT_OK
+
+
+def _enroll_batch(
+    store: str, from_file: Path, keys: Path | None, public_key: Path | None, force: bool
+) -> int:
+    from epfleet.fleet.evidence.enrolment import enroll_batch, read_batch
+    from epfleet.stores import open_store
+
+    if public_key is not None:
+        raise BadInputError(
+            "--public-key names one device's key: with --from, put each public key file on "
+            "its device's line"
+        )
+    done = enroll_batch(open_store(store), read_batch(from_file), keys_dir=keys, force=force)
+    for device, when in sorted(done.revoked_before.items()):
+        say(
+            f"epfleet: key {done.enrolled[device].keyid[:12]} of {device} was revoked on "
+            f"{when.revoked_at:%Y-%m-%d %H:%M} and is enrolled again (--force): the reports "
+            "it signed before its revocation count again"
+        )
+    show(
+        f"enrolled {len(done.enrolled)} devices in {store} in one signed publish "
+        f"({len(done.key_bins)} key bins and the keys index signed)"
+    )
+    if done.written:
+        show(
+            f"provision each device whose key was made here ({len(done.written)}) with: "
+            f"EPFLEET_DEVICE_KEY={keys}/<device>.pem"
+        )
     return EXIT_OK
 
 
@@ -140,10 +188,12 @@ def list_(
 
 @device_app.command(name="migrate-keys")
 def migrate_keys(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) -> int:
-    """Move the device keys a store's signed manifest still carries into the signed key bins.
+    """Move the device keys a store's signed manifest still carries into the signed key bins,
+    and the key bins a store's snapshot still lists into the keys index.
 
-    Stores enrolled before the key bins keep their keys in the manifest; they are read from
-    there until moved, which the next enrol or revoke also does.
+    Stores enrolled before the key bins keep their keys in the manifest, and stores enrolled
+    before the keys index list the key bins in the snapshot; they are read from there until
+    moved, which the next enrol or revoke also does.
 
     For example:
       epfleet device migrate-keys --store s3://bucket/fleet
@@ -153,10 +203,21 @@ def migrate_keys(*, store: Store = DEFAULT_STORE, trust_root: TrustRoot = None) 
 
     pin_trust_root(store, trust_root)
     moved = migrate(open_store(store))
-    if moved:
-        print(f"moved the keys of {moved} devices from the manifest into the key bins of {store}")
-    else:
-        print(f"no device key left in the manifest of {store}: nothing to move")
+    if moved.devices:
+        print(
+            f"moved the keys of {moved.devices} devices from the manifest into the key bins "
+            f"of {store}"
+        )
+    if moved.listed_bins:
+        print(
+            f"moved the listing of {moved.listed_bins} key bins from the snapshot into the "
+            f"keys index of {store} (devices no longer download it)"
+        )
+    if not moved.devices and not moved.listed_bins:
+        print(
+            f"no device key left in the manifest of {store} and no key bin in its snapshot: "
+            "nothing to move"
+        )
     return EXIT_OK
 
 

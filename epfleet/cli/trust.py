@@ -284,7 +284,9 @@ def sign_models(
 
 @trust_app.command
 def status(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
-    """Show the signed metadata: each role's version and expiry, and the bin count.
+    """Show the signed metadata: each role's version and expiry, and the bin count; with
+    enrolled device keys, the keys index's and the key bin that expires first (epfleet
+    trust refresh signs both again when half their life is gone).
 
     For example:
       epfleet trust status --store s3://bucket/fleet
@@ -292,9 +294,13 @@ def status(*, store: Store = DEFAULT_STORE, as_json: Json = False) -> int:
     Exit codes: 0 shown; 1 the store failed; 2 no trust metadata.
     """
     from epfleet.stores import open_store
+    from epfleet.trust.device_keys import keys_status
+    from epfleet.trust.repository import read_state
     from epfleet.trust.repository import status as trust_status
 
-    rows, bins = trust_status(open_store(store))
+    opened = open_store(store)
+    rows, bins = trust_status(opened)
+    rows += keys_status(opened, read_state(opened))
     if as_json:
         document = {
             "bins": bins,

@@ -16,7 +16,11 @@ and the index, replaced by compare-and-swap, and leaves the snapshot and timesta
 devices poll as they are. A reader verifies a key bin through root, timestamp, snapshot
 and ``targets`` (its key) and the index (its version, length and hash); it refuses an
 index older than the newest it verified from that store (kept in memory and in its local
-folder), so an older index put back is refused as a rollback, and so is an older bin.
+folder), so an older index put back is refused as a rollback, and so is an older bin;
+and an expired index or bin (``epfleet trust refresh`` signs them again at half their
+life: the index lists each bin's expiry). A publisher refuses to sign over an index older
+than what its host signed or verified (``keys_rollback``, the mark kept beside the worker
+cache's record of the store: ``epfleet.trust.pins``).
 Devices never load them: nothing ``targets`` delegates leads to them, and a device asks
 only for the targets of models, field rankings and ``manifest.json``. A standard TUF
 client cannot resolve ``device-keys/...`` paths: the fleet side's reader (``KeyBook``)
@@ -38,7 +42,7 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +78,7 @@ from epfleet.trust.layout import (
 from epfleet.trust.state import (
     Check,
     RepositoryState,
+    RoleStatus,
     _signed_by,
     index_marks,
     load_versioned,
@@ -85,6 +90,11 @@ READ_THREADS = 8
 INDEX_FIELD = "epfleet_keys_index"
 """Set in the signed part of a keys index: what tells it from a snapshot (both are signed
 by the online key), so that no snapshot, listing key bins of another time, passes for one."""
+
+EXPIRES_FIELD = "epfleet_expires"
+"""Beside a key bin's version, length and hash in the keys index: when that bin's signature
+expires, so that a refresh finds the bins to sign again without reading them."""
+RENEW = "epfleet trust refresh"
 
 _marks_lock = threading.Lock()
 
@@ -162,14 +172,27 @@ def new_keys_index(version: int, expires: datetime, meta: dict[str, MetaFile]) -
 
 
 def read_keys_index(
-    store: Store, state: RepositoryState, local: Path | None, now: datetime
+    store: Store,
+    state: RepositoryState,
+    local: Path | None,
+    now: datetime,
+    *,
+    renewing: bool = False,
 ) -> KeysIndex:
     """The keys index, verified: signed by the key of the key bins, marked as a keys index,
-    not expired, and no older than the newest this process (or, with ``local``, this
-    machine) verified from the store; Unverified, naming it, otherwise."""
+    not expired (unless ``renewing``: a publisher reads it to sign it again), and no older
+    than the newest this process (or, with ``local``, this machine) verified from the
+    store; Unverified, naming it, otherwise."""
     where = f"{store.uri}/{KEYS_INDEX_KEY}"
     found = store.read(KEYS_INDEX_KEY)
     if found is None:
+        highest = _highest_index(store, state, local)
+        if highest > 0:
+            raise Unverified(
+                f"{where} is missing, but this reader verified version {highest} of it: the "
+                "signed keys index was deleted (without it no device key can be read); "
+                "restore it from a backup of the store"
+            )
         return KeysIndex(None, None)
     metadata = parse_metadata(store, KEYS_INDEX_KEY, found.data)
     signed = metadata.signed
@@ -193,13 +216,55 @@ def read_keys_index(
             "verified already: an older signed keys index was put back (a rollback, which "
             "would bring back revoked keys); restore the newest from a backup of the store"
         )
-    if signed.expires < now:
+    if signed.expires < now and not renewing:
         raise Unverified(
-            f"{where} expired on {signed.expires:%Y-%m-%d}: sign it again with epfleet trust "
-            "refresh"
+            f"{where} expired on {signed.expires:%Y-%m-%d %H:%M} UTC: the signed keys index "
+            "lists the key bins, so no device key can be read; sign it again (and the key "
+            f"bins near expiry) with {RENEW} --store {store.uri} (EPFLEET_TRUST_SIGNER set "
+            "to the online key)"
         )
     _remember_index(store, state, local, signed.version)
     return KeysIndex(signed, found.etag)
+
+
+def keys_rollback(
+    marked_index: int,
+    marked_bins: Mapping[str, int],
+    index_version: int | None,
+    listing: Mapping[str, MetaFile],
+) -> str | None:
+    """Why a keys index (its version, None: the store has none, and the key bins it lists)
+    is older than what a publisher signed or verified before (the highest index version,
+    and each key bin's highest version), or None when it is not. A key bin listed at a
+    lower version than seen before means an index was signed over an older one by a
+    publisher that did not know the newer (a rollback laundered by another host)."""
+    if index_version is None:
+        if marked_index == 0:
+            return None
+        return f"is missing, but version {marked_index} of it was signed or verified here"
+    if index_version < marked_index:
+        return (
+            f"is version {index_version}, older than version {marked_index} signed or verified here"
+        )
+    older = {
+        name: (listed.version if listed is not None else 0, seen)
+        for name, seen in marked_bins.items()
+        if (listed := listing.get(f"{name}.json")) is None or listed.version < seen
+    }
+    if not older:
+        return None
+    name, (listed_version, seen) = min(older.items())
+    what = (
+        f"lists key bin {name} at version {listed_version}"
+        if listed_version
+        else f"does not list key bin {name}"
+    )
+    more = f" (and {len(older) - 1} more key bins)" if len(older) > 1 else ""
+    return (
+        f"is version {index_version} but {what}, whose version {seen} was signed or "
+        f"verified here{more}: another publisher signed it over an older keys index put "
+        "back in the store"
+    )
 
 
 def _mark_file(store: Store, state: RepositoryState, local: Path) -> Path:
@@ -227,6 +292,47 @@ def _remember_index(store: Store, state: RepositoryState, local: Path | None, ve
             atomic_write_bytes(path, str(version).encode())
         except OSError as exc:  # only a cost: the mark in memory still holds for this process
             logger.info("keys index version not kept in %s: %s", path.parent, exc)
+
+
+def _read_local_copy(path: Path) -> tuple[dict[str, Any], datetime] | None:
+    """The records and expiry of a key bin a reader verified and kept (None: none kept, or
+    kept in an older form: the bin is verified again)."""
+    try:
+        copy = json.loads(path.read_bytes())
+        records, expires = copy["records"], datetime.fromisoformat(copy["expires"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(records, dict) or expires.tzinfo is None:
+        return None
+    return records, expires
+
+
+def listed_expiry(meta: MetaFile) -> datetime | None:
+    """When the key bin the keys index lists as ``meta`` expires (None: not listed, as an
+    index signed before listed no expiry)."""
+    text = meta.unrecognized_fields.get(EXPIRES_FIELD)
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def listing_entry(version: int, raw: bytes, expires: datetime) -> MetaFile:
+    """A key bin's entry in the keys index: its version, length, sha256 and expiry."""
+    meta = MetaFile.from_data(version, raw, ["sha256"])
+    meta.unrecognized_fields[EXPIRES_FIELD] = expires.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return meta
+
+
+def bins_to_renew(listing: Mapping[str, MetaFile], lifetime: timedelta, now: datetime) -> list[str]:
+    """The key bins a refresh signs again: those with less than half their lifetime left,
+    and those whose expiry the keys index does not list (it is listed once they are)."""
+    found = []
+    for file, meta in listing.items():
+        expires = listed_expiry(meta)
+        if expires is None or expires - now < lifetime / 2:
+            found.append(file.removesuffix(".json"))
+    return sorted(found)
 
 
 def record_target(record: DeviceRecord | KeyClaim) -> Target:
@@ -284,9 +390,13 @@ class KeyBook:
         state: RepositoryState | None,
         legacy: Manifest | None,
         local: Path | None = None,
+        *,
+        renewing: bool = False,
     ):
         self.store = store
         self.state = state
+        self.renewing = renewing
+        """A publisher's book: expired key bins and keys index are read, to be signed again."""
         self.local = local
         """A folder of this machine's where readers keep the records of the key bins they
         verified, by version (signed versions are never rewritten): a later process reads
@@ -300,6 +410,7 @@ class KeyBook:
         self._texts: dict[str, dict[str, Any]] = {}
         self._parsed: dict[str, DeviceRecord | KeyClaim] = {}
         self._signed: dict[str, Targets | None] = {}
+        self._expires: dict[str, datetime] = {}
         self._lock = threading.Lock()
         self._index: KeysIndex | None = None
         self.bins_read = 0
@@ -311,7 +422,7 @@ class KeyBook:
             if self._index is not None:
                 return self._index
         found = (
-            read_keys_index(self.store, self.state, self.local, utcnow())
+            read_keys_index(self.store, self.state, self.local, utcnow(), renewing=self.renewing)
             if self.state is not None and self.state.snapshot is not None
             else KeysIndex(None, None)
         )
@@ -375,6 +486,8 @@ class KeyBook:
         with self._lock:
             self._signed[name] = signed
             self._texts[name] = texts
+            if signed is not None:
+                self._expires[name] = signed.expires
             self.bins_read += signed is not None
         return signed
 
@@ -399,23 +512,40 @@ class KeyBook:
                 return self._texts[name]
         local = self._local_file(name)
         if local is not None:
-            try:
-                texts = json.loads(local.read_bytes())
-            except (OSError, ValueError):
-                texts = None
-            if isinstance(texts, dict):
+            kept = _read_local_copy(local)
+            if kept is not None:
+                texts, expires = kept
+                self._check_expiry(name, expires)
                 with self._lock:
                     self._texts[name] = texts
                 return texts
         self.signed_bin(name)
         texts = self._texts[name]
-        if local is not None:
+        signed_expiry = self._expires.get(name)
+        if signed_expiry is not None:
+            self._check_expiry(name, signed_expiry)
+        if local is not None and signed_expiry is not None:
+            copy = {"expires": signed_expiry.isoformat(), "records": texts}
             try:
                 local.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_bytes(local, json.dumps(texts).encode())
+                atomic_write_bytes(local, json.dumps(copy).encode())
             except OSError as exc:  # only a cost: the next run verifies this bin again
                 logger.info("key bin %s not kept in %s: %s", name, local.parent, exc)
         return texts
+
+    def _check_expiry(self, name: str, expires: datetime) -> None:
+        """Unverified, naming the bin and how to renew it, when key bin ``name`` expired
+        (a publisher's book reads it anyway, to sign it again)."""
+        if self.renewing or expires >= utcnow():
+            return
+        meta = self._meta(name)
+        version = f" (version {meta.version})" if meta is not None else ""
+        raise Unverified(
+            f"{self.store.uri}: the signed key bin {name}{version} expired on "
+            f"{expires:%Y-%m-%d %H:%M} UTC: the keys of the devices in it cannot be read, so "
+            f"their reports are not judged; sign it again with {RENEW} --store "
+            f"{self.store.uri} (EPFLEET_TRUST_SIGNER set to the online key)"
+        )
 
     def _record(self, name: str, path: str) -> DeviceRecord | KeyClaim | None:
         text = self._records(name).get(path)
@@ -583,3 +713,29 @@ def without_legacy_keys(document: Manifest | None, now: datetime) -> Manifest | 
     return document.succeeded_by(dict(document.models), now).model_copy(
         update={"device_keys": {}, "revoked_device_keys": {}}
     )
+
+
+def keys_status(store: Store, state: RepositoryState) -> list[RoleStatus]:
+    """The keys index's version and expiry, and the key bin that expires first (from the
+    expiries the index lists), as ``epfleet trust status`` shows the roles: read as a
+    publisher does, expired or not. None of them when the store has no keys index."""
+    index = KeyBook(store, state, None, renewing=True).index.signed
+    if index is None:
+        return []
+    rows = [RoleStatus("keys index", index.version, index.expires)]
+    listed = [(e, n, m) for n, m in index.meta.items() if (e := listed_expiry(m)) is not None]
+    if listed:
+        expires, file, meta = min(listed)
+        name = file.removesuffix(".json")
+        rows.append(RoleStatus(f"key bins (first to expire: {name})", meta.version, expires))
+    unlisted = len(index.meta) - len(listed)
+    if unlisted:
+        logger.warning(
+            "%s: the keys index lists no expiry for %d key bins (signed before it listed "
+            "them): the next %s --store %s signs them again and lists them",
+            store.uri,
+            unlisted,
+            RENEW,
+            store.uri,
+        )
+    return rows

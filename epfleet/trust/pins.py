@@ -273,3 +273,67 @@ def _write_record(store_uri: str, roots: dict[int, str], timestamp: int) -> None
             path,
             exc.strerror or exc,
         )
+
+
+@dataclass
+class KeysMark:
+    """The newest keys index (and key bin versions) this host signed or verified from a
+    store, as a publisher (``epfleet.trust.device_keys.keys_rollback``)."""
+
+    index: int = 0
+    bins: dict[str, int] = field(default_factory=dict)
+
+
+def keys_mark_path(store_uri: str, repository: str) -> Path:
+    """Beside the worker cache's record of the store, one file per repository (a store
+    given a new repository at the same place starts with no mark)."""
+    name = f"{sha256_bytes(store_uri.encode())[:16]}-{repository[:16]}.keys-index.json"
+    return settings().cache / RECORDS_DIR / name
+
+
+def read_keys_mark(store_uri: str, repository: str) -> KeysMark:
+    """What this host's publishers signed or verified of ``store_uri``'s keys index
+    (nothing yet: version 0). TrustLost, naming the file, when it cannot be read."""
+    path = keys_mark_path(store_uri, repository)
+    try:
+        document = json.loads(path.read_bytes())
+        return KeysMark(
+            int(document["index"]), {str(n): int(v) for n, v in document["bins"].items()}
+        )
+    except FileNotFoundError:
+        return KeysMark()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TrustLost(
+            f"{path}, this host's record of the keys index of {store_uri} it signed, cannot "
+            f"be read ({exc}); restore it, or remove it to trust the store's keys index as "
+            "it is"
+        ) from None
+
+
+def record_keys_mark(store_uri: str, repository: str, index: int, bins: dict[str, int]) -> None:
+    """Raise this host's mark of ``store_uri``'s keys index to ``index`` and ``bins``
+    (each version the higher of the two; never lowered)."""
+    mark = read_keys_mark(store_uri, repository)
+    merged = dict(mark.bins)
+    for name, version in bins.items():
+        merged[name] = max(version, merged.get(name, 0))
+    if index <= mark.index and merged == mark.bins:
+        return
+    document = {
+        "store": store_uri,
+        "repository": repository,
+        "index": max(index, mark.index),
+        "bins": dict(sorted(merged.items())),
+    }
+    path = keys_mark_path(store_uri, repository)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(document, indent=1).encode())
+    except OSError as exc:
+        logger.warning(
+            "could not record the keys index of %s in %s (%s): this host's publishers will "
+            "not notice if it is later rolled back",
+            store_uri,
+            path,
+            exc.strerror or exc,
+        )

@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
@@ -27,11 +28,19 @@ from securesystemslib.signer import Signer
 from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, Targets, Timestamp
 from tuf.api.serialization.json import JSONSerializer
 
-from epfleet.errors import BadInputError, PreconditionFailed, StoreError, Unverified
+from epfleet.errors import BadInputError, PreconditionFailed, StoreError, TrustLost, Unverified
 from epfleet.formats.manifest import Manifest
 from epfleet.formats.schema_version import check_writable
 from epfleet.stores import MANIFEST_KEY, Store
-from epfleet.trust.device_keys import KeyBook, every_key_bin, new_keys_index
+from epfleet.trust.device_keys import (
+    READ_THREADS,
+    KeyBook,
+    bins_to_renew,
+    every_key_bin,
+    keys_rollback,
+    listing_entry,
+    new_keys_index,
+)
 from epfleet.trust.layout import (
     KEY_BIN_PREFIX,
     KEYS_INDEX_KEY,
@@ -42,6 +51,7 @@ from epfleet.trust.layout import (
     target_key,
     utcnow,
 )
+from epfleet.trust.pins import keys_mark_path, read_keys_mark, record_keys_mark
 from epfleet.trust.state import RepositoryState, read_state, remember_document
 from epfleet.trust.targets import Target, carried_rankings, model_targets, plan_bins, stale
 
@@ -232,11 +242,11 @@ def _publish_key_bins(
     now: datetime,
     key_bins: dict[str, dict[str, Target]],
     migrating: bool,
-) -> bool | None:
-    """Sign ``key_bins`` again and the keys index listing them, replaced by compare-and-swap
-    (None: another publisher replaced it first; False: nothing to sign). Writes the index
-    also when the store has none yet while its snapshot lists key bins (``migrating``), or
-    when it is stale."""
+) -> Snapshot | bool | None:
+    """Sign ``key_bins`` again and the keys index listing them, replaced by compare-and-swap:
+    the index signed (None: another publisher replaced it first; False: nothing to sign).
+    Writes the index also when the store has none yet while its snapshot lists key bins
+    (``migrating``), or when it is stale."""
     index = book.index
     stale_index = index.signed is not None and stale(index.signed.expires, LIFETIME["keys"], now)
     moving = migrating and index.signed is None and bool(book.listing())
@@ -251,9 +261,10 @@ def _publish_key_bins(
             targets={path: t.info for path, t in wanted_here.items()},
         )
         raw = write_versioned(store, name, signed_bin, [signer])
-        meta[f"{name}.json"] = MetaFile.from_data(signed_bin.version, raw, ["sha256"])
+        meta[f"{name}.json"] = listing_entry(signed_bin.version, raw, signed_bin.expires)
     version = index.signed.version + 1 if index.signed is not None else 1
-    raw_index = sign_metadata(new_keys_index(version, now + LIFETIME["keys"], meta), [signer])
+    signed_index = new_keys_index(version, now + LIFETIME["keys"], meta)
+    raw_index = sign_metadata(signed_index, [signer])
     try:
         if index.etag is None:
             store.write(KEYS_INDEX_KEY, raw_index, if_none_match=True)
@@ -261,7 +272,61 @@ def _publish_key_bins(
             store.write(KEYS_INDEX_KEY, raw_index, if_match=index.etag)
     except PreconditionFailed:
         return None
+    return signed_index
+
+
+def _check_keys_mark(store: Store, book: KeyBook) -> None:
+    """TrustLost when the keys index in the store is older than what this host signed or
+    verified (``keys_rollback``): signing over it would launder a rollback."""
+    assert book.state is not None
+    mark = read_keys_mark(store.uri, book.state.repository)
+    index = book.index.signed
+    reason = keys_rollback(
+        mark.index, mark.bins, index.version if index is not None else None, book.listing()
+    )
+    if reason is not None:
+        path = keys_mark_path(store.uri, book.state.repository)
+        raise TrustLost(
+            f"{store.uri}/{KEYS_INDEX_KEY} {reason} (recorded in {path}): an older signed "
+            "keys index was put back in the store, a rollback that would lose the "
+            "enrolments and revocations signed after it and bring revoked keys back; "
+            "nothing was signed. Restore the newest keys-index.json and key bins from a "
+            "backup of the store; if the store was restored from a backup on purpose, "
+            f"remove {path} to sign over it (and revoke again the devices revoked since)"
+        )
+
+
+def _keys_mark_holds(store: Store, book: KeyBook) -> bool:
+    """Whether the keys index is no older than this host's mark; when it is, a refresh
+    signs the rest (devices must not see expired metadata) and leaves it, warned."""
+    try:
+        _check_keys_mark(store, book)
+    except TrustLost as exc:
+        logger.warning("%s; signing the rest", exc)
+        return False
     return True
+
+
+def _bins_to_renew(
+    book: KeyBook, now: datetime, signing: dict[str, dict[str, Target]]
+) -> dict[str, dict[str, Target]]:
+    """The key bins a refresh signs again as they are (``bins_to_renew``), besides those
+    ``signing`` already."""
+    names = [n for n in bins_to_renew(book.listing(), LIFETIME["keys"], now) if n not in signing]
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        signed_bins = list(pool.map(book.signed_bin, names))
+    return {
+        name: {p: Target(info, b"", carried=True) for p, info in signed.targets.items()}
+        for name, signed in zip(names, signed_bins, strict=True)
+        if signed is not None
+    }
+
+
+def _record_keys_mark(store: Store, book: KeyBook, index: Snapshot | None) -> None:
+    if book.state is None or index is None:
+        return
+    bins = {name.removesuffix(".json"): meta.version for name, meta in index.meta.items()}
+    record_keys_mark(store.uri, book.state.repository, index.version, bins)
 
 
 def publish_signed(
@@ -275,7 +340,7 @@ def publish_signed(
     for attempt in range(ATTEMPTS):
         state = read_state(store, rotating=changes.rotating)
         check_writable(state.document.schema_version if state.document else None, store.uri)
-        keys = KeyBook(store, state, state.document)  # verified against the targets in force
+        keys = KeyBook(store, state, state.document, renewing=True)  # verified, expired or not
         signing_keys = keys_signed is None and (changes.keys is not None or changes.every_bin)
         key_bins = every_key_bin(keys) if changes.every_bin and signing_keys else {}
         index_in_force = _index_in_force(keys, must_verify=signing_keys)
@@ -290,14 +355,21 @@ def publish_signed(
         if keys_signed is None:
             if changes.keys is not None:
                 key_bins |= changes.keys(keys)
-            if signing_keys or (changes.renew and index_in_force):
+            renewing_keys = changes.renew and index_in_force and _keys_mark_holds(store, keys)
+            if signing_keys or renewing_keys:
+                _check_keys_mark(store, keys)
+                if changes.renew:
+                    key_bins |= _bins_to_renew(keys, when, key_bins)
                 written = _publish_key_bins(
                     store, keys, signer, when, key_bins, migrating=changes.keys is not None
                 )
                 if written is None:
                     _back_off(attempt)
                     continue
-                index_in_force = index_in_force or written
+                _record_keys_mark(
+                    store, keys, written if isinstance(written, Snapshot) else keys.index.signed
+                )
+                index_in_force = index_in_force or written is not False
             keys_signed = sorted(key_bins)
         done = _publish_once(store, state, signer, when, changes, document, index_in_force)
         if done is not None:

@@ -280,6 +280,9 @@ def _make_handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, and Expect: 100-continue like S3
         timeout = 30  # idle keep-alive connections do not hold a thread for long
+        # a head and its body go out as two writes: with Nagle's algorithm the second
+        # waits for the client's delayed ACK of the first (40 ms a request on loopback)
+        disable_nagle_algorithm = True
 
         head_interval: float | None = None  # set: the next head goes one byte at a time
 

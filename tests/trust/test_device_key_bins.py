@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from tuf.api.metadata import Metadata, MetaFile, Snapshot, TargetFile, Targets, 
 from epfleet.cli.app import main
 from epfleet.device.policy import SyncPolicy
 from epfleet.device.session import sync
-from epfleet.errors import Unverified
+from epfleet.errors import TrustLost, Unverified
 from epfleet.fleet.evidence.enrolment import (
     enroll,
     enrolled_keys,
@@ -31,13 +32,21 @@ from epfleet.fleet.evidence.enrolment import (
     local_key_bins,
     revoke,
 )
+from epfleet.fleet.evidence.enrolment import public_key_file as read_public_key
 from epfleet.fleet.evidence.fleet_reports import index_pass
 from epfleet.fleet.publishing.publish import read_in_force, read_manifest, update_manifest
 from epfleet.fleet.rollout.rollouts import read_evidence
 from epfleet.formats.device_report import encode_report, report_key
 from epfleet.formats.manifest import Manifest, RevokedKey, utcnow
+from epfleet.settings import settings
 from epfleet.stores import Store
-from epfleet.trust.device_keys import DeviceRecord, new_keys_index, record_target
+from epfleet.trust.device_keys import (
+    DeviceRecord,
+    KeyClaim,
+    key_bins_changed,
+    new_keys_index,
+    record_target,
+)
 from epfleet.trust.keys import (
     generate_online_file,
     load_offline,
@@ -46,10 +55,17 @@ from epfleet.trust.keys import (
     public_key_of,
     read_private_key,
 )
-from epfleet.trust.layout import KEYS_INDEX_KEY, TIMESTAMP_KEY, metadata_key
+from epfleet.trust.layout import KEYS_INDEX_KEY, METADATA_KEYS, TIMESTAMP_KEY, metadata_key
+from epfleet.trust.pins import RECORDS_DIR
 from epfleet.trust.repository import development_root, rotate_online_key
 from epfleet.trust.signers import signer_for
-from epfleet.trust.signing import SERIALIZER, sign_metadata, write_versioned
+from epfleet.trust.signing import (
+    SERIALIZER,
+    Changes,
+    publish_signed,
+    sign_metadata,
+    write_versioned,
+)
 from epfleet.trust.state import clear_cache
 from tests.support.signed_store import signed_store, stage
 from tests.support.staged_rollout import MEMBERS, POLICY, ROLLOUT, report
@@ -71,9 +87,32 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def new_machine() -> None:
-    """What a reader on another machine starts with: nothing verified, in memory or kept."""
+    """What a reader or publisher on another machine starts with: nothing verified, in
+    memory or kept."""
     clear_cache()
     shutil.rmtree(local_key_bins(), ignore_errors=True)
+    for mark in (settings().cache / RECORDS_DIR).glob("*.keys-index.json"):
+        mark.unlink()
+
+
+def keys_files(store: Store) -> dict[str, bytes]:
+    """The keys index and every key bin file in the store, by key."""
+    found = {}
+    for key in store.list_keys(METADATA_KEYS):
+        if key == KEYS_INDEX_KEY or ".keys-" in key:
+            read = store.read(key)
+            assert read is not None
+            found[key] = read.data
+    return found
+
+
+def put_back(store: Store, files: dict[str, bytes]) -> None:
+    """What a store writer without the keys can do: the keys index and key bins as they
+    were (``files``), the key bin files signed since deleted."""
+    for key in set(keys_files(store)) - set(files):
+        store.delete(key)
+    for key, data in files.items():
+        store.write(key, data)
 
 
 def snapshot_versions(store: Store) -> dict[str, int]:
@@ -293,6 +332,78 @@ def test_a_manifest_that_carries_keys_is_read_until_they_are_moved(
     assert "nothing to move" in capsys.readouterr().out
 
 
+def test_a_publisher_refuses_to_sign_over_a_keys_index_put_back(
+    store: Store,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    devices = [f"dev-{i:03d}" for i in range(6)]
+    public = {d: public_key_file(tmp_path / "public", d) for d in devices}
+    enroll(store, devices[0], public_key=public[devices[0]])
+    enroll(store, devices[1], public_key=public[devices[1]])
+    older = keys_files(store)
+    older_version = keys_in_force(store).book.index.signed.version  # type: ignore[union-attr]
+    revoke(store, devices[0])
+    enroll(store, devices[2], public_key=public[devices[2]])
+    newest = keys_in_force(store).book.index.signed.version  # type: ignore[union-attr]
+
+    put_back(store, older)  # the revocation of dev-000 gone
+    clear_cache()  # a new process on the publishing host
+    rolled_back = keys_files(store)
+    for attempt in (
+        lambda: enroll(store, devices[3], public_key=public[devices[3]]),
+        lambda: revoke(store, devices[1]),
+    ):
+        with pytest.raises(
+            TrustLost, match=f"is version {older_version}, older than version {newest}"
+        ):
+            attempt()
+        assert keys_files(store) == rolled_back  # nothing written
+    code = main(
+        [
+            "device",
+            "enroll",
+            devices[3],
+            "--store",
+            store.uri,
+            "--public-key",
+            str(public[devices[3]]),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and f"older than version {newest}" in err and "nothing was signed" in err
+    assert keys_files(store) == rolled_back
+
+    polled = what_devices_poll(store)
+    assert main(["trust", "refresh", "--store", store.uri]) == 0  # the rest is signed
+    assert what_devices_poll(store) != polled and keys_files(store) == rolled_back
+    assert f"older than version {newest}" in caplog.text
+
+    store.delete(KEYS_INDEX_KEY)  # the index deleted: every key would be lost
+    clear_cache()
+    with pytest.raises(TrustLost, match=f"is missing, but version {newest}"):
+        enroll(store, devices[3], public_key=public[devices[3]])
+    assert store.size(KEYS_INDEX_KEY) is None
+    put_back(store, older)
+
+    # a fresh publisher (another host, no mark) cannot tell: it signs over the rollback
+    # until its index's version passes the newest; the publisher that knew the newest
+    # then refuses by the key bins it saw signed later than the laundered index lists them
+    mark = next((settings().cache / RECORDS_DIR).glob("*.keys-index.json"))
+    kept = mark.read_bytes()
+    new_machine()
+    for device in devices[3:]:
+        enroll(store, device, public_key=public[device])
+    laundered = keys_in_force(store).book.index.signed
+    assert laundered is not None and laundered.version >= newest
+    assert "dev-000" in keys_in_force(store)  # its revocation lost
+    mark.write_bytes(kept)
+    clear_cache()
+    with pytest.raises(TrustLost, match="another publisher signed it over an older keys index"):
+        revoke(store, devices[1])
+
+
 def test_a_device_sync_reads_no_key_bin(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -452,7 +563,7 @@ def previous_layout(store: Store) -> None:
 
 @pytest.mark.parametrize("moved_by", ["enrolment", "migrate-keys"])
 def test_a_store_whose_snapshot_lists_the_key_bins_is_read_until_they_move(
-    store: Store, tmp_path: Path, moved_by: str
+    store: Store, tmp_path: Path, moved_by: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     enroll(store, "dev-000", keys_dir=tmp_path / "keys")
     enroll(store, "dev-001", keys_dir=tmp_path / "keys")
@@ -462,10 +573,14 @@ def test_a_store_whose_snapshot_lists_the_key_bins_is_read_until_they_move(
     root = trust_root(store, tmp_path)
     sync(store.uri, tmp_path / "device", SyncPolicy(), "dev-000", trust_root=root)
 
+    listed = len(keys_in_force(store).book.listing())
     if moved_by == "enrolment":
         enroll(store, "dev-002", keys_dir=tmp_path / "keys")
     else:
         assert main(["device", "migrate-keys", "--store", store.uri]) == 0
+        out = capsys.readouterr().out
+        assert f"moved the listing of {listed} key bins from the snapshot" in out, out
+        assert "nothing to move" not in out
     assert store.size(KEYS_INDEX_KEY) is not None
     assert not [n for n in snapshot_versions(store) if n.startswith("keys-")]
     new_machine()
@@ -475,3 +590,131 @@ def test_a_store_whose_snapshot_lists_the_key_bins_is_read_until_they_move(
     polled = what_devices_poll(store)
     revoke(store, "dev-001")
     assert what_devices_poll(store) == polled
+
+
+def test_a_batch_enrolment_signs_each_key_bin_once(
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder = tmp_path / "batch"
+    (folder / "public").mkdir(parents=True)
+    given = [f"dev-{i:03d}" for i in range(30)]
+    made_here = [f"dev-{i:03d}" for i in range(30, 40)]
+    lines = ["# new devices, week 49", ""]
+    lines += [f"{d} public/{public_key_file(folder / 'public', d).name}" for d in given]
+    lines += [f"{d}  # its key made here" for d in made_here]
+    batch = folder / "devices.txt"
+    batch.write_text("\n".join(lines) + "\n")
+    polled = what_devices_poll(store)
+    written: list[str] = []
+    kind = type(store)
+    plain_write = kind.write
+
+    def writing(self: Store, key: str, *args: object, **kwargs: object) -> object:
+        written.append(key)
+        return plain_write(self, key, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kind, "write", writing)
+    keys = tmp_path / "device-keys"
+    args = ["device", "enroll", "--from", str(batch), "--store", store.uri, "--keys", str(keys)]
+    assert main(["device", "enroll", "--store", store.uri, "--keys", str(tmp_path / "k")]) == 2
+    assert "give a DEVICE id, or --from FILE" in capsys.readouterr().err
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    signed_bins = [k for k in written if ".keys-" in k]
+    assert written.count(KEYS_INDEX_KEY) == 1
+    assert len(signed_bins) == len(set(signed_bins))  # each key bin signed once
+    assert f"enrolled 40 devices in {store.uri} in one signed publish" in out
+    assert f"({len(signed_bins)} key bins and the keys index signed)" in out
+    assert sorted(written) == sorted([*signed_bins, KEYS_INDEX_KEY])  # nothing else
+    assert what_devices_poll(store) == polled
+    new_machine()
+    assert sorted(keys_in_force(store)) == given + made_here
+    assert sorted(p.stem for p in keys.glob("*.pem")) == made_here
+    revoke(store, given[0])
+
+    # one bad line refuses the whole batch, by name, before anything is written
+    twin = public_key_file(folder / "public", "dev-twin")
+    (folder / "public" / "not-a-key.pem").write_text("not a key")
+    cases = {
+        "Bad_Id": (3, "device id 'Bad_Id'"),
+        "dev-100\ndev-100": (4, "is given already on"),
+        "dev-100 public/missing.pem": (3, "not a readable PEM public key"),
+        "dev-100 public/not-a-key.pem": (3, "not a readable PEM public key"),
+        f"dev-100 public/{twin.name}\ndev-101 public/{twin.name}": (4, "is the key of 'dev-100'"),
+        "dev-100 a b": (3, "has 3 fields"),
+        f"{given[1]}": (3, f"device {given[1]!r} is enrolled already"),
+        f"dev-100 public/{given[2]}.pub.pem": (3, f"is enrolled for device {given[2]!r}"),
+        f"{given[0]} public/{given[0]}.pub.pem": (3, "was revoked on"),
+    }
+    before = keys_files(store)
+    more_keys = tmp_path / "more-keys"
+    again = [
+        "device",
+        "enroll",
+        "--from",
+        str(batch),
+        "--store",
+        store.uri,
+        "--keys",
+        str(more_keys),
+    ]
+    for bad, (line, why) in cases.items():
+        batch.write_text(f"dev-200\ndev-201\n{bad}\ndev-202\n")
+        written.clear()
+        assert main(again) == 2, bad
+        err = capsys.readouterr().err
+        assert f"{batch}:{line}" in err and why in err, (bad, err)
+        assert written == [] and keys_files(store) == before, bad
+        assert not list(more_keys.glob("*.pem")), bad
+
+
+def test_an_expired_keys_index_or_key_bin_is_refused_until_a_refresh(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    public = {d: public_key_file(tmp_path / "public", d) for d in ("dev-a", "dev-b", "dev-c")}
+    enroll(store, "dev-a", public_key=public["dev-a"])
+    late = key_entry(read_public_key(public["dev-b"]))
+    signer = signer_for(store)
+    assert signer is not None
+    year_and_more_ago = utcnow() - timedelta(days=400)  # signed then: expired 35 days ago
+    records: list[DeviceRecord | KeyClaim] = [
+        DeviceRecord(device="dev-b", key=late),
+        KeyClaim(keyid=late.keyid, device="dev-b"),
+    ]
+    publish_signed(
+        store,
+        signer,
+        year_and_more_ago,
+        Changes(keys=lambda book: key_bins_changed(book, records)),
+    )
+    new_machine()
+    with pytest.raises(Unverified, match=r"keys-index.json expired on .*epfleet trust refresh"):
+        enrolled_keys(store, ["dev-a"])
+    assert main(["device", "list", "--store", store.uri]) == 1
+    assert "sign it again (and the key bins near expiry) with epfleet trust refresh" in (
+        capsys.readouterr().err
+    )
+
+    enroll(store, "dev-c", public_key=public["dev-c"])  # signs the keys index again
+    b_bin, b_version = key_bin_of(store, "dev-b")
+    assert b_bin not in {key_bin_of(store, "dev-c")[0], key_bin_of(store, "dev-a")[0]}
+    new_machine()
+    assert list(enrolled_keys(store, ["dev-a", "dev-c"])) == ["dev-a", "dev-c"]
+    expired = f"the signed key bin {b_bin} \\(version {b_version}\\) expired on"
+    with pytest.raises(Unverified, match=expired):
+        enrolled_keys(store, ["dev-b"])
+    assert main(["trust", "status", "--store", store.uri]) == 0
+    status = capsys.readouterr().out
+    first_to_expire = f"version 1      expires {year_and_more_ago + timedelta(days=365):%Y-%m-%d}"
+    assert "keys index " in status and "key bins (first to expire: keys-" in status
+    assert first_to_expire in status, status
+
+    assert main(["trust", "refresh", "--store", store.uri]) == 0
+    assert b_bin in capsys.readouterr().out
+    new_machine()
+    assert sorted(enrolled_keys(store, ["dev-a", "dev-b", "dev-c"])) == ["dev-a", "dev-b", "dev-c"]
+    assert main(["trust", "refresh", "--store", store.uri]) == 0
+    assert b_bin not in capsys.readouterr().out  # fresh now: not signed again

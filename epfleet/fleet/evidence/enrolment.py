@@ -4,7 +4,8 @@ so that only a holder of the store's online key can enrol or revoke a device, th
 gate reads them from the same signed state as the rollouts it judges, and a device's sync
 downloads none of them.
 
-``enroll`` adds a device's key in one signed publish (refused for a store without trust
+``enroll`` adds a device's key in one signed publish, ``enroll_batch`` the devices of a
+batch file (``read_batch``) in one, or none of them (both refused for a store without trust
 metadata: unsigned keys would let anyone who can write the store enrol a key); ``revoke``
 removes it and records it as revoked in the device's record. ``keys_in_force`` and
 ``enrolled_keys`` are how readers look keys up, a device's bin at a time. One key belongs
@@ -92,11 +93,7 @@ def enroll(
     ``keys_dir/<device>.pem``; or the public key in ``public_key``) published in the signed
     manifest. ``force`` also writes ``keys_dir`` in a git work tree, and enrols a revoked
     key again. BadInputError for a key enrolled for another device, or revoked."""
-    if not signed_store(store):
-        raise BadInputError(
-            f"{store.uri} has no trust metadata: authenticated reports need a signed store "
-            "(epfleet trust init), or anyone who can write it could enrol a key"
-        )
+    _check_signed(store)
     if not re.fullmatch(NAME_PATTERN, device):
         raise BadInputError(
             f"device id {device!r}: lower-case letters, digits, '.', '_' and '-', starting "
@@ -120,33 +117,9 @@ def enroll(
 
     def add(book: KeyBook) -> list[DeviceRecord | KeyClaim]:
         revoked_before.clear()
-        record = book.record(device)
-        if record is not None and record.key is not None:
-            raise BadInputError(
-                f"device {device!r} is enrolled already (key {record.key.keyid[:12]}); revoke "
-                "it first to enrol another key"
-            )
-        holder = book.claim(entry.keyid)
-        if holder is not None and holder != device:
-            held = book.record(holder)
-            when = held.revoked.get(entry.keyid) if held is not None else None
-            if when is None:
-                raise BadInputError(
-                    f"key {entry.keyid[:12]} is enrolled for device {holder!r}: one key "
-                    f"belongs to one device; give {device!r} a key of its own"
-                )
-            _check_enrol_again(RevokedKey(device=holder, revoked_at=when), entry, device, force)
-        revoked = record.revoked if record is not None else {}
-        if entry.keyid in revoked:
-            again = RevokedKey(device=device, revoked_at=revoked[entry.keyid])
-            _check_enrol_again(again, entry, device, force)
+        changed, again = enrolment_records(book, device, entry, force)
+        if again is not None:
             revoked_before.append(again)
-        still_revoked = {k: when for k, when in revoked.items() if k != entry.keyid}
-        changed: list[DeviceRecord | KeyClaim] = [
-            DeviceRecord(device=device, key=entry, revoked=still_revoked)
-        ]
-        if holder is None:
-            changed.append(KeyClaim(keyid=entry.keyid, device=device))
         return changed
 
     try:
@@ -156,6 +129,198 @@ def enroll(
             written.unlink(missing_ok=True)  # never enrolled: no key left behind
         raise
     return Enrolled(entry, written, revoked_before[0] if revoked_before else None)
+
+
+def enrolment_records(
+    book: KeyBook, device: str, entry: DeviceKey, force: bool
+) -> tuple[list[DeviceRecord | KeyClaim], RevokedKey | None]:
+    """The records that enrol ``entry`` for ``device`` over the signed key bins ``book``
+    reads, and the revocation ``force`` overrides (if any); BadInputError for a device
+    enrolled already, a key enrolled for another device, or a revoked key (without
+    ``force``, or revoked from another device)."""
+    record = book.record(device)
+    if record is not None and record.key is not None:
+        raise BadInputError(
+            f"device {device!r} is enrolled already (key {record.key.keyid[:12]}); revoke "
+            "it first to enrol another key"
+        )
+    holder = book.claim(entry.keyid)
+    if holder is not None and holder != device:
+        held = book.record(holder)
+        when = held.revoked.get(entry.keyid) if held is not None else None
+        if when is None:
+            raise BadInputError(
+                f"key {entry.keyid[:12]} is enrolled for device {holder!r}: one key "
+                f"belongs to one device; give {device!r} a key of its own"
+            )
+        _check_enrol_again(RevokedKey(device=holder, revoked_at=when), entry, device, force)
+    revoked = record.revoked if record is not None else {}
+    again = None
+    if entry.keyid in revoked:
+        again = RevokedKey(device=device, revoked_at=revoked[entry.keyid])
+        _check_enrol_again(again, entry, device, force)
+    still_revoked = {k: when for k, when in revoked.items() if k != entry.keyid}
+    changed: list[DeviceRecord | KeyClaim] = [
+        DeviceRecord(device=device, key=entry, revoked=still_revoked)
+    ]
+    if holder is None:
+        changed.append(KeyClaim(keyid=entry.keyid, device=device))
+    return changed, again
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One device of a batch file: where it is (``FILE:LINE``), its id, and the public key
+    file given for it (None: a key is made here)."""
+
+    where: str
+    device: str
+    public_key: Path | None
+
+
+def read_batch(path: Path) -> list[BatchLine]:
+    """The devices of a batch file: one a line, ``<device id>`` (a key made here) or
+    ``<device id> <public key PEM file>`` (relative to the file's folder); blank lines and
+    ``#`` comments skipped. BadInputError naming the first bad line (a bad device id, too
+    many fields, a device given twice)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"--from {path}: cannot read it ({exc})") from None
+    lines: list[BatchLine] = []
+    seen: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        where = f"{path}:{number}"
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) > 2:
+            raise BadInputError(
+                f"{where}: {line.strip()!r} has {len(fields)} fields; a line is a device id, "
+                "optionally followed by its public key file"
+            )
+        device = fields[0]
+        _check_device_id(device, where)
+        if device in seen:
+            raise BadInputError(f"{where}: device {device!r} is given already on {seen[device]}")
+        seen[device] = where
+        public = (path.parent / fields[1]) if len(fields) == 2 else None
+        lines.append(BatchLine(where, device, public))
+    if not lines:
+        raise BadInputError(f"--from {path} names no device")
+    return lines
+
+
+@dataclass(frozen=True)
+class BatchEnrolled:
+    enrolled: dict[str, DeviceKey]
+    """Device -> its key, as enrolled."""
+    written: dict[str, Path]
+    """The private key files written, for the keys made here."""
+    revoked_before: dict[str, RevokedKey]
+    """The revocations ``force`` overrode."""
+    key_bins: list[str]
+    """The key bins signed (each once)."""
+
+
+def enroll_batch(
+    store: Store,
+    lines: list[BatchLine],
+    *,
+    keys_dir: Path | None = None,
+    force: bool = False,
+) -> BatchEnrolled:
+    """Enrol every device of ``lines`` (``read_batch``) in one signed publish: each key bin
+    the batch touches signed once, and the keys index once. The whole batch is refused,
+    naming the line, when one device cannot be enrolled (its public key unreadable, a
+    key given twice, the device enrolled already, a key enrolled for another device or
+    revoked), before anything is written, in the store or in ``keys_dir``."""
+    _check_signed(store)
+    made_here = [line for line in lines if line.public_key is None]
+    if made_here and keys_dir is None:
+        raise BadInputError(
+            f"{made_here[0].where}: device {made_here[0].device!r} has no public key file: "
+            "give --keys DIR for the keys made here, or a public key file on the line"
+        )
+    if keys_dir is not None and made_here:
+        check_keys_location(keys_dir, force=force)
+    signers = {}
+    entries: dict[str, DeviceKey] = {}
+    by_key: dict[str, BatchLine] = {}
+    for line in lines:
+        if line.public_key is not None:
+            try:
+                public = public_key_file(line.public_key)
+            except BadInputError as exc:
+                raise BadInputError(f"{line.where}: {exc}") from None
+        else:
+            assert keys_dir is not None
+            if (keys_dir / f"{line.device}.pem").exists():
+                raise BadInputError(
+                    f"{line.where}: {keys_dir / f'{line.device}.pem'} already exists; not "
+                    "overwriting a private key"
+                )
+            signers[line.device] = signer = new_key()
+            assert isinstance(signer.public_key, SSlibKey)
+            public = signer.public_key
+        entry = key_entry(public)
+        if entry.keyid in by_key:
+            raise BadInputError(
+                f"{line.where}: the key of {line.device!r} is the key of "
+                f"{by_key[entry.keyid].device!r} on {by_key[entry.keyid].where}: one key "
+                "belongs to one device"
+            )
+        by_key[entry.keyid] = line
+        entries[line.device] = entry
+    revoked_before: dict[str, RevokedKey] = {}
+
+    def add(book: KeyBook) -> list[DeviceRecord | KeyClaim]:
+        revoked_before.clear()
+        book.prefetch(entries)
+        changed: list[DeviceRecord | KeyClaim] = []
+        for line in lines:
+            try:
+                records, again = enrolment_records(book, line.device, entries[line.device], force)
+            except BadInputError as exc:
+                raise BadInputError(f"{line.where}: {exc}; nothing enrolled") from None
+            changed += records
+            if again is not None:
+                revoked_before[line.device] = again
+        return changed
+
+    in_force = read_in_force(store)  # read as the publish reads it: expired or not
+    add(
+        KeyBook(store, in_force.state, in_force.manifest, renewing=True)
+    )  # before any key is written
+    written: dict[str, Path] = {}
+    try:
+        for device, signer in signers.items():
+            assert keys_dir is not None
+            written[device] = keys_dir / f"{device}.pem"
+            write_private_key(written[device], signer)
+        done = publish_keys(store, add)
+    except BaseException:
+        for path in written.values():
+            path.unlink(missing_ok=True)  # never enrolled: no key left behind
+        raise
+    key_bins = [name for name in done.bins if name.startswith("keys-")]
+    return BatchEnrolled(entries, written, dict(revoked_before), key_bins)
+
+
+def _check_device_id(device: str, where: str = "device id") -> None:
+    if not re.fullmatch(NAME_PATTERN, device):
+        raise BadInputError(
+            f"{where}: device id {device!r}: lower-case letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit (as EPFLEET_DEVICE_ID)"
+        )
+
+
+def _check_signed(store: Store) -> None:
+    if not signed_store(store):
+        raise BadInputError(
+            f"{store.uri} has no trust metadata: authenticated reports need a signed store "
+            "(epfleet trust init), or anyone who can write it could enrol a key"
+        )
 
 
 def _check_enrol_again(revoked: RevokedKey, entry: DeviceKey, device: str, force: bool) -> None:
@@ -192,19 +357,32 @@ def revoke(store: Store, device: str) -> DeviceKey:
     return removed[0]
 
 
-def migrate_keys(store: Store) -> int:
+@dataclass(frozen=True)
+class Migrated:
+    """What ``migrate_keys`` moved."""
+
+    devices: int
+    """Devices whose keys moved from the signed manifest into the key bins."""
+    listed_bins: int
+    """Key bins whose listing moved from the snapshot into the keys index."""
+
+
+def migrate_keys(store: Store) -> Migrated:
     """Move the keys a store's signed manifest still carries (``device_keys``,
     ``revoked_device_keys``, written before the keys had bins of their own) into the key
-    bins, in one signed publish that drops them from the manifest; the number of devices
-    moved (0: nothing to move, nothing signed)."""
-    moved: list[int] = []
+    bins, and the listing of the key bins a store's snapshot still carries (written before
+    the keys index) into the keys index, in one signed publish that drops them from the
+    manifest and the snapshot (nothing to move: nothing signed)."""
+    moved: list[Migrated] = []
 
     def nothing_else(book: KeyBook) -> list[DeviceRecord | KeyClaim]:
-        moved[:] = [len(set(book.legacy_keys) | {r.device for r in book.legacy_revoked.values()})]
+        devices = set(book.legacy_keys) | {r.device for r in book.legacy_revoked.values()}
+        listed = len(book.listing()) if book.index.signed is None else 0
+        moved[:] = [Migrated(len(devices), listed)]
         return []
 
     publish_keys(store, nothing_else)
-    return moved[0] if moved else 0
+    return moved[0] if moved else Migrated(0, 0)
 
 
 def publish_keys(
@@ -214,11 +392,7 @@ def publish_keys(
     then snapshot and timestamp, by compare-and-swap: ``edit`` runs again on the newer
     state after a lost race), moving any keys the manifest still carries into the bins in
     the same publish."""
-    if not signed_store(store):
-        raise BadInputError(
-            f"{store.uri} has no trust metadata: authenticated reports need a signed store "
-            "(epfleet trust init), or anyone who can write it could enrol a key"
-        )
+    _check_signed(store)
     signer = signer_for(store)
     assert signer is not None  # a signed store has a signer, or signer_for raised
     done = publish_signed(

@@ -42,6 +42,7 @@ THROTTLING_CODES = frozenset(
         "ServiceUnavailable",
     }
 )
+CLOCK_CODES = frozenset({"RequestTimeTooSkewed"})
 MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 CREDENTIAL_CODES = frozenset(
     {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
@@ -69,6 +70,15 @@ def missing_bucket(store_uri: str, bucket: str, endpoint: str | None) -> StoreMi
     return StoreMissing(
         f"store {store_uri}: bucket {bucket!r} does not exist{at}; check the store URI and "
         "AWS_ENDPOINT_URL"
+    )
+
+
+def clock_skewed(action: str, where: str, code: str) -> StoreError:
+    """The error for a request S3 refused because this machine's clock is off: its
+    signature's time is more than 15 minutes from S3's."""
+    return StoreError(
+        f"{action} {where}: S3 refused the request's time ({code}): this machine's clock "
+        "is more than 15 minutes off; correct it (NTP) and retry"
     )
 
 
@@ -125,6 +135,8 @@ def raise_store_error(
                 f"{action} {where}: no such object (check the key and that "
                 f"bucket {bucket!r} exists)"
             ) from exc
+        if code in CLOCK_CODES:
+            raise clock_skewed(action, where, code) from exc
         if code in CREDENTIAL_CODES:
             raise StoreError(
                 f"{action} {where}: access denied ({code}); check credentials, "
