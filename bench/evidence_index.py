@@ -1,13 +1,18 @@
 """What the fleet-side readers of device reports cost with the evidence index, against a full
-read of every report (what they did before it), on a local store and on S3.
+read of every report (what they did before it), on a local store and on S3, at several
+fleet sizes, and what those sizes say of a million devices.
 
-    python bench/evidence_index.py [--reports 10000] [--new 0.05] [--stores local,s3]
+    python bench/evidence_index.py [--reports 10000,30000,100000] [--s3-reports 10000,30000]
+        [--new 0.05] [--stores local,s3] [--save FILE] [--quick]
+    python bench/evidence_index.py --load FILE [--load FILE ...]   # the tables and fit again
 
-N reports in the format devices upload (gzip JSON, 3 models each, a staged rollout of one
-of them: members and non-members, a few failures) in a store whose manifest stages that
-rollout. Each reader runs in a child process of its own (fork), so that its CPU (user +
-system) and its peak memory (the child's peak resident set, VmHWM, above its resident set
-when the pass started) are its own: the rollout gate (``read_evidence``, what ``epfleet
+N reports in the format devices upload (gzip JSON, on S3 with ``Content-Encoding: gzip``,
+3 models each, a staged rollout of one of them: members and non-members, a few failures)
+in a store whose manifest stages that rollout, uploaded over the store's own client by
+several processes at once (on S3 straight to moto, not through the counting proxy).
+Each reader runs in a child process of its own (fork), so that its CPU (user + system)
+and its peak memory (the child's peak resident set, VmHWM, above its resident set when
+the pass started) are its own: the rollout gate (``read_evidence``, what ``epfleet
 rollout status`` and the gate flow read), the field view (``epfleet manifest show
 --field`` reads the same pass), and runtime-watch's reading (``stream_device_reports``
 through ``find_unserved``). Requests are counted where they happen: on S3 by
@@ -15,21 +20,29 @@ tests/support/s3proxy.py between the client and moto (in a process of its own, o
 loopback), on a local store by a counting wrapper (a LIST is one listing of a folder, a
 GET one read, a PUT one write).
 
-Rows: on S3, a report read through botocore's ``get_object`` and through ``bulk_read``
-side by side; a full read (the readers before the index), listing the reports alone, the
-gate's first pass (the index built: a full listing) and the other two readers' (sharing
-it: EPFLEET_EVIDENCE_FRESH_SECONDS); each reader's pass after ``--new`` of the reports
-were uploaded as devices of this release upload them (the report and its notice in the
-inbox; a fresh share for each reader, so that each one folds its own, none sharing);
-the gate's pass after another share and the two readers sharing it; a full listing after
-another share (what every EPFLEET_EVIDENCE_FULL_LISTING_EVERY-th pass does); the gate's
-pass with nothing new. The 1M hour (``hour``): one pass folds the new share, two share
-it, a full listing's extra cost divided over the passes between.
+Rows, at each N: on S3, a report read through botocore's ``get_object`` and through
+``bulk_read`` side by side; a full read (the readers before the index), listing the
+reports alone, the gate's first pass (the index built: a full listing) and the other two
+readers' (sharing it: EPFLEET_EVIDENCE_FRESH_SECONDS); each reader's pass after ``--new``
+of the reports were uploaded as devices of this release upload them (the report and its
+notice in the inbox; a fresh share for each reader, so that each one folds its own, none
+sharing); the gate's pass after another share and the two readers sharing it; a full
+listing after another share (what every EPFLEET_EVIDENCE_FULL_LISTING_EVERY-th pass
+does); the gate's pass after four shares at once; the gate's pass with nothing new.
+
+Then, over the sizes measured, each kind of pass's requests and CPU fitted as fixed + per
+device (N) + per new report folded (R) (``epfleet.fleet.pass_cost_rules``), and the hour
+at 1M devices with ``--new`` of them reporting in it composed from those terms: for one
+folding pass, two sharing it and a full listing's extra every
+EPFLEET_EVIDENCE_FULL_LISTING_EVERY passes, and for deployments/prefect.yaml's schedules.
+``--quick`` is a smoke run (N = 500 and 1,500: too few devices to fill the 256 shards, so
+its fit warns).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -282,7 +295,7 @@ def runtime_watch_restoring(store: Any) -> int:
 
 
 def in_child(
-    call: Callable[[Any], int], open_: Callable[[], Any], env: dict[str, str]
+    call: Callable[[Any], Any], open_: Callable[[], Any], env: dict[str, str]
 ) -> dict[str, Any]:
     """``call`` on a store from ``open_``, in a forked child with ``env`` set: its CPU,
     peak RSS over the parent's, wall, and (local) the requests counted."""
@@ -294,11 +307,14 @@ def in_child(
         store = open_()
         base_rss = memory_kib("VmRSS")
         start_cpu, start = time.process_time(), time.perf_counter()
-        call(store)
+        answer = call(store)
         cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
         peak = memory_kib("VmHWM")  # the child's peak resident set since the fork
         counts = store.counts if isinstance(store, CountingStore) else {}
-        send.send({"cpu": cpu, "wall": wall, "peak_mib": (peak - base_rss) / 1024, **counts})
+        extra = answer if isinstance(answer, dict) else {}
+        send.send(
+            {"cpu": cpu, "wall": wall, "peak_mib": (peak - base_rss) / 1024, **counts, **extra}
+        )
 
     process = context.Process(target=child)
     process.start()
@@ -316,60 +332,112 @@ def memory_kib(field: str) -> int:
 
 
 def write_reports(
-    store: Any, ids: list[int], now: datetime, round_: int, notices: bool = False
+    open_: Callable[[], Any],
+    ids: list[int],
+    now: datetime,
+    round_: int,
+    notices: bool = False,
+    label: str = "",
 ) -> None:
-    """The reports of devices ``ids``; with ``notices``, each with its notice in the inbox,
-    as devices of this release upload (the first reports' notices are gone: the lifecycle
-    removes old partitions)."""
+    """The reports of devices ``ids`` as devices upload them (gzip JSON, on S3 with
+    ``Content-Encoding: gzip``); with ``notices``, each with its notice in the inbox, as
+    devices of this release upload (the first reports' notices are gone: the lifecycle
+    removes old partitions). Uploaded by ``UPLOADERS`` processes of ``UPLOAD_THREADS``
+    threads each, every one with a store from ``open_`` (real requests, concurrent as a
+    fleet's are), printing progress."""
+    chunks = [
+        (ids[i : i + UPLOAD_CHUNK], now, round_, notices) for i in range(0, len(ids), UPLOAD_CHUNK)
+    ]
+    started, done, shown = time.perf_counter(), 0, 0.0
+    context = get_context("fork")
+    with context.Pool(UPLOADERS, initializer=_open_uploader, initargs=(open_,)) as pool:
+        for written in pool.imap_unordered(_upload_chunk, chunks):
+            done += written
+            elapsed = time.perf_counter() - started
+            if elapsed - shown >= 15 or done == len(ids):
+                shown = elapsed
+                print(
+                    f"    {label}: {done:,} of {len(ids):,} reports uploaded, "
+                    f"{elapsed:.0f} s ({done / max(elapsed, 1e-9):,.0f} a second)",
+                    flush=True,
+                )
+
+
+UPLOADERS = 3
+UPLOAD_THREADS = 8
+UPLOAD_CHUNK = 500
+_uploader: Any = None
+
+
+def _open_uploader(open_: Callable[[], Any]) -> None:
+    global _uploader
+    _uploader = open_()
+
+
+def _upload_chunk(chunk: tuple[list[int], datetime, int, bool]) -> int:
     from epfleet.formats.device_report import inbox_key, report_key
+
+    ids, now, round_, notices = chunk
 
     def one(i: int) -> None:
         device = f"dev-{i:07d}"
-        store.write(report_key(device), device_report(i, now, round_))
+        body = device_report(i, now, round_)
+        _uploader.write(report_key(device), body, content_encoding="gzip")
         if notices:
-            store.write(inbox_key(device, datetime.now(timezone.utc)), b"")
+            _uploader.write(inbox_key(device, datetime.now(timezone.utc)), b"")
 
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
         list(pool.map(one, ids))
+    return len(ids)
 
 
 @contextmanager
-def s3_store(work: Path) -> Iterator[tuple[Callable[[], Any], FaultProxy]]:
+def s3_store() -> Iterator[tuple[Callable[[], Any], Callable[[], Any], FaultProxy]]:
+    """moto in a process of its own: the readers' store (through the counting proxy) and
+    the uploaders' (straight to moto: the proxy counts the readers' requests only)."""
     import boto3
 
     with moto_in_own_process() as port:
+        direct = os.environ["AWS_ENDPOINT_URL"]
         proxy = FaultProxy(port)
         os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint_url
         boto3.client("s3").create_bucket(Bucket=BUCKET)
         from epfleet.stores import open_store
 
-        yield (lambda: open_store(f"s3://{BUCKET}/fleet")), proxy
+        def uploader() -> Any:
+            os.environ["AWS_ENDPOINT_URL"] = direct  # in the uploading process only
+            return open_store(f"s3://{BUCKET}/fleet")
+
+        yield (lambda: open_store(f"s3://{BUCKET}/fleet")), uploader, proxy
 
 
-def measure(kind: str, args: argparse.Namespace, work: Path) -> list[tuple[str, dict[str, Any]]]:
+SETTLED = 6.0  # seconds: older than the index's settle time (5 s) when a pass starts
+
+
+def measure(kind: str, n: int, new_share: float, work: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every pass of the bench on ``n`` reports in a ``kind`` store of its own."""
     from epfleet.stores import MANIFEST_KEY, open_store
 
     now = datetime.now(timezone.utc)
     rows: list[tuple[str, dict[str, Any]]] = []
+    where = f"{kind}, N = {n:,}"
     with ExitStack() as stack:
         proxy: FaultProxy | None = None
         if kind == "s3":
-            opener, proxy = stack.enter_context(s3_store(work))
+            opener, uploader, proxy = stack.enter_context(s3_store())
         else:
-            directory = work / "store"
+            directory = work / f"store-{n}"
 
             def opener() -> Any:
                 return CountingStore(open_store(str(directory)))
 
+            uploader = opener
         store = opener()
         store.write(MANIFEST_KEY, manifest(now))
-        n = args.reports
-        started = time.perf_counter()
-        write_reports(store, list(range(n)), now, 0)
-        print(f"  {kind}: {n} reports written in {time.perf_counter() - started:.0f} s", flush=True)
-        time.sleep(6)  # older than the index's settle time when the first pass starts
+        write_reports(uploader, list(range(n)), now, 0, label=where)
+        time.sleep(SETTLED)
 
-        def run(label: str, call: Callable[[Any], int], **env: str) -> None:
+        def run(label: str, call: Callable[[Any], int], new: int, **env: str) -> None:
             mark = len(proxy.log) if proxy is not None else 0
             result = in_child(call, opener, env)
             if proxy is not None:
@@ -377,48 +445,67 @@ def measure(kind: str, args: argparse.Namespace, work: Path) -> list[tuple[str, 
                     listing = seen.method == "GET" and seen.path.rstrip("/") == f"/{BUCKET}"
                     method = "LIST" if listing else seen.method
                     result[method] = result.get(method, 0) + 1
+            result["new"] = new
             rows.append((label, result))
-            print(f"  {kind}: {label}: {fmt(result)}", flush=True)
+            print(f"  {where}: {label}: {fmt(result)}", flush=True)
 
         if kind == "s3":
             rows.append(("reads", in_child(reads_side_by_side(n), opener, {})))
-            print(f"  {kind}: reads: {rows[-1][1]}", flush=True)
-        run("full read (before)", full)
-        run("listing the reports alone", listing)
+        run(FULL_READ, full, n)
+        run("listing the reports alone", listing, 0)
         now_fresh = {"EPFLEET_EVIDENCE_FRESH_SECONDS": "0"}
         shared = {"EPFLEET_EVIDENCE_FRESH_SECONDS": "3600"}
-        run("gate: pass 1 (builds the index)", gate, **now_fresh)
-        run("field view: pass 1 (shares it)", field_view, **shared)
-        run("runtime-watch: pass 1 (shares it)", runtime_watch, **shared)
-        new = max(1, int(n * args.new))
+        run(FIRST_PASS, gate, n, **now_fresh)
+        run("field view: pass 1 (shares it)", field_view, 0, **shared)
+        run("runtime-watch: pass 1 (shares it)", runtime_watch, 0, **shared)
+        new = max(1, int(n * new_share))
+        percent = f"{new_share:.0%} new"
         readers = [("gate", gate), ("field view", field_view), ("runtime-watch", runtime_watch)]
         for round_, (name, call) in enumerate(readers, start=1):
             ids = list(range((round_ - 1) * new, round_ * new))
-            write_reports(store, [i % n for i in ids], now, round_, notices=True)
-            time.sleep(6)  # the new reports settled: what is read is the new share only
-            run(f"{name}: pass 2 ({args.new:.0%} new)", call, **now_fresh)
-        write_reports(store, list(range(3 * new, 4 * new)), now, 4, notices=True)
-        time.sleep(6)
-        run(f"gate: pass 3 ({args.new:.0%} new)", gate, **now_fresh)
-        run("field view: pass 3 (shares it)", field_view, **shared)
-        run("runtime-watch: pass 3 (shares it)", runtime_watch, **shared)
-        write_reports(store, list(range(4 * new, 5 * new)), now, 5, notices=True)
-        time.sleep(6)
+            write_reports(uploader, [i % n for i in ids], now, round_, notices=True, label=where)
+            time.sleep(SETTLED)  # the new reports settled: what is read is the new share only
+            run(f"{name}: pass 2 ({percent})", call, new, **now_fresh)
+        write_reports(uploader, [i % n for i in range(3 * new, 4 * new)], now, 4, True, where)
+        time.sleep(SETTLED)
+        run(f"gate: pass 3 ({percent})", gate, new, **now_fresh)
+        run(SHARING_FIELD_VIEW, field_view, 0, **shared)
+        run(SHARING_RUNTIME_WATCH, runtime_watch, 0, **shared)
+        write_reports(uploader, [i % n for i in range(4 * new, 5 * new)], now, 5, True, where)
+        time.sleep(SETTLED)
         every = {"EPFLEET_EVIDENCE_FULL_LISTING_EVERY": "1", **now_fresh}
-        run(f"gate: full listing ({args.new:.0%} new)", gate, **every)
-        run("gate: nothing new", gate, **now_fresh)
-        run("gate restoring records: nothing new (before)", gate_restoring, **now_fresh)
-        run("runtime-watch: nothing new", runtime_watch, **now_fresh)
-        run("runtime-watch restoring: nothing new (before)", runtime_watch_restoring, **now_fresh)
-        run("index update alone: nothing new", index_only, **now_fresh)
+        run(f"gate: full listing ({percent})", gate, new, **every)
+        more = 4 * new  # a second share, so that the fit tells what grows with N from R
+        write_reports(
+            uploader, [i % n for i in range(5 * new, 5 * new + more)], now, 6, True, where
+        )
+        time.sleep(SETTLED)
+        run(f"gate: pass 4 ({4 * new_share:.0%} new)", gate, more, **now_fresh)
+        run(NOTHING_NEW, gate, 0, **now_fresh)
+        run("gate restoring records: nothing new (before)", gate_restoring, 0, **now_fresh)
+        run("runtime-watch: nothing new", runtime_watch, 0, **now_fresh)
+        run(
+            "runtime-watch restoring: nothing new (before)", runtime_watch_restoring, 0, **now_fresh
+        )
+        run("index update alone: nothing new", index_only, 0, **now_fresh)
     return rows
 
 
-def reads_side_by_side(n: int) -> Callable[[Any], int]:
+FULL_READ = "full read (before)"
+FIRST_PASS = "gate: pass 1 (builds the index)"
+NOTHING_NEW = "gate: nothing new"
+SHARING_FIELD_VIEW = "field view: pass 3 (shares the gate's)"
+SHARING_RUNTIME_WATCH = "runtime-watch: pass 3 (shares it)"
+MEASURES = ("GET", "LIST", "PUT", "cpu")
+SHARED_READ = "gate or field view, sharing a pass"  # both answer read_evidence's aggregates
+SHARED_WATCH = "runtime-watch, sharing a pass"
+
+
+def reads_side_by_side(n: int) -> Callable[[Any], dict[str, float]]:
     """The CPU of reading reports with botocore's get_object (``read``) and with
     ``bulk_read``, in turns of 100 reports, 1,000 of each (or N)."""
 
-    def measure(store: Any) -> int:
+    def measure(store: Any) -> dict[str, float]:
         from epfleet.formats.device_report import report_key
 
         keys = [report_key(f"dev-{i:07d}") for i in range(min(n, 1000))]
@@ -437,7 +524,7 @@ def reads_side_by_side(n: int) -> Callable[[Any], int]:
             f"({per['bulk_read'] / per['get_object']:.2f} of get_object's)",
             flush=True,
         )
-        return 0
+        return per
 
     return measure
 
@@ -464,109 +551,214 @@ def preload() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reports", type=int, default=10_000)
-    parser.add_argument("--new", type=float, default=0.05)
+    parser.add_argument(
+        "--reports",
+        default="10000,30000,100000",
+        help="the fleet sizes N to measure, comma-separated (two or more to fit the terms)",
+    )
+    parser.add_argument("--new", type=float, default=0.05, help="the share of N new per pass")
     parser.add_argument("--stores", default="local,s3")
+    parser.add_argument(
+        "--s3-reports", help="the fleet sizes for the S3 store, when not --reports's"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: N = 500 and 1,500, both stores"
+    )
+    parser.add_argument("--save", type=Path, help="write the measured passes here (JSON)")
+    parser.add_argument(
+        "--load",
+        type=Path,
+        action="append",
+        default=[],
+        help="no run: the passes saved by --save (repeatable; later files add sizes)",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.reports, args.s3_reports = "500,1500", None
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        os.environ["EPFLEET_CACHE"] = str(work / "cache")
-        os.environ["EPFLEET_ALLOW_UNSIGNED"] = "true"
-        preload()
-        for kind in args.stores.split(","):
-            rows = measure(kind, args, work / kind)
-            table(kind, args, rows)
+    measured: dict[str, dict[int, list[tuple[str, dict[str, Any]]]]] = {}
+    for saved in args.load:
+        for kind, by_size in json.loads(saved.read_text()).items():
+            for size, rows in by_size.items():
+                measured.setdefault(kind, {})[int(size)] = [tuple(row) for row in rows]
+    if not args.load:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            os.environ["EPFLEET_CACHE"] = str(work / "cache")
+            os.environ["EPFLEET_ALLOW_UNSIGNED"] = "true"
+            preload()
+            for kind in args.stores.split(","):
+                sizes = args.s3_reports if kind == "s3" and args.s3_reports else args.reports
+                for n in (int(size) for size in sizes.split(",")):
+                    os.environ["EPFLEET_CACHE"] = str(work / f"cache-{kind}-{n}")
+                    measured.setdefault(kind, {})[n] = measure(kind, n, args.new, work / kind)
+                    table(kind, n, args.new, measured[kind][n])
+                    if args.save:
+                        args.save.write_text(json.dumps(measured, indent=1))
+    for kind, by_size in measured.items():
+        if args.load:
+            for n, rows in sorted(by_size.items()):
+                table(kind, n, args.new, rows)
+        fitted(kind, by_size, args.new)
 
 
-def table(kind: str, args: argparse.Namespace, rows: list[tuple[str, dict[str, Any]]]) -> None:
-    n = args.reports
+def table(kind: str, n: int, new_share: float, rows: list[tuple[str, dict[str, Any]]]) -> None:
     found = dict(rows)
-    first = found["full read (before)"]
-    load = os.getloadavg()[0]
-    print(f"\n{kind} store, N = {n:,} reports, {args.new:.0%} new per pass, load {load:.1f}")
-    print(f"{'pass':38} {'GET':>7} {'LIST':>5} {'PUT':>5} {'CPU s':>7} {'xfull':>6} {'MiB':>5}")
+    first = found[FULL_READ]
+    print(f"\n{kind} store, N = {n:,} reports, {new_share:.0%} new per pass")
+    print(f"{'pass':46} {'GET':>7} {'LIST':>5} {'PUT':>5} {'CPU s':>7} {'xfull':>6} {'MiB':>5}")
     for label, r in rows:
-        if "cpu" not in r:
+        if "cpu" not in r or label == "reads":
             continue
         ratio = r["cpu"] / first["cpu"] if first["cpu"] else 0.0
         print(
-            f"{label:38} {r.get('GET', 0):>7,} {r.get('LIST', 0):>5} {r.get('PUT', 0):>5} "
+            f"{label:46} {r.get('GET', 0):>7,} {r.get('LIST', 0):>5} {r.get('PUT', 0):>5} "
             f"{r['cpu']:>7.2f} {ratio:>6.2f} {r['peak_mib']:>5.0f}"
         )
-    budget = args.new * n + 1000
+    budget = new_share * n + 1000
     folding = [r for label, r in rows if "pass 2" in label]
     worst = max(r.get("GET", 0) for r in folding)
-    print(f"pass 2 GETs at most {worst:,}: target 0.05 N + 1,000 = {budget:,.0f}")
-    built = found["gate: pass 1 (builds the index)"]["cpu"]
+    print(f"pass 2 GETs at most {worst:,}: target {new_share:g} N + 1,000 = {budget:,.0f}")
+    built = found[FIRST_PASS]["cpu"]
     ratios = [r["cpu"] / built for r in folding]
     print(f"pass 2 CPU {min(ratios):.2f}-{max(ratios):.2f} of the gate's first pass: target 0.3")
-    hour(kind, args, rows)
+    if "reads" in found:
+        per = found["reads"]
+        print(
+            f"a report read, client CPU: get_object {per['get_object']:.2f} ms, "
+            f"bulk_read {per['bulk_read']:.2f} ms"
+        )
 
 
-def hour(kind: str, args: argparse.Namespace, rows: list[tuple[str, dict[str, Any]]]) -> None:
-    """The three readers' hour at 1M devices with ``--new`` of them reporting in it: one
-    pass lists the inbox and folds the new reports (the gate's pass 3), the other two
-    readers share it (the field view's and runtime-watch's pass 3), and a full listing
-    every EPFLEET_EVIDENCE_FULL_LISTING_EVERY passes adds, shared over them, what it costs
-    beyond an inbox pass. Each pass's requests that do not depend on N (the shards, the
-    head, the manifest, the empty partitions: the gate's pass with nothing new) are kept
-    as they are, the rest and all CPU scaled linearly in N (an upper bound on CPU)."""
+def passes_of(
+    by_size: dict[int, list[tuple[str, dict[str, Any]]]], pick: Callable[[str], bool]
+) -> list[Any]:
+    from epfleet.fleet.pass_cost_rules import Measured
+
+    return [
+        Measured(
+            n, 0 if label == FULL_READ else int(r["new"]), {m: float(r.get(m, 0)) for m in MEASURES}
+        )
+        for n, rows in sorted(by_size.items())
+        for label, r in rows
+        if pick(label)
+    ]  # the full read reads every report: what it costs is per device
+
+
+def fitted(
+    kind: str, by_size: dict[int, list[tuple[str, dict[str, Any]]]], new_share: float
+) -> None:
+    """The terms fitted over the measured sizes, and the hour they give at 1M devices,
+    for the bench's hour and for the deployments' schedules."""
+    from epfleet.fleet.pass_cost_rules import (
+        FOLDING,
+        FULL_LISTING,
+        Measured,
+        Schedule,
+        fit_pass,
+        hour,
+        totals,
+    )
     from epfleet.settings import settings
 
-    found = dict(rows)
-    new = f"{args.new:.0%} new"
-    scale = 1_000_000 / args.reports
-    every = settings().evidence_full_listing_every
-    idle = found["gate: nothing new"]
-
-    def at_1m(r: dict[str, Any], what: str) -> float:
-        fixed = min(r.get(what, 0), idle.get(what, 0))
-        return (r.get(what, 0) - fixed) * scale + fixed
-
-    folding = found[f"gate: pass 3 ({new})"]
-    sharing = [found["field view: pass 3 (shares it)"], found["runtime-watch: pass 3 (shares it)"]]
-    listing = found[f"gate: full listing ({new})"]
-    passes = [folding, *sharing]
-    extra = {w: (at_1m(listing, w) - at_1m(folding, w)) / every for w in ("GET", "LIST")}
-    cpu_parts = {
-        "the pass that folds": folding["cpu"] * scale,
-        "the two that share it": sum(r["cpu"] for r in sharing) * scale,
-        f"a full listing every {every} passes": (listing["cpu"] - folding["cpu"]) * scale / every,
-    }
-    gets = sum(at_1m(r, "GET") for r in passes) + extra["GET"]
-    lists = sum(at_1m(r, "LIST") for r in passes) + extra["LIST"]
-    cpu = sum(cpu_parts.values())
-    print(
-        f"at 1M devices, {new} in the hour (one pass lists the inbox and folds them, two "
-        f"share it, a full listing every {every} passes): ~{gets:,.0f} GETs, ~{lists:,.0f} "
-        f"LISTs, ~{cpu:,.0f} CPU-s (target 100,000 GETs, 60 CPU-s)"
-    )
-    for part, spent in cpu_parts.items():
-        print(f"  {part:40} ~{spent:>6,.0f} CPU-s")
-    before = found["full read (before)"]
-    print(
-        f"  one full read (before), for scale           ~{at_1m(before, 'GET'):>9,.0f} GETs "
-        f"~{before['cpu'] * scale:>6,.0f} CPU-s"
-    )
-    update = found["index update alone: nothing new"]["cpu"]
-    print("answering from the index once it is up to date (beyond the update's own CPU):")
-    for name, before, after in (
-        ("gate", "gate restoring records: nothing new (before)", "gate: nothing new"),
-        (
-            "runtime-watch",
-            "runtime-watch restoring: nothing new (before)",
-            "runtime-watch: nothing new",
+    folding = passes_of(
+        by_size,
+        lambda label: (
+            label.startswith("gate: pass 2")
+            or label.startswith("gate: pass 3")
+            or label.startswith("gate: pass 4")
         ),
-    ):
-        restoring = found[before]["cpu"] - update
-        merging = found[after]["cpu"] - update
-        ratio = merging / restoring if restoring > 0 else 0.0
-        print(
-            f"  {name}: restoring every record {restoring:.2f} CPU-s, merging the shard "
-            f"aggregates {merging:.2f} CPU-s (x{ratio:.2f}); at 1M ~{restoring * scale:,.0f} "
-            f"vs ~{max(merging, 0) * scale:,.0f} CPU-s a pass"
+    )
+    listing_extra = []
+    for n, rows in sorted(by_size.items()):
+        found = dict(rows)
+        full_listing = next(r for label, r in rows if label.startswith("gate: full listing"))
+        inbox = next(r for label, r in rows if label.startswith("gate: pass 3"))
+        listing_extra.append(
+            Measured(
+                n,
+                0,
+                {m: float(full_listing.get(m, 0) - inbox.get(m, 0)) for m in MEASURES},
+                sizes={m: float(full_listing.get(m, 0)) for m in MEASURES},
+            )
         )
+        del found
+    fits = {
+        FOLDING: fit_pass(folding, MEASURES, f"{kind}: {FOLDING}"),
+        SHARED_READ: fit_pass(
+            passes_of(by_size, lambda label: label == SHARING_FIELD_VIEW),
+            MEASURES,
+            f"{kind}: field view sharing",
+        ),
+        SHARED_WATCH: fit_pass(
+            passes_of(by_size, lambda label: label == SHARING_RUNTIME_WATCH),
+            MEASURES,
+            f"{kind}: runtime-watch sharing",
+        ),
+        FULL_LISTING: fit_pass(listing_extra, MEASURES, f"{kind}: full listing"),
+        "full read (before), for scale": fit_pass(
+            passes_of(by_size, lambda label: label == FULL_READ), MEASURES, f"{kind}: full read"
+        ),
+    }
+    sizes = ", ".join(f"{n:,}" for n in sorted(by_size))
+    print(
+        f"\n{kind} store: each pass's terms fitted over N = {sizes} (least squares; "
+        f"R = the new reports a pass folds)"
+    )
+    print(
+        f"{'kind of pass':42} {'measure':>7} {'fixed':>10} {'per device':>12} "
+        f"{'per new report':>15}"
+    )
+    for what, by_measure in fits.items():
+        for measure, terms in by_measure.items():
+            print(
+                f"{what:42} {measure:>7} {terms.fixed:>10.4g} {terms.per_device:>12.4g} "
+                f"{terms.per_new:>15.4g}"
+            )
+    warnings = [w for by_measure in fits.values() for t in by_measure.values() for w in t.warnings]
+    devices = 1_000_000
+    new = int(devices * new_share)
+    every = settings().evidence_full_listing_every
+    schedules = [
+        Schedule(
+            f"one folding pass, two sharing it, a full listing every {every} passes",
+            folding=1,
+            sharing={SHARED_READ: 1, SHARED_WATCH: 1},
+            full_listing_every=every,
+        ),
+        # deployments/prefect.yaml: the gate hourly and on its trigger (device reports, at
+        # most every 300 s: on a large fleet, every 300 s); a gate run finding a pass less
+        # than EPFLEET_EVIDENCE_FRESH_SECONDS (600) old shares it unless it would advance a
+        # rollout, so every other run folds; runtime-watch hourly shares one; the field
+        # view when someone asks (once here); the full listing every 12 folding passes
+        Schedule(
+            "deployments/prefect.yaml on a large fleet: 12 gate runs (its trigger, every "
+            "300 s), every other one folding (EPFLEET_EVIDENCE_FRESH_SECONDS 600) and the "
+            "rest sharing, runtime-watch hourly and the field view once sharing",
+            folding=6,
+            sharing={SHARED_READ: 6 + 1, SHARED_WATCH: 1},
+            full_listing_every=every,
+        ),
+    ]
+    for schedule in schedules:
+        spent = hour({k: v for k, v in fits.items()}, schedule, devices, new)
+        summed = totals(spent)
+        print(f"\n{kind}: the hour at 1M devices, {new:,} new reports in it: {schedule.name}")
+        print(
+            f"{'':42} {'measure':>7} {'fixed':>10} {'per device':>12} "
+            f"{'per new report':>15} {'total':>10}"
+        )
+        for what, by_measure in [*spent.items(), ("the hour", summed)]:
+            for measure, parts in by_measure.items():
+                print(
+                    f"{what:42} {measure:>7} {parts[0]:>10,.0f} {parts[1]:>12,.0f} "
+                    f"{parts[2]:>15,.0f} {sum(parts):>10,.0f}"
+                )
+        gets, cpu = sum(summed["GET"]), sum(summed["cpu"])
+        doubt = " (WARNINGS below: not to be trusted as it stands)" if warnings else ""
+        print(f"the hour: ~{gets:,.0f} GETs (target 100,000), ~{cpu:,.0f} CPU-s (target 60){doubt}")
+    for warning in warnings:
+        print(f"WARNING: {warning}")
 
 
 if __name__ == "__main__":

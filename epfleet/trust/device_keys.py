@@ -16,7 +16,11 @@ and the index, replaced by compare-and-swap, and leaves the snapshot and timesta
 devices poll as they are. A reader verifies a key bin through root, timestamp, snapshot
 and ``targets`` (its key) and the index (its version, length and hash); it refuses an
 index older than the newest it verified from that store (kept in memory and in its local
-folder), so an older index put back is refused as a rollback, and so is an older bin.
+folder), so an older index put back is refused as a rollback, and so is an older bin;
+and an expired index or bin (``epfleet trust refresh`` signs them again at half their
+life: the index lists each bin's expiry). A publisher refuses to sign over an index older
+than what its host signed or verified (``keys_rollback``, the mark kept beside the worker
+cache's record of the store: ``epfleet.trust.pins``).
 Devices never load them: nothing ``targets`` delegates leads to them, and a device asks
 only for the targets of models, field rankings and ``manifest.json``. A standard TUF
 client cannot resolve ``device-keys/...`` paths: the fleet side's reader (``KeyBook``)

@@ -5,16 +5,19 @@ reader's clock, and a pass computing only the reports that changed."""
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from epfleet.fleet.evidence.aggregate_rules import merged
+from epfleet.fleet.evidence.aggregate_rules import merged, seal, unseal
 from epfleet.fleet.evidence.aggregates import ShardAggregates
 from epfleet.fleet.evidence.fleet_reports import full_device_reports, index_pass
 from epfleet.fleet.evidence.index import index_key, reading_from
+from epfleet.fleet.evidence.index_rules import shard_of
+from epfleet.fleet.rollout.rollouts import read_evidence
 from epfleet.fleet.watch.aggregate_rules import (
     EPOCH,
     WatchContext,
@@ -24,9 +27,11 @@ from epfleet.fleet.watch.aggregate_rules import (
     unserved_of,
 )
 from epfleet.fleet.watch.rules import MAX_LISTED_DEVICES, check_pairs, find_unserved
+from epfleet.fleet.watch.shared_aggregates import context_key, keep_context, stored_context
 from epfleet.formats.device_report import DeviceReport, encode_report, report_key
 from epfleet.stores import Store, open_store
 from epfleet.stores.memory import forget
+from tests.support.fake_clock import FakeClock
 from tests.support.staged_rollout import settled_at_once  # noqa: F401 (autouse)
 from tests.support.watch_fleet import CPU, NOW, QNN, RUNTIME, SPEC, current_fleet, watch_report
 
@@ -125,3 +130,57 @@ def test_reports_leave_the_window_on_the_readers_clock(store: Store) -> None:
     later, aggregates = aggregated(store, now_hours=1)
     assert later.quiet == 4 and aggregates.computed == 0
     same(later, recount(store, now_hours=1))
+
+
+def test_a_sum_holds_for_a_reader_whose_clock_is_behind_the_folders(store: Store) -> None:
+    fleet(store)
+    aggregated(store)
+    behind, aggregates = aggregated(store, now_hours=-0.5)  # no window opens or closes between
+    assert aggregates.computed == 0 and aggregates.written == 0
+    same(behind, recount(store, now_hours=-0.5))
+
+
+def watch_context() -> WatchContext:
+    return WatchContext(SPEC, CHECKS, RUNTIME, MAX_AGE)
+
+
+def test_the_pass_that_folds_new_reports_keeps_the_watchs_aggregates(store: Store) -> None:
+    fleet(store)
+    aggregated(store)
+    keep_context(store, index_key(), watch_context())
+    assert stored_context(store, index_key()) == watch_context()
+    changed = report("sd-0", SNAPDRAGON, "recompiled", timedelta(hours=1))
+    store.write(report_key("sd-0"), encode_report(changed))
+    gate = read_evidence(store, clock=FakeClock(NOW), fresh=0.0)
+    assert gate.index is not None and gate.index.reports_read == 1
+    found, aggregates = aggregated(store)  # runtime-watch's pass, sharing the gate's
+    assert aggregates.computed == 0 and aggregates.written == 0
+    same(found, recount(store))
+
+
+@pytest.mark.parametrize("forgery", ["resealed", "garbage", "another spec"])
+def test_a_forged_watch_context_moves_no_finding(store: Store, forgery: str) -> None:
+    fleet(store)
+    aggregated(store)
+    key = index_key()
+    keep_context(store, key, watch_context())
+    if forgery == "another spec":  # sealed under the key: read, but judged under its digest
+        keep_context(store, key, WatchContext(SPEC, [], RUNTIME, timedelta(days=1)))
+    else:
+        stored = store.read(context_key(key))
+        assert stored is not None
+        body = unseal("watch context", -1, gzip.decompress(stored.data), key)
+        body["max_age"] = 1.0
+        forged = seal("watch context", -1, body, b"f" * 64)
+        store.write(context_key(key), gzip.compress(forged) if forgery == "resealed" else b"x")
+        assert stored_context(store, key) is None
+    changed = report("sd-0", SNAPDRAGON, "recompiled", timedelta(hours=1))
+    store.write(report_key("sd-0"), encode_report(changed))
+    read_evidence(store, clock=FakeClock(NOW), fresh=0.0)
+    found, aggregates = aggregated(store)
+    # runtime-watch folds the new report itself; under another context, the gate's pass
+    # folded the new report's shard under that one: runtime-watch folds that shard again
+    keys = {report_key(d) for d in [*UNSERVED_DEVICES, *(f"sd-{i}" for i in range(6)), "junk"]}
+    beside = sum(1 for k in keys if shard_of(k) == shard_of(report_key("sd-0")))
+    assert aggregates.computed == (beside if forgery == "another spec" else 1)
+    same(found, recount(store))

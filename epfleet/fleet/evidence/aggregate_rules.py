@@ -39,7 +39,7 @@ from typing import Any
 
 from epfleet.fleet.evidence.sketch_rules import Bucket, bucket_of, sketched
 
-AGGREGATE_FORMAT = 1
+AGGREGATE_FORMAT = 2
 EXACT_PER_SHARD = 32
 """Samples of one path a shard keeps exactly; past this many, only their buckets."""
 LISTED_PER_SHARD = 100
@@ -106,6 +106,12 @@ class Window:
             return self.start
         return self.end + 1 if now <= self.end else FOREVER
 
+    def same_since(self, now: int) -> int:
+        """The first instant from which ``at`` answers as it does at ``now``."""
+        if now < self.start:
+            return -FOREVER
+        return self.start if now <= self.end else self.end + 1
+
 
 @dataclass(frozen=True)
 class Contribution:
@@ -117,7 +123,9 @@ class Contribution:
 
 @dataclass(frozen=True)
 class Folded:
-    """A shard's aggregate at ``at``, which holds for a reader's clock in [at, until)."""
+    """A shard's aggregate, which holds for a reader's clock in [at, until): from the last
+    instant a record's window opened or closed before it was folded to the next one (a
+    reader whose clock is behind the folder's still uses it)."""
 
     counts: Counts
     at: int
@@ -131,15 +139,16 @@ def fold(contributions: Iterable[Contribution], now: int) -> Folded:
     """The sum of ``contributions`` at ``now`` (microseconds since the epoch), each path's
     exact samples dropped past ``EXACT_PER_SHARD`` (their buckets stay)."""
     counts: Counts = {}
-    until = FOREVER
+    since, until = -FOREVER, FOREVER
     for one in contributions:
         merge_into(counts, one.always)
         if one.window is not None:
             merge_into(counts, one.window.at(now))
+            since = max(since, one.window.same_since(now))
             until = min(until, one.window.changes_after(now))
     found = normalised(counts)
     assert found is not None  # sums of contributions: no count below zero
-    return Folded(found, now, until)
+    return Folded(found, since, until)
 
 
 def refold(
@@ -152,7 +161,7 @@ def refold(
     if not before.holds(now):
         return None
     counts = dict(before.counts)
-    until = before.until
+    since, until = before.at, before.until
     for one in removed:
         for part in (one.always, one.window.at(before.at) if one.window else {}):
             for key, n in part.items():
@@ -161,9 +170,10 @@ def refold(
         merge_into(counts, one.always)
         if one.window is not None:
             merge_into(counts, one.window.at(now))
+            since = max(since, one.window.same_since(now))
             until = min(until, one.window.changes_after(now))
     found = normalised(counts)
-    return Folded(found, now, until) if found is not None else None
+    return Folded(found, since, until) if found is not None else None
 
 
 def normalised(counts: Counts) -> Counts | None:

@@ -44,7 +44,7 @@ from epfleet.fleet.evidence.aggregate_rules import (
     seal,
     unseal,
 )
-from epfleet.fleet.evidence.index import Record, _index_folder
+from epfleet.fleet.evidence.index import EachShard, Record, _index_folder
 from epfleet.stores import DocumentTooLarge, Store
 from epfleet.text import printable
 
@@ -95,6 +95,9 @@ class ShardAggregates:
     now: int
     """The reader's clock, microseconds since the epoch."""
     write: bool = True
+    written_only: bool = False
+    """Only the shards the pass wrote (another reader's aggregates, kept by the pass that
+    changed their records: ``folded`` then holds those shards alone)."""
     folded: dict[int, Counts] = field(default_factory=dict)
     computed: int = 0
     """Contributions computed from records (the others were reused)."""
@@ -104,23 +107,38 @@ class ShardAggregates:
     not_written: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __call__(self, shard: int, records: Mapping[str, Record]) -> None:
-        identities = {k: record_identity(record) for k, record in records.items()}
+    def __call__(
+        self,
+        shard: int,
+        records: Mapping[str, Record],
+        sealed: str | None = None,
+        written: bool = True,
+    ) -> None:
+        if self.written_only and not written:
+            return
         summed = self._read(shard, "sum")
+        before: Folded | None = None
         if summed is not None and summed.get("context") == self.context:
             before = Folded(decode_counts(summed["folded"]), summed["at"], summed["until"])
-            known: dict[str, str] = summed["ids"]
-            if known == identities and before.holds(self.now):
+            if sealed is not None and summed.get("of") == sealed and before.holds(self.now):
                 with self._lock:
                     self.folded[shard] = before.counts
                 return
-        else:
-            before, known = None, {}
+        identities = {k: record_identity(record) for k, record in records.items()}
         stored = self._read(shard, "parts")
         parts: dict[str, str] = {}
         table = PathTable()
         if stored is not None and stored.get("context") == self.context:
             parts, table = stored["parts"], PathTable.of(stored["paths"])
+        known: dict[str, str] | None = None  # the records the sum was folded of, if known
+        if (
+            before is not None
+            and summed is not None
+            and stored is not None
+            and stored.get("context") == self.context
+            and summed.get("parts") == stored.get("seal")
+        ):
+            known = {k: _identity_of(p) for k, p in parts.items()}
         kept = {k: p for k, p in parts.items() if identities.get(k) == _identity_of(p)}
         made: dict[str, Contribution] = {}
         for report_key, identity in identities.items():
@@ -128,11 +146,9 @@ class ShardAggregates:
                 made[report_key] = self.contribute(report_key, records[report_key])
                 encoded = encode_contribution(made[report_key], table)
                 kept[report_key] = json.dumps([identity, encoded], separators=(",", ":"))
-        changed = [k for k in known if identities.get(k) != known[k]]
         now = None
-        if before is not None and all(
-            k in parts and _identity_of(parts[k]) == known[k] for k in changed
-        ):
+        if before is not None and known is not None:
+            changed = [k for k in known if identities.get(k) != known[k]]
             removed = [_contribution_of(parts[k], table) for k in changed]
             added = [
                 made.get(k) or _contribution_of(kept[k], table)
@@ -149,32 +165,39 @@ class ShardAggregates:
             self.computed += len(made)
         if not self.write:
             return
-        if made or kept.keys() != parts.keys():
-            body = {"context": self.context, "paths": table.paths, "parts": kept}
-            self._write(shard, "parts", body, level=1)
-        self._write(
-            shard,
-            "sum",
-            {
-                "context": self.context,
-                "ids": identities,
-                "folded": encode_counts(now.counts),
-                "at": now.at,
-                "until": now.until,
-            },
-        )
+        parts_seal = None
+        if stored is not None and stored.get("context") == self.context:
+            parts_seal = stored.get("seal")
+        if made or kept.keys() != parts.keys() or parts_seal is None:
+            parts_body = {"context": self.context, "paths": table.paths, "parts": kept}
+            parts_seal = self._write(shard, "parts", parts_body, level=1)
+        if parts_seal is None:
+            return  # a sum must name the parts it was folded of
+        body: dict[str, Any] = {
+            "context": self.context,
+            "of": sealed,
+            "parts": parts_seal,
+            "folded": encode_counts(now.counts),
+            "at": now.at,
+            "until": now.until,
+        }
+        if summed is None or {k: summed.get(k) for k in body} != body:
+            self._write(shard, "sum", body)
 
-    def _write(self, shard: int, what: str, body: dict[str, Any], level: int = 6) -> None:
+    def _write(self, shard: int, what: str, body: dict[str, Any], level: int = 6) -> str | None:
+        """Write a shard's aggregate; its seal, or None when it could not be written."""
         where = aggregate_key(self.key, self.kind, shard, what)
-        data = gzip.compress(seal(f"{self.kind} {what}", shard, body, self.key), level, mtime=0)
+        plain = seal(f"{self.kind} {what}", shard, body, self.key)
+        data = gzip.compress(plain, level, mtime=0)
         try:
             self.reports.write(where, data)
         except StoreError as exc:
             with self._lock:
                 self.not_written.append(printable(f"{where}: {exc}"))
-            return
+            return None
         with self._lock:
             self.written += 1
+        return plain.partition(b"\n")[0].decode()
 
     def _read(self, shard: int, what: str) -> dict[str, Any] | None:
         where = aggregate_key(self.key, self.kind, shard, what)
@@ -186,7 +209,10 @@ class ShardAggregates:
         if stored is None:
             return None
         try:
-            return unseal(f"{self.kind} {what}", shard, gzip.decompress(stored.data), self.key)
+            plain = gzip.decompress(stored.data)
+            body = unseal(f"{self.kind} {what}", shard, plain, self.key)
+            body["seal"] = plain.partition(b"\n")[0].decode()
+            return body
         except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:
             self._rebuilt(printable(f"{where}: {exc}"))
             return None
@@ -195,3 +221,13 @@ class ShardAggregates:
         logger.warning("evidence aggregate computed again from the index's records: %s", why)
         with self._lock:
             self.rebuilt.append(why)
+
+
+def each_of(hooks: list[ShardAggregates]) -> EachShard:
+    """One ``index.update`` hook that hands each shard to every one of ``hooks``."""
+
+    def each(shard: int, records: dict[str, Record], sealed: str | None, written: bool) -> None:
+        for hook in hooks:
+            hook(shard, records, sealed, written)
+
+    return each

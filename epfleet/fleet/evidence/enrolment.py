@@ -4,7 +4,8 @@ so that only a holder of the store's online key can enrol or revoke a device, th
 gate reads them from the same signed state as the rollouts it judges, and a device's sync
 downloads none of them.
 
-``enroll`` adds a device's key in one signed publish (refused for a store without trust
+``enroll`` adds a device's key in one signed publish, ``enroll_batch`` the devices of a
+batch file (``read_batch``) in one, or none of them (both refused for a store without trust
 metadata: unsigned keys would let anyone who can write the store enrol a key); ``revoke``
 removes it and records it as revoked in the device's record. ``keys_in_force`` and
 ``enrolled_keys`` are how readers look keys up, a device's bin at a time. One key belongs

@@ -7,10 +7,10 @@ or where EPFLEET_REPORT_TO says the devices send them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from epfleet.fleet.evidence.heard_reports import HeardReports
-from epfleet.fleet.evidence.index import IndexPass, Record, update
+from epfleet.fleet.evidence.index import EachShard, IndexPass, update
 from epfleet.fleet.evidence.reading import (
     READ_THREADS,
     ReportOrder,
@@ -66,7 +66,7 @@ def index_pass(
     *,
     rebuild: bool = False,
     fresh: float | None = None,
-    each_shard: Callable[[int, dict[str, Record]], None] | None = None,
+    each_shard: EachShard | None = None,
 ) -> IndexPass:
     """The evidence index of the fleet's reports brought up to date (``evidence_index``;
     with ``rebuild``, every report read again, every key listed), or as a pass that

@@ -264,6 +264,12 @@ def seal(shard: int, body: dict[str, Any], key: bytes) -> bytes:
     return _mac(key, raw).encode() + b"\n" + raw
 
 
+def seal_of(stored: bytes) -> str:
+    """The seal of a stored shard (verified or made by this reader): a digest of exactly
+    its records, version and shard number under the index key."""
+    return stored.partition(b"\n")[0].decode()
+
+
 def unseal(shard: int, stored: bytes, key: bytes) -> dict[str, Any]:
     """The body of a stored shard; ValueError saying why when its seal does not verify
     under ``key``, or it is not shard ``shard`` of this index's format."""

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from epfleet.clock import SYSTEM_CLOCK, Clock
 from epfleet.errors import BadInputError
 from epfleet.fleet.evidence.aggregate_rules import merged
-from epfleet.fleet.evidence.aggregates import ShardAggregates
+from epfleet.fleet.evidence.aggregates import ShardAggregates, each_of
 from epfleet.fleet.evidence.enrolment import keys_in_force
 from epfleet.fleet.evidence.field_rules import FieldRow, field_rows, field_view
 from epfleet.fleet.evidence.fleet_reports import full_attributed_device_reports, index_pass
@@ -56,6 +56,7 @@ from epfleet.fleet.rollout.rules import (
     resume,
     revert,
 )
+from epfleet.fleet.watch.shared_aggregates import stored_context, watch_aggregates
 from epfleet.formats.device_report import DeviceReport
 from epfleet.formats.field_ranking import ModelRanking
 from epfleet.formats.manifest import DeviceKey, Manifest, ModelEntry
@@ -172,22 +173,27 @@ def read_evidence(
         )
     else:
         context = GateContext(staged, in_force, enrolled, max_age)
+        reports, key = reports_from(store), index_key()
         aggregates = ShardAggregates(
-            reports_from(store),
-            index_key(),
+            reports,
+            key,
             "gate",
             context_digest(context),
-            lambda key, record: contribution(heard_from(key, record), context),
+            lambda report_key, record: contribution(heard_from(report_key, record), context),
             microseconds(now),
         )
-        indexed = index_pass(store, enrolled, fresh=fresh, each_shard=aggregates)
+        kept = [aggregates]
+        watching = stored_context(reports, key)  # runtime-watch's, folded here too
+        if watching is not None:
+            kept.append(watch_aggregates(reports, key, watching, microseconds(now), True))
+        indexed = index_pass(store, enrolled, fresh=fresh, each_shard=each_of(kept))
         counts = IndexCounts(
             listing=indexed.listing,
             listed=indexed.listed,
             reports_read=indexed.reports_read,
             shards_written=indexed.shards_written,
-            rebuilt=indexed.rebuilt + aggregates.rebuilt,
-            not_written=indexed.not_written + aggregates.not_written,
+            rebuilt=indexed.rebuilt + [r for a in kept for r in a.rebuilt],
+            not_written=indexed.not_written + [r for a in kept for r in a.not_written],
             contributions_computed=aggregates.computed,
         )
         fleet = merged(aggregates.folded.values())

@@ -10,20 +10,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from epfleet.fleet.evidence.aggregate_rules import merged
-from epfleet.fleet.evidence.aggregates import ShardAggregates
 from epfleet.fleet.evidence.enrolment import keys_in_force
-from epfleet.fleet.evidence.index import index_key, reading_from
+from epfleet.fleet.evidence.index import index_key
 from epfleet.fleet.evidence.reading import check_report_window, reports_from
 from epfleet.fleet.publishing.publish import read_in_force
-from epfleet.fleet.watch.aggregate_rules import (
-    EPOCH,
-    WatchContext,
-    context_digest,
-    contribution,
-    unserved_of,
-)
+from epfleet.fleet.watch.aggregate_rules import EPOCH, WatchContext, unserved_of
 from epfleet.fleet.watch.inputs import compile_worker_runtime, index_pass
 from epfleet.fleet.watch.rules import WatchPlan, check_pairs
+from epfleet.fleet.watch.shared_aggregates import keep_context, watch_aggregates
 from epfleet.formats.manifest import utcnow
 from epfleet.formats.spec import FleetSpec
 from epfleet.formats.spec_file import load_spec
@@ -42,7 +36,9 @@ class WatchFindings:
 def watch_once(spec: str, store: str, report_max_age_days: int) -> WatchFindings:
     """The watch's findings for ``spec`` against ``store``, from this machine's runtime.
     The device reports are read through the evidence index (only what changed), and the
-    findings merged from its shards' aggregates (``epfleet.fleet.watch.aggregate_rules``)."""
+    findings merged from its shards' aggregates (``epfleet.fleet.watch.aggregate_rules``),
+    which the other readers' passes keep up to date too
+    (``epfleet.fleet.watch.shared_aggregates``)."""
     return watch_store(load_spec(Path(spec)), open_store(store), report_max_age_days)
 
 
@@ -57,14 +53,9 @@ def watch_store(fleet: FleetSpec, target_store: Store, report_max_age_days: int)
     enrolled = keys_in_force(target_store, in_force)
     context = WatchContext(fleet, checks, runtime, max_age)
     now = utcnow()
-    aggregates = ShardAggregates(
-        reports_from(target_store),
-        index_key(),
-        "watch",
-        context_digest(context),
-        lambda key, record: contribution(reading_from(key, record), context),
-        (now - EPOCH) // timedelta(microseconds=1),
-    )
+    reports, key = reports_from(target_store), index_key()
+    keep_context(reports, key, context)
+    aggregates = watch_aggregates(reports, key, context, (now - EPOCH) // timedelta(microseconds=1))
     index_pass(target_store, enrolled, each_shard=aggregates)
     found = unserved_of(merged(aggregates.folded.values()))
     notes = [f"device report ignored: {problem}" for problem in found.problems]
