@@ -9,6 +9,7 @@ import gzip
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,3 +185,48 @@ def test_a_forged_watch_context_moves_no_finding(store: Store, forgery: str) -> 
     beside = sum(1 for k in keys if shard_of(k) == shard_of(report_key("sd-0")))
     assert aggregates.computed == (beside if forgery == "another spec" else 1)
     same(found, recount(store))
+
+
+class CountedReads:
+    """A store that counts the objects a reader reads (each one GET on S3)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner, self.gets = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def read(self, key: str) -> Any:
+        self.gets += 1
+        return self.inner.read(key)
+
+    def read_if_changed(self, key: str, etag: str) -> Any:
+        self.gets += 1
+        return self.inner.read_if_changed(key, etag)
+
+
+def test_the_pass_that_folds_both_kinds_reads_one_aggregate_a_kind_per_shard_it_changes(
+    store: Store,
+) -> None:
+    devices, new = 600, 30
+    for i in range(devices):
+        found = report(f"dev-{i:04d}", OPENVINO, "fallback", timedelta(hours=1 + i % 5))
+        store.write(report_key(found.device_id), encode_report(found))
+    aggregated(store)
+    keep_context(store, index_key(), watch_context())
+    read_evidence(store, clock=FakeClock(NOW), fresh=0.0)
+    quiet = CountedReads(store)
+    read_evidence(quiet, clock=FakeClock(NOW), fresh=0.0)  # type: ignore[arg-type]
+    for i in range(new):
+        found = report(f"dev-{i:04d}", OPENVINO, "kept", timedelta(minutes=30))
+        store.write(report_key(found.device_id), encode_report(found))
+    changed = len({shard_of(report_key(f"dev-{i:04d}")) for i in range(new)})
+    folding = CountedReads(store)
+    gate = read_evidence(folding, clock=FakeClock(NOW), fresh=0.0)  # type: ignore[arg-type]
+    assert gate.index is not None and gate.index.reports_read == new
+    assert folding.gets <= 0.05 * devices + 1000
+    # beyond a pass with nothing new: each new report, and for each shard the pass changed
+    # the parts of both kinds, and no sum (none was folded of the shard it just wrote)
+    assert folding.gets - quiet.gets <= new + changed
+    _, aggregates = aggregated(store)  # runtime-watch's pass, sharing the gate's
+    assert aggregates.computed == 0 and aggregates.written == 0

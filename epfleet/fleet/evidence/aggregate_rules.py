@@ -39,7 +39,7 @@ from typing import Any
 
 from epfleet.fleet.evidence.sketch_rules import Bucket, bucket_of, sketched
 
-AGGREGATE_FORMAT = 2
+AGGREGATE_FORMAT = 3
 EXACT_PER_SHARD = 32
 """Samples of one path a shard keeps exactly; past this many, only their buckets."""
 LISTED_PER_SHARD = 100

@@ -67,7 +67,8 @@ Contribute = Callable[[str, Record], Contribution]
 def aggregate_key(key: bytes, kind: str, shard: int, what: str) -> str:
     """Where a shard's aggregate is kept: its ``sum`` (the records' identities and their
     folded sum: what a pass reads of a shard that did not change) or its ``parts`` (each
-    record's contribution: read only when the shard changed)."""
+    record's contribution and their folded sum, sealed together: read only when the shard
+    changed, and the one object a pass that just wrote the shard reads)."""
     return f"{_index_folder(key)}/aggregates/{kind}/{shard:03d}.{what}.json.gz"
 
 
@@ -116,29 +117,22 @@ class ShardAggregates:
     ) -> None:
         if self.written_only and not written:
             return
-        summed = self._read(shard, "sum")
-        before: Folded | None = None
+        # a shard this pass just wrote has a new seal: no stored sum was folded of it
+        summed = None if written and sealed is not None else self._read(shard, "sum")
         if summed is not None and summed.get("context") == self.context:
-            before = Folded(decode_counts(summed["folded"]), summed["at"], summed["until"])
-            if sealed is not None and summed.get("of") == sealed and before.holds(self.now):
+            held = Folded(decode_counts(summed["folded"]), summed["at"], summed["until"])
+            if sealed is not None and summed.get("of") == sealed and held.holds(self.now):
                 with self._lock:
-                    self.folded[shard] = before.counts
+                    self.folded[shard] = held.counts
                 return
         identities = {k: record_identity(record) for k, record in records.items()}
         stored = self._read(shard, "parts")
         parts: dict[str, str] = {}
         table = PathTable()
+        before: Folded | None = None  # the sum of exactly the stored parts, sealed with them
         if stored is not None and stored.get("context") == self.context:
             parts, table = stored["parts"], PathTable.of(stored["paths"])
-        known: dict[str, str] | None = None  # the records the sum was folded of, if known
-        if (
-            before is not None
-            and summed is not None
-            and stored is not None
-            and stored.get("context") == self.context
-            and summed.get("parts") == stored.get("seal")
-        ):
-            known = {k: _identity_of(p) for k, p in parts.items()}
+            before = Folded(decode_counts(stored["folded"]), stored["at"], stored["until"])
         kept = {k: p for k, p in parts.items() if identities.get(k) == _identity_of(p)}
         made: dict[str, Contribution] = {}
         for report_key, identity in identities.items():
@@ -147,7 +141,8 @@ class ShardAggregates:
                 encoded = encode_contribution(made[report_key], table)
                 kept[report_key] = json.dumps([identity, encoded], separators=(",", ":"))
         now = None
-        if before is not None and known is not None:
+        if before is not None:
+            known = {k: _identity_of(p) for k, p in parts.items()}
             changed = [k for k in known if identities.get(k) != known[k]]
             removed = [_contribution_of(parts[k], table) for k in changed]
             added = [
@@ -169,7 +164,14 @@ class ShardAggregates:
         if stored is not None and stored.get("context") == self.context:
             parts_seal = stored.get("seal")
         if made or kept.keys() != parts.keys() or parts_seal is None:
-            parts_body = {"context": self.context, "paths": table.paths, "parts": kept}
+            parts_body = {
+                "context": self.context,
+                "paths": table.paths,
+                "parts": kept,
+                "folded": encode_counts(now.counts),
+                "at": now.at,
+                "until": now.until,
+            }
             parts_seal = self._write(shard, "parts", parts_body, level=1)
         if parts_seal is None:
             return  # a sum must name the parts it was folded of
