@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from epfleet.fleet.evidence.index import INDEX_PREFIX
+import pytest
+
+from epfleet.fleet.evidence.index import INDEX_PREFIX, update
 from epfleet.fleet.rollout.rollouts import GateReading, read_evidence
 from epfleet.stores import Store
 from tests.support.fake_clock import FakeClock
@@ -68,3 +70,16 @@ class Interposed:
 
 class Killed(BaseException):
     """A reader killed mid-pass (not an Exception: nothing in the pass catches it)."""
+
+
+def pass_killed_at_write(store: Store, write: int = 3) -> None:
+    """A pass of the index, once what was written is settled, killed as it makes its
+    ``write``-th shard write."""
+
+    def kill(writes: int) -> None:
+        if writes == write:
+            raise Killed
+
+    settled(store)
+    with pytest.raises(Killed):
+        update(Interposed(store, kill), {})  # type: ignore[arg-type]

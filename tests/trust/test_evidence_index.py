@@ -34,7 +34,7 @@ from epfleet.formats.device_report import DeviceReport, report_key
 from epfleet.stores import Store, open_store
 from tests.support.evidence_passes import (
     Interposed,
-    Killed,
+    pass_killed_at_write,
     put_back_after_failures,
     same_as_recount,
     shard_objects,
@@ -187,13 +187,7 @@ def test_a_reader_killed_mid_pass_leaves_an_index_the_next_pass_completes(store:
     for device in OUTSIDE[5:40]:
         put(store, report(device, False, "failed"))
 
-    def kill(writes: int) -> None:
-        if writes == 3:
-            raise Killed
-
-    settled(store)
-    with pytest.raises(Killed):
-        update(Interposed(store, kill), {})  # type: ignore[arg-type]
+    pass_killed_at_write(store)
     after = same_as_recount(store)
     assert after.index is not None and 0 < after.index.reports_read < 35
     assert after.statuses[0].evidence.previous.failed == 35
